@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Times PureAttention's flash attention kernels and PyTorch side by side, in one process and run.
+
+Loads build/bench/libpa_flash_bench.so (ctypes), hands it torch tensors' data pointers and the
+current stream, and times both with triton.testing.do_bench (CUDA events, warm-up, median).
+Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
+
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--out FILE]
+"""
+import argparse
+import ctypes
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+class Flash:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.err = ctypes.create_string_buffer(4096)
+        self.lib.paFlashBackwardWorkspace.restype = ctypes.c_ulonglong
+        if self.lib.paFlashInit(self.err, 4096) != 0:
+            raise RuntimeError(self.err.value.decode())
+
+    @staticmethod
+    def _p(t):
+        return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+
+    def _mask(self, causal, window, sinks):
+        wl, wr = window
+        return [ctypes.c_int(int(causal)), ctypes.c_int(0), ctypes.c_int(wl), ctypes.c_int(wr), ctypes.c_int(sinks)]
+
+    def forward(self, q, k, v, o, lse, causal=False, window=(-1, -1), sinks=0, sink_logits=None):
+        b, hq, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+        rc = self.lib.paFlashForward(
+            DT[q.dtype], b, hq, hkv, sq, sk, d, ctypes.c_float(1.0 / math.sqrt(d)), *self._mask(causal, window, sinks),
+            self._p(q), self._p(k), self._p(v), self._p(o), self._p(lse), self._p(sink_logits),
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), self.err, 4096)
+        if rc:
+            raise RuntimeError(self.err.value.decode())
+
+    def workspace(self, q, k):
+        b, hq, sq, d = q.shape
+        n = self.lib.paFlashBackwardWorkspace(DT[q.dtype], b, hq, k.shape[1], sq, k.shape[2], d)
+        return torch.empty(n, dtype=torch.uint8, device=q.device)
+
+    def backward(self, q, k, v, o, do, dq, dk, dv, lse, ws, causal=False, window=(-1, -1), sinks=0,
+                 sink_logits=None, dsink=None):
+        b, hq, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+        rc = self.lib.paFlashBackward(
+            DT[q.dtype], b, hq, hkv, sq, sk, d, ctypes.c_float(1.0 / math.sqrt(d)), *self._mask(causal, window, sinks),
+            self._p(q), self._p(k), self._p(v), self._p(o), self._p(do), self._p(dq), self._p(dk), self._p(dv),
+            self._p(lse), self._p(sink_logits), self._p(dsink), self._p(ws),
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), self.err, 4096)
+        if rc:
+            raise RuntimeError(self.err.value.decode())
+
+
+def bench(fn):
+    return do_bench(fn, warmup=50, rep=200, return_mode="median")  # ms
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+class Ours:
+    """Buffers and closures for one problem."""
+
+    def __init__(self, fl, q, k, v, **mask):
+        self.fl, self.q, self.k, self.v, self.mask = fl, q, k, v, mask
+        b, hq, sq, d = q.shape
+        self.o = torch.empty_like(q)
+        self.lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
+        self.do = torch.randn_like(q)
+        self.dq, self.dk, self.dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self.ws = fl.workspace(q, k)
+
+    def fwd(self):
+        self.fl.forward(self.q, self.k, self.v, self.o, self.lse, **self.mask)
+
+    def fwd_bwd(self):
+        self.fwd()
+        self.fl.backward(self.q, self.k, self.v, self.o, self.do, self.dq, self.dk, self.dv, self.lse, self.ws,
+                         **self.mask)
+
+
+def torch_fns(q, k, v, do, causal, backend):
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+
+    def fwd():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def fwd_bwd():
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        out.backward(do)
+        qg.grad = kg.grad = vg.grad = None
+
+    return fwd, fwd_bwd
+
+
+def anchors(fl, quick, lines):
+    lines.append("\n## bf16 SDPA anchors (b*s = 16384, h*d = 2048), TFLOP/s; ratio = ours / PyTorch\n")
+    lines.append("| d | s | causal | ours fwd | flash fwd | cudnn fwd | ours/flash fwd | ours/cudnn fwd "
+                 "| ours f+b | flash f+b | cudnn f+b | ours/flash f+b | ours/cudnn f+b | max rel err O vs SDPA |")
+    lines.append("|" + "---|" * 14)
+    seqs = [1024, 4096, 16384] if quick else [1024, 2048, 4096, 8192, 16384]
+    for d in (64, 128):
+        for s in seqs:
+            for causal in (False, True):
+                b, h = 16384 // s, 2048 // d
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                ours = Ours(fl, q, k, v, causal=causal)
+                fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
+                t = {}
+                t["ours_f"] = bench(ours.fwd)
+                t["ours_fb"] = bench(ours.fwd_bwd)
+                for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    f, fb = torch_fns(q, k, v, ours.do, causal, be)
+                    try:
+                        t[name + "_f"] = bench(f)
+                        t[name + "_fb"] = bench(fb)
+                    except RuntimeError as e:  # a backend may refuse a shape
+                        print(f"{name} failed: {e}", file=sys.stderr)
+                        t[name + "_f"] = t[name + "_fb"] = float("nan")
+                ours.fwd()
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                err = rel_err(ours.o, ref)
+                tf = {key: (fl_f * (3.5 if key.endswith("fb") else 1)) / (ms * 1e-3) / 1e12 for key, ms in t.items()}
+                lines.append(
+                    f"| {d} | {s} | {causal} | {tf['ours_f']:.0f} | {tf['flash_f']:.0f} | {tf['cudnn_f']:.0f} | "
+                    f"{tf['ours_f'] / tf['flash_f']:.2f} | {tf['ours_f'] / tf['cudnn_f']:.2f} | {tf['ours_fb']:.0f} | "
+                    f"{tf['flash_fb']:.0f} | {tf['cudnn_fb']:.0f} | {tf['ours_fb'] / tf['flash_fb']:.2f} | "
+                    f"{tf['ours_fb'] / tf['cudnn_fb']:.2f} | {err:.1e} |")
+                print(lines[-1], flush=True)
+                del q, k, v, ours
+
+
+def gqa_masks(fl, lines):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    lines.append("\n## GQA b4 hq16 hk4 s4096 d128 bf16, ms; ratio = FlexAttention time / ours (>1: ours faster)\n")
+    lines.append("| mask | ours fwd | flex fwd | speedup fwd | ours f+b | flex f+b | speedup f+b | rel err O vs flex |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    b, hq, hk, s, d = 4, 16, 4, 4096, 128
+    flex = torch.compile(flex_attention)
+    cases = {
+        "causal": (dict(causal=True), lambda bb, h, qi, ki: qi >= ki),
+        "swa1024": (dict(causal=True, window=(1023, -1)), lambda bb, h, qi, ki: (qi >= ki) & (qi - ki <= 1023)),
+        "swa1024_sink4": (dict(causal=True, window=(1023, -1), sinks=4),
+                          lambda bb, h, qi, ki: (qi >= ki) & ((qi - ki <= 1023) | (ki < 4))),
+    }
+    for name, (mask, mod) in cases.items():
+        q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hk, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        ours = Ours(fl, q, k, v, **mask)
+        bm = create_block_mask(mod, None, None, s, s, device="cuda")
+        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+
+        def ff():
+            return flex(q, k, v, block_mask=bm, enable_gqa=True)
+
+        def ffb():
+            out = flex(qg, kg, vg, block_mask=bm, enable_gqa=True)
+            out.backward(ours.do)
+            qg.grad = kg.grad = vg.grad = None
+
+        t_of, t_ofb = bench(ours.fwd), bench(ours.fwd_bwd)
+        t_ff, t_ffb = bench(ff), bench(ffb)
+        ours.fwd()
+        err = rel_err(ours.o, ff())
+        lines.append(f"| {name} | {t_of:.3f} | {t_ff:.3f} | {t_ff / t_of:.2f} | {t_ofb:.3f} | {t_ffb:.3f} | "
+                     f"{t_ffb / t_ofb:.2f} | {err:.1e} |")
+        print(lines[-1], flush=True)
+
+
+def fp32_seed(fl, lines):
+    lines.append("\n## fp32 B=1 H=8 D=64, not causal, µs; ratio = SDPA default / ours (>1: ours faster)\n")
+    lines.append("| S | ours fwd | SDPA default fwd | speedup | ours f+b | SDPA default f+b | speedup f+b | max abs err O |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for s in (128, 512, 1024, 4096):
+        q, k, v = (torch.randn(1, 8, s, 64, device="cuda", dtype=torch.float32) for _ in range(3))
+        ours = Ours(fl, q, k, v)
+        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+
+        def tf():
+            return F.scaled_dot_product_attention(q, k, v)
+
+        def tfb():
+            out = F.scaled_dot_product_attention(qg, kg, vg)
+            out.backward(ours.do)
+            qg.grad = kg.grad = vg.grad = None
+
+        t_of, t_ofb, t_tf, t_tfb = bench(ours.fwd), bench(ours.fwd_bwd), bench(tf), bench(tfb)
+        ours.fwd()
+        ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 8.0, -1) @ v.double()
+        err = (ours.o.double() - ref).abs().max().item()
+        lines.append(f"| {s} | {t_of * 1e3:.1f} | {t_tf * 1e3:.1f} | {t_tf / t_of:.2f} | {t_ofb * 1e3:.1f} | "
+                     f"{t_tfb * 1e3:.1f} | {t_tfb / t_ofb:.2f} | {err:.1e} |")
+        print(lines[-1], flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=os.path.join(os.path.dirname(__file__), "..", "build", "bench", "libpa_flash_bench.so"))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="anchors,gqa,fp32")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    fl = Flash(a.lib)
+    lines = [f"# flash attention vs PyTorch {torch.__version__} on {torch.cuda.get_device_name()}"]
+    if "fp32" in a.only:
+        fp32_seed(fl, lines)
+    if "gqa" in a.only:
+        gqa_masks(fl, lines)
+    if "anchors" in a.only:
+        anchors(fl, a.quick, lines)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+// C API over the flash attention launcher for bench/attention_vs_torch.py (ctypes, torch tensors).
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "kernels/flash_attention.h"
+
+namespace {
+
+std::unique_ptr<pa::cuda::Device> gDevice;
+std::unique_ptr<pa::FlashAttention> gFlash;
+
+int report(const std::exception& e, char* err, int errLen) {
+  if (err && errLen > 0) {
+    std::strncpy(err, e.what(), errLen - 1);
+    err[errLen - 1] = 0;
+  }
+  return 1;
+}
+
+pa::FlashAttentionConfig config(int dtype, int b, int hq, int hkv, int sq, int sk, int d, float scale, int causal,
+                                int bottomRight, int wl, int wr, int sinks, int sinkLogits) {
+  pa::FlashAttentionConfig c;
+  c.dtype = (pa::FlashDType)dtype;
+  c.batch = b, c.heads = hq, c.kvHeads = hkv, c.qLen = sq, c.kLen = sk, c.headDim = d, c.scale = scale;
+  c.mask.causal = causal, c.mask.alignBottomRight = bottomRight, c.mask.windowLeft = wl, c.mask.windowRight = wr;
+  c.mask.sinks = sinks;
+  c.sinkLogits = sinkLogits != 0;
+  return c;
+}
+
+pa::FlashTensor contiguous(void* p, int heads, int seq, int d) {
+  return pa::FlashTensor::contiguous((unsigned long long)p, heads, seq, d);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Opens device 0 (its primary context, shared with PyTorch). 0 on success.
+int paFlashInit(char* err, int errLen) {
+  try {
+    if (!gFlash) {
+      gDevice = std::make_unique<pa::cuda::Device>(0);
+      gFlash = std::make_unique<pa::FlashAttention>(*gDevice);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    return report(e, err, errLen);
+  }
+}
+
+// Contiguous [batch, heads, seq, dim] tensors; dtype 0 = fp32, 1 = fp16, 2 = bf16.
+int paFlashForward(int dtype, int b, int hq, int hkv, int sq, int sk, int d, float scale, int causal,
+                   int bottomRight, int wl, int wr, int sinks, void* q, void* k, void* v, void* o, void* lse,
+                   void* sinkLogits, void* stream, char* err, int errLen) {
+  try {
+    const auto c = config(dtype, b, hq, hkv, sq, sk, d, scale, causal, bottomRight, wl, wr, sinks, sinkLogits != nullptr);
+    pa::FlashForwardArgs a;
+    a.q = contiguous(q, hq, sq, d), a.k = contiguous(k, hkv, sk, d), a.v = contiguous(v, hkv, sk, d);
+    a.o = contiguous(o, hq, sq, d);
+    a.lse = (unsigned long long)lse, a.sinkLogits = (unsigned long long)sinkLogits;
+    gFlash->forward(c, a, (pa::cuda::CUstream)stream);
+    return 0;
+  } catch (const std::exception& e) {
+    return report(e, err, errLen);
+  }
+}
+
+unsigned long long paFlashBackwardWorkspace(int dtype, int b, int hq, int hkv, int sq, int sk, int d) {
+  return gFlash->backwardWorkspaceBytes(config(dtype, b, hq, hkv, sq, sk, d, 0.f, 0, 0, -1, -1, 0, 0));
+}
+
+int paFlashBackward(int dtype, int b, int hq, int hkv, int sq, int sk, int d, float scale, int causal,
+                    int bottomRight, int wl, int wr, int sinks, void* q, void* k, void* v, void* o, void* dO,
+                    void* dQ, void* dK, void* dV, void* lse, void* sinkLogits, void* dSinkLogits, void* workspace,
+                    void* stream, char* err, int errLen) {
+  try {
+    const auto c = config(dtype, b, hq, hkv, sq, sk, d, scale, causal, bottomRight, wl, wr, sinks, sinkLogits != nullptr);
+    pa::FlashBackwardArgs a;
+    a.q = contiguous(q, hq, sq, d), a.k = contiguous(k, hkv, sk, d), a.v = contiguous(v, hkv, sk, d);
+    a.o = contiguous(o, hq, sq, d), a.dO = contiguous(dO, hq, sq, d), a.dQ = contiguous(dQ, hq, sq, d);
+    a.dK = contiguous(dK, hkv, sk, d), a.dV = contiguous(dV, hkv, sk, d);
+    a.lse = (unsigned long long)lse, a.sinkLogits = (unsigned long long)sinkLogits;
+    a.dSinkLogits = (unsigned long long)dSinkLogits, a.workspace = (unsigned long long)workspace;
+    gFlash->backward(c, a, (pa::cuda::CUstream)stream);
+    return 0;
+  } catch (const std::exception& e) {
+    return report(e, err, errLen);
+  }
+}
+
+}  // extern "C"

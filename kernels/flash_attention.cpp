@@ -1,0 +1,306 @@
+// Host launcher of the flash attention templates (see flash_attention.h and docs/flash_attention.md).
+#include "kernels/flash_attention.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "codegen/embedded_kernels.h"
+#include "codegen/nvrtc_compiler.h"
+
+namespace pa {
+
+namespace {
+
+constexpr int kPreprocessRows = 64;  // mirrors flash::kPreprocessRows
+
+int elemBytes(FlashDType t) {
+  switch (t) {
+    case kFlashF32: return 4;
+    case kFlashF16: return 2;
+    case kFlashBF16: return 2;
+  }
+  return 0;
+}
+const char* dtypeName(FlashDType t) {
+  switch (t) {
+    case kFlashF32: return "f32";
+    case kFlashF16: return "f16";
+    case kFlashBF16: return "bf16";
+  }
+  return "?";
+}
+const char* dtypeTag(FlashDType t) {
+  switch (t) {
+    case kFlashF32: return "pa::flash::F32Tag";
+    case kFlashF16: return "pa::flash::F16Tag";
+    case kFlashBF16: return "pa::flash::BF16Tag";
+  }
+  return "?";
+}
+int padHeadDim(int d) {
+  for (int p : {32, 64, 96, 128, 256})
+    if (d <= p) return p;
+  return 0;
+}
+int ceilDiv(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+[[noreturn]] void fail(const std::string& what) { throw FlashAttentionError("flash attention: " + what); }
+
+void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
+  if (!t.ptr) fail(std::string(name) + " is null");
+  const int perVec = 16 / elemBytes(dtype);
+  if (t.ptr % 16) fail(std::string(name) + " must be 16-byte aligned (cp.async loads 16 bytes)");
+  if (t.seqStride % perVec || t.headStride % perVec || t.batchStride % perVec)
+    fail(std::string(name) + " strides must be multiples of " + std::to_string(perVec) +
+         " elements (16 bytes); got batch/head/seq strides " + std::to_string(t.batchStride) + "/" +
+         std::to_string(t.headStride) + "/" + std::to_string(t.seqStride));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Specs and generated sources.
+
+int FlashKernelSpec::threads() const {
+  switch (kind) {
+    case FlashKernelKind::kBwdPreprocess:
+    case FlashKernelKind::kBwdSinkReduce: return 256;
+    case FlashKernelKind::kForward:
+    case FlashKernelKind::kBwdDkDv:
+    case FlashKernelKind::kBwdDq: return dtype == kFlashF32 ? 128 : 32 * warps;
+  }
+  return 0;
+}
+
+int FlashKernelSpec::sharedBytes() const {
+  // Must match the shared-memory carve-up at the top of each kernel in flash_attention_{fwd,bwd}.cuh.
+  const bool f32 = dtype == kFlashF32;
+  switch (kind) {
+    case FlashKernelKind::kBwdPreprocess:
+    case FlashKernelKind::kBwdSinkReduce: return 0;
+    case FlashKernelKind::kForward:
+      return f32 ? (3 * 64 * (dpad + 4) + 64 * 68) * 4 : (16 * warps + 2 * tile) * (dpad + 8) * 2;
+    case FlashKernelKind::kBwdDkDv:
+      return f32 ? (4 * 64 * (dpad + 4) + 2 * 64 * 68 + 2 * 64) * 4
+                 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4;
+    case FlashKernelKind::kBwdDq:
+      return f32 ? (4 * 64 * (dpad + 4) + 64 * 68) * 4 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2;
+  }
+  return 0;
+}
+
+std::string FlashKernelSpec::name() const {
+  std::ostringstream os;
+  os << "pa_flash_";
+  switch (kind) {
+    case FlashKernelKind::kForward: os << "fwd"; break;
+    case FlashKernelKind::kBwdPreprocess: os << "bwd_pre"; break;
+    case FlashKernelKind::kBwdSinkReduce: os << "bwd_sink"; return os.str();
+    case FlashKernelKind::kBwdDkDv: os << "bwd_dkdv"; break;
+    case FlashKernelKind::kBwdDq: os << "bwd_dq"; break;
+  }
+  os << "_" << dtypeName(dtype);
+  if (kind == FlashKernelKind::kBwdPreprocess) return os.str();
+  os << "_d" << dpad;
+  if (dtype != kFlashF32) os << "_w" << warps << "_t" << tile;
+  return os.str();
+}
+
+std::string FlashKernelSpec::source() const {
+  std::string call;
+  const std::string d = std::to_string(dpad), w = std::to_string(warps), t = std::to_string(tile);
+  const bool f32 = dtype == kFlashF32;
+  switch (kind) {
+    case FlashKernelKind::kForward:
+      call = f32 ? "flashForwardF32<" + d + ">" : "flashForwardMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ">";
+      break;
+    case FlashKernelKind::kBwdPreprocess:
+      call = "flashBackwardPreprocess<" + std::string(dtypeTag(dtype)) + ">";
+      break;
+    case FlashKernelKind::kBwdSinkReduce: call = "flashBackwardSinkReduce"; break;
+    case FlashKernelKind::kBwdDkDv:
+      call = f32 ? "flashBackwardDkDvF32<" + d + ">" : "flashBackwardDkDvMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ">";
+      break;
+    case FlashKernelKind::kBwdDq:
+      call = f32 ? "flashBackwardDqF32<" + d + ">" : "flashBackwardDqMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ">";
+      break;
+  }
+  std::ostringstream os;
+  os << "// Generated flash attention instantiation " << name() << "\n"
+     << "#include \"kernels/flash_attention_bwd.cuh\"\n"
+     << "extern \"C\" __global__ void __launch_bounds__(" << threads() << ") " << name()
+     << "(const pa::FlashKernelParams p) {\n  pa::flash::" << call << "(p);\n}\n";
+  return os.str();
+}
+
+std::vector<FlashKernelSpec> allFlashKernelSpecs() {
+  std::vector<FlashKernelSpec> specs;
+  FlashAttentionConfig cfg;
+  for (FlashDType dt : {kFlashF32, kFlashF16, kFlashBF16}) {
+    cfg.dtype = dt;
+    for (int d : {32, 64, 96, 128, 256}) {
+      cfg.headDim = d;
+      specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg));
+      if (dt == kFlashF32 && d > 128) continue;  // fp32 backward tiles do not fit shared memory
+      specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
+      specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg));
+    }
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdPreprocess, cfg));
+  }
+  specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdSinkReduce, cfg));
+  return specs;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+FlashAttention::FlashAttention(const cuda::Device& device) : device_(device) {}
+
+FlashAttention::~FlashAttention() {
+  for (auto& kv : loaded_)
+    if (kv.second.module) cuda::Driver::instance().api().cuModuleUnload(kv.second.module);
+}
+
+FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg) {
+  FlashKernelSpec s;
+  s.kind = kind;
+  s.dtype = cfg.dtype;
+  s.dpad = padHeadDim(cfg.headDim);
+  // Tile sizes per head dim (tunable; bench/RESULTS_flash.md has the measurements behind them).
+  s.warps = 4;
+  s.tile = 64;
+  if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdSinkReduce) s.dpad = 0;
+  if (kind == FlashKernelKind::kBwdSinkReduce) s.dtype = kFlashF32;
+  return s;
+}
+
+void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) const {
+  if (c.batch < 1 || c.heads < 1 || c.kvHeads < 1)
+    fail("batch, heads and kvHeads must be >= 1 (got " + std::to_string(c.batch) + ", " +
+         std::to_string(c.heads) + ", " + std::to_string(c.kvHeads) + ")");
+  if (c.heads % c.kvHeads != 0)
+    fail("query heads (" + std::to_string(c.heads) + ") must be a multiple of kv heads (" +
+         std::to_string(c.kvHeads) + ")");
+  if (c.qLen < 0 || c.kLen < 0) fail("sequence lengths must be >= 0");
+  if (c.headDim < 8 || c.headDim > 256 || c.headDim % 8 != 0)
+    fail("head dim must be a multiple of 8 in [8, 256], got " + std::to_string(c.headDim));
+  if ((long long)c.batch * c.heads > 65535) fail("batch * heads must be <= 65535 (grid y)");
+  if (c.mask.windowLeft < -1 || c.mask.windowRight < -1 || c.mask.sinks < 0)
+    fail("window offsets must be >= -1 (-1 = unbounded) and sinks >= 0");
+  if (!(c.scale >= 0.f) || !std::isfinite(c.scale)) fail("scale must be finite and >= 0 (0 = 1/sqrt(head dim))");
+  if (backward && c.dtype == kFlashF32 && c.headDim > 128)
+    fail("fp32 backward supports head dim <= 128 (its tiles of " + std::to_string(padHeadDim(c.headDim)) +
+         " do not fit shared memory); use bf16/fp16");
+  // Every backward is free of atomics, so `deterministic` is always honoured.
+  const int limit = device_.info().maxSharedBytesOptin;
+  const std::vector<FlashKernelKind> kinds =
+      backward ? std::vector<FlashKernelKind>{FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}
+               : std::vector<FlashKernelKind>{FlashKernelKind::kForward};
+  for (FlashKernelKind k : kinds) {
+    const FlashKernelSpec s = chooseSpec(k, c);
+    if (s.sharedBytes() > limit)
+      fail(s.name() + " needs " + std::to_string(s.sharedBytes()) + " bytes of shared memory; " +
+           device_.info().name + " allows " + std::to_string(limit));
+  }
+}
+
+FlashKernelParams FlashAttention::baseParams(const FlashAttentionConfig& c) const {
+  FlashKernelParams p{};
+  p.batch = c.batch;
+  p.heads = c.heads;
+  p.kvHeads = c.kvHeads;
+  p.qLen = c.qLen;
+  p.kLen = c.kLen;
+  p.headDim = c.headDim;
+  p.scale = c.scale > 0.f ? c.scale : 1.f / std::sqrt((float)c.headDim);
+  p.scaleLog2 = p.scale * 1.4426950408889634f;
+  p.mask = c.mask;
+  p.qTiles = ceilDiv(c.qLen, kPreprocessRows);
+  return p;
+}
+
+static FlashTensorView view(const FlashTensor& t) {
+  return FlashTensorView{t.ptr, t.batchStride, t.headStride, t.seqStride};
+}
+
+const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string name = spec.name();
+  auto it = loaded_.find(name);
+  if (it != loaded_.end()) return it->second;
+  codegen::CompileRequest req;
+  req.kernelName = name;
+  req.source = spec.source();
+  req.headers = codegen::embeddedKernelHeaders();
+  req.arch = device_.info().arch();
+  const codegen::CompileResult res = codegen::Nvrtc::instance().compile(req);
+  device_.makeCurrent();
+  Loaded l;
+  PA_CU_CHECK(cuModuleLoadData(&l.module, res.cubin.data()));
+  PA_CU_CHECK(cuModuleGetFunction(&l.function, l.module, name.c_str()));
+  if (spec.sharedBytes() > 48 * 1024)
+    PA_CU_CHECK(cuFuncSetAttribute(l.function, cuda::kFuncAttrMaxDynamicSharedSizeBytes, spec.sharedBytes()));
+  return loaded_.emplace(name, l).first->second;
+}
+
+void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY,
+                            const FlashKernelParams& params, cuda::CUstream stream) {
+  if (gridX == 0 || gridY == 0) return;
+  const Loaded& l = load(spec);
+  FlashKernelParams copy = params;
+  void* args[] = {&copy};
+  PA_CU_CHECK(cuLaunchKernel(l.function, gridX, gridY, 1, spec.threads(), 1, 1, spec.sharedBytes(), stream, args, nullptr));
+}
+
+void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardArgs& a, cuda::CUstream stream) {
+  validate(c, false);
+  for (auto [n, t] : {std::make_pair("q", a.q), std::make_pair("k", a.k), std::make_pair("v", a.v), std::make_pair("o", a.o)})
+    checkTensor(n, t, c.dtype);
+  if (!a.lse) fail("lse is null");
+  if (c.sinkLogits && !a.sinkLogits) fail("config.sinkLogits is set but sinkLogits is null");
+  FlashKernelParams p = baseParams(c);
+  p.q = view(a.q), p.k = view(a.k), p.v = view(a.v), p.o = view(a.o);
+  p.lse = a.lse;
+  p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
+  const FlashKernelSpec spec = chooseSpec(FlashKernelKind::kForward, c);
+  const int rows = c.dtype == kFlashF32 ? 64 : 16 * spec.warps;
+  launch(spec, ceilDiv(c.qLen, rows), c.batch * c.heads, p, stream);
+}
+
+size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {
+  // delta [batch, heads, qLen] + sink partials [heads, batch * qTiles], each 16-byte aligned.
+  const size_t delta = ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
+  const size_t partial = (size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4;
+  return delta + partial + 16;
+}
+
+void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackwardArgs& a, cuda::CUstream stream) {
+  validate(c, true);
+  for (auto [n, t] : {std::make_pair("q", a.q), std::make_pair("k", a.k), std::make_pair("v", a.v),
+                      std::make_pair("o", a.o), std::make_pair("dO", a.dO), std::make_pair("dQ", a.dQ),
+                      std::make_pair("dK", a.dK), std::make_pair("dV", a.dV)})
+    checkTensor(n, t, c.dtype);
+  if (!a.lse) fail("lse is null");
+  if (!a.workspace) fail("workspace is null (size: backwardWorkspaceBytes)");
+  if (c.sinkLogits && (!a.sinkLogits || !a.dSinkLogits))
+    fail("config.sinkLogits is set but sinkLogits or dSinkLogits is null");
+  FlashKernelParams p = baseParams(c);
+  p.q = view(a.q), p.k = view(a.k), p.v = view(a.v), p.o = view(a.o);
+  p.dO = view(a.dO), p.dQ = view(a.dQ), p.dK = view(a.dK), p.dV = view(a.dV);
+  p.lse = a.lse;
+  p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
+  p.dSinkLogits = c.sinkLogits ? a.dSinkLogits : 0;
+  p.delta = a.workspace;
+  p.sinkPartial = a.workspace + ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
+
+  launch(chooseSpec(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream);
+  // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
+  if (c.sinkLogits) launch(chooseSpec(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream);
+  const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c);
+  const int keyRows = c.dtype == kFlashF32 ? 64 : 16 * dkdv.warps;
+  launch(dkdv, ceilDiv(c.kLen, keyRows), c.batch * c.kvHeads, p, stream);
+  const FlashKernelSpec dq = chooseSpec(FlashKernelKind::kBwdDq, c);
+  const int qRows = c.dtype == kFlashF32 ? 64 : 16 * dq.warps;
+  launch(dq, ceilDiv(c.qLen, qRows), c.batch * c.heads, p, stream);
+}
+
+}  // namespace pa

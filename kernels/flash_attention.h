@@ -1,0 +1,118 @@
+// Host launcher of the flash attention templates: validation, instantiation choice, NVRTC, launch.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/flash_attention_params.h"
+#include "runtime/cuda/cuda_device.h"
+
+namespace pa {
+
+// A problem the kernels cannot run (bad shape, stride, alignment, unsupported combination).
+class FlashAttentionError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A [batch, heads, seq, head_dim] device tensor with unit head_dim stride; strides in elements.
+struct FlashTensor {
+  unsigned long long ptr = 0;
+  long long batchStride = 0, headStride = 0, seqStride = 0;
+  static FlashTensor contiguous(unsigned long long ptr, int heads, int seq, int headDim) {
+    FlashTensor t;
+    t.ptr = ptr;
+    t.seqStride = headDim;
+    t.headStride = (long long)seq * headDim;
+    t.batchStride = (long long)heads * seq * headDim;
+    return t;
+  }
+};
+
+// What is computed; shared by forward and backward.
+struct FlashAttentionConfig {
+  FlashDType dtype = kFlashBF16;
+  int batch = 1;
+  int heads = 1;    // query heads
+  int kvHeads = 1;  // heads % kvHeads == 0 (GQA / MQA)
+  int qLen = 0;
+  int kLen = 0;
+  int headDim = 0;   // multiple of 8, at most 256 (fp32 backward: at most 128)
+  float scale = 0.f;  // 0 selects 1/sqrt(headDim)
+  AttentionMaskSpec mask;
+  bool sinkLogits = false;  // learnable per-head sink logits (float [heads]) take part
+  // Bit-reproducible backward. Every backward here is deterministic (no atomics at all), so the
+  // flag is always honoured; it is checked so that a future atomic path cannot silently ignore it.
+  bool deterministic = false;
+};
+
+struct FlashForwardArgs {
+  FlashTensor q, k, v, o;
+  unsigned long long lse = 0;         // float [batch, heads, qLen]
+  unsigned long long sinkLogits = 0;  // float [heads] when config.sinkLogits
+};
+
+struct FlashBackwardArgs {
+  FlashTensor q, k, v, o, dO, dQ, dK, dV;  // dK, dV: [batch, kvHeads, kLen, headDim]
+  unsigned long long lse = 0;              // from the forward
+  unsigned long long sinkLogits = 0;       // float [heads] when config.sinkLogits
+  unsigned long long dSinkLogits = 0;      // float [heads], overwritten (summed over the batch)
+  unsigned long long workspace = 0;        // backwardWorkspaceBytes(config) bytes, 16-aligned
+};
+
+enum class FlashKernelKind { kForward, kBwdPreprocess, kBwdSinkReduce, kBwdDkDv, kBwdDq };
+
+// One template instantiation: what NVRTC compiles and the launcher launches.
+struct FlashKernelSpec {
+  FlashKernelKind kind = FlashKernelKind::kForward;
+  FlashDType dtype = kFlashBF16;
+  int dpad = 64;   // padded head dim of the instantiation (32, 64, 96, 128, 256)
+  int warps = 4;   // warps per block
+  int tile = 64;   // the streamed tile (keys for forward/dQ, queries for dK/dV)
+  std::string name() const;      // C identifier of the generated kernel
+  std::string source() const;    // generated NVRTC translation unit
+  int threads() const;
+  int sharedBytes() const;       // dynamic shared memory
+};
+
+// Every instantiation the launcher can choose (the NVRTC CI test compiles them all).
+std::vector<FlashKernelSpec> allFlashKernelSpecs();
+
+// Runs the kernels on one device. Instantiations are compiled by NVRTC on first use and cached
+// for the lifetime of the object; launches are asynchronous on the given stream.
+class FlashAttention {
+ public:
+  explicit FlashAttention(const cuda::Device& device);
+  ~FlashAttention();
+  FlashAttention(const FlashAttention&) = delete;
+  FlashAttention& operator=(const FlashAttention&) = delete;
+
+  // Throws FlashAttentionError for an invalid problem (message names the offending field).
+  void validate(const FlashAttentionConfig& cfg, bool backward) const;
+  void forward(const FlashAttentionConfig& cfg, const FlashForwardArgs& args, cuda::CUstream stream);
+  size_t backwardWorkspaceBytes(const FlashAttentionConfig& cfg) const;
+  void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream);
+
+  // Spec chosen for a problem (exposed for tests and the benchmark's report).
+  static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg);
+
+ private:
+  struct Loaded {
+    cuda::CUmodule module = nullptr;
+    cuda::CUfunction function = nullptr;
+  };
+  const Loaded& load(const FlashKernelSpec& spec);
+  void launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY, const FlashKernelParams& params,
+              cuda::CUstream stream);
+  FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
+
+  const cuda::Device& device_;
+  std::mutex mutex_;
+  std::map<std::string, Loaded> loaded_;
+};
+
+}  // namespace pa

@@ -1,0 +1,551 @@
+// FlashAttention-2 backward templates: preprocess (rowsum(dO*O), sink-logit gradient), dK/dV per
+// key tile and dQ per query tile, each as an exact fp32 FFMA kernel and an mma.sync kernel.
+/*
+ * Algorithm. With x = scale * q.k, P = exp(x - lse) (lse saved by the forward, sink included):
+ *   dV_k  = sum_q P_qk dO_q                 dP_qk = dO_q . V_k
+ *   dS_qk = P_qk (dP_qk - Delta_q),          Delta_q = dO_q . O_q   (= sum_k P_qk dP_qk)
+ *   dQ_q  = scale * sum_k dS_qk K_k          dK_k  = scale * sum_q dS_qk Q_q
+ *   dSink_h = -sum_{b,q} exp(sink_h - lse_q) Delta_q
+ * The identity Delta = dO.O holds with a sink because the sink only adds to the denominator.
+ *
+ * Why three kernels and no atomics. FlashAttention-2 computes dQ inside the dK/dV loop and
+ * accumulates it with fp32 atomics; the result then depends on the order of the atomics. Here the
+ * dK/dV kernel (one block per key tile and KV head; it loops over the query tiles of every query
+ * head of its GQA group, so dK/dV of a shared KV head are summed in registers) and the dQ kernel
+ * (one block per query tile; it loops over the visible key tiles) recompute P and dP separately.
+ * That costs two extra matrix products per tile pair (7 instead of 5), buys bit-for-bit
+ * reproducible gradients, needs no fp32 dQ buffer and no conversion pass, and makes the
+ * `deterministic` flag free to honour. The sink gradient is reduced in a fixed order: partial sums
+ * per (head, batch, query tile), then one block per head.
+ *
+ * Traps: rows with lse = -inf saw no key; backwardLse2 turns their lse into +inf so that the
+ * recomputed P is exactly 0 and the row contributes nothing. Rows past qLen and keys past kLen are
+ * zero-filled in shared memory and get P = 0 from the mask / the +inf lse, never NaN.
+ */
+#pragma once
+
+#include "kernels/flash_attention_fwd.cuh"
+
+namespace pa {
+namespace flash {
+
+constexpr int kPreprocessRows = 64;  // query rows per preprocess block (FlashKernelParams::qTiles)
+
+// Delta = rowsum(dO * O) in fp32, and per-block partial sums of the sink-logit gradient.
+// Grid (qTiles, batch * heads), 256 threads.
+template <typename Tag>
+__device__ __forceinline__ void flashBackwardPreprocess(const FlashKernelParams& p) {
+  typedef typename Elem<Tag>::Storage T;
+  __shared__ float warpSums[8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const T* gO = slicePtr<T>(p.o, b, h);
+  const T* gdO = slicePtr<T>(p.dO, b, h);
+  const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
+  float* delta = (float*)p.delta + (long long)bh * p.qLen;
+  const bool sinkGrad = p.sinkLogits != 0 && p.dSinkLogits != 0;
+  const float sink = sinkGrad ? ((const float*)p.sinkLogits)[h] : 0.f;
+  float sinkAcc = 0.f;
+  for (int r = warp; r < kPreprocessRows; r += 8) {
+    const int q = blockIdx.x * kPreprocessRows + r;
+    if (q >= p.qLen) break;
+    float acc = 0.f;
+    for (int d = lane; d < p.headDim; d += 32)
+      acc += Elem<Tag>::toFloat(gO[(long long)q * p.o.seqStride + d]) *
+             Elem<Tag>::toFloat(gdO[(long long)q * p.dO.seqStride + d]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+      delta[q] = acc;
+      if (sinkGrad) sinkAcc -= expf(sink - lse[q]) * acc;
+    }
+  }
+  if (!sinkGrad) return;
+  if (lane == 0) warpSums[warp] = sinkAcc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int w = 0; w < 8; ++w) s += warpSums[w];
+    ((float*)p.sinkPartial)[(long long)h * p.batch * p.qTiles + (long long)b * p.qTiles + blockIdx.x] = s;
+  }
+}
+
+// dSinkLogits[h] = sum of the partials of head h, in a fixed order. Grid (heads), 256 threads.
+__device__ __forceinline__ void flashBackwardSinkReduce(const FlashKernelParams& p) {
+  __shared__ float sums[256];
+  const int h = blockIdx.x;
+  const long long n = (long long)p.batch * p.qTiles;
+  const float* part = (const float*)p.sinkPartial + (long long)h * n;
+  float s = 0.f;
+  for (long long i = threadIdx.x; i < n; i += 256) s += part[i];
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if ((int)threadIdx.x < w) sums[threadIdx.x] += sums[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ((float*)p.dSinkLogits)[h] = sums[0];
+}
+
+// Loads lse (as backwardLse2) and Delta of query rows [q0, q0 + ROWS) into shared memory.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void loadRowStats(float* sLse2, float* sDelta, const float* lse,
+                                             const float* delta, int q0, int qLen) {
+  for (int r = threadIdx.x; r < ROWS; r += THREADS) {
+    const int q = q0 + r;
+    sLse2[r] = q < qLen ? backwardLse2(lse[q]) : posInf();
+    sDelta[r] = q < qLen ? delta[q] : 0.f;
+  }
+}
+
+// =============================================================================================
+// Tensor-core dK/dV. WARPS warps x 16 keys = one key tile; query tiles of BQ rows, double-buffered.
+template <typename Tag, int DPAD, int WARPS, int BQ>
+__device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p) {
+  typedef u16 T;
+  constexpr int BN = 16 * WARPS, THREADS = 32 * WARPS, LD = DPAD + 8;
+  constexpr int QT = BQ / 8, DT = DPAD / 8;
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  T* sK = (T*)smemRaw;
+  T* sV = sK + BN * LD;
+  T* sQb = sV + BN * LD;            // [2][BQ][LD]
+  T* sdOb = sQb + 2 * BQ * LD;      // [2][BQ][LD]
+  float* sLse2b = (float*)(sdOb + 2 * BQ * LD);  // [2][BQ]
+  float* sDeltab = sLse2b + 2 * BQ;              // [2][BQ]
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int bhk = blockIdx.y, b = bhk / p.kvHeads, hk = bhk % p.kvHeads;
+  const int group = p.heads / p.kvHeads;
+  const int n0 = blockIdx.x * BN, n1 = min(n0 + BN, p.kLen);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  const int nQT = ceilDiv(p.qLen, BQ), nItems = group * nQT;
+  auto nextItem = [&](int it) {
+    while (it < nItems) {
+      const int q0 = (it % nQT) * BQ;
+      if (tm.anyVisible(q0, min(q0 + BQ, p.qLen), n0, n1)) break;
+      ++it;
+    }
+    return it;
+  };
+  auto loadItem = [&](int it, int buf) {
+    const int h = hk * group + it / nQT, q0 = (it % nQT) * BQ;
+    loadTile<T, BQ, DPAD, LD, THREADS>(sQb + buf * BQ * LD, slicePtr<T>(p.q, b, h), p.q.seqStride, q0, p.qLen, p.headDim);
+    loadTile<T, BQ, DPAD, LD, THREADS>(sdOb + buf * BQ * LD, slicePtr<T>(p.dO, b, h), p.dO.seqStride, q0, p.qLen, p.headDim);
+    const long long rowBase = ((long long)b * p.heads + h) * p.qLen;
+    loadRowStats<BQ, THREADS>(sLse2b + buf * BQ, sDeltab + buf * BQ, (const float*)p.lse + rowBase,
+                              (const float*)p.delta + rowBase, q0, p.qLen);
+  };
+
+  float dK[DT][4], dV[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dK[i][e] = dV[i][e] = 0.f;
+
+  int it = nextItem(0);
+  loadTile<T, BN, DPAD, LD, THREADS>(sK, slicePtr<T>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim);
+  loadTile<T, BN, DPAD, LD, THREADS>(sV, slicePtr<T>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim);
+  if (it < nItems) loadItem(it, 0);
+  cpAsyncCommit();
+  int buf = 0;
+  const int keyA = n0 + warp * 16 + g;  // this thread's keys: keyA, keyA + 8
+  while (it < nItems) {
+    const int itn = nextItem(it + 1);
+    if (itn < nItems) loadItem(itn, buf ^ 1);
+    cpAsyncCommit();
+    cpAsyncWait<1>();
+    __syncthreads();
+    const T* sQ = sQb + buf * BQ * LD;
+    const T* sdO = sdOb + buf * BQ * LD;
+    const float* sLse2 = sLse2b + buf * BQ;
+    const float* sDelta = sDeltab + buf * BQ;
+    const int q0 = (it % nQT) * BQ, q1 = min(q0 + BQ, p.qLen);
+    const bool full = tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ;
+
+    float pT[QT][4], dpT[QT][4];
+#pragma unroll
+    for (int i = 0; i < QT; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pT[i][e] = dpT[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DPAD / 16; ++kk) {
+      u32 aK[4], aV[4];
+      loadFragA(aK, sK, LD, warp * 16, kk * 16);
+      loadFragA(aV, sV, LD, warp * 16, kk * 16);
+#pragma unroll
+      for (int nn = 0; nn < BQ / 16; ++nn) {
+        u32 bq[4], bo[4];
+        loadFragBNK(bq, sQ, LD, nn * 16, kk * 16);
+        loadFragBNK(bo, sdO, LD, nn * 16, kk * 16);
+        Mma<Tag>::run(pT[2 * nn], aK, bq[0], bq[1]);
+        Mma<Tag>::run(pT[2 * nn + 1], aK, bq[2], bq[3]);
+        Mma<Tag>::run(dpT[2 * nn], aV, bo[0], bo[1]);
+        Mma<Tag>::run(dpT[2 * nn + 1], aV, bo[2], bo[3]);
+      }
+    }
+    // P^T and dS^T (kept in dpT), element e of n-tile nt: key keyA + 8*(e>>1), query
+    // q0 + 8*nt + 2t + (e&1).
+#pragma unroll
+    for (int nt = 0; nt < QT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ql = nt * 8 + 2 * t + (e & 1);
+        float x = pT[nt][e] * p.scaleLog2;
+        if (!full && !tm.visible(q0 + ql, keyA + 8 * (e >> 1))) x = negInf();
+        const float pe = fastExp2(x - sLse2[ql]);
+        pT[nt][e] = pe;
+        dpT[nt][e] = pe * (dpT[nt][e] - sDelta[ql]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      u32 aP[4], aS[4];
+      aP[0] = Elem<Tag>::pack(pT[2 * kk][0], pT[2 * kk][1]);
+      aP[1] = Elem<Tag>::pack(pT[2 * kk][2], pT[2 * kk][3]);
+      aP[2] = Elem<Tag>::pack(pT[2 * kk + 1][0], pT[2 * kk + 1][1]);
+      aP[3] = Elem<Tag>::pack(pT[2 * kk + 1][2], pT[2 * kk + 1][3]);
+      aS[0] = Elem<Tag>::pack(dpT[2 * kk][0], dpT[2 * kk][1]);
+      aS[1] = Elem<Tag>::pack(dpT[2 * kk][2], dpT[2 * kk][3]);
+      aS[2] = Elem<Tag>::pack(dpT[2 * kk + 1][0], dpT[2 * kk + 1][1]);
+      aS[3] = Elem<Tag>::pack(dpT[2 * kk + 1][2], dpT[2 * kk + 1][3]);
+#pragma unroll
+      for (int dd = 0; dd < DPAD / 16; ++dd) {
+        u32 bo[4], bq[4];
+        loadFragBKN(bo, sdO, LD, dd * 16, kk * 16);
+        loadFragBKN(bq, sQ, LD, dd * 16, kk * 16);
+        Mma<Tag>::run(dV[2 * dd], aP, bo[0], bo[1]);
+        Mma<Tag>::run(dV[2 * dd + 1], aP, bo[2], bo[3]);
+        Mma<Tag>::run(dK[2 * dd], aS, bq[0], bq[1]);
+        Mma<Tag>::run(dK[2 * dd + 1], aS, bq[2], bq[3]);
+      }
+    }
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+    buf ^= 1;
+    it = itn;
+  }
+  cpAsyncWait<0>();
+
+  T* gdK = sliceMutPtr<T>(p.dK, b, hk);
+  T* gdV = sliceMutPtr<T>(p.dV, b, hk);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int k = keyA + 8 * r;
+    if (k >= p.kLen) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col < p.headDim) {
+        *(u32*)(gdK + (long long)k * p.dK.seqStride + col) =
+            Elem<Tag>::pack(dK[dt][2 * r] * p.scale, dK[dt][2 * r + 1] * p.scale);
+        *(u32*)(gdV + (long long)k * p.dV.seqStride + col) = Elem<Tag>::pack(dV[dt][2 * r], dV[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// Tensor-core dQ. WARPS warps x 16 query rows; key tiles of BN rows, double-buffered.
+template <typename Tag, int DPAD, int WARPS, int BN>
+__device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
+  typedef u16 T;
+  constexpr int BM = 16 * WARPS, THREADS = 32 * WARPS, LD = DPAD + 8;
+  constexpr int NT = BN / 8, DT = DPAD / 8;
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  T* sQ = (T*)smemRaw;
+  T* sdO = sQ + BM * LD;
+  T* sKb = sdO + BM * LD;      // [2][BN][LD]
+  T* sVb = sKb + 2 * BN * LD;  // [2][BN][LD]
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int hk = h / (p.heads / p.kvHeads);
+  const int m0 = blockIdx.x * BM, m1 = min(m0 + BM, p.qLen);
+  const T* gK = slicePtr<T>(p.k, b, hk);
+  const T* gV = slicePtr<T>(p.v, b, hk);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  const int nTiles = ceilDiv(p.kLen, BN);
+  auto nextTile = [&](int j) {
+    while (j < nTiles && !tm.anyVisible(m0, m1, j * BN, min(j * BN + BN, p.kLen))) ++j;
+    return j;
+  };
+  auto loadKV = [&](int j, int buf) {
+    loadTile<T, BN, DPAD, LD, THREADS>(sKb + buf * BN * LD, gK, p.k.seqStride, j * BN, p.kLen, p.headDim);
+    loadTile<T, BN, DPAD, LD, THREADS>(sVb + buf * BN * LD, gV, p.v.seqStride, j * BN, p.kLen, p.headDim);
+  };
+
+  const int rowA = m0 + warp * 16 + g;
+  const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
+  const float* delta = (const float*)p.delta + (long long)bh * p.qLen;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int q = rowA + 8 * r;
+    lse2[r] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
+    dl[r] = q < p.qLen ? delta[q] : 0.f;
+  }
+  float dQ[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) dQ[i][0] = dQ[i][1] = dQ[i][2] = dQ[i][3] = 0.f;
+
+  int j = nextTile(0);
+  loadTile<T, BM, DPAD, LD, THREADS>(sQ, slicePtr<T>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim);
+  loadTile<T, BM, DPAD, LD, THREADS>(sdO, slicePtr<T>(p.dO, b, h), p.dO.seqStride, m0, p.qLen, p.headDim);
+  if (j < nTiles) loadKV(j, 0);
+  cpAsyncCommit();
+  int buf = 0;
+  while (j < nTiles) {
+    const int jn = nextTile(j + 1);
+    if (jn < nTiles) loadKV(jn, buf ^ 1);
+    cpAsyncCommit();
+    cpAsyncWait<1>();
+    __syncthreads();
+    const T* sK = sKb + buf * BN * LD;
+    const T* sV = sVb + buf * BN * LD;
+    const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
+    const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
+
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DPAD / 16; ++kk) {
+      u32 aQ[4], aO[4];
+      loadFragA(aQ, sQ, LD, warp * 16, kk * 16);
+      loadFragA(aO, sdO, LD, warp * 16, kk * 16);
+#pragma unroll
+      for (int nn = 0; nn < BN / 16; ++nn) {
+        u32 bk[4], bv[4];
+        loadFragBNK(bk, sK, LD, nn * 16, kk * 16);
+        loadFragBNK(bv, sV, LD, nn * 16, kk * 16);
+        Mma<Tag>::run(s[2 * nn], aQ, bk[0], bk[1]);
+        Mma<Tag>::run(s[2 * nn + 1], aQ, bk[2], bk[3]);
+        Mma<Tag>::run(dp[2 * nn], aO, bv[0], bv[1]);
+        Mma<Tag>::run(dp[2 * nn + 1], aO, bv[2], bv[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float x = s[nt][e] * p.scaleLog2;
+        if (!full && !tm.visible(rowA + 8 * r, n0 + nt * 8 + 2 * t + (e & 1))) x = negInf();
+        const float pe = fastExp2(x - lse2[r]);
+        dp[nt][e] = pe * (dp[nt][e] - dl[r]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      u32 aS[4];
+      aS[0] = Elem<Tag>::pack(dp[2 * kk][0], dp[2 * kk][1]);
+      aS[1] = Elem<Tag>::pack(dp[2 * kk][2], dp[2 * kk][3]);
+      aS[2] = Elem<Tag>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      aS[3] = Elem<Tag>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+      for (int dd = 0; dd < DPAD / 16; ++dd) {
+        u32 bk[4];
+        loadFragBKN(bk, sK, LD, dd * 16, kk * 16);
+        Mma<Tag>::run(dQ[2 * dd], aS, bk[0], bk[1]);
+        Mma<Tag>::run(dQ[2 * dd + 1], aS, bk[2], bk[3]);
+      }
+    }
+    __syncthreads();
+    buf ^= 1;
+    j = jn;
+  }
+  cpAsyncWait<0>();
+
+  T* gdQ = sliceMutPtr<T>(p.dQ, b, h);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int q = rowA + 8 * r;
+    if (q >= p.qLen) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col < p.headDim)
+        *(u32*)(gdQ + (long long)q * p.dQ.seqStride + col) =
+            Elem<Tag>::pack(dQ[dt][2 * r] * p.scale, dQ[dt][2 * r + 1] * p.scale);
+    }
+  }
+}
+
+// =============================================================================================
+// Exact fp32 dK/dV: 128 threads, 64 keys (rows 4*ty + i) x 64 queries (tx + 8*j) per step.
+template <int DPAD>
+__device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p) {
+  constexpr int BN = 64, BQ = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  float* sK = (float*)smemRaw;
+  float* sV = sK + BN * LD;
+  float* sQ = sV + BN * LD;
+  float* sdO = sQ + BQ * LD;
+  float* sP = sdO + BQ * LD;   // P^T  [key][query]
+  float* sS = sP + BN * LDP;   // dS^T [key][query]
+  float* sLse2 = sS + BN * LDP;
+  float* sDelta = sLse2 + BQ;
+
+  const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
+  const int bhk = blockIdx.y, b = bhk / p.kvHeads, hk = bhk % p.kvHeads;
+  const int group = p.heads / p.kvHeads;
+  const int n0 = blockIdx.x * BN, n1 = min(n0 + BN, p.kLen);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  const int nQT = ceilDiv(p.qLen, BQ);
+
+  float dK[4][DC], dV[4][DC];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int c = 0; c < DC; ++c) dK[i][c] = dV[i][c] = 0.f;
+
+  loadTile<float, BN, DPAD, LD, THREADS>(sK, slicePtr<float>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim);
+  loadTile<float, BN, DPAD, LD, THREADS>(sV, slicePtr<float>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim);
+  cpAsyncCommit();
+  for (int it = 0; it < group * nQT; ++it) {
+    const int h = hk * group + it / nQT, q0 = (it % nQT) * BQ, q1 = min(q0 + BQ, p.qLen);
+    if (!tm.anyVisible(q0, q1, n0, n1)) continue;
+    __syncthreads();  // the previous step is done with sQ, sdO and the row stats
+    loadTile<float, BQ, DPAD, LD, THREADS>(sQ, slicePtr<float>(p.q, b, h), p.q.seqStride, q0, p.qLen, p.headDim);
+    loadTile<float, BQ, DPAD, LD, THREADS>(sdO, slicePtr<float>(p.dO, b, h), p.dO.seqStride, q0, p.qLen, p.headDim);
+    cpAsyncCommit();
+    const long long rowBase = ((long long)b * p.heads + h) * p.qLen;
+    loadRowStats<BQ, THREADS>(sLse2, sDelta, (const float*)p.lse + rowBase, (const float*)p.delta + rowBase, q0, p.qLen);
+    cpAsyncWait<0>();
+    __syncthreads();
+    const bool full = tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ;
+
+    float acc[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) acc[i][jj] = 0.f;
+    ffmaNT<DPAD, LD>(acc, sK, sQ, ty, tx);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int ql = tx + 8 * jj;
+        float x = acc[i][jj] * p.scaleLog2;
+        if (!full && !tm.visible(q0 + ql, n0 + 4 * ty + i)) x = negInf();
+        sP[(4 * ty + i) * LDP + ql] = exp2f(x - sLse2[ql]);
+        acc[i][jj] = 0.f;
+      }
+    ffmaNT<DPAD, LD>(acc, sV, sdO, ty, tx);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int ql = tx + 8 * jj;
+        const float pe = sP[(4 * ty + i) * LDP + ql];
+        sS[(4 * ty + i) * LDP + ql] = pe * (acc[i][jj] - sDelta[ql]);
+      }
+    __syncwarp();  // rows of sP / sS are written and read by the same 8 lanes
+    ffmaNN<DPAD, LD, LDP, BQ>(dV, sP, sdO, ty, tx);
+    ffmaNN<DPAD, LD, LDP, BQ>(dK, sS, sQ, ty, tx);
+  }
+  cpAsyncWait<0>();
+
+  float* gdK = sliceMutPtr<float>(p.dK, b, hk);
+  float* gdV = sliceMutPtr<float>(p.dV, b, hk);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k = n0 + 4 * ty + i;
+    if (k >= p.kLen) continue;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) {
+      const int col = tx + 8 * c;
+      if (col < p.headDim) {
+        gdK[(long long)k * p.dK.seqStride + col] = dK[i][c] * p.scale;
+        gdV[(long long)k * p.dV.seqStride + col] = dV[i][c];
+      }
+    }
+  }
+}
+
+// Exact fp32 dQ: 128 threads, 64 query rows (4*ty + i) x 64 keys (tx + 8*j) per step.
+template <int DPAD>
+__device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
+  constexpr int BM = 64, BN = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  float* sQ = (float*)smemRaw;
+  float* sdO = sQ + BM * LD;
+  float* sK = sdO + BM * LD;
+  float* sV = sK + BN * LD;
+  float* sS = sV + BN * LD;  // dS [query][key]
+
+  const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int hk = h / (p.heads / p.kvHeads);
+  const int m0 = blockIdx.x * BM, m1 = min(m0 + BM, p.qLen);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  const int nTiles = ceilDiv(p.kLen, BN);
+  const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
+  const float* delta = (const float*)p.delta + (long long)bh * p.qLen;
+  float lse2[4], dl[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int q = m0 + 4 * ty + i;
+    lse2[i] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
+    dl[i] = q < p.qLen ? delta[q] : 0.f;
+  }
+  float dQ[4][DC];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int c = 0; c < DC; ++c) dQ[i][c] = 0.f;
+
+  loadTile<float, BM, DPAD, LD, THREADS>(sQ, slicePtr<float>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim);
+  loadTile<float, BM, DPAD, LD, THREADS>(sdO, slicePtr<float>(p.dO, b, h), p.dO.seqStride, m0, p.qLen, p.headDim);
+  cpAsyncCommit();
+  for (int j = 0; j < nTiles; ++j) {
+    const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
+    if (!tm.anyVisible(m0, m1, n0, n1)) continue;
+    __syncthreads();
+    loadTile<float, BN, DPAD, LD, THREADS>(sK, slicePtr<float>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim);
+    loadTile<float, BN, DPAD, LD, THREADS>(sV, slicePtr<float>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim);
+    cpAsyncCommit();
+    cpAsyncWait<0>();
+    __syncthreads();
+    const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
+
+    float acc[4][8], pr[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) acc[i][jj] = 0.f;
+    ffmaNT<DPAD, LD>(acc, sQ, sK, ty, tx);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        float x = acc[i][jj] * p.scaleLog2;
+        if (!full && !tm.visible(m0 + 4 * ty + i, n0 + tx + 8 * jj)) x = negInf();
+        pr[i][jj] = exp2f(x - lse2[i]);
+        acc[i][jj] = 0.f;
+      }
+    ffmaNT<DPAD, LD>(acc, sdO, sV, ty, tx);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) sS[(4 * ty + i) * LDP + tx + 8 * jj] = pr[i][jj] * (acc[i][jj] - dl[i]);
+    __syncwarp();
+    ffmaNN<DPAD, LD, LDP, BN>(dQ, sS, sK, ty, tx);
+  }
+  cpAsyncWait<0>();
+
+  float* gdQ = sliceMutPtr<float>(p.dQ, b, h);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int q = m0 + 4 * ty + i;
+    if (q >= p.qLen) continue;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) {
+      const int col = tx + 8 * c;
+      if (col < p.headDim) gdQ[(long long)q * p.dQ.seqStride + col] = dQ[i][c] * p.scale;
+    }
+  }
+}
+
+}  // namespace flash
+}  // namespace pa

@@ -1,0 +1,224 @@
+// Device helpers shared by the flash attention templates: element types, cp.async tile loads,
+// mma.sync / ldmatrix wrappers and the tile-level form of the attention mask.
+/*
+ * Note on what lives here and why.
+ *
+ * NVRTC has no standard or CUDA headers beyond its built-ins, so 16-bit element types are handled
+ * as raw bits: bf16 <-> fp32 by shifts, fp16 <-> fp32 and the packing of two fp32 into a bf16x2 /
+ * f16x2 register by one cvt instruction each. Tensor-core products are mma.sync.m16n8k16 with fp32
+ * accumulation (sm_80 and later); operands reach registers through ldmatrix (.trans where the
+ * operand is stored k-major). Global -> shared copies are 16-byte cp.async with the source size
+ * set to 0 past the end of a tensor, so out-of-range rows and head-dim padding arrive as zeros:
+ * the products then need no bounds checks and a zero row cannot make a NaN.
+ *
+ * Traps:
+ *  - A row whose every key is masked has max = -inf; exp2(s - max) would be exp2(-inf + inf) =
+ *    NaN. The kernels subtract 0 instead of -inf in that case (`softmaxBase`).
+ *  - The backward recomputes P = exp2(s*scale2 - lse2); a row with lse = -inf saw no key, and is
+ *    given lse2 = +inf so that every P of that row is exactly 0 (`backwardLse2`).
+ *  - Tile skipping relies on the visible band [lo(q), hi(q)] and the sink limit being
+ *    non-decreasing in q, which holds for every mask that attention_mask.h can express.
+ */
+#pragma once
+
+#include "kernels/flash_attention_params.h"
+
+namespace pa {
+namespace flash {
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+// ---------------------------------------------------------------------------------------------
+// Element types. `Elem<T>::Storage` is what lives in memory.
+struct F32Tag {};
+struct F16Tag {};
+struct BF16Tag {};
+
+template <typename Tag> struct Elem;
+template <> struct Elem<F32Tag> {
+  typedef float Storage;
+  static constexpr int kBytes = 4;
+  static __device__ __forceinline__ float toFloat(float x) { return x; }
+  static __device__ __forceinline__ float fromFloat(float x) { return x; }
+};
+template <> struct Elem<F16Tag> {
+  typedef u16 Storage;
+  static constexpr int kBytes = 2;
+  static __device__ __forceinline__ float toFloat(u16 x) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(x));
+    return f;
+  }
+  static __device__ __forceinline__ u16 fromFloat(float x) {
+    u16 h;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(x));
+    return h;
+  }
+  // Two floats into one register: lo in bits 0..15.
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    u32 r;
+    asm("{ cvt.rn.f16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+};
+template <> struct Elem<BF16Tag> {
+  typedef u16 Storage;
+  static constexpr int kBytes = 2;
+  static __device__ __forceinline__ float toFloat(u16 x) { return __uint_as_float(((u32)x) << 16); }
+  static __device__ __forceinline__ u16 fromFloat(float x) {
+    u16 h;
+    asm("{ cvt.rn.bf16.f32 %0, %1; }" : "=h"(h) : "f"(x));
+    return h;
+  }
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    u32 r;
+    asm("{ cvt.rn.bf16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Constants and small math.
+__device__ __forceinline__ float negInf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float posInf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float fastExp2(float x) {
+  float y;
+  asm("{ ex2.approx.ftz.f32 %0, %1; }" : "=f"(y) : "f"(x));
+  return y;
+}
+// The value subtracted before exponentiation: the running max, or 0 while the row is empty.
+__device__ __forceinline__ float softmaxBase(float rowMax) { return rowMax == negInf() ? 0.f : rowMax; }
+// log2-domain lse for the backward; +inf for a row that saw nothing (see the note above).
+__device__ __forceinline__ float backwardLse2(float lseNatural) {
+  return lseNatural == negInf() ? posInf() : lseNatural * 1.4426950408889634f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// cp.async: 16 bytes global -> shared, zero-filled when `valid` is false.
+__device__ __forceinline__ u32 smemAddr(const void* p) {
+  return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cpAsync16(void* smem, const void* gmem, bool valid) {
+  asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(smemAddr(smem)),
+               "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Copies rows [row0, row0 + ROWS) of one (batch, head) slice of a [seq, headDim] tensor into a
+// shared tile of ROWS x LD elements. Rows past `rows` and columns past `headDim` (up to DPAD)
+// become zeros. All threads of the block take part.
+template <typename T, int ROWS, int DPAD, int LD, int THREADS>
+__device__ __forceinline__ void loadTile(T* smem, const T* gbase, long long seqStride, int row0,
+                                         int rows, int headDim) {
+  constexpr int kPerChunk = 16 / (int)sizeof(T);
+  constexpr int kChunksPerRow = DPAD / kPerChunk;
+  constexpr int kChunks = ROWS * kChunksPerRow;
+  for (int c = threadIdx.x; c < kChunks; c += THREADS) {
+    const int r = c / kChunksPerRow;
+    const int col = (c % kChunksPerRow) * kPerChunk;
+    const int gr = row0 + r;
+    const bool valid = gr < rows && col < headDim;
+    const T* src = valid ? gbase + (long long)gr * seqStride + col : gbase;
+    cpAsync16(smem + r * LD + col, src, valid);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core fragments (m16n8k16, fp32 accumulate). Register layouts, lane = 4*g + t:
+//   A (16x16, row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
+//   B (16x8, k x n):      b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
+//   C (16x8):             c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+template <typename Tag> struct Mma;
+template <> struct Mma<BF16Tag> {
+  static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "{ mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3}; }"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<F16Tag> {
+  static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "{ mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3}; }"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ void ldmatrixX4(u32 (&r)[4], const void* rowPtr) {
+  asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4]; }"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smemAddr(rowPtr)));
+}
+__device__ __forceinline__ void ldmatrixX4Trans(u32 (&r)[4], const void* rowPtr) {
+  asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4]; }"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smemAddr(rowPtr)));
+}
+
+// A fragment of rows [r0, r0+16) x cols [k0, k0+16) of a row-major shared tile.
+__device__ __forceinline__ void loadFragA(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int m = lane >> 3;
+  ldmatrixX4(a, tile + (r0 + (m & 1) * 8 + (lane & 7)) * ld + k0 + (m >> 1) * 8);
+}
+// A fragment whose 16x16 block is stored transposed (tile[k][row]): element (row, k) is
+// tile[k0 + k][r0 + row].
+__device__ __forceinline__ void loadFragATrans(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int m = lane >> 3;
+  // Matrix m: a0 (rows 0-7, k 0-7), a1 (rows 8-15, k 0-7), a2 (rows 0-7, k 8-15), a3 (rows 8-15, k 8-15).
+  ldmatrixX4Trans(a, tile + (k0 + (m >> 1) * 8 + (lane & 7)) * ld + r0 + (m & 1) * 8);
+}
+// B fragments for two n-tiles [n0, n0+8) and [n0+8, n0+16), k in [k0, k0+16), where the shared
+// tile holds B transposed, i.e. tile[n][k] (a K tile for Q.K^T). b[0],b[1]: n-tile 0; b[2],b[3]: 1.
+__device__ __forceinline__ void loadFragBNK(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int m = lane >> 3;
+  ldmatrixX4(b, tile + (n0 + (m >> 1) * 8 + (lane & 7)) * ld + k0 + (m & 1) * 8);
+}
+// Same, where the shared tile holds B as tile[k][n] (a V tile for P.V).
+__device__ __forceinline__ void loadFragBKN(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int m = lane >> 3;
+  ldmatrixX4Trans(b, tile + (k0 + (m & 1) * 8 + (lane & 7)) * ld + n0 + (m >> 1) * 8);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The mask at tile granularity. Rows [m0, m1) and keys [n0, n1) (both clipped to the lengths).
+struct TileMask {
+  AttentionMaskSpec m;
+  long long qLen, kLen;
+
+  // Could any (row, key) pair of the tile be visible? Conservative (true may still be all hidden).
+  __device__ __forceinline__ bool anyVisible(int m0, int m1, int n0, int n1) const {
+    if (m0 >= m1 || n0 >= n1) return false;
+    long long lo0, hi0, lo1, hi1;
+    attentionBand(m, m0, qLen, kLen, &lo0, &hi0);
+    attentionBand(m, m1 - 1, qLen, kLen, &lo1, &hi1);
+    if (lo0 <= n1 - 1 && hi1 >= n0 && lo0 <= hi1) return true;
+    return n0 <= attentionSinkLimit(m, m1 - 1, qLen, kLen);
+  }
+  // Is every (row, key) pair of the tile visible, so per-element masking can be skipped?
+  __device__ __forceinline__ bool allVisible(int m0, int m1, int n0, int n1) const {
+    long long lo0, hi0, lo1, hi1;
+    attentionBand(m, m0, qLen, kLen, &lo0, &hi0);
+    attentionBand(m, m1 - 1, qLen, kLen, &lo1, &hi1);
+    if (lo1 <= n0 && hi0 >= n1 - 1) return true;
+    return n1 - 1 <= attentionSinkLimit(m, m0, qLen, kLen);
+  }
+  __device__ __forceinline__ bool visible(int q, int k) const { return keyVisible(m, q, k, qLen, kLen); }
+};
+
+__device__ __forceinline__ int ceilDiv(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace flash
+}  // namespace pa

@@ -1,0 +1,396 @@
+// FlashAttention-2 forward templates: an exact fp32 FFMA kernel and an mma.sync (bf16/fp16) kernel.
+/*
+ * Algorithm (FlashAttention-2). One thread block owns BM query rows of one (batch, head) and
+ * streams the key/value tiles of BN rows that the mask leaves (partly) visible through shared
+ * memory. Scores S = Q.K^T stay in registers; an online softmax keeps, per row, the running max m
+ * and the running sum l in the log2 domain (scale * log2(e) is folded into one multiply, so every
+ * exponential is an exp2). When m grows, the output accumulator and l are rescaled by
+ * exp2(m_old - m_new). At the end O = acc / l and lse = (m + log2 l) * ln 2 is saved for the
+ * backward. A learnable sink logit (gpt-oss) joins only the denominator: l += exp2(sink - m).
+ *
+ * Pipeline: Q once; then per tile, K_j is awaited, V_j is requested, S and the softmax run while
+ * V_j flies; V_j is awaited, K_{j+1} is requested, and P.V runs while K_{j+1} flies. Two barriers
+ * per tile; shared memory holds one Q, one K and one V tile.
+ *
+ * Masking: tiles the mask hides entirely are never loaded (TileMask::anyVisible); tiles it shows
+ * entirely skip the per-element predicate (TileMask::allVisible); the rest evaluate keyVisible()
+ * from attention_mask.h per element, so the semantics are those of the CPU reference by
+ * construction.
+ *
+ * Traps: see flash_attention_common.cuh (empty rows, zero-filled padding). Rows past qLen are
+ * computed on zero queries and never stored. The fp32 kernel uses exp2f and plain FFMA so that it
+ * reproduces the fp64 reference to ~1e-6; the mma kernel uses ex2.approx and rounds P to the
+ * input type before P.V, as FlashAttention does (the l sum uses the unrounded P).
+ */
+#pragma once
+
+#include "kernels/flash_attention_common.cuh"
+
+namespace pa {
+namespace flash {
+
+// Row statistics -> final normalisation shared by both kernels. `m` is the running max (log2
+// domain, -inf if nothing was seen), `l` the sum of exp2(s - m) over visible keys.
+struct RowFinal {
+  float outScale;  // multiply the accumulator by this (0 for an empty row)
+  float lse;       // natural-log log-sum-exp, sink included
+};
+__device__ __forceinline__ RowFinal finishRow(float m, float l, bool hasSink, float sink2) {
+  RowFinal r;
+  float mF = m, lTot = l;
+  if (hasSink) {
+    mF = m > sink2 ? m : sink2;
+    lTot = (l > 0.f ? l * exp2f(m - mF) : 0.f) + exp2f(sink2 - mF);
+  }
+  if (lTot == 0.f) {  // no visible key and no sink: O = 0, lse = -inf
+    r.outScale = 0.f;
+    r.lse = negInf();
+    return r;
+  }
+  const float lse2 = mF + log2f(lTot);
+  r.outScale = l > 0.f ? exp2f(m - lse2) : 0.f;
+  r.lse = lse2 * 0.6931471805599453f;
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ const T* slicePtr(const FlashTensorView& v, int b, int h) {
+  return (const T*)v.ptr + (long long)b * v.batchStride + (long long)h * v.headStride;
+}
+template <typename T>
+__device__ __forceinline__ T* sliceMutPtr(const FlashTensorView& v, int b, int h) {
+  return (T*)v.ptr + (long long)b * v.batchStride + (long long)h * v.headStride;
+}
+
+// =============================================================================================
+// Tensor-core forward. WARPS warps, each owning 16 query rows; BN keys per tile.
+template <typename Tag, int DPAD, int WARPS, int BN>
+__device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
+  typedef u16 T;
+  constexpr int BM = 16 * WARPS;
+  constexpr int THREADS = 32 * WARPS;
+  constexpr int LD = DPAD + 8;  // +16 bytes per row: ldmatrix rows land in distinct banks
+  constexpr int NT = BN / 8;    // n-tiles of S
+  constexpr int DT = DPAD / 8;  // n-tiles of O
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  T* sQ = (T*)smemRaw;
+  T* sK = sQ + BM * LD;
+  T* sV = sK + BN * LD;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int hk = h / (p.heads / p.kvHeads);
+  const int m0 = blockIdx.x * BM, m1 = min(m0 + BM, p.qLen);
+  const T* gQ = slicePtr<T>(p.q, b, h);
+  const T* gK = slicePtr<T>(p.k, b, hk);
+  const T* gV = slicePtr<T>(p.v, b, hk);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  const int nTiles = ceilDiv(p.kLen, BN);
+  auto nextTile = [&](int j) {
+    while (j < nTiles && !tm.anyVisible(m0, m1, j * BN, min(j * BN + BN, p.kLen))) ++j;
+    return j;
+  };
+
+  float o[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float rowMax[2] = {negInf(), negInf()}, rowSum[2] = {0.f, 0.f};
+
+  int j = nextTile(0);
+  loadTile<T, BM, DPAD, LD, THREADS>(sQ, gQ, p.q.seqStride, m0, p.qLen, p.headDim);
+  if (j < nTiles) loadTile<T, BN, DPAD, LD, THREADS>(sK, gK, p.k.seqStride, j * BN, p.kLen, p.headDim);
+  cpAsyncCommit();
+
+  const int rowA = m0 + warp * 16 + g;  // this thread's two rows: rowA and rowA + 8
+  while (j < nTiles) {
+    const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
+    cpAsyncWait<0>();
+    __syncthreads();  // K_j (and Q) landed; every warp is done with V_{j-1}
+    loadTile<T, BN, DPAD, LD, THREADS>(sV, gV, p.v.seqStride, n0, p.kLen, p.headDim);
+    cpAsyncCommit();
+
+    float s[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DPAD / 16; ++kk) {
+      u32 a[4];
+      loadFragA(a, sQ, LD, warp * 16, kk * 16);
+#pragma unroll
+      for (int nn = 0; nn < BN / 16; ++nn) {
+        u32 bf[4];
+        loadFragBNK(bf, sK, LD, nn * 16, kk * 16);
+        Mma<Tag>::run(s[2 * nn], a, bf[0], bf[1]);
+        Mma<Tag>::run(s[2 * nn + 1], a, bf[2], bf[3]);
+      }
+    }
+
+    // Scale, mask, online softmax (rows rowA, rowA + 8; a row is spread over the 4 lanes of a quad).
+    const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
+    float tileMax[2] = {negInf(), negInf()};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * p.scaleLog2;
+        if (!full) {
+          const int q = rowA + (e >> 1) * 8, k = n0 + nt * 8 + 2 * t + (e & 1);
+          if (!tm.visible(q, k)) x = negInf();
+        }
+        s[nt][e] = x;
+        tileMax[e >> 1] = fmaxf(tileMax[e >> 1], x);
+      }
+    }
+    float corr[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tileMax[r] = fmaxf(tileMax[r], __shfl_xor_sync(0xffffffffu, tileMax[r], 1));
+      tileMax[r] = fmaxf(tileMax[r], __shfl_xor_sync(0xffffffffu, tileMax[r], 2));
+      const float newMax = fmaxf(rowMax[r], tileMax[r]);
+      base[r] = softmaxBase(newMax);
+      corr[r] = rowMax[r] == negInf() ? 0.f : fastExp2(rowMax[r] - base[r]);
+      rowMax[r] = newMax;
+      rowSum[r] *= corr[r];
+    }
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      o[i][0] *= corr[0];
+      o[i][1] *= corr[0];
+      o[i][2] *= corr[1];
+      o[i][3] *= corr[1];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = fastExp2(s[nt][e] - base[e >> 1]);
+        s[nt][e] = pe;
+        rowSum[e >> 1] += pe;
+      }
+    }
+
+    cpAsyncWait<0>();
+    __syncthreads();  // V_j landed; every warp is done with K_j
+    const int jn = nextTile(j + 1);
+    if (jn < nTiles) loadTile<T, BN, DPAD, LD, THREADS>(sK, gK, p.k.seqStride, jn * BN, p.kLen, p.headDim);
+    cpAsyncCommit();
+
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      u32 a[4];
+      a[0] = Elem<Tag>::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = Elem<Tag>::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = Elem<Tag>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = Elem<Tag>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dd = 0; dd < DPAD / 16; ++dd) {
+        u32 bf[4];
+        loadFragBKN(bf, sV, LD, dd * 16, kk * 16);
+        Mma<Tag>::run(o[2 * dd], a, bf[0], bf[1]);
+        Mma<Tag>::run(o[2 * dd + 1], a, bf[2], bf[3]);
+      }
+    }
+    j = jn;
+  }
+  cpAsyncWait<0>();
+
+  const bool hasSink = p.sinkLogits != 0;
+  const float sink2 = hasSink ? ((const float*)p.sinkLogits)[h] * 1.4426950408889634f : 0.f;
+  T* gO = sliceMutPtr<T>(p.o, b, h);
+  float* gLse = (float*)p.lse + (long long)bh * p.qLen;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = rowSum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const RowFinal fin = finishRow(rowMax[r], l, hasSink, sink2);
+    const int q = rowA + r * 8;
+    if (q < p.qLen) {
+      T* dst = gO + (long long)q * p.o.seqStride;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < p.headDim) {
+          const u32 v = Elem<Tag>::pack(o[dt][2 * r] * fin.outScale, o[dt][2 * r + 1] * fin.outScale);
+          *(u32*)(dst + col) = v;
+        }
+      }
+      if (t == 0) gLse[q] = fin.lse;
+    }
+  }
+}
+
+// =============================================================================================
+// Exact fp32 forward: 128 threads, 64x64 tiles, each thread a 4x8 block of S (rows 4*ty + i,
+// keys tx + 8*j: the 8 lanes sharing a row are one aligned group of a warp, so a row reduction
+// is three shuffles and P needs only a warp barrier between its write and its read).
+template <typename T, int DPAD>
+struct Fp32Tiles {
+  static constexpr int BM = 64, BN = 64, THREADS = 128;
+  static constexpr int LD = DPAD + 4;  // float4 rows, shifted by 4 banks per row
+  static constexpr int LDP = BN + 4;
+};
+
+// acc[i][j] += sum_d A[4ty+i][d] * B[tx+8j][d]   (A, B: 64 x DPAD tiles, row stride LD)
+template <int DPAD, int LD>
+__device__ __forceinline__ void ffmaNT(float (&acc)[4][8], const float* sA, const float* sB, int ty, int tx) {
+#pragma unroll 4
+  for (int d = 0; d < DPAD; d += 4) {
+    float4 a[4], bv[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = *(const float4*)(sA + (4 * ty + i) * LD + d);
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) bv[jj] = *(const float4*)(sB + (tx + 8 * jj) * LD + d);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        acc[i][jj] = fmaf(a[i].x, bv[jj].x, acc[i][jj]);
+        acc[i][jj] = fmaf(a[i].y, bv[jj].y, acc[i][jj]);
+        acc[i][jj] = fmaf(a[i].z, bv[jj].z, acc[i][jj]);
+        acc[i][jj] = fmaf(a[i].w, bv[jj].w, acc[i][jj]);
+      }
+  }
+}
+
+// acc[i][c] += sum_n P[4ty+i][n] * B[n][tx+8c]   (P: 64 x NK, row stride LDP; B: NK x DPAD)
+template <int DPAD, int LD, int LDP, int NK>
+__device__ __forceinline__ void ffmaNN(float (&acc)[4][DPAD / 8], const float* sP, const float* sB, int ty, int tx) {
+#pragma unroll 2
+  for (int n = 0; n < NK; n += 4) {
+    float4 pr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pr[i] = *(const float4*)(sP + (4 * ty + i) * LDP + n);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int c = 0; c < DPAD / 8; ++c) {
+        const float bvv = sB[(n + u) * LD + tx + 8 * c];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float pv = u == 0 ? pr[i].x : u == 1 ? pr[i].y : u == 2 ? pr[i].z : pr[i].w;
+          acc[i][c] = fmaf(pv, bvv, acc[i][c]);
+        }
+      }
+    }
+  }
+}
+
+template <int DPAD>
+__device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
+  typedef Fp32Tiles<float, DPAD> Tl;
+  constexpr int BM = Tl::BM, BN = Tl::BN, THREADS = Tl::THREADS, LD = Tl::LD, LDP = Tl::LDP;
+  constexpr int DC = DPAD / 8;
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  float* sQ = (float*)smemRaw;
+  float* sK = sQ + BM * LD;
+  float* sV = sK + BN * LD;
+  float* sP = sV + BN * LD;
+
+  const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int hk = h / (p.heads / p.kvHeads);
+  const int m0 = blockIdx.x * BM, m1 = min(m0 + BM, p.qLen);
+  const float* gQ = slicePtr<float>(p.q, b, h);
+  const float* gK = slicePtr<float>(p.k, b, hk);
+  const float* gV = slicePtr<float>(p.v, b, hk);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  const int nTiles = ceilDiv(p.kLen, BN);
+  auto nextTile = [&](int j) {
+    while (j < nTiles && !tm.anyVisible(m0, m1, j * BN, min(j * BN + BN, p.kLen))) ++j;
+    return j;
+  };
+
+  float o[4][DC];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int c = 0; c < DC; ++c) o[i][c] = 0.f;
+  float rowMax[4], rowSum[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) rowMax[i] = negInf(), rowSum[i] = 0.f;
+
+  int j = nextTile(0);
+  loadTile<float, BM, DPAD, LD, THREADS>(sQ, gQ, p.q.seqStride, m0, p.qLen, p.headDim);
+  if (j < nTiles) loadTile<float, BN, DPAD, LD, THREADS>(sK, gK, p.k.seqStride, j * BN, p.kLen, p.headDim);
+  cpAsyncCommit();
+
+  while (j < nTiles) {
+    const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
+    cpAsyncWait<0>();
+    __syncthreads();
+    loadTile<float, BN, DPAD, LD, THREADS>(sV, gV, p.v.seqStride, n0, p.kLen, p.headDim);
+    cpAsyncCommit();
+
+    float s[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) s[i][jj] = 0.f;
+    ffmaNT<DPAD, LD>(s, sQ, sK, ty, tx);
+
+    const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float tileMax = negInf();
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        float x = s[i][jj] * p.scaleLog2;
+        if (!full && !tm.visible(m0 + 4 * ty + i, n0 + tx + 8 * jj)) x = negInf();
+        s[i][jj] = x;
+        tileMax = fmaxf(tileMax, x);
+      }
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 4));
+      const float newMax = fmaxf(rowMax[i], tileMax);
+      const float base = softmaxBase(newMax);
+      const float corr = rowMax[i] == negInf() ? 0.f : exp2f(rowMax[i] - base);
+      rowMax[i] = newMax;
+      rowSum[i] *= corr;
+#pragma unroll
+      for (int c = 0; c < DC; ++c) o[i][c] *= corr;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const float pe = exp2f(s[i][jj] - base);
+        rowSum[i] += pe;
+        sP[(4 * ty + i) * LDP + tx + 8 * jj] = pe;
+      }
+    }
+
+    cpAsyncWait<0>();
+    __syncthreads();  // V_j landed, K_j free; P rows are private to the warp that wrote them
+    const int jn = nextTile(j + 1);
+    if (jn < nTiles) loadTile<float, BN, DPAD, LD, THREADS>(sK, gK, p.k.seqStride, jn * BN, p.kLen, p.headDim);
+    cpAsyncCommit();
+    ffmaNN<DPAD, LD, LDP, BN>(o, sP, sV, ty, tx);
+    j = jn;
+  }
+  cpAsyncWait<0>();
+
+  const bool hasSink = p.sinkLogits != 0;
+  const float sink2 = hasSink ? ((const float*)p.sinkLogits)[h] * 1.4426950408889634f : 0.f;
+  float* gO = sliceMutPtr<float>(p.o, b, h);
+  float* gLse = (float*)p.lse + (long long)bh * p.qLen;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float l = rowSum[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    l += __shfl_xor_sync(0xffffffffu, l, 4);
+    const RowFinal fin = finishRow(rowMax[i], l, hasSink, sink2);
+    const int q = m0 + 4 * ty + i;
+    if (q < p.qLen) {
+      float* dst = gO + (long long)q * p.o.seqStride;
+#pragma unroll
+      for (int c = 0; c < DC; ++c) {
+        const int col = tx + 8 * c;
+        if (col < p.headDim) dst[col] = o[i][c] * fin.outScale;
+      }
+      if (tx == 0) gLse[q] = fin.lse;
+    }
+  }
+}
+
+}  // namespace flash
+}  // namespace pa

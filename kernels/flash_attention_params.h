@@ -1,0 +1,41 @@
+// Plain-data launch parameters shared by the host launcher and the flash attention templates.
+#pragma once
+
+#include "kernels/attention_mask.h"
+
+namespace pa {
+
+// Layout of every tensor is [batch, heads, seq, head_dim] with a unit stride on head_dim; the
+// three outer strides are in elements and may differ between tensors (views, packed QKV, ...).
+struct FlashTensorView {
+  unsigned long long ptr;  // device address (CUdeviceptr); 0 when unused
+  long long batchStride;
+  long long headStride;
+  long long seqStride;
+};
+
+// Element types the templates are instantiated for.
+enum FlashDType : int { kFlashF32 = 0, kFlashF16 = 1, kFlashBF16 = 2 };
+
+// Passed by value to every kernel. Keep it free of constructors and of padding surprises: the
+// host copies it byte for byte into the launch's parameter buffer.
+struct FlashKernelParams {
+  FlashTensorView q, k, v, o, dO, dQ, dK, dV;
+  unsigned long long lse;          // float [batch, heads, qLen], natural log, includes the sink logit
+  unsigned long long delta;        // float [batch, heads, qLen] workspace: rowsum(dO * O)
+  unsigned long long sinkLogits;   // float [heads] or 0
+  unsigned long long dSinkLogits;  // float [heads] or 0 (backward)
+  unsigned long long sinkPartial;  // float [heads, batch * qTiles] workspace (backward)
+  int batch;
+  int heads;     // query heads
+  int kvHeads;   // key/value heads; heads % kvHeads == 0
+  int qLen;
+  int kLen;
+  int headDim;   // actual head dim (<= the template's padded head dim, multiple of 8)
+  float scale;   // softmax scale on q.k (natural units)
+  float scaleLog2;  // scale * log2(e): the kernels work with exp2
+  AttentionMaskSpec mask;
+  int qTiles;    // ceil(qLen / query tile of the backward preprocess kernel)
+};
+
+}  // namespace pa

@@ -1,0 +1,65 @@
+// One CUDA device through the run-time-loaded driver: primary context, properties, buffers.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/cuda_driver.h"
+
+namespace pa {
+namespace cuda {
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int major = 0, minor = 0;
+  int multiprocessors = 0;
+  int maxSharedBytesOptin = 0;  // dynamic shared memory a block may opt in to
+  size_t totalMemory = 0;
+  std::string arch() const { return "sm_" + std::to_string(major * 10 + minor); }
+};
+
+// Retains the device's primary context (the one PyTorch and the runtime API use, so pointers and
+// streams can be shared with them) and makes it current on the calling thread.
+class Device {
+ public:
+  explicit Device(int ordinal = 0);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  const DeviceInfo& info() const { return info_; }
+  void makeCurrent() const;
+  void synchronize() const;
+
+ private:
+  DeviceInfo info_;
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+};
+
+// Owning device allocation (tests and benchmarks).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = 0, o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  CUdeviceptr ptr() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  void upload(const void* host, size_t bytes);
+  void download(void* host, size_t bytes) const;
+  // Fills with a 32-bit pattern (0x7fc00000 = quiet NaN for fp32 poisoning).
+  void fill32(unsigned int pattern);
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  size_t bytes_ = 0;
+};
+
+}  // namespace cuda
+}  // namespace pa

@@ -1,0 +1,107 @@
+// CUDA driver API loaded at run time with dlopen: no link-time dependency on libcuda or cudart.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace pa {
+namespace cuda {
+
+// The few driver types used here, declared locally so that cuda.h is not needed to build.
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st* CUcontext;
+typedef struct CUmod_st* CUmodule;
+typedef struct CUfunc_st* CUfunction;
+typedef struct CUstream_st* CUstream;
+typedef struct CUevent_st* CUevent;
+typedef unsigned long long CUdeviceptr;
+
+constexpr CUresult kCudaSuccess = 0;
+constexpr int kAttrMultiprocessorCount = 16;
+constexpr int kAttrComputeCapabilityMajor = 75;
+constexpr int kAttrComputeCapabilityMinor = 76;
+constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
+constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
+
+// A failed driver call: file:line, the call's text and the driver's name and message for the code.
+class CudaError : public std::runtime_error {
+ public:
+  CudaError(const std::string& what, CUresult code) : std::runtime_error(what), code_(code) {}
+  CUresult code() const { return code_; }
+
+ private:
+  CUresult code_;
+};
+
+// Function table filled from libcuda.so.1. Members keep the driver's names (without the _v2
+// suffixes the header macros would add) so that calls read like the CUDA documentation.
+struct DriverApi {
+  CUresult (*cuInit)(unsigned int);
+  CUresult (*cuDriverGetVersion)(int*);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetName)(char*, int, CUdevice);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*cuDeviceTotalMem)(size_t*, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSynchronize)();
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleUnload)(CUmodule);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**);
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
+  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
+  CUresult (*cuMemsetD32)(CUdeviceptr, unsigned int, size_t);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuEventCreate)(CUevent*, unsigned int);
+  CUresult (*cuEventDestroy)(CUevent);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
+  CUresult (*cuGetErrorName)(CUresult, const char**);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+};
+
+// Loads the driver once per process. Never throws: `available()` says whether a driver and at
+// least one device were found, `unavailableReason()` why not ("no CUDA device", "libcuda.so.1 not
+// found: ...").
+class Driver {
+ public:
+  static Driver& instance();
+  bool available() const { return available_; }
+  const std::string& unavailableReason() const { return reason_; }
+  const DriverApi& api() const { return api_; }
+  // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a code.
+  std::string describe(CUresult code) const;
+
+ private:
+  Driver();
+  bool available_ = false;
+  std::string reason_;
+  DriverApi api_{};
+  void* handle_ = nullptr;
+};
+
+[[noreturn]] void throwCudaError(CUresult code, const char* call, const char* file, int line);
+
+}  // namespace cuda
+}  // namespace pa
+
+// Calls a driver function through the loaded table and throws CudaError on failure, e.g.
+//   PA_CU_CHECK(cuMemAlloc(&ptr, bytes));
+#define PA_CU_CHECK(call)                                                           \
+  do {                                                                              \
+    const ::pa::cuda::CUresult paCuStatus_ = ::pa::cuda::Driver::instance().api().call; \
+    if (paCuStatus_ != ::pa::cuda::kCudaSuccess)                                    \
+      ::pa::cuda::throwCudaError(paCuStatus_, #call, __FILE__, __LINE__);           \
+  } while (0)

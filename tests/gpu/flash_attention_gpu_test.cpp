@@ -1,0 +1,491 @@
+// GPU tests of the flash attention kernels against the float64 reference (label `gpu`).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "kernels/attention_reference.h"
+#include "kernels/flash_attention.h"
+
+namespace pa {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Device and launcher shared by all tests; absent (and every test skipped) without a driver/GPU.
+struct GpuEnv {
+  std::unique_ptr<cuda::Device> device;
+  std::unique_ptr<FlashAttention> flash;
+  std::string skipReason;
+};
+GpuEnv& env() {
+  static GpuEnv e = [] {
+    GpuEnv g;
+    if (!cuda::Driver::instance().available()) {
+      g.skipReason = cuda::Driver::instance().unavailableReason();
+      return g;
+    }
+    g.device = std::make_unique<cuda::Device>(0);
+    g.flash = std::make_unique<FlashAttention>(*g.device);
+    return g;
+  }();
+  return e;
+}
+#define REQUIRE_GPU()                                             \
+  do {                                                            \
+    if (!env().flash) GTEST_SKIP() << env().skipReason;           \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Host <-> device element conversion (round to nearest even, as the kernels' inputs would be).
+int elemBytes(FlashDType t) { return t == kFlashF32 ? 4 : 2; }
+uint16_t toBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+float fromBf16(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t toF16(float f) {
+  const _Float16 h = (_Float16)f;
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+float fromF16(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return (float)h;
+}
+double roundTo(FlashDType t, double x) {
+  switch (t) {
+    case kFlashF32: return (double)(float)x;
+    case kFlashF16: return fromF16(toF16((float)x));
+    case kFlashBF16: return fromBf16(toBf16((float)x));
+  }
+  return x;
+}
+
+// A [batch, heads, seq, dim] device tensor; `packed` stores it as [batch, seq, heads, dim] (the
+// layout of a fused QKV projection) to exercise non-contiguous strides.
+struct DevTensor {
+  cuda::DeviceBuffer buf;
+  FlashTensor view;
+  int batch = 0, heads = 0, seq = 0, dim = 0;
+  FlashDType dtype = kFlashF32;
+
+  DevTensor(FlashDType t, int b, int h, int s, int d, bool packed)
+      : buf((size_t)std::max(1, b * h * s * d) * elemBytes(t) + 16), batch(b), heads(h), seq(s), dim(d), dtype(t) {
+    view.ptr = buf.ptr();
+    if (packed) {
+      view.seqStride = (long long)h * d;
+      view.headStride = d;
+      view.batchStride = (long long)s * h * d;
+    } else {
+      view = FlashTensor::contiguous(buf.ptr(), h, s, d);
+    }
+    poison();
+  }
+  size_t offset(int b, int h, int s, int d) const {
+    return (size_t)(b * view.batchStride + h * view.headStride + s * view.seqStride + d);
+  }
+  void poison() { buf.fill32(dtype == kFlashF32 ? 0x7fc00000u : 0x7fc07fc0u); }
+  void upload(const std::vector<double>& x) {
+    std::vector<unsigned char> raw(buf.bytes(), 0);
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < heads; ++h)
+        for (int s = 0; s < seq; ++s)
+          for (int d = 0; d < dim; ++d) {
+            const double v = x[(((size_t)b * heads + h) * seq + s) * dim + d];
+            const size_t o = offset(b, h, s, d);
+            if (dtype == kFlashF32) {
+              const float f = (float)v;
+              std::memcpy(&raw[o * 4], &f, 4);
+            } else {
+              const uint16_t u = dtype == kFlashBF16 ? toBf16((float)v) : toF16((float)v);
+              std::memcpy(&raw[o * 2], &u, 2);
+            }
+          }
+    buf.upload(raw.data(), raw.size());
+  }
+  std::vector<double> download() const {
+    std::vector<unsigned char> raw(buf.bytes());
+    buf.download(raw.data(), raw.size());
+    std::vector<double> x((size_t)batch * heads * seq * dim);
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < heads; ++h)
+        for (int s = 0; s < seq; ++s)
+          for (int d = 0; d < dim; ++d) {
+            const size_t o = offset(b, h, s, d);
+            double v;
+            if (dtype == kFlashF32) {
+              float f;
+              std::memcpy(&f, &raw[o * 4], 4);
+              v = f;
+            } else {
+              uint16_t u;
+              std::memcpy(&u, &raw[o * 2], 2);
+              v = dtype == kFlashBF16 ? fromBf16(u) : fromF16(u);
+            }
+            x[(((size_t)b * heads + h) * seq + s) * dim + d] = v;
+          }
+    return x;
+  }
+};
+
+struct FloatBuffer {
+  cuda::DeviceBuffer buf;
+  size_t n;
+  explicit FloatBuffer(size_t count) : buf(std::max<size_t>(1, count) * 4), n(count) { buf.fill32(0x7fc00000u); }
+  void upload(const std::vector<double>& x) {
+    std::vector<float> f(x.begin(), x.end());
+    buf.upload(f.data(), f.size() * 4);
+  }
+  std::vector<double> download() const {
+    std::vector<float> f(n);
+    buf.download(f.data(), n * 4);
+    return std::vector<double>(f.begin(), f.end());
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+struct Case {
+  FlashDType dtype = kFlashBF16;
+  int batch = 1, heads = 2, kvHeads = 1, qLen = 17, kLen = 17, headDim = 64;
+  AttentionMaskSpec mask;
+  bool sinkLogits = false;
+  double qScale = 1.0;  // > 1 makes logits large (the "very negative logits" stress)
+  bool packed = false;
+  bool backward = true;
+  std::string name() const {
+    std::ostringstream os;
+    os << (dtype == kFlashF32 ? "f32" : dtype == kFlashF16 ? "f16" : "bf16") << "_b" << batch << "_h" << heads
+       << "x" << kvHeads << "_q" << qLen << "_k" << kLen << "_d" << headDim << "_c" << mask.causal
+       << (mask.alignBottomRight ? "br" : "tl") << "_w" << mask.windowLeft << "," << mask.windowRight << "_s"
+       << mask.sinks << (sinkLogits ? "_sl" : "") << (qScale != 1.0 ? "_big" : "") << (packed ? "_packed" : "");
+    return os.str();
+  }
+};
+
+struct Errors {
+  double maxAbs = 0, relNorm = 0;
+  size_t nonFinite = 0;
+};
+// Compares element-wise; matching infinities (lse of empty rows) count as equal.
+Errors compare(const std::vector<double>& got, const std::vector<double>& ref) {
+  Errors e;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i])) {
+      if (got[i] != ref[i]) ++e.nonFinite;
+      continue;
+    }
+    if (!std::isfinite(got[i])) {
+      ++e.nonFinite;
+      continue;
+    }
+    const double d = std::fabs(got[i] - ref[i]);
+    e.maxAbs = std::max(e.maxAbs, d);
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  e.relNorm = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return e;
+}
+
+// Tolerances from the numerics: fp32 inputs and FFMA accumulation land near 1e-6, so 1e-4 absolute
+// on unit-scale data has two orders of margin; bf16/fp16 round P, dS and the outputs to 8/11-bit
+// mantissas (relative 4e-3 / 5e-4 per rounding), so a norm-wise relative error of 1e-2 holds.
+void expectClose(const char* what, const std::vector<double>& got, const std::vector<double>& ref, FlashDType t,
+                 const std::string& caseName) {
+  const Errors e = compare(got, ref);
+  EXPECT_EQ(e.nonFinite, 0u) << caseName << " " << what << ": non-finite or mismatched-inf elements";
+  if (t == kFlashF32)
+    EXPECT_LT(e.maxAbs, 1e-4) << caseName << " " << what << " max abs error";
+  else
+    EXPECT_LE(e.relNorm, 1e-2) << caseName << " " << what << " relative error (max abs " << e.maxAbs << ")";
+}
+
+std::vector<double> randomVec(size_t n, std::mt19937_64& rng, double scale, FlashDType t) {
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<double> v(n);
+  for (double& x : v) x = roundTo(t, nd(rng) * scale);
+  return v;
+}
+
+void runCase(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.name());
+  FlashAttention& fa = *env().flash;
+  std::mt19937_64 rng(seed);
+  const size_t nq = (size_t)c.batch * c.heads * c.qLen * c.headDim;
+  const size_t nk = (size_t)c.batch * c.kvHeads * c.kLen * c.headDim;
+  const auto q = randomVec(nq, rng, c.qScale, c.dtype);
+  const auto k = randomVec(nk, rng, 1.0, c.dtype);
+  const auto v = randomVec(nk, rng, 1.0, c.dtype);
+  const auto dO = randomVec(nq, rng, 1.0, c.dtype);
+  std::vector<double> sinks;
+  if (c.sinkLogits) sinks = randomVec(c.heads, rng, 1.0, kFlashF32);
+
+  AttentionReferenceProblem pr;
+  pr.batch = c.batch, pr.heads = c.heads, pr.kvHeads = c.kvHeads, pr.qLen = c.qLen, pr.kLen = c.kLen;
+  pr.headDim = c.headDim, pr.mask = c.mask, pr.sinkLogits = c.sinkLogits;
+
+  FlashAttentionConfig cfg;
+  cfg.dtype = c.dtype, cfg.batch = c.batch, cfg.heads = c.heads, cfg.kvHeads = c.kvHeads;
+  cfg.qLen = c.qLen, cfg.kLen = c.kLen, cfg.headDim = c.headDim, cfg.mask = c.mask;
+  cfg.sinkLogits = c.sinkLogits;
+
+  DevTensor dq(c.dtype, c.batch, c.heads, c.qLen, c.headDim, c.packed);
+  DevTensor dk(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, c.packed);
+  DevTensor dv(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, c.packed);
+  DevTensor dout(c.dtype, c.batch, c.heads, c.qLen, c.headDim, c.packed);
+  FloatBuffer lse((size_t)c.batch * c.heads * c.qLen), sinkBuf(c.heads), dSinkBuf(c.heads);
+  dq.upload(q), dk.upload(k), dv.upload(v);
+  if (c.sinkLogits) sinkBuf.upload(sinks);
+
+  FlashForwardArgs fa_args;
+  fa_args.q = dq.view, fa_args.k = dk.view, fa_args.v = dv.view, fa_args.o = dout.view;
+  fa_args.lse = lse.buf.ptr(), fa_args.sinkLogits = sinkBuf.buf.ptr();
+  fa.forward(cfg, fa_args, nullptr);
+  env().device->synchronize();
+
+  const auto ref = attentionForwardReference(pr, q, k, v, sinks);
+  expectClose("O", dout.download(), ref.o, c.dtype, c.name());
+  // lse: fp32 path exact to ~1e-6; the mma path computes q.k exactly in fp32 from the rounded
+  // inputs and uses ex2.approx (relative 2^-22), so 1e-3 absolute is generous but still catches
+  // any wrong mask or scale.
+  {
+    const Errors e = compare(lse.download(), ref.lse);
+    EXPECT_EQ(e.nonFinite, 0u) << "lse non-finite / -inf mismatch";
+    EXPECT_LT(e.maxAbs, c.dtype == kFlashF32 ? 1e-4 : 1e-3) << "lse max abs error";
+  }
+  if (!c.backward) return;
+
+  // Backward consumes the kernel's own O (as training would), compared against the exact one.
+  DevTensor ddo(c.dtype, c.batch, c.heads, c.qLen, c.headDim, c.packed);
+  DevTensor ddq(c.dtype, c.batch, c.heads, c.qLen, c.headDim, c.packed);
+  DevTensor ddk(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, c.packed);
+  DevTensor ddv(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, c.packed);
+  ddo.upload(dO);
+  cuda::DeviceBuffer ws(fa.backwardWorkspaceBytes(cfg));
+  ws.fill32(0x7fc00000u);
+  FlashBackwardArgs ba;
+  ba.q = dq.view, ba.k = dk.view, ba.v = dv.view, ba.o = dout.view, ba.dO = ddo.view;
+  ba.dQ = ddq.view, ba.dK = ddk.view, ba.dV = ddv.view;
+  ba.lse = lse.buf.ptr(), ba.sinkLogits = sinkBuf.buf.ptr(), ba.dSinkLogits = dSinkBuf.buf.ptr();
+  ba.workspace = ws.ptr();
+  fa.backward(cfg, ba, nullptr);
+  env().device->synchronize();
+
+  const auto g = attentionBackwardReference(pr, q, k, v, sinks, dO);
+  expectClose("dQ", ddq.download(), g.dQ, c.dtype, c.name());
+  expectClose("dK", ddk.download(), g.dK, c.dtype, c.name());
+  expectClose("dV", ddv.download(), g.dV, c.dtype, c.name());
+  if (c.sinkLogits) {
+    // The sink gradient sums over every row of the batch: compare relative to its scale.
+    const auto got = dSinkBuf.download();
+    double scale = 0;
+    for (double x : g.dSinkLogits) scale = std::max(scale, std::fabs(x));
+    for (int h = 0; h < c.heads; ++h) {
+      ASSERT_TRUE(std::isfinite(got[h])) << "dSink[" << h << "]";
+      EXPECT_NEAR(got[h], g.dSinkLogits[h], (c.dtype == kFlashF32 ? 1e-4 : 1e-2) * std::max(1.0, scale))
+          << "dSink[" << h << "]";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+AttentionMaskSpec maskOf(int causal, int br, int wl, int wr, int sinks) {
+  AttentionMaskSpec m;
+  m.causal = causal, m.alignBottomRight = br, m.windowLeft = wl, m.windowRight = wr, m.sinks = sinks;
+  return m;
+}
+
+struct MaskCase {
+  AttentionMaskSpec mask;
+  bool sinkLogits;
+};
+const std::vector<MaskCase>& maskCases() {
+  static const std::vector<MaskCase> m = {
+      {maskOf(0, 0, -1, -1, 0), false},  // none
+      {maskOf(1, 0, -1, -1, 0), false},  // causal, top-left (SDPA)
+      {maskOf(1, 1, -1, -1, 0), false},  // causal, bottom-right (FlashAttention)
+      {maskOf(0, 0, 37, 11, 0), false},  // two-sided window
+      {maskOf(1, 1, 63, -1, 4), false},  // causal window + StreamingLLM sinks
+      {maskOf(1, 0, -1, -1, 0), true},   // causal + learnable sink logits (gpt-oss)
+      {maskOf(1, 0, 100, -1, 3), true},  // everything at once
+      {maskOf(0, 1, -1, 0, 2), false},   // window right only, with sinks
+  };
+  return m;
+}
+
+class FlashMaskSweep : public ::testing::TestWithParam<std::tuple<FlashDType, int, int>> {};
+
+TEST_P(FlashMaskSweep, MatchesFloat64Reference) {
+  REQUIRE_GPU();
+  const auto [dtype, maskIdx, shapeIdx] = GetParam();
+  static const int shapes[][2] = {{1, 1}, {17, 17}, {127, 129}, {128, 128}, {129, 127}, {1000, 1000}, {200, 1000}, {1000, 200}};
+  static const int gqa[][2] = {{2, 2}, {4, 2}, {4, 1}, {8, 1}};
+  static const int dims[] = {64, 128, 32, 96};
+  Case c;
+  c.dtype = dtype;
+  c.mask = maskCases()[maskIdx].mask;
+  c.sinkLogits = maskCases()[maskIdx].sinkLogits;
+  c.qLen = shapes[shapeIdx][0];
+  c.kLen = shapes[shapeIdx][1];
+  const bool big = c.qLen * c.kLen > 100000;
+  c.batch = big ? 1 : 2;
+  c.heads = gqa[(maskIdx + shapeIdx) % 4][0];
+  c.kvHeads = gqa[(maskIdx + shapeIdx) % 4][1];
+  c.headDim = dims[(maskIdx * 3 + shapeIdx) % 4];
+  runCase(c, 1000003ull * (maskIdx * 16 + shapeIdx) + dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllMasks, FlashMaskSweep,
+                         ::testing::Combine(::testing::Values(kFlashF32, kFlashBF16, kFlashF16),
+                                            ::testing::Range(0, 8), ::testing::Range(0, 8)),
+                         [](const auto& info) {
+                           const FlashDType t = std::get<0>(info.param);
+                           return std::string(t == kFlashF32 ? "f32" : t == kFlashF16 ? "f16" : "bf16") + "_mask" +
+                                  std::to_string(std::get<1>(info.param)) + "_shape" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
+
+class FlashHeadDims : public ::testing::TestWithParam<std::tuple<FlashDType, int>> {};
+TEST_P(FlashHeadDims, MatchesFloat64Reference) {
+  REQUIRE_GPU();
+  Case c;
+  c.dtype = std::get<0>(GetParam());
+  c.headDim = std::get<1>(GetParam());
+  c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 129, c.kLen = 127;
+  c.mask = maskOf(1, 1, 50, -1, 2);
+  c.sinkLogits = true;
+  c.backward = !(c.dtype == kFlashF32 && c.headDim > 128);
+  runCase(c, 77 + c.headDim);
+}
+INSTANTIATE_TEST_SUITE_P(Dims, FlashHeadDims,
+                         ::testing::Combine(::testing::Values(kFlashF32, kFlashBF16, kFlashF16),
+                                            ::testing::Values(8, 32, 40, 64, 96, 128, 200, 256)),
+                         [](const auto& info) {
+                           const FlashDType t = std::get<0>(info.param);
+                           return std::string(t == kFlashF32 ? "f32" : t == kFlashF16 ? "f16" : "bf16") + "_d" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(FlashAttentionGpu, LongSequence4096AllMasks) {
+  REQUIRE_GPU();
+  for (FlashDType t : {kFlashF32, kFlashBF16}) {
+    Case c;
+    c.dtype = t, c.batch = 1, c.heads = 2, c.kvHeads = 1, c.qLen = 4096, c.kLen = 4096, c.headDim = 64;
+    c.mask = maskOf(1, 1, 1023, -1, 4);
+    c.sinkLogits = true;
+    runCase(c, 4096 + t);
+  }
+}
+
+TEST(FlashAttentionGpu, VeryLargeLogitsStayFinite) {
+  REQUIRE_GPU();
+  for (FlashDType t : {kFlashF32, kFlashBF16}) {
+    Case c;
+    c.dtype = t, c.heads = 2, c.kvHeads = 2, c.qLen = 130, c.kLen = 300, c.headDim = 64;
+    c.mask = maskOf(1, 0, 40, -1, 1);
+    c.qScale = 30.0;  // logits of order +-200: exp underflows for all but a few keys per row
+    c.sinkLogits = true;
+    runCase(c, 99 + t);
+  }
+}
+
+TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
+  REQUIRE_GPU();
+  for (FlashDType t : {kFlashF32, kFlashBF16}) {
+    Case c;
+    c.dtype = t, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 77, c.kLen = 150, c.headDim = 64;
+    c.mask = maskOf(1, 1, -1, -1, 0);
+    c.packed = true;
+    runCase(c, 5 + t);
+  }
+}
+
+TEST(FlashAttentionGpu, FullyMaskedRowsAreZeroNotNaN) {
+  REQUIRE_GPU();
+  // Bottom-right causal with qLen > kLen: the first qLen - kLen rows see no key at all; a window
+  // with right offset < 0 is impossible, so also use a window that excludes the rows' diagonal.
+  for (FlashDType t : {kFlashF32, kFlashBF16, kFlashF16}) {
+    Case c;
+    c.dtype = t, c.heads = 2, c.kvHeads = 1, c.qLen = 150, c.kLen = 40, c.headDim = 32;
+    c.mask = maskOf(1, 1, -1, -1, 0);
+    runCase(c, 31 + t);
+    c.kLen = 0;  // no keys at all
+    c.qLen = 5;
+    runCase(c, 32 + t);
+  }
+}
+
+TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
+  REQUIRE_GPU();
+  FlashAttention& fa = *env().flash;
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashBF16, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = 300, cfg.kLen = 300;
+  cfg.headDim = 64, cfg.mask = maskOf(1, 0, -1, -1, 0), cfg.sinkLogits = true, cfg.deterministic = true;
+  std::mt19937_64 rng(11);
+  DevTensor q(cfg.dtype, 2, 8, 300, 64, false), k(cfg.dtype, 2, 2, 300, 64, false), v(cfg.dtype, 2, 2, 300, 64, false);
+  DevTensor o(cfg.dtype, 2, 8, 300, 64, false), dO(cfg.dtype, 2, 8, 300, 64, false);
+  q.upload(randomVec(2 * 8 * 300 * 64, rng, 1, cfg.dtype));
+  k.upload(randomVec(2 * 2 * 300 * 64, rng, 1, cfg.dtype));
+  v.upload(randomVec(2 * 2 * 300 * 64, rng, 1, cfg.dtype));
+  dO.upload(randomVec(2 * 8 * 300 * 64, rng, 1, cfg.dtype));
+  FloatBuffer lse(2 * 8 * 300), sinks(8), dSink(8);
+  sinks.upload(randomVec(8, rng, 1, kFlashF32));
+  fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sinks.buf.ptr()}, nullptr);
+  cuda::DeviceBuffer ws(fa.backwardWorkspaceBytes(cfg));
+  std::vector<std::vector<double>> runs;
+  for (int r = 0; r < 2; ++r) {
+    DevTensor dq(cfg.dtype, 2, 8, 300, 64, false), dk(cfg.dtype, 2, 2, 300, 64, false), dv(cfg.dtype, 2, 2, 300, 64, false);
+    FlashBackwardArgs a;
+    a.q = q.view, a.k = k.view, a.v = v.view, a.o = o.view, a.dO = dO.view, a.dQ = dq.view, a.dK = dk.view;
+    a.dV = dv.view, a.lse = lse.buf.ptr(), a.sinkLogits = sinks.buf.ptr(), a.dSinkLogits = dSink.buf.ptr();
+    a.workspace = ws.ptr();
+    fa.backward(cfg, a, nullptr);
+    env().device->synchronize();
+    std::vector<double> all = dq.download();
+    for (auto* t : {&dk, &dv}) {
+      const auto x = t->download();
+      all.insert(all.end(), x.begin(), x.end());
+    }
+    const auto s = dSink.download();
+    all.insert(all.end(), s.begin(), s.end());
+    runs.push_back(all);
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(double)), 0);
+}
+
+TEST(FlashAttentionGpu, InvalidProblemsFailWithClearErrors) {
+  REQUIRE_GPU();
+  FlashAttention& fa = *env().flash;
+  FlashAttentionConfig cfg;
+  cfg.heads = 6, cfg.kvHeads = 4, cfg.qLen = 8, cfg.kLen = 8, cfg.headDim = 64;
+  try {
+    fa.validate(cfg, false);
+    FAIL() << "heads % kvHeads != 0 accepted";
+  } catch (const FlashAttentionError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of kv heads"), std::string::npos) << e.what();
+  }
+  cfg.kvHeads = 2, cfg.headDim = 60;
+  EXPECT_THROW(fa.validate(cfg, false), FlashAttentionError);
+  cfg.headDim = 256, cfg.dtype = kFlashF32;
+  EXPECT_NO_THROW(fa.validate(cfg, false));
+  EXPECT_THROW(fa.validate(cfg, true), FlashAttentionError);
+}
+
+}  // namespace
+}  // namespace pa
