@@ -1,0 +1,327 @@
+// Config parsing and validation. Each section lists its valid keys once, in checkKeys.
+#include "frontend/config.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace pa {
+
+namespace {
+
+// Applies one --set override to the YAML tree, creating missing map keys.
+void applyOverride(YAML::Node& root, const std::string& text, ConfigSource& src) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--set " + text, "", "expected key.path=value");
+  const std::string path = text.substr(0, eq), value = text.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  YAML::Node cur = root;
+  std::string walked;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    const bool last = i + 1 == parts.size();
+    YAML::Node next;
+    if (cur.IsSequence()) {
+      size_t idx = 0;
+      try {
+        idx = std::stoul(p);
+      } catch (const std::exception&) {
+        throw ConfigError("--set " + text, walked, "'" + p + "' is not a list index");
+      }
+      if (idx >= cur.size())
+        throw ConfigError("--set " + text, walked, "index " + p + " is past the end of a list of " + std::to_string(cur.size()));
+      if (last) {
+        cur[idx] = YAML::Load(value);
+        break;
+      }
+      next.reset(cur[idx]);
+    } else {
+      if (!cur.IsMap() && !cur.IsNull())
+        throw ConfigError("--set " + text, walked, "is a value, not a map: cannot set '" + p + "' under it");
+      if (last) {
+        cur[p] = YAML::Load(value);
+        break;
+      }
+      if (!cur[p]) cur[p] = YAML::Node(YAML::NodeType::Map);
+      next.reset(cur[p]);
+    }
+    walked += (walked.empty() ? "" : ".") + p;
+    cur.reset(next);
+  }
+  // Messages use the dotted path with [i] for list indices, as the parser builds it.
+  std::string keyPath;
+  for (const std::string& p : parts) {
+    const bool index = !p.empty() && p.find_first_not_of("0123456789") == std::string::npos;
+    keyPath += index ? "[" + p + "]" : (keyPath.empty() ? "" : ".") + p;
+  }
+  src.overrides[keyPath] = value;
+}
+
+void parseData(const CfgNode& n, DataConfig& d) {
+  d.kind = n.getChoice("kind", d.kind, {"sine", "function", "csv"});
+  const std::vector<std::string> common = {"kind", "validation", "shuffle"};
+  std::vector<std::string> allowed = common;
+  if (d.kind == "sine")
+    allowed.insert(allowed.end(), {"samples", "noise", "window", "horizon", "channels", "target", "period"});
+  else if (d.kind == "function")
+    allowed.insert(allowed.end(), {"samples", "noise", "fn", "inputs", "range"});
+  else
+    allowed.insert(allowed.end(), {"path", "features", "targets", "header"});
+  n.checkKeys(allowed);
+  d.validation = n.getDoubleIn("validation", d.validation, 0.0, 0.9);
+  d.shuffle = n.getBool("shuffle", d.shuffle);
+  if (d.kind == "sine") {
+    d.samples = n.getIntIn("samples", d.samples, 2, INT64_MAX);
+    d.noise = n.getDoubleIn("noise", d.noise, 0.0, 1e3);
+    d.window = n.getIntIn("window", d.window, 1, 1 << 20);
+    d.horizon = n.getIntIn("horizon", d.horizon, 1, 1 << 20);
+    d.channels = n.getIntIn("channels", d.channels, 1, 1 << 16);
+    d.target = n.getChoice("target", d.target, {"next", "sequence"});
+    if (n.has("period")) {
+      const CfgNode p = n.child("period");
+      const std::vector<double> v = p.asDoubles();
+      if (v.size() != 2 || v[0] <= 0 || v[1] < v[0]) p.fail("expected [min, max] periods in steps, 0 < min <= max");
+      d.periodMin = v[0];
+      d.periodMax = v[1];
+    }
+  } else if (d.kind == "function") {
+    d.samples = n.getIntIn("samples", d.samples, 2, INT64_MAX);
+    d.noise = n.getDoubleIn("noise", 0.0, 0.0, 1e3);
+    d.fn = n.getChoice("fn", d.fn, {"sin", "cos", "sinc", "gaussian", "cubic", "abs"});
+    d.inputs = n.getIntIn("inputs", d.inputs, 1, 1 << 16);
+    if (n.has("range")) {
+      const CfgNode r = n.child("range");
+      const std::vector<double> v = r.asDoubles();
+      if (v.size() != 2 || !(v[0] < v[1])) r.fail("expected [low, high] with low < high");
+      d.rangeLo = v[0];
+      d.rangeHi = v[1];
+    }
+  } else {
+    d.path = n.child("path").asString();
+    d.header = n.getBool("header", d.header);
+    auto names = [&](const char* key) {
+      std::vector<std::string> r;
+      if (!n.has(key)) return r;
+      const CfgNode c = n.child(key);
+      if (c.isScalar()) return std::vector<std::string>{c.asString()};
+      if (!c.isSequence()) c.fail("expected a column name or a list of them");
+      for (size_t i = 0; i < c.size(); ++i) r.push_back(c.item(i).asString());
+      return r;
+    };
+    d.features = names("features");
+    d.targets = names("targets");
+  }
+}
+
+LayerConfig parseLayer(const CfgNode& item) {
+  if (!item.isMap() || item.size() != 1) item.fail("a layer is a map with one key: linear or attention");
+  const std::string type = item.keys().front();
+  LayerConfig l;
+  l.type = type;
+  l.path = item.path();
+  l.location = item.location();
+  if (type != "linear" && type != "attention") {
+    const std::string near = closestMatch(type, {"linear", "attention"});
+    item.at(item.yaml().begin()->first).fail("unknown layer '" + type + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
+              " Valid layers: linear, attention");
+  }
+  const CfgNode n = item.child(type);
+  if (type == "linear") {
+    n.checkKeys({"units", "activation", "bias"});
+    l.units = n.child("units").asInt();
+    if (l.units < 1) n.child("units").fail("must be at least 1");
+    l.activation = n.getChoice("activation", l.activation, {"relu", "gelu", "tanh", "sigmoid", "none"});
+    l.bias = n.getBool("bias", l.bias);
+  } else {
+    n.checkKeys({"heads", "kv_heads", "head_dim", "causal", "align", "window", "sinks", "sink_logits", "residual"});
+    l.heads = n.getIntIn("heads", l.heads, 1, 4096);
+    l.kvHeads = n.getIntIn("kv_heads", l.heads, 1, 4096);
+    if (l.heads % l.kvHeads != 0)
+      n.child("kv_heads").fail("kv_heads (" + std::to_string(l.kvHeads) + ") must divide heads (" +
+                               std::to_string(l.heads) + ")");
+    l.headDim = n.getIntIn("head_dim", 0, 1, 1 << 16);
+    l.causal = n.getBool("causal", l.causal);
+    l.align = n.getChoice("align", l.align, {"top-left", "bottom-right"});
+    if (n.has("window")) {
+      const CfgNode w = n.child("window");
+      if (w.isScalar()) {
+        // A single number is a causal-style look-back: `window: 16` == {left: 16}.
+        l.windowLeft = w.asInt();
+        if (l.windowLeft < 0) w.fail("must be >= 0 (a window is an inclusive offset), got " + std::to_string(l.windowLeft));
+      } else {
+        w.checkKeys({"left", "right"});
+        l.windowLeft = w.getInt("left", -1);
+        l.windowRight = w.getInt("right", -1);
+        if (w.has("left") && l.windowLeft < 0) w.child("left").fail("must be >= 0, got " + std::to_string(l.windowLeft));
+        if (w.has("right") && l.windowRight < 0) w.child("right").fail("must be >= 0, got " + std::to_string(l.windowRight));
+      }
+    }
+    if (n.has("sinks") && n.child("sinks").asInt() < 0)
+      n.child("sinks").fail("must be >= 0, got " + std::to_string(n.child("sinks").asInt()));
+    l.sinks = n.getInt("sinks", 0);
+    l.sinkLogits = n.getBool("sink_logits", l.sinkLogits);
+    l.residual = n.getBool("residual", l.residual);
+  }
+  return l;
+}
+
+void parseModel(const CfgNode& n, ModelConfig& m) {
+  n.checkKeys({"input", "layers", "params", "nodes", "output"});
+  if (n.has("input")) {
+    m.input = n.child("input").asInts();
+    for (int64_t d : m.input)
+      if (d < 1) n.child("input").fail("every extent must be at least 1");
+  }
+  const bool layers = n.has("layers"), nodes = n.has("nodes");
+  if (layers == nodes) n.fail("give either 'layers' (layer sugar) or 'params' and 'nodes' (explicit graph), not " + std::string(layers ? "both" : "neither"));
+  if (layers) {
+    if (n.has("params") || n.has("output")) n.fail("'params' and 'output' belong to the explicit form (with 'nodes')");
+    const CfgNode ls = n.child("layers");
+    if (!ls.isSequence() || ls.size() == 0) ls.fail("expected a non-empty list of layers");
+    for (size_t i = 0; i < ls.size(); ++i) m.layers.push_back(parseLayer(ls.item(i)));
+    return;
+  }
+  if (n.has("params")) {
+    const CfgNode ps = n.child("params");
+    if (!ps.isMap()) ps.fail("expected a map of parameter name -> {shape, init}");
+    for (const std::string& name : ps.keys()) {
+      const CfgNode p = ps.child(name);
+      p.checkKeys({"shape", "init"});
+      ExplicitParam e;
+      e.name = name;
+      e.shape = p.child("shape").asInts();
+      for (int64_t d : e.shape)
+        if (d < 1) p.child("shape").fail("every extent must be at least 1");
+      e.init = p.getChoice("init", e.init, {"he", "xavier", "zeros", "ones", "normal"});
+      m.params.push_back(e);
+    }
+  }
+  const CfgNode ns = n.child("nodes");
+  if (!ns.isSequence() || ns.size() == 0) ns.fail("expected a non-empty list of nodes");
+  for (size_t i = 0; i < ns.size(); ++i) {
+    const CfgNode it = ns.item(i);
+    if (!it.isMap()) it.fail("a node is a map: {op, inputs, output, <attributes>}");
+    ExplicitNode e;
+    e.path = it.path();
+    e.location = it.location();
+    e.op = it.child("op").asString();
+    e.output = it.child("output").asString();
+    const CfgNode ins = it.child("inputs");
+    if (ins.isScalar()) e.inputs.push_back(ins.asString());
+    else
+      for (size_t j = 0; j < ins.size(); ++j) e.inputs.push_back(ins.item(j).asString());
+    for (const std::string& k : it.keys())
+      if (k != "op" && k != "inputs" && k != "output") e.attrs.emplace_back(k, it.child(k));
+    m.nodes.push_back(std::move(e));
+  }
+  m.output = n.getString("output", m.nodes.back().output);
+}
+
+void parseTrain(const CfgNode& n, TrainConfig& t) {
+  n.checkKeys({"loss", "optimizer", "batch_size", "steps", "epochs", "log_every", "lr_schedule", "warmup_steps"});
+  t.loss = n.getChoice("loss", t.loss, {"mse"});
+  if (n.has("optimizer")) {
+    const CfgNode o = n.child("optimizer");
+    o.checkKeys({"type", "lr", "betas", "eps", "weight_decay", "clip_grad_norm"});
+    t.optimizer.type = o.getChoice("type", "adam", {"adam"});
+    t.optimizer.lr = o.getDoubleIn("lr", t.optimizer.lr, 0.0, 1e3);
+    if (o.has("betas")) {
+      const CfgNode b = o.child("betas");
+      const std::vector<double> v = b.asDoubles();
+      if (v.size() != 2 || v[0] < 0 || v[0] >= 1 || v[1] < 0 || v[1] >= 1) b.fail("expected [beta1, beta2], each in [0, 1)");
+      t.optimizer.beta1 = v[0];
+      t.optimizer.beta2 = v[1];
+    }
+    t.optimizer.eps = o.getDoubleIn("eps", t.optimizer.eps, 0.0, 1.0);
+    t.optimizer.weightDecay = o.getDoubleIn("weight_decay", t.optimizer.weightDecay, 0.0, 1e3);
+    t.optimizer.clipGradNorm = o.getDoubleIn("clip_grad_norm", t.optimizer.clipGradNorm, 0.0, 1e12);
+  }
+  t.batchSize = n.getIntIn("batch_size", t.batchSize, 1, 1 << 24);
+  t.steps = n.getIntIn("steps", t.steps, 0, INT64_MAX);
+  t.epochs = n.getIntIn("epochs", t.epochs, 0, 1 << 30);
+  t.logEvery = n.getIntIn("log_every", t.logEvery, 1, INT64_MAX);
+  t.lrSchedule = n.getChoice("lr_schedule", t.lrSchedule, {"constant", "cosine"});
+  t.warmupSteps = n.getIntIn("warmup_steps", t.warmupSteps, 0, INT64_MAX);
+}
+
+void parseCompiler(const CfgNode& n, CompilerConfig& c) {
+  n.checkKeys({"fuse", "passes"});
+  if (n.has("passes")) {
+    const CfgNode p = n.child("passes");
+    if (!p.isSequence()) p.fail("expected a list of pass names");
+    for (size_t i = 0; i < p.size(); ++i) c.passes.push_back(p.item(i).asString());
+  }
+  if (n.has("fuse")) {
+    const CfgNode f = n.child("fuse");
+    std::vector<std::string> kinds;
+    if (f.isScalar()) {
+      if (f.asBool()) kinds = {"linear", "attention", "elementwise"};
+    } else {
+      if (!f.isSequence()) f.fail("expected true, false or a list of linear, attention, elementwise");
+      for (size_t i = 0; i < f.size(); ++i) {
+        const std::string k = f.item(i).asString();
+        if (k != "linear" && k != "attention" && k != "elementwise")
+          f.item(i).fail("'" + k + "' is not a fusion; valid: linear, attention, elementwise");
+        kinds.push_back(k);
+      }
+    }
+    std::vector<std::string> fused;
+    for (const std::string& k : kinds) fused.push_back("fuse-" + k);
+    c.passes.insert(c.passes.begin(), fused.begin(), fused.end());
+  }
+}
+
+Config parseRoot(YAML::Node root, std::shared_ptr<ConfigSource> src) {
+  const CfgNode n(root, "", src);
+  if (!root.IsMap()) n.fail("a config is a map with keys name, seed, device, precision, data, model, train, compiler");
+  n.checkKeys({"name", "seed", "device", "precision", "data", "model", "train", "compiler"});
+  Config c;
+  c.file = src->file;
+  c.name = n.getString("name", c.name);
+  c.seed = static_cast<uint64_t>(n.getIntIn("seed", 0, 0, INT64_MAX));
+  c.device = n.getChoice("device", c.device, {"auto", "cpu", "cuda"});
+  c.precision = n.getChoice("precision", c.precision, {"fp32", "fp64", "tf32", "bf16"});
+  parseData(n.child("data"), c.data);
+  parseModel(n.child("model"), c.model);
+  if (n.has("train")) parseTrain(n.child("train"), c.train);
+  if (n.has("compiler")) parseCompiler(n.child("compiler"), c.compiler);
+  return c;
+}
+
+YAML::Node loadYaml(const std::string& text, const std::string& file) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1), "",
+                      "malformed YAML: " + e.msg);
+  }
+}
+
+}  // namespace
+
+Config parseConfig(const std::string& yamlText, const std::string& file, const std::vector<std::string>& overrides) {
+  auto src = std::make_shared<ConfigSource>();
+  src->file = file;
+  YAML::Node root = loadYaml(yamlText, file);
+  if (!root || root.IsNull()) throw ConfigError(file, "", "the config is empty");
+  for (const std::string& o : overrides) {
+    try {
+      applyOverride(root, o, *src);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError("--set " + o, "", "malformed value: " + e.msg);
+    }
+  }
+  return parseRoot(root, src);
+}
+
+Config loadConfig(const std::string& file, const std::vector<std::string>& overrides) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError(file, "", "cannot read the config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseConfig(ss.str(), file, overrides);
+}
+
+}  // namespace pa

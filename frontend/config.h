@@ -1,0 +1,110 @@
+// The resolved training configuration: every key of README's "Config reference", with defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "frontend/config_node.h"
+
+namespace pa {
+
+struct DataConfig {
+  std::string kind = "sine";  // sine | function | csv
+  int64_t samples = 4096;     // sine, function
+  double noise = 0.01;        // std of Gaussian noise added to inputs (sine) or targets (function)
+  double validation = 0.1;    // fraction held out
+  bool shuffle = true;
+  // sine
+  int64_t window = 64, horizon = 1, channels = 1;
+  std::string target = "next";  // next: the `horizon` values after the window; sequence: x[t+horizon] for each t
+  double periodMin = 8.0, periodMax = 64.0;  // in time steps
+  // function
+  std::string fn = "sin";  // sin | cos | sinc | gaussian | cubic | abs
+  int64_t inputs = 1;
+  double rangeLo = -3.14159265358979, rangeHi = 3.14159265358979;
+  // csv
+  std::string path;  // relative to the config file's folder
+  std::vector<std::string> features, targets;
+  bool header = true;
+};
+
+struct LayerConfig {
+  std::string type;  // linear | attention
+  std::string path, location;  // key path and file:line:col, for messages
+  // linear
+  int64_t units = 0;
+  std::string activation = "none";  // relu | gelu | tanh | sigmoid | none
+  bool bias = true;
+  // attention
+  int64_t heads = 1, kvHeads = 0, headDim = 0;  // kvHeads 0: = heads; headDim 0: width / heads
+  bool causal = false;
+  std::string align = "top-left";
+  int64_t windowLeft = -1, windowRight = -1;
+  int64_t sinks = 0;
+  bool sinkLogits = false;
+  bool residual = false;
+};
+
+struct ExplicitParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string init = "xavier";
+};
+
+struct ExplicitNode {
+  std::string op, output, path, location;
+  std::vector<std::string> inputs;
+  std::vector<std::pair<std::string, CfgNode>> attrs;
+};
+
+struct ModelConfig {
+  std::vector<int64_t> input;  // one sample's shape; empty: the data's sample shape
+  std::vector<LayerConfig> layers;
+  std::vector<ExplicitParam> params;
+  std::vector<ExplicitNode> nodes;
+  std::string output;  // explicit form: the value that is the prediction (default: last node)
+  bool explicitGraph() const { return !nodes.empty(); }
+};
+
+struct OptimizerConfig {
+  std::string type = "adam";
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
+  double clipGradNorm = 0.0;  // 0: off
+};
+
+struct TrainConfig {
+  std::string loss = "mse";
+  OptimizerConfig optimizer;
+  int64_t batchSize = 64;
+  int64_t steps = 1000;
+  int64_t epochs = 0;  // > 0 overrides steps: epochs * (train samples / batch)
+  int64_t logEvery = 100;
+  std::string lrSchedule = "constant";  // constant | cosine
+  int64_t warmupSteps = 0;
+};
+
+struct CompilerConfig {
+  std::vector<std::string> passes;  // the pipeline before autodiff; see README
+};
+
+struct Config {
+  std::string file;  // path of the YAML file
+  std::string name = "model";
+  uint64_t seed = 0;
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string precision = "fp32";  // fp32 | fp64 | tf32 | bf16
+  DataConfig data;
+  ModelConfig model;
+  TrainConfig train;
+  CompilerConfig compiler;
+};
+
+// Loads and validates a config; `overrides` are "key.path=value" strings from --set.
+// Throws ConfigError (file:line:col, key path, valid choices) on any mistake.
+Config loadConfig(const std::string& file, const std::vector<std::string>& overrides);
+// Parses a config from YAML text (tests); `file` names it in messages.
+Config parseConfig(const std::string& yamlText, const std::string& file, const std::vector<std::string>& overrides);
+
+}  // namespace pa

@@ -1,0 +1,200 @@
+// Layer lowering. `linear` becomes MatMul -> Add -> activation; `attention` becomes projections,
+// reshapes to [batch, heads, seq, head_dim], MatMul(Q, Kᵀ), Scale, AttentionMask, Softmax (with
+// optional sink logits), MatMul(P, V), the output projection and the residual Add. The fusion
+// passes find these subgraphs again.
+#include "frontend/model_builder.h"
+
+#include <cmath>
+#include <map>
+
+namespace pa {
+
+namespace {
+
+Shape withBatch(int64_t batch, const std::vector<int64_t>& s) {
+  Shape r{batch};
+  r.append(s.begin(), s.end());
+  return r;
+}
+
+AttrMap attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
+  AttrMap a;
+  for (const auto& p : kv) a.set(p.first, p.second);
+  return a;
+}
+
+struct LayerLowering {
+  Graph& g;
+  std::string prefix;  // "layers.<i>"
+
+  ValueId param(const std::string& what, Shape shape, const std::string& init) {
+    return g.addParam(prefix + "." + what, shape, init);
+  }
+  // x [..., in] -> [..., units], bias and activation as configured.
+  ValueId linear(ValueId x, int64_t units, const std::string& activation, bool bias, const std::string& what) {
+    const int64_t in = g.shape(x).back();
+    const std::string init = activation == "relu" ? "he" : "xavier";
+    ValueId h = g.add(OpKind::MatMul, {x, param(what + "weight", {in, units}, init)});
+    if (bias) h = g.add(OpKind::Add, {h, param(what + "bias", {units}, "zeros")});
+    if (activation == "relu") h = g.add(OpKind::Relu, {h});
+    else if (activation == "gelu") h = g.add(OpKind::Gelu, {h});
+    else if (activation == "tanh") h = g.add(OpKind::Tanh, {h});
+    else if (activation == "sigmoid") h = g.add(OpKind::Sigmoid, {h});
+    return h;
+  }
+  // [B, S, heads*hd] -> [B, heads, S, hd]
+  ValueId splitHeads(ValueId v, int64_t heads, int64_t hd) {
+    const Shape& s = g.shape(v);
+    ValueId r = g.add(OpKind::Reshape, {v}, attrs({{"shape", std::vector<int64_t>{s[0], s[1], heads, hd}}}));
+    return g.add(OpKind::Permute, {r}, attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+  }
+};
+
+ValueId lowerAttention(LayerLowering& L, const LayerConfig& l, ValueId x) {
+  Graph& g = L.g;
+  const Shape xs = g.shape(x);
+  if (xs.size() != 3)
+    throw ConfigError(l.location, l.path + ".attention", "needs a sequence input [seq, features] per sample, got " +
+                                               shapeString(Shape(xs.begin() + 1, xs.end())) +
+                                               " (set model.input, e.g. [64, 1])");
+  const int64_t width = xs[2], seq = xs[1], batch = xs[0];
+  if (l.headDim == 0 && width % l.heads != 0)
+    throw ConfigError(l.location, l.path + ".attention.heads", std::to_string(l.heads) + " heads do not divide the width " +
+                                                     std::to_string(width) + " (set head_dim, or change heads)");
+  const int64_t hd = l.headDim ? l.headDim : width / l.heads;
+  const int64_t hq = l.heads, hk = l.kvHeads;
+  ValueId q = L.splitHeads(L.linear(x, hq * hd, "none", true, "q_"), hq, hd);
+  ValueId k = L.splitHeads(L.linear(x, hk * hd, "none", true, "k_"), hk, hd);
+  ValueId v = L.splitHeads(L.linear(x, hk * hd, "none", true, "v_"), hk, hd);
+  if (hk != hq) {
+    const AttrMap rep = attrs({{"axis", int64_t{1}}, {"repeats", hq / hk}});
+    k = g.add(OpKind::RepeatHeads, {k}, rep);
+    v = g.add(OpKind::RepeatHeads, {v}, rep);
+  }
+  ValueId s = g.add(OpKind::MatMul, {q, k}, attrs({{"transpose_b", true}}));
+  s = g.add(OpKind::Scale, {s}, attrs({{"value", 1.0 / std::sqrt(static_cast<double>(hd))}}));
+  if (l.causal || l.windowLeft >= 0 || l.windowRight >= 0) {
+    s = g.add(OpKind::AttentionMask, {s},
+              attrs({{"causal", l.causal}, {"align", l.align}, {"window_left", l.windowLeft},
+                     {"window_right", l.windowRight}, {"sinks", l.sinks}}));
+  }
+  ValueId p;
+  if (l.sinkLogits) {
+    // One learnable logit per head joins every row's softmax denominator (gpt-oss sinks).
+    ValueId sink = L.param("sink_logits", {hq}, "zeros");
+    sink = g.add(OpKind::Reshape, {sink}, attrs({{"shape", std::vector<int64_t>{hq, 1, 1}}}));
+    p = g.add(OpKind::Softmax, {s, sink}, attrs({{"axis", int64_t{-1}}}));
+  } else {
+    p = g.add(OpKind::Softmax, {s}, attrs({{"axis", int64_t{-1}}}));
+  }
+  ValueId o = g.add(OpKind::MatMul, {p, v});
+  o = g.add(OpKind::Permute, {o}, attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+  o = g.add(OpKind::Reshape, {o}, attrs({{"shape", std::vector<int64_t>{batch, seq, hq * hd}}}));
+  o = L.linear(o, width, "none", true, "o_");
+  if (l.residual) o = g.add(OpKind::Add, {x, o});
+  return o;
+}
+
+Attr attrFromYaml(const std::string& key, const CfgNode& n) {
+  if (n.isSequence()) {
+    std::vector<int64_t> v = n.asInts();
+    return v;
+  }
+  if (!n.isScalar()) n.fail("attribute '" + key + "' must be a number, a string, a boolean or a list of integers");
+  const std::string s = n.asString();
+  if (s == "true" || s == "false") return s == "true";
+  try {
+    size_t used = 0;
+    const long long i = std::stoll(s, &used);
+    if (used == s.size()) return static_cast<int64_t>(i);
+  } catch (const std::exception&) {
+  }
+  try {
+    size_t used = 0;
+    const double d = std::stod(s, &used);
+    if (used == s.size()) return d;
+  } catch (const std::exception&) {
+  }
+  return s;
+}
+
+ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x, const std::string& file) {
+  std::map<std::string, ValueId> named{{"input", x}};
+  for (const ExplicitParam& p : m.params) named[p.name] = g.addParam(p.name, Shape(p.shape.begin(), p.shape.end()), p.init);
+  for (const ExplicitNode& e : m.nodes) {
+    OpKind op;
+    if (!opFromName(e.op, op) || opInfo(op).grad == GradKind::Leaf) {
+      std::vector<std::string> valid;
+      for (int k = 0; k < kNumOps; ++k)
+        if (opInfo(static_cast<OpKind>(k)).grad != GradKind::Leaf) valid.push_back(opInfo(static_cast<OpKind>(k)).name);
+      const std::string near = closestMatch(e.op, valid);
+      throw ConfigError(e.location, e.path + ".op", "unknown op '" + e.op + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                                                    " Valid ops: " + joinChoices(valid));
+    }
+    std::vector<ValueId> ins;
+    for (const std::string& name : e.inputs) {
+      auto it = named.find(name);
+      if (it == named.end())
+        throw ConfigError(e.location, e.path + ".inputs", "no value named '" + name +
+                                                          "' (inputs may name 'input', a parameter, or an earlier node's output)");
+      ins.push_back(it->second);
+    }
+    AttrMap a;
+    for (const auto& kv : e.attrs) {
+      if (!opHasAttr(op, kv.first)) {
+        std::vector<std::string> valid;
+        std::string list = opInfo(op).attrs;
+        for (size_t p = 0; p < list.size();) {
+          size_t q = list.find(' ', p);
+          if (q == std::string::npos) q = list.size();
+          valid.push_back(list.substr(p, q - p));
+          p = q + 1;
+        }
+        kv.second.fail("op '" + e.op + "' has no attribute '" + kv.first + "'" +
+                       (valid.empty() ? " (it takes none)" : "; valid: " + joinChoices(valid)));
+      }
+      a.set(kv.first, attrFromYaml(kv.first, kv.second));
+    }
+    if (named.count(e.output)) throw ConfigError(e.location, e.path + ".output", "a value named '" + e.output + "' already exists");
+    named[e.output] = g.add(op, ins, a, e.output);
+  }
+  auto it = named.find(m.output);
+  if (it == named.end()) throw ConfigError(file, "model.output", "no value named '" + m.output + "'");
+  return it->second;
+}
+
+}  // namespace
+
+BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, const std::vector<int64_t>& sampleY,
+                      int64_t batch) {
+  BuiltModel bm;
+  Graph& g = bm.graph;
+  const ModelConfig& m = cfg.model;
+  std::vector<int64_t> inShape = m.input.empty() ? sampleX : m.input;
+  if (numel(inShape) != numel(sampleX))
+    throw ConfigError(cfg.file, "model.input", shapeString(inShape) + " holds " + std::to_string(numel(inShape)) +
+                                                   " elements but one data sample " + shapeString(sampleX) + " holds " +
+                                                   std::to_string(numel(sampleX)));
+  bm.x = g.addInput("input", withBatch(batch, inShape));
+  ValueId h = bm.x;
+  if (m.explicitGraph()) {
+    h = buildExplicit(g, m, bm.x, cfg.file);
+  } else {
+    for (size_t i = 0; i < m.layers.size(); ++i) {
+      const LayerConfig& l = m.layers[i];
+      LayerLowering L{g, "layers." + std::to_string(i)};
+      if (l.type == "linear") h = L.linear(h, l.units, l.activation, l.bias, "");
+      else h = lowerAttention(L, l, h);
+    }
+  }
+  const Shape& ps = g.shape(h);
+  if (ps.empty() || ps[0] != batch || numel(ps) != batch * numel(sampleY))
+    throw ShapeError(g.value(h).name, "the model's prediction " + shapeString(ps) + " does not match the target " +
+                                          shapeString(withBatch(batch, sampleY)) + " (batch first)");
+  bm.y = g.addInput("target", ps);  // the target is reshaped to the prediction's shape
+  g.setOutput("prediction", h);
+  g.setOutput("loss", g.add(OpKind::MseLoss, {h, bm.y}, {}, "loss"));
+  return bm;
+}
+
+}  // namespace pa

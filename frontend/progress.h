@@ -1,0 +1,33 @@
+// Training progress: a live bar on a terminal, plain log lines otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace pa {
+
+enum class ProgressMode { Auto, Bar, Lines, Quiet };
+
+class Progress {
+public:
+  Progress(int64_t total, int64_t logEvery, ProgressMode mode, std::FILE* out = stderr);
+  // Called after every step; `val` < 0 when no validation loss is known yet.
+  void step(int64_t step, double loss, double val, double lr);
+  // Ends the bar's line (if any).
+  void finish();
+  double elapsedSeconds() const;
+
+private:
+  void drawBar(int64_t step, double loss, double val);
+  int64_t total_, logEvery_;
+  bool bar_, quiet_;
+  std::FILE* out_;
+  std::chrono::steady_clock::time_point start_, lastDraw_;
+  bool drawn_ = false;
+};
+
+std::string formatDuration(double seconds);
+
+}  // namespace pa

@@ -1,0 +1,52 @@
+// A small, portable random generator: the same seed gives the same numbers on every machine
+// and standard library (std::normal_distribution is not specified bit for bit).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace pa {
+
+class Rng {
+public:
+  explicit Rng(uint64_t seed) {
+    uint64_t x = seed;
+    for (uint64_t& s : s_) s = splitmix(x);
+  }
+  // A generator for a named stream (a parameter, a dataset) derived from the run's seed.
+  static Rng stream(uint64_t seed, const std::string& name) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+    return Rng(seed ^ h);
+  }
+  uint64_t next() {  // xoshiro256**
+    const uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = rotl(s_[3], 45);
+    return r;
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
+  double normal() {  // Box-Muller, one value per call
+    const double u1 = 1.0 - uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+  uint64_t below(uint64_t n) { return n ? next() % n : 0; }
+
+private:
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  static uint64_t splitmix(uint64_t& x) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  uint64_t s_[4];
+};
+
+}  // namespace pa

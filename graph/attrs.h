@@ -1,0 +1,58 @@
+// Node attributes: a sorted name -> value map, so printing and hashing are deterministic.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace pa {
+
+using Attr = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>>;
+
+class AttrMap {
+public:
+  void set(const std::string& k, Attr v) { map_[k] = std::move(v); }
+  bool has(const std::string& k) const { return map_.count(k) != 0; }
+  void erase(const std::string& k) { map_.erase(k); }
+  const std::map<std::string, Attr>& all() const { return map_; }
+
+  int64_t getInt(const std::string& k, int64_t dflt) const {
+    auto it = map_.find(k);
+    if (it == map_.end()) return dflt;
+    if (auto* b = std::get_if<bool>(&it->second)) return *b;
+    if (auto* d = std::get_if<double>(&it->second)) return static_cast<int64_t>(*d);
+    return std::get<int64_t>(it->second);
+  }
+  double getFloat(const std::string& k, double dflt) const {
+    auto it = map_.find(k);
+    if (it == map_.end()) return dflt;
+    if (auto* i = std::get_if<int64_t>(&it->second)) return static_cast<double>(*i);
+    return std::get<double>(it->second);
+  }
+  bool getBool(const std::string& k, bool dflt) const {
+    auto it = map_.find(k);
+    if (it == map_.end()) return dflt;
+    if (auto* i = std::get_if<int64_t>(&it->second)) return *i != 0;
+    return std::get<bool>(it->second);
+  }
+  std::vector<int64_t> getInts(const std::string& k) const {
+    auto it = map_.find(k);
+    if (it == map_.end()) return {};
+    return std::get<std::vector<int64_t>>(it->second);
+  }
+  std::string getString(const std::string& k, const std::string& dflt) const {
+    auto it = map_.find(k);
+    if (it == map_.end()) return dflt;
+    return std::get<std::string>(it->second);
+  }
+  bool operator==(const AttrMap& o) const { return map_ == o.map_; }
+
+private:
+  std::map<std::string, Attr> map_;
+};
+
+std::string attrString(const Attr& a);
+
+}  // namespace pa

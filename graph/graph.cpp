@@ -1,0 +1,138 @@
+// Graph construction and queries.
+#include "graph/graph.h"
+
+#include <cassert>
+#include <stdexcept>
+
+#include "graph/errors.h"
+
+namespace pa {
+
+std::string Graph::uniqueName(const std::string& base) {
+  int& count = nameCount_[base];
+  std::string name = count == 0 ? base : base + "_" + std::to_string(count);
+  ++count;
+  while (names_.count(name)) name = base + "_" + std::to_string(count++);
+  return name;
+}
+
+ValueId Graph::add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs, std::string name) {
+  const OpInfo& info = opInfo(op);
+  if (static_cast<int>(inputs.size()) < info.minInputs ||
+      static_cast<int>(inputs.size()) > info.maxInputs) {
+    throw ShapeError(name.empty() ? info.name : name,
+                     std::string("op '") + info.name + "' takes " + std::to_string(info.minInputs) +
+                         (info.maxInputs != info.minInputs ? "-" + std::to_string(info.maxInputs) : "") +
+                         " inputs, got " + std::to_string(inputs.size()));
+  }
+  for (ValueId v : inputs) {
+    (void)v;  // only read by the assertion
+    assert(v >= 0 && v < static_cast<ValueId>(values_.size()) && "dangling input");
+  }
+  Node n;
+  n.id = static_cast<NodeId>(nodes_.size());
+  n.op = op;
+  n.inputs.assign(inputs.begin(), inputs.end());
+  n.attrs = std::move(attrs);
+  n.name = name.empty() ? uniqueName(info.name) : name;
+  if (!name.empty()) {
+    if (names_.count(name)) throw ShapeError(name, "a value of this name already exists");
+    nameCount_[name]++;
+  }
+  llvm::SmallVector<TensorType, 2> types = inferTypes(*this, n);
+  for (size_t i = 0; i < types.size(); ++i) {
+    Value v;
+    v.id = static_cast<ValueId>(values_.size());
+    v.type = types[i];
+    v.producer = n.id;
+    v.outputIndex = static_cast<int>(i);
+    v.name = i == 0 ? n.name : n.name + ":" + std::to_string(i);
+    n.outputs.push_back(v.id);
+    names_[v.name] = v.id;
+    values_.push_back(std::move(v));
+  }
+  nodes_.push_back(std::move(n));
+  return nodes_.back().outputs.front();
+}
+
+ValueId Graph::addInput(const std::string& name, llvm::ArrayRef<int64_t> shape) {
+  AttrMap a;
+  a.set("shape", std::vector<int64_t>(shape.begin(), shape.end()));
+  return add(OpKind::Input, {}, std::move(a), name);
+}
+
+ValueId Graph::addParam(const std::string& name, llvm::ArrayRef<int64_t> shape, const std::string& init) {
+  AttrMap a;
+  a.set("shape", std::vector<int64_t>(shape.begin(), shape.end()));
+  a.set("init", init);
+  return add(OpKind::Param, {}, std::move(a), name);
+}
+
+ValueId Graph::addConstant(double value, llvm::ArrayRef<int64_t> shape, const std::string& name) {
+  AttrMap a;
+  a.set("shape", std::vector<int64_t>(shape.begin(), shape.end()));
+  a.set("value", value);
+  return add(OpKind::Constant, {}, std::move(a), name);
+}
+
+ValueId Graph::output(const std::string& name) const {
+  auto it = outputs_.find(name);
+  if (it == outputs_.end()) throw std::logic_error("graph has no output named '" + name + "'");
+  return it->second;
+}
+
+std::vector<NodeId> Graph::topoOrder() const {
+  // Nodes are only ever appended after their inputs exist, and passes that rewrite keep that
+  // property by appending replacements; a depth-first order from the outputs would also do,
+  // but insertion order is stable and cheap. The verifier checks the invariant.
+  std::vector<NodeId> order;
+  order.reserve(nodes_.size());
+  for (const Node& n : nodes_)
+    if (!n.erased) order.push_back(n.id);
+  return order;
+}
+
+std::vector<ValueId> Graph::params() const {
+  std::vector<ValueId> r;
+  for (const Node& n : nodes_)
+    if (!n.erased && n.op == OpKind::Param) r.push_back(n.outputs[0]);
+  return r;
+}
+
+std::vector<ValueId> Graph::inputs() const {
+  std::vector<ValueId> r;
+  for (const Node& n : nodes_)
+    if (!n.erased && n.op == OpKind::Input) r.push_back(n.outputs[0]);
+  return r;
+}
+
+ValueId Graph::findValue(const std::string& name) const {
+  auto it = names_.find(name);
+  if (it == names_.end() || nodes_[values_[it->second].producer].erased) return kNoValue;
+  return it->second;
+}
+
+std::vector<std::vector<NodeId>> Graph::users() const {
+  std::vector<std::vector<NodeId>> u(values_.size());
+  for (const Node& n : nodes_) {
+    if (n.erased) continue;
+    for (ValueId v : n.inputs) u[v].push_back(n.id);
+  }
+  return u;
+}
+
+void Graph::replaceAllUses(ValueId from, ValueId to) {
+  for (Node& n : nodes_)
+    for (ValueId& v : n.inputs)
+      if (v == from) v = to;
+  for (auto& kv : outputs_)
+    if (kv.second == from) kv.second = to;
+}
+
+size_t Graph::liveNodeCount() const {
+  size_t c = 0;
+  for (const Node& n : nodes_) c += !n.erased;
+  return c;
+}
+
+}  // namespace pa

@@ -1,0 +1,93 @@
+// The graph IR: nodes of primitive (later fused) ops over typed values, in SSA form.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <llvm/ADT/ArrayRef.h>
+#include <llvm/ADT/SmallVector.h>
+
+#include "graph/attrs.h"
+#include "graph/dtype.h"
+#include "graph/op.h"
+#include "graph/shape.h"
+
+namespace pa {
+
+using ValueId = int32_t;
+using NodeId = int32_t;
+constexpr ValueId kNoValue = -1;
+
+struct TensorType {
+  Shape shape;
+  DType dtype = DType::F32;
+};
+
+struct Value {
+  ValueId id = kNoValue;
+  TensorType type;
+  NodeId producer = -1;
+  int outputIndex = 0;
+  std::string name;
+};
+
+struct Node {
+  NodeId id = -1;
+  OpKind op = OpKind::Input;
+  llvm::SmallVector<ValueId, 4> inputs;
+  llvm::SmallVector<ValueId, 2> outputs;
+  AttrMap attrs;
+  std::string name;
+  bool erased = false;  // passes mark nodes dead; compact() drops them
+};
+
+class Graph {
+public:
+  // Adds a node, infers its output types (throws ShapeError naming the node) and returns its
+  // first output. `name` must be unique; an empty one is replaced by "<op>_<id>".
+  ValueId add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs = {}, std::string name = {});
+  ValueId addInput(const std::string& name, llvm::ArrayRef<int64_t> shape);
+  ValueId addParam(const std::string& name, llvm::ArrayRef<int64_t> shape, const std::string& init);
+  ValueId addConstant(double value, llvm::ArrayRef<int64_t> shape, const std::string& name = {});
+
+  const Value& value(ValueId v) const { return values_[v]; }
+  const Node& node(NodeId n) const { return nodes_[n]; }
+  Node& node(NodeId n) { return nodes_[n]; }
+  const Node& producer(ValueId v) const { return nodes_[values_[v].producer]; }
+  const Shape& shape(ValueId v) const { return values_[v].type.shape; }
+  size_t numValues() const { return values_.size(); }
+  size_t numNodes() const { return nodes_.size(); }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Value>& values() const { return values_; }
+
+  // Named results of the graph ("prediction", "loss", gradient outputs "grad/<param>").
+  void setOutput(const std::string& name, ValueId v) { outputs_[name] = v; }
+  ValueId output(const std::string& name) const;
+  bool hasOutput(const std::string& name) const { return outputs_.count(name) != 0; }
+  const std::map<std::string, ValueId>& outputs() const { return outputs_; }
+
+  // Live nodes in a topological order (inputs before users), stable in insertion order.
+  std::vector<NodeId> topoOrder() const;
+  std::vector<ValueId> params() const;  // values of live Param nodes, in insertion order
+  std::vector<ValueId> inputs() const;  // values of live Input nodes
+  ValueId findValue(const std::string& name) const;  // kNoValue when absent or erased
+  // Users of every value (live nodes only), indexed by ValueId.
+  std::vector<std::vector<NodeId>> users() const;
+  // Replaces every use of `from` (node inputs and graph outputs) with `to`.
+  void replaceAllUses(ValueId from, ValueId to);
+  size_t liveNodeCount() const;
+
+private:
+  std::string uniqueName(const std::string& base);
+  std::vector<Value> values_;
+  std::vector<Node> nodes_;
+  std::map<std::string, ValueId> outputs_;
+  std::map<std::string, int> nameCount_;
+  std::map<std::string, ValueId> names_;  // every value name ever given; names are never reused
+};
+
+// Output types of a node given its inputs; throws ShapeError. One entry per op (ops.def).
+llvm::SmallVector<TensorType, 2> inferTypes(const Graph& g, const Node& n);
+
+}  // namespace pa

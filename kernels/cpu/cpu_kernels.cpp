@@ -1,0 +1,309 @@
+// CPU reference kernels (see cpu_kernels.h for the conventions).
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace pa::cpu {
+
+namespace {
+
+// Elementwise loops go parallel only above this many elements: below it the fork costs more.
+constexpr int64_t kParallelMin = 1 << 15;
+
+// Walks the rows (all axes but the last) of `views[0].extent` in row-major order, keeping one
+// running offset per view, and hands each row to body(firstIndex, offsets, rowLength, rowStrides)
+// so the innermost loop is a plain strided loop the compiler can vectorise.
+template <int N, class F>
+void forEachRow(const Strided (&views)[N], F&& body) {
+  const Strided& shape = views[0];
+  const int inner = shape.rank - 1;
+  const int64_t len = shape.rank ? shape.extent[inner] : 1;
+  int64_t rows = 1;
+  for (int d = 0; d < inner; ++d) rows *= shape.extent[d];
+  if (rows == 0 || len == 0) return;
+  int64_t rowStride[N];
+  for (int v = 0; v < N; ++v) rowStride[v] = shape.rank ? views[v].stride[inner] : 0;
+  int64_t idx[kMaxRank] = {};
+  int64_t off[N] = {};
+  for (int64_t r = 0; r < rows; ++r) {
+    body(r * len, off, len, rowStride);
+    for (int d = inner - 1; d >= 0; --d) {
+      ++idx[d];
+      for (int v = 0; v < N; ++v) off[v] += views[v].stride[d];
+      if (idx[d] < shape.extent[d]) break;
+      for (int v = 0; v < N; ++v) off[v] -= views[v].stride[d] * shape.extent[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
+              ta ? m : k, b, tb ? k : n, 0.0f, c, n);
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double* c) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a,
+              ta ? m : k, b, tb ? k : n, 0.0, c, n);
+}
+
+double geluCdf(double x) { return 0.5 * (1.0 + std::erf(x * M_SQRT1_2)); }
+
+}  // namespace
+
+template <class T>
+void matmul(const T* a, const T* b, T* c, int64_t batch, bool aBatched, bool bBatched, int64_t m, int64_t n,
+            int64_t k, bool transA, bool transB) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    fill(c, batch * m * n, 0.0);
+    return;
+  }
+  // A batch of row blocks times one shared matrix is a single taller GEMM.
+  if (aBatched && !bBatched && !transA) {
+    gemm(false, transB, batch * m, n, k, a, b, c);
+    return;
+  }
+  for (int64_t i = 0; i < batch; ++i)
+    gemm(transA, transB, m, n, k, a + (aBatched ? i * m * k : 0), b + (bBatched ? i * k * n : 0), c + i * m * n);
+}
+
+template <class T>
+void binary(BinaryOp op, const T* a, const Strided& sa, const T* b, const Strided& sb, T* out) {
+  Strided so = sa;  // output: same extents, contiguous strides
+  int64_t s = 1;
+  for (int d = so.rank - 1; d >= 0; --d) {
+    so.stride[d] = s;
+    s *= so.extent[d];
+  }
+  const Strided views[3] = {so, sa, sb};
+  auto run = [&](auto f) {
+    forEachRow(views, [&](int64_t, const int64_t* o, int64_t len, const int64_t* st) {
+      T* y = out + o[0];
+      const T* pa = a + o[1];
+      const T* pb = b + o[2];
+      const int64_t s1 = st[1], s2 = st[2];
+      if (s1 == 1 && s2 == 1)
+        for (int64_t i = 0; i < len; ++i) y[i] = f(pa[i], pb[i]);
+      else
+        for (int64_t i = 0; i < len; ++i) y[i] = f(pa[i * s1], pb[i * s2]);
+    });
+  };
+  switch (op) {
+  case BinaryOp::Add: run([](T x, T y) { return x + y; }); break;
+  case BinaryOp::Sub: run([](T x, T y) { return x - y; }); break;
+  case BinaryOp::Mul: run([](T x, T y) { return x * y; }); break;
+  case BinaryOp::Div: run([](T x, T y) { return x / y; }); break;
+  }
+}
+
+template <class T>
+void unary(UnaryOp op, const T* x, T* y, int64_t n) {
+  switch (op) {
+  case UnaryOp::Relu:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+    break;
+  case UnaryOp::Gelu:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(x[i] * geluCdf(x[i]));
+    break;
+  case UnaryOp::Tanh:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+    break;
+  case UnaryOp::Sigmoid:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = T(1) / (T(1) + std::exp(-x[i]));
+    break;
+  case UnaryOp::Exp:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+    break;
+  }
+}
+
+template <class T>
+void scale(const T* x, T* y, int64_t n, double factor) {
+  const T f = static_cast<T>(factor);
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * f;
+}
+
+template <class T>
+void fill(T* y, int64_t n, double value) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(value);
+}
+
+template <class T>
+void unaryGrad(UnaryGradOp op, const T* dy, const T* s, T* dx, int64_t n) {
+  switch (op) {
+  case UnaryGradOp::Relu:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dx[i] = s[i] > T(0) ? dy[i] : T(0);
+    break;
+  case UnaryGradOp::Gelu:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = s[i];
+      const double pdf = std::exp(-0.5 * x * x) * 0.3989422804014327;  // 1/sqrt(2*pi)
+      dx[i] = static_cast<T>(dy[i] * (geluCdf(x) + x * pdf));
+    }
+    break;
+  case UnaryGradOp::Tanh:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (T(1) - s[i] * s[i]);
+    break;
+  case UnaryGradOp::Sigmoid:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * s[i] * (T(1) - s[i]);
+    break;
+  }
+}
+
+template <class T>
+void gather(const T* x, const Strided& view, T* y) {
+  const Strided views[1] = {view};
+  forEachRow(views, [&](int64_t first, const int64_t* o, int64_t len, const int64_t* st) {
+    const T* src = x + o[0];
+    const int64_t s0 = st[0];
+    for (int64_t i = 0; i < len; ++i) y[first + i] = src[i * s0];
+  });
+}
+
+template <class T>
+void reduceSum(const T* x, const Strided& view, T* y, int64_t outCount, double factor) {
+  std::vector<double> acc(static_cast<size_t>(outCount), 0.0);
+  const Strided views[1] = {view};
+  forEachRow(views, [&](int64_t first, const int64_t* o, int64_t len, const int64_t* st) {
+    double* dst = acc.data() + o[0];
+    const int64_t s0 = st[0];
+    for (int64_t i = 0; i < len; ++i) dst[i * s0] += x[first + i];
+  });
+  for (int64_t i = 0; i < outCount; ++i) y[i] = static_cast<T>(acc[i] * factor);
+}
+
+template <class T>
+void softmax(const T* x, const T* sink, T* y, int64_t outer, int64_t len, int64_t inner) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+#pragma omp parallel for collapse(2) if (outer * len * inner > kParallelMin) schedule(static)
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const T* xr = x + o * len * inner + i;
+      T* yr = y + o * len * inner + i;
+      const double s = sink ? static_cast<double>(sink[o * inner + i]) : ninf;
+      double mx = s;
+      for (int64_t j = 0; j < len; ++j) mx = std::max(mx, static_cast<double>(xr[j * inner]));
+      if (mx == ninf) {  // every logit masked and no sink: define the row as zeros, not NaN
+        for (int64_t j = 0; j < len; ++j) yr[j * inner] = T(0);
+        continue;
+      }
+      // exp in T (float exp on the float path), the sum in double; masked logits skip exp.
+      const T m = static_cast<T>(mx);
+      double sum = sink ? std::exp(s - mx) : 0.0;
+      for (int64_t j = 0; j < len; ++j) {
+        const T v = xr[j * inner];
+        const T e = v == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(v - m);
+        yr[j * inner] = e;
+        sum += e;
+      }
+      const T inv = static_cast<T>(1.0 / sum);
+      for (int64_t j = 0; j < len; ++j) yr[j * inner] *= inv;
+    }
+  }
+}
+
+template <class T>
+void softmaxGrad(const T* dy, const T* y, T* dx, int64_t outer, int64_t len, int64_t inner) {
+#pragma omp parallel for collapse(2) if (outer * len * inner > kParallelMin) schedule(static)
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const int64_t base = o * len * inner + i;
+      double dot = 0.0;
+      for (int64_t j = 0; j < len; ++j) dot += static_cast<double>(dy[base + j * inner]) * y[base + j * inner];
+      for (int64_t j = 0; j < len; ++j)
+        dx[base + j * inner] = static_cast<T>(y[base + j * inner] * (dy[base + j * inner] - dot));
+    }
+  }
+}
+
+template <class T>
+void softmaxSinkGrad(const T* dy, const T* y, T* ds, int64_t outer, int64_t len, int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const int64_t base = o * len * inner + i;
+      double dot = 0.0, mass = 0.0;
+      for (int64_t j = 0; j < len; ++j) {
+        dot += static_cast<double>(dy[base + j * inner]) * y[base + j * inner];
+        mass += y[base + j * inner];
+      }
+      ds[o * inner + i] = static_cast<T>(-(1.0 - mass) * dot);
+    }
+  }
+}
+
+template <class T>
+void attentionMask(const T* x, T* y, int64_t batch, int64_t qLen, int64_t kLen, const AttentionMaskSpec& m,
+                   double fill) {
+  const T f = static_cast<T>(fill);
+#pragma omp parallel for collapse(2) if (batch * qLen * kLen > kParallelMin) schedule(static)
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t q = 0; q < qLen; ++q) {
+      const int64_t row = (b * qLen + q) * kLen;
+      long long lo, hi;
+      attentionBand(m, q, qLen, kLen, &lo, &hi);
+      const long long sinkLimit = attentionSinkLimit(m, q, qLen, kLen);
+      for (int64_t k = 0; k < kLen; ++k) y[row + k] = (k >= lo && k <= hi) || k <= sinkLimit ? x[row + k] : f;
+    }
+  }
+}
+
+template <class T>
+double mse(const T* pred, const T* target, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(pred[i]) - target[i];
+    acc += d * d;
+  }
+  return n ? acc / static_cast<double>(n) : 0.0;
+}
+
+template <class T>
+void adamStep(T* p, const T* g, T* m, T* v, int64_t n, const AdamHyper& h, int64_t step, double gradScale) {
+  const double c1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+  const double c2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+  const double decay = 1.0 - h.lr * h.weightDecay;
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = static_cast<double>(g[i]) * gradScale;
+    const double mi = h.beta1 * m[i] + (1.0 - h.beta1) * gi;
+    const double vi = h.beta2 * v[i] + (1.0 - h.beta2) * gi * gi;
+    m[i] = static_cast<T>(mi);
+    v[i] = static_cast<T>(vi);
+    p[i] = static_cast<T>(p[i] * decay - h.lr * (mi / c1) / (std::sqrt(vi / c2) + h.eps));
+  }
+}
+
+#define PA_INSTANTIATE(T)                                                                                  \
+  template void matmul<T>(const T*, const T*, T*, int64_t, bool, bool, int64_t, int64_t, int64_t, bool, bool); \
+  template void binary<T>(BinaryOp, const T*, const Strided&, const T*, const Strided&, T*);              \
+  template void unary<T>(UnaryOp, const T*, T*, int64_t);                                                 \
+  template void scale<T>(const T*, T*, int64_t, double);                                                  \
+  template void fill<T>(T*, int64_t, double);                                                             \
+  template void unaryGrad<T>(UnaryGradOp, const T*, const T*, T*, int64_t);                               \
+  template void gather<T>(const T*, const Strided&, T*);                                                  \
+  template void reduceSum<T>(const T*, const Strided&, T*, int64_t, double);                              \
+  template void softmax<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);                            \
+  template void softmaxGrad<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);                        \
+  template void softmaxSinkGrad<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);                    \
+  template void attentionMask<T>(const T*, T*, int64_t, int64_t, int64_t, const AttentionMaskSpec&, double); \
+  template double mse<T>(const T*, const T*, int64_t);                                                    \
+  template void adamStep<T>(T*, const T*, T*, T*, int64_t, const AdamHyper&, int64_t, double);
+
+PA_INSTANTIATE(float)
+PA_INSTANTIATE(double)
+
+}  // namespace pa::cpu

@@ -1,0 +1,86 @@
+// CPU reference kernels, templated on the element type: float for training on the CPU,
+// double for the reference every other kernel is tested against. Row-major, contiguous.
+//
+// Note on accumulation: reductions (sums, softmax denominators, MSE) accumulate in double for
+// both element types, so the float path differs from the double one only by the final rounding
+// of each value and by BLAS's own float accumulation in matmuls.
+// Note on determinism: loops run in parallel only where each output element is written by one
+// iteration; reductions are sequential in a fixed order, so results are bit-identical run to run.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention_mask.h"
+
+namespace pa::cpu {
+
+// Extents and strides of up to kMaxRank dimensions; a stride of 0 broadcasts.
+constexpr int kMaxRank = 8;
+struct Strided {
+  int rank = 0;
+  int64_t extent[kMaxRank] = {};
+  int64_t stride[kMaxRank] = {};
+};
+
+// C[b] = op(A[b]) · op(B[b]). A is [batchA, M, K] (or [batchA, K, M] when transA), B likewise;
+// batchA and batchB are each either `batch` or 1 (a plain matrix shared by every batch).
+template <class T>
+void matmul(const T* a, const T* b, T* c, int64_t batch, bool aBatched, bool bBatched, int64_t m,
+            int64_t n, int64_t k, bool transA, bool transB);
+
+enum class BinaryOp { Add, Sub, Mul, Div };
+// out[i] = a[ia] op b[ib], with `out` describing the output extents and a/b its broadcast strides.
+template <class T>
+void binary(BinaryOp op, const T* a, const Strided& sa, const T* b, const Strided& sb, T* out);
+
+enum class UnaryOp { Relu, Gelu, Tanh, Sigmoid, Exp };
+template <class T>
+void unary(UnaryOp op, const T* x, T* y, int64_t n);
+template <class T>
+void scale(const T* x, T* y, int64_t n, double factor);
+template <class T>
+void fill(T* y, int64_t n, double value);
+
+enum class UnaryGradOp { Relu, Gelu, Tanh, Sigmoid };
+// dx = dy * f'(saved), where saved is x for Relu/Gelu and y for Tanh/Sigmoid.
+template <class T>
+void unaryGrad(UnaryGradOp op, const T* dy, const T* saved, T* dx, int64_t n);
+
+// Gathers a strided view into a contiguous output (permute, broadcast-to, repeat-heads).
+template <class T>
+void gather(const T* x, const Strided& view, T* y);
+// Sums x (extents `view.extent`) into y; view.stride holds y's strides, 0 on reduced axes.
+// y has `outCount` elements and is overwritten.
+template <class T>
+void reduceSum(const T* x, const Strided& view, T* y, int64_t outCount, double factor);
+
+// Softmax along the middle axis of [outer, len, inner]. `sink` (may be null) holds one extra
+// logit per (outer, inner) row that joins the denominator only. A row whose logits are all -inf
+// (and no sink) yields zeros.
+template <class T>
+void softmax(const T* x, const T* sink, T* y, int64_t outer, int64_t len, int64_t inner);
+// dx = y * (dy - sum(dy * y)) along the same axis.
+template <class T>
+void softmaxGrad(const T* dy, const T* y, T* dx, int64_t outer, int64_t len, int64_t inner);
+// d sink = -(1 - sum(y)) * sum(dy * y) per row; output [outer, inner].
+template <class T>
+void softmaxSinkGrad(const T* dy, const T* y, T* ds, int64_t outer, int64_t len, int64_t inner);
+
+// y = x where the key is visible, `fill` where it is masked; x is [batch, qLen, kLen].
+template <class T>
+void attentionMask(const T* x, T* y, int64_t batch, int64_t qLen, int64_t kLen, const AttentionMaskSpec& m,
+                   double fill);
+
+// Mean of squared differences over n elements.
+template <class T>
+double mse(const T* pred, const T* target, int64_t n);
+
+// One decoupled-weight-decay Adam step (AdamW when weightDecay > 0) for n elements; `step`
+// counts from 1.
+struct AdamHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
+};
+template <class T>
+void adamStep(T* param, const T* grad, T* m, T* v, int64_t n, const AdamHyper& h, int64_t step, double gradScale);
+
+}  // namespace pa::cpu

@@ -1,0 +1,251 @@
+// Reverse-mode autodiff over the op table: one gradient rule per op of ops.def. Rules emit
+// ordinary graph nodes, so the backward graph is fused, printed and executed like the forward.
+#include "passes/autodiff.h"
+
+#include <stdexcept>
+
+namespace pa {
+
+namespace {
+
+struct GradCtx {
+  Graph& g;
+  const Node& n;
+  ValueId dy;                       // gradient of the node's first output
+  const std::vector<char>& needs;   // needs[v]: v depends on a value we differentiate for
+  llvm::SmallVector<ValueId, 4> dx; // result per input, kNoValue when none
+
+  bool wants(int i) const { return needs[n.inputs[i]]; }
+  ValueId in(int i) const { return n.inputs[i]; }
+  ValueId out() const { return n.outputs[0]; }
+  const Shape& shape(ValueId v) const { return g.shape(v); }
+
+  ValueId op(OpKind k, llvm::ArrayRef<ValueId> ins, AttrMap a = {}) { return g.add(k, ins, std::move(a)); }
+  ValueId scale(ValueId v, double f) {
+    AttrMap a;
+    a.set("value", f);
+    return op(OpKind::Scale, {v}, a);
+  }
+  // Undoes numpy broadcasting: sums `v` down to `target` when their shapes differ.
+  ValueId sumTo(ValueId v, const Shape& target) {
+    if (shape(v) == target) return v;
+    AttrMap a;
+    a.set("shape", std::vector<int64_t>(target.begin(), target.end()));
+    return op(OpKind::SumTo, {v}, a);
+  }
+  ValueId reshape(ValueId v, const Shape& s) {
+    if (shape(v) == s) return v;
+    AttrMap a;
+    a.set("shape", std::vector<int64_t>(s.begin(), s.end()));
+    return op(OpKind::Reshape, {v}, a);
+  }
+  ValueId matmul(ValueId a, ValueId b, bool ta, bool tb) {
+    AttrMap at;
+    at.set("transpose_a", ta);
+    at.set("transpose_b", tb);
+    return op(OpKind::MatMul, {a, b}, at);
+  }
+  void give(int i, ValueId v) { dx[i] = v; }
+};
+
+[[noreturn]] void noRule(GradCtx& c) {
+  throw std::logic_error(std::string("autodiff: op '") + opName(c.n.op) + "' (node '" + c.n.name +
+                         "') is backward-only; its own gradient is not supported");
+}
+
+void gradInput(GradCtx&) {}
+void gradParam(GradCtx&) {}
+void gradConstant(GradCtx&) {}
+
+// Sums the leading (batch) axes of a batched matmul result down to a plain matrix.
+ValueId sumBatch(GradCtx& c, ValueId v, const Shape& matrixShape) { return c.sumTo(v, matrixShape); }
+
+void gradMatMul(GradCtx& c) {
+  // With C = op(A)·op(B) and G = dC: d op(A) = G·op(B)ᵀ and d op(B) = op(A)ᵀ·G.
+  const bool ta = c.n.attrs.getBool("transpose_a", false), tb = c.n.attrs.getBool("transpose_b", false);
+  const ValueId a = c.in(0), b = c.in(1), g = c.dy;
+  const Shape sa = c.shape(a), sb = c.shape(b);
+  if (c.wants(0)) {
+    ValueId da = ta ? c.matmul(b, g, tb, true) : c.matmul(g, b, false, !tb);
+    c.give(0, sumBatch(c, da, sa));
+  }
+  if (c.wants(1)) {
+    ValueId db;
+    if (sb.size() == 2 && sa.size() > 2 && !ta) {
+      // A shared weight under a batched input: flatten the batch into rows, one GEMM.
+      const int64_t k = sa.back();
+      const ValueId a2 = c.reshape(a, Shape{numel(sa) / k, k});
+      const ValueId g2 = c.reshape(g, Shape{numel(sa) / k, c.shape(g).back()});
+      db = tb ? c.matmul(g2, a2, true, false) : c.matmul(a2, g2, true, false);
+    } else {
+      db = tb ? c.matmul(g, a, true, ta) : c.matmul(a, g, !ta, false);
+    }
+    c.give(1, sumBatch(c, db, sb));
+  }
+}
+
+void gradAdd(GradCtx& c) {
+  if (c.wants(0)) c.give(0, c.sumTo(c.dy, c.shape(c.in(0))));
+  if (c.wants(1)) c.give(1, c.sumTo(c.dy, c.shape(c.in(1))));
+}
+void gradSub(GradCtx& c) {
+  if (c.wants(0)) c.give(0, c.sumTo(c.dy, c.shape(c.in(0))));
+  if (c.wants(1)) c.give(1, c.scale(c.sumTo(c.dy, c.shape(c.in(1))), -1.0));
+}
+void gradMul(GradCtx& c) {
+  if (c.wants(0)) c.give(0, c.sumTo(c.op(OpKind::Mul, {c.dy, c.in(1)}), c.shape(c.in(0))));
+  if (c.wants(1)) c.give(1, c.sumTo(c.op(OpKind::Mul, {c.dy, c.in(0)}), c.shape(c.in(1))));
+}
+void gradDiv(GradCtx& c) {
+  if (c.wants(0)) c.give(0, c.sumTo(c.op(OpKind::Div, {c.dy, c.in(1)}), c.shape(c.in(0))));
+  if (c.wants(1)) {
+    // d(a/b)/db = -(a/b)/b, reusing the forward output.
+    const ValueId t = c.op(OpKind::Div, {c.op(OpKind::Mul, {c.dy, c.out()}), c.in(1)});
+    c.give(1, c.scale(c.sumTo(t, c.shape(c.in(1))), -1.0));
+  }
+}
+void gradScale(GradCtx& c) { c.give(0, c.scale(c.dy, c.n.attrs.getFloat("value", 1.0))); }
+void gradRelu(GradCtx& c) { c.give(0, c.op(OpKind::ReluGrad, {c.dy, c.in(0)})); }
+void gradGelu(GradCtx& c) { c.give(0, c.op(OpKind::GeluGrad, {c.dy, c.in(0)})); }
+void gradTanh(GradCtx& c) { c.give(0, c.op(OpKind::TanhGrad, {c.dy, c.out()})); }
+void gradSigmoid(GradCtx& c) { c.give(0, c.op(OpKind::SigmoidGrad, {c.dy, c.out()})); }
+void gradExp(GradCtx& c) { c.give(0, c.op(OpKind::Mul, {c.dy, c.out()})); }
+
+void gradSoftmax(GradCtx& c) {
+  AttrMap a;
+  a.set("axis", c.n.attrs.getInt("axis", -1));
+  if (c.wants(0)) c.give(0, c.op(OpKind::SoftmaxGrad, {c.dy, c.out()}, a));
+  if (c.n.inputs.size() == 2 && c.wants(1))
+    c.give(1, c.sumTo(c.op(OpKind::SoftmaxSinkGrad, {c.dy, c.out()}, a), c.shape(c.in(1))));
+}
+
+void gradPermute(GradCtx& c) {
+  const std::vector<int64_t> perm = c.n.attrs.getInts("perm");
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+  AttrMap a;
+  a.set("perm", inv);
+  c.give(0, c.op(OpKind::Permute, {c.dy}, a));
+}
+void gradReshape(GradCtx& c) { c.give(0, c.reshape(c.dy, c.shape(c.in(0)))); }
+void gradBroadcastTo(GradCtx& c) { c.give(0, c.sumTo(c.dy, c.shape(c.in(0)))); }
+
+// Gradient of a reduction: reshape to keep-dims form, broadcast back, scale for a mean.
+void reductionGrad(GradCtx& c, bool mean) {
+  const Shape& x = c.shape(c.in(0));
+  const std::vector<int64_t> axes = c.n.attrs.getInts("axes");
+  std::vector<bool> reduced(x.size(), axes.empty());
+  for (int64_t ax : axes) reduced[normaliseAxis(ax, x.size())] = true;
+  Shape keep;
+  int64_t count = 1;
+  for (size_t d = 0; d < x.size(); ++d) {
+    keep.push_back(reduced[d] ? 1 : x[d]);
+    count *= reduced[d] ? x[d] : 1;
+  }
+  AttrMap a;
+  a.set("shape", std::vector<int64_t>(x.begin(), x.end()));
+  ValueId g = c.op(OpKind::BroadcastTo, {c.reshape(c.dy, keep)}, a);
+  if (mean) g = c.scale(g, count ? 1.0 / static_cast<double>(count) : 0.0);
+  c.give(0, g);
+}
+void gradSum(GradCtx& c) { reductionGrad(c, false); }
+void gradMean(GradCtx& c) { reductionGrad(c, true); }
+void gradSumTo(GradCtx& c) {
+  const Shape& x = c.shape(c.in(0));
+  AttrMap a;
+  a.set("shape", std::vector<int64_t>(x.begin(), x.end()));
+  c.give(0, c.op(OpKind::BroadcastTo, {c.dy}, a));
+}
+
+void gradAttentionMask(GradCtx& c) {
+  AttrMap a = c.n.attrs;
+  a.set("fill", 0.0);  // masked scores get no gradient
+  c.give(0, c.op(OpKind::AttentionMask, {c.dy}, a));
+}
+
+void gradRepeatHeads(GradCtx& c) {
+  const Shape& x = c.shape(c.in(0));
+  const int axis = normaliseAxis(c.n.attrs.getInt("axis", 1), x.size());
+  const int64_t r = c.n.attrs.getInt("repeats", 1);
+  Shape split;
+  for (int d = 0; d < static_cast<int>(x.size()); ++d) {
+    split.push_back(x[d]);
+    if (d == axis) split.push_back(r);
+  }
+  AttrMap a;
+  a.set("axes", std::vector<int64_t>{axis + 1});
+  c.give(0, c.op(OpKind::Sum, {c.reshape(c.dy, split)}, a));
+}
+
+void gradMseLoss(GradCtx& c) {
+  const double n = static_cast<double>(numel(c.shape(c.in(0))));
+  const ValueId diff = c.scale(c.op(OpKind::Sub, {c.in(0), c.in(1)}), n ? 2.0 / n : 0.0);
+  const ValueId dp = c.op(OpKind::Mul, {diff, c.dy});
+  if (c.wants(0)) c.give(0, dp);
+  if (c.wants(1)) c.give(1, c.scale(dp, -1.0));
+}
+
+void gradReluGrad(GradCtx& c) { noRule(c); }
+void gradGeluGrad(GradCtx& c) { noRule(c); }
+void gradTanhGrad(GradCtx& c) { noRule(c); }
+void gradSigmoidGrad(GradCtx& c) { noRule(c); }
+void gradSoftmaxGrad(GradCtx& c) { noRule(c); }
+void gradSoftmaxSinkGrad(GradCtx& c) { noRule(c); }
+
+using GradFn = void (*)(GradCtx&);
+const GradFn kGrad[] = {
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) &grad##Name,
+#include "graph/ops.def"
+};
+
+}  // namespace
+
+std::string gradOutputName(const std::string& param) { return "grad/" + param; }
+
+std::map<ValueId, ValueId> appendBackward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt) {
+  if (!g.shape(loss).empty() && numel(g.shape(loss)) != 1)
+    throw std::logic_error("autodiff: the loss must be a scalar, got " + shapeString(g.shape(loss)));
+  const std::vector<NodeId> order = g.topoOrder();
+
+  // needs[v]: v depends on something in wrt, so gradients must flow through it.
+  std::vector<char> needs(g.numValues(), 0);
+  for (ValueId v : wrt) needs[v] = 1;
+  for (NodeId id : order) {
+    const Node& n = g.node(id);
+    bool any = false;
+    for (ValueId v : n.inputs) any |= needs[v] != 0;
+    if (any)
+      for (ValueId v : n.outputs) needs[v] = 1;
+  }
+
+  std::vector<ValueId> grad(g.numValues(), kNoValue);
+  grad[loss] = g.addConstant(1.0, g.shape(loss), "grad_seed");
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    // The node vector may grow while rules add nodes, so copy what we read.
+    const Node n = g.node(*it);
+    const ValueId dy = grad[n.outputs[0]];
+    if (dy == kNoValue || !needs[n.outputs[0]] || opInfo(n.op).grad == GradKind::Leaf) continue;
+    GradCtx c{g, n, dy, needs, llvm::SmallVector<ValueId, 4>(n.inputs.size(), kNoValue)};
+    kGrad[static_cast<int>(n.op)](c);
+    grad.resize(g.numValues(), kNoValue);
+    needs.resize(g.numValues(), 0);
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId in = n.inputs[i];
+      if (c.dx[i] == kNoValue) continue;
+      grad[in] = grad[in] == kNoValue ? c.dx[i] : g.add(OpKind::Add, {grad[in], c.dx[i]});
+      grad.resize(g.numValues(), kNoValue);
+      needs.resize(g.numValues(), 0);
+    }
+  }
+
+  std::map<ValueId, ValueId> result;
+  for (ValueId v : wrt) {
+    ValueId gv = grad[v];
+    if (gv == kNoValue) gv = g.addConstant(0.0, g.shape(v), "zero_grad/" + g.value(v).name);
+    result[v] = gv;
+    g.setOutput(gradOutputName(g.value(v).name), gv);
+  }
+  return result;
+}
+
+}  // namespace pa

@@ -1,0 +1,113 @@
+// Pass registry, pipeline validation and the driver that runs, verifies and dumps.
+#include "passes/pass_manager.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "graph/errors.h"
+#include "graph/printer.h"
+#include "graph/verifier.h"
+#include "passes/autodiff.h"
+#include "passes/dce.h"
+
+namespace pa {
+
+namespace {
+
+void registerBuiltins(PassRegistry& r) {
+  r.add({"verify", "check ordering, dangling inputs and types", {}, {}, [](Graph& g, PassStats&) { verifyGraph(g); }});
+  r.add({"dce", "remove nodes no graph output depends on", {}, {}, [](Graph& g, PassStats& s) {
+           s.counters["nodes removed"] = eliminateDeadCode(g);
+         }});
+  r.add({"autodiff", "append the backward graph of output 'loss' for every parameter", {}, {},
+         [](Graph& g, PassStats& s) {
+           const size_t before = g.liveNodeCount();
+           appendBackward(g, g.output("loss"), g.params());
+           s.counters["backward nodes"] = static_cast<int64_t>(g.liveNodeCount() - before);
+         }});
+}
+
+}  // namespace
+
+PassRegistry& PassRegistry::builtin() {
+  static PassRegistry* r = [] {
+    auto* reg = new PassRegistry;
+    registerBuiltins(*reg);
+    return reg;
+  }();
+  return *r;
+}
+
+void PassRegistry::add(PassInfo info) {
+  if (passes_.count(info.name)) throw std::logic_error("pass '" + info.name + "' is registered twice");
+  passes_[info.name] = std::move(info);
+}
+
+const PassInfo* PassRegistry::find(const std::string& name) const {
+  auto it = passes_.find(name);
+  return it == passes_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> PassRegistry::names() const {
+  std::vector<std::string> r;
+  for (const auto& kv : passes_) r.push_back(kv.first);
+  return r;
+}
+
+void validatePipeline(const std::vector<std::string>& names) {
+  const PassRegistry& reg = PassRegistry::builtin();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const PassInfo* p = reg.find(names[i]);
+    if (!p) {
+      std::string valid;
+      for (const std::string& n : reg.names()) valid += (valid.empty() ? "" : ", ") + n;
+      throw UserError("unknown pass '" + names[i] + "'; valid passes: " + valid);
+    }
+    for (const std::string& req : p->requires)
+      if (std::find(names.begin(), names.begin() + static_cast<long>(i), req) == names.begin() + static_cast<long>(i))
+        throw UserError("pass '" + names[i] + "' needs pass '" + req + "' before it");
+    for (const std::string& later : p->mustPrecede)
+      if (std::find(names.begin(), names.begin() + static_cast<long>(i), later) != names.begin() + static_cast<long>(i))
+        throw UserError("pass '" + names[i] + "' must run before pass '" + later + "'");
+  }
+}
+
+void dumpGraph(const Graph& g, const std::string& dir, const std::string& stem, const std::string& title) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  const fs::path base = fs::path(dir) / stem;
+  std::ofstream(base.string() + ".txt") << graphToText(g, title);
+  std::ofstream(base.string() + ".dot") << graphToDot(g, title);
+  // SVG only where Graphviz is installed; its absence is not an error.
+  if (std::system("command -v dot >/dev/null 2>&1") == 0) {
+    const std::string cmd = "dot -Tsvg '" + base.string() + ".dot' -o '" + base.string() + ".svg' 2>/dev/null";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "note: dot failed to render %s.svg\n", base.c_str());
+  }
+}
+
+std::vector<PassStats> runPipeline(Graph& g, const std::vector<std::string>& names, const PipelineOptions& opt) {
+  validatePipeline(names);
+  std::vector<PassStats> all;
+  int index = opt.firstDumpIndex;
+  for (const std::string& name : names) {
+    PassStats s;
+    s.pass = name;
+    s.nodesBefore = g.liveNodeCount();
+    PassRegistry::builtin().find(name)->run(g, s);
+    s.nodesAfter = g.liveNodeCount();
+    if (opt.verifyEach) verifyGraph(g);
+    if (!opt.dumpDir.empty()) {
+      char stem[128];
+      std::snprintf(stem, sizeof stem, "%02d-%s", ++index, name.c_str());
+      dumpGraph(g, opt.dumpDir, stem, opt.title + " after " + name);
+    }
+    all.push_back(std::move(s));
+  }
+  return all;
+}
+
+}  // namespace pa
