@@ -1,0 +1,124 @@
+// The graph IR, verifier, printers and pass driver.
+#include <gtest/gtest.h>
+
+#include "graph/errors.h"
+#include "graph/printer.h"
+#include "graph/verifier.h"
+#include "passes/dce.h"
+#include "passes/pass_manager.h"
+
+namespace pa {
+namespace {
+
+AttrMap A(std::initializer_list<std::pair<const char*, Attr>> kv) {
+  AttrMap a;
+  for (const auto& p : kv) a.set(p.first, p.second);
+  return a;
+}
+
+TEST(Graph, ShapeErrorNamesTheNodeAndBothShapes) {
+  Graph g;
+  const ValueId a = g.addInput("a", {2, 3});
+  const ValueId b = g.addParam("w", {4, 5}, "xavier");
+  try {
+    g.add(OpKind::MatMul, {a, b}, {}, "proj");
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("node 'proj'"), std::string::npos) << m;
+    EXPECT_NE(m.find("[2, 3]"), std::string::npos) << m;
+    EXPECT_NE(m.find("[4, 5]"), std::string::npos) << m;
+  }
+  EXPECT_THROW(g.add(OpKind::Add, {a, b}), ShapeError);
+  EXPECT_THROW(g.add(OpKind::Relu, {a, a}), ShapeError);  // arity
+  EXPECT_THROW(g.add(OpKind::Reshape, {a}, A({{"shape", std::vector<int64_t>{5}}})), ShapeError);
+  EXPECT_THROW(g.add(OpKind::Permute, {a}, A({{"perm", std::vector<int64_t>{0, 0}}})), ShapeError);
+  EXPECT_THROW(g.add(OpKind::Softmax, {a}, A({{"axis", int64_t{2}}})), ShapeError);
+}
+
+TEST(Graph, VerifierCatchesUseBeforeDefinitionAndErasedProducers) {
+  Graph g;
+  const ValueId x = g.addInput("x", {2, 2});
+  const ValueId r = g.add(OpKind::Relu, {x});
+  const ValueId t = g.add(OpKind::Tanh, {r});
+  g.setOutput("out", t);
+  verifyGraph(g);
+  g.node(g.value(r).producer).erased = true;  // t now reads a value nobody defines
+  EXPECT_THROW(verifyGraph(g), ShapeError);
+  g.node(g.value(r).producer).erased = false;
+  g.node(g.value(r).producer).inputs[0] = t;  // a cycle: relu reads tanh's output
+  EXPECT_THROW(verifyGraph(g), ShapeError);
+}
+
+TEST(Graph, VerifierCatchesStaleTypes) {
+  Graph g;
+  const ValueId x = g.addInput("x", {2, 2});
+  const ValueId y = g.addInput("y", {2, 3});
+  const ValueId s = g.add(OpKind::Relu, {x});
+  g.node(g.value(s).producer).inputs[0] = y;  // recorded [2, 2], inferred [2, 3]
+  EXPECT_THROW(verifyGraph(g), ShapeError);
+}
+
+TEST(Graph, TextAndDotPrintersAreDeterministicAndComplete) {
+  auto build = [] {
+    Graph g;
+    const ValueId x = g.addInput("x", {4, 3});
+    const ValueId w = g.addParam("w", {3, 2}, "xavier");
+    const ValueId y = g.add(OpKind::MatMul, {x, w}, A({{"transpose_b", false}}));
+    g.setOutput("y", g.add(OpKind::Scale, {y}, A({{"value", 0.5}})));
+    return g;
+  };
+  const Graph a = build(), b = build();
+  EXPECT_EQ(graphToText(a, "t"), graphToText(b, "t"));
+  EXPECT_EQ(graphToDot(a, "t"), graphToDot(b, "t"));
+  const std::string text = graphToText(a, "t");
+  EXPECT_NE(text.find("%matmul = matmul(%x, %w) {transpose_b=false} : f32[4, 2]"), std::string::npos) << text;
+  EXPECT_NE(text.find("output y = %scale"), std::string::npos) << text;
+  const std::string dot = graphToDot(a, "t");
+  EXPECT_EQ(dot.rfind("digraph", 0), 0u);
+  EXPECT_NE(dot.find("n0 -> n2"), std::string::npos) << dot;
+}
+
+TEST(Passes, DceRemovesOnlyDeadNodes) {
+  Graph g;
+  const ValueId x = g.addInput("x", {2, 2});
+  const ValueId live = g.add(OpKind::Relu, {x});
+  g.add(OpKind::Tanh, {g.add(OpKind::Exp, {x})});  // nobody uses these two
+  g.addParam("unused_param", {3}, "zeros");        // parameters stay: they are bound outside
+  g.setOutput("out", live);
+  const size_t before = g.liveNodeCount();
+  EXPECT_EQ(eliminateDeadCode(g), 2);
+  EXPECT_EQ(g.liveNodeCount(), before - 2);
+  verifyGraph(g);
+  EXPECT_EQ(g.params().size(), 1u);
+}
+
+TEST(Passes, RegistryRejectsUnknownNamesAndBadOrder) {
+  EXPECT_NE(PassRegistry::builtin().find("dce"), nullptr);
+  EXPECT_NE(PassRegistry::builtin().find("autodiff"), nullptr);
+  try {
+    validatePipeline({"dce", "fuse-everything"});
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("valid passes:"), std::string::npos);
+  }
+  PassRegistry r;
+  r.add({"x", "", {}, {}, [](Graph&, PassStats&) {}});
+  EXPECT_THROW(r.add({"x", "", {}, {}, [](Graph&, PassStats&) {}}), std::logic_error);
+}
+
+TEST(Passes, PipelineRecordsStatistics) {
+  Graph g;
+  const ValueId x = g.addInput("x", {2, 2});
+  g.add(OpKind::Exp, {x});
+  g.setOutput("out", g.add(OpKind::Relu, {x}));
+  const std::vector<PassStats> s = runPipeline(g, {"dce", "verify"}, PipelineOptions{});
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].pass, "dce");
+  EXPECT_EQ(s[0].nodesBefore, 3u);
+  EXPECT_EQ(s[0].nodesAfter, 2u);
+  EXPECT_EQ(s[0].counters.at("nodes removed"), 1);
+}
+
+}  // namespace
+}  // namespace pa

@@ -1,0 +1,198 @@
+// Every op of ops.def against finite differences in float64, on random inputs, including
+// broadcasting, transposes, batched matmuls, masks with q_len != kv_len and fully masked rows.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <set>
+
+#include "graph/verifier.h"
+#include "test_util.h"
+
+namespace pa {
+namespace {
+
+struct OpCase {
+  std::string name;
+  OpKind op;  // the op under test (the case's graph contains it)
+  std::function<ValueId(Graph&)> build;
+  std::map<std::string, std::pair<double, double>> ranges = {};
+};
+
+AttrMap A(std::initializer_list<std::pair<const char*, Attr>> kv) {
+  AttrMap a;
+  for (const auto& p : kv) a.set(p.first, p.second);
+  return a;
+}
+using V = std::vector<int64_t>;
+
+ValueId P(Graph& g, const std::string& n, Shape s) { return g.addParam(n, s, "xavier"); }
+
+OpCase matmulCase(const std::string& name, Shape a, Shape b, bool ta, bool tb) {
+  return {name, OpKind::MatMul, [=](Graph& g) {
+            return g.add(OpKind::MatMul, {P(g, "a", a), P(g, "b", b)}, A({{"transpose_a", ta}, {"transpose_b", tb}}));
+          }};
+}
+
+OpCase binaryCase(const std::string& name, OpKind op, Shape a, Shape b) {
+  std::map<std::string, std::pair<double, double>> r;
+  if (op == OpKind::Div) r["b"] = {0.5, 1.5};  // keep the denominator away from zero
+  return {name, op, [=](Graph& g) { return g.add(op, {P(g, "a", a), P(g, "b", b)}); }, r};
+}
+
+OpCase unaryCase(const std::string& name, OpKind op) {
+  return {name, op, [=](Graph& g) { return g.add(op, {P(g, "x", {2, 3, 4})}); }};
+}
+
+// softmax(mask(x)) over [2, q, k]: the mask alone would put -inf into the loss.
+OpCase maskCase(const std::string& name, int64_t q, int64_t k, AttrMap mask) {
+  return {name, OpKind::AttentionMask, [=](Graph& g) {
+            ValueId m = g.add(OpKind::AttentionMask, {P(g, "x", {2, q, k})}, mask);
+            return g.add(OpKind::Softmax, {m}, A({{"axis", int64_t{-1}}}));
+          }};
+}
+
+std::vector<OpCase> allCases() {
+  std::vector<OpCase> c;
+  c.push_back(matmulCase("MatMul_plain", {3, 4}, {4, 5}, false, false));
+  c.push_back(matmulCase("MatMul_transA", {4, 3}, {4, 5}, true, false));
+  c.push_back(matmulCase("MatMul_transB", {3, 4}, {5, 4}, false, true));
+  c.push_back(matmulCase("MatMul_transAB", {4, 3}, {5, 4}, true, true));
+  c.push_back(matmulCase("MatMul_batched", {2, 3, 4}, {2, 4, 5}, false, false));
+  c.push_back(matmulCase("MatMul_batchedTransB", {2, 2, 3, 4}, {2, 2, 5, 4}, false, true));
+  c.push_back(matmulCase("MatMul_batchedA_sharedB", {2, 3, 4}, {4, 5}, false, false));
+  c.push_back(matmulCase("MatMul_batchedA_sharedBT", {2, 3, 4}, {5, 4}, false, true));
+  c.push_back(matmulCase("MatMul_batchedAT_sharedB", {2, 4, 3}, {4, 5}, true, false));
+  c.push_back(matmulCase("MatMul_sharedA_batchedB", {3, 4}, {2, 4, 5}, false, false));
+  c.push_back(matmulCase("MatMul_K1", {3, 1}, {1, 5}, false, false));
+  for (auto op : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div}) {
+    const std::string n = opName(op);
+    c.push_back(binaryCase(n + "_same", op, {2, 3, 4}, {2, 3, 4}));
+    c.push_back(binaryCase(n + "_rowVector", op, {2, 3, 4}, {4}));
+    c.push_back(binaryCase(n + "_bothBroadcast", op, {2, 1, 4}, {3, 1}));
+    c.push_back(binaryCase(n + "_scalarLeft", op, {}, {2, 3}));
+  }
+  c.push_back({"Scale", OpKind::Scale, [](Graph& g) { return g.add(OpKind::Scale, {P(g, "x", {2, 3})}, A({{"value", 0.7}})); }});
+  c.push_back(unaryCase("Relu", OpKind::Relu));
+  c.push_back(unaryCase("Gelu", OpKind::Gelu));
+  c.push_back(unaryCase("Tanh", OpKind::Tanh));
+  c.push_back(unaryCase("Sigmoid", OpKind::Sigmoid));
+  c.push_back(unaryCase("Exp", OpKind::Exp));
+  c.push_back({"Softmax_lastAxis", OpKind::Softmax, [](Graph& g) {
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, A({{"axis", int64_t{-1}}}));
+               }});
+  c.push_back({"Softmax_middleAxis", OpKind::Softmax, [](Graph& g) {
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, A({{"axis", int64_t{1}}}));
+               }});
+  c.push_back({"Softmax_sinkLogits", OpKind::Softmax, [](Graph& g) {
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4}), P(g, "sink", {3, 1})}, A({{"axis", int64_t{-1}}}));
+               }});
+  c.push_back({"Softmax_sinkLogitsMaskedRows", OpKind::Softmax, [](Graph& g) {
+                 // Bottom-right causal with q > k hides rows 0 and 1 entirely: the sink takes all mass.
+                 ValueId m = g.add(OpKind::AttentionMask, {P(g, "x", {2, 4, 2})},
+                                   A({{"causal", true}, {"align", std::string("bottom-right")}}));
+                 return g.add(OpKind::Softmax, {m, P(g, "sink", {2, 1, 1})}, A({{"axis", int64_t{-1}}}));
+               }});
+  c.push_back({"Permute", OpKind::Permute, [](Graph& g) {
+                 return g.add(OpKind::Permute, {P(g, "x", {2, 3, 4})}, A({{"perm", V{2, 0, 1}}}));
+               }});
+  c.push_back({"Reshape", OpKind::Reshape, [](Graph& g) {
+                 return g.add(OpKind::Reshape, {P(g, "x", {2, 3, 4})}, A({{"shape", V{-1, 4}}}));
+               }});
+  c.push_back({"BroadcastTo", OpKind::BroadcastTo, [](Graph& g) {
+                 return g.add(OpKind::BroadcastTo, {P(g, "x", {3, 1})}, A({{"shape", V{2, 3, 4}}}));
+               }});
+  c.push_back({"Sum_axis", OpKind::Sum, [](Graph& g) { return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}, A({{"axes", V{1}}})); }});
+  c.push_back({"Sum_all", OpKind::Sum, [](Graph& g) { return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}); }});
+  c.push_back({"Sum_keepdims", OpKind::Sum, [](Graph& g) {
+                 return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}, A({{"axes", V{0, -1}}, {"keepdims", true}}));
+               }});
+  c.push_back({"Mean_axes", OpKind::Mean, [](Graph& g) { return g.add(OpKind::Mean, {P(g, "x", {2, 3, 4})}, A({{"axes", V{0, 2}}})); }});
+  c.push_back({"SumTo", OpKind::SumTo, [](Graph& g) { return g.add(OpKind::SumTo, {P(g, "x", {2, 3, 4})}, A({{"shape", V{3, 1}}})); }});
+  c.push_back(maskCase("AttentionMask_causalTopLeft", 3, 5, A({{"causal", true}})));
+  c.push_back(maskCase("AttentionMask_causalBottomRight", 3, 5, A({{"causal", true}, {"align", std::string("bottom-right")}})));
+  c.push_back(maskCase("AttentionMask_fullyMaskedRows", 5, 3, A({{"causal", true}, {"align", std::string("bottom-right")}})));
+  c.push_back(maskCase("AttentionMask_window", 6, 6, A({{"window_left", int64_t{1}}, {"window_right", int64_t{1}}})));
+  c.push_back(maskCase("AttentionMask_causalWindowSinks", 6, 6,
+                       A({{"causal", true}, {"window_left", int64_t{1}}, {"sinks", int64_t{2}}})));
+  c.push_back({"RepeatHeads", OpKind::RepeatHeads, [](Graph& g) {
+                 return g.add(OpKind::RepeatHeads, {P(g, "x", {2, 2, 3, 4})}, A({{"axis", int64_t{1}}, {"repeats", int64_t{3}}}));
+               }});
+  c.push_back({"MseLoss", OpKind::MseLoss, [](Graph& g) {
+                 return g.add(OpKind::MseLoss, {P(g, "p", {3, 4}), P(g, "t", {3, 4})});
+               }});
+  return c;
+}
+
+// Backward-only ops are covered through the forward op whose rule emits them.
+const std::map<OpKind, OpKind> kEmittedBy = {
+    {OpKind::ReluGrad, OpKind::Relu},       {OpKind::GeluGrad, OpKind::Gelu},
+    {OpKind::TanhGrad, OpKind::Tanh},       {OpKind::SigmoidGrad, OpKind::Sigmoid},
+    {OpKind::SoftmaxGrad, OpKind::Softmax}, {OpKind::SoftmaxSinkGrad, OpKind::Softmax},
+};
+
+class OpGradCheck : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(OpGradCheck, MatchesFiniteDifferencesInFloat64) {
+  const OpCase& c = GetParam();
+  Graph g;
+  const ValueId out = c.build(g);
+  test::addWeightedSumLoss(g, out);
+  verifyGraph(g);
+  const uint64_t seed = std::hash<std::string>{}(c.name);
+  const auto init = test::randomParams(g, seed, c.ranges);
+  const ValueId w = g.findValue("loss_weights");
+  const test::GradCheckResult r = test::gradCheck(g, init, [&](CpuExecutor<double>& ex) {
+    test::fillRandom(ex.data(w), numel(g.shape(w)), seed + 1);
+  });
+  verifyGraph(g);
+  EXPECT_GT(r.checked, 0);
+  EXPECT_FALSE(r.anyNonFinite) << c.name;
+  EXPECT_LT(r.maxError, 1e-6) << c.name << ": worst at " << r.where;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, OpGradCheck, ::testing::ValuesIn(allCases()),
+                         [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+
+TEST(OpTable, EveryDifferentiableOpHasAGradientCase) {
+  std::set<OpKind> covered;
+  for (const OpCase& c : allCases()) covered.insert(c.op);
+  for (int k = 0; k < kNumOps; ++k) {
+    const OpInfo& info = opInfo(static_cast<OpKind>(k));
+    if (info.grad == GradKind::Differentiable) {
+      EXPECT_TRUE(covered.count(info.kind)) << info.name << " has no gradient case";
+    }
+  }
+}
+
+TEST(OpTable, EveryBackwardOnlyOpIsEmittedByACheckedRule) {
+  for (int k = 0; k < kNumOps; ++k) {
+    const OpInfo& info = opInfo(static_cast<OpKind>(k));
+    if (info.grad != GradKind::BackwardOnly) continue;
+    auto it = kEmittedBy.find(info.kind);
+    ASSERT_NE(it, kEmittedBy.end()) << info.name << " has no forward op in kEmittedBy";
+    // Some case of the forward op must actually emit it.
+    bool emitted = false;
+    for (const OpCase& c : allCases()) {
+      if (c.op != it->second && !(it->second == OpKind::Softmax && c.name.find("Softmax") == 0)) continue;
+      Graph g;
+      test::addWeightedSumLoss(g, c.build(g));
+      appendBackward(g, g.output("loss"), g.params());
+      for (const Node& n : g.nodes()) emitted |= n.op == info.kind;
+    }
+    EXPECT_TRUE(emitted) << info.name << " never appears in a checked backward graph";
+  }
+}
+
+TEST(OpTable, NamesRoundTripAndAreUnique) {
+  std::set<std::string> names;
+  for (int k = 0; k < kNumOps; ++k) {
+    const OpInfo& info = opInfo(static_cast<OpKind>(k));
+    EXPECT_TRUE(names.insert(info.name).second) << "duplicate op name " << info.name;
+    OpKind back;
+    ASSERT_TRUE(opFromName(info.name, back));
+    EXPECT_EQ(static_cast<int>(back), k);
+  }
+}
+
+}  // namespace
+}  // namespace pa
