@@ -81,47 +81,75 @@ struct ParamState {
   std::vector<T> value, m, v;
 };
 
+// The CPU session: a training graph and a forward-only validation graph over shared parameters.
 template <class T>
-TrainResult trainWith(const Config& cfg, const RunOptions& opt, const std::string& device) {
+class CpuSession final : public Session {
+public:
+  CpuSession(const Config& cfg, const RunOptions& opt, const std::string& device);
+  double step(int64_t step) override;
+  double validate() override;
+  double currentLr() const override { return hyper_.lr; }
+  int64_t totalSteps() const override { return steps_; }
+  TrainResult& result() override { return res_; }
+  std::map<std::string, std::vector<double>> params() const override {
+    std::map<std::string, std::vector<double>> r;
+    for (const ParamState<T>& p : params_) r[p.name] = std::vector<double>(p.value.begin(), p.value.end());
+    return r;
+  }
+
+private:
+  const Config& cfg_;
+  DataSplit data_;
+  BuiltModel model_, evalModel_;
+  std::unique_ptr<CpuExecutor<T>> exec_, evalExec_;
+  std::vector<ParamState<T>> params_;
+  int64_t steps_ = 0, evalBatch_ = 1;
+  std::vector<int64_t> order_;
+  size_t cursor_ = 0;
+  Rng shuffle_{0};
+  cpu::AdamHyper hyper_;
+  TrainResult res_;
+};
+
+template <class T>
+CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::string& device) : cfg_(cfg) {
   namespace fs = std::filesystem;
   const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
-  DataSplit data = loadData(cfg.data, cfg.seed, baseDir);
+  data_ = loadData(cfg.data, cfg.seed, baseDir);
   const TrainConfig& tc = cfg.train;
   const int64_t batch = tc.batchSize;
-  if (data.train.count < batch)
+  if (data_.train.count < batch)
     throw UserError("train.batch_size " + std::to_string(batch) + " is larger than the " +
-                    std::to_string(data.train.count) + " training samples");
+                    std::to_string(data_.train.count) + " training samples");
 
   // The training graph: forward, the configured passes, autodiff, clean-up.
-  BuiltModel model = buildModel(cfg, data.train.xShape, data.train.yShape, batch);
-  Graph& g = model.graph;
+  model_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, batch);
+  Graph& g = model_.graph;
   PipelineOptions popt;
   popt.dumpDir = opt.dumpGraphDir;
   popt.title = cfg.name;
   if (!opt.dumpGraphDir.empty()) dumpGraph(g, opt.dumpGraphDir, "00-frontend", cfg.name + " as lowered");
-  std::vector<std::string> pipeline = trainPipeline(cfg);
+  const std::vector<std::string> pipeline = trainPipeline(cfg);
   std::vector<PassStats> stats = runPipeline(g, pipeline, popt);
   const size_t forwardNodes = g.liveNodeCount();
   popt.firstDumpIndex = static_cast<int>(pipeline.size());
   for (PassStats& s : runPipeline(g, {"autodiff", "dce", "verify"}, popt)) stats.push_back(std::move(s));
 
   // The validation graph: the same model and passes, forward only.
-  const int64_t nVal = data.validation.count;
-  const int64_t evalBatch = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
-  BuiltModel evalModel = buildModel(cfg, data.train.xShape, data.train.yShape, evalBatch);
-  runPipeline(evalModel.graph, pipeline, PipelineOptions{});
+  const int64_t nVal = data_.validation.count;
+  evalBatch_ = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
+  evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
+  runPipeline(evalModel_.graph, pipeline, PipelineOptions{});
 
-  CpuExecutor<T> exec(g);
-  CpuExecutor<T> evalExec(evalModel.graph);
-  std::vector<ParamState<T>> params;
+  exec_ = std::make_unique<CpuExecutor<T>>(g);
+  evalExec_ = std::make_unique<CpuExecutor<T>>(evalModel_.graph);
   int64_t paramCount = 0;
   for (ValueId pv : g.params()) {
     ParamState<T> p;
     p.name = g.value(pv).name;
     p.trainValue = pv;
-    p.evalValue = evalModel.graph.findValue(p.name);
+    p.evalValue = evalModel_.graph.findValue(p.name);
     p.grad = g.output(gradOutputName(p.name));
-    const Node& node = g.producer(pv);
     std::vector<double> init;
     auto given = opt.initialParams.find(p.name);
     if (given != opt.initialParams.end()) {
@@ -130,29 +158,39 @@ TrainResult trainWith(const Config& cfg, const RunOptions& opt, const std::strin
                         " elements, expected " + std::to_string(numel(g.shape(pv))));
       init = given->second;
     } else {
-      init = initParam(p.name, g.shape(pv), node.attrs.getString("init", "xavier"), cfg.seed);
+      init = initParam(p.name, g.shape(pv), g.producer(pv).attrs.getString("init", "xavier"), cfg.seed);
     }
     p.value.assign(init.begin(), init.end());
     p.m.assign(p.value.size(), T(0));
     p.v.assign(p.value.size(), T(0));
     paramCount += static_cast<int64_t>(p.value.size());
-    params.push_back(std::move(p));
+    params_.push_back(std::move(p));
   }
-  for (ParamState<T>& p : params) {
-    exec.bind(p.trainValue, p.value.data());
-    if (p.evalValue != kNoValue) evalExec.bind(p.evalValue, p.value.data());
+  for (ParamState<T>& p : params_) {
+    exec_->bind(p.trainValue, p.value.data());
+    if (p.evalValue != kNoValue) evalExec_->bind(p.evalValue, p.value.data());
   }
 
-  int64_t steps = tc.steps;
-  if (tc.epochs > 0) steps = tc.epochs * (data.train.count / batch);
-  if (opt.steps >= 0) steps = opt.steps;
+  steps_ = tc.steps;
+  if (tc.epochs > 0) steps_ = tc.epochs * (data_.train.count / batch);
+  if (opt.steps >= 0) steps_ = opt.steps;
+  order_.resize(static_cast<size_t>(data_.train.count));
+  std::iota(order_.begin(), order_.end(), int64_t{0});
+  cursor_ = order_.size();  // forces a shuffle before the first batch
+  shuffle_ = Rng::stream(cfg.seed, "data/batches");
+  hyper_ = cpu::AdamHyper{tc.optimizer.lr, tc.optimizer.beta1, tc.optimizer.beta2, tc.optimizer.eps,
+                          tc.optimizer.weightDecay};
+  res_.device = device;
+  res_.parameterCount = paramCount;
+  res_.forwardNodes = forwardNodes;
+  res_.trainNodes = g.liveNodeCount();
 
   if (opt.printSummary) {
     std::printf("%s: %s parameters; graph %zu nodes forward, %zu with backward; device %s; precision %s\n",
                 cfg.name.c_str(), humanCount(paramCount).c_str(), forwardNodes, g.liveNodeCount(), device.c_str(),
                 cfg.precision.c_str());
-    std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", data.description.c_str(),
-                (long long)data.train.count, (long long)nVal, (long long)batch, (long long)steps);
+    std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", data_.description.c_str(),
+                (long long)data_.train.count, (long long)nVal, (long long)batch, (long long)steps_);
     if (opt.verbose)
       for (const PassStats& s : stats) {
         std::printf("  pass %-10s nodes %zu -> %zu", s.pass.c_str(), s.nodesBefore, s.nodesAfter);
@@ -161,94 +199,121 @@ TrainResult trainWith(const Config& cfg, const RunOptions& opt, const std::strin
       }
     std::fflush(stdout);
   }
+}
 
-  const int64_t xs = data.train.xSize(), ys = data.train.ySize();
-  T* xIn = exec.data(model.x);
-  T* yIn = exec.data(model.y);
-  auto validate = [&]() -> double {
-    if (nVal == 0) return -1.0;
-    const int64_t chunks = nVal / evalBatch;  // the remainder (< one batch) is left out
-    double acc = 0.0;
-    T* ex = evalExec.data(evalModel.x);
-    T* ey = evalExec.data(evalModel.y);
-    const ValueId loss = evalModel.graph.output("loss");
-    for (int64_t c = 0; c < chunks; ++c) {
-      const float* sx = data.validation.x.data() + c * evalBatch * xs;
-      const float* sy = data.validation.y.data() + c * evalBatch * ys;
-      std::copy(sx, sx + evalBatch * xs, ex);
-      std::copy(sy, sy + evalBatch * ys, ey);
-      evalExec.run();
-      acc += static_cast<double>(evalExec.data(loss)[0]);
+template <class T>
+double CpuSession<T>::validate() {
+  const int64_t nVal = data_.validation.count;
+  if (nVal == 0) return -1.0;
+  const int64_t chunks = nVal / evalBatch_;  // the remainder (< one batch) is left out
+  const int64_t xs = data_.validation.xSize(), ys = data_.validation.ySize();
+  T* ex = evalExec_->data(evalModel_.x);
+  T* ey = evalExec_->data(evalModel_.y);
+  const ValueId loss = evalModel_.graph.output("loss");
+  double acc = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* sx = data_.validation.x.data() + c * evalBatch_ * xs;
+    const float* sy = data_.validation.y.data() + c * evalBatch_ * ys;
+    std::copy(sx, sx + evalBatch_ * xs, ex);
+    std::copy(sy, sy + evalBatch_ * ys, ey);
+    evalExec_->run();
+    acc += static_cast<double>(evalExec_->data(loss)[0]);
+  }
+  return acc / static_cast<double>(chunks);
+}
+
+template <class T>
+double CpuSession<T>::step(int64_t step) {
+  const TrainConfig& tc = cfg_.train;
+  const int64_t batch = tc.batchSize;
+  const int64_t xs = data_.train.xSize(), ys = data_.train.ySize();
+  if (cursor_ + static_cast<size_t>(batch) > order_.size()) {
+    if (cfg_.data.shuffle)
+      for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[shuffle_.below(i)]);
+    cursor_ = 0;
+  }
+  T* xIn = exec_->data(model_.x);
+  T* yIn = exec_->data(model_.y);
+  for (int64_t b = 0; b < batch; ++b, ++cursor_) {
+    const int64_t s = order_[cursor_];
+    std::copy(data_.train.x.begin() + s * xs, data_.train.x.begin() + (s + 1) * xs, xIn + b * xs);
+    std::copy(data_.train.y.begin() + s * ys, data_.train.y.begin() + (s + 1) * ys, yIn + b * ys);
+  }
+  exec_->run();
+  const double loss = static_cast<double>(exec_->data(model_.graph.output("loss"))[0]);
+  if (!std::isfinite(loss)) return loss;  // the caller reports divergence; parameters stay as they were
+  double gradScale = 1.0;
+  if (tc.optimizer.clipGradNorm > 0) {
+    double sq = 0.0;
+    for (const ParamState<T>& p : params_) {
+      const T* gp = exec_->data(p.grad);
+      for (size_t i = 0; i < p.value.size(); ++i) sq += static_cast<double>(gp[i]) * gp[i];
     }
-    return acc / static_cast<double>(chunks);
-  };
+    const double norm = std::sqrt(sq);
+    if (norm > tc.optimizer.clipGradNorm) gradScale = tc.optimizer.clipGradNorm / norm;
+  }
+  hyper_.lr = scheduledLr(tc, step, steps_);
+  for (ParamState<T>& p : params_)
+    cpu::adamStep(p.value.data(), exec_->data(p.grad), p.m.data(), p.v.data(), static_cast<int64_t>(p.value.size()),
+                  hyper_, step, gradScale);
+  return loss;
+}
 
+std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
+  const std::string dev = opt.device.empty() ? cfg.device : opt.device;
+  if (dev != "auto" && dev != "cpu" && dev != "cuda")
+    throw UserError("--device " + dev + ": valid choices are auto, cpu, cuda");
+  if (dev == "cuda")
+    throw UserError("device 'cuda' was asked for, but this build has no CUDA backend yet; use --device cpu or auto");
+  if (cfg.precision == "bf16")
+    throw UserError(cfg.file + ": precision: bf16 needs the CUDA backend; the CPU backend runs fp32 or fp64");
+  std::string device = dev == "auto" ? "cpu (auto: no CUDA backend in this build)" : "cpu";
+  if (cfg.precision == "tf32") device += ", tf32 runs as exact fp32 on the CPU";
+  return device;
+}
+
+}  // namespace
+
+std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) {
+  const std::string device = resolveDevice(cfg, opt);
+  if (cfg.precision == "fp64") return std::make_unique<CpuSession<double>>(cfg, opt, device);
+  return std::make_unique<CpuSession<float>>(cfg, opt, device);
+}
+
+TrainResult train(const Config& cfg, const RunOptions& opt) {
+  std::unique_ptr<Session> session = makeSession(cfg, opt);
+  const int64_t steps = session->totalSteps();
+  const int64_t logEvery = cfg.train.logEvery;
   std::unique_ptr<MetricsWriter> metrics;
   if (!opt.metricsPath.empty()) metrics = std::make_unique<MetricsWriter>(opt.metricsPath);
-  Progress progress(steps, tc.logEvery, opt.progress);
-  TrainResult res;
-  res.device = device;
-  res.parameterCount = paramCount;
-  res.forwardNodes = forwardNodes;
-  res.trainNodes = g.liveNodeCount();
-  const ValueId lossValue = g.output("loss");
-  std::vector<int64_t> order(static_cast<size_t>(data.train.count));
-  std::iota(order.begin(), order.end(), 0);
-  Rng shuffle = Rng::stream(cfg.seed, "data/batches");
-  size_t cursor = order.size();  // forces a shuffle before the first batch
-  cpu::AdamHyper hyper{tc.optimizer.lr, tc.optimizer.beta1, tc.optimizer.beta2, tc.optimizer.eps, tc.optimizer.weightDecay};
+  Progress progress(steps, logEvery, opt.progress);
+  TrainResult& res = session->result();
   double lastVal = -1.0, stepSeconds = 0.0;
-
   for (int64_t step = 1; step <= steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (cursor + static_cast<size_t>(batch) > order.size()) {
-      if (cfg.data.shuffle)
-        for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[shuffle.below(i)]);
-      cursor = 0;
-    }
-    for (int64_t b = 0; b < batch; ++b, ++cursor) {
-      const int64_t s = order[cursor];
-      std::copy(data.train.x.begin() + s * xs, data.train.x.begin() + (s + 1) * xs, xIn + b * xs);
-      std::copy(data.train.y.begin() + s * ys, data.train.y.begin() + (s + 1) * ys, yIn + b * ys);
-    }
-    exec.run();
-    const double loss = static_cast<double>(exec.data(lossValue)[0]);
+    const double loss = session->step(step);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!std::isfinite(loss)) {
       progress.finish();
       throw std::runtime_error("training diverged: the loss is " + std::to_string(loss) + " at step " +
                                std::to_string(step) + " (try a lower train.optimizer.lr or clip_grad_norm)");
     }
-    double gradScale = 1.0;
-    if (tc.optimizer.clipGradNorm > 0) {
-      double sq = 0.0;
-      for (const ParamState<T>& p : params) {
-        const T* gp = exec.data(p.grad);
-        for (size_t i = 0; i < p.value.size(); ++i) sq += static_cast<double>(gp[i]) * gp[i];
-      }
-      const double norm = std::sqrt(sq);
-      if (norm > tc.optimizer.clipGradNorm) gradScale = tc.optimizer.clipGradNorm / norm;
-    }
-    hyper.lr = scheduledLr(tc, step, steps);
-    for (ParamState<T>& p : params)
-      cpu::adamStep(p.value.data(), exec.data(p.grad), p.m.data(), p.v.data(), static_cast<int64_t>(p.value.size()),
-                    hyper, step, gradScale);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     stepSeconds += ms / 1000.0;
     res.losses.push_back(loss);
     double val = -1.0;
-    if (step % tc.logEvery == 0 || step == steps) {
-      val = validate();
+    if (step % logEvery == 0 || step == steps) {
+      val = session->validate();
       if (val >= 0) res.validation.emplace_back(step, val);
       lastVal = val;
     }
-    progress.step(step, loss, lastVal, hyper.lr);
-    if (metrics) metrics->write(step, loss, val, hyper.lr, ms);
+    progress.step(step, loss, lastVal, session->currentLr());
+    if (metrics) metrics->write(step, loss, val, session->currentLr(), ms);
   }
   progress.finish();
-  if (steps == 0) lastVal = validate();
+  if (steps == 0) lastVal = session->validate();
   res.finalValidation = lastVal;
   res.secondsPerStep = steps ? stepSeconds / static_cast<double>(steps) : 0.0;
-  for (const ParamState<T>& p : params) res.finalParams[p.name] = std::vector<double>(p.value.begin(), p.value.end());
+  res.finalParams = session->params();
   if (opt.printSummary) {
     std::printf("done: %lld steps in %s (%.3f ms/step)", (long long)steps, formatDuration(progress.elapsedSeconds()).c_str(),
                 res.secondsPerStep * 1e3);
@@ -257,22 +322,6 @@ TrainResult trainWith(const Config& cfg, const RunOptions& opt, const std::strin
     std::printf("\n");
   }
   return res;
-}
-
-}  // namespace
-
-TrainResult train(const Config& cfg, const RunOptions& opt) {
-  const std::string dev = opt.device.empty() ? cfg.device : opt.device;
-  if (dev != "auto" && dev != "cpu" && dev != "cuda")
-    throw UserError("--device " + dev + ": valid choices are auto, cpu, cuda");
-  if (dev == "cuda")
-    throw UserError("device 'cuda' was asked for, but this build has no CUDA backend yet; use --device cpu or auto");
-  std::string device = dev == "auto" ? "cpu (auto: no CUDA backend in this build)" : "cpu";
-  if (cfg.precision == "bf16")
-    throw UserError(cfg.file + ": precision: bf16 needs the CUDA backend; the CPU backend runs fp32 or fp64");
-  if (cfg.precision == "fp64") return trainWith<double>(cfg, opt, device);
-  if (cfg.precision == "tf32") device += ", tf32 runs as exact fp32 on the CPU";
-  return trainWith<float>(cfg, opt, device);
 }
 
 }  // namespace pa

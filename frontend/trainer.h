@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,24 @@ struct TrainResult {
   std::string device;
   std::map<std::string, std::vector<double>> finalParams;
 };
+
+// A compiled model with its data, parameters and optimizer state, ready to take steps.
+class Session {
+public:
+  virtual ~Session() = default;
+  // One training step (next batch, forward, backward, Adam); returns the batch's loss.
+  // `step` counts from 1 and sets the learning-rate schedule and Adam's bias correction.
+  virtual double step(int64_t step) = 0;
+  // Mean validation loss over whole batches of the validation split; -1 without one.
+  virtual double validate() = 0;
+  virtual double currentLr() const = 0;
+  virtual int64_t totalSteps() const = 0;
+  virtual TrainResult& result() = 0;  // static facts filled; losses appended by train()
+  virtual std::map<std::string, std::vector<double>> params() const = 0;
+};
+
+// Loads the data, builds and compiles the model. Throws UserError for configuration problems.
+std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt);
 
 // Trains as configured. Throws UserError (exit 2) for configuration problems and
 // std::runtime_error (exit 1) when training diverges (a NaN or infinite loss).

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "graph/debug.h"
 #include "graph/errors.h"
 #include "graph/printer.h"
 #include "graph/verifier.h"
@@ -99,7 +100,9 @@ std::vector<PassStats> runPipeline(Graph& g, const std::vector<std::string>& nam
     s.nodesBefore = g.liveNodeCount();
     PassRegistry::builtin().find(name)->run(g, s);
     s.nodesAfter = g.liveNodeCount();
-    if (opt.verifyEach) verifyGraph(g);
+    if (opt.verifyEach && debugSwitches().verifyEachPass) verifyGraph(g);
+    if (debugSwitches().printAfterEachPass)
+      std::fprintf(stderr, "%s", graphToText(g, opt.title + " after " + name).c_str());
     if (!opt.dumpDir.empty()) {
       char stem[128];
       std::snprintf(stem, sizeof stem, "%02d-%s", ++index, name.c_str());

@@ -1,0 +1,30 @@
+// Every debug switch of the project, read once from the environment. README "Debug switches"
+// lists them; add a switch here and there, nowhere else.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+namespace pa {
+
+struct DebugSwitches {
+  bool printAfterEachPass = false;  // PA_PRINT_AFTER_ALL=1: print the graph (text) after every pass
+  bool verifyEachPass = true;       // PA_VERIFY_EACH_PASS=0: skip the verifier between passes
+};
+
+inline const DebugSwitches& debugSwitches() {
+  static const DebugSwitches s = [] {
+    auto flag = [](const char* name, bool dflt) {
+      const char* v = std::getenv(name);
+      if (!v || !*v) return dflt;
+      return std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0 && std::strcmp(v, "off") != 0;
+    };
+    DebugSwitches d;
+    d.printAfterEachPass = flag("PA_PRINT_AFTER_ALL", false);
+    d.verifyEachPass = flag("PA_VERIFY_EACH_PASS", true);
+    return d;
+  }();
+  return s;
+}
+
+}  // namespace pa

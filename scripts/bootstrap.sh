@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the build needs (Debian packages, as root) if anything is missing, then
+# configures and builds everything into ./build. Safe to run again: it only does what is left.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Each package and why it is here: README, "Dependencies".
+packages=(cmake ninja-build g++ libyaml-cpp-dev libopenblas-openmp-dev libgtest-dev libbenchmark-dev
+          llvm-14-dev libncurses-dev zlib1g-dev libcli11-dev nlohmann-json3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The CUDA toolkit (nvcc, NVRTC headers) is optional for the CPU build; cmake/cuda.cmake says
+# what it adds when it is found. Nothing links libcuda: the driver is loaded at run time.
+export PATH="$PATH:/usr/local/cuda/bin"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+cmake --build build -j"$(nproc)"
