@@ -117,6 +117,7 @@ CompileResult Nvrtc::compile(const CompileRequest& req) const {
     api_->nvrtcGetPTXSize(prog, &size);
     result.ptx.resize(size);
     api_->nvrtcGetPTX(prog, &result.ptx[0]);
+    if (!result.ptx.empty() && result.ptx.back() == '\0') result.ptx.pop_back();  // size counts the NUL
   } else {
     api_->nvrtcGetCUBINSize(prog, &size);
     result.cubin.resize(size);

@@ -79,10 +79,10 @@ int FlashKernelSpec::sharedBytes() const {
     case FlashKernelKind::kBwdPreprocess:
     case FlashKernelKind::kBwdSinkReduce: return 0;
     case FlashKernelKind::kForward:
-      return f32 ? (3 * 64 * (dpad + 4) + 64 * 68) * 4 : (16 * warps + 2 * tile) * (dpad + 8) * 2;
+      return f32 ? (3 * 64 * (dpad + 4) + 64 * 68) * 4 : (16 * mtiles * warps + 2 * tile) * (dpad + 8) * 2;
     case FlashKernelKind::kBwdDkDv:
       return f32 ? (4 * 64 * (dpad + 4) + 2 * 64 * 68 + 2 * 64) * 4
-                 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4;
+                 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4 + 6 * tile * 4;
     case FlashKernelKind::kBwdDq:
       return f32 ? (4 * 64 * (dpad + 4) + 64 * 68) * 4 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2;
   }
@@ -103,7 +103,13 @@ std::string FlashKernelSpec::name() const {
   if (kind == FlashKernelKind::kBwdPreprocess) return os.str();
   os << "_d" << dpad;
   if (dtype != kFlashF32) os << "_w" << warps << "_t" << tile;
+  if (mtiles != 1) os << "_m" << mtiles;
   return os.str();
+}
+
+int FlashKernelSpec::rowsPerBlock() const {
+  if (dtype == kFlashF32) return 64;
+  return 16 * warps * (kind == FlashKernelKind::kForward ? mtiles : 1);
 }
 
 std::string FlashKernelSpec::source() const {
@@ -112,7 +118,9 @@ std::string FlashKernelSpec::source() const {
   const bool f32 = dtype == kFlashF32;
   switch (kind) {
     case FlashKernelKind::kForward:
-      call = f32 ? "flashForwardF32<" + d + ">" : "flashForwardMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ">";
+      call = f32 ? "flashForwardF32<" + d + ">"
+                 : "flashForwardMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
+                       std::to_string(mtiles) + ">";
       break;
     case FlashKernelKind::kBwdPreprocess:
       call = "flashBackwardPreprocess<" + std::string(dtypeTag(dtype)) + ">";
@@ -168,6 +176,10 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // Tile sizes per head dim (tunable; bench/RESULTS_flash.md has the measurements behind them).
   s.warps = 4;
   s.tile = 64;
+  // Forward: 128-row blocks (2 m-tiles per warp) as FlashAttention-2 does, except at head dim 256
+  // where two m-tiles of accumulators would not fit the register file.
+  s.mtiles = kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32 && s.dpad <= 128 ? 2 : 1;
+  if (kind == FlashKernelKind::kForward && s.mtiles == 2 && s.dpad > 64) s.tile = 32;  // S of 2x32 keys fits beside O
   if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdSinkReduce) s.dpad = 0;
   if (kind == FlashKernelKind::kBwdSinkReduce) s.dtype = kFlashF32;
   return s;
@@ -192,9 +204,8 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
          " do not fit shared memory); use bf16/fp16");
   // Every backward is free of atomics, so `deterministic` is always honoured.
   const int limit = device_.info().maxSharedBytesOptin;
-  const std::vector<FlashKernelKind> kinds =
-      backward ? std::vector<FlashKernelKind>{FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}
-               : std::vector<FlashKernelKind>{FlashKernelKind::kForward};
+  const FlashKernelKind kinds[2] = {backward ? FlashKernelKind::kBwdDkDv : FlashKernelKind::kForward,
+                                    backward ? FlashKernelKind::kBwdDq : FlashKernelKind::kForward};
   for (FlashKernelKind k : kinds) {
     const FlashKernelSpec s = chooseSpec(k, c);
     if (s.sharedBytes() > limit)
@@ -223,10 +234,14 @@ static FlashTensorView view(const FlashTensor& t) {
 }
 
 const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) {
+  // Integer key: launches happen every training step, so the hit path builds no strings.
+  const unsigned long long key =
+      (((((unsigned long long)spec.kind * 4 + spec.dtype) * 1024 + spec.dpad) * 64 + spec.warps) * 1024 + spec.tile) * 8 +
+      spec.mtiles;
   std::lock_guard<std::mutex> lock(mutex_);
-  const std::string name = spec.name();
-  auto it = loaded_.find(name);
+  auto it = loaded_.find(key);
   if (it != loaded_.end()) return it->second;
+  const std::string name = spec.name();
   codegen::CompileRequest req;
   req.kernelName = name;
   req.source = spec.source();
@@ -239,7 +254,7 @@ const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) 
   PA_CU_CHECK(cuModuleGetFunction(&l.function, l.module, name.c_str()));
   if (spec.sharedBytes() > 48 * 1024)
     PA_CU_CHECK(cuFuncSetAttribute(l.function, cuda::kFuncAttrMaxDynamicSharedSizeBytes, spec.sharedBytes()));
-  return loaded_.emplace(name, l).first->second;
+  return loaded_.emplace(key, l).first->second;
 }
 
 void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY,
@@ -262,8 +277,7 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
   const FlashKernelSpec spec = chooseSpec(FlashKernelKind::kForward, c);
-  const int rows = c.dtype == kFlashF32 ? 64 : 16 * spec.warps;
-  launch(spec, ceilDiv(c.qLen, rows), c.batch * c.heads, p, stream);
+  launch(spec, ceilDiv(c.qLen, spec.rowsPerBlock()), c.batch * c.heads, p, stream);
 }
 
 size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {
@@ -296,11 +310,9 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
   if (c.sinkLogits) launch(chooseSpec(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream);
   const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c);
-  const int keyRows = c.dtype == kFlashF32 ? 64 : 16 * dkdv.warps;
-  launch(dkdv, ceilDiv(c.kLen, keyRows), c.batch * c.kvHeads, p, stream);
+  launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), c.batch * c.kvHeads, p, stream);
   const FlashKernelSpec dq = chooseSpec(FlashKernelKind::kBwdDq, c);
-  const int qRows = c.dtype == kFlashF32 ? 64 : 16 * dq.warps;
-  launch(dq, ceilDiv(c.qLen, qRows), c.batch * c.heads, p, stream);
+  launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream);
 }
 
 }  // namespace pa

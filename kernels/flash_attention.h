@@ -1,7 +1,7 @@
 // Host launcher of the flash attention templates: validation, instantiation choice, NVRTC, launch.
 #pragma once
 
-#include <map>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -73,6 +73,8 @@ struct FlashKernelSpec {
   int dpad = 64;   // padded head dim of the instantiation (32, 64, 96, 128, 256)
   int warps = 4;   // warps per block
   int tile = 64;   // the streamed tile (keys for forward/dQ, queries for dK/dV)
+  int mtiles = 1;  // 16-row m-tiles per warp (forward): rows per block = 16 * warps * mtiles
+  int rowsPerBlock() const;
   std::string name() const;      // C identifier of the generated kernel
   std::string source() const;    // generated NVRTC translation unit
   int threads() const;
@@ -112,7 +114,7 @@ class FlashAttention {
 
   const cuda::Device& device_;
   std::mutex mutex_;
-  std::map<std::string, Loaded> loaded_;
+  std::unordered_map<unsigned long long, Loaded> loaded_;  // by spec, see load()
 };
 
 }  // namespace pa

@@ -87,14 +87,17 @@ __device__ __forceinline__ void flashBackwardSinkReduce(const FlashKernelParams&
   if (threadIdx.x == 0) ((float*)p.dSinkLogits)[h] = sums[0];
 }
 
-// Loads lse (as backwardLse2) and Delta of query rows [q0, q0 + ROWS) into shared memory.
+// Loads lse (as backwardLse2) and Delta of query rows [q0, q0 + ROWS) into shared memory, and, when
+// `band` is given, each row's visible band (TileMask::rowBand) as three ints per row.
 template <int ROWS, int THREADS>
 __device__ __forceinline__ void loadRowStats(float* sLse2, float* sDelta, const float* lse,
-                                             const float* delta, int q0, int qLen) {
+                                             const float* delta, int q0, int qLen, const TileMask* band = nullptr,
+                                             int* sBand = nullptr) {
   for (int r = threadIdx.x; r < ROWS; r += THREADS) {
     const int q = q0 + r;
     sLse2[r] = q < qLen ? backwardLse2(lse[q]) : posInf();
     sDelta[r] = q < qLen ? delta[q] : 0.f;
+    if (band) band->rowBand(q, sBand[r], sBand[ROWS + r], sBand[2 * ROWS + r]);
   }
 }
 
@@ -112,6 +115,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
   T* sdOb = sQb + 2 * BQ * LD;      // [2][BQ][LD]
   float* sLse2b = (float*)(sdOb + 2 * BQ * LD);  // [2][BQ]
   float* sDeltab = sLse2b + 2 * BQ;              // [2][BQ]
+  int* sBandb = (int*)(sDeltab + 2 * BQ);        // [2][3][BQ]: lo, hi, sinkHi per query row
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int bhk = blockIdx.y, b = bhk / p.kvHeads, hk = bhk % p.kvHeads;
@@ -133,7 +137,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
     loadTile<T, BQ, DPAD, LD, THREADS>(sdOb + buf * BQ * LD, slicePtr<T>(p.dO, b, h), p.dO.seqStride, q0, p.qLen, p.headDim);
     const long long rowBase = ((long long)b * p.heads + h) * p.qLen;
     loadRowStats<BQ, THREADS>(sLse2b + buf * BQ, sDeltab + buf * BQ, (const float*)p.lse + rowBase,
-                              (const float*)p.delta + rowBase, q0, p.qLen);
+                              (const float*)p.delta + rowBase, q0, p.qLen, &tm, sBandb + buf * 3 * BQ);
   };
 
   float dK[DT][4], dV[DT][4];
@@ -159,6 +163,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
     const T* sdO = sdOb + buf * BQ * LD;
     const float* sLse2 = sLse2b + buf * BQ;
     const float* sDelta = sDeltab + buf * BQ;
+    const int* sBand = sBandb + buf * 3 * BQ;
     const int q0 = (it % nQT) * BQ, q1 = min(q0 + BQ, p.qLen);
     const bool full = tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ;
 
@@ -190,9 +195,9 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int ql = nt * 8 + 2 * t + (e & 1);
-        float x = pT[nt][e] * p.scaleLog2;
-        if (!full && !tm.visible(q0 + ql, keyA + 8 * (e >> 1))) x = negInf();
-        const float pe = fastExp2(x - sLse2[ql]);
+        float x = pT[nt][e];
+        if (!full && !bandVisible(keyA + 8 * (e >> 1), sBand[ql], sBand[BQ + ql], sBand[2 * BQ + ql])) x = negInf();
+        const float pe = fastExp2(fmaf(x, p.scaleLog2, -sLse2[ql]));
         pT[nt][e] = pe;
         dpT[nt][e] = pe * (dpT[nt][e] - sDelta[ql]);
       }
@@ -276,11 +281,13 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
   const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
   const float* delta = (const float*)p.delta + (long long)bh * p.qLen;
   float lse2[2], dl[2];
+  int bandLo[2], bandHi[2], bandSink[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int q = rowA + 8 * r;
     lse2[r] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
     dl[r] = q < p.qLen ? delta[q] : 0.f;
+    tm.rowBand(q, bandLo[r], bandHi[r], bandSink[r]);
   }
   float dQ[DT][4];
 #pragma unroll
@@ -329,9 +336,9 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        float x = s[nt][e] * p.scaleLog2;
-        if (!full && !tm.visible(rowA + 8 * r, n0 + nt * 8 + 2 * t + (e & 1))) x = negInf();
-        const float pe = fastExp2(x - lse2[r]);
+        float x = s[nt][e];
+        if (!full && !bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) x = negInf();
+        const float pe = fastExp2(fmaf(x, p.scaleLog2, -lse2[r]));
         dp[nt][e] = pe * (dp[nt][e] - dl[r]);
       }
     }
@@ -452,14 +459,8 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   for (int i = 0; i < 4; ++i) {
     const int k = n0 + 4 * ty + i;
     if (k >= p.kLen) continue;
-#pragma unroll
-    for (int c = 0; c < DC; ++c) {
-      const int col = tx + 8 * c;
-      if (col < p.headDim) {
-        gdK[(long long)k * p.dK.seqStride + col] = dK[i][c] * p.scale;
-        gdV[(long long)k * p.dV.seqStride + col] = dV[i][c];
-      }
-    }
+    storeNNRow<DPAD>(gdK + (long long)k * p.dK.seqStride, dK[i], p.scale, tx, p.headDim);
+    storeNNRow<DPAD>(gdV + (long long)k * p.dV.seqStride, dV[i], 1.f, tx, p.headDim);
   }
 }
 
@@ -539,11 +540,7 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
   for (int i = 0; i < 4; ++i) {
     const int q = m0 + 4 * ty + i;
     if (q >= p.qLen) continue;
-#pragma unroll
-    for (int c = 0; c < DC; ++c) {
-      const int col = tx + 8 * c;
-      if (col < p.headDim) gdQ[(long long)q * p.dQ.seqStride + col] = dQ[i][c] * p.scale;
-    }
+    storeNNRow<DPAD>(gdQ + (long long)q * p.dQ.seqStride, dQ[i], p.scale, tx, p.headDim);
   }
 }
 

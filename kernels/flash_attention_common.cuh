@@ -216,7 +216,23 @@ struct TileMask {
     return n1 - 1 <= attentionSinkLimit(m, m0, qLen, kLen);
   }
   __device__ __forceinline__ bool visible(int q, int k) const { return keyVisible(m, q, k, qLen, kLen); }
+  // The visible set of row q in three integers (see RowBand); identical to keyVisible for every
+  // 0 <= k < kLen, because both the band's upper end and the sink limit are clamped to kLen - 1.
+  __device__ __forceinline__ void rowBand(int q, int& lo, int& hi, int& sinkHi) const {
+    long long l, h;
+    attentionBand(m, q, qLen, kLen, &l, &h);
+    const long long s = attentionSinkLimit(m, q, qLen, kLen);
+    lo = (int)l;
+    hi = (int)(h < -1 ? -1 : h);
+    sinkHi = (int)(s < -1 ? -1 : s);
+  }
 };
+
+// Key k is visible from a row with band (lo, hi, sinkHi) - the per-element test of partial tiles,
+// three compares instead of a call of keyVisible, so the unrolled tile code stays small.
+__device__ __forceinline__ bool bandVisible(int k, int lo, int hi, int sinkHi) {
+  return (k >= lo && k <= hi) || k <= sinkHi;
+}
 
 __device__ __forceinline__ int ceilDiv(int a, int b) { return (a + b - 1) / b; }
 

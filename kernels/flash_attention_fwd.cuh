@@ -63,11 +63,13 @@ __device__ __forceinline__ T* sliceMutPtr(const FlashTensorView& v, int b, int h
 }
 
 // =============================================================================================
-// Tensor-core forward. WARPS warps, each owning 16 query rows; BN keys per tile.
-template <typename Tag, int DPAD, int WARPS, int BN>
+// Tensor-core forward. WARPS warps, each owning MT m-tiles of 16 query rows; BN keys per tile.
+// MT = 2 (FlashAttention-2's 128-row block with 4 warps) halves the K/V fragment loads from shared
+// memory per mma and the K/V traffic from L2 per flop, at the price of twice the accumulators.
+template <typename Tag, int DPAD, int WARPS, int BN, int MT>
 __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
   typedef u16 T;
-  constexpr int BM = 16 * WARPS;
+  constexpr int BM = 16 * MT * WARPS;
   constexpr int THREADS = 32 * WARPS;
   constexpr int LD = DPAD + 8;  // +16 bytes per row: ldmatrix rows land in distinct banks
   constexpr int NT = BN / 8;    // n-tiles of S
@@ -91,17 +93,27 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
     return j;
   };
 
-  float o[DT][4];
+  float o[MT][DT][4];
 #pragma unroll
-  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float rowMax[2] = {negInf(), negInf()}, rowSum[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+  float rowMax[MT][2], rowSum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) rowMax[mt][0] = rowMax[mt][1] = negInf(), rowSum[mt][0] = rowSum[mt][1] = 0.f;
 
   int j = nextTile(0);
   loadTile<T, BM, DPAD, LD, THREADS>(sQ, gQ, p.q.seqStride, m0, p.qLen, p.headDim);
   if (j < nTiles) loadTile<T, BN, DPAD, LD, THREADS>(sK, gK, p.k.seqStride, j * BN, p.kLen, p.headDim);
   cpAsyncCommit();
 
-  const int rowA = m0 + warp * 16 + g;  // this thread's two rows: rowA and rowA + 8
+  const int warpRow0 = warp * 16 * MT;        // first row of this warp inside the block
+  const int rowA = m0 + warpRow0 + g;         // rows of m-tile mt: rowA + 16*mt and rowA + 16*mt + 8
+  int bandLo[MT][2], bandHi[MT][2], bandSink[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) tm.rowBand(rowA + 16 * mt + 8 * r, bandLo[mt][r], bandHi[mt][r], bandSink[mt][r]);
   while (j < nTiles) {
     const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
     cpAsyncWait<0>();
@@ -109,65 +121,85 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
     loadTile<T, BN, DPAD, LD, THREADS>(sV, gV, p.v.seqStride, n0, p.kLen, p.headDim);
     cpAsyncCommit();
 
-    float s[NT][4];
+    float s[MT][NT][4];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < DPAD / 16; ++kk) {
-      u32 a[4];
-      loadFragA(a, sQ, LD, warp * 16, kk * 16);
+      u32 a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) loadFragA(a[mt], sQ, LD, warpRow0 + 16 * mt, kk * 16);
 #pragma unroll
       for (int nn = 0; nn < BN / 16; ++nn) {
         u32 bf[4];
         loadFragBNK(bf, sK, LD, nn * 16, kk * 16);
-        Mma<Tag>::run(s[2 * nn], a, bf[0], bf[1]);
-        Mma<Tag>::run(s[2 * nn + 1], a, bf[2], bf[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<Tag>::run(s[mt][2 * nn], a[mt], bf[0], bf[1]);
+          Mma<Tag>::run(s[mt][2 * nn + 1], a[mt], bf[2], bf[3]);
+        }
       }
     }
 
-    // Scale, mask, online softmax (rows rowA, rowA + 8; a row is spread over the 4 lanes of a quad).
+    // Mask, online softmax (a row is spread over the 4 lanes of a quad). S stays unscaled: the
+    // max is taken on raw scores (scale > 0 keeps the order) and exp2(s * scale2 - max2) is one
+    // FFMA + one MUFU per element.
     const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
-    float tileMax[2] = {negInf(), negInf()};
+    if (!full) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * p.scaleLog2;
-        if (!full) {
-          const int q = rowA + (e >> 1) * 8, k = n0 + nt * 8 + 2 * t + (e & 1);
-          if (!tm.visible(q, k)) x = negInf();
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, k = n0 + nt * 8 + 2 * t + (e & 1);
+            if (!bandVisible(k, bandLo[mt][r], bandHi[mt][r], bandSink[mt][r])) s[mt][nt][e] = negInf();
+          }
+    }
+    bool rescale = false;
+    float base[MT][2], corr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float tileMax = negInf();
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) tileMax = fmaxf(tileMax, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+        tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+        const float newMax = fmaxf(rowMax[mt][r], tileMax * p.scaleLog2);
+        base[mt][r] = softmaxBase(newMax);
+        corr[mt][r] = rowMax[mt][r] == negInf() ? 0.f : fastExp2(rowMax[mt][r] - base[mt][r]);
+        rescale |= newMax != rowMax[mt][r];
+        rowMax[mt][r] = newMax;
+        rowSum[mt][r] *= corr[mt][r];
+      }
+    }
+    // The running max settles after a few tiles; skip the O rescale (DPAD/2 multiplies per row
+    // pair) whenever no row of the warp moved.
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < DT; ++i) {
+          o[mt][i][0] *= corr[mt][0];
+          o[mt][i][1] *= corr[mt][0];
+          o[mt][i][2] *= corr[mt][1];
+          o[mt][i][3] *= corr[mt][1];
         }
-        s[nt][e] = x;
-        tileMax[e >> 1] = fmaxf(tileMax[e >> 1], x);
-      }
-    }
-    float corr[2], base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tileMax[r] = fmaxf(tileMax[r], __shfl_xor_sync(0xffffffffu, tileMax[r], 1));
-      tileMax[r] = fmaxf(tileMax[r], __shfl_xor_sync(0xffffffffu, tileMax[r], 2));
-      const float newMax = fmaxf(rowMax[r], tileMax[r]);
-      base[r] = softmaxBase(newMax);
-      corr[r] = rowMax[r] == negInf() ? 0.f : fastExp2(rowMax[r] - base[r]);
-      rowMax[r] = newMax;
-      rowSum[r] *= corr[r];
     }
 #pragma unroll
-    for (int i = 0; i < DT; ++i) {
-      o[i][0] *= corr[0];
-      o[i][1] *= corr[0];
-      o[i][2] *= corr[1];
-      o[i][3] *= corr[1];
-    }
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = fastExp2(s[nt][e] - base[e >> 1]);
-        s[nt][e] = pe;
-        rowSum[e >> 1] += pe;
-      }
-    }
+        for (int e = 0; e < 4; ++e) {
+          const float pe = fastExp2(fmaf(s[mt][nt][e], p.scaleLog2, -base[mt][e >> 1]));
+          s[mt][nt][e] = pe;
+          rowSum[mt][e >> 1] += pe;
+        }
 
     cpAsyncWait<0>();
     __syncthreads();  // V_j landed; every warp is done with K_j
@@ -177,17 +209,23 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
 
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      u32 a[4];
-      a[0] = Elem<Tag>::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = Elem<Tag>::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = Elem<Tag>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = Elem<Tag>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      u32 a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = Elem<Tag>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = Elem<Tag>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = Elem<Tag>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = Elem<Tag>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dd = 0; dd < DPAD / 16; ++dd) {
         u32 bf[4];
         loadFragBKN(bf, sV, LD, dd * 16, kk * 16);
-        Mma<Tag>::run(o[2 * dd], a, bf[0], bf[1]);
-        Mma<Tag>::run(o[2 * dd + 1], a, bf[2], bf[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<Tag>::run(o[mt][2 * dd], a[mt], bf[0], bf[1]);
+          Mma<Tag>::run(o[mt][2 * dd + 1], a[mt], bf[2], bf[3]);
+        }
       }
     }
     j = jn;
@@ -199,23 +237,24 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
   T* gO = sliceMutPtr<T>(p.o, b, h);
   float* gLse = (float*)p.lse + (long long)bh * p.qLen;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = rowSum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const RowFinal fin = finishRow(rowMax[r], l, hasSink, sink2);
-    const int q = rowA + r * 8;
-    if (q < p.qLen) {
-      T* dst = gO + (long long)q * p.o.seqStride;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        const int col = dt * 8 + 2 * t;
-        if (col < p.headDim) {
-          const u32 v = Elem<Tag>::pack(o[dt][2 * r] * fin.outScale, o[dt][2 * r + 1] * fin.outScale);
-          *(u32*)(dst + col) = v;
+    for (int r = 0; r < 2; ++r) {
+      float l = rowSum[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const RowFinal fin = finishRow(rowMax[mt][r], l, hasSink, sink2);
+      const int q = rowA + 16 * mt + r * 8;
+      if (q < p.qLen) {
+        T* dst = gO + (long long)q * p.o.seqStride;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          const int col = dt * 8 + 2 * t;
+          if (col < p.headDim)
+            *(u32*)(dst + col) = Elem<Tag>::pack(o[mt][dt][2 * r] * fin.outScale, o[mt][dt][2 * r + 1] * fin.outScale);
         }
+        if (t == 0) gLse[q] = fin.lse;
       }
-      if (t == 0) gLse[q] = fin.lse;
     }
   }
 }
@@ -223,7 +262,8 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
 // =============================================================================================
 // Exact fp32 forward: 128 threads, 64x64 tiles, each thread a 4x8 block of S (rows 4*ty + i,
 // keys tx + 8*j: the 8 lanes sharing a row are one aligned group of a warp, so a row reduction
-// is three shuffles and P needs only a warp barrier between its write and its read).
+// is three shuffles and P needs only a warp barrier between its write and its read) and a 4 x
+// DPAD/8 block of O (columns nnCol()).
 template <typename T, int DPAD>
 struct Fp32Tiles {
   static constexpr int BM = 64, BN = 64, THREADS = 128;
@@ -253,7 +293,11 @@ __device__ __forceinline__ void ffmaNT(float (&acc)[4][8], const float* sA, cons
   }
 }
 
-// acc[i][c] += sum_n P[4ty+i][n] * B[n][tx+8c]   (P: 64 x NK, row stride LDP; B: NK x DPAD)
+// Columns of the NN accumulators: thread tx owns float4 groups 4*tx + 32*g, so a row of B is read
+// as one 128-byte line by the 8 lanes sharing a row (conflict-free 16-byte loads and stores).
+__device__ __forceinline__ int nnCol(int c, int tx) { return 32 * (c >> 2) + 4 * tx + (c & 3); }
+
+// acc[i][c] += sum_n P[4ty+i][n] * B[n][nnCol(c)]   (P: 64 x NK, row stride LDP; B: NK x DPAD)
 template <int DPAD, int LD, int LDP, int NK>
 __device__ __forceinline__ void ffmaNN(float (&acc)[4][DPAD / 8], const float* sP, const float* sB, int ty, int tx) {
 #pragma unroll 2
@@ -264,15 +308,30 @@ __device__ __forceinline__ void ffmaNN(float (&acc)[4][DPAD / 8], const float* s
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
-      for (int c = 0; c < DPAD / 8; ++c) {
-        const float bvv = sB[(n + u) * LD + tx + 8 * c];
+      for (int cg = 0; cg < DPAD / 32; ++cg) {
+        const float4 bv = *(const float4*)(sB + (n + u) * LD + 32 * cg + 4 * tx);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const float pv = u == 0 ? pr[i].x : u == 1 ? pr[i].y : u == 2 ? pr[i].z : pr[i].w;
-          acc[i][c] = fmaf(pv, bvv, acc[i][c]);
+          acc[i][4 * cg + 0] = fmaf(pv, bv.x, acc[i][4 * cg + 0]);
+          acc[i][4 * cg + 1] = fmaf(pv, bv.y, acc[i][4 * cg + 1]);
+          acc[i][4 * cg + 2] = fmaf(pv, bv.z, acc[i][4 * cg + 2]);
+          acc[i][4 * cg + 3] = fmaf(pv, bv.w, acc[i][4 * cg + 3]);
         }
       }
     }
+  }
+}
+
+// Stores row `i` of an NN accumulator (scaled) as float4 groups; headDim is a multiple of 8.
+template <int DPAD>
+__device__ __forceinline__ void storeNNRow(float* dst, const float (&acc)[DPAD / 8], float scale, int tx, int headDim) {
+#pragma unroll
+  for (int cg = 0; cg < DPAD / 32; ++cg) {
+    const int col = 32 * cg + 4 * tx;
+    if (col < headDim)
+      *(float4*)(dst + col) = make_float4(acc[4 * cg] * scale, acc[4 * cg + 1] * scale, acc[4 * cg + 2] * scale,
+                                          acc[4 * cg + 3] * scale);
   }
 }
 
@@ -381,12 +440,7 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
     const RowFinal fin = finishRow(rowMax[i], l, hasSink, sink2);
     const int q = m0 + 4 * ty + i;
     if (q < p.qLen) {
-      float* dst = gO + (long long)q * p.o.seqStride;
-#pragma unroll
-      for (int c = 0; c < DC; ++c) {
-        const int col = tx + 8 * c;
-        if (col < p.headDim) dst[col] = o[i][c] * fin.outScale;
-      }
+      storeNNRow<DPAD>(gO + (long long)q * p.o.seqStride, o[i], fin.outScale, tx, p.headDim);
       if (tx == 0) gLse[q] = fin.lse;
     }
   }

@@ -202,15 +202,21 @@ Errors compare(const std::vector<double>& got, const std::vector<double>& ref) {
   return e;
 }
 
-// Tolerances from the numerics: fp32 inputs and FFMA accumulation land near 1e-6, so 1e-4 absolute
-// on unit-scale data has two orders of margin; bf16/fp16 round P, dS and the outputs to 8/11-bit
-// mantissas (relative 4e-3 / 5e-4 per rounding), so a norm-wise relative error of 1e-2 holds.
+// Tolerances from the numerics: fp32 inputs and FFMA accumulation land near 1e-6 relative, so
+// 1e-4 absolute on unit-scale data has two orders of margin. Not every output is unit-scale: dK and
+// dV sum over every query row of a GQA group (thousands of terms), and large-logit inputs scale dK
+// with |q|; the bound is therefore 1e-4 times max(1, max |ref|) - exactly 1e-4 for unit-scale
+// outputs. bf16/fp16 round P, dS and the outputs to 8/11-bit mantissas (relative 4e-3 / 5e-4 per
+// rounding), so a norm-wise relative error of 1e-2 holds.
 void expectClose(const char* what, const std::vector<double>& got, const std::vector<double>& ref, FlashDType t,
                  const std::string& caseName) {
   const Errors e = compare(got, ref);
   EXPECT_EQ(e.nonFinite, 0u) << caseName << " " << what << ": non-finite or mismatched-inf elements";
+  double refScale = 1.0;
+  for (double x : ref)
+    if (std::isfinite(x)) refScale = std::max(refScale, std::fabs(x));
   if (t == kFlashF32)
-    EXPECT_LT(e.maxAbs, 1e-4) << caseName << " " << what << " max abs error";
+    EXPECT_LT(e.maxAbs, 1e-4 * refScale) << caseName << " " << what << " max abs error (max |ref| " << refScale << ")";
   else
     EXPECT_LE(e.relNorm, 1e-2) << caseName << " " << what << " relative error (max abs " << e.maxAbs << ")";
 }
