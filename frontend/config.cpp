@@ -208,10 +208,12 @@ void parseModel(const CfgNode& n, ModelConfig& m) {
     e.location = it.location();
     e.op = it.child("op").asString();
     e.output = it.child("output").asString();
-    const CfgNode ins = it.child("inputs");
-    if (ins.isScalar()) e.inputs.push_back(ins.asString());
-    else
-      for (size_t j = 0; j < ins.size(); ++j) e.inputs.push_back(ins.item(j).asString());
+    if (it.has("inputs")) {  // constants have none
+      const CfgNode ins = it.child("inputs");
+      if (ins.isScalar()) e.inputs.push_back(ins.asString());
+      else
+        for (size_t j = 0; j < ins.size(); ++j) e.inputs.push_back(ins.item(j).asString());
+    }
     for (const std::string& k : it.keys())
       if (k != "op" && k != "inputs" && k != "output") e.attrs.emplace_back(k, it.child(k));
     m.nodes.push_back(std::move(e));

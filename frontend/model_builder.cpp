@@ -97,8 +97,28 @@ ValueId lowerAttention(LayerLowering& L, const LayerConfig& l, ValueId x) {
 
 Attr attrFromYaml(const std::string& key, const CfgNode& n) {
   if (n.isSequence()) {
-    std::vector<int64_t> v = n.asInts();
-    return v;
+    // Integers give an integer list (shapes, axes); any other number makes it a float list
+    // (constant data; YAML writes infinities as .inf and -.inf).
+    std::vector<double> d;
+    bool ints = true;
+    for (size_t i = 0; i < n.size(); ++i) {
+      const std::string s = n.item(i).asString();
+      if (s == ".inf" || s == "-.inf" || s == "+.inf") {
+        d.push_back(s[0] == '-' ? -HUGE_VAL : HUGE_VAL);
+        ints = false;
+        continue;
+      }
+      size_t used = 0;
+      try {
+        std::stoll(s, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != s.size()) ints = false;
+      d.push_back(n.item(i).asDouble());
+    }
+    if (ints) return n.asInts();
+    return d;
   }
   if (!n.isScalar()) n.fail("attribute '" + key + "' must be a number, a string, a boolean or a list of integers");
   const std::string s = n.asString();
@@ -123,10 +143,13 @@ ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x, const std::stri
   for (const ExplicitParam& p : m.params) named[p.name] = g.addParam(p.name, Shape(p.shape.begin(), p.shape.end()), p.init);
   for (const ExplicitNode& e : m.nodes) {
     OpKind op;
-    if (!opFromName(e.op, op) || opInfo(op).grad == GradKind::Leaf) {
+    // Every op but the graph's own inputs and parameters (declared under `params`) may be
+    // written by hand, constants and fused ops included.
+    auto writable = [](OpKind k) { return k != OpKind::Input && k != OpKind::Param; };
+    if (!opFromName(e.op, op) || !writable(op)) {
       std::vector<std::string> valid;
       for (int k = 0; k < kNumOps; ++k)
-        if (opInfo(static_cast<OpKind>(k)).grad != GradKind::Leaf) valid.push_back(opInfo(static_cast<OpKind>(k)).name);
+        if (writable(static_cast<OpKind>(k))) valid.push_back(opInfo(static_cast<OpKind>(k)).name);
       const std::string near = closestMatch(e.op, valid);
       throw ConfigError(e.location, e.path + ".op", "unknown op '" + e.op + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
                                                     " Valid ops: " + joinChoices(valid));

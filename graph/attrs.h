@@ -9,7 +9,7 @@
 
 namespace pa {
 
-using Attr = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>>;
+using Attr = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>>;
 
 class AttrMap {
 public:
@@ -41,6 +41,12 @@ public:
     auto it = map_.find(k);
     if (it == map_.end()) return {};
     return std::get<std::vector<int64_t>>(it->second);
+  }
+  std::vector<double> getDoubles(const std::string& k) const {
+    auto it = map_.find(k);
+    if (it == map_.end()) return {};
+    if (auto* i = std::get_if<std::vector<int64_t>>(&it->second)) return std::vector<double>(i->begin(), i->end());
+    return std::get<std::vector<double>>(it->second);
   }
   std::string getString(const std::string& k, const std::string& dflt) const {
     auto it = map_.find(k);

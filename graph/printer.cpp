@@ -15,7 +15,17 @@ std::string attrString(const Attr& a) {
   }
   if (auto* b = std::get_if<bool>(&a)) return *b ? "true" : "false";
   if (auto* s = std::get_if<std::string>(&a)) return "\"" + *s + "\"";
-  return shapeString(std::get<std::vector<int64_t>>(a));
+  if (auto* v = std::get_if<std::vector<int64_t>>(&a)) return shapeString(*v);
+  const auto& d = std::get<std::vector<double>>(a);
+  std::string r = "[";
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i == 8 && d.size() > 10) {  // long tensors (constant data) print their head and length
+      r += ", ... (" + std::to_string(d.size()) + " values)";
+      break;
+    }
+    r += (i ? ", " : "") + attrString(Attr(d[i]));
+  }
+  return r + "]";
 }
 
 namespace {

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "graph/elementwise_expr.h"
 #include "graph/errors.h"
 #include "graph/graph.h"
 
@@ -31,7 +32,13 @@ Types leaf(const Graph&, const Node& n) {
 
 Types inferInput(const Graph& g, const Node& n) { return leaf(g, n); }
 Types inferParam(const Graph& g, const Node& n) { return leaf(g, n); }
-Types inferConstant(const Graph& g, const Node& n) { return leaf(g, n); }
+Types inferConstant(const Graph& g, const Node& n) {
+  Types t = leaf(g, n);
+  if (n.attrs.has("data") && static_cast<int64_t>(n.attrs.getDoubles("data").size()) != numel(t[0].shape))
+    fail(n, "constant data holds " + std::to_string(n.attrs.getDoubles("data").size()) + " values, shape " +
+                shapeString(t[0].shape) + " needs " + std::to_string(numel(t[0].shape)));
+  return t;
+}
 
 Types inferMatMul(const Graph& g, const Node& n) {
   const Shape& a = in(g, n, 0);
@@ -202,6 +209,83 @@ Types inferMseLoss(const Graph& g, const Node& n) {
   if (in(g, n, 0) != in(g, n, 1))
     fail(n, "prediction " + shapeString(in(g, n, 0)) + " and target " + shapeString(in(g, n, 1)) + " differ");
   return one(Shape{}, dt(g, n));
+}
+
+Types inferFusedLinear(const Graph& g, const Node& n) {
+  const Shape& x = in(g, n, 0);
+  const Shape& w = in(g, n, 1);
+  const bool tw = n.attrs.getBool("transpose_w", false);
+  if (x.empty() || w.size() != 2) fail(n, "fused-linear needs x [..., K] and a weight matrix, got " + shapeString(x) + " and " + shapeString(w));
+  const int64_t k = tw ? w[1] : w[0], units = tw ? w[0] : w[1];
+  if (x.back() != k) fail(n, "x " + shapeString(x) + " has " + std::to_string(x.back()) + " features, the weight " + shapeString(w) + " expects " + std::to_string(k));
+  if (n.inputs.size() == 3 && in(g, n, 2) != Shape{units})
+    fail(n, "bias " + shapeString(in(g, n, 2)) + " must be [" + std::to_string(units) + "]");
+  const std::string act = n.attrs.getString("activation", "none");
+  if (act != "none" && act != "relu" && act != "gelu") fail(n, "activation must be none, relu or gelu, got '" + act + "'");
+  Shape out = x;
+  out.back() = units;
+  Types t = one(out, dt(g, n));
+  if (act == "gelu") t.push_back(TensorType{out, dt(g, n)});  // the pre-activation, for the backward
+  return t;
+}
+
+// Checks the q, k, v [B, H, S, D] layout shared by the flash ops and returns Hq / Hk.
+int64_t flashShapes(const Graph& g, const Node& n) {
+  const Shape& q = in(g, n, 0);
+  const Shape& k = in(g, n, 1);
+  const Shape& v = in(g, n, 2);
+  if (q.size() != 4 || k.size() != 4 || v.size() != 4)
+    fail(n, "flash attention needs q, k, v of rank 4 [batch, heads, seq, head_dim], got " + shapeString(q) + ", " +
+                shapeString(k) + ", " + shapeString(v));
+  if (k != v) fail(n, "k " + shapeString(k) + " and v " + shapeString(v) + " differ");
+  if (q[0] != k[0] || q[3] != k[3])
+    fail(n, "q " + shapeString(q) + " and k " + shapeString(k) + " differ in batch or head_dim");
+  if (k[1] == 0 || q[1] % k[1] != 0)
+    fail(n, "query heads (" + std::to_string(q[1]) + ") must be a multiple of key/value heads (" + std::to_string(k[1]) + ")");
+  if (n.attrs.getInt("window_left", -1) < -1 || n.attrs.getInt("window_right", -1) < -1 || n.attrs.getInt("sinks", 0) < 0)
+    fail(n, "window offsets must be >= -1 and sinks >= 0");
+  const std::string align = n.attrs.getString("align", "top-left");
+  if (align != "top-left" && align != "bottom-right") fail(n, "align must be 'top-left' or 'bottom-right'");
+  return q[1] / k[1];
+}
+
+Types inferFlashAttention(const Graph& g, const Node& n) {
+  flashShapes(g, n);
+  const Shape& q = in(g, n, 0);
+  if (n.inputs.size() == 4 && in(g, n, 3) != Shape{q[1]})
+    fail(n, "sink logits " + shapeString(in(g, n, 3)) + " must be [" + std::to_string(q[1]) + "] (one per query head)");
+  Types t = one(q, dt(g, n));
+  t.push_back(TensorType{Shape{q[0], q[1], q[2]}, dt(g, n)});
+  return t;
+}
+
+Types inferFlashAttentionGrad(const Graph& g, const Node& n) {
+  flashShapes(g, n);
+  const Shape& q = in(g, n, 0);
+  if (in(g, n, 3) != q || in(g, n, 5) != q) fail(n, "o and do must have q's shape " + shapeString(q));
+  if (in(g, n, 4) != Shape{q[0], q[1], q[2]}) fail(n, "lse must be [batch, heads, seq]");
+  Types t;
+  for (int i = 0; i < 3; ++i) t.push_back(TensorType{in(g, n, i), dt(g, n)});
+  if (n.inputs.size() == 7) t.push_back(TensorType{in(g, n, 6), dt(g, n)});
+  return t;
+}
+
+Types inferFusedElementwise(const Graph& g, const Node& n) {
+  const Shape out = shapeAttr(n, "shape");
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    Shape b;
+    if (!broadcastShapes(in(g, n, static_cast<int>(i)), out, b) || b != out)
+      fail(n, "input " + std::to_string(i) + " " + shapeString(in(g, n, static_cast<int>(i))) + " does not broadcast to " + shapeString(out));
+  }
+  try {
+    const Expr e = parseExpr(n.attrs.getString("expr", ""));
+    for (const ExprNode& x : e.nodes)
+      if (x.op == OpKind::Input && (x.input < 0 || x.input >= static_cast<int>(n.inputs.size())))
+        fail(n, "expression reads $" + std::to_string(x.input) + " but the node has " + std::to_string(n.inputs.size()) + " inputs");
+  } catch (const std::invalid_argument& e) {
+    fail(n, e.what());
+  }
+  return one(out, dt(g, n));
 }
 
 Types sameAsBoth(const Graph& g, const Node& n) {

@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "graph/elementwise_expr.h"
+
 namespace pa {
 
 namespace {
@@ -185,18 +187,119 @@ void gradMseLoss(GradCtx& c) {
   if (c.wants(1)) c.give(1, c.scale(dp, -1.0));
 }
 
+void gradFusedLinear(GradCtx& c) {
+  const std::string act = c.n.attrs.getString("activation", "none");
+  const bool tw = c.n.attrs.getBool("transpose_w", false);
+  const ValueId x = c.in(0), w = c.in(1);
+  // d pre-activation: ReLU's derivative reads the output (y > 0 exactly where pre > 0); GELU's
+  // reads the pre-activation, which the node saved as its second output.
+  ValueId dpre = c.dy;
+  if (act == "relu") dpre = c.op(OpKind::ReluGrad, {c.dy, c.out()});
+  else if (act == "gelu") dpre = c.op(OpKind::GeluGrad, {c.dy, c.n.outputs[1]});
+  const int64_t k = c.shape(x).back(), units = c.shape(c.out()).back();
+  if (c.wants(0)) c.give(0, c.matmul(dpre, w, false, !tw));
+  if (c.wants(1)) {
+    const ValueId x2 = c.reshape(x, Shape{numel(c.shape(x)) / k, k});
+    const ValueId d2 = c.reshape(dpre, Shape{numel(c.shape(dpre)) / units, units});
+    c.give(1, tw ? c.matmul(d2, x2, true, false) : c.matmul(x2, d2, true, false));
+  }
+  if (c.n.inputs.size() == 3 && c.wants(2)) c.give(2, c.sumTo(dpre, c.shape(c.in(2))));
+}
+
+void gradFlashAttention(GradCtx& c) {
+  llvm::SmallVector<ValueId, 7> ins{c.in(0), c.in(1), c.in(2), c.n.outputs[0], c.n.outputs[1], c.dy};
+  if (c.n.inputs.size() == 4) ins.push_back(c.in(3));
+  const ValueId first = c.op(OpKind::FlashAttentionGrad, ins, c.n.attrs);
+  const Node& grad = c.g.producer(first);
+  for (size_t i = 0; i < c.n.inputs.size(); ++i)
+    if (c.wants(static_cast<int>(i))) c.give(static_cast<int>(i), grad.outputs[i]);
+}
+
+void gradFusedElementwise(GradCtx& c);  // below: needs the backprop driver
+
 void gradReluGrad(GradCtx& c) { noRule(c); }
 void gradGeluGrad(GradCtx& c) { noRule(c); }
 void gradTanhGrad(GradCtx& c) { noRule(c); }
 void gradSigmoidGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxSinkGrad(GradCtx& c) { noRule(c); }
+void gradFlashAttentionGrad(GradCtx& c) { noRule(c); }
 
 using GradFn = void (*)(GradCtx&);
 const GradFn kGrad[] = {
 #define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) &grad##Name,
 #include "graph/ops.def"
 };
+
+// Walks `order` backwards from the gradients in `grad` (indexed by ValueId, kNoValue where
+// none), applying each node's rule and summing contributions; grows both vectors as rules add
+// values.
+void backprop(Graph& g, const std::vector<NodeId>& order, std::vector<ValueId>& grad, std::vector<char>& needs) {
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    // The node vector may grow while rules add nodes, so copy what we read.
+    const Node n = g.node(*it);
+    const ValueId dy = grad[n.outputs[0]];
+    if (dy == kNoValue || !needs[n.outputs[0]] || opInfo(n.op).grad == GradKind::Leaf) continue;
+    GradCtx c{g, n, dy, needs, llvm::SmallVector<ValueId, 4>(n.inputs.size(), kNoValue)};
+    kGrad[static_cast<int>(n.op)](c);
+    grad.resize(g.numValues(), kNoValue);
+    needs.resize(g.numValues(), 0);
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId in = n.inputs[i];
+      if (c.dx[i] == kNoValue) continue;
+      grad[in] = grad[in] == kNoValue ? c.dx[i] : g.add(OpKind::Add, {grad[in], c.dx[i]});
+      grad.resize(g.numValues(), kNoValue);
+      needs.resize(g.numValues(), 0);
+    }
+  }
+}
+
+// A fused elementwise node is differentiated by emitting its expression again as primitive
+// nodes (recomputing the cheap intermediates) and running their rules; a later
+// fuse-elementwise pass may fuse the result.
+void gradFusedElementwise(GradCtx& c) {
+  Graph& g = c.g;
+  const Expr e = parseExpr(c.n.attrs.getString("expr", ""));
+  const NodeId firstNew = static_cast<NodeId>(g.numNodes());
+  std::vector<ValueId> val(e.nodes.size(), kNoValue);
+  for (size_t i = 0; i < e.nodes.size(); ++i) {
+    const ExprNode& x = e.nodes[i];
+    if (x.op == OpKind::Input) {
+      val[i] = c.in(x.input);
+      continue;
+    }
+    AttrMap a;
+    if (x.op == OpKind::Scale) a.set("value", x.value);
+    if (x.op == OpKind::BroadcastTo) {
+      const Shape& out = c.shape(c.out());
+      a.set("shape", std::vector<int64_t>(out.begin(), out.end()));
+    }
+    llvm::SmallVector<ValueId, 2> args;
+    for (int arg : x.args) args.push_back(val[static_cast<size_t>(arg)]);
+    val[i] = g.add(x.op, args, a);
+  }
+  ValueId result = val.back();
+  const Shape& out = c.shape(c.out());
+  if (g.shape(result) != out) {
+    AttrMap a;
+    a.set("shape", std::vector<int64_t>(out.begin(), out.end()));
+    result = g.add(OpKind::BroadcastTo, {result}, a);
+  }
+  std::vector<NodeId> order;
+  for (NodeId id = firstNew; id < static_cast<NodeId>(g.numNodes()); ++id) order.push_back(id);
+  std::vector<ValueId> grad(g.numValues(), kNoValue);
+  std::vector<char> needs(g.numValues(), 0);
+  for (int i = 0; i < static_cast<int>(c.n.inputs.size()); ++i) needs[c.in(i)] = c.wants(i);
+  for (NodeId id : order) {  // a recomputed value needs a gradient when an input that does feeds it
+    bool any = false;
+    for (ValueId v : g.node(id).inputs) any |= needs[v] != 0;
+    for (ValueId v : g.node(id).outputs) needs[v] = any;
+  }
+  grad[result] = c.dy;
+  backprop(g, order, grad, needs);
+  for (int i = 0; i < static_cast<int>(c.n.inputs.size()); ++i)
+    if (c.wants(i) && grad[c.in(i)] != kNoValue) c.give(i, grad[c.in(i)]);
+}
 
 }  // namespace
 
@@ -220,23 +323,9 @@ std::map<ValueId, ValueId> appendBackward(Graph& g, ValueId loss, const std::vec
 
   std::vector<ValueId> grad(g.numValues(), kNoValue);
   grad[loss] = g.addConstant(1.0, g.shape(loss), "grad_seed");
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    // The node vector may grow while rules add nodes, so copy what we read.
-    const Node n = g.node(*it);
-    const ValueId dy = grad[n.outputs[0]];
-    if (dy == kNoValue || !needs[n.outputs[0]] || opInfo(n.op).grad == GradKind::Leaf) continue;
-    GradCtx c{g, n, dy, needs, llvm::SmallVector<ValueId, 4>(n.inputs.size(), kNoValue)};
-    kGrad[static_cast<int>(n.op)](c);
-    grad.resize(g.numValues(), kNoValue);
-    needs.resize(g.numValues(), 0);
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      const ValueId in = n.inputs[i];
-      if (c.dx[i] == kNoValue) continue;
-      grad[in] = grad[in] == kNoValue ? c.dx[i] : g.add(OpKind::Add, {grad[in], c.dx[i]});
-      grad.resize(g.numValues(), kNoValue);
-      needs.resize(g.numValues(), 0);
-    }
-  }
+  grad.resize(g.numValues(), kNoValue);
+  needs.resize(g.numValues(), 0);
+  backprop(g, order, grad, needs);
 
   std::map<ValueId, ValueId> result;
   for (ValueId v : wrt) {

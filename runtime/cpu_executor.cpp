@@ -6,7 +6,9 @@
 #include <cmath>
 #include <limits>
 
+#include "graph/elementwise_expr.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/flash_attention_cpu.h"
 
 namespace pa {
 
@@ -208,6 +210,115 @@ void execMseLoss(Ctx<T>& c) {
   c.out()[0] = static_cast<T>(cpu::mse(c.in(0), c.in(1), numel(c.inShape(0))));
 }
 
+template <class T>
+void execFusedLinear(Ctx<T>& c) {
+  const Shape& x = c.inShape(0);
+  const Shape& w = c.inShape(1);
+  const bool tw = c.n.attrs.getBool("transpose_w", false);
+  const int64_t k = x.back(), n = tw ? w[0] : w[1], rows = numel(x) / std::max<int64_t>(k, 1);
+  cpu::matmul(c.in(0), c.in(1), c.out(), 1, false, false, rows, n, k, false, tw);
+  const std::string act = c.n.attrs.getString("activation", "none");
+  const cpu::Activation a = act == "relu" ? cpu::Activation::Relu : act == "gelu" ? cpu::Activation::Gelu : cpu::Activation::None;
+  cpu::biasActivation(c.out(), c.n.inputs.size() == 3 ? c.in(2) : nullptr, a == cpu::Activation::Gelu ? c.out(1) : nullptr,
+                      rows, n, a);
+}
+
+cpu::FlashShape flashShape(const Graph& g, const Node& n) {
+  const Shape& q = g.shape(n.inputs[0]);
+  const Shape& k = g.shape(n.inputs[1]);
+  cpu::FlashShape s;
+  s.batch = q[0];
+  s.qHeads = q[1];
+  s.kvHeads = k[1];
+  s.qLen = q[2];
+  s.kvLen = k[2];
+  s.headDim = q[3];
+  s.scale = n.attrs.getFloat("scale", 1.0);
+  s.mask = maskSpec(n.attrs);
+  return s;
+}
+
+template <class T>
+void execFlashAttention(Ctx<T>& c) {
+  cpu::flashAttentionForward(c.in(0), c.in(1), c.in(2), c.n.inputs.size() == 4 ? c.in(3) : nullptr, c.out(0), c.out(1),
+                             flashShape(c.g, c.n));
+}
+
+template <class T>
+void execFlashAttentionGrad(Ctx<T>& c) {
+  const bool sink = c.n.inputs.size() == 7;
+  cpu::flashAttentionBackward(c.in(0), c.in(1), c.in(2), c.in(3), c.in(4), c.in(5), sink ? c.in(6) : nullptr, c.out(0),
+                              c.out(1), c.out(2), sink ? c.out(3) : nullptr, flashShape(c.g, c.n));
+}
+
+// Evaluates the expression over chunks of the output, one primitive kernel per expression node
+// and chunk, so intermediates live in a few small buffers instead of whole tensors.
+template <class T>
+void execFusedElementwise(Ctx<T>& c) {
+  const Expr e = parseExpr(c.n.attrs.getString("expr", ""));
+  const Shape& out = c.outShape();
+  const int64_t total = numel(out);
+  // Inputs of another shape are broadcast once into a full-size temporary.
+  std::vector<std::vector<T>> expanded(c.n.inputs.size());
+  std::vector<const T*> src(c.n.inputs.size());
+  for (size_t i = 0; i < c.n.inputs.size(); ++i) {
+    if (c.inShape(static_cast<int>(i)) == out) {
+      src[i] = c.in(static_cast<int>(i));
+      continue;
+    }
+    expanded[i].resize(static_cast<size_t>(total));
+    cpu::gather(c.in(static_cast<int>(i)), broadcastView(c.inShape(static_cast<int>(i)), out), expanded[i].data());
+    src[i] = expanded[i].data();
+  }
+  constexpr int64_t kChunk = 1024;
+  const auto chunks = (total + kChunk - 1) / kChunk;
+#pragma omp parallel for if (total > (1 << 15)) schedule(static)
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const int64_t at = ch * kChunk, len = std::min(kChunk, total - at);
+    std::vector<std::vector<T>> reg(e.nodes.size());
+    std::vector<const T*> val(e.nodes.size());
+    cpu::Strided flat;
+    flat.rank = 1;
+    flat.extent[0] = len;
+    flat.stride[0] = 1;
+    for (size_t i = 0; i < e.nodes.size(); ++i) {
+      const ExprNode& x = e.nodes[i];
+      if (x.op == OpKind::Input) {
+        val[i] = src[static_cast<size_t>(x.input)] + at;
+        continue;
+      }
+      if (x.op == OpKind::BroadcastTo) {  // inputs are already at the output's shape
+        val[i] = val[static_cast<size_t>(x.args[0])];
+        continue;
+      }
+      reg[i].resize(static_cast<size_t>(len));
+      T* r = reg[i].data();
+      const T* a = val[static_cast<size_t>(x.args[0])];
+      const T* b = x.args.size() > 1 ? val[static_cast<size_t>(x.args[1])] : nullptr;
+      switch (x.op) {
+      case OpKind::Add: cpu::binary(cpu::BinaryOp::Add, a, flat, b, flat, r); break;
+      case OpKind::Sub: cpu::binary(cpu::BinaryOp::Sub, a, flat, b, flat, r); break;
+      case OpKind::Mul: cpu::binary(cpu::BinaryOp::Mul, a, flat, b, flat, r); break;
+      case OpKind::Div: cpu::binary(cpu::BinaryOp::Div, a, flat, b, flat, r); break;
+      case OpKind::Scale: cpu::scale(a, r, len, x.value); break;
+      case OpKind::Relu: cpu::unary(cpu::UnaryOp::Relu, a, r, len); break;
+      case OpKind::Gelu: cpu::unary(cpu::UnaryOp::Gelu, a, r, len); break;
+      case OpKind::Tanh: cpu::unary(cpu::UnaryOp::Tanh, a, r, len); break;
+      case OpKind::Sigmoid: cpu::unary(cpu::UnaryOp::Sigmoid, a, r, len); break;
+      case OpKind::Exp: cpu::unary(cpu::UnaryOp::Exp, a, r, len); break;
+      case OpKind::ReluGrad: cpu::unaryGrad(cpu::UnaryGradOp::Relu, a, b, r, len); break;
+      case OpKind::GeluGrad: cpu::unaryGrad(cpu::UnaryGradOp::Gelu, a, b, r, len); break;
+      case OpKind::TanhGrad: cpu::unaryGrad(cpu::UnaryGradOp::Tanh, a, b, r, len); break;
+      case OpKind::SigmoidGrad: cpu::unaryGrad(cpu::UnaryGradOp::Sigmoid, a, b, r, len); break;
+      default: assert(false && "op not allowed in an elementwise expression (isExprOp)");
+      }
+      val[i] = r;
+    }
+    const T* result = val.back();
+    std::copy(result, result + len, c.out() + at);
+  }
+}
+
 template <class T> void execReluGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradOp::Relu, c.in(0), c.in(1), c.out(), c.outCount()); }
 template <class T> void execGeluGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradOp::Gelu, c.in(0), c.in(1), c.out(), c.outCount()); }
 template <class T> void execTanhGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradOp::Tanh, c.in(0), c.in(1), c.out(), c.outCount()); }
@@ -238,23 +349,27 @@ const ExecFn<T> kExec[] = {
 
 template <class T>
 CpuExecutor<T>::CpuExecutor(const Graph& g) : g_(g), order_(g.topoOrder()) {
-  storage_.resize(g.numValues());
+  const MemoryPlan plan = planMemory(g);
+  arena_.assign(static_cast<size_t>(plan.arenaElements), T(0));
+  naiveBytes_ = static_cast<size_t>(plan.naiveElements) * sizeof(T);
   ptr_.assign(g.numValues(), nullptr);
+  for (size_t v = 0; v < g.numValues(); ++v)
+    if (plan.offset[v] >= 0) ptr_[v] = arena_.data() + plan.offset[v];
   for (NodeId id : order_) {
     const Node& n = g.node(id);
-    for (ValueId v : n.outputs) {
-      storage_[v].assign(static_cast<size_t>(numel(g.shape(v))), T(0));
-      ptr_[v] = storage_[v].data();
+    if (n.op != OpKind::Constant) continue;
+    T* out = ptr_[n.outputs[0]];
+    if (n.attrs.has("data")) {
+      const std::vector<double> d = n.attrs.getDoubles("data");
+      std::copy(d.begin(), d.end(), out);
+    } else {
+      cpu::fill(out, numel(g.shape(n.outputs[0])), n.attrs.getFloat("value", 0.0));
     }
-    if (n.op == OpKind::Constant)
-      cpu::fill(ptr_[n.outputs[0]], numel(g.shape(n.outputs[0])), n.attrs.getFloat("value", 0.0));
   }
 }
 
 template <class T>
 void CpuExecutor<T>::bind(ValueId v, T* data) {
-  storage_[v].clear();
-  storage_[v].shrink_to_fit();
   ptr_[v] = data;
 }
 
@@ -262,15 +377,9 @@ template <class T>
 void CpuExecutor<T>::run() {
   for (NodeId id : order_) {
     Ctx<T> c{g_, ptr_, g_.node(id)};
+    assert(c.n.op == OpKind::Param || c.n.op == OpKind::Input || ptr_[c.n.outputs[0]] != nullptr);
     kExec<T>[static_cast<int>(c.n.op)](c);
   }
-}
-
-template <class T>
-size_t CpuExecutor<T>::ownedBytes() const {
-  size_t b = 0;
-  for (const auto& s : storage_) b += s.size() * sizeof(T);
-  return b;
 }
 
 template class CpuExecutor<float>;

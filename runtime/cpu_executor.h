@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "passes/memory_plan.h"
 
 namespace pa {
 
@@ -20,14 +21,18 @@ public:
   const T* data(ValueId v) const { return ptr_[v]; }
   // Executes every live node in topological order.
   void run();
-  // Bytes of the buffers this executor owns (activations, gradients, constants).
-  size_t ownedBytes() const;
+  // Bytes of the activation arena: the peak of simultaneously live intermediates, inputs,
+  // constants and outputs under the memory plan (parameters are bound from outside).
+  size_t arenaBytes() const { return arena_.size() * sizeof(T); }
+  // Bytes one buffer per value would need (what the plan saves against).
+  size_t naiveBytes() const { return naiveBytes_; }
 
 private:
   const Graph& g_;
   std::vector<NodeId> order_;
-  std::vector<std::vector<T>> storage_;
+  std::vector<T> arena_;
   std::vector<T*> ptr_;
+  size_t naiveBytes_ = 0;
 };
 
 extern template class CpuExecutor<float>;

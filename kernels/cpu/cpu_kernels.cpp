@@ -262,6 +262,23 @@ void attentionMask(const T* x, T* y, int64_t batch, int64_t qLen, int64_t kLen, 
 }
 
 template <class T>
+void biasActivation(T* y, const T* bias, T* pre, int64_t rows, int64_t n, Activation act) {
+#pragma omp parallel for if (rows * n > kParallelMin) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    T* yr = y + r * n;
+    for (int64_t j = 0; j < n; ++j) {
+      const T x = bias ? yr[j] + bias[j] : yr[j];
+      if (pre) pre[r * n + j] = x;
+      switch (act) {
+      case Activation::None: yr[j] = x; break;
+      case Activation::Relu: yr[j] = x > T(0) ? x : T(0); break;
+      case Activation::Gelu: yr[j] = static_cast<T>(x * geluCdf(x)); break;
+      }
+    }
+  }
+}
+
+template <class T>
 double mse(const T* pred, const T* target, int64_t n) {
   double acc = 0.0;
   for (int64_t i = 0; i < n; ++i) {
@@ -301,6 +318,7 @@ void adamStep(T* p, const T* g, T* m, T* v, int64_t n, const AdamHyper& h, int64
   template void softmaxSinkGrad<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);                    \
   template void attentionMask<T>(const T*, T*, int64_t, int64_t, int64_t, const AttentionMaskSpec&, double); \
   template double mse<T>(const T*, const T*, int64_t);                                                    \
+  template void biasActivation<T>(T*, const T*, T*, int64_t, int64_t, Activation);                                                    \
   template void adamStep<T>(T*, const T*, T*, T*, int64_t, const AdamHyper&, int64_t, double);
 
 PA_INSTANTIATE(float)

@@ -71,6 +71,12 @@ template <class T>
 void attentionMask(const T* x, T* y, int64_t batch, int64_t qLen, int64_t kLen, const AttentionMaskSpec& m,
                    double fill);
 
+// The linear layer's epilogue in one pass over [rows, n]: y = act(y + bias) in place (bias may
+// be null); `pre` (may be null) receives y + bias before the activation.
+enum class Activation { None, Relu, Gelu };
+template <class T>
+void biasActivation(T* y, const T* bias, T* pre, int64_t rows, int64_t n, Activation act);
+
 // Mean of squared differences over n elements.
 template <class T>
 double mse(const T* pred, const T* target, int64_t n);

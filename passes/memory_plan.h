@@ -1,0 +1,24 @@
+// Liveness-based memory planning: every activation gets an offset in one arena, and values
+// whose lifetimes do not overlap share bytes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace pa {
+
+struct MemoryPlan {
+  std::vector<int64_t> offset;  // per ValueId, in elements; -1 for values not in the arena
+  int64_t arenaElements = 0;    // the arena's size: the peak of simultaneously live activations
+  int64_t naiveElements = 0;    // what one buffer per value would need
+};
+
+// Inputs, constants and graph outputs live for the whole run (inputs are written before it,
+// outputs read after it); parameters are bound from outside and get no offset. Every other
+// value lives from its producer to its last user. Placement is greedy by size (largest first),
+// each value at the lowest offset that overlaps no placed value with an overlapping lifetime.
+MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16);
+
+}  // namespace pa
