@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/trainer.h"
 
@@ -23,6 +24,10 @@ int main(int argc, char** argv) {
   app.add_option("--progress", progress, "auto | bar | lines | none (auto: a bar on a terminal, lines otherwise)")
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   app.add_flag("--verbose,-v", opt.verbose, "print each pass's statistics");
+  bool compare = false;
+  app.add_flag("--no-fuse", opt.noFuse, "train the primitive graph: leave the fusion passes out");
+  app.add_flag("--compare", compare,
+               "train the fused and the unfused graph side by side from the same weights; exit 1 if they disagree");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -37,6 +42,7 @@ int main(int argc, char** argv) {
                                       : pa::ProgressMode::Auto;
   try {
     const pa::Config cfg = pa::loadConfig(configPath, sets);
+    if (compare) return pa::compareFusedUnfused(cfg, opt, stdout).agree ? 0 : 1;
     pa::train(cfg, opt);
   } catch (const pa::UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -57,14 +57,26 @@ double scheduledLr(const TrainConfig& t, int64_t step, int64_t total) {
   return base;
 }
 
-std::vector<std::string> trainPipeline(const Config& cfg) {
-  std::vector<std::string> p;
+struct Pipeline {
+  std::vector<std::string> forward;   // on the forward graph, before autodiff
+  std::vector<std::string> training;  // on the whole step, after autodiff
+};
+
+// The forward passes are the config's (compiler.fuse, then compiler.passes). After autodiff,
+// the step is cleaned up: elementwise fusion again when it is enabled (the backward has chains
+// of its own), CSE, DCE and the verifier.
+Pipeline trainPipeline(const Config& cfg, bool noFuse) {
+  Pipeline p;
+  bool elementwise = false;
   for (const std::string& name : cfg.compiler.passes) {
-    // Fusion passes arrive with the fusion work; until then a config that asks for them
-    // trains the primitive graph, which computes the same function.
-    if (name.rfind("fuse-", 0) == 0 && !PassRegistry::builtin().find(name)) continue;
-    p.push_back(name);
+    const bool fusion = name.rfind("fuse-", 0) == 0;
+    if (fusion && noFuse) continue;
+    elementwise |= name == "fuse-elementwise";
+    p.forward.push_back(name);
   }
+  p.training = {"autodiff"};
+  if (elementwise) p.training.push_back("fuse-elementwise");
+  p.training.insert(p.training.end(), {"cse", "dce", "verify"});
   return p;
 }
 
@@ -91,6 +103,20 @@ public:
   double currentLr() const override { return hyper_.lr; }
   int64_t totalSteps() const override { return steps_; }
   TrainResult& result() override { return res_; }
+  void setParams(const std::map<std::string, std::vector<double>>& values) override {
+    for (ParamState<T>& p : params_) {
+      auto it = values.find(p.name);
+      if (it != values.end()) std::copy(it->second.begin(), it->second.end(), p.value.begin());
+    }
+  }
+  std::map<std::string, std::vector<double>> gradients() const override {
+    std::map<std::string, std::vector<double>> r;
+    for (const ParamState<T>& p : params_) {
+      const T* gp = exec_->data(p.grad);
+      r[p.name] = std::vector<double>(gp, gp + p.value.size());
+    }
+    return r;
+  }
   std::map<std::string, std::vector<double>> params() const override {
     std::map<std::string, std::vector<double>> r;
     for (const ParamState<T>& p : params_) r[p.name] = std::vector<double>(p.value.begin(), p.value.end());
@@ -129,17 +155,17 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
   popt.dumpDir = opt.dumpGraphDir;
   popt.title = cfg.name;
   if (!opt.dumpGraphDir.empty()) dumpGraph(g, opt.dumpGraphDir, "00-frontend", cfg.name + " as lowered");
-  const std::vector<std::string> pipeline = trainPipeline(cfg);
-  std::vector<PassStats> stats = runPipeline(g, pipeline, popt);
+  const Pipeline pipeline = trainPipeline(cfg, opt.noFuse);
+  std::vector<PassStats> stats = runPipeline(g, pipeline.forward, popt);
   const size_t forwardNodes = g.liveNodeCount();
-  popt.firstDumpIndex = static_cast<int>(pipeline.size());
-  for (PassStats& s : runPipeline(g, {"autodiff", "dce", "verify"}, popt)) stats.push_back(std::move(s));
+  popt.firstDumpIndex = static_cast<int>(pipeline.forward.size());
+  for (PassStats& s : runPipeline(g, pipeline.training, popt)) stats.push_back(std::move(s));
 
   // The validation graph: the same model and passes, forward only.
   const int64_t nVal = data_.validation.count;
   evalBatch_ = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
   evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
-  runPipeline(evalModel_.graph, pipeline, PipelineOptions{});
+  runPipeline(evalModel_.graph, pipeline.forward, PipelineOptions{});
 
   exec_ = std::make_unique<CpuExecutor<T>>(g);
   evalExec_ = std::make_unique<CpuExecutor<T>>(evalModel_.graph);
@@ -184,11 +210,12 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
   res_.parameterCount = paramCount;
   res_.forwardNodes = forwardNodes;
   res_.trainNodes = g.liveNodeCount();
+  res_.activationBytes = exec_->arenaBytes();
 
   if (opt.printSummary) {
-    std::printf("%s: %s parameters; graph %zu nodes forward, %zu with backward; device %s; precision %s\n",
-                cfg.name.c_str(), humanCount(paramCount).c_str(), forwardNodes, g.liveNodeCount(), device.c_str(),
-                cfg.precision.c_str());
+    std::printf("%s: %s parameters; graph %zu nodes forward, %zu with backward%s; device %s; precision %s\n",
+                cfg.name.c_str(), humanCount(paramCount).c_str(), forwardNodes, g.liveNodeCount(),
+                opt.noFuse ? " (unfused)" : "", device.c_str(), cfg.precision.c_str());
     std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", data_.description.c_str(),
                 (long long)data_.train.count, (long long)nVal, (long long)batch, (long long)steps_);
     if (opt.verbose)

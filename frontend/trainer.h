@@ -19,6 +19,7 @@ struct RunOptions {
   std::string dumpGraphDir;        // --dump-graph
   ProgressMode progress = ProgressMode::Auto;
   bool verbose = false;            // pass statistics
+  bool noFuse = false;             // --no-fuse: leave the fusion passes out of the pipeline
   bool printSummary = true;        // the header and closing summary on stdout
   // Initial parameter values by name (tests, golden runs); others are initialised from the seed.
   std::map<std::string, std::vector<double>> initialParams;
@@ -30,7 +31,8 @@ struct TrainResult {
   double finalValidation = -1;                         // -1 without a validation split
   double secondsPerStep = 0;
   int64_t parameterCount = 0;
-  size_t forwardNodes = 0, trainNodes = 0;
+  size_t forwardNodes = 0, trainNodes = 0;  // live nodes: forward graph, whole training step
+  size_t activationBytes = 0;               // peak activation memory of the step (memory plan)
   std::string device;
   std::map<std::string, std::vector<double>> finalParams;
 };
@@ -48,6 +50,10 @@ public:
   virtual int64_t totalSteps() const = 0;
   virtual TrainResult& result() = 0;  // static facts filled; losses appended by train()
   virtual std::map<std::string, std::vector<double>> params() const = 0;
+  // Overwrites parameter values by name (the optimizer state is kept).
+  virtual void setParams(const std::map<std::string, std::vector<double>>& values) = 0;
+  // Gradients of the last step, by parameter name (before clipping).
+  virtual std::map<std::string, std::vector<double>> gradients() const = 0;
 };
 
 // Loads the data, builds and compiles the model. Throws UserError for configuration problems.

@@ -2,6 +2,8 @@
 #include "graph/graph.h"
 
 #include <cassert>
+#include <functional>
+#include <queue>
 #include <stdexcept>
 
 #include "graph/errors.h"
@@ -82,13 +84,33 @@ ValueId Graph::output(const std::string& name) const {
 }
 
 std::vector<NodeId> Graph::topoOrder() const {
-  // Nodes are only ever appended after their inputs exist, and passes that rewrite keep that
-  // property by appending replacements; a depth-first order from the outputs would also do,
-  // but insertion order is stable and cheap. The verifier checks the invariant.
+  // Kahn's algorithm taking the lowest ready node id first: insertion order wherever it is
+  // already topological (frontend graphs), and fused nodes, which passes append at the end,
+  // move up to where their users need them. Deterministic. Nodes on a cycle are left out (the
+  // verifier then reports their users).
+  std::vector<int> pending(nodes_.size(), 0);
+  std::vector<std::vector<NodeId>> consumers(nodes_.size());
+  for (const Node& n : nodes_) {
+    if (n.erased) continue;
+    for (ValueId v : n.inputs) {
+      const NodeId p = values_[v].producer;
+      if (nodes_[p].erased) continue;
+      ++pending[n.id];
+      consumers[p].push_back(n.id);
+    }
+  }
+  std::priority_queue<NodeId, std::vector<NodeId>, std::greater<NodeId>> ready;
+  for (const Node& n : nodes_)
+    if (!n.erased && pending[n.id] == 0) ready.push(n.id);
   std::vector<NodeId> order;
   order.reserve(nodes_.size());
-  for (const Node& n : nodes_)
-    if (!n.erased) order.push_back(n.id);
+  while (!ready.empty()) {
+    const NodeId id = ready.top();
+    ready.pop();
+    order.push_back(id);
+    for (NodeId c : consumers[id])
+      if (--pending[c] == 0) ready.push(c);
+  }
   return order;
 }
 

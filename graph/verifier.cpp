@@ -10,7 +10,14 @@ namespace pa {
 
 void verifyGraph(const Graph& g) {
   std::vector<char> defined(g.numValues(), 0);
-  for (NodeId id : g.topoOrder()) {
+  const std::vector<NodeId> order = g.topoOrder();
+  if (order.size() != g.liveNodeCount()) {
+    std::vector<char> ordered(g.numNodes(), 0);
+    for (NodeId id : order) ordered[id] = 1;
+    for (const Node& n : g.nodes())
+      if (!n.erased && !ordered[n.id]) throw ShapeError(n.name, "is on a cycle (it depends on its own output)");
+  }
+  for (NodeId id : order) {
     const Node& n = g.node(id);
     for (ValueId v : n.inputs) {
       if (v < 0 || v >= static_cast<ValueId>(g.numValues()))

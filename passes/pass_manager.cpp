@@ -14,6 +14,7 @@
 #include "graph/verifier.h"
 #include "passes/autodiff.h"
 #include "passes/dce.h"
+#include "passes/fusion.h"
 
 namespace pa {
 
@@ -23,6 +24,28 @@ void registerBuiltins(PassRegistry& r) {
   r.add({"verify", "check ordering, dangling inputs and types", {}, {}, [](Graph& g, PassStats&) { verifyGraph(g); }});
   r.add({"dce", "remove nodes no graph output depends on", {}, {}, [](Graph& g, PassStats& s) {
            s.counters["nodes removed"] = eliminateDeadCode(g);
+         }});
+  // Fused ops carry their own gradients, so fusing the forward graph happens before autodiff;
+  // fuse-elementwise and cse may run on either side of it.
+  auto greedy = [](std::unique_ptr<RewritePattern> (*make)()) {
+    return [make](Graph& g, PassStats& s) {
+      std::vector<std::unique_ptr<RewritePattern>> ps;
+      ps.push_back(make());
+      s.counters["patterns matched"] = applyPatternsGreedily(g, ps);
+    };
+  };
+  r.add({"fuse-linear", "MatMul -> Add(bias) -> ReLU | GELU become one FusedLinear", {}, {"autodiff"},
+         greedy(&makeFuseLinearPattern)});
+  r.add({"fuse-attention", "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention", {}, {"autodiff"},
+         greedy(&makeFuseAttentionPattern)});
+  r.add({"fuse-elementwise", "chains of elementwise and broadcast ops become one FusedElementwise", {}, {},
+         [](Graph& g, PassStats& s) {
+           int64_t absorbed = 0;
+           s.counters["patterns matched"] = fuseElementwise(g, absorbed);
+           s.counters["ops absorbed"] = absorbed;
+         }});
+  r.add({"cse", "merge nodes computing the same op on the same inputs", {}, {}, [](Graph& g, PassStats& s) {
+           s.counters["nodes removed"] = eliminateCommonSubexpressions(g);
          }});
   r.add({"autodiff", "append the backward graph of output 'loss' for every parameter", {}, {},
          [](Graph& g, PassStats& s) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/trainer.h"
 
@@ -134,22 +135,61 @@ TEST(Metrics, CsvAndJsonLinesHoldEveryStep) {
   fs::remove_all(dir);
 }
 
-TEST(DumpGraph, WritesEveryStageAsTextAndDot) {
+TEST(DumpGraph, WritesEveryStageAndShowsTheFusedNodes) {
   const fs::path dir = tempDir("dump");
   const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml", {});
   RunOptions o = quiet();
   o.steps = 1;
   o.dumpGraphDir = dir.string();
   train(cfg, o);
-  for (const char* stem : {"00-frontend", "01-autodiff", "02-dce", "03-verify"}) {
+  for (const char* stem : {"00-frontend", "01-fuse-linear", "02-fuse-attention", "03-fuse-elementwise", "04-autodiff",
+                           "05-fuse-elementwise", "06-cse", "07-dce", "08-verify"}) {
     EXPECT_TRUE(fs::exists(dir / (std::string(stem) + ".txt"))) << stem;
     EXPECT_TRUE(fs::exists(dir / (std::string(stem) + ".dot"))) << stem;
   }
-  const std::string text = readFile(dir / "00-frontend.txt");
-  EXPECT_NE(text.find("attention-mask("), std::string::npos);
-  EXPECT_NE(text.find("softmax("), std::string::npos);
+  const std::string lowered = readFile(dir / "00-frontend.txt");
+  EXPECT_NE(lowered.find("attention-mask("), std::string::npos);
+  EXPECT_NE(lowered.find("softmax("), std::string::npos);
+  // After the forward passes: the attention block is one FlashAttention node and every linear
+  // layer (4 in the model, plus q, k, v and o inside attention) a FusedLinear.
+  const std::string fused = readFile(dir / "03-fuse-elementwise.txt");
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = fused.find(what); at != std::string::npos; at = fused.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("= flash-attention("), 1u);
+  EXPECT_EQ(count("= fused-linear("), 7u);
+  EXPECT_EQ(count("= softmax("), 0u);
+  EXPECT_EQ(count("= matmul("), 0u);
   EXPECT_EQ(readFile(dir / "00-frontend.dot").rfind("digraph", 0), 0u);
   fs::remove_all(dir);
+}
+
+TEST(Compare, FusedAndUnfusedAgreeOnTheExamples) {
+  for (const char* name : {"sine_mlp", "sine_attention"}) {
+    const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/" + name + ".yaml", {"train.steps=40"});
+    std::FILE* sink = std::tmpfile();
+    const CompareResult r = compareFusedUnfused(cfg, quiet(), sink);
+    std::fclose(sink);
+    EXPECT_TRUE(r.agree) << name;
+    EXPECT_LE(r.maxLossRelDiff, 1e-5) << name;
+    EXPECT_LT(r.fused.trainNodes, r.unfused.trainNodes) << name;
+    ASSERT_FALSE(r.gradRelDiff.empty());
+  }
+}
+
+TEST(Compare, FusedAttentionNeedsLessActivationMemory) {
+  // At S = 256 the unfused step keeps several [batch, heads, S, S] tensors; the fused one none.
+  const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml",
+                                {"train.steps=1", "data.window=256", "model.input=[256, 1]", "data.samples=64", "train.batch_size=2"});
+  std::FILE* sink = std::tmpfile();
+  const CompareResult r = compareFusedUnfused(cfg, quiet(), sink);
+  std::fclose(sink);
+  EXPECT_TRUE(r.agree);
+  const size_t scores = 2 * 4 * 256 * 256 * sizeof(float);  // one [B, H, S, S] float tensor
+  EXPECT_GE(r.unfused.activationBytes, 2 * scores);
+  EXPECT_LT(r.fused.activationBytes, scores);
 }
 
 TEST(Precision, Fp64AndFp32TrajectoriesAgree) {

@@ -1,0 +1,110 @@
+// Fused against unfused, step by step.
+#include "frontend/compare.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+namespace pa {
+
+double compareTolerance(const Config& cfg) { return cfg.precision == "fp64" ? 1e-10 : 1e-5; }
+
+namespace {
+
+double relDiff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+
+double maxRelDiff(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num = std::max(num, std::fabs(a[i] - b[i]));
+    den = std::max(den, std::fabs(b[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, std::FILE* out) {
+  RunOptions opt = optIn;
+  opt.printSummary = false;
+  opt.progress = ProgressMode::Quiet;
+  opt.noFuse = false;
+  std::unique_ptr<Session> fused = makeSession(cfg, opt);
+  opt.initialParams = fused->params();  // the very same starting point, whatever the init
+  opt.noFuse = true;
+  opt.dumpGraphDir.clear();
+  std::unique_ptr<Session> lockstep = makeSession(cfg, opt);
+  std::unique_ptr<Session> free = makeSession(cfg, opt);
+
+  CompareResult r;
+  r.tolerance = compareTolerance(cfg);
+  const int64_t steps = fused->totalSteps();
+  std::fprintf(out, "%s: fused against unfused, %lld steps, tolerance %.0e relative\n", cfg.name.c_str(),
+               (long long)steps, r.tolerance);
+  std::fprintf(out, "%8s  %14s  %14s  %10s  %10s  %14s  %10s\n", "step", "loss fused", "loss unfused", "loss diff",
+               "grad diff", "free unfused", "free diff");
+  double tFused = 0, tUnfused = 0;
+  for (int64_t step = 1; step <= steps; ++step) {
+    lockstep->setParams(fused->params());
+    auto t0 = std::chrono::steady_clock::now();
+    const double lf = fused->step(step);
+    auto t1 = std::chrono::steady_clock::now();
+    const double lu = lockstep->step(step);
+    auto t2 = std::chrono::steady_clock::now();
+    const double lfree = free->step(step);
+    tFused += std::chrono::duration<double>(t1 - t0).count();
+    tUnfused += std::chrono::duration<double>(t2 - t1).count();
+    fused->result().losses.push_back(lf);
+    free->result().losses.push_back(lfree);
+    const double d = relDiff(lf, lu), dFree = relDiff(lf, lfree);
+    r.maxLossRelDiff = std::max(r.maxLossRelDiff, std::isfinite(d) ? d : INFINITY);
+    r.maxFreeLossRelDiff = std::max(r.maxFreeLossRelDiff, std::isfinite(dFree) ? dFree : INFINITY);
+    const auto gf = fused->gradients(), gu = lockstep->gradients();
+    // Per step: ‖g_fused − g_unfused‖₂ / ‖g_unfused‖₂ over all parameters together. Per
+    // parameter it is ill-conditioned: a bias whose gradient is a near-cancelling sum, or a
+    // ReLU input within rounding distance of 0, turns 1e-7 noise into large ratios.
+    double num = 0, den = 0;
+    for (const auto& kv : gu) {
+      const std::vector<double>& a = gf.at(kv.first);
+      for (size_t i = 0; i < a.size(); ++i) {
+        num += (a[i] - kv.second[i]) * (a[i] - kv.second[i]);
+        den += kv.second[i] * kv.second[i];
+      }
+      if (step == 1) r.gradRelDiff[kv.first] = maxRelDiff(a, kv.second);
+    }
+    const double gradStep = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    r.maxGradRelDiff = std::max(r.maxGradRelDiff, gradStep);
+    if (step == 1 || step % cfg.train.logEvery == 0 || step == steps)
+      std::fprintf(out, "%8lld  %14.8e  %14.8e  %10.2e  %10.2e  %14.8e  %10.2e\n", (long long)step, lf, lu, d, gradStep,
+                   lfree, dFree);
+  }
+  std::fprintf(out, "gradients at step 1 (max |fused - unfused| / max |unfused|):\n");
+  for (const auto& kv : r.gradRelDiff) std::fprintf(out, "  %-28s %10.2e\n", kv.first.c_str(), kv.second);
+  r.fused = fused->result();
+  r.unfused = free->result();
+  r.fused.secondsPerStep = steps ? tFused / static_cast<double>(steps) : 0;
+  r.unfused.secondsPerStep = steps ? tUnfused / static_cast<double>(steps) : 0;
+  std::fprintf(out, "%-28s %16s %16s\n", "", "fused", "unfused");
+  std::fprintf(out, "%-28s %16.3f %16.3f\n", "time per step (ms)", r.fused.secondsPerStep * 1e3, r.unfused.secondsPerStep * 1e3);
+  std::fprintf(out, "%-28s %16zu %16zu\n", "nodes per step", r.fused.trainNodes, r.unfused.trainNodes);
+  std::fprintf(out, "%-28s %16s %16s\n", "peak activation memory", mib(r.fused.activationBytes).c_str(),
+               mib(r.unfused.activationBytes).c_str());
+  double firstGrad = 0;
+  for (const auto& kv : r.gradRelDiff) firstGrad = std::max(firstGrad, std::isfinite(kv.second) ? kv.second : INFINITY);
+  r.agree = r.maxLossRelDiff <= r.tolerance && firstGrad <= r.tolerance;
+  std::fprintf(out,
+               "%s: largest loss difference %.2e over %lld steps, largest gradient difference %.2e at step 1 "
+               "(tolerance %.0e); for information: gradients over all steps %.2e, free-running loss %.2e\n",
+               r.agree ? "agree" : "DISAGREE", r.maxLossRelDiff, (long long)steps, firstGrad, r.tolerance, r.maxGradRelDiff,
+               r.maxFreeLossRelDiff);
+  return r;
+}
+
+}  // namespace pa

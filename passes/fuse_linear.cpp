@@ -1,0 +1,79 @@
+// fuse-linear: MatMul(x, W) -> Add(bias) -> ReLU | GELU becomes one FusedLinear node.
+//
+// Note on shared intermediates: the chain stops at the first value with another user (or that
+// is a graph output), and a MatMul whose own output is shared is not fused at all. Recomputing
+// a shared GEMM would cost a second matmul to save one elementwise pass, which is never
+// cheaper, so this pass never recomputes. A chain cut after the Add still fuses MatMul + bias.
+#include "passes/fusion.h"
+
+namespace pa {
+
+namespace {
+
+// The bias operand of an Add over the matmul result `m` ([..., N]): a value of N elements
+// whose shape is [N] or [1, ..., 1, N] and no longer than m's, so broadcasting adds it to
+// every row. Returns kNoValue when `other` is no such bias.
+ValueId asBias(const Graph& g, ValueId other, ValueId m) {
+  const Shape& b = g.shape(other);
+  const Shape& ms = g.shape(m);
+  if (b.empty() || b.back() != ms.back() || b.size() > ms.size()) return kNoValue;
+  for (size_t i = 0; i + 1 < b.size(); ++i)
+    if (b[i] != 1) return kNoValue;
+  return other;
+}
+
+class FuseLinearPattern final : public RewritePattern {
+public:
+  const char* name() const override { return "linear"; }
+  bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
+    Graph& g = ctx.graph();
+    const Node mm = g.node(root);
+    if (mm.op != OpKind::MatMul || mm.attrs.getBool("transpose_a", false)) return false;
+    if (g.shape(mm.inputs[1]).size() != 2) return false;  // a batched right side is no layer weight
+    std::vector<NodeId> chain{mm.id};
+    ValueId cur = mm.outputs[0], bias = kNoValue;
+    std::string act = "none";
+    if (ctx.hasSingleUse(cur)) {
+      const Node& u = g.node(ctx.users(cur)[0]);
+      if (u.op == OpKind::Add) {
+        const ValueId other = u.inputs[0] == cur ? u.inputs[1] : u.inputs[0];
+        if (u.inputs[0] != u.inputs[1]) bias = asBias(g, other, cur);
+        if (bias != kNoValue) {
+          chain.push_back(u.id);
+          cur = u.outputs[0];
+        }
+      }
+    }
+    if (ctx.hasSingleUse(cur)) {
+      const Node& u = g.node(ctx.users(cur)[0]);
+      if (u.op == OpKind::Relu || u.op == OpKind::Gelu) {
+        act = u.op == OpKind::Relu ? "relu" : "gelu";
+        chain.push_back(u.id);
+        cur = u.outputs[0];
+      }
+    }
+    if (chain.size() == 1) return false;  // a bare matmul is not a linear layer
+    const int64_t units = g.shape(mm.outputs[0]).back();
+    std::vector<ValueId> ins{mm.inputs[0], mm.inputs[1]};
+    if (bias != kNoValue) {
+      if (g.shape(bias) != Shape{units}) {
+        AttrMap r;
+        r.set("shape", std::vector<int64_t>{units});
+        bias = g.add(OpKind::Reshape, {bias}, r);
+      }
+      ins.push_back(bias);
+    }
+    AttrMap a;
+    a.set("activation", act);
+    if (mm.attrs.getBool("transpose_b", false)) a.set("transpose_w", true);
+    const ValueId fused = g.add(OpKind::FusedLinear, ins, a);
+    ctx.replace(cur, fused, chain);
+    return true;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<RewritePattern> makeFuseLinearPattern() { return std::make_unique<FuseLinearPattern>(); }
+
+}  // namespace pa

@@ -1,0 +1,351 @@
+// Fusion passes in the before/after style: build a graph, run the pass on a copy, check the
+// node kinds and counts after it, and check that both graphs compute the same outputs and
+// gradients (float64) on random inputs. Hand-written spellings come from explicit YAML nodes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "frontend/config.h"
+#include "frontend/model_builder.h"
+#include "graph/elementwise_expr.h"
+#include "graph/verifier.h"
+#include "passes/autodiff.h"
+#include "passes/fusion.h"
+#include "passes/pass_manager.h"
+#include "test_util.h"
+
+namespace pa {
+namespace {
+
+std::map<OpKind, int> countOps(const Graph& g) {
+  std::map<OpKind, int> c;
+  for (NodeId id : g.topoOrder()) c[g.node(id).op]++;
+  return c;
+}
+
+// Builds the model of a YAML snippet (data: function, so `input` is [batch, ...model.input]).
+BuiltModel build(const std::string& modelYaml, std::vector<int64_t> input, std::vector<int64_t> target, int64_t batch = 2) {
+  const Config cfg = parseConfig("name: t\ndata: {kind: function}\nmodel:\n" + modelYaml, "test.yaml", {});
+  return buildModel(cfg, input, target, batch);
+}
+
+// Runs `passes` on a copy of `before`, then checks loss and every parameter gradient of the
+// two graphs agree on random inputs. Float64 throughout: the fused kernels reorder sums, so
+// agreement is to rounding (~1e-15 relative), asserted at 1e-10.
+Graph runAndCompare(const BuiltModel& m, const std::vector<std::string>& passes, uint64_t seed = 7) {
+  Graph before = m.graph;
+  Graph after = m.graph;
+  runPipeline(after, passes, PipelineOptions{});
+  verifyGraph(after);
+  const Graph fusedForward = after;  // what the caller inspects: the forward graph after the passes
+  for (Graph* g : {&before, &after}) {
+    appendBackward(*g, g->output("loss"), g->params());
+    verifyGraph(*g);
+  }
+  CpuExecutor<double> eb(before), ea(after);
+  const auto params = test::randomParams(before, seed);
+  std::map<std::string, std::vector<double>> byName;
+  for (const auto& kv : params) byName[before.value(kv.first).name] = kv.second;
+  std::vector<std::vector<double>> storage;
+  storage.reserve(2 * byName.size());
+  for (auto [g, ex] : {std::pair<Graph*, CpuExecutor<double>*>{&before, &eb}, {&after, &ea}}) {
+    for (ValueId p : g->params()) {
+      storage.push_back(byName.at(g->value(p).name));
+      ex->bind(p, storage.back().data());
+    }
+    for (ValueId in : g->inputs()) test::fillRandom(ex->data(in), numel(g->shape(in)), seed + in);
+    ex->run();
+  }
+  const double lb = eb.data(before.output("loss"))[0], la = ea.data(after.output("loss"))[0];
+  EXPECT_TRUE(std::isfinite(lb));
+  EXPECT_NEAR(la, lb, 1e-10 * std::max(1.0, std::fabs(lb)));
+  for (ValueId p : before.params()) {
+    const std::string name = gradOutputName(before.value(p).name);
+    const double* gb = eb.data(before.output(name));
+    const double* ga = ea.data(after.output(name));
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < numel(before.shape(p)); ++i) {
+      worst = std::max(worst, std::fabs(ga[i] - gb[i]));
+      scale = std::max(scale, std::fabs(gb[i]));
+    }
+    EXPECT_LE(worst, 1e-10 * std::max(1.0, scale)) << name;
+  }
+  return fusedForward;
+}
+
+// ---- fuse-linear -------------------------------------------------------------------------
+
+TEST(FuseLinear, MatMulBiasReluBecomesOneNode) {
+  const BuiltModel m = build("  layers: [{linear: {units: 5, activation: relu}}, {linear: {units: 2}}]\n", {3, 4}, {3, 2});
+  const Graph g = runAndCompare(m, {"fuse-linear"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::FusedLinear], 2);
+  EXPECT_EQ(c[OpKind::MatMul], 0);
+  EXPECT_EQ(c[OpKind::Relu], 0);
+  EXPECT_EQ(c[OpKind::Add], 0);
+}
+
+TEST(FuseLinear, GeluAndNoBiasAndTransposedWeight) {
+  const std::string nodes =
+      "  input: [4]\n  params: {w: {shape: [6, 4]}, b: {shape: [1, 6]}, w2: {shape: [6, 1]}}\n  nodes:\n"
+      "    - {op: matmul, inputs: [input, w], transpose_b: true, output: h}\n"
+      "    - {op: add, inputs: [b, h], output: h1}\n"  // bias on the left, shaped [1, N]
+      "    - {op: gelu, inputs: [h1], output: h2}\n"
+      "    - {op: matmul, inputs: [h2, w2], output: h3}\n"
+      "    - {op: relu, inputs: [h3], output: y}\n";  // no bias
+  const Graph g = runAndCompare(build(nodes, {4}, {1}), {"fuse-linear"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::FusedLinear], 2);
+  EXPECT_EQ(c[OpKind::Gelu] + c[OpKind::Relu] + c[OpKind::MatMul] + c[OpKind::Add], 0);
+}
+
+TEST(FuseLinear, SharedIntermediatesStopTheChain) {
+  // h1 (after the bias) feeds both the ReLU and the output sum: MatMul + bias fuse, the ReLU
+  // stays; the matmul whose output is reused is not fused at all.
+  const std::string nodes =
+      "  input: [4]\n  params: {w: {shape: [4, 4]}, b: {shape: [4]}, w2: {shape: [4, 4]}}\n  nodes:\n"
+      "    - {op: matmul, inputs: [input, w], output: h}\n"
+      "    - {op: add, inputs: [h, b], output: h1}\n"
+      "    - {op: relu, inputs: [h1], output: h2}\n"
+      "    - {op: add, inputs: [h2, h1], output: h3}\n"
+      "    - {op: matmul, inputs: [h3, w2], output: m}\n"
+      "    - {op: relu, inputs: [m], output: r}\n"
+      "    - {op: add, inputs: [r, m], output: y}\n";
+  const Graph g = runAndCompare(build(nodes, {4}, {4}), {"fuse-linear"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::FusedLinear], 1);  // w with its bias, activation none
+  EXPECT_EQ(c[OpKind::MatMul], 1);       // w2: its output m has two users
+  EXPECT_EQ(c[OpKind::Relu], 2);
+}
+
+TEST(FuseLinear, BareOrBatchedMatMulsAreNotLayers) {
+  const std::string nodes =
+      "  input: [3, 4]\n  params: {w: {shape: [4, 4]}, wb: {shape: [2, 4, 4]}}\n  nodes:\n"
+      "    - {op: matmul, inputs: [input, w], output: h}\n"   // no bias, no activation
+      "    - {op: matmul, inputs: [h, wb], output: h2}\n"     // batched right side
+      "    - {op: relu, inputs: [h2], output: y}\n";
+  const Graph g = runAndCompare(build(nodes, {3, 4}, {3, 4}), {"fuse-linear"});
+  EXPECT_EQ(countOps(g)[OpKind::FusedLinear], 0);
+}
+
+// ---- fuse-attention ----------------------------------------------------------------------
+
+struct LayerSpelling {
+  std::string name, yaml;
+};
+
+class FuseAttentionLayer : public ::testing::TestWithParam<LayerSpelling> {};
+
+TEST_P(FuseAttentionLayer, LayerSugarBecomesOneFlashAttention) {
+  const BuiltModel m = build("  input: [6, 8]\n  layers:\n    - attention: {" + GetParam().yaml + "}\n    - linear: {units: 1}\n",
+                             {6, 8}, {6, 1});
+  const Graph g = runAndCompare(m, {"fuse-attention"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::FlashAttention], 1);
+  EXPECT_EQ(c[OpKind::Softmax] + c[OpKind::AttentionMask] + c[OpKind::RepeatHeads] + c[OpKind::Scale], 0);
+  EXPECT_EQ(c[OpKind::MatMul], 5);  // q, k, v, o projections and the head: QKᵀ and PV are gone
+}
+
+INSTANTIATE_TEST_SUITE_P(Masks, FuseAttentionLayer,
+                         ::testing::Values(LayerSpelling{"plain", "heads: 2"},
+                                           LayerSpelling{"causal", "heads: 2, causal: true"},
+                                           LayerSpelling{"gqa", "heads: 4, kv_heads: 2, causal: true"},
+                                           LayerSpelling{"windowSinks", "heads: 2, window: {left: 1, right: 1}, sinks: 1"},
+                                           LayerSpelling{"everything", "heads: 4, kv_heads: 1, causal: true, window: 2, sinks: 2, sink_logits: true, residual: true"}),
+                         [](const ::testing::TestParamInfo<LayerSpelling>& i) { return i.param.name; });
+
+// Hand-written attention over q, k, v taken from `input` [batch, 2 heads, 5, 4] via explicit nodes.
+std::string handWritten(const std::string& core) {
+  return "  input: [2, 5, 4]\n  params: {wk: {shape: [4, 4]}, wv: {shape: [4, 4]}}\n  nodes:\n"
+         "    - {op: matmul, inputs: [input, wk], output: k}\n"
+         "    - {op: matmul, inputs: [input, wv], output: v}\n" +
+         core;
+}
+
+struct HandCase {
+  std::string name, core;
+  bool fuses;
+};
+
+class FuseAttentionHandWritten : public ::testing::TestWithParam<HandCase> {};
+
+TEST_P(FuseAttentionHandWritten, FusesExactlyTheValidSpellings) {
+  const BuiltModel m = build(handWritten(GetParam().core), {2, 5, 4}, {2, 5, 4});
+  const Graph g = runAndCompare(m, {"fuse-attention"});
+  EXPECT_EQ(countOps(g)[OpKind::FlashAttention], GetParam().fuses ? 1 : 0);
+  if (GetParam().fuses) {
+    EXPECT_EQ(countOps(g)[OpKind::Softmax], 0);
+  }
+}
+
+const char* kCausalMask5 = "[0, -.inf, -.inf, -.inf, -.inf, 0, 0, -.inf, -.inf, -.inf, 0, 0, 0, -.inf, -.inf, 0, 0, 0, 0, -.inf, 0, 0, 0, 0, 0]";
+// window left 1 with one sink, not causal, right 1
+const char* kWindowSinkMask5 = "[0, 0, -.inf, -.inf, -.inf, 0, 0, 0, -.inf, -.inf, 0, 0, 0, 0, -.inf, 0, -.inf, 0, 0, 0, 0, -.inf, -.inf, 0, 0]";
+
+INSTANTIATE_TEST_SUITE_P(
+    Spellings, FuseAttentionHandWritten,
+    ::testing::Values(
+        HandCase{"scaleOp_maskOp",
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: scale, inputs: [s], value: 0.5, output: s2}\n"
+                 "    - {op: attention-mask, inputs: [s2], causal: true, output: s3}\n"
+                 "    - {op: softmax, inputs: [s3], axis: -1, output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 true},
+        HandCase{"mulByConstant_afterMask",
+                 "    - {op: constant, shape: [], value: 0.5, output: c}\n"
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: attention-mask, inputs: [s], causal: true, window_left: 1, output: s2}\n"
+                 "    - {op: mul, inputs: [c, s2], output: s3}\n"
+                 "    - {op: softmax, inputs: [s3], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 true},
+        HandCase{"divByConstant_explicitTranspose",
+                 "    - {op: constant, shape: [1], value: 2.0, output: c}\n"
+                 "    - {op: permute, inputs: [k], perm: [0, 1, 3, 2], output: kt}\n"
+                 "    - {op: matmul, inputs: [input, kt], output: s}\n"
+                 "    - {op: div, inputs: [s, c], output: s2}\n"
+                 "    - {op: softmax, inputs: [s2], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 true},
+        HandCase{"scaleOnQBeforehand",
+                 "    - {op: scale, inputs: [input], value: 0.5, output: q}\n"
+                 "    - {op: matmul, inputs: [q, k], transpose_b: true, output: s}\n"
+                 "    - {op: softmax, inputs: [s], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 true},
+        HandCase{"addConstantCausalMask",
+                 std::string("    - {op: constant, shape: [5, 5], data: ") + kCausalMask5 + ", output: mask}\n"
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: add, inputs: [s, mask], output: s2}\n"
+                 "    - {op: scale, inputs: [s2], value: 0.5, output: s3}\n"
+                 "    - {op: softmax, inputs: [s3], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 true},
+        HandCase{"addConstantWindowSinkMask",
+                 std::string("    - {op: constant, shape: [1, 1, 5, 5], data: ") + kWindowSinkMask5 + ", output: mask}\n"
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: add, inputs: [mask, s], output: s2}\n"
+                 "    - {op: softmax, inputs: [s2], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 true},
+        HandCase{"gqaRepeatedHeads",
+                 "    - {op: repeat-heads, inputs: [k], axis: 1, repeats: 1, output: kr}\n"
+                 "    - {op: repeat-heads, inputs: [v], axis: 1, repeats: 1, output: vr}\n"
+                 "    - {op: matmul, inputs: [input, kr], transpose_b: true, output: s}\n"
+                 "    - {op: softmax, inputs: [s], output: p}\n"
+                 "    - {op: matmul, inputs: [p, vr], output: y}\n",
+                 true},
+        HandCase{"negative_softmaxOverOtherAxis",
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: softmax, inputs: [s], axis: 2, output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 false},
+        HandCase{"negative_probabilitiesUsedElsewhere",
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: softmax, inputs: [s], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: o}\n"
+                 "    - {op: sum, inputs: [p], axes: [-1], keepdims: true, output: ps}\n"
+                 "    - {op: mul, inputs: [o, ps], output: y}\n",
+                 false},
+        HandCase{"negative_tensorScale",
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: mul, inputs: [s, s], output: s2}\n"
+                 "    - {op: softmax, inputs: [s2], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 false},
+        HandCase{"negative_unrecognisedMask",
+                 "    - {op: constant, shape: [5, 5], data: [0, -.inf, 0, -.inf, 0, 0, 0, -.inf, -.inf, 0, -.inf, 0, 0, 0, -.inf, "
+                 "0, -.inf, 0, 0, 0, 0, 0, -.inf, 0, -.inf], output: mask}\n"
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: add, inputs: [s, mask], output: s2}\n"
+                 "    - {op: softmax, inputs: [s2], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 false},
+        HandCase{"negative_finiteMaskValues",
+                 "    - {op: constant, shape: [5, 5], value: -1.0e9, output: mask}\n"
+                 "    - {op: matmul, inputs: [input, k], transpose_b: true, output: s}\n"
+                 "    - {op: add, inputs: [s, mask], output: s2}\n"
+                 "    - {op: softmax, inputs: [s2], output: p}\n"
+                 "    - {op: matmul, inputs: [p, v], output: y}\n",
+                 false}),
+    [](const ::testing::TestParamInfo<HandCase>& i) { return i.param.name; });
+
+// ---- fuse-elementwise and cse ------------------------------------------------------------
+
+TEST(FuseElementwise, ChainBecomesOneNodeAndKeepsSharedValues) {
+  const std::string nodes =
+      "  input: [4]\n  params: {b: {shape: [4]}, c: {shape: [2, 4]}}\n  nodes:\n"
+      "    - {op: add, inputs: [input, b], output: h}\n"
+      "    - {op: sigmoid, inputs: [h], output: h1}\n"
+      "    - {op: scale, inputs: [h1], value: 3.0, output: h2}\n"
+      "    - {op: mul, inputs: [h2, c], output: h3}\n"
+      "    - {op: exp, inputs: [h3], output: h4}\n"
+      "    - {op: sum, inputs: [h1], output: t}\n"  // h1 is shared: the chain splits there
+      "    - {op: add, inputs: [h4, t], output: y}\n";
+  const Graph g = runAndCompare(build(nodes, {4}, {4}), {"fuse-elementwise"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::FusedElementwise], 2);  // add+sigmoid, and scale+mul+exp+add
+  EXPECT_EQ(c[OpKind::Add] + c[OpKind::Sigmoid] + c[OpKind::Scale] + c[OpKind::Mul] + c[OpKind::Exp], 0);
+  EXPECT_EQ(c[OpKind::Sum], 1);
+}
+
+TEST(FuseElementwise, BackwardChainsFuseAfterAutodiffWithSameValues) {
+  // The trainer runs fuse-elementwise again after autodiff; fusing the training graph must not
+  // change the loss or the gradients.
+  const BuiltModel m = build("  layers: [{linear: {units: 6, activation: tanh}}, {linear: {units: 6, activation: sigmoid}}, {linear: {units: 1}}]\n",
+                             {3}, {1});
+  Graph plain = m.graph, fused = m.graph;
+  for (Graph* g : {&plain, &fused}) appendBackward(*g, g->output("loss"), g->params());
+  runPipeline(fused, {"fuse-elementwise", "dce", "verify"}, PipelineOptions{});
+  EXPECT_GT(countOps(fused)[OpKind::FusedElementwise], 0);
+  CpuExecutor<double> ep(plain), ef(fused);
+  const auto init = test::randomParams(plain, 3);
+  std::vector<std::vector<double>> store;
+  store.reserve(16);
+  for (auto [g, ex] : {std::pair<Graph*, CpuExecutor<double>*>{&plain, &ep}, {&fused, &ef}}) {
+    for (ValueId p : g->params()) {
+      store.push_back(init.at(plain.findValue(g->value(p).name)));
+      ex->bind(p, store.back().data());
+    }
+    for (ValueId in : g->inputs()) test::fillRandom(ex->data(in), numel(g->shape(in)), 11 + in);
+    ex->run();
+  }
+  for (const auto& kv : plain.outputs()) {
+    const ValueId a = kv.second, b = fused.output(kv.first);
+    for (int64_t i = 0; i < numel(plain.shape(a)); ++i) EXPECT_NEAR(ef.data(b)[i], ep.data(a)[i], 1e-12) << kv.first;
+  }
+}
+
+TEST(FuseElementwise, ExpressionsRoundTripExactly) {
+  for (const char* text : {"relu(add($0, $1))", "mul(sigmoid(sub($0, $1)), scale[0.10000000000000001]($2))",
+                           "gelu-grad($0, broadcast-to($1))", "$0"}) {
+    EXPECT_EQ(exprToString(parseExpr(text)), text);
+  }
+  EXPECT_THROW(parseExpr("relu($0, $1)"), std::invalid_argument);
+  EXPECT_THROW(parseExpr("softmax($0)"), std::invalid_argument);
+  EXPECT_THROW(parseExpr("add($0"), std::invalid_argument);
+}
+
+TEST(Cse, DuplicateComputationsMerge) {
+  const std::string nodes =
+      "  input: [4]\n  params: {w: {shape: [4, 4]}}\n  nodes:\n"
+      "    - {op: matmul, inputs: [input, w], output: a}\n"
+      "    - {op: matmul, inputs: [input, w], output: b}\n"
+      "    - {op: tanh, inputs: [a], output: ta}\n"
+      "    - {op: tanh, inputs: [b], output: tb}\n"
+      "    - {op: add, inputs: [ta, tb], output: y}\n";
+  const Graph g = runAndCompare(build(nodes, {4}, {4}), {"cse", "dce"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::MatMul], 1);
+  EXPECT_EQ(c[OpKind::Tanh], 1);
+}
+
+TEST(Passes, FusionMustPrecedeAutodiff) {
+  EXPECT_THROW(validatePipeline({"autodiff", "fuse-linear"}), UserError);
+  EXPECT_NO_THROW(validatePipeline({"fuse-linear", "fuse-attention", "fuse-elementwise", "autodiff", "fuse-elementwise", "cse"}));
+}
+
+}  // namespace
+}  // namespace pa
