@@ -234,6 +234,29 @@ def main():
             Ours(fl, q, k, v).fwd_bwd()
         torch.cuda.synchronize()
         return
+    if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), PA_FLASH_ATOMIC_DQ=0/1
+        for d in (64, 128):
+            for causal in (False, True):
+                b, h, s = 4, 2048 // d, 4096
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                ours = Ours(fl, q, k, v, causal=causal)
+                ms = bench(ours.fwd_bwd) - bench(ours.fwd)
+                fl_b = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+                print(f"bwdtune d={d} causal={causal} atomic_dq={os.environ.get('PA_FLASH_ATOMIC_DQ', '0')} "
+                      f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')}: "
+                      f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
+        return
+    if "tune" in a.only:  # forward only, for comparing tile knobs (PA_FLASH_FWD_TILE / _MT)
+        for d in (64, 128):
+            for causal in (False, True):
+                b, h, s = 4, 2048 // d, 4096
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                ours = Ours(fl, q, k, v, causal=causal)
+                ms = bench(ours.fwd)
+                fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
+                print(f"tune d={d} causal={causal} tile={os.environ.get('PA_FLASH_FWD_TILE', '-')} "
+                      f"mt={os.environ.get('PA_FLASH_FWD_MT', '-')}: {fl_f / ms / 1e9:.0f} TFLOP/s", flush=True)
+        return
     if "fp32" in a.only:
         fp32_seed(fl, lines)
     if "gqa" in a.only:

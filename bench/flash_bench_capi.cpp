@@ -1,4 +1,5 @@
 // C API over the flash attention launcher for bench/attention_vs_torch.py (ctypes, torch tensors).
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -26,6 +27,11 @@ pa::FlashAttentionConfig config(int dtype, int b, int hq, int hkv, int sq, int s
   c.mask.causal = causal, c.mask.alignBottomRight = bottomRight, c.mask.windowLeft = wl, c.mask.windowRight = wr;
   c.mask.sinks = sinks;
   c.sinkLogits = sinkLogits != 0;
+  // The benchmark compares both backward schemes without a second entry point.
+  const char* det = std::getenv("PA_FLASH_DETERMINISTIC");
+  c.deterministic = det && det[0] == '1';
+  const char* atomic = std::getenv("PA_FLASH_ATOMIC_DQ");
+  c.atomicDq = atomic && atomic[0] == '1';
   return c;
 }
 

@@ -2,6 +2,7 @@
 #include "kernels/flash_attention.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "codegen/embedded_kernels.h"
@@ -44,6 +45,9 @@ int padHeadDim(int d) {
 }
 int ceilDiv(long long a, long long b) { return (int)((a + b - 1) / b); }
 
+// GQA with 16-bit types: dK/dV blocks per query head (partials + reduce) instead of per KV head.
+bool splitKvHeads(const FlashAttentionConfig& c) { return c.dtype != kFlashF32 && c.heads != c.kvHeads; }
+
 [[noreturn]] void fail(const std::string& what) { throw FlashAttentionError("flash attention: " + what); }
 
 void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
@@ -63,6 +67,8 @@ void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
 
 int FlashKernelSpec::threads() const {
   switch (kind) {
+    case FlashKernelKind::kBwdDqConvert:
+    case FlashKernelKind::kBwdDkDvReduce:
     case FlashKernelKind::kBwdPreprocess:
     case FlashKernelKind::kBwdSinkReduce: return 256;
     case FlashKernelKind::kForward:
@@ -76,15 +82,18 @@ int FlashKernelSpec::sharedBytes() const {
   // Must match the shared-memory carve-up at the top of each kernel in flash_attention_{fwd,bwd}.cuh.
   const bool f32 = dtype == kFlashF32;
   switch (kind) {
+    case FlashKernelKind::kBwdDqConvert:
+    case FlashKernelKind::kBwdDkDvReduce:
     case FlashKernelKind::kBwdPreprocess:
     case FlashKernelKind::kBwdSinkReduce: return 0;
     case FlashKernelKind::kForward:
       return f32 ? (3 * 64 * (dpad + 4) + 64 * 68) * 4 : (16 * mtiles * warps + 2 * tile) * (dpad + 8) * 2;
     case FlashKernelKind::kBwdDkDv:
       return f32 ? (4 * 64 * (dpad + 4) + 2 * 64 * 68 + 2 * 64) * 4
-                 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4 + 6 * tile * 4;
+                 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4 + 6 * tile * 4 +
+                       (atomicDq ? 16 * warps * (tile + 8) * 2 : 0);
     case FlashKernelKind::kBwdDq:
-      return f32 ? (4 * 64 * (dpad + 4) + 64 * 68) * 4 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2;
+      return f32 ? (4 * 64 * (dpad + 4) + 64 * 68) * 4 : (2 * 16 * mtiles * warps + 4 * tile) * (dpad + 8) * 2;
   }
   return 0;
 }
@@ -98,18 +107,23 @@ std::string FlashKernelSpec::name() const {
     case FlashKernelKind::kBwdSinkReduce: os << "bwd_sink"; return os.str();
     case FlashKernelKind::kBwdDkDv: os << "bwd_dkdv"; break;
     case FlashKernelKind::kBwdDq: os << "bwd_dq"; break;
+    case FlashKernelKind::kBwdDqConvert: os << "bwd_dqconv"; break;
+    case FlashKernelKind::kBwdDkDvReduce: os << "bwd_dkdvsum"; break;
   }
   os << "_" << dtypeName(dtype);
-  if (kind == FlashKernelKind::kBwdPreprocess) return os.str();
+  if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdDqConvert ||
+      kind == FlashKernelKind::kBwdDkDvReduce)
+    return os.str();
   os << "_d" << dpad;
   if (dtype != kFlashF32) os << "_w" << warps << "_t" << tile;
   if (mtiles != 1) os << "_m" << mtiles;
+  if (atomicDq) os << "_adq";
   return os.str();
 }
 
 int FlashKernelSpec::rowsPerBlock() const {
   if (dtype == kFlashF32) return 64;
-  return 16 * warps * (kind == FlashKernelKind::kForward ? mtiles : 1);
+  return 16 * warps * (kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDq ? mtiles : 1);
 }
 
 std::string FlashKernelSpec::source() const {
@@ -127,10 +141,20 @@ std::string FlashKernelSpec::source() const {
       break;
     case FlashKernelKind::kBwdSinkReduce: call = "flashBackwardSinkReduce"; break;
     case FlashKernelKind::kBwdDkDv:
-      call = f32 ? "flashBackwardDkDvF32<" + d + ">" : "flashBackwardDkDvMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ">";
+      call = f32 ? "flashBackwardDkDvF32<" + d + ">"
+                 : "flashBackwardDkDvMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
+                       (atomicDq ? "true" : "false") + ">";
+      break;
+    case FlashKernelKind::kBwdDqConvert:
+      call = "flashBackwardDqConvert<" + std::string(dtypeTag(dtype)) + ">";
+      break;
+    case FlashKernelKind::kBwdDkDvReduce:
+      call = "flashBackwardDkDvReduce<" + std::string(dtypeTag(dtype)) + ">";
       break;
     case FlashKernelKind::kBwdDq:
-      call = f32 ? "flashBackwardDqF32<" + d + ">" : "flashBackwardDqMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ">";
+      call = f32 ? "flashBackwardDqF32<" + d + ">"
+                 : "flashBackwardDqMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
+                       std::to_string(mtiles) + ">";
       break;
   }
   std::ostringstream os;
@@ -152,8 +176,17 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
       if (dt == kFlashF32 && d > 128) continue;  // fp32 backward tiles do not fit shared memory
       specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
       specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg));
+      if (dt != kFlashF32) {
+        cfg.atomicDq = true;
+        specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
+        cfg.atomicDq = false;
+      }
     }
     specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdPreprocess, cfg));
+    if (dt != kFlashF32) {
+      specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDqConvert, cfg));
+      specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDvReduce, cfg));
+    }
   }
   specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdSinkReduce, cfg));
   return specs;
@@ -179,8 +212,30 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // Forward: 128-row blocks (2 m-tiles per warp) as FlashAttention-2 does, except at head dim 256
   // where two m-tiles of accumulators would not fit the register file.
   s.mtiles = kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32 && s.dpad <= 128 ? 2 : 1;
-  if (kind == FlashKernelKind::kForward && s.mtiles == 2 && s.dpad > 64) s.tile = 32;  // S of 2x32 keys fits beside O
-  if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdSinkReduce) s.dpad = 0;
+  // Measured on the H100 (bench/RESULTS_flash.md, tile sweep): 64 keys per tile at head dim <= 64,
+  // 32 above, where S of 2 x 64 keys beside O would exceed the register file.
+  if (kind == FlashKernelKind::kForward && s.mtiles == 2 && s.dpad > 64) s.tile = 32;
+  // Debug knobs for tuning runs (docs/flash_attention.md): PA_FLASH_FWD_TILE, PA_FLASH_FWD_MT.
+  if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32) {
+    if (const char* e = std::getenv("PA_FLASH_FWD_TILE")) s.tile = std::atoi(e);
+    if (const char* e = std::getenv("PA_FLASH_FWD_MT")) s.mtiles = std::atoi(e);
+  }
+  // dQ kernel: the forward's 128-row blocks; S and dP of 2 x 32 keys beside dQ above head dim 64.
+  if (kind == FlashKernelKind::kBwdDq && cfg.dtype != kFlashF32) {
+    if (const char* e = std::getenv("PA_FLASH_DQ_MT")) s.mtiles = std::atoi(e);
+    else s.mtiles = s.dpad <= 128 ? 2 : 1;
+    if (s.mtiles == 2 && s.dpad > 64) s.tile = 32;
+    if (const char* e = std::getenv("PA_FLASH_DQ_TILE")) s.tile = std::atoi(e);
+  }
+  // Backward, FlashAttention-2 scheme: 8 warps x 16 keys share each Q/dO tile (4 at head dim 256,
+  // where the key tiles of 128 rows would not fit shared memory).
+  if (kind == FlashKernelKind::kBwdDkDv && cfg.dtype != kFlashF32 && cfg.atomicDq) {
+    s.atomicDq = true;
+    s.warps = s.dpad <= 128 ? 8 : 4;
+  }
+  if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdSinkReduce ||
+      kind == FlashKernelKind::kBwdDqConvert || kind == FlashKernelKind::kBwdDkDvReduce)
+    s.dpad = 0;
   if (kind == FlashKernelKind::kBwdSinkReduce) s.dtype = kFlashF32;
   return s;
 }
@@ -202,7 +257,10 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
   if (backward && c.dtype == kFlashF32 && c.headDim > 128)
     fail("fp32 backward supports head dim <= 128 (its tiles of " + std::to_string(padHeadDim(c.headDim)) +
          " do not fit shared memory); use bf16/fp16");
-  // Every backward is free of atomics, so `deterministic` is always honoured.
+  if (backward && c.deterministic && c.atomicDq)
+    fail("deterministic and atomicDq both set: fp32 atomics make dQ's summation order vary from run to "
+         "run, so a deterministic backward cannot use them; drop atomicDq");
+  if (backward && c.atomicDq && c.dtype == kFlashF32) fail("atomicDq is implemented for fp16 and bf16 only");
   const int limit = device_.info().maxSharedBytesOptin;
   const FlashKernelKind kinds[2] = {backward ? FlashKernelKind::kBwdDkDv : FlashKernelKind::kForward,
                                     backward ? FlashKernelKind::kBwdDq : FlashKernelKind::kForward};
@@ -237,7 +295,7 @@ const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) 
   // Integer key: launches happen every training step, so the hit path builds no strings.
   const unsigned long long key =
       (((((unsigned long long)spec.kind * 4 + spec.dtype) * 1024 + spec.dpad) * 64 + spec.warps) * 1024 + spec.tile) * 8 +
-      spec.mtiles;
+      spec.mtiles * 2 + spec.atomicDq;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = loaded_.find(key);
   if (it != loaded_.end()) return it->second;
@@ -283,8 +341,10 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
 size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {
   // delta [batch, heads, qLen] + sink partials [heads, batch * qTiles], each 16-byte aligned.
   const size_t delta = ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
-  const size_t partial = (size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4;
-  return delta + partial + 16;
+  const size_t partial = ((size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4 + 15) / 16 * 16;
+  const size_t dqAccum = (size_t)c.batch * c.heads * c.qLen * c.headDim * 4;  // atomic-dQ path only
+  const size_t dkvPartial = splitKvHeads(c) ? 2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 : 0;
+  return delta + partial + (c.dtype != kFlashF32 && c.atomicDq ? dqAccum : 0) + dkvPartial + 16;
 }
 
 void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackwardArgs& a, cuda::CUstream stream) {
@@ -305,14 +365,25 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   p.dSinkLogits = c.sinkLogits ? a.dSinkLogits : 0;
   p.delta = a.workspace;
   p.sinkPartial = a.workspace + ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
+  const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c);
+  unsigned long long next = p.sinkPartial + ((size_t)c.heads * c.batch * p.qTiles * 4 + 15) / 16 * 16;
+  if (dkdv.atomicDq) {
+    p.dQAccum = next;
+    next += ((size_t)c.batch * c.heads * c.qLen * c.headDim * 4 + 15) / 16 * 16;
+  }
+  if (splitKvHeads(c)) p.dKVPartial = next;
 
   launch(chooseSpec(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream);
   // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
   if (c.sinkLogits) launch(chooseSpec(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream);
-  const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c);
-  launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), c.batch * c.kvHeads, p, stream);
-  const FlashKernelSpec dq = chooseSpec(FlashKernelKind::kBwdDq, c);
-  launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream);
+  launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), c.batch * (p.dKVPartial ? c.heads : c.kvHeads), p, stream);
+  if (p.dKVPartial) launch(chooseSpec(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream);
+  if (dkdv.atomicDq) {
+    launch(chooseSpec(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream);
+  } else {
+    const FlashKernelSpec dq = chooseSpec(FlashKernelKind::kBwdDq, c);
+    launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream);
+  }
 }
 
 }  // namespace pa

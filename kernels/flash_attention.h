@@ -45,9 +45,13 @@ struct FlashAttentionConfig {
   float scale = 0.f;  // 0 selects 1/sqrt(headDim)
   AttentionMaskSpec mask;
   bool sinkLogits = false;  // learnable per-head sink logits (float [heads]) take part
-  // Bit-reproducible backward. Every backward here is deterministic (no atomics at all), so the
-  // flag is always honoured; it is checked so that a future atomic path cannot silently ignore it.
+  // Bit-reproducible backward. The default backward already is (dQ has its own kernel, no
+  // atomics); the flag forbids atomicDq and fails clearly if both are set.
   bool deterministic = false;
+  // FlashAttention-2's scheme for 16-bit types: the dK/dV kernel also adds dQ into an fp32 buffer
+  // with atomics (5 tensor-core products per tile pair instead of 7). Measured slower than the
+  // separate dQ kernel on the H100 (bench/RESULTS_flash.md), hence off; not bit-reproducible.
+  bool atomicDq = false;
 };
 
 struct FlashForwardArgs {
@@ -64,7 +68,15 @@ struct FlashBackwardArgs {
   unsigned long long workspace = 0;        // backwardWorkspaceBytes(config) bytes, 16-aligned
 };
 
-enum class FlashKernelKind { kForward, kBwdPreprocess, kBwdSinkReduce, kBwdDkDv, kBwdDq };
+enum class FlashKernelKind {
+  kForward,
+  kBwdPreprocess,
+  kBwdSinkReduce,
+  kBwdDkDv,
+  kBwdDq,
+  kBwdDqConvert,
+  kBwdDkDvReduce
+};
 
 // One template instantiation: what NVRTC compiles and the launcher launches.
 struct FlashKernelSpec {
@@ -74,6 +86,7 @@ struct FlashKernelSpec {
   int warps = 4;   // warps per block
   int tile = 64;   // the streamed tile (keys for forward/dQ, queries for dK/dV)
   int mtiles = 1;  // 16-row m-tiles per warp (forward): rows per block = 16 * warps * mtiles
+  bool atomicDq = false;  // dK/dV kernel also accumulates dQ with atomics (non-deterministic path)
   int rowsPerBlock() const;
   std::string name() const;      // C identifier of the generated kernel
   std::string source() const;    // generated NVRTC translation unit

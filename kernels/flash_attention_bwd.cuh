@@ -8,6 +8,10 @@
  *   dSink_h = -sum_{b,q} exp(sink_h - lse_q) Delta_q
  * The identity Delta = dO.O holds with a sink because the sink only adds to the denominator.
  *
+ * Two schemes. Default (FlashAttention-2): the dK/dV kernel also adds dQ = dS.K into an fp32
+ * buffer with atomics, and a small kernel converts it; the order of those additions varies.
+ * Deterministic (`deterministic` flag, and always for fp32): three kernels and no atomics.
+ *
  * Why three kernels and no atomics. FlashAttention-2 computes dQ inside the dK/dV loop and
  * accumulates it with fp32 atomics; the result then depends on the order of the atomics. Here the
  * dK/dV kernel (one block per key tile and KV head; it loops over the query tiles of every query
@@ -59,6 +63,10 @@ __device__ __forceinline__ void flashBackwardPreprocess(const FlashKernelParams&
       delta[q] = acc;
       if (sinkGrad) sinkAcc -= expf(sink - lse[q]) * acc;
     }
+    if (p.dQAccum) {  // the atomic-dQ dK/dV kernel adds into this row next
+      float* row = (float*)p.dQAccum + ((long long)bh * p.qLen + q) * p.headDim;
+      for (int d = lane; d < p.headDim; d += 32) row[d] = 0.f;
+    }
   }
   if (!sinkGrad) return;
   if (lane == 0) warpSums[warp] = sinkAcc;
@@ -87,6 +95,46 @@ __device__ __forceinline__ void flashBackwardSinkReduce(const FlashKernelParams&
   if (threadIdx.x == 0) ((float*)p.dSinkLogits)[h] = sums[0];
 }
 
+// dQ = scale * dQAccum in the element type (atomic-dQ path). Grid (qTiles, batch * heads), 256 threads.
+template <typename Tag>
+__device__ __forceinline__ void flashBackwardDqConvert(const FlashKernelParams& p) {
+  typedef typename Elem<Tag>::Storage T;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  T* gdQ = sliceMutPtr<T>(p.dQ, b, h);
+  const float* acc = (const float*)p.dQAccum + (long long)bh * p.qLen * p.headDim;
+  const int q0 = blockIdx.x * kPreprocessRows;
+  const int n = min(kPreprocessRows, p.qLen - q0) * p.headDim;
+  for (int i = threadIdx.x; i < n; i += 256) {
+    const int q = q0 + i / p.headDim, d = i % p.headDim;
+    gdQ[(long long)q * p.dQ.seqStride + d] = Elem<Tag>::fromFloat(acc[(long long)q * p.headDim + d] * p.scale);
+  }
+}
+
+// dK, dV of each KV head = sum of the per-query-head partials of its group, in a fixed order.
+// Grid (ceil(kLen / 64), batch * kvHeads), 256 threads.
+template <typename Tag>
+__device__ __forceinline__ void flashBackwardDkDvReduce(const FlashKernelParams& p) {
+  const int b = blockIdx.y / p.kvHeads, hk = blockIdx.y % p.kvHeads, group = p.heads / p.kvHeads;
+  const int k0 = blockIdx.x * 64;
+  const int n = min(64, p.kLen - k0) * p.headDim;
+  const long long headElems = (long long)p.kLen * p.headDim;
+  const float* partK = (const float*)p.dKVPartial + ((long long)b * p.heads + hk * group) * headElems;
+  const float* partV = partK + (long long)p.batch * p.heads * headElems;
+  typename Elem<Tag>::Storage* gdK = sliceMutPtr<typename Elem<Tag>::Storage>(p.dK, b, hk);
+  typename Elem<Tag>::Storage* gdV = sliceMutPtr<typename Elem<Tag>::Storage>(p.dV, b, hk);
+  for (int i = threadIdx.x; i < n; i += 256) {
+    const int k = k0 + i / p.headDim, d = i % p.headDim;
+    const long long off = (long long)k * p.headDim + d;
+    float sk = 0.f, sv = 0.f;
+    for (int g = 0; g < group; ++g) {
+      sk += partK[g * headElems + off];
+      sv += partV[g * headElems + off];
+    }
+    gdK[(long long)k * p.dK.seqStride + d] = Elem<Tag>::fromFloat(sk);
+    gdV[(long long)k * p.dV.seqStride + d] = Elem<Tag>::fromFloat(sv);
+  }
+}
+
 // Loads lse (as backwardLse2) and Delta of query rows [q0, q0 + ROWS) into shared memory, and, when
 // `band` is given, each row's visible band (TileMask::rowBand) as three ints per row.
 template <int ROWS, int THREADS>
@@ -103,11 +151,15 @@ __device__ __forceinline__ void loadRowStats(float* sLse2, float* sDelta, const 
 
 // =============================================================================================
 // Tensor-core dK/dV. WARPS warps x 16 keys = one key tile; query tiles of BQ rows, double-buffered.
-template <typename Tag, int DPAD, int WARPS, int BQ>
+// ATOMIC_DQ: also adds this key tile's share of dQ = dS.K into the fp32 dQAccum with atomics
+// (FlashAttention-2's scheme, 5 products per tile pair instead of the 7 of the separate dQ
+// kernel; the summation order of dQ then varies from run to run).
+template <typename Tag, int DPAD, int WARPS, int BQ, bool ATOMIC_DQ>
 __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p) {
   typedef u16 T;
   constexpr int BN = 16 * WARPS, THREADS = 32 * WARPS, LD = DPAD + 8;
   constexpr int QT = BQ / 8, DT = DPAD / 8;
+  constexpr int LDS = BQ + 8;  // dS^T tile [BN][BQ] (atomic-dQ only)
   extern __shared__ __align__(16) unsigned char smemRaw[];
   T* sK = (T*)smemRaw;
   T* sV = sK + BN * LD;
@@ -116,13 +168,20 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
   float* sLse2b = (float*)(sdOb + 2 * BQ * LD);  // [2][BQ]
   float* sDeltab = sLse2b + 2 * BQ;              // [2][BQ]
   int* sBandb = (int*)(sDeltab + 2 * BQ);        // [2][3][BQ]: lo, hi, sinkHi per query row
+  T* sdS = (T*)(sBandb + 2 * 3 * BQ);            // [BN][LDS], atomic-dQ only
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int bhk = blockIdx.y, b = bhk / p.kvHeads, hk = bhk % p.kvHeads;
+  // One block per (key tile, batch, KV head) looping over the query heads of the group, or, with
+  // GQA and dKVPartial set, per (key tile, batch, query head): group times more blocks (a causal
+  // grid of few heavy blocks otherwise ends in a long tail), partial dK/dV summed by a reduce kernel.
   const int group = p.heads / p.kvHeads;
+  const bool splitHeads = p.dKVPartial != 0;
+  const int b = blockIdx.y / (splitHeads ? p.heads : p.kvHeads);
+  const int hFirst = splitHeads ? blockIdx.y % p.heads : (blockIdx.y % p.kvHeads) * group;
+  const int hk = hFirst / group;
   const int n0 = blockIdx.x * BN, n1 = min(n0 + BN, p.kLen);
   const TileMask tm{p.mask, p.qLen, p.kLen};
-  const int nQT = ceilDiv(p.qLen, BQ), nItems = group * nQT;
+  const int nQT = ceilDiv(p.qLen, BQ), nItems = (splitHeads ? 1 : group) * nQT;
   auto nextItem = [&](int it) {
     while (it < nItems) {
       const int q0 = (it % nQT) * BQ;
@@ -132,7 +191,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
     return it;
   };
   auto loadItem = [&](int it, int buf) {
-    const int h = hk * group + it / nQT, q0 = (it % nQT) * BQ;
+    const int h = hFirst + it / nQT, q0 = (it % nQT) * BQ;
     loadTile<T, BQ, DPAD, LD, THREADS>(sQb + buf * BQ * LD, slicePtr<T>(p.q, b, h), p.q.seqStride, q0, p.qLen, p.headDim);
     loadTile<T, BQ, DPAD, LD, THREADS>(sdOb + buf * BQ * LD, slicePtr<T>(p.dO, b, h), p.dO.seqStride, q0, p.qLen, p.headDim);
     const long long rowBase = ((long long)b * p.heads + h) * p.qLen;
@@ -202,6 +261,15 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
         dpT[nt][e] = pe * (dpT[nt][e] - sDelta[ql]);
       }
     }
+    if constexpr (ATOMIC_DQ) {
+      // dS^T rows of this warp's keys into shared memory, for the block-wide dQ product below.
+#pragma unroll
+      for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *(u32*)(sdS + (warp * 16 + g + 8 * r) * LDS + nt * 8 + 2 * t) =
+              Elem<Tag>::pack(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
+    }
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) {
       u32 aP[4], aS[4];
@@ -224,12 +292,67 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
         Mma<Tag>::run(dK[2 * dd + 1], aS, bq[2], bq[3]);
       }
     }
+    if constexpr (ATOMIC_DQ) {
+      // dQ[q0 + i][:] += dS[i][:] . K over this block's BN keys. Warps split the BQ/16 row groups
+      // and, when there are more warps than row groups, the head dim.
+      constexpr int kRowGroups = BQ / 16, kColSplit = WARPS / kRowGroups, kCols = DPAD / kColSplit;
+      static_assert(WARPS % kRowGroups == 0 && kCols % 16 == 0, "dQ split");
+      __syncthreads();  // every warp's dS^T rows are in sdS
+      const int rg = warp % kRowGroups, c0 = (warp / kRowGroups) * kCols;
+      const int h = hFirst + it / nQT;
+      float* dqRow = (float*)p.dQAccum + (((long long)b * p.heads + h) * p.qLen + q0 + rg * 16 + g) * p.headDim;
+      const bool row0ok = q0 + rg * 16 + g < p.qLen, row1ok = q0 + rg * 16 + g + 8 < p.qLen;
+#pragma unroll
+      for (int dd = 0; dd < kCols / 16; ++dd) {
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          u32 a[4], bk[4];
+          loadFragATrans(a, sdS, LDS, rg * 16, kk * 16);
+          loadFragBKN(bk, sK, LD, c0 + dd * 16, kk * 16);
+          Mma<Tag>::run(acc[0], a, bk[0], bk[1]);
+          Mma<Tag>::run(acc[1], a, bk[2], bk[3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int col = c0 + dd * 16 + nt * 8 + 2 * t;
+          if (col < p.headDim) {
+            if (row0ok) {
+              atomicAdd(dqRow + col, acc[nt][0]);
+              atomicAdd(dqRow + col + 1, acc[nt][1]);
+            }
+            if (row1ok) {
+              atomicAdd(dqRow + 8 * p.headDim + col, acc[nt][2]);
+              atomicAdd(dqRow + 8 * p.headDim + col + 1, acc[nt][3]);
+            }
+          }
+        }
+      }
+    }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
     buf ^= 1;
     it = itn;
   }
   cpAsyncWait<0>();
 
+  if (splitHeads) {
+    float* partK = (float*)p.dKVPartial + (((long long)b * p.heads + hFirst) * p.kLen) * p.headDim;
+    float* partV = partK + (long long)p.batch * p.heads * p.kLen * p.headDim;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int k = keyA + 8 * r;
+      if (k >= p.kLen) continue;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < p.headDim) {
+          *(float2*)(partK + (long long)k * p.headDim + col) = make_float2(dK[dt][2 * r] * p.scale, dK[dt][2 * r + 1] * p.scale);
+          *(float2*)(partV + (long long)k * p.headDim + col) = make_float2(dV[dt][2 * r], dV[dt][2 * r + 1]);
+        }
+      }
+    }
+    return;
+  }
   T* gdK = sliceMutPtr<T>(p.dK, b, hk);
   T* gdV = sliceMutPtr<T>(p.dV, b, hk);
 #pragma unroll
@@ -248,11 +371,12 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
   }
 }
 
-// Tensor-core dQ. WARPS warps x 16 query rows; key tiles of BN rows, double-buffered.
-template <typename Tag, int DPAD, int WARPS, int BN>
+// Tensor-core dQ. WARPS warps x MT m-tiles of 16 query rows; key tiles of BN rows, double-buffered.
+// MT = 2 halves the K/V fragment loads per mma, as in the forward.
+template <typename Tag, int DPAD, int WARPS, int BN, int MT>
 __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
   typedef u16 T;
-  constexpr int BM = 16 * WARPS, THREADS = 32 * WARPS, LD = DPAD + 8;
+  constexpr int BM = 16 * MT * WARPS, THREADS = 32 * WARPS, LD = DPAD + 8;
   constexpr int NT = BN / 8, DT = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smemRaw[];
   T* sQ = (T*)smemRaw;
@@ -263,44 +387,47 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = blockIdx.x * BM, m1 = min(m0 + BM, p.qLen);
+  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
   const T* gK = slicePtr<T>(p.k, b, hk);
   const T* gV = slicePtr<T>(p.v, b, hk);
   const TileMask tm{p.mask, p.qLen, p.kLen};
-  const int nTiles = ceilDiv(p.kLen, BN);
-  auto nextTile = [&](int j) {
-    while (j < nTiles && !tm.anyVisible(m0, m1, j * BN, min(j * BN + BN, p.kLen))) ++j;
-    return j;
-  };
+  BlockTiles tiles;
+  tiles.init(tm, m0, m1, BN);
+  const int nTiles = tiles.nTiles;
   auto loadKV = [&](int j, int buf) {
     loadTile<T, BN, DPAD, LD, THREADS>(sKb + buf * BN * LD, gK, p.k.seqStride, j * BN, p.kLen, p.headDim);
     loadTile<T, BN, DPAD, LD, THREADS>(sVb + buf * BN * LD, gV, p.v.seqStride, j * BN, p.kLen, p.headDim);
   };
 
-  const int rowA = m0 + warp * 16 + g;
+  const int warpRow0 = warp * 16 * MT;
+  const int rowA = m0 + warpRow0 + g;  // rows of m-tile mt: rowA + 16*mt (+8)
   const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
   const float* delta = (const float*)p.delta + (long long)bh * p.qLen;
-  float lse2[2], dl[2];
-  int bandLo[2], bandHi[2], bandSink[2];
+  float lse2[MT][2], dl[MT][2];
+  int bandLo[MT][2], bandHi[MT][2], bandSink[MT][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int q = rowA + 8 * r;
-    lse2[r] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
-    dl[r] = q < p.qLen ? delta[q] : 0.f;
-    tm.rowBand(q, bandLo[r], bandHi[r], bandSink[r]);
-  }
-  float dQ[DT][4];
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int i = 0; i < DT; ++i) dQ[i][0] = dQ[i][1] = dQ[i][2] = dQ[i][3] = 0.f;
+    for (int r = 0; r < 2; ++r) {
+      const int q = rowA + 16 * mt + 8 * r;
+      lse2[mt][r] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
+      dl[mt][r] = q < p.qLen ? delta[q] : 0.f;
+      tm.rowBand(q, bandLo[mt][r], bandHi[mt][r], bandSink[mt][r]);
+    }
+  float dQ[MT][DT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < DT; ++i) dQ[mt][i][0] = dQ[mt][i][1] = dQ[mt][i][2] = dQ[mt][i][3] = 0.f;
 
-  int j = nextTile(0);
+  int j = tiles.next(0);
   loadTile<T, BM, DPAD, LD, THREADS>(sQ, slicePtr<T>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim);
   loadTile<T, BM, DPAD, LD, THREADS>(sdO, slicePtr<T>(p.dO, b, h), p.dO.seqStride, m0, p.qLen, p.headDim);
   if (j < nTiles) loadKV(j, 0);
   cpAsyncCommit();
   int buf = 0;
   while (j < nTiles) {
-    const int jn = nextTile(j + 1);
+    const int jn = tiles.next(j + 1);
     if (jn < nTiles) loadKV(jn, buf ^ 1);
     cpAsyncCommit();
     cpAsyncWait<1>();
@@ -308,53 +435,70 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
     const T* sK = sKb + buf * BN * LD;
     const T* sV = sVb + buf * BN * LD;
     const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
-    const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
+    const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
 
-    float s[NT][4], dp[NT][4];
+    float s[MT][NT][4], dp[MT][NT][4];
 #pragma unroll
-    for (int i = 0; i < NT; ++i)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][i][e] = dp[mt][i][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < DPAD / 16; ++kk) {
-      u32 aQ[4], aO[4];
-      loadFragA(aQ, sQ, LD, warp * 16, kk * 16);
-      loadFragA(aO, sdO, LD, warp * 16, kk * 16);
+      u32 aQ[MT][4], aO[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        loadFragA(aQ[mt], sQ, LD, warpRow0 + 16 * mt, kk * 16);
+        loadFragA(aO[mt], sdO, LD, warpRow0 + 16 * mt, kk * 16);
+      }
 #pragma unroll
       for (int nn = 0; nn < BN / 16; ++nn) {
         u32 bk[4], bv[4];
         loadFragBNK(bk, sK, LD, nn * 16, kk * 16);
         loadFragBNK(bv, sV, LD, nn * 16, kk * 16);
-        Mma<Tag>::run(s[2 * nn], aQ, bk[0], bk[1]);
-        Mma<Tag>::run(s[2 * nn + 1], aQ, bk[2], bk[3]);
-        Mma<Tag>::run(dp[2 * nn], aO, bv[0], bv[1]);
-        Mma<Tag>::run(dp[2 * nn + 1], aO, bv[2], bv[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<Tag>::run(s[mt][2 * nn], aQ[mt], bk[0], bk[1]);
+          Mma<Tag>::run(s[mt][2 * nn + 1], aQ[mt], bk[2], bk[3]);
+          Mma<Tag>::run(dp[mt][2 * nn], aO[mt], bv[0], bv[1]);
+          Mma<Tag>::run(dp[mt][2 * nn + 1], aO[mt], bv[2], bv[3]);
+        }
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        float x = s[nt][e];
-        if (!full && !bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) x = negInf();
-        const float pe = fastExp2(fmaf(x, p.scaleLog2, -lse2[r]));
-        dp[nt][e] = pe * (dp[nt][e] - dl[r]);
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float x = s[mt][nt][e];
+          if (!full && !bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[mt][r], bandHi[mt][r], bandSink[mt][r]))
+            x = negInf();
+          const float pe = fastExp2(fmaf(x, p.scaleLog2, -lse2[mt][r]));
+          dp[mt][nt][e] = pe * (dp[mt][nt][e] - dl[mt][r]);
+        }
       }
-    }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      u32 aS[4];
-      aS[0] = Elem<Tag>::pack(dp[2 * kk][0], dp[2 * kk][1]);
-      aS[1] = Elem<Tag>::pack(dp[2 * kk][2], dp[2 * kk][3]);
-      aS[2] = Elem<Tag>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      aS[3] = Elem<Tag>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      u32 aS[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        aS[mt][0] = Elem<Tag>::pack(dp[mt][2 * kk][0], dp[mt][2 * kk][1]);
+        aS[mt][1] = Elem<Tag>::pack(dp[mt][2 * kk][2], dp[mt][2 * kk][3]);
+        aS[mt][2] = Elem<Tag>::pack(dp[mt][2 * kk + 1][0], dp[mt][2 * kk + 1][1]);
+        aS[mt][3] = Elem<Tag>::pack(dp[mt][2 * kk + 1][2], dp[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dd = 0; dd < DPAD / 16; ++dd) {
         u32 bk[4];
         loadFragBKN(bk, sK, LD, dd * 16, kk * 16);
-        Mma<Tag>::run(dQ[2 * dd], aS, bk[0], bk[1]);
-        Mma<Tag>::run(dQ[2 * dd + 1], aS, bk[2], bk[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<Tag>::run(dQ[mt][2 * dd], aS[mt], bk[0], bk[1]);
+          Mma<Tag>::run(dQ[mt][2 * dd + 1], aS[mt], bk[2], bk[3]);
+        }
       }
     }
     __syncthreads();
@@ -365,17 +509,19 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
 
   T* gdQ = sliceMutPtr<T>(p.dQ, b, h);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int q = rowA + 8 * r;
-    if (q >= p.qLen) continue;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      const int col = dt * 8 + 2 * t;
-      if (col < p.headDim)
-        *(u32*)(gdQ + (long long)q * p.dQ.seqStride + col) =
-            Elem<Tag>::pack(dQ[dt][2 * r] * p.scale, dQ[dt][2 * r + 1] * p.scale);
+    for (int r = 0; r < 2; ++r) {
+      const int q = rowA + 16 * mt + 8 * r;
+      if (q >= p.qLen) continue;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < p.headDim)
+          *(u32*)(gdQ + (long long)q * p.dQ.seqStride + col) =
+              Elem<Tag>::pack(dQ[mt][dt][2 * r] * p.scale, dQ[mt][dt][2 * r + 1] * p.scale);
+      }
     }
-  }
 }
 
 // =============================================================================================
@@ -478,7 +624,7 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
   const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = blockIdx.x * BM, m1 = min(m0 + BM, p.qLen);
+  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
   const TileMask tm{p.mask, p.qLen, p.kLen};
   const int nTiles = ceilDiv(p.kLen, BN);
   const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
@@ -499,16 +645,17 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
   loadTile<float, BM, DPAD, LD, THREADS>(sQ, slicePtr<float>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim);
   loadTile<float, BM, DPAD, LD, THREADS>(sdO, slicePtr<float>(p.dO, b, h), p.dO.seqStride, m0, p.qLen, p.headDim);
   cpAsyncCommit();
-  for (int j = 0; j < nTiles; ++j) {
+  BlockTiles tiles;
+  tiles.init(tm, m0, m1, BN);
+  for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1)) {
     const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
-    if (!tm.anyVisible(m0, m1, n0, n1)) continue;
     __syncthreads();
     loadTile<float, BN, DPAD, LD, THREADS>(sK, slicePtr<float>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim);
     loadTile<float, BN, DPAD, LD, THREADS>(sV, slicePtr<float>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim);
     cpAsyncCommit();
     cpAsyncWait<0>();
     __syncthreads();
-    const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
+    const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
 
     float acc[4][8], pr[4][8];
 #pragma unroll

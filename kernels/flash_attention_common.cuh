@@ -111,20 +111,42 @@ template <int N> __device__ __forceinline__ void cpAsyncWait() {
 
 // Copies rows [row0, row0 + ROWS) of one (batch, head) slice of a [seq, headDim] tensor into a
 // shared tile of ROWS x LD elements. Rows past `rows` and columns past `headDim` (up to DPAD)
-// become zeros. All threads of the block take part.
+// become zeros. All threads of the block take part. The trip count is a compile-time constant
+// and, when a thread's chunks share one column, the source pointer advances by a fixed stride:
+// a run-time-bounded loop here cost ~250 instructions per tile in the first version.
 template <typename T, int ROWS, int DPAD, int LD, int THREADS>
 __device__ __forceinline__ void loadTile(T* smem, const T* gbase, long long seqStride, int row0,
                                          int rows, int headDim) {
   constexpr int kPerChunk = 16 / (int)sizeof(T);
   constexpr int kChunksPerRow = DPAD / kPerChunk;
   constexpr int kChunks = ROWS * kChunksPerRow;
-  for (int c = threadIdx.x; c < kChunks; c += THREADS) {
-    const int r = c / kChunksPerRow;
-    const int col = (c % kChunksPerRow) * kPerChunk;
-    const int gr = row0 + r;
-    const bool valid = gr < rows && col < headDim;
-    const T* src = valid ? gbase + (long long)gr * seqStride + col : gbase;
-    cpAsync16(smem + r * LD + col, src, valid);
+  constexpr int kIters = (kChunks + THREADS - 1) / THREADS;
+  if constexpr (THREADS % kChunksPerRow == 0) {
+    constexpr int kRowStep = THREADS / kChunksPerRow;
+    const int r0 = threadIdx.x / kChunksPerRow, col = (threadIdx.x % kChunksPerRow) * kPerChunk;
+    const bool colOk = col < headDim;
+    const T* src = gbase + (long long)(row0 + r0) * seqStride + col;
+    T* dst = smem + r0 * LD + col;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      if (kChunks % THREADS == 0 || r0 + i * kRowStep < ROWS) {
+        const bool valid = colOk && row0 + r0 + i * kRowStep < rows;
+        cpAsync16(dst + i * kRowStep * LD, valid ? src + (long long)i * kRowStep * seqStride : gbase, valid);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c = threadIdx.x + i * THREADS;
+      if (kChunks % THREADS == 0 || c < kChunks) {
+        const int r = c / kChunksPerRow;
+        const int col = (c % kChunksPerRow) * kPerChunk;
+        const int gr = row0 + r;
+        const bool valid = gr < rows && col < headDim;
+        const T* src = valid ? gbase + (long long)gr * seqStride + col : gbase;
+        cpAsync16(smem + r * LD + col, src, valid);
+      }
+    }
   }
 }
 
@@ -228,6 +250,43 @@ struct TileMask {
   }
 };
 
+// The key tiles a block of rows [m0, m1) must visit, and which of them need no per-element mask,
+// from five integers computed once per block (TileMask::anyVisible / allVisible per tile cost a
+// few dozen 64-bit instructions each time). Relies on the monotonicity noted at the top.
+struct BlockTiles {
+  int nTiles, sinkLast, bandFirst, bandLast;
+  int loMax, hiMin, sinkMin;
+  __device__ __forceinline__ void init(const TileMask& tm, int m0, int m1, int bn) {
+    nTiles = (int)((tm.kLen + bn - 1) / bn);
+    long long lo0, hi0, lo1, hi1;
+    attentionBand(tm.m, m0, tm.qLen, tm.kLen, &lo0, &hi0);
+    attentionBand(tm.m, m1 - 1, tm.qLen, tm.kLen, &lo1, &hi1);
+    const long long sinkHi = attentionSinkLimit(tm.m, m1 - 1, tm.qLen, tm.kLen);
+    if (lo0 <= hi1) {
+      bandFirst = (int)(lo0 / bn);
+      bandLast = (int)(hi1 / bn);
+    } else {
+      bandFirst = nTiles;
+      bandLast = -1;
+    }
+    sinkLast = sinkHi >= 0 ? (int)(sinkHi / bn) : -1;
+    loMax = (int)lo1;
+    hiMin = (int)(hi0 < -1 ? -1 : hi0);
+    const long long sinkLo = attentionSinkLimit(tm.m, m0, tm.qLen, tm.kLen);
+    sinkMin = (int)(sinkLo < -1 ? -1 : sinkLo);
+  }
+  // First tile >= j that some row may see, or nTiles.
+  __device__ __forceinline__ int next(int j) const {
+    if (j <= sinkLast) return j;
+    if (j < bandFirst) j = bandFirst;
+    return j <= bandLast && j < nTiles ? j : nTiles;
+  }
+  // Every row sees every key of [n0, n1)?
+  __device__ __forceinline__ bool full(int n0, int n1) const {
+    return (loMax <= n0 && hiMin >= n1 - 1) || n1 - 1 <= sinkMin;
+  }
+};
+
 // Key k is visible from a row with band (lo, hi, sinkHi) - the per-element test of partial tiles,
 // three compares instead of a call of keyVisible, so the unrolled tile code stays small.
 __device__ __forceinline__ bool bandVisible(int k, int lo, int hi, int sinkHi) {
@@ -235,6 +294,10 @@ __device__ __forceinline__ bool bandVisible(int k, int lo, int hi, int sinkHi) {
 }
 
 __device__ __forceinline__ int ceilDiv(int a, int b) { return (a + b - 1) / b; }
+
+// Query tile of this block, last tile first: under a causal mask the last tiles see the most keys,
+// and starting them first keeps the tail of the grid short (blocks are issued in blockIdx order).
+__device__ __forceinline__ int heavyFirstTile() { return gridDim.x - 1 - blockIdx.x; }
 
 }  // namespace flash
 }  // namespace pa

@@ -12,9 +12,10 @@
  * V_j flies; V_j is awaited, K_{j+1} is requested, and P.V runs while K_{j+1} flies. Two barriers
  * per tile; shared memory holds one Q, one K and one V tile.
  *
- * Masking: tiles the mask hides entirely are never loaded (TileMask::anyVisible); tiles it shows
- * entirely skip the per-element predicate (TileMask::allVisible); the rest evaluate keyVisible()
- * from attention_mask.h per element, so the semantics are those of the CPU reference by
+ * Masking: tiles the mask hides entirely are never loaded and tiles it shows entirely skip the
+ * per-element test (BlockTiles, from the band of the block's first and last rows); partial tiles
+ * test each element against the row's band (TileMask::rowBand), which is keyVisible() of
+ * attention_mask.h in three integers, so the semantics are those of the CPU reference by
  * construction.
  *
  * Traps: see flash_attention_common.cuh (empty rows, zero-filled padding). Rows past qLen are
@@ -82,16 +83,15 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = blockIdx.x * BM, m1 = min(m0 + BM, p.qLen);
+  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
   const T* gQ = slicePtr<T>(p.q, b, h);
   const T* gK = slicePtr<T>(p.k, b, hk);
   const T* gV = slicePtr<T>(p.v, b, hk);
   const TileMask tm{p.mask, p.qLen, p.kLen};
-  const int nTiles = ceilDiv(p.kLen, BN);
-  auto nextTile = [&](int j) {
-    while (j < nTiles && !tm.anyVisible(m0, m1, j * BN, min(j * BN + BN, p.kLen))) ++j;
-    return j;
-  };
+  BlockTiles tiles;
+  tiles.init(tm, m0, m1, BN);
+  const int nTiles = tiles.nTiles;
+  auto nextTile = [&](int j) { return tiles.next(j); };
 
   float o[MT][DT][4];
 #pragma unroll
@@ -146,7 +146,7 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
     // Mask, online softmax (a row is spread over the 4 lanes of a quad). S stays unscaled: the
     // max is taken on raw scores (scale > 0 keeps the order) and exp2(s * scale2 - max2) is one
     // FFMA + one MUFU per element.
-    const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
+    const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
     if (!full) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -349,16 +349,15 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
   const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = blockIdx.x * BM, m1 = min(m0 + BM, p.qLen);
+  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
   const float* gQ = slicePtr<float>(p.q, b, h);
   const float* gK = slicePtr<float>(p.k, b, hk);
   const float* gV = slicePtr<float>(p.v, b, hk);
   const TileMask tm{p.mask, p.qLen, p.kLen};
-  const int nTiles = ceilDiv(p.kLen, BN);
-  auto nextTile = [&](int j) {
-    while (j < nTiles && !tm.anyVisible(m0, m1, j * BN, min(j * BN + BN, p.kLen))) ++j;
-    return j;
-  };
+  BlockTiles tiles;
+  tiles.init(tm, m0, m1, BN);
+  const int nTiles = tiles.nTiles;
+  auto nextTile = [&](int j) { return tiles.next(j); };
 
   float o[4][DC];
 #pragma unroll
@@ -388,7 +387,7 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
       for (int jj = 0; jj < 8; ++jj) s[i][jj] = 0.f;
     ffmaNT<DPAD, LD>(s, sQ, sK, ty, tx);
 
-    const bool full = tm.allVisible(m0, m1, n0, n1) && n1 - n0 == BN;
+    const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float tileMax = negInf();

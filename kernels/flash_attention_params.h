@@ -26,6 +26,9 @@ struct FlashKernelParams {
   unsigned long long sinkLogits;   // float [heads] or 0
   unsigned long long dSinkLogits;  // float [heads] or 0 (backward)
   unsigned long long sinkPartial;  // float [heads, batch * qTiles] workspace (backward)
+  unsigned long long dQAccum;      // float [batch, heads, qLen, headDim] workspace, atomic-dQ backward only
+  unsigned long long dKVPartial;   // float [2][batch, heads, kLen, headDim] workspace: per-query-head dK, dV
+                                   // (GQA, 16-bit types), summed over each group by the reduce kernel
   int batch;
   int heads;     // query heads
   int kvHeads;   // key/value heads; heads % kvHeads == 0

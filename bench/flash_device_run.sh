@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device-machine pass over the flash attention work: GPU tests, compute-sanitizer on a small
+# configuration, forward tile sweep and the side-by-side benchmark. Logs go to $OUT (or ./out).
+# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [tune] [bwdtune] [bench] [quick] | all
+set -u
+B=${1:-build}; shift
+OUT=${OUT:-out}; mkdir -p "$OUT"
+want() { [[ " $* " == *" all "* ]] || [[ " $ARGS " == *" $1 "* ]]; }
+ARGS=" $* "
+T=$B/tests/gpu/flash_gpu_tests
+LIB=$B/bench/libpa_flash_bench.so
+if want tests; then
+  timeout 330 "$T" > "$OUT/gpu.log" 2>&1
+  grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/gpu.log" | head -30
+  grep -E "Failure" -A4 "$OUT/gpu.log" | head -30
+fi
+if want sanitize; then
+  F='AllMasks/FlashMaskSweep.*/bf16_mask6_shape2:AllMasks/FlashMaskSweep.*/f32_mask6_shape2:AllMasks/FlashMaskSweep.*/f16_mask4_shape4'
+  timeout 120 compute-sanitizer --tool memcheck "$T" --gtest_filter="$F" > "$OUT/memcheck.log" 2>&1; tail -2 "$OUT/memcheck.log"
+  timeout 150 compute-sanitizer --tool racecheck "$T" --gtest_filter="$F" > "$OUT/racecheck.log" 2>&1; tail -2 "$OUT/racecheck.log"
+fi
+if want tune; then
+  for cfg in "32 2" "64 2" "64 1"; do
+    set -- $cfg
+    PA_FLASH_FWD_TILE=$1 PA_FLASH_FWD_MT=$2 timeout 60 python3 bench/attention_vs_torch.py --lib "$LIB" --only tune 2>&1 | grep tune
+  done
+fi
+if want bwdtune; then
+  for cfg in "0 2" "0 1" "1 2"; do
+    set -- $cfg
+    PA_FLASH_ATOMIC_DQ=$1 PA_FLASH_DQ_MT=$2 timeout 90 python3 bench/attention_vs_torch.py --lib "$LIB" --only bwdtune 2>&1 | grep bwdtune
+  done
+fi
+if want bench; then
+  Q=""; want quick && Q="--quick"
+  PYTHONUNBUFFERED=1 timeout 280 python3 bench/attention_vs_torch.py --lib "$LIB" $Q --out "$OUT/bench.md" > "$OUT/bench.log" 2>&1
+  cat "$OUT/bench.md"
+fi
