@@ -28,6 +28,19 @@ std::optional<double> scalarConstant(const Graph& g, ValueId v) {
   return n.attrs.getFloat("value", 0.0);
 }
 
+// A Scale, or a Mul / Div by a one-element constant: its factor and its data operand.
+std::optional<std::pair<double, ValueId>> constantScale(const Graph& g, const Node& n) {
+  if (n.erased) return std::nullopt;
+  if (n.op == OpKind::Scale) return std::make_pair(n.attrs.getFloat("value", 1.0), n.inputs[0]);
+  if (n.op == OpKind::Mul) {
+    if (auto f = scalarConstant(g, n.inputs[1])) return std::make_pair(*f, n.inputs[0]);
+    if (auto f = scalarConstant(g, n.inputs[0])) return std::make_pair(*f, n.inputs[1]);
+  }
+  if (n.op == OpKind::Div)
+    if (auto f = scalarConstant(g, n.inputs[1])) return std::make_pair(1.0 / *f, n.inputs[0]);
+  return std::nullopt;
+}
+
 // Finds mask attributes that reproduce `hidden` ([q, k], true = -inf) exactly, or fails.
 bool recogniseMask(const std::vector<char>& hidden, int64_t q, int64_t k, AttrMap& out) {
   auto at = [&](int64_t i, int64_t j) { return hidden[static_cast<size_t>(i * k + j)] != 0; };
@@ -142,15 +155,11 @@ public:
         dead.push_back(n.id);
         continue;
       } else if (!scaleSeen && (n.op == OpKind::Scale || n.op == OpKind::Mul || n.op == OpKind::Div)) {
-        std::optional<double> f;
-        int dataSide = 0;
-        if (n.op == OpKind::Scale) f = n.attrs.getFloat("value", 1.0);
-        else if ((f = scalarConstant(g, n.inputs[1]))) dataSide = 0;
-        else if (n.op == OpKind::Mul && (f = scalarConstant(g, n.inputs[0]))) dataSide = 1;
-        if (!f) return false;  // a tensor scale: not an attention pattern we may fuse
-        scale *= n.op == OpKind::Div ? 1.0 / *f : *f;
+        const auto cs = constantScale(g, n);
+        if (!cs) return false;  // a tensor scale: not an attention pattern we may fuse
+        scale *= cs->first;
         scaleSeen = true;
-        x = n.inputs[dataSide];
+        x = cs->second;
         dead.push_back(n.id);
         continue;
       } else {
@@ -178,14 +187,10 @@ public:
     }
     // A constant scale applied to Q beforehand.
     if (!scaleSeen && ctx.hasSingleUse(q)) {
-      const Node& n = g.producer(q);
-      std::optional<double> f;
-      if (n.op == OpKind::Scale) f = n.attrs.getFloat("value", 1.0);
-      else if (n.op == OpKind::Mul || n.op == OpKind::Div) f = scalarConstant(g, n.inputs[1]);
-      if (f && !n.erased) {
-        scale *= n.op == OpKind::Div ? 1.0 / *f : *f;
-        dead.push_back(n.id);
-        q = n.inputs[0];
+      if (const auto cs = constantScale(g, g.producer(q))) {
+        scale *= cs->first;
+        dead.push_back(g.producer(q).id);
+        q = cs->second;
       }
     }
     ValueId v = pv.inputs[1];
