@@ -87,7 +87,9 @@ int FlashKernelSpec::sharedBytes() const {
     case FlashKernelKind::kBwdPreprocess:
     case FlashKernelKind::kBwdSinkReduce: return 0;
     case FlashKernelKind::kForward:
-      return f32 ? (3 * 64 * (dpad + 4) + 64 * 68) * 4 : (16 * mtiles * warps + 2 * tile) * (dpad + 8) * 2;
+      // fp32: mtiles is R, the query rows per thread (16 * R rows per block).
+      return f32 ? (16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
+                 : (16 * mtiles * warps + 2 * tile) * (dpad + 8) * 2;
     case FlashKernelKind::kBwdDkDv:
       return f32 ? (4 * 64 * (dpad + 4) + 2 * 64 * 68 + 2 * 64) * 4
                  : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4 + 6 * tile * 4 +
@@ -122,7 +124,7 @@ std::string FlashKernelSpec::name() const {
 }
 
 int FlashKernelSpec::rowsPerBlock() const {
-  if (dtype == kFlashF32) return 64;
+  if (dtype == kFlashF32) return kind == FlashKernelKind::kForward ? 16 * mtiles : 64;
   return 16 * warps * (kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDq ? mtiles : 1);
 }
 
@@ -132,7 +134,7 @@ std::string FlashKernelSpec::source() const {
   const bool f32 = dtype == kFlashF32;
   switch (kind) {
     case FlashKernelKind::kForward:
-      call = f32 ? "flashForwardF32<" + d + ">"
+      call = f32 ? "flashForwardF32<" + d + ", " + std::to_string(mtiles) + ">"
                  : "flashForwardMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
                        std::to_string(mtiles) + ">";
       break;
@@ -173,6 +175,16 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
     for (int d : {32, 64, 96, 128, 256}) {
       cfg.headDim = d;
       specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg));
+      if (dt == kFlashF32) {  // every rows-per-thread variant the launcher may pick
+        const FlashKernelSpec base = specs.back();
+        specs.pop_back();
+        for (int r : {1, 2, 4, 8}) {
+          if (r == 8 && d > 64) continue;
+          FlashKernelSpec v = base;
+          v.mtiles = r;
+          specs.push_back(v);
+        }
+      }
       if (dt == kFlashF32 && d > 128) continue;  // fp32 backward tiles do not fit shared memory
       specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
       specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg));
@@ -201,7 +213,7 @@ FlashAttention::~FlashAttention() {
     if (kv.second.module) cuda::Driver::instance().api().cuModuleUnload(kv.second.module);
 }
 
-FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg) {
+FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors) {
   FlashKernelSpec s;
   s.kind = kind;
   s.dtype = cfg.dtype;
@@ -216,6 +228,24 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // 32 above, where S of 2 x 64 keys beside O would exceed the register file.
   if (kind == FlashKernelKind::kForward && s.mtiles == 2 && s.dpad > 64) s.tile = 32;
   // Debug knobs for tuning runs (docs/flash_attention.md): PA_FLASH_FWD_TILE, PA_FLASH_FWD_MT.
+  // fp32 forward: R query rows per thread (16 R per block). Large R loads shared memory less per
+  // FFMA; small R makes more blocks, which short sequences need to fill the GPU (their blocks are
+  // latency bound), but every block streams all of K and V, so R = 1 pays only for q_len <= 128.
+  // Rule from the R sweep in bench/RESULTS_flash.md (B=1, H=8, D=64): the largest R whose grid
+  // has >= 1.9 blocks per multiprocessor (two fit at R = 8, head dim <= 64), else R = 2.
+  if (kind == FlashKernelKind::kForward && cfg.dtype == kFlashF32) {
+    s.mtiles = 4;
+    if (multiprocessors > 0) {
+      const long long slices = (long long)cfg.batch * cfg.heads;
+      s.mtiles = cfg.qLen <= 128 ? 1 : 2;
+      for (int r : {8, 4, 2})
+        if ((r < 8 || s.dpad <= 64) && 10 * slices * ceilDiv(cfg.qLen, 16 * r) >= 19LL * multiprocessors) {
+          s.mtiles = r;
+          break;
+        }
+    }
+    if (const char* e = std::getenv("PA_FLASH_F32_FWD_R")) s.mtiles = std::atoi(e);
+  }
   if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32) {
     if (const char* e = std::getenv("PA_FLASH_FWD_TILE")) s.tile = std::atoi(e);
     if (const char* e = std::getenv("PA_FLASH_FWD_MT")) s.mtiles = std::atoi(e);
@@ -334,7 +364,7 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.q = view(a.q), p.k = view(a.k), p.v = view(a.v), p.o = view(a.o);
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
-  const FlashKernelSpec spec = chooseSpec(FlashKernelKind::kForward, c);
+  const FlashKernelSpec spec = chooseSpec(FlashKernelKind::kForward, c, device_.info().multiprocessors);
   launch(spec, ceilDiv(c.qLen, spec.rowsPerBlock()), c.batch * c.heads, p, stream);
 }
 

@@ -85,7 +85,8 @@ struct FlashKernelSpec {
   int dpad = 64;   // padded head dim of the instantiation (32, 64, 96, 128, 256)
   int warps = 4;   // warps per block
   int tile = 64;   // the streamed tile (keys for forward/dQ, queries for dK/dV)
-  int mtiles = 1;  // 16-row m-tiles per warp (forward): rows per block = 16 * warps * mtiles
+  int mtiles = 1;  // 16-bit: 16-row m-tiles per warp (rows per block = 16 * warps * mtiles);
+                   // fp32 forward: query rows per thread R (rows per block = 16 * R)
   bool atomicDq = false;  // dK/dV kernel also accumulates dQ with atomics (non-deterministic path)
   int rowsPerBlock() const;
   std::string name() const;      // C identifier of the generated kernel
@@ -113,7 +114,8 @@ class FlashAttention {
   void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream);
 
   // Spec chosen for a problem (exposed for tests and the benchmark's report).
-  static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg);
+  // `multiprocessors` (0: unknown) lets the fp32 forward size its blocks to fill the device.
+  static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors = 0);
 
  private:
   struct Loaded {

@@ -271,18 +271,18 @@ struct Fp32Tiles {
   static constexpr int LDP = BN + 4;
 };
 
-// acc[i][j] += sum_d A[4ty+i][d] * B[tx+8j][d]   (A, B: 64 x DPAD tiles, row stride LD)
-template <int DPAD, int LD>
-__device__ __forceinline__ void ffmaNT(float (&acc)[4][8], const float* sA, const float* sB, int ty, int tx) {
+// acc[i][j] += sum_d A[R*ty+i][d] * B[tx+8j][d]   (A: 16R x DPAD, B: 64 x DPAD, row stride LD)
+template <int DPAD, int LD, int R = 4>
+__device__ __forceinline__ void ffmaNT(float (&acc)[R][8], const float* sA, const float* sB, int ty, int tx) {
 #pragma unroll 4
   for (int d = 0; d < DPAD; d += 4) {
-    float4 a[4], bv[8];
+    float4 a[R], bv[8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a[i] = *(const float4*)(sA + (4 * ty + i) * LD + d);
+    for (int i = 0; i < R; ++i) a[i] = *(const float4*)(sA + (R * ty + i) * LD + d);
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) bv[jj] = *(const float4*)(sB + (tx + 8 * jj) * LD + d);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         acc[i][jj] = fmaf(a[i].x, bv[jj].x, acc[i][jj]);
@@ -297,21 +297,21 @@ __device__ __forceinline__ void ffmaNT(float (&acc)[4][8], const float* sA, cons
 // as one 128-byte line by the 8 lanes sharing a row (conflict-free 16-byte loads and stores).
 __device__ __forceinline__ int nnCol(int c, int tx) { return 32 * (c >> 2) + 4 * tx + (c & 3); }
 
-// acc[i][c] += sum_n P[4ty+i][n] * B[n][nnCol(c)]   (P: 64 x NK, row stride LDP; B: NK x DPAD)
-template <int DPAD, int LD, int LDP, int NK>
-__device__ __forceinline__ void ffmaNN(float (&acc)[4][DPAD / 8], const float* sP, const float* sB, int ty, int tx) {
+// acc[i][c] += sum_n P[R*ty+i][n] * B[n][nnCol(c)]   (P: 16R x NK, row stride LDP; B: NK x DPAD)
+template <int DPAD, int LD, int LDP, int NK, int R = 4>
+__device__ __forceinline__ void ffmaNN(float (&acc)[R][DPAD / 8], const float* sP, const float* sB, int ty, int tx) {
 #pragma unroll 2
   for (int n = 0; n < NK; n += 4) {
-    float4 pr[4];
+    float4 pr[R];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pr[i] = *(const float4*)(sP + (4 * ty + i) * LDP + n);
+    for (int i = 0; i < R; ++i) pr[i] = *(const float4*)(sP + (R * ty + i) * LDP + n);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
       for (int cg = 0; cg < DPAD / 32; ++cg) {
         const float4 bv = *(const float4*)(sB + (n + u) * LD + 32 * cg + 4 * tx);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < R; ++i) {
           const float pv = u == 0 ? pr[i].x : u == 1 ? pr[i].y : u == 2 ? pr[i].z : pr[i].w;
           acc[i][4 * cg + 0] = fmaf(pv, bv.x, acc[i][4 * cg + 0]);
           acc[i][4 * cg + 1] = fmaf(pv, bv.y, acc[i][4 * cg + 1]);
@@ -335,10 +335,13 @@ __device__ __forceinline__ void storeNNRow(float* dst, const float (&acc)[DPAD /
   }
 }
 
-template <int DPAD>
+// R rows per thread, 16 R rows per block (R in 1, 2, 4, 8). R = 8 halves the shared-memory
+// wavefronts per FFMA against R = 4, which is shared-memory bound at long sequences (the Q and P
+// reads are 8-lane broadcasts); R = 1, 2 give short sequences enough blocks to fill the GPU.
+template <int DPAD, int R>
 __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
   typedef Fp32Tiles<float, DPAD> Tl;
-  constexpr int BM = Tl::BM, BN = Tl::BN, THREADS = Tl::THREADS, LD = Tl::LD, LDP = Tl::LDP;
+  constexpr int BM = 16 * R, BN = Tl::BN, THREADS = Tl::THREADS, LD = Tl::LD, LDP = Tl::LDP;
   constexpr int DC = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smemRaw[];
   float* sQ = (float*)smemRaw;
@@ -359,14 +362,14 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
   const int nTiles = tiles.nTiles;
   auto nextTile = [&](int j) { return tiles.next(j); };
 
-  float o[4][DC];
+  float o[R][DC];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int c = 0; c < DC; ++c) o[i][c] = 0.f;
-  float rowMax[4], rowSum[4];
+  float rowMax[R], rowSum[R];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) rowMax[i] = negInf(), rowSum[i] = 0.f;
+  for (int i = 0; i < R; ++i) rowMax[i] = negInf(), rowSum[i] = 0.f;
 
   int j = nextTile(0);
   loadTile<float, BM, DPAD, LD, THREADS>(sQ, gQ, p.q.seqStride, m0, p.qLen, p.headDim);
@@ -380,21 +383,21 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
     loadTile<float, BN, DPAD, LD, THREADS>(sV, gV, p.v.seqStride, n0, p.kLen, p.headDim);
     cpAsyncCommit();
 
-    float s[4][8];
+    float s[R][8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) s[i][jj] = 0.f;
-    ffmaNT<DPAD, LD>(s, sQ, sK, ty, tx);
+    ffmaNT<DPAD, LD, R>(s, sQ, sK, ty, tx);
 
     const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < R; ++i) {
       float tileMax = negInf();
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         float x = s[i][jj] * p.scaleLog2;
-        if (!full && !tm.visible(m0 + 4 * ty + i, n0 + tx + 8 * jj)) x = negInf();
+        if (!full && !tm.visible(m0 + R * ty + i, n0 + tx + 8 * jj)) x = negInf();
         s[i][jj] = x;
         tileMax = fmaxf(tileMax, x);
       }
@@ -412,7 +415,7 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
       for (int jj = 0; jj < 8; ++jj) {
         const float pe = exp2f(s[i][jj] - base);
         rowSum[i] += pe;
-        sP[(4 * ty + i) * LDP + tx + 8 * jj] = pe;
+        sP[(R * ty + i) * LDP + tx + 8 * jj] = pe;
       }
     }
 
@@ -421,7 +424,7 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
     const int jn = nextTile(j + 1);
     if (jn < nTiles) loadTile<float, BN, DPAD, LD, THREADS>(sK, gK, p.k.seqStride, jn * BN, p.kLen, p.headDim);
     cpAsyncCommit();
-    ffmaNN<DPAD, LD, LDP, BN>(o, sP, sV, ty, tx);
+    ffmaNN<DPAD, LD, LDP, BN, R>(o, sP, sV, ty, tx);
     j = jn;
   }
   cpAsyncWait<0>();
@@ -431,13 +434,13 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
   float* gO = sliceMutPtr<float>(p.o, b, h);
   float* gLse = (float*)p.lse + (long long)bh * p.qLen;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < R; ++i) {
     float l = rowSum[i];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     l += __shfl_xor_sync(0xffffffffu, l, 4);
     const RowFinal fin = finishRow(rowMax[i], l, hasSink, sink2);
-    const int q = m0 + 4 * ty + i;
+    const int q = m0 + R * ty + i;
     if (q < p.qLen) {
       storeNNRow<DPAD>(gO + (long long)q * p.o.seqStride, o[i], fin.outScale, tx, p.headDim);
       if (tx == 0) gLse[q] = fin.lse;

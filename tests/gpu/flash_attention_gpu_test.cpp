@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -428,6 +429,22 @@ TEST(FlashAttentionGpu, VeryLargeLogitsStayFinite) {
     c.sinkLogits = true;
     runCase(c, 99 + t);
   }
+}
+
+TEST(FlashAttentionGpu, Fp32ForwardEveryRowsPerThread) {
+  REQUIRE_GPU();
+  // The launcher picks R (query rows per thread) from the grid size; force each variant here so
+  // every one the heuristic can choose is checked whatever the test shapes would pick.
+  for (const char* r : {"1", "2", "4", "8"}) {
+    setenv("PA_FLASH_F32_FWD_R", r, 1);
+    Case c;
+    c.dtype = kFlashF32, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 300, c.kLen = 257, c.headDim = 64;
+    c.mask = maskOf(1, 1, 70, -1, 3);
+    c.sinkLogits = true;
+    c.backward = false;
+    runCase(c, 300 + r[0]);
+  }
+  unsetenv("PA_FLASH_F32_FWD_R");
 }
 
 TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
