@@ -19,6 +19,7 @@ struct Ctx {
   const Graph& g;
   std::vector<T*>& ptr;
   const Node& n;
+  const Expr* expr;  // FusedElementwise only
   const T* in(int i) const { return ptr[n.inputs[i]]; }
   T* out(int i = 0) const { return ptr[n.outputs[i]]; }
   const Shape& inShape(int i) const { return g.shape(n.inputs[i]); }
@@ -255,7 +256,7 @@ void execFlashAttentionGrad(Ctx<T>& c) {
 // and chunk, so intermediates live in a few small buffers instead of whole tensors.
 template <class T>
 void execFusedElementwise(Ctx<T>& c) {
-  const Expr e = parseExpr(c.n.attrs.getString("expr", ""));
+  const Expr& e = *c.expr;
   const Shape& out = c.outShape();
   const int64_t total = numel(out);
   // Inputs of another shape are broadcast once into a full-size temporary.
@@ -353,6 +354,9 @@ CpuExecutor<T>::CpuExecutor(const Graph& g) : g_(g), order_(g.topoOrder()) {
   arena_.assign(static_cast<size_t>(plan.arenaElements), T(0));
   naiveBytes_ = static_cast<size_t>(plan.naiveElements) * sizeof(T);
   ptr_.assign(g.numValues(), nullptr);
+  exprs_.resize(g.numNodes());
+  for (NodeId id : order_)
+    if (g.node(id).op == OpKind::FusedElementwise) exprs_[id] = parseExpr(g.node(id).attrs.getString("expr", ""));
   for (size_t v = 0; v < g.numValues(); ++v)
     if (plan.offset[v] >= 0) ptr_[v] = arena_.data() + plan.offset[v];
   for (NodeId id : order_) {
@@ -376,7 +380,7 @@ void CpuExecutor<T>::bind(ValueId v, T* data) {
 template <class T>
 void CpuExecutor<T>::run() {
   for (NodeId id : order_) {
-    Ctx<T> c{g_, ptr_, g_.node(id)};
+    Ctx<T> c{g_, ptr_, g_.node(id), &exprs_[id]};
     assert(c.n.op == OpKind::Param || c.n.op == OpKind::Input || ptr_[c.n.outputs[0]] != nullptr);
     kExec<T>[static_cast<int>(c.n.op)](c);
   }

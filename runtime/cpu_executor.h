@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "graph/elementwise_expr.h"
 #include "graph/graph.h"
 #include "passes/memory_plan.h"
 
@@ -32,6 +33,7 @@ private:
   std::vector<NodeId> order_;
   std::vector<T> arena_;
   std::vector<T*> ptr_;
+  std::vector<Expr> exprs_;  // per node: the parsed expression of a FusedElementwise
   size_t naiveBytes_ = 0;
 };
 
