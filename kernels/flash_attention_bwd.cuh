@@ -8,9 +8,10 @@
  *   dSink_h = -sum_{b,q} exp(sink_h - lse_q) Delta_q
  * The identity Delta = dO.O holds with a sink because the sink only adds to the denominator.
  *
- * Two schemes. Default (FlashAttention-2): the dK/dV kernel also adds dQ = dS.K into an fp32
- * buffer with atomics, and a small kernel converts it; the order of those additions varies.
- * Deterministic (`deterministic` flag, and always for fp32): three kernels and no atomics.
+ * Two schemes. Default (every dtype): three kernels and no atomics, described next. Opt-in for
+ * fp16/bf16 (`atomicDq`, FlashAttention-2's scheme): the dK/dV kernel also adds dQ = dS.K into an
+ * fp32 buffer with atomics and a small kernel converts it; the order of those additions varies,
+ * and on the H100 it measured 10-20% slower than the default (bench/RESULTS_flash.md).
  *
  * Why three kernels and no atomics. FlashAttention-2 computes dQ inside the dK/dV loop and
  * accumulates it with fp32 atomics; the result then depends on the order of the atomics. Here the
@@ -19,8 +20,11 @@
  * (one block per query tile; it loops over the visible key tiles) recompute P and dP separately.
  * That costs two extra matrix products per tile pair (7 instead of 5), buys bit-for-bit
  * reproducible gradients, needs no fp32 dQ buffer and no conversion pass, and makes the
- * `deterministic` flag free to honour. The sink gradient is reduced in a fixed order: partial sums
- * per (head, batch, query tile), then one block per head.
+ * `deterministic` flag free to honour. With GQA (16-bit types) the dK/dV kernel runs one block per
+ * query head and writes fp32 partials that flashBackwardDkDvReduce sums per KV head in a fixed
+ * order: a causal grid of few, unequal per-KV-head blocks otherwise ends in a long tail. The
+ * sink gradient is reduced in a fixed order too: partial sums per (head, batch, query tile), then
+ * one block per head.
  *
  * Traps: rows with lse = -inf saw no key; backwardLse2 turns their lse into +inf so that the
  * recomputed P is exactly 0 and the row contributes nothing. Rows past qLen and keys past kLen are
