@@ -91,6 +91,12 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
   r.unfused = free->result();
   r.fused.secondsPerStep = steps ? tFused / static_cast<double>(steps) : 0;
   r.unfused.secondsPerStep = steps ? tUnfused / static_cast<double>(steps) : 0;
+  std::fprintf(out, "passes of the fused training graph:\n");
+  for (const PassStats& ps : r.fused.passes) {
+    std::fprintf(out, "  %-18s nodes %4zu -> %4zu", ps.pass.c_str(), ps.nodesBefore, ps.nodesAfter);
+    for (const auto& kv : ps.counters) std::fprintf(out, ", %s %lld", kv.first.c_str(), (long long)kv.second);
+    std::fprintf(out, "\n");
+  }
   std::fprintf(out, "%-28s %16s %16s\n", "", "fused", "unfused");
   std::fprintf(out, "%-28s %16.3f %16.3f\n", "time per step (ms)", r.fused.secondsPerStep * 1e3, r.unfused.secondsPerStep * 1e3);
   std::fprintf(out, "%-28s %16zu %16zu\n", "nodes per step", r.fused.trainNodes, r.unfused.trainNodes);

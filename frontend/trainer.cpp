@@ -211,6 +211,7 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
   res_.forwardNodes = forwardNodes;
   res_.trainNodes = g.liveNodeCount();
   res_.activationBytes = exec_->arenaBytes();
+  res_.passes = stats;
 
   if (opt.printSummary) {
     std::printf("%s: %s parameters; graph %zu nodes forward, %zu with backward%s; device %s; precision %s\n",

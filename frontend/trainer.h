@@ -9,6 +9,7 @@
 
 #include "frontend/config.h"
 #include "frontend/progress.h"
+#include "passes/pass_manager.h"
 
 namespace pa {
 
@@ -33,6 +34,7 @@ struct TrainResult {
   int64_t parameterCount = 0;
   size_t forwardNodes = 0, trainNodes = 0;  // live nodes: forward graph, whole training step
   size_t activationBytes = 0;               // peak activation memory of the step (memory plan)
+  std::vector<PassStats> passes;            // statistics of every pass the training graph went through
   std::string device;
   std::map<std::string, std::vector<double>> finalParams;
 };
