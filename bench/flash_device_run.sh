@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine pass over the flash attention work: GPU tests, compute-sanitizer on a small
 # configuration, forward tile sweep and the side-by-side benchmark. Logs go to $OUT (or ./out).
-# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [tune] [f32tune] [bwdtune] [bench] [quick] | all
+# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
 set -u
 B=${1:-build}; shift
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -25,12 +25,24 @@ if want tune; then
     PA_FLASH_FWD_TILE=$1 PA_FLASH_FWD_MT=$2 timeout 60 python3 bench/attention_vs_torch.py --lib "$LIB" --only tune 2>&1 | grep tune
   done
 fi
-if want f32tune; then
+if want f32tune; then  # forward R sweep, then backward R sweep (forward left to its heuristic)
   for r in 1 2 4 8 auto; do
     if [ $r = auto ]; then unset PA_FLASH_F32_FWD_R; else export PA_FLASH_F32_FWD_R=$r; fi
-    timeout 100 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp32 2>&1 | grep "^| [0-9]" | sed "s/^/R=$r /"
+    timeout 100 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp32 2>&1 | grep "^| [0-9]" | sort -u | sed "s/^/fwd R=$r /"
   done
   unset PA_FLASH_F32_FWD_R
+  for r in 1 2 4 auto; do
+    if [ $r = auto ]; then unset PA_FLASH_F32_BWD_R; else export PA_FLASH_F32_BWD_R=$r; fi
+    timeout 100 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp32 2>&1 | grep "^| [0-9]" | sort -u | sed "s/^/bwd R=$r /"
+  done
+  unset PA_FLASH_F32_BWD_R
+fi
+if want f32bwdtune; then
+  for r in 1 2 4 auto; do
+    if [ $r = auto ]; then unset PA_FLASH_F32_BWD_R; else export PA_FLASH_F32_BWD_R=$r; fi
+    timeout 100 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp32 2>&1 | grep "^| [0-9]" | sort -u | sed "s/^/bwd R=$r /"
+  done
+  unset PA_FLASH_F32_BWD_R
 fi
 if want bwdtune; then
   for cfg in "0 2" "0 1" "1 2"; do

@@ -91,11 +91,12 @@ int FlashKernelSpec::sharedBytes() const {
       return f32 ? (16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
                  : (16 * mtiles * warps + 2 * tile) * (dpad + 8) * 2;
     case FlashKernelKind::kBwdDkDv:
-      return f32 ? (4 * 64 * (dpad + 4) + 2 * 64 * 68 + 2 * 64) * 4
+      return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 2 * 16 * mtiles * 68 + 2 * 64) * 4
                  : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4 + 6 * tile * 4 +
                        (atomicDq ? 16 * warps * (tile + 8) * 2 : 0);
     case FlashKernelKind::kBwdDq:
-      return f32 ? (4 * 64 * (dpad + 4) + 64 * 68) * 4 : (2 * 16 * mtiles * warps + 4 * tile) * (dpad + 8) * 2;
+      return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
+                 : (2 * 16 * mtiles * warps + 4 * tile) * (dpad + 8) * 2;
   }
   return 0;
 }
@@ -124,7 +125,7 @@ std::string FlashKernelSpec::name() const {
 }
 
 int FlashKernelSpec::rowsPerBlock() const {
-  if (dtype == kFlashF32) return kind == FlashKernelKind::kForward ? 16 * mtiles : 64;
+  if (dtype == kFlashF32) return 16 * mtiles;  // R rows (or keys) per thread, 16 R per block
   return 16 * warps * (kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDq ? mtiles : 1);
 }
 
@@ -143,7 +144,7 @@ std::string FlashKernelSpec::source() const {
       break;
     case FlashKernelKind::kBwdSinkReduce: call = "flashBackwardSinkReduce"; break;
     case FlashKernelKind::kBwdDkDv:
-      call = f32 ? "flashBackwardDkDvF32<" + d + ">"
+      call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ">"
                  : "flashBackwardDkDvMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
                        (atomicDq ? "true" : "false") + ">";
       break;
@@ -154,7 +155,7 @@ std::string FlashKernelSpec::source() const {
       call = "flashBackwardDkDvReduce<" + std::string(dtypeTag(dtype)) + ">";
       break;
     case FlashKernelKind::kBwdDq:
-      call = f32 ? "flashBackwardDqF32<" + d + ">"
+      call = f32 ? "flashBackwardDqF32<" + d + ", " + std::to_string(mtiles) + ">"
                  : "flashBackwardDqMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
                        std::to_string(mtiles) + ">";
       break;
@@ -188,6 +189,16 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
       if (dt == kFlashF32 && d > 128) continue;  // fp32 backward tiles do not fit shared memory
       specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
       specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg));
+      if (dt == kFlashF32) {  // the smaller-block variants of the fp32 backward (R = 1, 2)
+        const FlashKernelSpec bases[2] = {specs[specs.size() - 2], specs[specs.size() - 1]};
+        for (const FlashKernelSpec& base : bases) {
+          for (int r : {1, 2}) {
+            FlashKernelSpec v = base;
+            v.mtiles = r;
+            specs.push_back(v);
+          }
+        }
+      }
       if (dt != kFlashF32) {
         cfg.atomicDq = true;
         specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
@@ -246,6 +257,23 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     }
     if (const char* e = std::getenv("PA_FLASH_F32_FWD_R")) s.mtiles = std::atoi(e);
   }
+  // fp32 backward: the same trade and rule with R in {4, 2, 1} keys (dK/dV) or rows (dQ) per
+  // thread (sweep in bench/RESULTS_flash.md).
+  if ((kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq) && cfg.dtype == kFlashF32) {
+    s.mtiles = 4;
+    if (multiprocessors > 0) {
+      const bool dkdv = kind == FlashKernelKind::kBwdDkDv;
+      const long long slices = (long long)cfg.batch * (dkdv ? cfg.kvHeads : cfg.heads);
+      const int len = dkdv ? cfg.kLen : cfg.qLen;
+      s.mtiles = len <= 128 ? 1 : 2;
+      for (int r : {4, 2})
+        if (10 * slices * ceilDiv(len, 16 * r) >= 19LL * multiprocessors) {
+          s.mtiles = r;
+          break;
+        }
+    }
+    if (const char* e = std::getenv("PA_FLASH_F32_BWD_R")) s.mtiles = std::atoi(e);
+  }
   if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32) {
     if (const char* e = std::getenv("PA_FLASH_FWD_TILE")) s.tile = std::atoi(e);
     if (const char* e = std::getenv("PA_FLASH_FWD_MT")) s.mtiles = std::atoi(e);
@@ -295,7 +323,7 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
   const FlashKernelKind kinds[2] = {backward ? FlashKernelKind::kBwdDkDv : FlashKernelKind::kForward,
                                     backward ? FlashKernelKind::kBwdDq : FlashKernelKind::kForward};
   for (FlashKernelKind k : kinds) {
-    const FlashKernelSpec s = chooseSpec(k, c);
+    const FlashKernelSpec s = chooseSpec(k, c, device_.info().multiprocessors);
     if (s.sharedBytes() > limit)
       fail(s.name() + " needs " + std::to_string(s.sharedBytes()) + " bytes of shared memory; " +
            device_.info().name + " allows " + std::to_string(limit));
@@ -395,7 +423,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   p.dSinkLogits = c.sinkLogits ? a.dSinkLogits : 0;
   p.delta = a.workspace;
   p.sinkPartial = a.workspace + ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
-  const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c);
+  const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c, device_.info().multiprocessors);
   unsigned long long next = p.sinkPartial + ((size_t)c.heads * c.batch * p.qTiles * 4 + 15) / 16 * 16;
   if (dkdv.atomicDq) {
     p.dQAccum = next;
@@ -411,7 +439,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   if (dkdv.atomicDq) {
     launch(chooseSpec(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream);
   } else {
-    const FlashKernelSpec dq = chooseSpec(FlashKernelKind::kBwdDq, c);
+    const FlashKernelSpec dq = chooseSpec(FlashKernelKind::kBwdDq, c, device_.info().multiprocessors);
     launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream);
   }
 }

@@ -529,10 +529,11 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
 }
 
 // =============================================================================================
-// Exact fp32 dK/dV: 128 threads, 64 keys (rows 4*ty + i) x 64 queries (tx + 8*j) per step.
-template <int DPAD>
+// Exact fp32 dK/dV: 128 threads, 16R keys (rows R*ty + i) x 64 queries (tx + 8*j) per step.
+// R (1, 2, 4) trades blocks for shared-memory traffic per FFMA, as in the forward.
+template <int DPAD, int R>
 __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p) {
-  constexpr int BN = 64, BQ = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
+  constexpr int BN = 16 * R, BQ = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smemRaw[];
   float* sK = (float*)smemRaw;
   float* sV = sK + BN * LD;
@@ -550,9 +551,9 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   const TileMask tm{p.mask, p.qLen, p.kLen};
   const int nQT = ceilDiv(p.qLen, BQ);
 
-  float dK[4][DC], dV[4][DC];
+  float dK[R][DC], dV[R][DC];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int c = 0; c < DC; ++c) dK[i][c] = dV[i][c] = 0.f;
 
@@ -572,52 +573,52 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
     __syncthreads();
     const bool full = tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ;
 
-    float acc[4][8];
+    float acc[R][8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) acc[i][jj] = 0.f;
-    ffmaNT<DPAD, LD>(acc, sK, sQ, ty, tx);
+    ffmaNT<DPAD, LD, R>(acc, sK, sQ, ty, tx);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         const int ql = tx + 8 * jj;
         float x = acc[i][jj] * p.scaleLog2;
-        if (!full && !tm.visible(q0 + ql, n0 + 4 * ty + i)) x = negInf();
-        sP[(4 * ty + i) * LDP + ql] = exp2f(x - sLse2[ql]);
+        if (!full && !tm.visible(q0 + ql, n0 + R * ty + i)) x = negInf();
+        sP[(R * ty + i) * LDP + ql] = exp2f(x - sLse2[ql]);
         acc[i][jj] = 0.f;
       }
-    ffmaNT<DPAD, LD>(acc, sV, sdO, ty, tx);
+    ffmaNT<DPAD, LD, R>(acc, sV, sdO, ty, tx);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         const int ql = tx + 8 * jj;
-        const float pe = sP[(4 * ty + i) * LDP + ql];
-        sS[(4 * ty + i) * LDP + ql] = pe * (acc[i][jj] - sDelta[ql]);
+        const float pe = sP[(R * ty + i) * LDP + ql];
+        sS[(R * ty + i) * LDP + ql] = pe * (acc[i][jj] - sDelta[ql]);
       }
     __syncwarp();  // rows of sP / sS are written and read by the same 8 lanes
-    ffmaNN<DPAD, LD, LDP, BQ>(dV, sP, sdO, ty, tx);
-    ffmaNN<DPAD, LD, LDP, BQ>(dK, sS, sQ, ty, tx);
+    ffmaNN<DPAD, LD, LDP, BQ, R>(dV, sP, sdO, ty, tx);
+    ffmaNN<DPAD, LD, LDP, BQ, R>(dK, sS, sQ, ty, tx);
   }
   cpAsyncWait<0>();
 
   float* gdK = sliceMutPtr<float>(p.dK, b, hk);
   float* gdV = sliceMutPtr<float>(p.dV, b, hk);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int k = n0 + 4 * ty + i;
+  for (int i = 0; i < R; ++i) {
+    const int k = n0 + R * ty + i;
     if (k >= p.kLen) continue;
     storeNNRow<DPAD>(gdK + (long long)k * p.dK.seqStride, dK[i], p.scale, tx, p.headDim);
     storeNNRow<DPAD>(gdV + (long long)k * p.dV.seqStride, dV[i], 1.f, tx, p.headDim);
   }
 }
 
-// Exact fp32 dQ: 128 threads, 64 query rows (4*ty + i) x 64 keys (tx + 8*j) per step.
-template <int DPAD>
+// Exact fp32 dQ: 128 threads, 16R query rows (R*ty + i) x 64 keys (tx + 8*j) per step.
+template <int DPAD, int R>
 __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
-  constexpr int BM = 64, BN = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
+  constexpr int BM = 16 * R, BN = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smemRaw[];
   float* sQ = (float*)smemRaw;
   float* sdO = sQ + BM * LD;
@@ -633,16 +634,16 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
   const int nTiles = ceilDiv(p.kLen, BN);
   const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
   const float* delta = (const float*)p.delta + (long long)bh * p.qLen;
-  float lse2[4], dl[4];
+  float lse2[R], dl[R];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int q = m0 + 4 * ty + i;
+  for (int i = 0; i < R; ++i) {
+    const int q = m0 + R * ty + i;
     lse2[i] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
     dl[i] = q < p.qLen ? delta[q] : 0.f;
   }
-  float dQ[4][DC];
+  float dQ[R][DC];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int c = 0; c < DC; ++c) dQ[i][c] = 0.f;
 
@@ -661,35 +662,35 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
     __syncthreads();
     const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
 
-    float acc[4][8], pr[4][8];
+    float acc[R][8], pr[R][8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) acc[i][jj] = 0.f;
-    ffmaNT<DPAD, LD>(acc, sQ, sK, ty, tx);
+    ffmaNT<DPAD, LD, R>(acc, sQ, sK, ty, tx);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         float x = acc[i][jj] * p.scaleLog2;
-        if (!full && !tm.visible(m0 + 4 * ty + i, n0 + tx + 8 * jj)) x = negInf();
+        if (!full && !tm.visible(m0 + R * ty + i, n0 + tx + 8 * jj)) x = negInf();
         pr[i][jj] = exp2f(x - lse2[i]);
         acc[i][jj] = 0.f;
       }
-    ffmaNT<DPAD, LD>(acc, sdO, sV, ty, tx);
+    ffmaNT<DPAD, LD, R>(acc, sdO, sV, ty, tx);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) sS[(4 * ty + i) * LDP + tx + 8 * jj] = pr[i][jj] * (acc[i][jj] - dl[i]);
+      for (int jj = 0; jj < 8; ++jj) sS[(R * ty + i) * LDP + tx + 8 * jj] = pr[i][jj] * (acc[i][jj] - dl[i]);
     __syncwarp();
-    ffmaNN<DPAD, LD, LDP, BN>(dQ, sS, sK, ty, tx);
+    ffmaNN<DPAD, LD, LDP, BN, R>(dQ, sS, sK, ty, tx);
   }
   cpAsyncWait<0>();
 
   float* gdQ = sliceMutPtr<float>(p.dQ, b, h);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int q = m0 + 4 * ty + i;
+  for (int i = 0; i < R; ++i) {
+    const int q = m0 + R * ty + i;
     if (q >= p.qLen) continue;
     storeNNRow<DPAD>(gdQ + (long long)q * p.dQ.seqStride, dQ[i], p.scale, tx, p.headDim);
   }

@@ -431,20 +431,21 @@ TEST(FlashAttentionGpu, VeryLargeLogitsStayFinite) {
   }
 }
 
-TEST(FlashAttentionGpu, Fp32ForwardEveryRowsPerThread) {
+TEST(FlashAttentionGpu, Fp32EveryRowsPerThread) {
   REQUIRE_GPU();
-  // The launcher picks R (query rows per thread) from the grid size; force each variant here so
-  // every one the heuristic can choose is checked whatever the test shapes would pick.
+  // The launcher picks R (rows per thread) from the grid size; force each variant here so every
+  // one the heuristic can choose is checked whatever the test shapes would pick.
   for (const char* r : {"1", "2", "4", "8"}) {
     setenv("PA_FLASH_F32_FWD_R", r, 1);
+    setenv("PA_FLASH_F32_BWD_R", r[0] == '8' ? "4" : r, 1);  // the backward stops at R = 4
     Case c;
     c.dtype = kFlashF32, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 300, c.kLen = 257, c.headDim = 64;
     c.mask = maskOf(1, 1, 70, -1, 3);
     c.sinkLogits = true;
-    c.backward = false;
     runCase(c, 300 + r[0]);
   }
   unsetenv("PA_FLASH_F32_FWD_R");
+  unsetenv("PA_FLASH_F32_BWD_R");
 }
 
 TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
