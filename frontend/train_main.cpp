@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", opt.metricsPath, "write per-step metrics to FILE (.csv, .jsonl or .json)");
   app.add_option("--dump-graph", opt.dumpGraphDir, "write the graph after each stage to DIR (.txt, .dot, .svg)");
+  app.add_option("--dump-kernels", opt.dumpKernelsDir,
+                 "write the CUDA source of every kernel of the training step to DIR (no GPU needed)");
   app.add_option("--progress", progress, "auto | bar | lines | none (auto: a bar on a terminal, lines otherwise)")
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   app.add_flag("--verbose,-v", opt.verbose, "print each pass's statistics");

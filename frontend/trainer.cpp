@@ -10,6 +10,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "codegen/emit.h"
 #include "frontend/datasets.h"
 #include "frontend/metrics.h"
 #include "frontend/model_builder.h"
@@ -80,6 +81,28 @@ Pipeline trainPipeline(const Config& cfg, bool noFuse) {
   return p;
 }
 
+}  // namespace
+
+TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, const std::vector<int64_t>& sampleX,
+                                   const std::vector<int64_t>& sampleY, int64_t batch) {
+  TrainingGraph tg;
+  tg.model = buildModel(cfg, sampleX, sampleY, batch);
+  Graph& g = tg.model.graph;
+  PipelineOptions popt;
+  popt.dumpDir = opt.dumpGraphDir;
+  popt.title = cfg.name;
+  if (!opt.dumpGraphDir.empty()) dumpGraph(g, opt.dumpGraphDir, "00-frontend", cfg.name + " as lowered");
+  const Pipeline pipeline = trainPipeline(cfg, opt.noFuse);
+  tg.stats = runPipeline(g, pipeline.forward, popt);
+  tg.forwardNodes = g.liveNodeCount();
+  popt.firstDumpIndex = static_cast<int>(pipeline.forward.size());
+  for (PassStats& s : runPipeline(g, pipeline.training, popt)) tg.stats.push_back(std::move(s));
+  tg.forwardPasses = pipeline.forward;
+  return tg;
+}
+
+namespace {
+
 std::string humanCount(int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
@@ -148,25 +171,22 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
     throw UserError("train.batch_size " + std::to_string(batch) + " is larger than the " +
                     std::to_string(data_.train.count) + " training samples");
 
-  // The training graph: forward, the configured passes, autodiff, clean-up.
-  model_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, batch);
+  TrainingGraph tg = compileTrainingGraph(cfg, opt, data_.train.xShape, data_.train.yShape, batch);
+  model_ = std::move(tg.model);
   Graph& g = model_.graph;
-  PipelineOptions popt;
-  popt.dumpDir = opt.dumpGraphDir;
-  popt.title = cfg.name;
-  if (!opt.dumpGraphDir.empty()) dumpGraph(g, opt.dumpGraphDir, "00-frontend", cfg.name + " as lowered");
-  const Pipeline pipeline = trainPipeline(cfg, opt.noFuse);
-  std::vector<PassStats> stats = runPipeline(g, pipeline.forward, popt);
-  const size_t forwardNodes = g.liveNodeCount();
-  popt.firstDumpIndex = static_cast<int>(pipeline.forward.size());
-  for (PassStats& s : runPipeline(g, pipeline.training, popt)) stats.push_back(std::move(s));
+  const size_t forwardNodes = tg.forwardNodes;
+  const std::vector<PassStats>& stats = tg.stats;
 
   // The validation graph: the same model and passes, forward only.
   const int64_t nVal = data_.validation.count;
   evalBatch_ = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
   evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
-  runPipeline(evalModel_.graph, pipeline.forward, PipelineOptions{});
+  runPipeline(evalModel_.graph, tg.forwardPasses, PipelineOptions{});
 
+  if (!opt.dumpKernelsDir.empty()) {
+    const int n = codegen::dumpKernels(g, opt.dumpKernelsDir);
+    std::printf("wrote %d CUDA kernels of the training step to %s\n", n, opt.dumpKernelsDir.c_str());
+  }
   exec_ = std::make_unique<CpuExecutor<T>>(g);
   evalExec_ = std::make_unique<CpuExecutor<T>>(evalModel_.graph);
   int64_t paramCount = 0;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "frontend/config.h"
+#include "frontend/model_builder.h"
 #include "frontend/progress.h"
 #include "passes/pass_manager.h"
 
@@ -18,6 +19,7 @@ struct RunOptions {
   std::string device;              // overrides config.device when not empty
   std::string metricsPath;         // --metrics
   std::string dumpGraphDir;        // --dump-graph
+  std::string dumpKernelsDir;      // --dump-kernels
   ProgressMode progress = ProgressMode::Auto;
   bool verbose = false;            // pass statistics
   bool noFuse = false;             // --no-fuse: leave the fusion passes out of the pipeline
@@ -38,6 +40,17 @@ struct TrainResult {
   std::string device;
   std::map<std::string, std::vector<double>> finalParams;
 };
+
+// The training step's graph: the model lowered for `batch`, the forward passes, autodiff and
+// the clean-up passes (README, "Passes"); dumps to opt.dumpGraphDir when set.
+struct TrainingGraph {
+  BuiltModel model;
+  size_t forwardNodes = 0;
+  std::vector<PassStats> stats;
+  std::vector<std::string> forwardPasses;  // also run on the validation graph
+};
+TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, const std::vector<int64_t>& sampleX,
+                                   const std::vector<int64_t>& sampleY, int64_t batch);
 
 // A compiled model with its data, parameters and optimizer state, ready to take steps.
 class Session {

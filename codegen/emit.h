@@ -1,0 +1,45 @@
+// CUDA source for every node of a final graph: one or more kernels per node, each a complete
+// translation unit that NVRTC (or nvcc, once its headers are inlined) compiles on its own.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace pa::codegen {
+
+// A kernel argument: a node input, a node output, or the node's scratch buffer.
+struct KernelArg {
+  enum Kind { Input, Output, Scratch } kind;
+  int index;
+};
+
+struct Kernel {
+  std::string name;    // extern "C" symbol: k<node id>_<op>[_<part>], deterministic
+  std::string source;  // starts with a comment naming the graph node and the launch
+  std::array<unsigned, 3> grid{1, 1, 1}, block{1, 1, 1};
+  unsigned sharedBytes = 0;
+  std::vector<KernelArg> args;  // pointer arguments, in order
+  std::vector<std::string> headers;  // embedded headers it #includes (by include name)
+};
+
+struct NodeKernels {
+  std::vector<Kernel> kernels;  // launched in order
+  size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed
+  // Nodes the FlashAttention launcher runs (kernels/flash_attention.h) have `external` set; their
+  // kernels are the launcher's instantiations, listed for --dump-kernels and the CI compile.
+  bool external = false;
+};
+
+// fp32 kernels for node `id` (Input, Param and Constant need none: constants are uploaded).
+NodeKernels emitNode(const Graph& g, NodeId id);
+
+// The source with every embedded header it includes pasted in, for nvcc and --dump-kernels.
+std::string selfContainedSource(const Kernel& k);
+
+// Writes every kernel of every live node of `g` as DIR/<name>.cu; returns how many.
+int dumpKernels(const Graph& g, const std::string& dir);
+
+}  // namespace pa::codegen
