@@ -358,7 +358,10 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   const long long m0 = (long long)blockIdx.y * 64, n0 = (long long)blockIdx.x * 64, b = blockIdx.z;
   const float* A = in0 + b * ${ABATCH};
   const float* B = in1 + b * ${BBATCH};
-  float acc[4][4] = {};
+  // Blocked summation: 16 products into `part`, 8 parts (128 of K) into `mid`, then into
+  // `acc`: the rounding error grows like (16 + 8 + K/128)·ε instead of K·ε (K = 8192 in the
+  // weight gradients of a batch-8192 layer).
+  float acc[4][4] = {}, mid[4][4] = {};
   for (long long k0 = 0; k0 < ${K}; k0 += 16) {
     for (int t = threadIdx.x; t < 16 * 64; t += 256) {
       const int kk = t / 64, mm = t % 64;
@@ -367,6 +370,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
       Bs[kk][mm] = (n < ${N} && k < ${K}) ? B[${BINDEX}] : 0.0f;
     }
     __syncthreads();
+    float part[4][4] = {};
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk) {
       float a[4], bv[4];
@@ -377,10 +381,27 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
+        for (int j = 0; j < 4; ++j) part[i][j] = fmaf(a[i], bv[j], part[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mid[i][j] += part[i][j];
+    if ((k0 / 16) % 8 == 7) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[i][j] += mid[i][j];
+          mid[i][j] = 0.0f;
+        }
     }
     __syncthreads();
   }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] += mid[i][j];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const long long m = m0 + ty * 4 + i;
@@ -605,8 +626,10 @@ NodeKernels emitFusedLinear(const Ctx& c) {
   return gemm(c, 1, 0, 0, rows, n, k, false, tw, epi);
 }
 
-// FlashAttention nodes run through the launcher; these are the instantiations it would pick.
-FlashAttentionConfig flashConfig(const Ctx& c) {
+}  // namespace
+
+FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
+  const Ctx c{g, n};
   const Shape& q = c.in(0);
   const Shape& k = c.in(1);
   FlashAttentionConfig f;
@@ -627,10 +650,14 @@ FlashAttentionConfig flashConfig(const Ctx& c) {
   return f;
 }
 
+namespace {
+
+// FlashAttention nodes run through the launcher; these are the instantiations it would pick.
+
 NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds) {
   NodeKernels nk;
   nk.external = true;
-  const FlashAttentionConfig cfg = flashConfig(c);
+  const FlashAttentionConfig cfg = flashConfigOf(c.g, c.n);
   for (FlashKernelKind kind : kinds) {
     FlashKernelSpec spec;
     try {

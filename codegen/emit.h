@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "kernels/flash_attention.h"
 
 namespace pa::codegen {
 
@@ -35,6 +36,9 @@ struct NodeKernels {
 
 // fp32 kernels for node `id` (Input, Param and Constant need none: constants are uploaded).
 NodeKernels emitNode(const Graph& g, NodeId id);
+
+// The launcher's problem description of a flash-attention or flash-attention-grad node (fp32).
+FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n);
 
 // The source with every embedded header it includes pasted in, for nvcc and --dump-kernels.
 std::string selfContainedSource(const Kernel& k);

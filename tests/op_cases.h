@@ -1,0 +1,179 @@
+// The op cases shared by the CPU finite-difference checks and the GPU comparisons: every
+// differentiable op on awkward shapes (broadcasting, transposes, batched matmuls, masks with
+// q_len != kv_len and fully masked rows, GQA, sink logits).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace pa::test {
+
+struct OpCase {
+  std::string name;
+  OpKind op;  // the op under test (the case's graph contains it)
+  std::function<ValueId(Graph&)> build;
+  std::map<std::string, std::pair<double, double>> ranges = {};
+};
+
+inline AttrMap A(std::initializer_list<std::pair<const char*, Attr>> kv) {
+  AttrMap a;
+  for (const auto& p : kv) a.set(p.first, p.second);
+  return a;
+}
+using V = std::vector<int64_t>;
+
+inline ValueId P(Graph& g, const std::string& n, Shape s) { return g.addParam(n, s, "xavier"); }
+
+inline OpCase matmulCase(const std::string& name, Shape a, Shape b, bool ta, bool tb) {
+  return {name, OpKind::MatMul, [=](Graph& g) {
+            return g.add(OpKind::MatMul, {P(g, "a", a), P(g, "b", b)}, A({{"transpose_a", ta}, {"transpose_b", tb}}));
+          }};
+}
+
+inline OpCase binaryCase(const std::string& name, OpKind op, Shape a, Shape b) {
+  std::map<std::string, std::pair<double, double>> r;
+  if (op == OpKind::Div) r["b"] = {0.5, 1.5};  // keep the denominator away from zero
+  return {name, op, [=](Graph& g) { return g.add(op, {P(g, "a", a), P(g, "b", b)}); }, r};
+}
+
+inline OpCase unaryCase(const std::string& name, OpKind op) {
+  return {name, op, [=](Graph& g) { return g.add(op, {P(g, "x", {2, 3, 4})}); }};
+}
+
+// softmax(mask(x)) over [2, q, k]: the mask alone would put -inf into the loss.
+inline OpCase maskCase(const std::string& name, int64_t q, int64_t k, AttrMap mask) {
+  return {name, OpKind::AttentionMask, [=](Graph& g) {
+            ValueId m = g.add(OpKind::AttentionMask, {P(g, "x", {2, q, k})}, mask);
+            return g.add(OpKind::Softmax, {m}, A({{"axis", int64_t{-1}}}));
+          }};
+}
+
+inline std::vector<OpCase> allCases() {
+  std::vector<OpCase> c;
+  c.push_back(matmulCase("MatMul_plain", {3, 4}, {4, 5}, false, false));
+  c.push_back(matmulCase("MatMul_transA", {4, 3}, {4, 5}, true, false));
+  c.push_back(matmulCase("MatMul_transB", {3, 4}, {5, 4}, false, true));
+  c.push_back(matmulCase("MatMul_transAB", {4, 3}, {5, 4}, true, true));
+  c.push_back(matmulCase("MatMul_batched", {2, 3, 4}, {2, 4, 5}, false, false));
+  c.push_back(matmulCase("MatMul_batchedTransB", {2, 2, 3, 4}, {2, 2, 5, 4}, false, true));
+  c.push_back(matmulCase("MatMul_batchedA_sharedB", {2, 3, 4}, {4, 5}, false, false));
+  c.push_back(matmulCase("MatMul_batchedA_sharedBT", {2, 3, 4}, {5, 4}, false, true));
+  c.push_back(matmulCase("MatMul_batchedAT_sharedB", {2, 4, 3}, {4, 5}, true, false));
+  c.push_back(matmulCase("MatMul_sharedA_batchedB", {3, 4}, {2, 4, 5}, false, false));
+  c.push_back(matmulCase("MatMul_K1", {3, 1}, {1, 5}, false, false));
+  for (auto op : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div}) {
+    const std::string n = opName(op);
+    c.push_back(binaryCase(n + "_same", op, {2, 3, 4}, {2, 3, 4}));
+    c.push_back(binaryCase(n + "_rowVector", op, {2, 3, 4}, {4}));
+    c.push_back(binaryCase(n + "_bothBroadcast", op, {2, 1, 4}, {3, 1}));
+    c.push_back(binaryCase(n + "_scalarLeft", op, {}, {2, 3}));
+  }
+  c.push_back({"Scale", OpKind::Scale, [](Graph& g) { return g.add(OpKind::Scale, {P(g, "x", {2, 3})}, A({{"value", 0.7}})); }});
+  c.push_back(unaryCase("Relu", OpKind::Relu));
+  c.push_back(unaryCase("Gelu", OpKind::Gelu));
+  c.push_back(unaryCase("Tanh", OpKind::Tanh));
+  c.push_back(unaryCase("Sigmoid", OpKind::Sigmoid));
+  c.push_back(unaryCase("Exp", OpKind::Exp));
+  c.push_back({"Softmax_lastAxis", OpKind::Softmax, [](Graph& g) {
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, A({{"axis", int64_t{-1}}}));
+               }});
+  c.push_back({"Softmax_middleAxis", OpKind::Softmax, [](Graph& g) {
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, A({{"axis", int64_t{1}}}));
+               }});
+  c.push_back({"Softmax_sinkLogits", OpKind::Softmax, [](Graph& g) {
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4}), P(g, "sink", {3, 1})}, A({{"axis", int64_t{-1}}}));
+               }});
+  c.push_back({"Softmax_sinkLogitsMaskedRows", OpKind::Softmax, [](Graph& g) {
+                 // Bottom-right causal with q > k hides rows 0 and 1 entirely: the sink takes all mass.
+                 ValueId m = g.add(OpKind::AttentionMask, {P(g, "x", {2, 4, 2})},
+                                   A({{"causal", true}, {"align", std::string("bottom-right")}}));
+                 return g.add(OpKind::Softmax, {m, P(g, "sink", {2, 1, 1})}, A({{"axis", int64_t{-1}}}));
+               }});
+  c.push_back({"Permute", OpKind::Permute, [](Graph& g) {
+                 return g.add(OpKind::Permute, {P(g, "x", {2, 3, 4})}, A({{"perm", V{2, 0, 1}}}));
+               }});
+  c.push_back({"Reshape", OpKind::Reshape, [](Graph& g) {
+                 return g.add(OpKind::Reshape, {P(g, "x", {2, 3, 4})}, A({{"shape", V{-1, 4}}}));
+               }});
+  c.push_back({"BroadcastTo", OpKind::BroadcastTo, [](Graph& g) {
+                 return g.add(OpKind::BroadcastTo, {P(g, "x", {3, 1})}, A({{"shape", V{2, 3, 4}}}));
+               }});
+  c.push_back({"Sum_axis", OpKind::Sum, [](Graph& g) { return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}, A({{"axes", V{1}}})); }});
+  c.push_back({"Sum_all", OpKind::Sum, [](Graph& g) { return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}); }});
+  c.push_back({"Sum_keepdims", OpKind::Sum, [](Graph& g) {
+                 return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}, A({{"axes", V{0, -1}}, {"keepdims", true}}));
+               }});
+  c.push_back({"Mean_axes", OpKind::Mean, [](Graph& g) { return g.add(OpKind::Mean, {P(g, "x", {2, 3, 4})}, A({{"axes", V{0, 2}}})); }});
+  c.push_back({"SumTo", OpKind::SumTo, [](Graph& g) { return g.add(OpKind::SumTo, {P(g, "x", {2, 3, 4})}, A({{"shape", V{3, 1}}})); }});
+  c.push_back(maskCase("AttentionMask_causalTopLeft", 3, 5, A({{"causal", true}})));
+  c.push_back(maskCase("AttentionMask_causalBottomRight", 3, 5, A({{"causal", true}, {"align", std::string("bottom-right")}})));
+  c.push_back(maskCase("AttentionMask_fullyMaskedRows", 5, 3, A({{"causal", true}, {"align", std::string("bottom-right")}})));
+  c.push_back(maskCase("AttentionMask_window", 6, 6, A({{"window_left", int64_t{1}}, {"window_right", int64_t{1}}})));
+  c.push_back(maskCase("AttentionMask_causalWindowSinks", 6, 6,
+                       A({{"causal", true}, {"window_left", int64_t{1}}, {"sinks", int64_t{2}}})));
+  c.push_back({"RepeatHeads", OpKind::RepeatHeads, [](Graph& g) {
+                 return g.add(OpKind::RepeatHeads, {P(g, "x", {2, 2, 3, 4})}, A({{"axis", int64_t{1}}, {"repeats", int64_t{3}}}));
+               }});
+  c.push_back({"MseLoss", OpKind::MseLoss, [](Graph& g) {
+                 return g.add(OpKind::MseLoss, {P(g, "p", {3, 4}), P(g, "t", {3, 4})});
+               }});
+  for (const char* act : {"none", "relu", "gelu"}) {
+    for (bool bias : {false, true}) {
+      for (bool tw : {false, true}) {
+        const std::string name = std::string("FusedLinear_") + act + (bias ? "_bias" : "") + (tw ? "_transposedW" : "");
+        c.push_back({name, OpKind::FusedLinear, [=](Graph& g) {
+                       std::vector<ValueId> ins{P(g, "x", {2, 3, 4}), P(g, "w", tw ? Shape{5, 4} : Shape{4, 5})};
+                       if (bias) ins.push_back(P(g, "b", {5}));
+                       return g.add(OpKind::FusedLinear, ins, A({{"activation", std::string(act)}, {"transpose_w", tw}}));
+                     }});
+      }
+    }
+  }
+  struct Flash {
+    const char* name;
+    int64_t hq, hk, sq, sk;
+    AttrMap mask;
+    bool sink;
+  };
+  const Flash flashes[] = {
+      {"plain", 2, 2, 5, 5, A({}), false},
+      {"causalTopLeft_qShorter", 2, 2, 3, 6, A({{"causal", true}}), false},
+      {"causalBottomRight_qShorter", 2, 2, 3, 6, A({{"causal", true}, {"align", std::string("bottom-right")}}), false},
+      {"causalBottomRight_fullyMaskedRows", 2, 2, 6, 3, A({{"causal", true}, {"align", std::string("bottom-right")}}), false},
+      {"fullyMaskedRowsWithSinkLogits", 2, 2, 6, 3, A({{"causal", true}, {"align", std::string("bottom-right")}}), true},
+      {"window", 2, 2, 7, 7, A({{"window_left", int64_t{1}}, {"window_right", int64_t{2}}}), false},
+      {"causalWindowSinks", 2, 2, 9, 9, A({{"causal", true}, {"window_left", int64_t{2}}, {"sinks", int64_t{2}}}), false},
+      {"gqa4_causalWindowSinksSinkLogits", 4, 1, 8, 8, A({{"causal", true}, {"window_left", int64_t{1}}, {"sinks", int64_t{1}}}), true},
+      {"gqa2_sinkLogits_windowRightOnly", 4, 2, 6, 9, A({{"window_left", int64_t{0}}, {"window_right", int64_t{1}}, {"sinks", int64_t{3}}}), true},
+      {"longerThanOneKeyTile", 1, 1, 70, 130, A({{"causal", true}, {"align", std::string("bottom-right")}, {"window_left", int64_t{80}}}), false},
+  };
+  for (const Flash& f : flashes) {
+    c.push_back({std::string("FlashAttention_") + f.name, OpKind::FlashAttention, [f](Graph& g) {
+                   AttrMap a = f.mask;
+                   a.set("scale", 0.6);
+                   std::vector<ValueId> ins{P(g, "q", {2, f.hq, f.sq, 8}), P(g, "k", {2, f.hk, f.sk, 8}), P(g, "v", {2, f.hk, f.sk, 8})};
+                   if (f.sink) ins.push_back(P(g, "sink", {f.hq}));
+                   return g.add(OpKind::FlashAttention, ins, a);
+                 }});
+  }
+  c.push_back({"FusedElementwise_reluOfBroadcastAdd", OpKind::FusedElementwise, [](Graph& g) {
+                 return g.add(OpKind::FusedElementwise, {P(g, "x", {2, 3, 4}), P(g, "b", {4})},
+                              A({{"expr", std::string("relu(add($0, $1))")}, {"shape", V{2, 3, 4}}}));
+               }});
+  c.push_back({"FusedElementwise_mixed", OpKind::FusedElementwise, [](Graph& g) {
+                 return g.add(OpKind::FusedElementwise, {P(g, "x", {3, 4}), P(g, "y", {3, 1}), P(g, "z", {3, 4})},
+                              A({{"expr", std::string("mul(sigmoid(sub($0, $1)), scale[0.5](div(tanh($2), exp($0))))")},
+                                 {"shape", V{3, 4}}}));
+               }});
+  c.push_back({"FusedElementwise_sameInputTwice", OpKind::FusedElementwise, [](Graph& g) {
+                 return g.add(OpKind::FusedElementwise, {P(g, "x", {2, 5})},
+                              A({{"expr", std::string("mul(gelu($0), $0)")}, {"shape", V{2, 5}}}));
+               }});
+  return c;
+}
+
+}  // namespace pa::test
