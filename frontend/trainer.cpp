@@ -312,10 +312,11 @@ std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   if (dev != "auto" && dev != "cpu" && dev != "cuda")
     throw UserError("--device " + dev + ": valid choices are auto, cpu, cuda");
   if (dev == "cuda")
-    throw UserError("device 'cuda' was asked for, but this build has no CUDA backend yet; use --device cpu or auto");
+    throw UserError("device 'cuda' was asked for, but training on the GPU is not implemented yet (the generated "
+                    "kernels run and are tested through the GPU graph runner); use --device cpu or auto");
   if (cfg.precision == "bf16")
     throw UserError(cfg.file + ": precision: bf16 needs the CUDA backend; the CPU backend runs fp32 or fp64");
-  std::string device = dev == "auto" ? "cpu (auto: no CUDA backend in this build)" : "cpu";
+  std::string device = dev == "auto" ? "cpu (auto: GPU training is not implemented yet)" : "cpu";
   if (cfg.precision == "tf32") device += ", tf32 runs as exact fp32 on the CPU";
   return device;
 }

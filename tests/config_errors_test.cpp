@@ -202,7 +202,7 @@ TEST(Cli, UserMistakesExitWithCodeTwo) {
   std::ofstream(dir / "good.yaml") << kGood;
   EXPECT_EQ(runTrain("--config " + (dir / "bad.yaml").string()), 2);
   EXPECT_EQ(runTrain("--config " + (dir / "missing.yaml").string()), 2);
-  EXPECT_EQ(runTrain("--config " + (dir / "good.yaml").string() + " --device cuda"), 2);  // no CUDA backend yet
+  EXPECT_EQ(runTrain("--config " + (dir / "good.yaml").string() + " --device cuda"), 2);  // no GPU training yet
   EXPECT_EQ(runTrain("--config " + (dir / "good.yaml").string() + " --bogus-flag"), 2);
   EXPECT_EQ(runTrain("--config " + (dir / "good.yaml").string() + " --steps 2 --progress none"), 0);
   fs::remove_all(dir);
