@@ -10,6 +10,7 @@ namespace pa {
 struct DebugSwitches {
   bool printAfterEachPass = false;  // PA_PRINT_AFTER_ALL=1: print the graph (text) after every pass
   bool verifyEachPass = true;       // PA_VERIFY_EACH_PASS=0: skip the verifier between passes
+  bool kernelDiskCache = true;      // PA_KERNEL_CACHE=0: compile every kernel afresh, cache nothing on disk
 };
 
 inline const DebugSwitches& debugSwitches() {
@@ -22,6 +23,7 @@ inline const DebugSwitches& debugSwitches() {
     DebugSwitches d;
     d.printAfterEachPass = flag("PA_PRINT_AFTER_ALL", false);
     d.verifyEachPass = flag("PA_VERIFY_EACH_PASS", true);
+    d.kernelDiskCache = flag("PA_KERNEL_CACHE", true);
     return d;
   }();
   return s;

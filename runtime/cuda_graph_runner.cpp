@@ -3,6 +3,7 @@
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/emit.h"
+#include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
 #include "passes/memory_plan.h"
 
@@ -48,7 +49,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device)
     req.headers = codegen::embeddedKernelHeaders();
     req.arch = device_.info().arch();
     req.extraOptions = {"-lineinfo"};
-    const codegen::CompileResult r = codegen::Nvrtc::instance().compile(req);
+    const codegen::CompileResult r = codegen::KernelCache::instance().compile(req);
     PA_CU_CHECK(cuModuleLoadData(&module_, r.cubin.data()));
     for (auto& node : launches_)
       for (Launch& l : node) PA_CU_CHECK(cuModuleGetFunction(&l.fn, module_, l.kernel.name.c_str()));

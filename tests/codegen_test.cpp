@@ -5,10 +5,12 @@
 
 #include <filesystem>
 #include <map>
+#include <fstream>
 #include <set>
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/emit.h"
+#include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
 #include "frontend/config.h"
 #include "frontend/datasets.h"
@@ -128,6 +130,84 @@ TEST(Codegen, DumpedKernelsAreSelfContained) {
   }
   EXPECT_TRUE(sawMask);
   std::filesystem::remove_all(dir);
+}
+
+codegen::CompileRequest smallKernel(const std::string& body = "out[threadIdx.x] = 2.0f;") {
+  codegen::CompileRequest r;
+  r.kernelName = "cache_probe";
+  r.source = "extern \"C\" __global__ void cache_probe(float* out) { " + body + " }\n";
+  r.arch = "sm_80";
+  return r;
+}
+
+TEST(KernelCache, HitsInMemoryThenOnDiskAcrossInstances) {
+  if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << "NVRTC not found";
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("pa_kcache_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::vector<char> first;
+  {
+    codegen::KernelCache cache(dir.string());
+    first = cache.compile(smallKernel()).cubin;
+    const std::vector<char> again = cache.compile(smallKernel()).cubin;
+    EXPECT_EQ(first, again);
+    EXPECT_EQ(cache.stats().misses, 1);
+    EXPECT_EQ(cache.stats().memoryHits, 1);
+  }
+  codegen::KernelCache fresh(dir.string());  // a new process, in effect
+  EXPECT_EQ(fresh.compile(smallKernel()).cubin, first);
+  EXPECT_EQ(fresh.stats().diskHits, 1);
+  EXPECT_EQ(fresh.stats().misses, 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(KernelCache, CorruptEntryIsDetectedAndRebuilt) {
+  if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << "NVRTC not found";
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("pa_kcache_bad_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  codegen::KernelCache writer(dir.string());
+  const std::vector<char> good = writer.compile(smallKernel()).cubin;
+  const std::filesystem::path entry = dir / (writer.keyOf(smallKernel()) + ".cubin");
+  ASSERT_TRUE(std::filesystem::exists(entry));
+  for (int damage = 0; damage < 2; ++damage) {
+    {  // 0: flip a byte of the payload; 1: cut the file short
+      std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+      const auto size = std::filesystem::file_size(entry);
+      if (damage == 0) {
+        f.seekg(static_cast<std::streamoff>(size - 10));
+        char c;
+        f.get(c);
+        f.seekp(static_cast<std::streamoff>(size - 10));
+        f.put(static_cast<char>(c ^ 0x5a));
+      }
+      f.close();
+      if (damage == 1) std::filesystem::resize_file(entry, size / 2);
+    }
+    codegen::KernelCache reader(dir.string());
+    EXPECT_EQ(reader.compile(smallKernel()).cubin, good) << "damage " << damage;
+    EXPECT_EQ(reader.stats().corruptRebuilt, 1) << "damage " << damage;
+    EXPECT_EQ(reader.stats().misses, 1) << "damage " << damage;
+    codegen::KernelCache again(dir.string());  // the rewritten entry is good again
+    again.compile(smallKernel());
+    EXPECT_EQ(again.stats().diskHits, 1) << "damage " << damage;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(KernelCache, KeyCoversSourceHeadersArchAndOptions) {
+  if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << "NVRTC not found";
+  const codegen::KernelCache cache("");
+  const std::string base = cache.keyOf(smallKernel());
+  codegen::CompileRequest r = smallKernel();
+  EXPECT_EQ(cache.keyOf(r), base);
+  r.arch = "sm_90";
+  EXPECT_NE(cache.keyOf(r), base);
+  r = smallKernel();
+  r.extraOptions = {"-lineinfo"};
+  EXPECT_NE(cache.keyOf(r), base);
+  r = smallKernel();
+  r.headers = {{"h.h", "// x"}};
+  EXPECT_NE(cache.keyOf(r), base);
+  EXPECT_NE(cache.keyOf(smallKernel("out[threadIdx.x] = 3.0f;")), base);
 }
 
 }  // namespace

@@ -1,0 +1,139 @@
+// The kernel cache.
+#include "codegen/kernel_cache.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "graph/debug.h"
+
+namespace pa::codegen {
+
+namespace {
+
+struct Hasher {
+  uint64_t a = 1469598103934665603ull, b = 0x9ae16a3b2f90404full;
+  void add(const std::string& s) {
+    for (unsigned char c : s) {
+      a = (a ^ c) * 1099511628211ull;
+      b = (b ^ c) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+    }
+    a = (a ^ 0xff) * 1099511628211ull;  // a separator, so ("ab", "c") differs from ("a", "bc")
+    b = (b ^ 0xff) * 0x100000001b3ull;
+  }
+  std::string hex() const {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+    return buf;
+  }
+};
+
+std::string payloadHash(const std::vector<char>& data) {
+  Hasher h;
+  h.add(std::string(data.begin(), data.end()));
+  return h.hex();
+}
+
+const char* kMagic = "PUREATTENTION-KERNEL-1";
+
+std::string defaultDir() {
+  if (!debugSwitches().kernelDiskCache) return "";
+  if (const char* d = std::getenv("PA_KERNEL_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/pureattention/kernels";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/pureattention/kernels";
+  return "";
+}
+
+}  // namespace
+
+KernelCache& KernelCache::instance() {
+  static KernelCache cache(defaultDir());
+  return cache;
+}
+
+KernelCache::KernelCache(std::string dir) : dir_(std::move(dir)) {}
+
+std::string KernelCache::keyOf(const CompileRequest& r) const {
+  Hasher h;
+  h.add(r.source);
+  for (const auto& hd : r.headers) {
+    h.add(hd.first);
+    h.add(hd.second);
+  }
+  h.add(r.arch);
+  for (const std::string& o : r.extraOptions) h.add(o);
+  h.add(Nvrtc::instance().version());
+  return h.hex();
+}
+
+bool KernelCache::readEntry(const std::string& key, std::vector<char>& cubin) {
+  const std::filesystem::path path = std::filesystem::path(dir_) / (key + ".cubin");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::string magic, fileKey, hash;
+  size_t size = 0;
+  bool ok = static_cast<bool>(std::getline(in, magic)) && magic == kMagic && std::getline(in, fileKey) && fileKey == key &&
+            (in >> size) && (in >> hash) && in.get() == '\n';
+  if (ok) {
+    cubin.assign(size, '\0');
+    ok = static_cast<bool>(in.read(cubin.data(), static_cast<std::streamsize>(size))) && in.peek() == EOF &&
+         payloadHash(cubin) == hash;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "kernel cache: entry %s is corrupt; recompiling it\n", path.c_str());
+    ++stats_.corruptRebuilt;
+    cubin.clear();
+  }
+  return ok;
+}
+
+void KernelCache::writeEntry(const std::string& key, const std::vector<char>& cubin) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  const std::filesystem::path path = std::filesystem::path(dir_) / (key + ".cubin");
+  const std::filesystem::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) return;  // an unwritable cache only costs the next run a compile
+    out << kMagic << "\n" << key << "\n" << cubin.size() << " " << payloadHash(cubin) << "\n";
+    out.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
+  }
+  std::filesystem::rename(tmp, path, ec);
+}
+
+CompileResult KernelCache::compile(const CompileRequest& request) {
+  const bool cubinTarget = request.arch.rfind("sm_", 0) == 0;
+  if (!cubinTarget) return Nvrtc::instance().compile(request);
+  const std::string key = keyOf(request);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = memory_.find(key);
+  if (it != memory_.end()) {
+    ++stats_.memoryHits;
+    return CompileResult{it->second, "", ""};
+  }
+  std::vector<char> cubin;
+  if (!dir_.empty() && readEntry(key, cubin)) {
+    ++stats_.diskHits;
+    memory_[key] = cubin;
+    return CompileResult{cubin, "", ""};
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  CompileResult r = Nvrtc::instance().compile(request);
+  stats_.compileSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.misses;
+  memory_[key] = r.cubin;
+  if (!dir_.empty()) writeEntry(key, r.cubin);
+  return r;
+}
+
+KernelCacheStats KernelCache::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+}  // namespace pa::codegen
