@@ -725,3 +725,34 @@ int dumpKernels(const Graph& g, const std::string& dir) {
 }
 
 }  // namespace pa::codegen
+
+namespace pa::codegen {
+
+// Adam here is the formula of kernels/cpu/cpu_kernels.cpp's adamStep, in double, so the CPU and
+// GPU trainers take the same steps up to the rounding of the gradients they are given.
+std::string trainingKernelsSource() {
+  return R"(// PureAttention training kernels: batch gather and Adam (decoupled weight decay).
+extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ src, const int* __restrict__ idx,
+                                                                  float* __restrict__ dst, long long rowSize, long long rows) {
+  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < rows * rowSize; i += (long long)gridDim.x * 256) {
+    const long long r = i / rowSize, c = i % rowSize;
+    dst[i] = src[(long long)idx[r] * rowSize + c];
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pa_adam(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                                          float* __restrict__ v, long long n, double lr, double beta1, double beta2,
+                                                          double eps, double decay, double c1, double c2, double gradScale) {
+  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n; i += (long long)gridDim.x * 256) {
+    const double gi = (double)g[i] * gradScale;
+    const double mi = beta1 * m[i] + (1.0 - beta1) * gi;
+    const double vi = beta2 * v[i] + (1.0 - beta2) * gi * gi;
+    m[i] = (float)mi;
+    v[i] = (float)vi;
+    p[i] = (float)(p[i] * decay - lr * (mi / c1) / (sqrt(vi / c2) + eps));
+  }
+}
+)";
+}
+
+}  // namespace pa::codegen

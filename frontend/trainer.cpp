@@ -19,6 +19,7 @@
 #include "passes/autodiff.h"
 #include "passes/pass_manager.h"
 #include "runtime/cpu_executor.h"
+#include "runtime/cuda_graph_runner.h"
 
 namespace pa {
 
@@ -109,6 +110,33 @@ std::string humanCount(int64_t n) {
   return s;
 }
 
+// The order in which training samples are drawn: a seeded shuffle per epoch. Shared by the CPU
+// and CUDA sessions so that both see the same batches.
+class BatchOrder {
+public:
+  BatchOrder(int64_t count, uint64_t seed, bool shuffle)
+      : order_(static_cast<size_t>(count)), cursor_(order_.size()), rng_(Rng::stream(seed, "data/batches")), shuffle_(shuffle) {
+    std::iota(order_.begin(), order_.end(), int64_t{0});
+  }
+  // The sample indices of the next batch.
+  const int64_t* next(int64_t batch) {
+    if (cursor_ + static_cast<size_t>(batch) > order_.size()) {
+      if (shuffle_)
+        for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng_.below(i)]);
+      cursor_ = 0;
+    }
+    const int64_t* b = order_.data() + cursor_;
+    cursor_ += static_cast<size_t>(batch);
+    return b;
+  }
+
+private:
+  std::vector<int64_t> order_;
+  size_t cursor_;
+  Rng rng_;
+  bool shuffle_;
+};
+
 template <class T>
 struct ParamState {
   std::string name;
@@ -153,9 +181,7 @@ private:
   std::unique_ptr<CpuExecutor<T>> exec_, evalExec_;
   std::vector<ParamState<T>> params_;
   int64_t steps_ = 0, evalBatch_ = 1;
-  std::vector<int64_t> order_;
-  size_t cursor_ = 0;
-  Rng shuffle_{0};
+  std::unique_ptr<BatchOrder> order_;
   cpu::AdamHyper hyper_;
   TrainResult res_;
 };
@@ -220,10 +246,7 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
   steps_ = tc.steps;
   if (tc.epochs > 0) steps_ = tc.epochs * (data_.train.count / batch);
   if (opt.steps >= 0) steps_ = opt.steps;
-  order_.resize(static_cast<size_t>(data_.train.count));
-  std::iota(order_.begin(), order_.end(), int64_t{0});
-  cursor_ = order_.size();  // forces a shuffle before the first batch
-  shuffle_ = Rng::stream(cfg.seed, "data/batches");
+  order_ = std::make_unique<BatchOrder>(data_.train.count, cfg.seed, cfg.data.shuffle);
   hyper_ = cpu::AdamHyper{tc.optimizer.lr, tc.optimizer.beta1, tc.optimizer.beta2, tc.optimizer.eps,
                           tc.optimizer.weightDecay};
   res_.device = device;
@@ -275,15 +298,11 @@ double CpuSession<T>::step(int64_t step) {
   const TrainConfig& tc = cfg_.train;
   const int64_t batch = tc.batchSize;
   const int64_t xs = data_.train.xSize(), ys = data_.train.ySize();
-  if (cursor_ + static_cast<size_t>(batch) > order_.size()) {
-    if (cfg_.data.shuffle)
-      for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[shuffle_.below(i)]);
-    cursor_ = 0;
-  }
+  const int64_t* rows = order_->next(batch);
   T* xIn = exec_->data(model_.x);
   T* yIn = exec_->data(model_.y);
-  for (int64_t b = 0; b < batch; ++b, ++cursor_) {
-    const int64_t s = order_[cursor_];
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t s = rows[b];
     std::copy(data_.train.x.begin() + s * xs, data_.train.x.begin() + (s + 1) * xs, xIn + b * xs);
     std::copy(data_.train.y.begin() + s * ys, data_.train.y.begin() + (s + 1) * ys, yIn + b * ys);
   }
@@ -307,16 +326,210 @@ double CpuSession<T>::step(int64_t step) {
   return loss;
 }
 
+// The CUDA session: the same graphs run by CudaGraphRunner; the data lives on the device and
+// batches are gathered there; Adam runs on the device. The loss of every step is read back (the
+// trainer logs it), which is the one synchronisation per step.
+class CudaSession final : public Session {
+public:
+  CudaSession(const Config& cfg, const RunOptions& opt, const std::string& device);
+  double step(int64_t step) override;
+  double validate() override;
+  double currentLr() const override { return hyper_.lr; }
+  int64_t totalSteps() const override { return steps_; }
+  TrainResult& result() override { return res_; }
+  std::map<std::string, std::vector<double>> params() const override { return readAll(false); }
+  std::map<std::string, std::vector<double>> gradients() const override { return readAll(true); }
+  void setParams(const std::map<std::string, std::vector<double>>& values) override {
+    for (const Param& p : params_) {
+      auto it = values.find(p.name);
+      if (it == values.end()) continue;
+      std::vector<float> f(it->second.begin(), it->second.end());
+      runner_->upload(p.value, f.data());
+    }
+  }
+
+private:
+  struct Param {
+    std::string name;
+    ValueId value = kNoValue, evalValue = kNoValue, grad = kNoValue;
+    int64_t count = 0;
+    cuda::DeviceBuffer m, v;
+  };
+  std::map<std::string, std::vector<double>> readAll(bool grads) const {
+    std::map<std::string, std::vector<double>> r;
+    for (const Param& p : params_) {
+      std::vector<float> f(static_cast<size_t>(p.count));
+      runner_->download(grads ? p.grad : p.value, f.data());
+      r[p.name] = std::vector<double>(f.begin(), f.end());
+    }
+    return r;
+  }
+  static cuda::Device& device() {
+    static cuda::Device d(0);
+    return d;
+  }
+  const Config& cfg_;
+  DataSplit data_;
+  BuiltModel model_, evalModel_;
+  std::unique_ptr<CudaGraphRunner> runner_, evalRunner_;
+  std::unique_ptr<CudaModule> kernels_;
+  cuda::CUfunction gather_ = nullptr, adam_ = nullptr;
+  cuda::DeviceBuffer trainX_, trainY_, rows_;
+  std::vector<Param> params_;
+  std::unique_ptr<BatchOrder> order_;
+  int64_t steps_ = 0, evalBatch_ = 1;
+  cpu::AdamHyper hyper_;
+  TrainResult res_;
+};
+
+CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::string& deviceName) : cfg_(cfg) {
+  namespace fs = std::filesystem;
+  if (cfg.train.optimizer.clipGradNorm > 0)
+    throw UserError(cfg.file + ": train.optimizer.clip_grad_norm is not implemented on the CUDA device yet; use --device cpu");
+  const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
+  data_ = loadData(cfg.data, cfg.seed, baseDir);
+  const int64_t batch = cfg.train.batchSize;
+  if (data_.train.count < batch)
+    throw UserError("train.batch_size " + std::to_string(batch) + " is larger than the " + std::to_string(data_.train.count) +
+                    " training samples");
+  TrainingGraph tg = compileTrainingGraph(cfg, opt, data_.train.xShape, data_.train.yShape, batch);
+  model_ = std::move(tg.model);
+  const int64_t nVal = data_.validation.count;
+  evalBatch_ = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
+  evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
+  runPipeline(evalModel_.graph, tg.forwardPasses, PipelineOptions{});
+  if (!opt.dumpKernelsDir.empty()) {
+    const int n = codegen::dumpKernels(model_.graph, opt.dumpKernelsDir);
+    std::printf("wrote %d CUDA kernels of the training step to %s\n", n, opt.dumpKernelsDir.c_str());
+  }
+  runner_ = std::make_unique<CudaGraphRunner>(model_.graph, device());
+  evalRunner_ = std::make_unique<CudaGraphRunner>(evalModel_.graph, device());
+  kernels_ = std::make_unique<CudaModule>(codegen::trainingKernelsSource(), device());
+  gather_ = kernels_->function("pa_gather_rows");
+  adam_ = kernels_->function("pa_adam");
+  trainX_ = cuda::DeviceBuffer(data_.train.x.size() * sizeof(float));
+  trainY_ = cuda::DeviceBuffer(data_.train.y.size() * sizeof(float));
+  trainX_.upload(data_.train.x.data(), data_.train.x.size() * sizeof(float));
+  trainY_.upload(data_.train.y.data(), data_.train.y.size() * sizeof(float));
+  rows_ = cuda::DeviceBuffer(static_cast<size_t>(batch) * sizeof(int));
+
+  const Graph& g = model_.graph;
+  int64_t paramCount = 0;
+  for (ValueId pv : g.params()) {
+    Param p;
+    p.name = g.value(pv).name;
+    p.value = pv;
+    p.evalValue = evalModel_.graph.findValue(p.name);
+    p.grad = g.output(gradOutputName(p.name));
+    p.count = numel(g.shape(pv));
+    auto given = opt.initialParams.find(p.name);
+    const std::vector<double> init = given != opt.initialParams.end()
+                                         ? given->second
+                                         : initParam(p.name, g.shape(pv), g.producer(pv).attrs.getString("init", "xavier"), cfg.seed);
+    if (static_cast<int64_t>(init.size()) != p.count)
+      throw UserError("initial value of parameter '" + p.name + "' has " + std::to_string(init.size()) + " elements, expected " +
+                      std::to_string(p.count));
+    const std::vector<float> f(init.begin(), init.end());
+    runner_->upload(pv, f.data());
+    p.m = cuda::DeviceBuffer(static_cast<size_t>(p.count) * sizeof(float));
+    p.v = cuda::DeviceBuffer(static_cast<size_t>(p.count) * sizeof(float));
+    p.m.fill32(0);
+    p.v.fill32(0);
+    paramCount += p.count;
+    params_.push_back(std::move(p));
+  }
+  steps_ = cfg.train.steps;
+  if (cfg.train.epochs > 0) steps_ = cfg.train.epochs * (data_.train.count / batch);
+  if (opt.steps >= 0) steps_ = opt.steps;
+  order_ = std::make_unique<BatchOrder>(data_.train.count, cfg.seed, cfg.data.shuffle);
+  const TrainConfig& tc = cfg.train;
+  hyper_ = cpu::AdamHyper{tc.optimizer.lr, tc.optimizer.beta1, tc.optimizer.beta2, tc.optimizer.eps, tc.optimizer.weightDecay};
+  res_.device = deviceName + " (" + device().info().name + ")";
+  res_.parameterCount = paramCount;
+  res_.forwardNodes = tg.forwardNodes;
+  res_.trainNodes = g.liveNodeCount();
+  res_.activationBytes = runner_->arenaBytes();
+  res_.passes = tg.stats;
+  if (opt.printSummary) {
+    std::printf("%s: %s parameters; graph %zu nodes forward, %zu with backward, %d kernels; device %s; precision %s\n",
+                cfg.name.c_str(), humanCount(paramCount).c_str(), tg.forwardNodes, g.liveNodeCount(), runner_->kernelCount(),
+                res_.device.c_str(), cfg.precision.c_str());
+    std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", data_.description.c_str(),
+                (long long)data_.train.count, (long long)nVal, (long long)batch, (long long)steps_);
+    std::fflush(stdout);
+  }
+}
+
+double CudaSession::step(int64_t step) {
+  const int64_t batch = cfg_.train.batchSize;
+  const int64_t* rows = order_->next(batch);
+  std::vector<int> idx(rows, rows + batch);
+  rows_.upload(idx.data(), idx.size() * sizeof(int));
+  for (int which = 0; which < 2; ++which) {
+    cuda::CUdeviceptr src = which ? trainY_.ptr() : trainX_.ptr();
+    cuda::CUdeviceptr rowsPtr = rows_.ptr();
+    cuda::CUdeviceptr dst = runner_->devicePtr(which ? model_.y : model_.x);
+    long long rowSize = which ? data_.train.ySize() : data_.train.xSize(), n = batch;
+    void* args[] = {&src, &rowsPtr, &dst, &rowSize, &n};
+    CudaModule::launch(gather_, rowSize * n, args);
+  }
+  runner_->run();
+  float loss = 0;
+  runner_->download(model_.graph.output("loss"), &loss);
+  if (!std::isfinite(loss)) return loss;
+  hyper_.lr = scheduledLr(cfg_.train, step, steps_);
+  double lr = hyper_.lr, b1 = hyper_.beta1, b2 = hyper_.beta2, eps = hyper_.eps, decay = 1.0 - hyper_.lr * hyper_.weightDecay;
+  double c1 = 1.0 - std::pow(hyper_.beta1, static_cast<double>(step)), c2 = 1.0 - std::pow(hyper_.beta2, static_cast<double>(step));
+  double gradScale = 1.0;
+  for (Param& p : params_) {
+    cuda::CUdeviceptr pp = runner_->devicePtr(p.value), gp = runner_->devicePtr(p.grad), mp = p.m.ptr(), vp = p.v.ptr();
+    long long n = p.count;
+    void* args[] = {&pp, &gp, &mp, &vp, &n, &lr, &b1, &b2, &eps, &decay, &c1, &c2, &gradScale};
+    CudaModule::launch(adam_, n, args);
+  }
+  return loss;
+}
+
+double CudaSession::validate() {
+  const int64_t nVal = data_.validation.count;
+  if (nVal == 0) return -1.0;
+  for (const Param& p : params_) {  // the validation graph has its own parameter buffers
+    if (p.evalValue == kNoValue) continue;
+    std::vector<float> f(static_cast<size_t>(p.count));
+    runner_->download(p.value, f.data());
+    evalRunner_->upload(p.evalValue, f.data());
+  }
+  const int64_t chunks = nVal / evalBatch_;
+  const int64_t xs = data_.validation.xSize(), ys = data_.validation.ySize();
+  double acc = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    evalRunner_->upload(evalModel_.x, data_.validation.x.data() + c * evalBatch_ * xs);
+    evalRunner_->upload(evalModel_.y, data_.validation.y.data() + c * evalBatch_ * ys);
+    evalRunner_->run();
+    float loss = 0;
+    evalRunner_->download(evalModel_.graph.output("loss"), &loss);
+    acc += loss;
+  }
+  return acc / static_cast<double>(chunks);
+}
+
 std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   const std::string dev = opt.device.empty() ? cfg.device : opt.device;
   if (dev != "auto" && dev != "cpu" && dev != "cuda")
     throw UserError("--device " + dev + ": valid choices are auto, cpu, cuda");
-  if (dev == "cuda")
-    throw UserError("device 'cuda' was asked for, but training on the GPU is not implemented yet (the generated "
-                    "kernels run and are tested through the GPU graph runner); use --device cpu or auto");
+  const cuda::Driver& driver = cuda::Driver::instance();
+  // fp64 is the CPU's reference path; the GPU trains fp32 (tf32 runs as exact fp32 for now).
+  const bool gpuPrecision = cfg.precision == "fp32" || cfg.precision == "tf32";
+  if (dev == "cuda") {
+    if (!driver.available()) throw UserError("device 'cuda' was asked for, but " + driver.unavailableReason());
+    if (!gpuPrecision)
+      throw UserError(cfg.file + ": precision " + cfg.precision + " is not implemented on the CUDA device yet (fp32 and tf32 are)");
+    return "cuda";
+  }
   if (cfg.precision == "bf16")
-    throw UserError(cfg.file + ": precision: bf16 needs the CUDA backend; the CPU backend runs fp32 or fp64");
-  std::string device = dev == "auto" ? "cpu (auto: GPU training is not implemented yet)" : "cpu";
+    throw UserError(cfg.file + ": precision: bf16 is not implemented yet; use fp32 (or fp64 on the CPU)");
+  if (dev == "auto" && driver.available() && gpuPrecision && cfg.train.optimizer.clipGradNorm == 0) return "cuda";
+  std::string device = dev == "auto" ? "cpu (auto: " + (driver.available() ? std::string("this config needs the CPU") : driver.unavailableReason()) + ")" : "cpu";
   if (cfg.precision == "tf32") device += ", tf32 runs as exact fp32 on the CPU";
   return device;
 }
@@ -325,6 +538,7 @@ std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
 
 std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) {
   const std::string device = resolveDevice(cfg, opt);
+  if (device == "cuda") return std::make_unique<CudaSession>(cfg, opt, device);
   if (cfg.precision == "fp64") return std::make_unique<CpuSession<double>>(cfg, opt, device);
   return std::make_unique<CpuSession<float>>(cfg, opt, device);
 }

@@ -142,4 +142,29 @@ void CudaGraphRunner::run(cuda::CUstream stream) {
   }
 }
 
+CudaModule::CudaModule(const std::string& source, const cuda::Device& device) {
+  device.makeCurrent();
+  codegen::CompileRequest req;
+  req.kernelName = "module";
+  req.source = source;
+  req.arch = device.info().arch();
+  const codegen::CompileResult r = codegen::KernelCache::instance().compile(req);
+  PA_CU_CHECK(cuModuleLoadData(&module_, r.cubin.data()));
+}
+
+CudaModule::~CudaModule() {
+  if (module_) cuda::Driver::instance().api().cuModuleUnload(module_);
+}
+
+cuda::CUfunction CudaModule::function(const char* name) const {
+  cuda::CUfunction f = nullptr;
+  PA_CU_CHECK(cuModuleGetFunction(&f, module_, name));
+  return f;
+}
+
+void CudaModule::launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream) {
+  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((work + 255) / 256, 65535 * 8)));
+  PA_CU_CHECK(cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr));
+}
+
 }  // namespace pa

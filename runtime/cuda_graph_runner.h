@@ -23,6 +23,7 @@ public:
   void upload(ValueId v, const float* host);      // inputs and parameters, numel(shape) floats
   void download(ValueId v, float* host) const;    // any value that is still alive after run()
   void run(cuda::CUstream stream = nullptr);      // every node's kernels, in topological order
+  cuda::CUdeviceptr devicePtr(ValueId v) const { return ptr(v); }
   size_t arenaBytes() const { return arenaBytes_; }
   int kernelCount() const { return kernelCount_; }
 
@@ -41,6 +42,21 @@ private:
   std::unique_ptr<FlashAttention> flash_;
   size_t arenaBytes_ = 0;
   int kernelCount_ = 0;
+};
+
+// A module compiled from source through the kernel cache, for kernels outside the graph.
+class CudaModule {
+public:
+  CudaModule(const std::string& source, const cuda::Device& device);
+  ~CudaModule();
+  CudaModule(const CudaModule&) = delete;
+  CudaModule& operator=(const CudaModule&) = delete;
+  cuda::CUfunction function(const char* name) const;
+  // Launches `fn` over `work` items with 256-thread blocks; `args` point at the arguments.
+  static void launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream = nullptr);
+
+private:
+  cuda::CUmodule module_ = nullptr;
 };
 
 }  // namespace pa

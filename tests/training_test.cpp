@@ -24,6 +24,7 @@ fs::path tempDir(const std::string& name) {
 
 RunOptions quiet() {
   RunOptions o;
+  o.device = "cpu";  // these are the CPU backend's tests, wherever they run
   o.progress = ProgressMode::Quiet;
   o.printSummary = false;
   return o;

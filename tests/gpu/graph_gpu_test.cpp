@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/datasets.h"
 #include "frontend/trainer.h"
@@ -152,6 +153,46 @@ INSTANTIATE_TEST_SUITE_P(Configs, TrainingStepOnGpu,
                          [](const ::testing::TestParamInfo<StepCase>& i) {
                            return i.param.config + (i.param.noFuse ? "_unfused" : "_fused");
                          });
+
+// Training on the GPU follows the CPU trajectory: same initial weights, same batches, fp32 on
+// both; DESIGN.md's bar is 1e-4 relative over 100 steps (float32 runs separate eventually
+// through Adam, see README "Comparing fused and unfused", but not within 100 steps here).
+class TrainOnGpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainOnGpu, LossTrajectoryMatchesTheCpuOver100Steps) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/" + GetParam() + ".yaml", {"train.steps=100", "train.log_every=50"});
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cpu";
+  const TrainResult cpu = train(cfg, o);
+  o.device = "cuda";
+  const TrainResult gpu = train(cfg, o);
+  ASSERT_EQ(cpu.losses.size(), 100u);
+  ASSERT_EQ(gpu.losses.size(), 100u);
+  double worst = 0;
+  for (size_t i = 0; i < 100; ++i) worst = std::max(worst, std::fabs(gpu.losses[i] - cpu.losses[i]) / std::fabs(cpu.losses[i]));
+  std::printf("  %s: largest relative loss difference over 100 steps %.2e; validation cpu %.6e gpu %.6e\n",
+              GetParam().c_str(), worst, cpu.finalValidation, gpu.finalValidation);
+  EXPECT_LE(worst, 1e-4);
+  EXPECT_NEAR(gpu.finalValidation, cpu.finalValidation, 1e-4 * cpu.finalValidation);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, TrainOnGpu, ::testing::Values("sine_mlp", "sine_attention", "function_mlp", "mlp_tiny"));
+
+TEST(CompareOnGpu, FusedAndUnfusedAgree) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml", {"train.steps=20"});
+  RunOptions o;
+  o.device = "cuda";
+  std::FILE* sink = std::tmpfile();
+  const CompareResult r = compareFusedUnfused(cfg, o, sink);
+  std::fclose(sink);
+  std::printf("  compare on the GPU: loss %.2e, step-1 gradients within tolerance: %s; nodes %zu vs %zu\n", r.maxLossRelDiff,
+              r.agree ? "yes" : "no", r.fused.trainNodes, r.unfused.trainNodes);
+  EXPECT_TRUE(r.agree);
+}
 
 }  // namespace
 }  // namespace pa
