@@ -137,6 +137,36 @@ private:
   bool shuffle_;
 };
 
+// The config's data, checked against the batch size. Shared by both sessions.
+DataSplit loadTrainingData(const Config& cfg) {
+  namespace fs = std::filesystem;
+  const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
+  DataSplit data = loadData(cfg.data, cfg.seed, baseDir);
+  if (data.train.count < cfg.train.batchSize)
+    throw UserError("train.batch_size " + std::to_string(cfg.train.batchSize) + " is larger than the " +
+                    std::to_string(data.train.count) + " training samples");
+  return data;
+}
+
+// A parameter's starting values: given by the caller (tests, --compare) or drawn from the seed.
+std::vector<double> initialValues(const Graph& g, ValueId p, const Config& cfg, const RunOptions& opt) {
+  const std::string& name = g.value(p).name;
+  auto given = opt.initialParams.find(name);
+  if (given == opt.initialParams.end())
+    return initParam(name, g.shape(p), g.producer(p).attrs.getString("init", "xavier"), cfg.seed);
+  if (static_cast<int64_t>(given->second.size()) != numel(g.shape(p)))
+    throw UserError("initial value of parameter '" + name + "' has " + std::to_string(given->second.size()) +
+                    " elements, expected " + std::to_string(numel(g.shape(p))));
+  return given->second;
+}
+
+// Steps to train: --steps, else epochs, else train.steps.
+int64_t stepsToTrain(const Config& cfg, const RunOptions& opt, int64_t trainSamples) {
+  if (opt.steps >= 0) return opt.steps;
+  if (cfg.train.epochs > 0) return cfg.train.epochs * (trainSamples / cfg.train.batchSize);
+  return cfg.train.steps;
+}
+
 template <class T>
 struct ParamState {
   std::string name;
@@ -188,14 +218,9 @@ private:
 
 template <class T>
 CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::string& device) : cfg_(cfg) {
-  namespace fs = std::filesystem;
-  const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
-  data_ = loadData(cfg.data, cfg.seed, baseDir);
+  data_ = loadTrainingData(cfg);
   const TrainConfig& tc = cfg.train;
   const int64_t batch = tc.batchSize;
-  if (data_.train.count < batch)
-    throw UserError("train.batch_size " + std::to_string(batch) + " is larger than the " +
-                    std::to_string(data_.train.count) + " training samples");
 
   TrainingGraph tg = compileTrainingGraph(cfg, opt, data_.train.xShape, data_.train.yShape, batch);
   model_ = std::move(tg.model);
@@ -222,16 +247,7 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
     p.trainValue = pv;
     p.evalValue = evalModel_.graph.findValue(p.name);
     p.grad = g.output(gradOutputName(p.name));
-    std::vector<double> init;
-    auto given = opt.initialParams.find(p.name);
-    if (given != opt.initialParams.end()) {
-      if (static_cast<int64_t>(given->second.size()) != numel(g.shape(pv)))
-        throw UserError("initial value of parameter '" + p.name + "' has " + std::to_string(given->second.size()) +
-                        " elements, expected " + std::to_string(numel(g.shape(pv))));
-      init = given->second;
-    } else {
-      init = initParam(p.name, g.shape(pv), g.producer(pv).attrs.getString("init", "xavier"), cfg.seed);
-    }
+    const std::vector<double> init = initialValues(g, pv, cfg, opt);
     p.value.assign(init.begin(), init.end());
     p.m.assign(p.value.size(), T(0));
     p.v.assign(p.value.size(), T(0));
@@ -243,9 +259,7 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
     if (p.evalValue != kNoValue) evalExec_->bind(p.evalValue, p.value.data());
   }
 
-  steps_ = tc.steps;
-  if (tc.epochs > 0) steps_ = tc.epochs * (data_.train.count / batch);
-  if (opt.steps >= 0) steps_ = opt.steps;
+  steps_ = stepsToTrain(cfg, opt, data_.train.count);
   order_ = std::make_unique<BatchOrder>(data_.train.count, cfg.seed, cfg.data.shuffle);
   hyper_ = cpu::AdamHyper{tc.optimizer.lr, tc.optimizer.beta1, tc.optimizer.beta2, tc.optimizer.eps,
                           tc.optimizer.weightDecay};
@@ -383,15 +397,10 @@ private:
 };
 
 CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::string& deviceName) : cfg_(cfg) {
-  namespace fs = std::filesystem;
   if (cfg.train.optimizer.clipGradNorm > 0)
     throw UserError(cfg.file + ": train.optimizer.clip_grad_norm is not implemented on the CUDA device yet; use --device cpu");
-  const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
-  data_ = loadData(cfg.data, cfg.seed, baseDir);
+  data_ = loadTrainingData(cfg);
   const int64_t batch = cfg.train.batchSize;
-  if (data_.train.count < batch)
-    throw UserError("train.batch_size " + std::to_string(batch) + " is larger than the " + std::to_string(data_.train.count) +
-                    " training samples");
   TrainingGraph tg = compileTrainingGraph(cfg, opt, data_.train.xShape, data_.train.yShape, batch);
   model_ = std::move(tg.model);
   const int64_t nVal = data_.validation.count;
@@ -422,13 +431,7 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
     p.evalValue = evalModel_.graph.findValue(p.name);
     p.grad = g.output(gradOutputName(p.name));
     p.count = numel(g.shape(pv));
-    auto given = opt.initialParams.find(p.name);
-    const std::vector<double> init = given != opt.initialParams.end()
-                                         ? given->second
-                                         : initParam(p.name, g.shape(pv), g.producer(pv).attrs.getString("init", "xavier"), cfg.seed);
-    if (static_cast<int64_t>(init.size()) != p.count)
-      throw UserError("initial value of parameter '" + p.name + "' has " + std::to_string(init.size()) + " elements, expected " +
-                      std::to_string(p.count));
+    const std::vector<double> init = initialValues(g, pv, cfg, opt);
     const std::vector<float> f(init.begin(), init.end());
     runner_->upload(pv, f.data());
     p.m = cuda::DeviceBuffer(static_cast<size_t>(p.count) * sizeof(float));
@@ -438,9 +441,7 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
     paramCount += p.count;
     params_.push_back(std::move(p));
   }
-  steps_ = cfg.train.steps;
-  if (cfg.train.epochs > 0) steps_ = cfg.train.epochs * (data_.train.count / batch);
-  if (opt.steps >= 0) steps_ = opt.steps;
+  steps_ = stepsToTrain(cfg, opt, data_.train.count);
   order_ = std::make_unique<BatchOrder>(data_.train.count, cfg.seed, cfg.data.shuffle);
   const TrainConfig& tc = cfg.train;
   hyper_ = cpu::AdamHyper{tc.optimizer.lr, tc.optimizer.beta1, tc.optimizer.beta2, tc.optimizer.eps, tc.optimizer.weightDecay};
