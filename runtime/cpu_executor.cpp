@@ -272,51 +272,54 @@ void execFusedElementwise(Ctx<T>& c) {
     src[i] = expanded[i].data();
   }
   constexpr int64_t kChunk = 1024;
-  const auto chunks = (total + kChunk - 1) / kChunk;
-#pragma omp parallel for if (total > (1 << 15)) schedule(static)
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const int64_t at = ch * kChunk, len = std::min(kChunk, total - at);
-    std::vector<std::vector<T>> reg(e.nodes.size());
+  const int64_t chunks = (total + kChunk - 1) / kChunk;
+  // Each thread allocates its registers (one chunk per expression node) once, not per chunk.
+#pragma omp parallel if (total > (1 << 15))
+  {
+    std::vector<T> regs(e.nodes.size() * static_cast<size_t>(kChunk));
     std::vector<const T*> val(e.nodes.size());
     cpu::Strided flat;
     flat.rank = 1;
-    flat.extent[0] = len;
     flat.stride[0] = 1;
-    for (size_t i = 0; i < e.nodes.size(); ++i) {
-      const ExprNode& x = e.nodes[i];
-      if (x.op == OpKind::Input) {
-        val[i] = src[static_cast<size_t>(x.input)] + at;
-        continue;
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int64_t at = ch * kChunk, len = std::min(kChunk, total - at);
+      flat.extent[0] = len;
+      for (size_t i = 0; i < e.nodes.size(); ++i) {
+        const ExprNode& x = e.nodes[i];
+        if (x.op == OpKind::Input) {
+          val[i] = src[static_cast<size_t>(x.input)] + at;
+          continue;
+        }
+        if (x.op == OpKind::BroadcastTo) {  // inputs are already at the output's shape
+          val[i] = val[static_cast<size_t>(x.args[0])];
+          continue;
+        }
+        T* r = regs.data() + i * static_cast<size_t>(kChunk);
+        const T* a = val[static_cast<size_t>(x.args[0])];
+        const T* b = x.args.size() > 1 ? val[static_cast<size_t>(x.args[1])] : nullptr;
+        switch (x.op) {
+        case OpKind::Add: cpu::binary(cpu::BinaryOp::Add, a, flat, b, flat, r); break;
+        case OpKind::Sub: cpu::binary(cpu::BinaryOp::Sub, a, flat, b, flat, r); break;
+        case OpKind::Mul: cpu::binary(cpu::BinaryOp::Mul, a, flat, b, flat, r); break;
+        case OpKind::Div: cpu::binary(cpu::BinaryOp::Div, a, flat, b, flat, r); break;
+        case OpKind::Scale: cpu::scale(a, r, len, x.value); break;
+        case OpKind::Relu: cpu::unary(cpu::UnaryOp::Relu, a, r, len); break;
+        case OpKind::Gelu: cpu::unary(cpu::UnaryOp::Gelu, a, r, len); break;
+        case OpKind::Tanh: cpu::unary(cpu::UnaryOp::Tanh, a, r, len); break;
+        case OpKind::Sigmoid: cpu::unary(cpu::UnaryOp::Sigmoid, a, r, len); break;
+        case OpKind::Exp: cpu::unary(cpu::UnaryOp::Exp, a, r, len); break;
+        case OpKind::ReluGrad: cpu::unaryGrad(cpu::UnaryGradOp::Relu, a, b, r, len); break;
+        case OpKind::GeluGrad: cpu::unaryGrad(cpu::UnaryGradOp::Gelu, a, b, r, len); break;
+        case OpKind::TanhGrad: cpu::unaryGrad(cpu::UnaryGradOp::Tanh, a, b, r, len); break;
+        case OpKind::SigmoidGrad: cpu::unaryGrad(cpu::UnaryGradOp::Sigmoid, a, b, r, len); break;
+        default: assert(false && "op not allowed in an elementwise expression (isExprOp)");
+        }
+        val[i] = r;
       }
-      if (x.op == OpKind::BroadcastTo) {  // inputs are already at the output's shape
-        val[i] = val[static_cast<size_t>(x.args[0])];
-        continue;
-      }
-      reg[i].resize(static_cast<size_t>(len));
-      T* r = reg[i].data();
-      const T* a = val[static_cast<size_t>(x.args[0])];
-      const T* b = x.args.size() > 1 ? val[static_cast<size_t>(x.args[1])] : nullptr;
-      switch (x.op) {
-      case OpKind::Add: cpu::binary(cpu::BinaryOp::Add, a, flat, b, flat, r); break;
-      case OpKind::Sub: cpu::binary(cpu::BinaryOp::Sub, a, flat, b, flat, r); break;
-      case OpKind::Mul: cpu::binary(cpu::BinaryOp::Mul, a, flat, b, flat, r); break;
-      case OpKind::Div: cpu::binary(cpu::BinaryOp::Div, a, flat, b, flat, r); break;
-      case OpKind::Scale: cpu::scale(a, r, len, x.value); break;
-      case OpKind::Relu: cpu::unary(cpu::UnaryOp::Relu, a, r, len); break;
-      case OpKind::Gelu: cpu::unary(cpu::UnaryOp::Gelu, a, r, len); break;
-      case OpKind::Tanh: cpu::unary(cpu::UnaryOp::Tanh, a, r, len); break;
-      case OpKind::Sigmoid: cpu::unary(cpu::UnaryOp::Sigmoid, a, r, len); break;
-      case OpKind::Exp: cpu::unary(cpu::UnaryOp::Exp, a, r, len); break;
-      case OpKind::ReluGrad: cpu::unaryGrad(cpu::UnaryGradOp::Relu, a, b, r, len); break;
-      case OpKind::GeluGrad: cpu::unaryGrad(cpu::UnaryGradOp::Gelu, a, b, r, len); break;
-      case OpKind::TanhGrad: cpu::unaryGrad(cpu::UnaryGradOp::Tanh, a, b, r, len); break;
-      case OpKind::SigmoidGrad: cpu::unaryGrad(cpu::UnaryGradOp::Sigmoid, a, b, r, len); break;
-      default: assert(false && "op not allowed in an elementwise expression (isExprOp)");
-      }
-      val[i] = r;
+      const T* result = val.back();
+      std::copy(result, result + len, c.out() + at);
     }
-    const T* result = val.back();
-    std::copy(result, result + len, c.out() + at);
   }
 }
 

@@ -8,8 +8,9 @@
 // Note on the online softmax: per row we keep the running maximum m, the running sum l of
 // exp(s - m) and the unnormalised output acc; a new tile with maximum t rescales l and acc by
 // exp(m - max(m, t)). A learnable sink logit starts the row at m = sink, l = 1, acc = 0, so it
-// joins the denominator without contributing to the output. Accumulation is in double for
-// both element types.
+// joins the denominator without contributing to the output. Dot products and the output
+// accumulate in the element type (so the float path vectorises; the double path is the exact
+// reference), the softmax's running sums in double.
 #include "kernels/cpu/flash_attention_cpu.h"
 
 #include <algorithm>
@@ -37,9 +38,9 @@ void forVisibleTiles(const FlashShape& s, int64_t q, F&& f) {
 }
 
 template <class T>
-double dot(const T* a, const T* b, int64_t n) {
-  double r = 0.0;
-  for (int64_t i = 0; i < n; ++i) r += static_cast<double>(a[i]) * b[i];
+T dot(const T* a, const T* b, int64_t n) {
+  T r = 0;
+  for (int64_t i = 0; i < n; ++i) r += a[i] * b[i];
   return r;
 }
 
@@ -55,13 +56,14 @@ void flashAttentionForward(const T* q, const T* k, const T* v, const T* sink, T*
       const int64_t kvh = h / group;
       const T* kb = k + (b * s.kvHeads + kvh) * s.kvLen * D;
       const T* vb = v + (b * s.kvHeads + kvh) * s.kvLen * D;
-      std::vector<double> acc(static_cast<size_t>(D)), sc(kKeyTile);
+      std::vector<T> acc(static_cast<size_t>(D));
+      std::vector<double> sc(kKeyTile);
       for (int64_t i = 0; i < s.qLen; ++i) {
         const int64_t row = (b * s.qHeads + h) * s.qLen + i;
         const T* qi = q + row * D;
         double m = sink ? static_cast<double>(sink[h]) : ninf;
         double l = sink ? 1.0 : 0.0;
-        std::fill(acc.begin(), acc.end(), 0.0);
+        std::fill(acc.begin(), acc.end(), T(0));
         forVisibleTiles(s, i, [&](int64_t k0, int64_t k1) {
           double tmax = ninf;
           for (int64_t j = k0; j < k1; ++j) {
@@ -71,12 +73,15 @@ void flashAttentionForward(const T* q, const T* k, const T* v, const T* sink, T*
           const double mNew = std::max(m, tmax);
           const double corr = m == ninf ? 0.0 : std::exp(m - mNew);
           l *= corr;
-          for (double& a : acc) a *= corr;
+          const T c = static_cast<T>(corr);
+          for (T& a : acc) a *= c;
           for (int64_t j = k0; j < k1; ++j) {
             const double p = std::exp(sc[static_cast<size_t>(j - k0)] - mNew);
             l += p;
+            const T pt = static_cast<T>(p);
             const T* vj = vb + j * D;
-            for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += p * vj[d];
+            T* ap = acc.data();
+            for (int64_t d = 0; d < D; ++d) ap[d] += pt * vj[d];
           }
           m = mNew;
         });
@@ -98,13 +103,13 @@ void flashAttentionBackward(const T* q, const T* k, const T* v, const T* o, cons
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t kvh = 0; kvh < s.kvHeads; ++kvh) {
       const int64_t kvOff = (b * s.kvHeads + kvh) * s.kvLen * D;
-      std::vector<double> dkAcc(static_cast<size_t>(s.kvLen * D), 0.0), dvAcc(dkAcc.size(), 0.0), dqRow(static_cast<size_t>(D));
+      std::vector<T> dkAcc(static_cast<size_t>(s.kvLen * D), T(0)), dvAcc(dkAcc.size(), T(0)), dqRow(static_cast<size_t>(D));
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (int64_t i = 0; i < s.qLen; ++i) {
           const int64_t row = (b * s.qHeads + h) * s.qLen + i;
           const T* qi = q + row * D;
           const T* doi = dO + row * D;
-          std::fill(dqRow.begin(), dqRow.end(), 0.0);
+          std::fill(dqRow.begin(), dqRow.end(), T(0));
           const double L = lse[row];
           if (std::isinf(L) && L < 0) {  // the row saw nothing: zero gradients
             for (int64_t d = 0; d < D; ++d) dq[row * D + d] = T(0);
@@ -117,13 +122,14 @@ void flashAttentionBackward(const T* q, const T* k, const T* v, const T* o, cons
               const T* kj = k + kvOff + j * D;
               const T* vj = v + kvOff + j * D;
               const double p = std::exp(s.scale * dot(qi, kj, D) - L);
-              const double ds = p * (dot(doi, vj, D) - Di) * s.scale;
-              double* dkj = dkAcc.data() + j * D;
-              double* dvj = dvAcc.data() + j * D;
+              const T pt = static_cast<T>(p), ds = static_cast<T>(p * (dot(doi, vj, D) - Di) * s.scale);
+              T* dkj = dkAcc.data() + j * D;
+              T* dvj = dvAcc.data() + j * D;
+              T* dqr = dqRow.data();
               for (int64_t d = 0; d < D; ++d) {
-                dvj[d] += p * doi[d];
+                dvj[d] += pt * doi[d];
                 dkj[d] += ds * qi[d];
-                dqRow[static_cast<size_t>(d)] += ds * kj[d];
+                dqr[d] += ds * kj[d];
               }
             }
           });
