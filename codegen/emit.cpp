@@ -20,6 +20,7 @@
 #include "codegen/embedded_kernels.h"
 #include "codegen/template.h"
 #include "graph/elementwise_expr.h"
+#include "graph/node_attrs.h"
 #include "kernels/flash_attention.h"
 
 namespace pa::codegen {
@@ -281,14 +282,6 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
   return nk;
 }
 
-std::vector<bool> reducedAxes(const Ctx& c) {
-  const Shape& x = c.in(0);
-  const std::vector<int64_t> axes = c.n.attrs.getInts("axes");
-  std::vector<bool> r(x.size(), axes.empty());
-  for (int64_t a : axes) r[static_cast<size_t>(normaliseAxis(a, x.size()))] = true;
-  return r;
-}
-
 // ---- softmax rows ------------------------------------------------------------------------
 
 const char* kSoftmax = R"(
@@ -330,20 +323,6 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   }
 ${FINISH}}
 )";
-
-struct Rows {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-Rows rowsOf(const Shape& s, int64_t axisAttr) {
-  const int axis = normaliseAxis(axisAttr, s.size());
-  Rows r;
-  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
-    if (d < axis) r.outer *= s[static_cast<size_t>(d)];
-    else if (d == axis) r.len = s[static_cast<size_t>(d)];
-    else r.inner *= s[static_cast<size_t>(d)];
-  }
-  return r;
-}
 
 // ---- GEMM --------------------------------------------------------------------------------
 
@@ -467,7 +446,7 @@ NodeKernels emitSigmoidGrad(const Ctx& c) { return primitive(c); }
 NodeKernels emitFusedElementwise(const Ctx& c) { return elementwise(c, parseExpr(c.n.attrs.getString("expr", ""))); }
 
 NodeKernels emitSoftmax(const Ctx& c) {
-  const Rows r = rowsOf(c.in(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
   std::string sink = "-__int_as_float(0x7f800000)";
   if (c.n.inputs.size() == 2) {
     // The sink's offset for this row: its broadcast strides over the kept (outer, inner) index.
@@ -495,7 +474,7 @@ NodeKernels emitSoftmax(const Ctx& c) {
 }
 
 NodeKernels softmaxGradRows(const Ctx& c, const std::string& finishCode) {
-  const Rows r = rowsOf(c.in(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
   const int64_t rows = r.outer * r.inner;
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "", kSoftmaxGrad,
@@ -504,7 +483,7 @@ NodeKernels softmaxGradRows(const Ctx& c, const std::string& finishCode) {
   return nk;
 }
 NodeKernels emitSoftmaxGrad(const Ctx& c) {
-  const Rows r = rowsOf(c.in(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
   return softmaxGradRows(c, "  (void)mass;\n  for (long long j = 0; j < " + ll(r.len) + "; ++j) {\n    const long long e = base + j * " +
                                 ll(r.inner) + ";\n    out0[e] = (float)(in1[e] * (in0[e] - dot));\n  }\n");
 }
@@ -537,20 +516,15 @@ NodeKernels emitRepeatHeads(const Ctx& c) {
   return gather(c, ext, div, stride);
 }
 
-NodeKernels emitSum(const Ctx& c) { return reduce(c, reducedAxes(c), 1.0); }
+NodeKernels emitSum(const Ctx& c) { return reduce(c, reducedAxes(c.n, c.in(0)), 1.0); }
 NodeKernels emitMean(const Ctx& c) {
-  const std::vector<bool> r = reducedAxes(c);
+  const std::vector<bool> r = reducedAxes(c.n, c.in(0));
   int64_t count = 1;
   for (size_t d = 0; d < r.size(); ++d) count *= r[d] ? c.in(0)[d] : 1;
   return reduce(c, r, count ? 1.0 / static_cast<double>(count) : 0.0);
 }
 NodeKernels emitSumTo(const Ctx& c) {
-  const Shape& x = c.in(0);
-  const Shape& t = c.out();
-  const size_t off = x.size() - t.size();
-  std::vector<bool> r(x.size());
-  for (size_t d = 0; d < x.size(); ++d) r[d] = d < off || (t[d - off] == 1 && x[d] != 1);
-  return reduce(c, r, 1.0);
+  return reduce(c, sumToReducedAxes(c.in(0), c.out()), 1.0);
 }
 
 const char* kMask = R"(
@@ -641,11 +615,7 @@ FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
   f.kLen = static_cast<int>(k[2]);
   f.headDim = static_cast<int>(q[3]);
   f.scale = static_cast<float>(c.n.attrs.getFloat("scale", 1.0));
-  f.mask.causal = c.n.attrs.getBool("causal", false);
-  f.mask.alignBottomRight = c.n.attrs.getString("align", "top-left") == "bottom-right";
-  f.mask.windowLeft = static_cast<int>(c.n.attrs.getInt("window_left", -1));
-  f.mask.windowRight = static_cast<int>(c.n.attrs.getInt("window_right", -1));
-  f.mask.sinks = static_cast<int>(c.n.attrs.getInt("sinks", 0));
+  f.mask = maskSpecOf(c.n.attrs);
   f.sinkLogits = c.n.op == OpKind::FlashAttention ? c.n.inputs.size() == 4 : c.n.inputs.size() == 7;
   return f;
 }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "graph/elementwise_expr.h"
+#include "graph/node_attrs.h"
 
 namespace pa {
 
@@ -135,9 +136,7 @@ void gradBroadcastTo(GradCtx& c) { c.give(0, c.sumTo(c.dy, c.shape(c.in(0)))); }
 // Gradient of a reduction: reshape to keep-dims form, broadcast back, scale for a mean.
 void reductionGrad(GradCtx& c, bool mean) {
   const Shape& x = c.shape(c.in(0));
-  const std::vector<int64_t> axes = c.n.attrs.getInts("axes");
-  std::vector<bool> reduced(x.size(), axes.empty());
-  for (int64_t ax : axes) reduced[normaliseAxis(ax, x.size())] = true;
+  const std::vector<bool> reduced = reducedAxes(c.n, x);
   Shape keep;
   int64_t count = 1;
   for (size_t d = 0; d < x.size(); ++d) {

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "graph/elementwise_expr.h"
+#include "graph/node_attrs.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/flash_attention_cpu.h"
 
@@ -76,24 +77,9 @@ template <class T> void execTanh(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Tanh, c.i
 template <class T> void execSigmoid(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Sigmoid, c.in(0), c.out(), c.outCount()); }
 template <class T> void execExp(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Exp, c.in(0), c.out(), c.outCount()); }
 
-// [outer, len, inner] around the node's axis.
-struct AxisSplit {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-AxisSplit splitAt(const Shape& s, int64_t axisAttr) {
-  const int axis = normaliseAxis(axisAttr, s.size());
-  AxisSplit r;
-  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
-    if (d < axis) r.outer *= s[d];
-    else if (d == axis) r.len = s[d];
-    else r.inner *= s[d];
-  }
-  return r;
-}
-
 template <class T>
 void execSoftmax(Ctx<T>& c) {
-  const AxisSplit s = splitAt(c.inShape(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit s = splitAroundAxis(c.inShape(0), c.n.attrs.getInt("axis", -1));
   std::vector<T> sink;
   if (c.n.inputs.size() == 2) {
     Shape keep = c.inShape(0);
@@ -147,9 +133,7 @@ void reduceAxes(Ctx<T>& c, const std::vector<bool>& reduced, double factor) {
 template <class T>
 void reduction(Ctx<T>& c, bool mean) {
   const Shape& x = c.inShape(0);
-  const std::vector<int64_t> axes = c.n.attrs.getInts("axes");
-  std::vector<bool> reduced(x.size(), axes.empty());
-  for (int64_t a : axes) reduced[normaliseAxis(a, x.size())] = true;
+  const std::vector<bool> reduced = reducedAxes(c.n, x);
   int64_t count = 1;
   for (size_t d = 0; d < x.size(); ++d) count *= reduced[d] ? x[d] : 1;
   reduceAxes(c, reduced, mean && count ? 1.0 / static_cast<double>(count) : 1.0);
@@ -159,29 +143,14 @@ template <class T> void execMean(Ctx<T>& c) { reduction(c, true); }
 
 template <class T>
 void execSumTo(Ctx<T>& c) {
-  const Shape& x = c.inShape(0);
-  const Shape& target = c.outShape();
-  const size_t off = x.size() - target.size();
-  std::vector<bool> reduced(x.size());
-  for (size_t d = 0; d < x.size(); ++d) reduced[d] = d < off || (target[d - off] == 1 && x[d] != 1);
-  reduceAxes(c, reduced, 1.0);
-}
-
-AttentionMaskSpec maskSpec(const AttrMap& a) {
-  AttentionMaskSpec m;
-  m.causal = a.getBool("causal", false);
-  m.alignBottomRight = a.getString("align", "top-left") == "bottom-right";
-  m.windowLeft = static_cast<int>(a.getInt("window_left", -1));
-  m.windowRight = static_cast<int>(a.getInt("window_right", -1));
-  m.sinks = static_cast<int>(a.getInt("sinks", 0));
-  return m;
+  reduceAxes(c, sumToReducedAxes(c.inShape(0), c.outShape()), 1.0);
 }
 
 template <class T>
 void execAttentionMask(Ctx<T>& c) {
   const Shape& x = c.inShape(0);
   const int64_t q = x[x.size() - 2], k = x[x.size() - 1];
-  cpu::attentionMask(c.in(0), c.out(), numel(x) / std::max<int64_t>(q * k, 1), q, k, maskSpec(c.n.attrs),
+  cpu::attentionMask(c.in(0), c.out(), numel(x) / std::max<int64_t>(q * k, 1), q, k, maskSpecOf(c.n.attrs),
                      c.n.attrs.getFloat("fill", -std::numeric_limits<double>::infinity()));
 }
 
@@ -235,7 +204,7 @@ cpu::FlashShape flashShape(const Graph& g, const Node& n) {
   s.kvLen = k[2];
   s.headDim = q[3];
   s.scale = n.attrs.getFloat("scale", 1.0);
-  s.mask = maskSpec(n.attrs);
+  s.mask = maskSpecOf(n.attrs);
   return s;
 }
 
@@ -330,13 +299,13 @@ template <class T> void execSigmoidGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGr
 
 template <class T>
 void execSoftmaxGrad(Ctx<T>& c) {
-  const AxisSplit s = splitAt(c.inShape(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit s = splitAroundAxis(c.inShape(0), c.n.attrs.getInt("axis", -1));
   cpu::softmaxGrad(c.in(0), c.in(1), c.out(), s.outer, s.len, s.inner);
 }
 
 template <class T>
 void execSoftmaxSinkGrad(Ctx<T>& c) {
-  const AxisSplit s = splitAt(c.inShape(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit s = splitAroundAxis(c.inShape(0), c.n.attrs.getInt("axis", -1));
   cpu::softmaxSinkGrad(c.in(0), c.in(1), c.out(), s.outer, s.len, s.inner);
 }
 
