@@ -34,8 +34,20 @@ struct NodeKernels {
   bool external = false;
 };
 
+// The tile variant of a generated GEMM (MatMul, FusedLinear); Auto picks one from the shape.
+// Tests and benchmarks force the others.
+enum class GemmTile { Auto, Large, Medium, Small };
+
+// Code generation choices. Only the GEMM emitters (MatMul, FusedLinear) read them.
+struct EmitOptions {
+  bool tf32 = false;  // GEMMs on the tensor cores with TF32 operands (fp32 accumulation)
+  GemmTile gemmTile = GemmTile::Auto;
+  int gemmSplits = 0;  // K splits of a single (unbatched) GEMM; 0: from the shape
+};
+
 // fp32 kernels for node `id` (Input, Param and Constant need none: constants are uploaded).
 NodeKernels emitNode(const Graph& g, NodeId id);
+NodeKernels emitNode(const Graph& g, NodeId id, const EmitOptions& opt);
 
 // The launcher's problem description of a flash-attention or flash-attention-grad node (fp32).
 FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n);

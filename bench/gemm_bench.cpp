@@ -1,0 +1,190 @@
+// Times the generated GEMM kernels (one-node MatMul / FusedLinear graphs, fp32 and TF32) with
+// CUDA events: the issue-6 square product and mlp_wide's forward, dX and dW GEMMs. Writes a CSV
+// that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
+//   gemm_bench [--csv FILE] [--sweep]     --sweep also times every tile variant and the
+//                                         config variants kept here until one wins (STYLE.md 6)
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/gpu/gemm_harness.h"
+
+namespace pa {
+namespace {
+
+using codegen::GemmTile;
+using gemmtest::GemmProblem;
+
+struct Shape3 {
+  std::string name;
+  GemmProblem p;
+  int64_t m, n, k;
+};
+
+std::vector<Shape3> shapes() {
+  std::vector<Shape3> s;
+  auto mm = [&](const std::string& name, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+    GemmProblem p;
+    p.a = ta ? Shape{k, m} : Shape{m, k};
+    p.b = tb ? Shape{n, k} : Shape{k, n};
+    p.ta = ta, p.tb = tb;
+    s.push_back({name, p, m, n, k});
+  };
+  auto fwd = [&](const std::string& name, int64_t m, int64_t n, int64_t k) {
+    GemmProblem p;
+    p.fused = true, p.act = "relu", p.bias = true;
+    p.a = {m, k}, p.b = {k, n};
+    s.push_back({name, p, m, n, k});
+  };
+  mm("square_NN", 8192, 4096, 4096, false, false);
+  fwd("mlp1024_fwd", 8192, 1024, 1024);   // relu(X·W + b)
+  mm("mlp1024_dX", 8192, 1024, 1024, false, true);  // dY·Wᵀ
+  mm("mlp1024_dW", 1024, 1024, 8192, true, false);  // Xᵀ·dY
+  fwd("mlp256in_fwd", 8192, 1024, 256);
+  mm("mlp256in_dW", 256, 1024, 8192, true, false);
+  fwd("mlp256out_fwd", 8192, 256, 1024);
+  mm("mlp256out_dW", 1024, 256, 8192, true, false);
+  return s;
+}
+
+cuda::Device& device() {
+  static cuda::Device d(0);
+  return d;
+}
+
+// Median milliseconds of `reps` launches after `warmup`, rotating among the input sets.
+double timeNode(gemmtest::NodeOnGpu& node, const std::vector<std::vector<cuda::DeviceBuffer>>& sets, int warmup, int reps) {
+  cuda::CUevent start, stop;
+  PA_CU_CHECK(cuEventCreate(&start, 0));
+  PA_CU_CHECK(cuEventCreate(&stop, 0));
+  for (int i = 0; i < warmup; ++i) node.launchWith(sets[static_cast<size_t>(i) % sets.size()]);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    PA_CU_CHECK(cuEventRecord(start, nullptr));
+    node.launchWith(sets[static_cast<size_t>(i) % sets.size()]);
+    PA_CU_CHECK(cuEventRecord(stop, nullptr));
+    PA_CU_CHECK(cuEventSynchronize(stop));
+    float t = 0;
+    PA_CU_CHECK(cuEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  PA_CU_CHECK(cuEventDestroy(start));
+  PA_CU_CHECK(cuEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// A bench-only variant: the emitted kernel with another config (and block/grid to match).
+struct ConfigVariant {
+  bool tf32;
+  const char* from;  // the config the emitter uses for the large tile
+  const char* to;
+  const char* boundsFrom;
+  const char* boundsTo;
+};
+
+void replaceAll(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+}
+
+int run(int argc, char** argv) {
+  std::string csvPath = "gemm_bench.csv";
+  bool sweep = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csvPath = argv[++i];
+    else if (!std::strcmp(argv[i], "--sweep")) sweep = true;
+    else {
+      std::fprintf(stderr, "usage: gemm_bench [--csv FILE] [--sweep]\n");
+      return 2;
+    }
+  }
+  if (!cuda::Driver::instance().available()) {
+    std::fprintf(stderr, "gemm_bench: no CUDA device: %s\n", cuda::Driver::instance().unavailableReason().c_str());
+    return 1;
+  }
+  std::printf("device: %s (%s, %d SMs)\n", device().info().name.c_str(), device().info().arch().c_str(),
+              device().info().multiprocessors);
+  std::FILE* csv = std::fopen(csvPath.c_str(), "w");
+  if (!csv) {
+    std::fprintf(stderr, "gemm_bench: cannot write %s\n", csvPath.c_str());
+    return 1;
+  }
+  std::fprintf(csv, "name,precision,variant,m,n,k,ta,tb,fused,ms,tflops\n");
+  std::printf("%-15s %-5s %-26s %10s %9s\n", "shape", "prec", "variant", "ms", "TFLOP/s");
+  // The emitter's earlier fp32 large config (BK = 8, chunks of 8 slices), kept as a yardstick.
+  const ConfigVariant configs[] = {
+      {false, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 8, 8, 8, 8>", "(256, 1)", "(256, 1)"},
+  };
+
+  for (const Shape3& s : shapes()) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, s.p);
+    const Node& node = g.node(id);
+    // Fresh random non-zero inputs; several sets when they would otherwise stay in L2 (50 MB).
+    size_t bytes = 0;
+    for (ValueId v : node.inputs) bytes += static_cast<size_t>(numel(g.shape(v))) * sizeof(float);
+    const int numSets = bytes < (size_t{200} << 20) ? 3 : 1;
+    std::vector<std::vector<cuda::DeviceBuffer>> sets(static_cast<size_t>(numSets));
+    for (int si = 0; si < numSets; ++si)
+      for (size_t i = 0; i < node.inputs.size(); ++i) {
+        const std::vector<float> h = gemmtest::randomValues(numel(g.shape(node.inputs[i])), 1000u * si + i + 1);
+        sets[static_cast<size_t>(si)].emplace_back(h.size() * sizeof(float));
+        sets[static_cast<size_t>(si)].back().upload(h.data(), h.size() * sizeof(float));
+      }
+    const double flops = 2.0 * static_cast<double>(s.m) * s.n * s.k;
+    auto report = [&](gemmtest::NodeOnGpu& gpu, bool tf32, const std::string& variant) {
+      const double ms = timeNode(gpu, sets, 5, 30);
+      const double tflops = flops / (ms * 1e-3) / 1e12;
+      std::printf("%-15s %-5s %-26s %10.4f %9.1f\n", s.name.c_str(), tf32 ? "tf32" : "fp32", variant.c_str(), ms, tflops);
+      std::fprintf(csv, "%s,%s,%s,%lld,%lld,%lld,%d,%d,%d,%.5f,%.2f\n", s.name.c_str(), tf32 ? "tf32" : "fp32",
+                   variant.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
+                   s.p.ta ? 1 : 0, s.p.tb ? 1 : 0, s.p.fused ? 1 : 0, ms, tflops);
+      std::fflush(stdout);
+      std::fflush(csv);
+    };
+    for (bool tf32 : {false, true}) {
+      std::vector<std::pair<std::string, GemmTile>> tiles = {{"auto", GemmTile::Auto}};
+      if (sweep) tiles.insert(tiles.end(), {{"large", GemmTile::Large}, {"medium", GemmTile::Medium}, {"small", GemmTile::Small}});
+      for (const auto& t : tiles) {
+        codegen::EmitOptions opt;
+        opt.tf32 = tf32;
+        opt.gemmTile = t.second;
+        gemmtest::NodeOnGpu gpu(g, id, opt, device());
+        report(gpu, tf32, t.first);
+      }
+      if (!sweep) continue;
+      for (const ConfigVariant& cv : configs) {
+        if (cv.tf32 != tf32) continue;
+        codegen::EmitOptions opt;
+        opt.tf32 = tf32;
+        opt.gemmTile = GemmTile::Large;
+        codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+        replaceAll(nk.kernels[0].source, cv.from, cv.to);
+        replaceAll(nk.kernels[0].source, std::string("__launch_bounds__") + cv.boundsFrom,
+                   std::string("__launch_bounds__") + cv.boundsTo);
+        gemmtest::NodeOnGpu gpu(g, id, std::move(nk), device());
+        std::string label = std::string(cv.to) + cv.boundsTo;  // no commas or spaces: it is a CSV field
+        replaceAll(label, ", ", "/");
+        replaceAll(label, ",", "/");
+        replaceAll(label, " ", "");
+        report(gpu, tf32, label);
+      }
+    }
+  }
+  std::fclose(csv);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pa
+
+int main(int argc, char** argv) {
+  try {
+    return pa::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gemm_bench: %s\n", e.what());
+    return 1;
+  }
+}

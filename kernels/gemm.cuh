@@ -1,0 +1,500 @@
+// GEMM templates behind the generated MatMul and FusedLinear kernels: an exact fp32 SIMT path and
+// a TF32 tensor-core path (mma.sync), both with a per-node epilogue functor.
+/*
+ * Note on the problem, the layouts and the traps.
+ *
+ * C[b] = op(A[b]) · op(B[b]) for b < batch, row-major, with op = identity or transpose. The
+ * generated kernel describes its node with a problem struct P (all compile-time constants):
+ *
+ *   struct P { static constexpr long long M, N, K, strideA, strideB;   // batch strides, 0 = shared
+ *              static constexpr bool transA, transB;
+ *              static constexpr int splits; };   // split-K (batch 1 only), see splitReduce
+ *
+ * A is [M, K] (transA: [K, M]), B is [K, N] (transB: [N, K]), C is [batch, M, N]. An operand whose
+ * contiguous dimension is K ("k-contiguous": A plain, B transposed) and one whose contiguous
+ * dimension is M or N ("row-contiguous") are loaded differently; TileOperand hides that.
+ *
+ * The epilogue is a functor with  float operator()(float v, long long m, long long n, long long i)
+ * returning the value stored at C[i] (i = b·M·N + m·N + n); it may also write side outputs
+ * (FusedLinear's pre-activation). It is called exactly once for every element of C.
+ *
+ * fp32 SIMT path (simtGemm): a BM×BN block tile, BK-deep K slices staged global -> registers ->
+ * shared memory (double-buffered shared tiles, one barrier per slice), shared tiles stored
+ * k-major (As[k][m], Bs[k][n]) so that every thread reads its TM×TN micro-tile's operands as
+ * float4s. Thread (ty, tx) owns rows ty·4 + c·(BM/TM·4) + i and columns tx·4 + d·(BN/TN·4) + j
+ * (c < TM/4, d < TN/4, i, j < 4): each warp's float4 reads of a k row are then broadcasts of a
+ * few contiguous 16-byte words, conflict-free. k-contiguous operands are transposed on their way
+ * into shared memory; rows are padded by 4 floats so that those scalar stores are conflict-free
+ * for BK = 8 (2-way for BK = 16: 4 stores per slice, immaterial).
+ *
+ * Blocked summation (fp32 path). Each thread sums kChunk = BK·kSlicesPerChunk products into
+ * `part` and only then adds `part` into `acc`. A plain running sum over K = 8192 (the weight
+ * gradient of a batch-8192 layer) has a rounding error that grows like K·ε; blocked, it grows
+ * like (kChunk + K/kChunk)·ε: (64 + 128)·ε at K = 8192, comparable to OpenBLAS's own K-blocking,
+ * which the whole-training-step GPU tests measure us against. It costs one FADD per output per
+ * kChunk products (1.6% of the FFMAs at kChunk = 64) and TM·TN registers.
+ *
+ * Vector access. A float4 load of 4 consecutive elements needs the contiguous dimension (the
+ * leading dimension, since tensors are dense) and the batch stride to be multiples of 4 (known at
+ * compile time) and the base pointer 16-byte aligned (checked once per block); otherwise, and at
+ * the edges of the matrices, elements are loaded one by one with bounds checks and zero-filled.
+ * Because the leading dimension is the contiguous extent itself, a 4-aligned group of 4 is then
+ * either wholly inside or wholly outside the matrix.
+ *
+ * TF32 path (tf32Gemm): mma.sync.m16n8k8 (sm_80+) on warp tiles of (BM/WARPS_M)×(BN/WARPS_N),
+ * operands rounded to TF32 with cvt.rna (round to nearest, ties away) as they leave shared memory,
+ * fp32 accumulation in the tensor cores across the whole K (no blocked sum: the TF32 rounding of
+ * the operands, ~2^-11 relative, dominates every accumulation error). Shared tiles keep the
+ * global orientation, so global -> shared is cp.async (16 bytes where aligned, 4 otherwise, with
+ * zero-fill past the edges) in a STAGES-deep ring. Padding (4 floats for k-contiguous rows, 8 for
+ * row-contiguous ones) makes the fragment reads conflict-free: lane (g = lane/4, t = lane%4)
+ * reads word g·S + t (k-contiguous, S = BK + 4 ≡ 4 mod 8, so g·S/4 = g·odd covers 0..7 mod 8)
+ * or t·S + g (row-contiguous, S = R + 8 ≡ 8 mod 32 for R a multiple of 32).
+ *
+ * Shared memory stays within the 48 KB a block gets without an opt-in (the graph runner launches
+ * without raising the limit), which caps the TF32 ring at 2 stages of BK = 16 or 4 of BK = 8.
+ *
+ * Grid: blockIdx.x enumerates the output tiles in groups of kGroupM tile rows (consecutive blocks
+ * share B column panels and a few A row panels in L2); blockIdx.z is the batch.
+ */
+#pragma once
+
+namespace pa {
+namespace gemm {
+
+typedef unsigned int u32;
+
+// The epilogue of a plain product.
+struct Identity {
+  __device__ __forceinline__ float operator()(float v, long long, long long, long long) const { return v; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Block-tile raster: output tile (tm, tn) of block `pid`, grouped by kGroupM tile rows.
+constexpr int kGroupM = 8;
+
+template <long long TilesM, long long TilesN>
+__device__ __forceinline__ void tileOf(long long pid, long long& tm, long long& tn) {
+  const long long perGroup = (long long)kGroupM * TilesN;
+  const long long group = pid / perGroup, first = group * kGroupM;
+  const long long rows = TilesM - first < kGroupM ? TilesM - first : kGroupM;
+  const long long inGroup = pid % perGroup;
+  tm = first + inGroup % rows;
+  tn = inGroup / rows;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
+
+// ---------------------------------------------------------------------------------------------
+// One operand's R×BK tile (R = BM for A, BN for B). Element (r, k) of the operand lives at
+// base[r·LD + k] when KCONTIG, else at base[k·LD + r]; EXT is the operand's extent along r.
+template <int R, int BK, int THREADS, bool KCONTIG, long long EXT, long long K, long long LD>
+struct TileOperand {
+  static constexpr int kVecs = R * BK / 4 / THREADS;  // float4 groups per thread and slice
+  static_assert(R * BK % (4 * THREADS) == 0, "a slice must split evenly into float4 groups");
+  static constexpr int kPadded = R + 4;  // shared row length (k-major shared layout)
+
+  float4 reg[kVecs];
+
+  // Global -> registers: slice k0 of the tile whose first row is r0.
+  __device__ __forceinline__ void load(const float* __restrict__ base, long long r0, long long k0, bool vec, int tid) {
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const int f = tid + v * THREADS;
+      if (KCONTIG) {
+        const long long r = r0 + f / (BK / 4), k = k0 + (f % (BK / 4)) * 4;
+        const float* p = base + r * LD + k;
+        if (vec && r < EXT && k < K) {
+          reg[v] = *reinterpret_cast<const float4*>(p);
+        } else {
+          const bool row = r < EXT;
+          reg[v].x = row && k + 0 < K ? p[0] : 0.0f;
+          reg[v].y = row && k + 1 < K ? p[1] : 0.0f;
+          reg[v].z = row && k + 2 < K ? p[2] : 0.0f;
+          reg[v].w = row && k + 3 < K ? p[3] : 0.0f;
+        }
+      } else {
+        const long long k = k0 + f / (R / 4), r = r0 + (f % (R / 4)) * 4;
+        const float* p = base + k * LD + r;
+        if (vec && k < K && r < EXT) {
+          reg[v] = *reinterpret_cast<const float4*>(p);
+        } else {
+          const bool kin = k < K;
+          reg[v].x = kin && r + 0 < EXT ? p[0] : 0.0f;
+          reg[v].y = kin && r + 1 < EXT ? p[1] : 0.0f;
+          reg[v].z = kin && r + 2 < EXT ? p[2] : 0.0f;
+          reg[v].w = kin && r + 3 < EXT ? p[3] : 0.0f;
+        }
+      }
+    }
+  }
+
+  // Registers -> shared tile sm[BK][kPadded] (k-major).
+  __device__ __forceinline__ void store(float* sm, int tid) const {
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const int f = tid + v * THREADS;
+      if (KCONTIG) {
+        const int r = f / (BK / 4), k = (f % (BK / 4)) * 4;
+        sm[(k + 0) * kPadded + r] = reg[v].x;
+        sm[(k + 1) * kPadded + r] = reg[v].y;
+        sm[(k + 2) * kPadded + r] = reg[v].z;
+        sm[(k + 3) * kPadded + r] = reg[v].w;
+      } else {
+        const int k = f / (R / 4), r = (f % (R / 4)) * 4;
+        *reinterpret_cast<float4*>(sm + k * kPadded + r) = reg[v];
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// fp32 SIMT GEMM. Launch: grid (TilesM·TilesN, 1, batch), block kThreads, no dynamic shared.
+template <int BM_, int BN_, int BK_, int TM_, int TN_, int kSlicesPerChunk_>
+struct SimtConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
+  static constexpr int kSlicesPerChunk = kSlicesPerChunk_;
+  static constexpr int kThreadsM = BM / TM, kThreadsN = BN / TN;
+  static constexpr int kThreads = kThreadsM * kThreadsN;
+  static_assert(TM % 4 == 0 && TN % 4 == 0, "micro-tiles are made of float4 groups");
+  static_assert(BM % TM == 0 && BN % TN == 0, "the block tile must split into micro-tiles");
+};
+
+template <class P, class Cfg, class Epi>
+__device__ __forceinline__ void simtGemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                                         const Epi& epi) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, TM = Cfg::TM, TN = Cfg::TN, kThreads = Cfg::kThreads;
+  constexpr long long M = P::M, N = P::N, K = P::K;
+  constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN;
+  constexpr long long kSlices = (K + BK - 1) / BK;
+  constexpr long long kPerSplit = (kSlices + P::splits - 1) / P::splits;
+  // A k-contiguous when plain ([M, K]); B k-contiguous when transposed ([N, K]).
+  typedef TileOperand<BM, BK, kThreads, !P::transA, M, K, (P::transA ? M : K)> OpA;
+  typedef TileOperand<BN, BK, kThreads, P::transB, N, K, (P::transB ? K : N)> OpB;
+  constexpr bool kVecA = (P::transA ? M : K) % 4 == 0 && P::strideA % 4 == 0;
+  constexpr bool kVecB = (P::transB ? K : N) % 4 == 0 && P::strideB % 4 == 0;
+  constexpr bool kVecC = N % 4 == 0;
+
+  __shared__ __align__(16) float As[2][BK * OpA::kPadded];
+  __shared__ __align__(16) float Bs[2][BK * OpB::kPadded];
+
+  const int tid = threadIdx.x;
+  const int tx = tid % Cfg::kThreadsN, ty = tid / Cfg::kThreadsN;
+  long long tm, tn;
+  tileOf<TilesM, TilesN>(blockIdx.x, tm, tn);
+  const long long m0 = tm * BM, n0 = tn * BN;
+  const long long b = P::splits > 1 ? 0 : blockIdx.z, split = P::splits > 1 ? blockIdx.z : 0;
+  const long long sBegin = split * kPerSplit, sEnd = sBegin + kPerSplit < kSlices ? sBegin + kPerSplit : kSlices;
+  A += b * P::strideA;
+  B += b * P::strideB;
+  C += (b + split) * M * N;
+  const bool vecA = kVecA && aligned16(A), vecB = kVecB && aligned16(B);
+
+  OpA opA;
+  OpB opB;
+  float acc[TM][TN], part[TM][TN];
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = part[i][j] = 0.0f;
+
+  // (An empty split range, possible when there are more splits than slices, loads zeros.)
+  opA.load(A, m0, sBegin * BK, vecA, tid);
+  opB.load(B, n0, sBegin * BK, vecB, tid);
+  opA.store(As[0], tid);
+  opB.store(Bs[0], tid);
+  __syncthreads();
+
+  for (long long s = sBegin; s < sEnd; ++s) {
+    const int cur = (int)((s - sBegin) & 1);
+    if (s + 1 < sEnd) {  // the next slice's loads are in flight during this slice's products
+      opA.load(A, m0, (s + 1) * BK, vecA, tid);
+      opB.load(B, n0, (s + 1) * BK, vecB, tid);
+    }
+    const float* as = As[cur];
+    const float* bs = Bs[cur];
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+      float a[TM], bv[TN];
+#pragma unroll
+      for (int c = 0; c < TM / 4; ++c) {
+        const float4 t = *reinterpret_cast<const float4*>(as + kk * OpA::kPadded + ty * 4 + c * Cfg::kThreadsM * 4);
+        a[c * 4 + 0] = t.x, a[c * 4 + 1] = t.y, a[c * 4 + 2] = t.z, a[c * 4 + 3] = t.w;
+      }
+#pragma unroll
+      for (int d = 0; d < TN / 4; ++d) {
+        const float4 t = *reinterpret_cast<const float4*>(bs + kk * OpB::kPadded + tx * 4 + d * Cfg::kThreadsN * 4);
+        bv[d * 4 + 0] = t.x, bv[d * 4 + 1] = t.y, bv[d * 4 + 2] = t.z, bv[d * 4 + 3] = t.w;
+      }
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) part[i][j] = fmaf(a[i], bv[j], part[i][j]);
+    }
+    if ((s - sBegin) % Cfg::kSlicesPerChunk == Cfg::kSlicesPerChunk - 1) {  // blocked summation, see the note
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+          acc[i][j] += part[i][j];
+          part[i][j] = 0.0f;
+        }
+    }
+    if (s + 1 < sEnd) {
+      opA.store(As[cur ^ 1], tid);
+      opB.store(Bs[cur ^ 1], tid);
+    }
+    __syncthreads();
+  }
+
+  const bool vecC = kVecC && aligned16(C);
+#pragma unroll
+  for (int c = 0; c < TM / 4; ++c)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const long long m = m0 + ty * 4 + c * Cfg::kThreadsM * 4 + i;
+      if (m >= M) continue;
+#pragma unroll
+      for (int d = 0; d < TN / 4; ++d) {
+        const long long n = n0 + tx * 4 + d * Cfg::kThreadsN * 4;
+        const long long at = m * N + n;
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = acc[c * 4 + i][d * 4 + j] + part[c * 4 + i][d * 4 + j];
+        if (vecC && n + 3 < N) {
+          float4 o;
+          o.x = epi(v[0], m, n + 0, b * M * N + at + 0);
+          o.y = epi(v[1], m, n + 1, b * M * N + at + 1);
+          o.z = epi(v[2], m, n + 2, b * M * N + at + 2);
+          o.w = epi(v[3], m, n + 3, b * M * N + at + 3);
+          *reinterpret_cast<float4*>(C + at) = o;
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (n + j < N) C[at + j] = epi(v[j], m, n + j, b * M * N + at + j);
+        }
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TF32 tensor-core GEMM.
+
+__device__ __forceinline__ u32 smemAddress(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared; zero-filled when !valid (src must still be a mapped address).
+__device__ __forceinline__ void cpAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(smemAddress(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+// 4 bytes global -> shared; zero-filled when !valid.
+__device__ __forceinline__ void cpAsync4(void* dst, const void* src, bool valid) {
+  asm volatile("{ cp.async.ca.shared.global [%0], [%1], 4, %2; }" ::"r"(smemAddress(dst)), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ u32 toTf32(float x) {
+  u32 r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// d += a·b for one m16n8k8 tile (row-major A fragment, column-major B fragment).
+__device__ __forceinline__ void mmaTf32(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+  asm volatile(
+      "{ mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3}; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// One operand's R×BK shared tile in its global orientation: [R][BK + 4] when k-contiguous, else
+// [BK][R + 8] (see the note for why these pads).
+template <int R, int BK, int THREADS, bool KCONTIG, long long EXT, long long K, long long LD>
+struct Tf32Operand {
+  static constexpr int kFloats = KCONTIG ? R * (BK + 4) : BK * (R + 8);
+  static constexpr int kGroups = R * BK / 4 / THREADS;
+  static_assert(R * BK % (4 * THREADS) == 0, "a slice must split evenly into 4-float groups");
+
+  static __device__ __forceinline__ int at(int r, int k) { return KCONTIG ? r * (BK + 4) + k : k * (R + 8) + r; }
+
+  // Issues the cp.asyncs of slice k0 of the tile whose first row is r0.
+  static __device__ __forceinline__ void load(float* sm, const float* __restrict__ base, long long r0, long long k0, bool vec,
+                                              int tid) {
+#pragma unroll
+    for (int v = 0; v < kGroups; ++v) {
+      const int f = tid + v * THREADS;
+      int rr, kk;
+      if (KCONTIG) {
+        rr = f / (BK / 4), kk = (f % (BK / 4)) * 4;
+      } else {
+        kk = f / (R / 4), rr = (f % (R / 4)) * 4;
+      }
+      const long long r = r0 + rr, k = k0 + kk;
+      float* dst = sm + at(rr, kk);
+      if (vec) {  // a 4-group lies wholly inside or wholly outside (see the note)
+        const bool in = r < EXT && k < K;
+        cpAsync16(dst, in ? base + (KCONTIG ? r * LD + k : k * LD + r) : base, in);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const long long rj = KCONTIG ? r : r + j, kj = KCONTIG ? k + j : k;
+          const bool in = rj < EXT && kj < K;
+          cpAsync4(dst + j, in ? base + (KCONTIG ? rj * LD + kj : kj * LD + rj) : base, in);
+        }
+      }
+    }
+  }
+};
+
+// Launch: grid (TilesM·TilesN, 1, batch), block kThreads, no dynamic shared memory.
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_>
+struct Tf32Config {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, STAGES = STAGES_;
+  static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // warp tile
+  static constexpr int MT = WM / 16, NT = WN / 8;             // mma tiles per warp
+  static constexpr int kThreads = 32 * WARPS_M * WARPS_N;
+  static_assert(WM % 16 == 0 && WN % 8 == 0 && BK % 8 == 0, "warp tiles are made of m16n8k8 tiles");
+  static_assert(STAGES >= 2, "the ring needs a stage to fill while another is read");
+};
+
+template <class P, class Cfg, class Epi>
+__device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                                         const Epi& epi) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, MT = Cfg::MT, NT = Cfg::NT, STAGES = Cfg::STAGES;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr long long M = P::M, N = P::N, K = P::K;
+  constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN;
+  constexpr long long kSlices = (K + BK - 1) / BK;
+  constexpr long long kPerSplit = (kSlices + P::splits - 1) / P::splits;
+  typedef Tf32Operand<BM, BK, kThreads, !P::transA, M, K, (P::transA ? M : K)> OpA;
+  typedef Tf32Operand<BN, BK, kThreads, P::transB, N, K, (P::transB ? K : N)> OpB;
+  constexpr bool kVecA = (P::transA ? M : K) % 4 == 0 && P::strideA % 4 == 0;
+  constexpr bool kVecB = (P::transB ? K : N) % 4 == 0 && P::strideB % 4 == 0;
+  constexpr bool kVecC = N % 2 == 0;
+
+  __shared__ __align__(16) float As[STAGES][OpA::kFloats];
+  __shared__ __align__(16) float Bs[STAGES][OpB::kFloats];
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wm0 = (warp / Cfg::WARPS_N) * Cfg::WM, wn0 = (warp % Cfg::WARPS_N) * Cfg::WN;
+  long long tm, tn;
+  tileOf<TilesM, TilesN>(blockIdx.x, tm, tn);
+  const long long m0 = tm * BM, n0 = tn * BN;
+  const long long b = P::splits > 1 ? 0 : blockIdx.z, split = P::splits > 1 ? blockIdx.z : 0;
+  const long long sBegin = split * kPerSplit, sEnd = sBegin + kPerSplit < kSlices ? sBegin + kPerSplit : kSlices;
+  const long long count = sEnd > sBegin ? sEnd - sBegin : 0;  // slices of this block's split
+  A += b * P::strideA;
+  B += b * P::strideB;
+  C += (b + split) * M * N;
+  const bool vecA = kVecA && aligned16(A), vecB = kVecB && aligned16(B);
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+  // Prologue: slices 0 .. STAGES-2 in flight (a group is committed even when empty, so that
+  // wait_group's count always names the slice about to be read).
+#pragma unroll
+  // Local slice s (global sBegin + s) lives in stage s % STAGES.
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < count) {
+      OpA::load(As[s], A, m0, (sBegin + s) * BK, vecA, tid);
+      OpB::load(Bs[s], B, n0, (sBegin + s) * BK, vecB, tid);
+    }
+    cpAsyncCommit();
+  }
+
+  for (long long s = 0; s < count; ++s) {
+    cpAsyncWait<STAGES - 2>();
+    __syncthreads();  // slice s has landed for every thread; stage (s-1) % STAGES is free again
+    {
+      const long long next = s + STAGES - 1;
+      if (next < count) {
+        const int st = (int)(next % STAGES);
+        OpA::load(As[st], A, m0, (sBegin + next) * BK, vecA, tid);
+        OpB::load(Bs[st], B, n0, (sBegin + next) * BK, vecB, tid);
+      }
+      cpAsyncCommit();
+    }
+    const float* as = As[s % STAGES];
+    const float* bs = Bs[s % STAGES];
+#pragma unroll
+    for (int k8 = 0; k8 < BK; k8 += 8) {
+      u32 af[MT][4], bf[NT][2];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int r = wm0 + i * 16 + g;
+        af[i][0] = toTf32(as[OpA::at(r, k8 + t)]);
+        af[i][1] = toTf32(as[OpA::at(r + 8, k8 + t)]);
+        af[i][2] = toTf32(as[OpA::at(r, k8 + t + 4)]);
+        af[i][3] = toTf32(as[OpA::at(r + 8, k8 + t + 4)]);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int c = wn0 + j * 8 + g;
+        bf[j][0] = toTf32(bs[OpB::at(c, k8 + t)]);
+        bf[j][1] = toTf32(bs[OpB::at(c, k8 + t + 4)]);
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mmaTf32(acc[i][j], af[i], bf[j]);
+    }
+  }
+  cpAsyncWait<0>();  // nothing is left in flight at exit (only empty groups, but be explicit)
+
+  const bool vecC = kVecC && aligned16(C);
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const long long m = m0 + wm0 + i * 16 + g + h * 8;
+      if (m >= M) continue;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const long long n = n0 + wn0 + j * 8 + 2 * t;
+        const long long at = m * N + n;
+        const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+        if (vecC && n + 1 < N) {
+          float2 o;
+          o.x = epi(v0, m, n, b * M * N + at);
+          o.y = epi(v1, m, n + 1, b * M * N + at + 1);
+          *reinterpret_cast<float2*>(C + at) = o;
+        } else {
+          if (n < N) C[at] = epi(v0, m, n, b * M * N + at);
+          if (n + 1 < N) C[at + 1] = epi(v1, m, n + 1, b * M * N + at + 1);
+        }
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split-K: the GEMM kernels above, given P::splits = S > 1, treat blockIdx.z as the split and
+// write the raw sum over their share of K to parts[split] (S·M·N floats, no epilogue); this
+// adds the S partial sums in split order (deterministic) and applies the epilogue.
+template <class P, class Epi>
+__device__ __forceinline__ void splitReduce(const float* __restrict__ parts, float* __restrict__ C, const Epi& epi) {
+  constexpr long long MN = P::M * P::N, N = P::N;
+  constexpr int S = P::splits;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < MN; i += (long long)gridDim.x * blockDim.x) {
+    float v = parts[i];
+#pragma unroll
+    for (int z = 1; z < S; ++z) v += parts[z * MN + i];
+    C[i] = epi(v, i / N, i % N, i);
+  }
+}
+
+}  // namespace gemm
+}  // namespace pa

@@ -1,0 +1,250 @@
+// The generated GEMM kernels (MatMul, FusedLinear) on the GPU against a float64 CPU reference:
+// every tile variant and split-K, fp32 and TF32, every transpose combination, batches, every epilogue, on
+// awkward sizes (1, 7, 33, 127, 129, 255, 1000; K = 1) and one large product. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "codegen/kernel_cache.h"
+#include "tests/gpu/gemm_harness.h"
+
+namespace pa {
+namespace {
+
+using gemmtest::GemmProblem;
+
+cuda::Device& device() {
+  static cuda::Device d(0);
+  return d;
+}
+
+#define PA_REQUIRE_GPU()                                                                     \
+  if (!cuda::Driver::instance().available())                                                 \
+  GTEST_SKIP() << "no CUDA device: " << cuda::Driver::instance().unavailableReason()
+
+struct GemmCase {
+  std::string name;
+  GemmProblem problem;
+  codegen::EmitOptions opt;
+};
+
+const char* tileName(codegen::GemmTile t) {
+  switch (t) {
+  case codegen::GemmTile::Auto: return "auto";
+  case codegen::GemmTile::Large: return "large";
+  case codegen::GemmTile::Medium: return "medium";
+  case codegen::GemmTile::Small: return "small";
+  }
+  return "?";
+}
+
+std::string dims(const Shape& s) {
+  std::string r;
+  for (int64_t d : s) r += (r.empty() ? "" : "x") + std::to_string(d);
+  return r;
+}
+
+std::vector<GemmCase> allCases() {
+  using codegen::GemmTile;
+  std::vector<GemmCase> cases;
+  auto add = [&](const std::string& base, const GemmProblem& p, bool tf32, GemmTile tile, int splits = 0) {
+    GemmCase c;
+    c.problem = p;
+    c.opt.tf32 = tf32;
+    c.opt.gemmTile = tile;
+    c.opt.gemmSplits = splits;
+    c.name = base + "_" + (tf32 ? "tf32" : "fp32") + "_" + tileName(tile) + (splits ? "_split" + std::to_string(splits) : "");
+    cases.push_back(c);
+  };
+  // (M, N, K): every awkward size in every position, K = 1, and sizes whose leading dimensions
+  // are multiples of 4 (the float4 / 16-byte cp.async paths) next to ones that are not.
+  const int64_t mnk[][3] = {{1, 1, 1},       {7, 33, 1},     {33, 7, 127},   {127, 129, 255}, {129, 255, 33},
+                            {255, 1000, 7},  {1000, 127, 129}, {1, 1000, 255}, {1000, 1, 1000}, {132, 260, 36},
+                            {256, 64, 64},   {1000, 1000, 1000}};
+  for (const auto& s : mnk) {
+    const int64_t m = s[0], n = s[1], k = s[2];
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      GemmProblem p;
+      p.a = ta ? Shape{k, m} : Shape{m, k};
+      p.b = tb ? Shape{n, k} : Shape{k, n};
+      p.ta = ta, p.tb = tb;
+      const std::string base = "MatMul_" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                               (ta ? "_tA" : "") + (tb ? "_tB" : "");
+      for (bool tf32 : {false, true}) {
+        for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tf32, tile);
+        if (k >= 33) add(base, p, tf32, GemmTile::Large, 3);  // split-K, uneven shares
+        if (k == 7) add(base, p, tf32, GemmTile::Large, 5);   // more splits than K slices
+      }
+    }
+  }
+  // Batches: both batched (strides), batched A with a shared B (one taller GEMM, or strided when
+  // A is transposed), shared A with batched B.
+  struct Batched {
+    Shape a, b;
+    bool ta, tb;
+  };
+  const Batched batched[] = {{{3, 33, 129}, {3, 129, 65}, false, false}, {{3, 129, 33}, {3, 65, 129}, true, true},
+                             {{2, 3, 36, 20}, {20, 44}, false, false},    {{3, 129, 33}, {129, 65}, true, false},
+                             {{33, 129}, {4, 129, 65}, false, false},     {{4, 64, 128}, {4, 96, 128}, false, true}};
+  for (const Batched& bt : batched) {
+    GemmProblem p;
+    p.a = bt.a, p.b = bt.b, p.ta = bt.ta, p.tb = bt.tb;
+    const std::string base = "MatMulBatched_" + dims(bt.a) + (bt.ta ? "T" : "") + "_" + dims(bt.b) + (bt.tb ? "T" : "");
+    for (bool tf32 : {false, true})
+      for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tf32, tile);
+  }
+  // FusedLinear: every activation, with and without bias, plain and transposed weight.
+  const Shape xs[] = {{5, 7, 129}, {64, 256}};
+  const int64_t units[] = {255, 1000};
+  for (int s = 0; s < 2; ++s)
+    for (const char* act : {"none", "relu", "gelu"})
+      for (bool bias : {false, true})
+        for (bool tw : {false, true}) {
+          GemmProblem p;
+          p.fused = true;
+          p.a = xs[s];
+          const int64_t k = xs[s].back();
+          p.b = tw ? Shape{units[s], k} : Shape{k, units[s]};
+          p.tb = tw, p.act = act, p.bias = bias;
+          const std::string base = std::string("FusedLinear_") + act + (bias ? "_bias" : "") + (tw ? "_tW" : "") + "_" +
+                                   dims(p.a) + "_" + std::to_string(units[s]);
+          for (bool tf32 : {false, true}) {
+            for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tf32, tile);
+            add(base, p, tf32, GemmTile::Large, 2);  // the epilogue in the split-K reduce
+          }
+        }
+  // The large case: a weight gradient of a batch-8192 layer (Xᵀ·dY, K = 8192), tiles and K
+  // splits from the shape (split-K).
+  for (bool tf32 : {false, true}) {
+    GemmProblem p;
+    p.a = {8192, 1024}, p.b = {8192, 1024}, p.ta = true;
+    add("MatMul_1024x1024x8192_tA", p, tf32, GemmTile::Auto);
+  }
+  return cases;
+}
+
+// Compiles every case's kernels on all cores up front (through the same kernel cache request
+// that CudaModule makes), so that the tests themselves only hit the in-memory cache.
+class PrecompileEnvironment : public ::testing::Environment {
+public:
+  void SetUp() override {
+    if (!cuda::Driver::instance().available()) return;
+    std::vector<std::string> sources;
+    for (const GemmCase& c : allCases()) {
+      Graph g;
+      const NodeId id = gemmtest::buildGraph(g, c.problem);
+      for (const codegen::Kernel& k : codegen::emitNode(g, id, c.opt).kernels) sources.push_back(codegen::selfContainedSource(k));
+    }
+    const std::string arch = device().info().arch();
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::vector<std::thread> pool;
+    const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+    for (unsigned w = 0; w < workers; ++w)
+      pool.emplace_back([&] {
+        for (size_t i = next++; i < sources.size(); i = next++) {
+          codegen::CompileRequest req;
+          req.kernelName = "module";
+          req.source = sources[i];
+          req.arch = arch;
+          try {
+            codegen::KernelCache::instance().compile(req);
+          } catch (const std::exception& e) {
+            std::lock_guard<std::mutex> lock(mu);
+            std::fprintf(stderr, "precompile: %s\n", e.what());  // the test itself reports it again
+          }
+        }
+      });
+    for (std::thread& t : pool) t.join();
+  }
+};
+[[maybe_unused]] const auto* const kPrecompile = ::testing::AddGlobalTestEnvironment(new PrecompileEnvironment);
+
+struct Errors {
+  double worst = 0, scale = 0;
+  bool finite = true;
+};
+
+Errors compare(const std::vector<float>& got, const std::vector<double>& want) {
+  Errors e;
+  for (size_t i = 0; i < want.size(); ++i) {
+    e.finite &= std::isfinite(got[i]);
+    e.worst = std::max(e.worst, std::fabs(got[i] - want[i]));
+    e.scale = std::max(e.scale, std::fabs(want[i]));
+  }
+  return e;
+}
+
+class GemmOnGpu : public ::testing::TestWithParam<GemmCase> {};
+
+// fp32 arithmetic with blocked sums lands far below 1e-5 of the largest |output| (K ≤ 8192:
+// (64 + K/64)·2^-24 ≈ 1e-5 in the worst case of same-signed terms; random signs give ~1e-7).
+// TF32 rounds every operand to 11 significant bits (relative 2^-12 each), ~2e-4 of the
+// largest output for these random sums; the bar is 1e-3.
+TEST_P(GemmOnGpu, MatchesFloat64Reference) {
+  PA_REQUIRE_GPU();
+  const GemmCase& c = GetParam();
+  Graph g;
+  const NodeId id = gemmtest::buildGraph(g, c.problem);
+  gemmtest::NodeOnGpu gpu(g, id, c.opt, device());
+  const Node& n = g.node(id);
+  std::vector<std::vector<float>> in;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), std::hash<std::string>{}(c.name) + i));
+    gpu.inputs[i].upload(in.back().data(), in.back().size() * sizeof(float));
+  }
+  for (cuda::DeviceBuffer& o : gpu.outputs) o.fill32(0x7fc00000u);  // NaN: catches unwritten elements
+  gpu.launch();
+  PA_CU_CHECK(cuCtxSynchronize());
+  const auto want = gemmtest::reference(g, id, in);
+  const double bar = c.opt.tf32 ? 1e-3 : 1e-5;
+  for (size_t o = 0; o < n.outputs.size(); ++o) {
+    std::vector<float> got(want[o].size());
+    gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
+    const Errors e = compare(got, want[o]);
+    EXPECT_TRUE(e.finite) << "output " << o << " has NaN/inf (unwritten elements?)";
+    EXPECT_LE(e.worst, bar * std::max(e.scale, 1e-30)) << "output " << o << ": max |err| " << e.worst << ", max |ref| "
+                                                       << e.scale << ", relative " << e.worst / std::max(e.scale, 1e-30);
+    if (numel(g.shape(n.outputs[0])) >= (1 << 20))
+      std::printf("  %s output %zu: relative error %.2e (bar %.0e)\n", c.name.c_str(), o, e.worst / e.scale, bar);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, GemmOnGpu, ::testing::ValuesIn(allCases()),
+                         [](const ::testing::TestParamInfo<GemmCase>& i) { return i.param.name; });
+
+// The default (fp32, tiles from the shape) through the graph runner, as training uses it.
+TEST(GemmOnGpuRunner, DefaultKernelsThroughCudaGraphRunner) {
+  PA_REQUIRE_GPU();
+  GemmProblem mm;
+  mm.a = {257, 1000}, mm.b = {129, 1000}, mm.tb = true;
+  GemmProblem fl;
+  fl.fused = true, fl.a = {4, 33, 64}, fl.b = {64, 100}, fl.act = "gelu", fl.bias = true;
+  for (const GemmProblem& p : {mm, fl}) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    const Node& n = g.node(id);
+    CudaGraphRunner runner(g, device());
+    std::vector<std::vector<float>> in;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), 77 + i));
+      runner.upload(n.inputs[i], in.back().data());
+    }
+    runner.run();
+    const auto want = gemmtest::reference(g, id, in);
+    std::vector<float> got(want[0].size());
+    runner.download(n.outputs[0], got.data());
+    const Errors e = compare(got, want[0]);
+    EXPECT_TRUE(e.finite);
+    EXPECT_LE(e.worst, 1e-5 * e.scale) << opName(n.op);
+  }
+}
+
+}  // namespace
+}  // namespace pa

@@ -1,0 +1,159 @@
+// One MatMul or FusedLinear node on the GPU with chosen emit options, and its float64 CPU
+// reference: shared by tests/gpu/gemm_gpu_test.cpp and bench/gemm_bench.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "codegen/emit.h"
+#include "graph/graph.h"
+#include "graph/node_attrs.h"
+#include "runtime/cuda_graph_runner.h"
+
+namespace pa::gemmtest {
+
+// A MatMul (a·b with transposes) or a FusedLinear (x·w + bias, activation) node.
+struct GemmProblem {
+  bool fused = false;
+  Shape a, b;                 // MatMul operands, or FusedLinear's x and w
+  bool ta = false, tb = false;  // FusedLinear: tb is transpose_w
+  std::string act = "none";
+  bool bias = false;
+};
+
+// The one-node graph; returns the node's id.
+inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
+  AttrMap attrs;
+  ValueId out;
+  if (p.fused) {
+    std::vector<ValueId> ins{g.addParam("x", p.a, "xavier"), g.addParam("w", p.b, "xavier")};
+    const int64_t units = p.tb ? p.b[0] : p.b[1];
+    if (p.bias) ins.push_back(g.addParam("bias", Shape{units}, "zeros"));
+    attrs.set("activation", p.act);
+    attrs.set("transpose_w", p.tb);
+    out = g.add(OpKind::FusedLinear, ins, attrs);
+  } else {
+    attrs.set("transpose_a", p.ta);
+    attrs.set("transpose_b", p.tb);
+    out = g.add(OpKind::MatMul, {g.addParam("a", p.a, "xavier"), g.addParam("b", p.b, "xavier")}, attrs);
+  }
+  g.setOutput("y", out);
+  return g.producer(out).id;
+}
+
+// Float64 reference of every output of the node (out0, and FusedLinear-GELU's pre-activation).
+inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, const std::vector<std::vector<float>>& in) {
+  const Node& n = g.node(id);
+  const Shape& a = g.shape(n.inputs[0]);
+  const Shape& b = g.shape(n.inputs[1]);
+  std::vector<std::vector<double>> out;
+  for (ValueId v : n.outputs) out.emplace_back(static_cast<size_t>(numel(g.shape(v))));
+  int64_t batch, m, k, nn, strideA, strideB;
+  bool ta, tb;
+  if (n.op == OpKind::FusedLinear) {
+    tb = n.attrs.getBool("transpose_w", false), ta = false;
+    k = a.back(), nn = tb ? b[0] : b[1], m = numel(a) / k, batch = 1, strideA = strideB = 0;
+  } else {
+    ta = n.attrs.getBool("transpose_a", false), tb = n.attrs.getBool("transpose_b", false);
+    m = ta ? a[a.size() - 1] : a[a.size() - 2], k = ta ? a[a.size() - 2] : a[a.size() - 1];
+    nn = tb ? b[b.size() - 2] : b[b.size() - 1];
+    batch = numel(g.shape(n.outputs[0])) / (m * nn);
+    strideA = a.size() > 2 ? m * k : 0, strideB = b.size() > 2 ? k * nn : 0;
+  }
+  const std::string act = n.op == OpKind::FusedLinear ? n.attrs.getString("activation", "none") : "none";
+  const bool bias = n.op == OpKind::FusedLinear && n.inputs.size() == 3;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bi = 0; bi < batch; ++bi)
+    for (int64_t i = 0; i < m; ++i) {
+      const float* A = in[0].data() + bi * strideA;
+      const float* B = in[1].data() + bi * strideB;
+      std::vector<double> row(static_cast<size_t>(nn), 0.0);
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = ta ? A[p * m + i] : A[i * k + p];
+        if (tb)
+          for (int64_t j = 0; j < nn; ++j) row[j] += x * B[j * k + p];
+        else
+          for (int64_t j = 0; j < nn; ++j) row[j] += x * B[p * nn + j];
+      }
+      for (int64_t j = 0; j < nn; ++j) {
+        double v = row[j] + (bias ? in[2][j] : 0.0);
+        const size_t at = static_cast<size_t>((bi * m + i) * nn + j);
+        if (act == "gelu") {
+          out[1][at] = v;
+          v = 0.5 * v * (1.0 + std::erf(v * 0.70710678118654752));
+        }
+        if (act == "relu") v = std::max(v, 0.0);
+        out[0][at] = v;
+      }
+    }
+  return out;
+}
+
+// The node's generated kernels compiled for the device, with a device buffer per input and output.
+class NodeOnGpu {
+public:
+  NodeOnGpu(const Graph& g, NodeId id, const codegen::EmitOptions& opt, const cuda::Device& device)
+      : NodeOnGpu(g, id, codegen::emitNode(g, id, opt), device) {}
+  // With kernels emitted (and possibly rewritten, as the benchmark's variant sweep does) elsewhere.
+  NodeOnGpu(const Graph& g, NodeId id, codegen::NodeKernels kernels, const cuda::Device& device)
+      : node_(g.node(id)), kernels_(std::move(kernels)) {
+    for (const codegen::Kernel& k : kernels_.kernels) {
+      modules_.push_back(std::make_unique<CudaModule>(codegen::selfContainedSource(k), device));
+      functions_.push_back(modules_.back()->function(k.name.c_str()));
+    }
+    for (ValueId v : node_.inputs) inputs.emplace_back(static_cast<size_t>(numel(g.shape(v))) * sizeof(float) + 16);
+    for (ValueId v : node_.outputs) outputs.emplace_back(static_cast<size_t>(numel(g.shape(v))) * sizeof(float) + 16);
+    scratch = cuda::DeviceBuffer(std::max<size_t>(kernels_.scratchBytes, 16));
+  }
+
+  const codegen::NodeKernels& kernels() const { return kernels_; }
+
+  // Launches every kernel on `stream` with the inputs of set `inputs` (see `inputs`).
+  void launch(cuda::CUstream stream = nullptr) { launchWith(inputs, stream); }
+  void launchWith(const std::vector<cuda::DeviceBuffer>& in, cuda::CUstream stream = nullptr) {
+    for (size_t i = 0; i < kernels_.kernels.size(); ++i) {
+      const codegen::Kernel& k = kernels_.kernels[i];
+      std::vector<cuda::CUdeviceptr> ptrs;
+      for (const codegen::KernelArg& a : k.args) {
+        switch (a.kind) {
+        case codegen::KernelArg::Input: ptrs.push_back(in[static_cast<size_t>(a.index)].ptr()); break;
+        case codegen::KernelArg::Output: ptrs.push_back(outputs[static_cast<size_t>(a.index)].ptr()); break;
+        case codegen::KernelArg::Scratch: ptrs.push_back(scratch.ptr()); break;
+        }
+      }
+      std::vector<void*> params;
+      for (cuda::CUdeviceptr& p : ptrs) params.push_back(&p);
+      PA_CU_CHECK(cuLaunchKernel(functions_[i], k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2],
+                                 k.sharedBytes, stream, params.data(), nullptr));
+    }
+  }
+
+  std::vector<cuda::DeviceBuffer> inputs, outputs;
+  cuda::DeviceBuffer scratch;  // the node's scratch (split-K partial sums)
+
+private:
+  const Node& node_;
+  codegen::NodeKernels kernels_;
+  std::vector<std::unique_ptr<CudaModule>> modules_;
+  std::vector<cuda::CUfunction> functions_;
+};
+
+// Uniform random values in [-1, 1], none exactly zero.
+inline std::vector<float> randomValues(int64_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v) {
+    do x = u(rng);
+    while (x == 0.0f);
+  }
+  return v;
+}
+
+}  // namespace pa::gemmtest

@@ -1,0 +1,123 @@
+// CI test without a GPU: NVRTC compiles every generated GEMM variant (fp32 SIMT large / medium /
+// small tiles, TF32 mma.sync, split-K and its reduce, each transpose combination, batches, each
+// FusedLinear epilogue)
+// for sm_80 and sm_90.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "codegen/embedded_kernels.h"
+#include "codegen/nvrtc_compiler.h"
+#include "tests/gpu/gemm_harness.h"
+
+namespace pa {
+namespace {
+
+using codegen::GemmTile;
+using gemmtest::GemmProblem;
+
+struct Variant {
+  std::string name;
+  codegen::Kernel kernel;
+};
+
+std::vector<Variant> allVariants() {
+  std::vector<Variant> out;
+  auto add = [&](const std::string& name, const GemmProblem& p, bool tf32, GemmTile tile, int splits = 0) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    codegen::EmitOptions opt;
+    opt.tf32 = tf32;
+    opt.gemmTile = tile;
+    opt.gemmSplits = splits;
+    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
+      out.push_back({name + (tf32 ? "_tf32" : "_fp32") + "_" + std::to_string(static_cast<int>(tile)) + "_" + k.name, k});
+  };
+  for (bool tf32 : {false, true})
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) {
+      for (int t = 0; t < 4; ++t) {
+        GemmProblem p;
+        p.ta = t & 1, p.tb = t & 2;
+        p.a = p.ta ? Shape{129, 33} : Shape{33, 129};
+        p.b = p.tb ? Shape{100, 129} : Shape{129, 100};
+        add("MatMul_t" + std::to_string(t), p, tf32, tile);
+        if (tile == GemmTile::Large) add("MatMul_split_t" + std::to_string(t), p, tf32, tile, 3);
+      }
+      GemmProblem batched;
+      batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
+      add("MatMul_batched", batched, tf32, tile);
+      if (tile == GemmTile::Medium) continue;
+      for (const char* act : {"none", "relu", "gelu"})
+        for (bool bias : {false, true})
+          for (bool tw : {false, true}) {
+            GemmProblem p;
+            p.fused = true, p.act = act, p.bias = bias, p.tb = tw;
+            p.a = {4, 7, 36};
+            p.b = tw ? Shape{40, 36} : Shape{36, 40};
+            const std::string name = std::string("FusedLinear_") + act + (bias ? "_bias" : "") + (tw ? "_tW" : "");
+            add(name, p, tf32, tile);
+            if (tile == GemmTile::Large) add(name + "_split", p, tf32, tile, 2);
+          }
+    }
+  return out;
+}
+
+TEST(GemmNvrtc, EmbedsTheTemplate) {
+  bool found = false;
+  for (const auto& f : codegen::embeddedKernelFiles()) found |= std::string(f.name) == "kernels/gemm.cuh";
+  EXPECT_TRUE(found);
+}
+
+TEST(GemmNvrtc, OptionsPickThePath) {
+  for (const Variant& v : allVariants()) {
+    const bool tf32 = v.name.find("_tf32") != std::string::npos;
+    const bool reduce = v.kernel.name.find("_reduce") != std::string::npos;
+    EXPECT_NE(v.kernel.source.find(reduce ? "pa::gemm::splitReduce<" : tf32 ? "pa::gemm::tf32Gemm<" : "pa::gemm::simtGemm<"),
+              std::string::npos)
+        << v.name;
+    EXPECT_EQ(v.kernel.headers, std::vector<std::string>{"kernels/gemm.cuh"}) << v.name;
+  }
+}
+
+void compileAll(const std::string& arch) {
+  if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << codegen::Nvrtc::instance().unavailableReason();
+  const std::vector<Variant> variants = allVariants();
+  const auto headers = codegen::embeddedKernelHeaders();
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  const unsigned workers = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < variants.size(); i = next++) {
+        codegen::CompileRequest req;
+        req.kernelName = variants[i].kernel.name;
+        req.source = variants[i].kernel.source;
+        req.headers = headers;
+        req.arch = arch;
+        try {
+          const codegen::CompileResult r = codegen::Nvrtc::instance().compile(req);
+          if (r.cubin.empty()) throw std::runtime_error("empty cubin");
+          if (!r.log.empty() && r.log.find("warning") != std::string::npos) throw std::runtime_error("warnings:\n" + r.log);
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          failures.push_back(variants[i].name + ": " + e.what());
+        }
+      }
+    });
+  for (auto& t : pool) t.join();
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  // Per precision: 3 tiles × (4 transposes + batched), 4 split products (2 kernels each), 2
+  // tiles × 12 FusedLinear epilogues and 12 split ones (2 kernels each).
+  EXPECT_EQ(variants.size(), 2u * (3 * 5 + 4 * 2 + 2 * 12 + 12 * 2));
+}
+
+TEST(GemmNvrtc, CompilesEveryVariantSm80) { compileAll("sm_80"); }
+TEST(GemmNvrtc, CompilesEveryVariantSm90) { compileAll("sm_90"); }
+
+}  // namespace
+}  // namespace pa
