@@ -15,6 +15,7 @@ void stepBenchmark(benchmark::State& state, const std::string& name) {
   pa::RunOptions opt;
   opt.printSummary = false;
   opt.progress = pa::ProgressMode::Quiet;
+  opt.device = "cpu";  // the GPU has its own benchmark (gpu_train_bench)
   std::unique_ptr<pa::Session> s = pa::makeSession(cfg, opt);
   int64_t step = 1;
   s->step(step++);  // warm-up: first-touch of every buffer

@@ -276,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   double acc = 0.0;
   if (idx < ${OUTCOUNT}) {
     long long rem = idx, base = 0;
-${KEPT}    const long long r0 = part * ${CHUNK}, r1 = min(r0 + ${CHUNK}, ${REDCOUNT}LL);
+${KEPT}    const long long r0 = part * ${CHUNK}, r1 = min(r0 + ${CHUNK}, ${REDCOUNT});
     for (long long r = r0 + ty; r < r1; r += 8) {
       long long rr = r, off = base;
 ${REDUCED}      acc += (double)in0[off];
@@ -470,16 +470,42 @@ constexpr int64_t kAssumedSms = 132;  // an H100 SXM; the choice only needs the 
 int64_t tilesOf(int64_t m, int64_t n, int64_t t) { return ((m + t - 1) / t) * ((n + t - 1) / t); }
 
 // Tile variant and K splits from the shape. A large block wants the whole SM (fp32: ~200
-// registers a thread) or half of it (TF32). Large tiles from ~90% of a wave; otherwise split K
-// (one product, K ≥ 1024, at least 256 of K per split) to fill one wave; otherwise medium tiles
-// while they give half a wave, else small ones.
+// registers a thread) or half of it (TF32). Large tiles from ~90% of a wave. A single product
+// with K ≥ 1024 that large tiles cannot fill is split along K, with the tile and the number of
+// splits from splitCost() below; otherwise medium tiles while they give half a wave, else small
+// ones.
+//
+// Note on splitCost. It estimates a split product's time as (waves of blocks) × (one block's
+// products at its share of an SM) + the reduce kernel's traffic. Per tile: blocks resident per
+// SM and the SM throughput they reach relative to large tiles (fp32 measured on the H100:
+// large 128×128 tiles ~40 TFLOP/s; medium and small are estimates, to be replaced by
+// measurement at first use, issue 6). It keeps at least 128 of K per split. Measured effect on
+// attn_block's 256×256 weight gradients (K = 8192): 16 splits of large tiles (the rule before)
+// 62 µs; the model picks 32 splits.
+double splitCost(bool tf32, GemmTile tile, int64_t m, int64_t n, int64_t k, int64_t splits) {
+  const int64_t bm = tile == GemmTile::Large ? 128 : tile == GemmTile::Medium ? 64 : 32;
+  const double perSm = tile == GemmTile::Large ? (tf32 ? 2 : 1) : tile == GemmTile::Medium ? 2 : 8;
+  const double relRate = tile == GemmTile::Large ? 1.0 : tile == GemmTile::Medium ? 0.8 : 0.45;
+  const double smFlops = (tf32 ? 110e12 : 40e12) / static_cast<double>(kAssumedSms);
+  const int64_t blocks = tilesOf(m, n, bm) * splits;
+  const double waves = std::ceil(static_cast<double>(blocks) / (static_cast<double>(kAssumedSms) * perSm));
+  const double blockFlops = 2.0 * static_cast<double>(bm * bm) * std::ceil(static_cast<double>(k) / static_cast<double>(splits));
+  const double reduce = splits > 1 ? 2.0 * static_cast<double>(splits * m * n) * 4.0 / 2.5e12 + 2e-6 : 0.0;
+  return waves * blockFlops * perSm / (relRate * smFlops) + reduce;
+}
+
 std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t n, int64_t k) {
   const int64_t large = batch * tilesOf(m, n, 128);
   if (large >= kAssumedSms * 9 / 10) return {GemmTile::Large, 1};
   if (batch == 1 && k >= 1024) {
-    const int64_t slots = tf32 ? 2 * kAssumedSms : kAssumedSms;
-    const int64_t splits = std::min<int64_t>({slots / large, 16, k / 256});
-    if (splits >= 2) return {GemmTile::Large, static_cast<int>(splits)};
+    std::pair<GemmTile, int> best{GemmTile::Large, 1};
+    double bestCost = splitCost(tf32, GemmTile::Large, m, n, k, 1);
+    for (GemmTile t : {GemmTile::Large, GemmTile::Medium, GemmTile::Small})
+      for (int64_t s = 2; s <= 64 && k / s >= 128; s *= 2) {
+        const double cost = splitCost(tf32, t, m, n, k, s);
+        if (cost < bestCost) bestCost = cost, best = {t, static_cast<int>(s)};
+      }
+    if (best.second > 1) return best;
   }
   if (batch * tilesOf(m, n, 64) >= kAssumedSms / 2) return {GemmTile::Medium, 1};
   return {GemmTile::Small, 1};
@@ -698,11 +724,59 @@ extern "C" __global__ void __launch_bounds__(1024) ${NAME}(${PARAMS}) {
 }
 )";
 
+// Large MSE sums (mlp_wide: 2M terms) take two kernels: one block per contiguous chunk writes
+// the chunk's fixed-tree sum to scratch, then one block adds the chunks' sums in a fixed tree,
+// so the result is still the same every run.
+const char* kMsePartial = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  __shared__ double part[256];
+  const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
+  double acc = 0.0;
+  for (long long i = begin + threadIdx.x; i < end; i += 256) {
+    const double d = (double)in0[i] - (double)in1[i];
+    acc += d * d;
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ((double*)scratch)[blockIdx.x] = part[0];
+}
+)";
+
+const char* kMseFinal = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  __shared__ double part[256];
+  double acc = 0.0;
+  for (long long i = threadIdx.x; i < ${PARTS}; i += 256) acc += ((const double*)scratch)[i];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out0[0] = (float)(part[0] / ${DENOM});
+}
+)";
+
 NodeKernels emitMseLoss(const Ctx& c) {
   const int64_t n = numel(c.in(0));
+  const std::string denom = std::to_string(std::max<int64_t>(n, 1)) + ".0";
   NodeKernels nk;
-  nk.kernels.push_back(finish(c, "", kMse, {{"COUNT", ll(n)}, {"DENOM", std::to_string(std::max<int64_t>(n, 1)) + ".0"}},
-                              {1, 1, 1}, 1024, allArgs(c.n)));
+  constexpr int64_t kSplitAbove = 65536, kChunk = 8192;
+  if (n > kSplitAbove) {
+    const int64_t parts = (n + kChunk - 1) / kChunk;
+    nk.kernels.push_back(finish(c, "partial", kMsePartial, {{"COUNT", ll(n)}, {"CHUNK", ll(kChunk)}},
+                                {static_cast<unsigned>(parts), 1, 1}, kThreads,
+                                {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Scratch, 0}}));
+    nk.kernels.push_back(finish(c, "final", kMseFinal, {{"PARTS", ll(parts)}, {"DENOM", denom}}, {1, 1, 1}, kThreads,
+                                {{KernelArg::Output, 0}, {KernelArg::Scratch, 0}}));
+    nk.scratchBytes = static_cast<size_t>(parts) * sizeof(double);
+    return nk;
+  }
+  nk.kernels.push_back(finish(c, "", kMse, {{"COUNT", ll(n)}, {"DENOM", denom}}, {1, 1, 1}, 1024, allArgs(c.n)));
   return nk;
 }
 
@@ -822,37 +896,6 @@ int dumpKernels(const Graph& g, const std::string& dir) {
     }
   }
   return written;
-}
-
-}  // namespace pa::codegen
-
-namespace pa::codegen {
-
-// Adam here is the formula of kernels/cpu/cpu_kernels.cpp's adamStep, in double, so the CPU and
-// GPU trainers take the same steps up to the rounding of the gradients they are given.
-std::string trainingKernelsSource() {
-  return R"(// PureAttention training kernels: batch gather and Adam (decoupled weight decay).
-extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ src, const int* __restrict__ idx,
-                                                                  float* __restrict__ dst, long long rowSize, long long rows) {
-  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < rows * rowSize; i += (long long)gridDim.x * 256) {
-    const long long r = i / rowSize, c = i % rowSize;
-    dst[i] = src[(long long)idx[r] * rowSize + c];
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pa_adam(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                                                          float* __restrict__ v, long long n, double lr, double beta1, double beta2,
-                                                          double eps, double decay, double c1, double c2, double gradScale) {
-  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n; i += (long long)gridDim.x * 256) {
-    const double gi = (double)g[i] * gradScale;
-    const double mi = beta1 * m[i] + (1.0 - beta1) * gi;
-    const double vi = beta2 * v[i] + (1.0 - beta2) * gi * gi;
-    m[i] = (float)mi;
-    v[i] = (float)vi;
-    p[i] = (float)(p[i] * decay - lr * (mi / c1) / (sqrt(vi / c2) + eps));
-  }
-}
-)";
 }
 
 }  // namespace pa::codegen

@@ -59,11 +59,3 @@ std::string selfContainedSource(const Kernel& k);
 int dumpKernels(const Graph& g, const std::string& dir);
 
 }  // namespace pa::codegen
-
-namespace pa::codegen {
-
-// The training step's own kernels, outside the graph: gathering a batch's rows by index
-// (pa_gather_rows) and one Adam step over a parameter (pa_adam), in one translation unit.
-std::string trainingKernelsSource();
-
-}  // namespace pa::codegen

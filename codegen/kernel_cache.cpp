@@ -110,21 +110,27 @@ CompileResult KernelCache::compile(const CompileRequest& request) {
   const bool cubinTarget = request.arch.rfind("sm_", 0) == 0;
   if (!cubinTarget) return Nvrtc::instance().compile(request);
   const std::string key = keyOf(request);
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = memory_.find(key);
-  if (it != memory_.end()) {
-    ++stats_.memoryHits;
-    return CompileResult{it->second, "", ""};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = memory_.find(key);
+    if (it != memory_.end()) {
+      ++stats_.memoryHits;
+      return CompileResult{it->second, "", ""};
+    }
+    std::vector<char> cubin;
+    if (!dir_.empty() && readEntry(key, cubin)) {
+      ++stats_.diskHits;
+      memory_[key] = cubin;
+      return CompileResult{cubin, "", ""};
+    }
   }
-  std::vector<char> cubin;
-  if (!dir_.empty() && readEntry(key, cubin)) {
-    ++stats_.diskHits;
-    memory_[key] = cubin;
-    return CompileResult{cubin, "", ""};
-  }
+  // NVRTC runs outside the lock, so independent programs compile in parallel threads; two
+  // threads asking for the same key both compile it and store the same bytes.
   const auto t0 = std::chrono::steady_clock::now();
   CompileResult r = Nvrtc::instance().compile(request);
-  stats_.compileSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.compileSeconds += seconds;
   ++stats_.misses;
   memory_[key] = r.cubin;
   if (!dir_.empty()) writeEntry(key, r.cubin);

@@ -5,12 +5,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 
 #include "codegen/emit.h"
+#include "codegen/kernel_cache.h"
+#include "codegen/training_kernels.h"
+#include "graph/debug.h"
 #include "frontend/datasets.h"
 #include "frontend/metrics.h"
 #include "frontend/model_builder.h"
@@ -48,17 +53,6 @@ std::vector<double> initParam(const std::string& name, const Shape& shape, const
   return v;
 }
 
-double scheduledLr(const TrainConfig& t, int64_t step, int64_t total) {
-  const double base = t.optimizer.lr;
-  if (t.warmupSteps > 0 && step <= t.warmupSteps) return base * static_cast<double>(step) / static_cast<double>(t.warmupSteps);
-  if (t.lrSchedule == "cosine") {
-    const double span = static_cast<double>(std::max<int64_t>(1, total - t.warmupSteps));
-    const double prog = std::min(1.0, static_cast<double>(step - t.warmupSteps) / span);
-    return base * 0.5 * (1.0 + std::cos(3.141592653589793 * prog));
-  }
-  return base;
-}
-
 struct Pipeline {
   std::vector<std::string> forward;   // on the forward graph, before autodiff
   std::vector<std::string> training;  // on the whole step, after autodiff
@@ -84,6 +78,17 @@ Pipeline trainPipeline(const Config& cfg, bool noFuse) {
 
 }  // namespace
 
+double scheduledLr(const TrainConfig& t, int64_t step, int64_t total) {
+  const double base = t.optimizer.lr;
+  if (t.warmupSteps > 0 && step <= t.warmupSteps) return base * static_cast<double>(step) / static_cast<double>(t.warmupSteps);
+  if (t.lrSchedule == "cosine") {
+    const double span = static_cast<double>(std::max<int64_t>(1, total - t.warmupSteps));
+    const double prog = std::min(1.0, static_cast<double>(step - t.warmupSteps) / span);
+    return base * 0.5 * (1.0 + std::cos(3.141592653589793 * prog));
+  }
+  return base;
+}
+
 TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, const std::vector<int64_t>& sampleX,
                                    const std::vector<int64_t>& sampleY, int64_t batch) {
   TrainingGraph tg;
@@ -103,6 +108,12 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
 }
 
 namespace {
+
+std::string humanBytes(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
 
 std::string humanCount(int64_t n) {
   std::string s = std::to_string(n);
@@ -179,9 +190,9 @@ template <class T>
 class CpuSession final : public Session {
 public:
   CpuSession(const Config& cfg, const RunOptions& opt, const std::string& device);
-  double step(int64_t step) override;
+  void enqueueStep(int64_t step) override { pending_.push_back(runStep(step)); }
+  std::vector<double> takeLosses() override { return std::exchange(pending_, {}); }
   double validate() override;
-  double currentLr() const override { return hyper_.lr; }
   int64_t totalSteps() const override { return steps_; }
   TrainResult& result() override { return res_; }
   void setParams(const std::map<std::string, std::vector<double>>& values) override {
@@ -205,9 +216,11 @@ public:
   }
 
 private:
+  double runStep(int64_t step);
   const Config& cfg_;
   DataSplit data_;
   BuiltModel model_, evalModel_;
+  std::vector<double> pending_;  // losses not yet taken
   std::unique_ptr<CpuExecutor<T>> exec_, evalExec_;
   std::vector<ParamState<T>> params_;
   int64_t steps_ = 0, evalBatch_ = 1;
@@ -308,7 +321,7 @@ double CpuSession<T>::validate() {
 }
 
 template <class T>
-double CpuSession<T>::step(int64_t step) {
+double CpuSession<T>::runStep(int64_t step) {
   const TrainConfig& tc = cfg_.train;
   const int64_t batch = tc.batchSize;
   const int64_t xs = data_.train.xSize(), ys = data_.train.ySize();
@@ -340,20 +353,34 @@ double CpuSession<T>::step(int64_t step) {
   return loss;
 }
 
-// The CUDA session: the same graphs run by CudaGraphRunner; the data lives on the device and
-// batches are gathered there; Adam runs on the device. The loss of every step is read back (the
-// trainer logs it), which is the one synchronisation per step.
+// The CUDA session: the same graphs run by CudaGraphRunner on one stream; the data lives on the
+// device and batches are gathered there; one multi-tensor Adam kernel updates every parameter.
+//
+// Note on the step. Before each step the host writes the step's changing values (learning rate,
+// bias corrections, loss slot, the batch's row indices) into a page-locked staging slot and
+// queues one async copy of it into a fixed device block. The step itself (gather, the graph's
+// kernels, clipping, Adam, recording the loss into a device ring) reads everything from fixed
+// addresses, so after one eager warm-up step it is captured once as a CUDA graph and each later
+// step is one graph launch. Losses are read back only when the trainer asks (a log line, the
+// progress bar, the end), so the host never waits for the device in between; it waits only to
+// reuse a staging slot whose copy has not run yet.
 class CudaSession final : public Session {
 public:
   CudaSession(const Config& cfg, const RunOptions& opt, const std::string& device);
-  double step(int64_t step) override;
+  ~CudaSession() override;
+  void enqueueStep(int64_t step) override;
+  std::vector<double> takeLosses() override;
+  bool asynchronous() const override { return true; }
+  int launchesPerStep() const override { return launchesPerStep_; }
+  bool replaysCudaGraph() const override { return graph_.ready(); }
+  void printProfile(std::FILE* out, int top) override;
   double validate() override;
-  double currentLr() const override { return hyper_.lr; }
   int64_t totalSteps() const override { return steps_; }
   TrainResult& result() override { return res_; }
   std::map<std::string, std::vector<double>> params() const override { return readAll(false); }
   std::map<std::string, std::vector<double>> gradients() const override { return readAll(true); }
   void setParams(const std::map<std::string, std::vector<double>>& values) override {
+    stream_->synchronize();
     for (const Param& p : params_) {
       auto it = values.find(p.name);
       if (it == values.end()) continue;
@@ -363,13 +390,15 @@ public:
   }
 
 private:
+  static constexpr int kStagingSlots = 8;
+  static constexpr int64_t kLossRing = 4096;
   struct Param {
     std::string name;
-    ValueId value = kNoValue, evalValue = kNoValue, grad = kNoValue;
+    ValueId value = kNoValue, grad = kNoValue;
     int64_t count = 0;
-    cuda::DeviceBuffer m, v;
   };
   std::map<std::string, std::vector<double>> readAll(bool grads) const {
+    stream_->synchronize();
     std::map<std::string, std::vector<double>> r;
     for (const Param& p : params_) {
       std::vector<float> f(static_cast<size_t>(p.count));
@@ -378,6 +407,8 @@ private:
     }
     return r;
   }
+  void queueStepKernels();  // everything after the staging copy; captured as the CUDA graph
+  void drainLosses();       // reads the ring for every queued step into ready_
   static cuda::Device& device() {
     static cuda::Device d(0);
     return d;
@@ -385,20 +416,26 @@ private:
   const Config& cfg_;
   DataSplit data_;
   BuiltModel model_, evalModel_;
+  std::unique_ptr<cuda::Stream> stream_;
   std::unique_ptr<CudaGraphRunner> runner_, evalRunner_;
   std::unique_ptr<CudaModule> kernels_;
-  cuda::CUfunction gather_ = nullptr, adam_ = nullptr;
-  cuda::DeviceBuffer trainX_, trainY_, rows_;
+  cuda::CUfunction gather_ = nullptr, sumsq_ = nullptr, clipScale_ = nullptr, adam_ = nullptr, recordLoss_ = nullptr;
+  cuda::DeviceBuffer trainX_, trainY_, valX_, valY_, stepBlock_, chunks_, partial_, clip_, lossRing_, m_, v_;
+  cuda::PinnedBuffer staging_, lossHost_;
+  std::vector<std::unique_ptr<cuda::Event>> slotDone_;
+  cuda::CapturedGraph graph_;
+  size_t stepBytes_ = 0;
+  int64_t chunkCount_ = 0, queued_ = 0, drained_ = 0;
+  std::vector<double> ready_;  // losses read back, not yet taken
   std::vector<Param> params_;
   std::unique_ptr<BatchOrder> order_;
   int64_t steps_ = 0, evalBatch_ = 1;
-  cpu::AdamHyper hyper_;
+  int launchesPerStep_ = 0;
+  bool useGraph_ = true;
   TrainResult res_;
 };
 
 CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::string& deviceName) : cfg_(cfg) {
-  if (cfg.train.optimizer.clipGradNorm > 0)
-    throw UserError(cfg.file + ": train.optimizer.clip_grad_norm is not implemented on the CUDA device yet; use --device cpu");
   data_ = loadTrainingData(cfg);
   const int64_t batch = cfg.train.batchSize;
   TrainingGraph tg = compileTrainingGraph(cfg, opt, data_.train.xShape, data_.train.yShape, batch);
@@ -411,40 +448,78 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
     const int n = codegen::dumpKernels(model_.graph, opt.dumpKernelsDir);
     std::printf("wrote %d CUDA kernels of the training step to %s\n", n, opt.dumpKernelsDir.c_str());
   }
-  runner_ = std::make_unique<CudaGraphRunner>(model_.graph, device());
-  evalRunner_ = std::make_unique<CudaGraphRunner>(evalModel_.graph, device());
+  useGraph_ = opt.cudaGraph && debugSwitches().cudaGraphs;
+  device().makeCurrent();  // the primary context, before the stream that belongs to it
+  stream_ = std::make_unique<cuda::Stream>();
+  const codegen::KernelCacheStats before = codegen::KernelCache::instance().stats();
+  CudaRunnerOptions ropt;
+  ropt.tf32 = cfg.precision == "tf32";
+  runner_ = std::make_unique<CudaGraphRunner>(model_.graph, device(), ropt);
+  ropt.shareParamsWith = runner_.get();
+  evalRunner_ = std::make_unique<CudaGraphRunner>(evalModel_.graph, device(), ropt);
   kernels_ = std::make_unique<CudaModule>(codegen::trainingKernelsSource(), device());
+  const codegen::KernelCacheStats after = codegen::KernelCache::instance().stats();
   gather_ = kernels_->function("pa_gather_rows");
-  adam_ = kernels_->function("pa_adam");
-  trainX_ = cuda::DeviceBuffer(data_.train.x.size() * sizeof(float));
-  trainY_ = cuda::DeviceBuffer(data_.train.y.size() * sizeof(float));
-  trainX_.upload(data_.train.x.data(), data_.train.x.size() * sizeof(float));
-  trainY_.upload(data_.train.y.data(), data_.train.y.size() * sizeof(float));
-  rows_ = cuda::DeviceBuffer(static_cast<size_t>(batch) * sizeof(int));
+  sumsq_ = kernels_->function("pa_grad_sumsq");
+  clipScale_ = kernels_->function("pa_clip_scale");
+  adam_ = kernels_->function("pa_adam_multi");
+  recordLoss_ = kernels_->function("pa_record_loss");
+
+  auto toDevice = [](const std::vector<float>& host) {
+    cuda::DeviceBuffer b(std::max<size_t>(host.size(), 1) * sizeof(float));
+    b.upload(host.data(), host.size() * sizeof(float));
+    return b;
+  };
+  trainX_ = toDevice(data_.train.x);
+  trainY_ = toDevice(data_.train.y);
+  valX_ = toDevice(data_.validation.x);
+  valY_ = toDevice(data_.validation.y);
+  stepBytes_ = sizeof(codegen::StepHeader) + static_cast<size_t>(batch) * sizeof(int32_t);
+  stepBlock_ = cuda::DeviceBuffer(stepBytes_);
+  staging_ = cuda::PinnedBuffer(stepBytes_ * kStagingSlots);
+  for (int i = 0; i < kStagingSlots; ++i) slotDone_.push_back(std::make_unique<cuda::Event>());
+  lossRing_ = cuda::DeviceBuffer(kLossRing * sizeof(float));
+  lossHost_ = cuda::PinnedBuffer(kLossRing * sizeof(float));
 
   const Graph& g = model_.graph;
   int64_t paramCount = 0;
+  std::vector<codegen::AdamChunk> chunks;
   for (ValueId pv : g.params()) {
     Param p;
     p.name = g.value(pv).name;
     p.value = pv;
-    p.evalValue = evalModel_.graph.findValue(p.name);
     p.grad = g.output(gradOutputName(p.name));
     p.count = numel(g.shape(pv));
     const std::vector<double> init = initialValues(g, pv, cfg, opt);
     const std::vector<float> f(init.begin(), init.end());
     runner_->upload(pv, f.data());
-    p.m = cuda::DeviceBuffer(static_cast<size_t>(p.count) * sizeof(float));
-    p.v = cuda::DeviceBuffer(static_cast<size_t>(p.count) * sizeof(float));
-    p.m.fill32(0);
-    p.v.fill32(0);
+    const int64_t offset = runner_->paramOffset(pv);
+    for (int64_t at = 0; at < p.count; at += codegen::kAdamChunkValues) {
+      codegen::AdamChunk c;
+      c.param = runner_->devicePtr(pv) + static_cast<uint64_t>(at) * sizeof(float);
+      c.grad = runner_->devicePtr(p.grad) + static_cast<uint64_t>(at) * sizeof(float);
+      c.state = offset + at;
+      c.count = std::min(codegen::kAdamChunkValues, p.count - at);
+      chunks.push_back(c);
+    }
     paramCount += p.count;
     params_.push_back(std::move(p));
   }
+  chunkCount_ = static_cast<int64_t>(chunks.size());
+  chunks_ = cuda::DeviceBuffer(std::max<size_t>(chunks.size(), 1) * sizeof(codegen::AdamChunk));
+  chunks_.upload(chunks.data(), chunks.size() * sizeof(codegen::AdamChunk));
+  partial_ = cuda::DeviceBuffer(std::max<size_t>(chunks.size(), 1) * sizeof(double));
+  clip_ = cuda::DeviceBuffer(2 * sizeof(double));
+  const size_t stateBytes = static_cast<size_t>(std::max<int64_t>(runner_->paramBlockFloats(), 1)) * sizeof(float);
+  m_ = cuda::DeviceBuffer(stateBytes);
+  v_ = cuda::DeviceBuffer(stateBytes);
+  m_.fill32(0);
+  v_.fill32(0);
+
   steps_ = stepsToTrain(cfg, opt, data_.train.count);
   order_ = std::make_unique<BatchOrder>(data_.train.count, cfg.seed, cfg.data.shuffle);
-  const TrainConfig& tc = cfg.train;
-  hyper_ = cpu::AdamHyper{tc.optimizer.lr, tc.optimizer.beta1, tc.optimizer.beta2, tc.optimizer.eps, tc.optimizer.weightDecay};
+  // gather x and y, the graph, clipping (2), Adam, the loss record
+  launchesPerStep_ = 2 + runner_->launchesPerRun() + (cfg.train.optimizer.clipGradNorm > 0 ? 2 : 0) + 2;
   res_.device = deviceName + " (" + device().info().name + ")";
   res_.parameterCount = paramCount;
   res_.forwardNodes = tg.forwardNodes;
@@ -452,65 +527,139 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
   res_.activationBytes = runner_->arenaBytes();
   res_.passes = tg.stats;
   if (opt.printSummary) {
-    std::printf("%s: %s parameters; graph %zu nodes forward, %zu with backward, %d kernels; device %s; precision %s\n",
-                cfg.name.c_str(), humanCount(paramCount).c_str(), tg.forwardNodes, g.liveNodeCount(), runner_->kernelCount(),
-                res_.device.c_str(), cfg.precision.c_str());
+    std::printf("%s: %s parameters; graph %zu nodes forward, %zu with backward%s; device %s; precision %s\n",
+                cfg.name.c_str(), humanCount(paramCount).c_str(), tg.forwardNodes, g.liveNodeCount(),
+                opt.noFuse ? " (unfused)" : "", res_.device.c_str(), cfg.precision.c_str());
+    std::printf("kernels: %d generated (%d + %d NVRTC programs, %lld compiled, %lld from the cache) in %.2f s; "
+                "activations %s, parameters and Adam state %s on the device\n",
+                runner_->generatedKernels() + evalRunner_->generatedKernels(), runner_->programs(), evalRunner_->programs(),
+                (long long)(after.misses - before.misses),
+                (long long)(after.memoryHits + after.diskHits - before.memoryHits - before.diskHits),
+                runner_->compileSeconds() + evalRunner_->compileSeconds(), humanBytes(runner_->arenaBytes()).c_str(),
+                humanBytes(3 * stateBytes).c_str());
     std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", data_.description.c_str(),
                 (long long)data_.train.count, (long long)nVal, (long long)batch, (long long)steps_);
     std::fflush(stdout);
   }
 }
 
-double CudaSession::step(int64_t step) {
+CudaSession::~CudaSession() {
+  try {
+    if (stream_) stream_->synchronize();
+  } catch (...) {  // a failed device: nothing left to wait for
+  }
+}
+
+void CudaSession::queueStepKernels() {
+  const cuda::CUstream s = stream_->get();
   const int64_t batch = cfg_.train.batchSize;
-  const int64_t* rows = order_->next(batch);
-  std::vector<int> idx(rows, rows + batch);
-  rows_.upload(idx.data(), idx.size() * sizeof(int));
+  cuda::CUdeviceptr step = stepBlock_.ptr();
   for (int which = 0; which < 2; ++which) {
     cuda::CUdeviceptr src = which ? trainY_.ptr() : trainX_.ptr();
-    cuda::CUdeviceptr rowsPtr = rows_.ptr();
     cuda::CUdeviceptr dst = runner_->devicePtr(which ? model_.y : model_.x);
     long long rowSize = which ? data_.train.ySize() : data_.train.xSize(), n = batch;
-    void* args[] = {&src, &rowsPtr, &dst, &rowSize, &n};
-    CudaModule::launch(gather_, rowSize * n, args);
+    void* args[] = {&src, &step, &dst, &rowSize, &n};
+    CudaModule::launch(gather_, rowSize * n, args, s);
   }
-  runner_->run();
-  float loss = 0;
-  runner_->download(model_.graph.output("loss"), &loss);
-  if (!std::isfinite(loss)) return loss;
-  hyper_.lr = scheduledLr(cfg_.train, step, steps_);
-  double lr = hyper_.lr, b1 = hyper_.beta1, b2 = hyper_.beta2, eps = hyper_.eps, decay = 1.0 - hyper_.lr * hyper_.weightDecay;
-  double c1 = 1.0 - std::pow(hyper_.beta1, static_cast<double>(step)), c2 = 1.0 - std::pow(hyper_.beta2, static_cast<double>(step));
-  double gradScale = 1.0;
-  for (Param& p : params_) {
-    cuda::CUdeviceptr pp = runner_->devicePtr(p.value), gp = runner_->devicePtr(p.grad), mp = p.m.ptr(), vp = p.v.ptr();
-    long long n = p.count;
-    void* args[] = {&pp, &gp, &mp, &vp, &n, &lr, &b1, &b2, &eps, &decay, &c1, &c2, &gradScale};
-    CudaModule::launch(adam_, n, args);
+  runner_->run(s);
+  cuda::CUdeviceptr chunks = chunks_.ptr(), partial = partial_.ptr(), clip = 0;
+  const unsigned blocks = static_cast<unsigned>(chunkCount_);
+  if (cfg_.train.optimizer.clipGradNorm > 0 && blocks > 0) {
+    clip = clip_.ptr();
+    void* a1[] = {&chunks, &partial};
+    PA_CU_CHECK(cuLaunchKernel(sumsq_, blocks, 1, 1, 256, 1, 1, 0, s, a1, nullptr));
+    long long n = chunkCount_;
+    double maxNorm = cfg_.train.optimizer.clipGradNorm;
+    void* a2[] = {&partial, &n, &maxNorm, &clip};
+    PA_CU_CHECK(cuLaunchKernel(clipScale_, 1, 1, 1, 256, 1, 1, 0, s, a2, nullptr));
   }
-  return loss;
+  if (blocks > 0) {
+    cuda::CUdeviceptr m = m_.ptr(), v = v_.ptr();
+    double b1 = cfg_.train.optimizer.beta1, b2 = cfg_.train.optimizer.beta2, eps = cfg_.train.optimizer.eps;
+    void* a3[] = {&chunks, &m, &v, &step, &b1, &b2, &eps, &clip};
+    PA_CU_CHECK(cuLaunchKernel(adam_, blocks, 1, 1, 256, 1, 1, 0, s, a3, nullptr));
+  }
+  cuda::CUdeviceptr loss = runner_->devicePtr(model_.graph.output("loss")), ring = lossRing_.ptr();
+  long long ringSize = kLossRing;
+  void* a4[] = {&loss, &step, &ring, &ringSize};
+  PA_CU_CHECK(cuLaunchKernel(recordLoss_, 1, 1, 1, 1, 1, 1, 0, s, a4, nullptr));
+}
+
+void CudaSession::enqueueStep(int64_t step) {
+  if (queued_ - drained_ >= kLossRing) drainLosses();  // the ring would overwrite unread losses
+  const int slot = static_cast<int>(queued_ % kStagingSlots);
+  if (queued_ >= kStagingSlots) slotDone_[static_cast<size_t>(slot)]->synchronize();  // its last copy has run
+  char* staging = static_cast<char*>(staging_.data()) + static_cast<size_t>(slot) * stepBytes_;
+  const cpu::AdamHyper h{cfg_.train.optimizer.lr, cfg_.train.optimizer.beta1, cfg_.train.optimizer.beta2,
+                         cfg_.train.optimizer.eps, cfg_.train.optimizer.weightDecay};
+  codegen::StepHeader head;
+  head.lr = scheduledLr(cfg_.train, step, steps_);
+  head.c1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+  head.c2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+  head.decay = 1.0 - head.lr * h.weightDecay;
+  head.lossSlot = queued_ % kLossRing;
+  std::memcpy(staging, &head, sizeof head);
+  const int64_t batch = cfg_.train.batchSize;
+  const int64_t* rows = order_->next(batch);
+  int32_t* idx = reinterpret_cast<int32_t*>(staging + sizeof head);
+  for (int64_t i = 0; i < batch; ++i) idx[i] = static_cast<int32_t>(rows[i]);
+  PA_CU_CHECK(cuMemcpyHtoDAsync(stepBlock_.ptr(), staging, stepBytes_, stream_->get()));
+  if (graph_.ready()) {
+    graph_.launch(*stream_);
+  } else if (useGraph_ && queued_ >= 1) {  // step 1 ran eagerly: lazy module loads are done
+    graph_.capture(*stream_, [&] { queueStepKernels(); });
+    graph_.launch(*stream_);
+  } else {
+    queueStepKernels();
+  }
+  slotDone_[static_cast<size_t>(slot)]->record(stream_->get());
+  ++queued_;
+}
+
+void CudaSession::printProfile(std::FILE* out, int top) {
+  stream_->synchronize();
+  const std::vector<CudaGraphRunner::NodeTime> nodes = runner_->profile(stream_->get());
+  double total = 0;
+  for (const auto& n : nodes) total += n.ms;
+  std::fprintf(out, "profile of the training step's graph: %zu timed nodes, %.3f ms in total (median of 5, one by one)\n",
+               nodes.size(), total);
+  for (size_t i = 0; i < nodes.size() && static_cast<int>(i) < top; ++i)
+    std::fprintf(out, "  %8.4f ms %5.1f%%  %s\n", nodes[i].ms, 100.0 * nodes[i].ms / std::max(total, 1e-12),
+                 nodes[i].label.c_str());
+}
+
+void CudaSession::drainLosses() {
+  if (queued_ == drained_) return;
+  PA_CU_CHECK(cuMemcpyDtoHAsync(lossHost_.data(), lossRing_.ptr(), kLossRing * sizeof(float), stream_->get()));
+  stream_->synchronize();
+  const float* host = static_cast<const float*>(lossHost_.data());
+  for (; drained_ < queued_; ++drained_) ready_.push_back(host[drained_ % kLossRing]);
+}
+
+std::vector<double> CudaSession::takeLosses() {
+  drainLosses();
+  return std::exchange(ready_, {});
 }
 
 double CudaSession::validate() {
   const int64_t nVal = data_.validation.count;
   if (nVal == 0) return -1.0;
-  for (const Param& p : params_) {  // the validation graph has its own parameter buffers
-    if (p.evalValue == kNoValue) continue;
-    std::vector<float> f(static_cast<size_t>(p.count));
-    runner_->download(p.value, f.data());
-    evalRunner_->upload(p.evalValue, f.data());
-  }
+  // The validation graph reads the training graph's parameters in place (shared buffers).
   const int64_t chunks = nVal / evalBatch_;
-  const int64_t xs = data_.validation.xSize(), ys = data_.validation.ySize();
-  double acc = 0.0;
+  const size_t xBytes = static_cast<size_t>(evalBatch_ * data_.validation.xSize()) * sizeof(float);
+  const size_t yBytes = static_cast<size_t>(evalBatch_ * data_.validation.ySize()) * sizeof(float);
+  const cuda::CUstream s = stream_->get();
+  std::vector<float> losses(static_cast<size_t>(chunks));
+  const ValueId loss = evalModel_.graph.output("loss");
   for (int64_t c = 0; c < chunks; ++c) {
-    evalRunner_->upload(evalModel_.x, data_.validation.x.data() + c * evalBatch_ * xs);
-    evalRunner_->upload(evalModel_.y, data_.validation.y.data() + c * evalBatch_ * ys);
-    evalRunner_->run();
-    float loss = 0;
-    evalRunner_->download(evalModel_.graph.output("loss"), &loss);
-    acc += loss;
+    PA_CU_CHECK(cuMemcpyDtoDAsync(evalRunner_->devicePtr(evalModel_.x), valX_.ptr() + static_cast<size_t>(c) * xBytes, xBytes, s));
+    PA_CU_CHECK(cuMemcpyDtoDAsync(evalRunner_->devicePtr(evalModel_.y), valY_.ptr() + static_cast<size_t>(c) * yBytes, yBytes, s));
+    evalRunner_->run(s);
+    PA_CU_CHECK(cuMemcpyDtoHAsync(&losses[static_cast<size_t>(c)], evalRunner_->devicePtr(loss), sizeof(float), s));
   }
+  stream_->synchronize();
+  double acc = 0.0;
+  for (float l : losses) acc += l;
   return acc / static_cast<double>(chunks);
 }
 
@@ -519,7 +668,7 @@ std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   if (dev != "auto" && dev != "cpu" && dev != "cuda")
     throw UserError("--device " + dev + ": valid choices are auto, cpu, cuda");
   const cuda::Driver& driver = cuda::Driver::instance();
-  // fp64 is the CPU's reference path; the GPU trains fp32 (tf32 runs as exact fp32 for now).
+  // fp64 is the CPU's reference path; the GPU trains fp32 and tf32 (TF32 tensor-core GEMMs).
   const bool gpuPrecision = cfg.precision == "fp32" || cfg.precision == "tf32";
   if (dev == "cuda") {
     if (!driver.available()) throw UserError("device 'cuda' was asked for, but " + driver.unavailableReason());
@@ -529,7 +678,7 @@ std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   }
   if (cfg.precision == "bf16")
     throw UserError(cfg.file + ": precision: bf16 is not implemented yet; use fp32 (or fp64 on the CPU)");
-  if (dev == "auto" && driver.available() && gpuPrecision && cfg.train.optimizer.clipGradNorm == 0) return "cuda";
+  if (dev == "auto" && driver.available() && gpuPrecision) return "cuda";
   std::string device = dev == "auto" ? "cpu (auto: " + (driver.available() ? std::string("this config needs the CPU") : driver.unavailableReason()) + ")" : "cpu";
   if (cfg.precision == "tf32") device += ", tf32 runs as exact fp32 on the CPU";
   return device;
@@ -553,27 +702,53 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
   Progress progress(steps, logEvery, opt.progress);
   TrainResult& res = session->result();
   double lastVal = -1.0, stepSeconds = 0.0;
+  // Losses come back in batches from an asynchronous (GPU) session: at every log step, at the
+  // end, and every quarter second for the progress bar (a synchronous session reports every
+  // step). The steps of a batch are reported with the batch's mean wall time; validation is
+  // outside the timing.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point since = Clock::now();
+  int64_t reported = 0;
+  // Reports every step taken so far, except the last one when `holdLast` (the caller reports it
+  // with its validation loss); returns the batch's mean milliseconds per step.
+  auto collect = [&](bool holdLast) {
+    const std::vector<double> losses = session->takeLosses();
+    const Clock::time_point now = Clock::now();
+    const double seconds = std::chrono::duration<double>(now - since).count();
+    since = now;
+    stepSeconds += seconds;
+    const double ms = 1e3 * seconds / static_cast<double>(std::max<size_t>(losses.size(), 1));
+    for (size_t i = 0; i < losses.size(); ++i) {
+      const int64_t step = ++reported;
+      if (!std::isfinite(losses[i])) {
+        progress.finish();
+        throw std::runtime_error("training diverged: the loss is " + std::to_string(losses[i]) + " at step " +
+                                 std::to_string(step) + " (try a lower train.optimizer.lr or clip_grad_norm)");
+      }
+      res.losses.push_back(losses[i]);
+      if (holdLast && i + 1 == losses.size()) break;
+      const double lr = scheduledLr(cfg.train, step, steps);
+      progress.step(step, losses[i], lastVal, lr);
+      if (metrics) metrics->write(step, losses[i], -1.0, lr, ms);
+    }
+    return ms;
+  };
   for (int64_t step = 1; step <= steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double loss = session->step(step);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (!std::isfinite(loss)) {
-      progress.finish();
-      throw std::runtime_error("training diverged: the loss is " + std::to_string(loss) + " at step " +
-                               std::to_string(step) + " (try a lower train.optimizer.lr or clip_grad_norm)");
-    }
-    stepSeconds += ms / 1000.0;
-    res.losses.push_back(loss);
-    double val = -1.0;
+    session->enqueueStep(step);
     if (step % logEvery == 0 || step == steps) {
-      val = session->validate();
-      if (val >= 0) res.validation.emplace_back(step, val);
-      lastVal = val;
+      const double ms = collect(true);
+      lastVal = session->validate();
+      if (lastVal >= 0) res.validation.emplace_back(step, lastVal);
+      const double lr = scheduledLr(cfg.train, step, steps);
+      progress.step(step, res.losses.back(), lastVal, lr);
+      if (metrics) metrics->write(step, res.losses.back(), lastVal, lr, ms);
+      since = Clock::now();
+    } else if (!session->asynchronous() || Clock::now() - since > std::chrono::milliseconds(250)) {
+      collect(false);
     }
-    progress.step(step, loss, lastVal, session->currentLr());
-    if (metrics) metrics->write(step, loss, val, session->currentLr(), ms);
   }
   progress.finish();
+  if (debugSwitches().profile) session->printProfile(stderr, 40);
   if (steps == 0) lastVal = session->validate();
   res.finalValidation = lastVal;
   res.secondsPerStep = steps ? stepSeconds / static_cast<double>(steps) : 0.0;
@@ -584,6 +759,9 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
     if (!res.losses.empty()) std::printf("; final loss %.6e", res.losses.back());
     if (lastVal >= 0) std::printf("; validation MSE %.6e", lastVal);
     std::printf("\n");
+    if (session->launchesPerStep() > 0)
+      std::printf("GPU step: %d kernel launches, %s\n", session->launchesPerStep(),
+                  session->replaysCudaGraph() ? "replayed as one CUDA graph" : "launched one by one (PA_CUDA_GRAPH=0)");
   }
   return res;
 }

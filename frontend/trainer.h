@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +25,7 @@ struct RunOptions {
   bool verbose = false;            // pass statistics
   bool noFuse = false;             // --no-fuse: leave the fusion passes out of the pipeline
   bool printSummary = true;        // the header and closing summary on stdout
+  bool cudaGraph = true;           // GPU: replay the step as a CUDA graph (also off with PA_CUDA_GRAPH=0)
   // Initial parameter values by name (tests, golden runs); others are initialised from the seed.
   std::map<std::string, std::vector<double>> initialParams;
 };
@@ -56,12 +58,29 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
 class Session {
 public:
   virtual ~Session() = default;
-  // One training step (next batch, forward, backward, Adam); returns the batch's loss.
-  // `step` counts from 1 and sets the learning-rate schedule and Adam's bias correction.
-  virtual double step(int64_t step) = 0;
+  // Queues one training step (next batch, forward, backward, Adam). `step` counts from 1 and
+  // sets the learning-rate schedule and Adam's bias correction. The CPU runs it at once; the GPU
+  // queues it and returns, so the host runs ahead of the device.
+  virtual void enqueueStep(int64_t step) = 0;
+  // The losses of the steps queued since the last call, in order; waits for them. On the CPU a
+  // step whose loss is not finite leaves the parameters as they were; on the GPU the steps after
+  // it may already be queued (the caller stops at the first non-finite loss either way).
+  virtual std::vector<double> takeLosses() = 0;
+  // One step, waiting for its loss.
+  double step(int64_t s) {
+    enqueueStep(s);
+    return takeLosses().back();
+  }
+  // True when enqueueStep returns before the step has run (the GPU).
+  virtual bool asynchronous() const { return false; }
+  // Kernel launches per step and whether the step replays as one CUDA graph (GPU only).
+  virtual int launchesPerStep() const { return 0; }
+  virtual bool replaysCudaGraph() const { return false; }
+  // Times every node of the training step on the device (median of 5 runs) and prints the
+  // `top` slowest with their share of the step (GPU only; PA_PROFILE=1 does it after training).
+  virtual void printProfile(std::FILE* /*out*/, int /*top*/) {}
   // Mean validation loss over whole batches of the validation split; -1 without one.
   virtual double validate() = 0;
-  virtual double currentLr() const = 0;
   virtual int64_t totalSteps() const = 0;
   virtual TrainResult& result() = 0;  // static facts filled; losses appended by train()
   virtual std::map<std::string, std::vector<double>> params() const = 0;
@@ -70,6 +89,9 @@ public:
   // Gradients of the last step, by parameter name (before clipping).
   virtual std::map<std::string, std::vector<double>> gradients() const = 0;
 };
+
+// The learning rate of `step` (from 1) of `total`: warm-up, then the configured schedule.
+double scheduledLr(const TrainConfig& t, int64_t step, int64_t total);
 
 // Loads the data, builds and compiles the model. Throws UserError for configuration problems.
 std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt);

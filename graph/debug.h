@@ -11,6 +11,8 @@ struct DebugSwitches {
   bool printAfterEachPass = false;  // PA_PRINT_AFTER_ALL=1: print the graph (text) after every pass
   bool verifyEachPass = true;       // PA_VERIFY_EACH_PASS=0: skip the verifier between passes
   bool kernelDiskCache = true;      // PA_KERNEL_CACHE=0: compile every kernel afresh, cache nothing on disk
+  bool profile = false;             // PA_PROFILE=1: after GPU training, time every node of the step and print the slowest
+  bool cudaGraphs = true;           // PA_CUDA_GRAPH=0: launch every kernel of every GPU step instead of replaying a CUDA graph
 };
 
 inline const DebugSwitches& debugSwitches() {
@@ -24,6 +26,8 @@ inline const DebugSwitches& debugSwitches() {
     d.printAfterEachPass = flag("PA_PRINT_AFTER_ALL", false);
     d.verifyEachPass = flag("PA_VERIFY_EACH_PASS", true);
     d.kernelDiskCache = flag("PA_KERNEL_CACHE", true);
+    d.cudaGraphs = flag("PA_CUDA_GRAPH", true);
+    d.profile = flag("PA_PROFILE", false);
     return d;
   }();
   return s;

@@ -379,6 +379,7 @@ void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigne
   const Loaded& l = load(spec);
   FlashKernelParams copy = params;
   void* args[] = {&copy};
+  ++launches_;
   PA_CU_CHECK(cuLaunchKernel(l.function, gridX, gridY, 1, spec.threads(), 1, 1, spec.sharedBytes(), stream, args, nullptr));
 }
 

@@ -116,6 +116,8 @@ class FlashAttention {
   // Spec chosen for a problem (exposed for tests and the benchmark's report).
   // `multiprocessors` (0: unknown) lets the fp32 forward size its blocks to fill the device.
   static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors = 0);
+  // Kernel launches made so far (forward and backward), for per-step launch counts.
+  int64_t launches() const { return launches_; }
 
  private:
   struct Loaded {
@@ -130,6 +132,7 @@ class FlashAttention {
   const cuda::Device& device_;
   std::mutex mutex_;
   std::unordered_map<unsigned long long, Loaded> loaded_;  // by spec, see load()
+  int64_t launches_ = 0;
 };
 
 }  // namespace pa

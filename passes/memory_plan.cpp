@@ -6,24 +6,33 @@
 
 namespace pa {
 
-MemoryPlan planMemory(const Graph& g, int64_t align) {
+MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes) {
   const std::vector<NodeId> order = g.topoOrder();
   const int64_t end = static_cast<int64_t>(order.size());
   const size_t nv = g.numValues();
   std::vector<int64_t> first(nv, std::numeric_limits<int64_t>::max()), last(nv, -1);
   std::vector<char> planned(nv, 0);
+  // root[v]: the value whose bytes v uses (itself unless it is an aliased reshape). Lifetimes
+  // are kept per root, so a root lives as long as any of its aliases.
+  std::vector<ValueId> root(nv);
+  for (size_t v = 0; v < nv; ++v) root[v] = static_cast<ValueId>(v);
   for (int64_t pos = 0; pos < end; ++pos) {
     const Node& n = g.node(order[static_cast<size_t>(pos)]);
-    for (ValueId v : n.inputs) last[v] = std::max(last[v], pos);
+    for (ValueId v : n.inputs) last[root[v]] = std::max(last[root[v]], pos);
     for (ValueId v : n.outputs) {
       if (n.op == OpKind::Param) continue;
+      if (aliasReshapes && n.op == OpKind::Reshape && planned[root[n.inputs[0]]]) {
+        root[v] = root[n.inputs[0]];
+        last[root[v]] = std::max(last[root[v]], pos);
+        continue;
+      }
       planned[v] = 1;
       const bool pinned = n.op == OpKind::Input || n.op == OpKind::Constant;
       first[v] = pinned ? -1 : pos;
       last[v] = std::max(last[v], pinned ? end : pos);
     }
   }
-  for (const auto& kv : g.outputs()) last[kv.second] = end;
+  for (const auto& kv : g.outputs()) last[root[kv.second]] = end;
 
   struct Item {
     ValueId v;
@@ -55,6 +64,8 @@ MemoryPlan planMemory(const Graph& g, int64_t align) {
     plan.arenaElements = std::max(plan.arenaElements, at + it.size);
     placed.push_back(it);
   }
+  for (size_t v = 0; v < nv; ++v)
+    if (root[v] != static_cast<ValueId>(v)) plan.offset[v] = plan.offset[root[v]];
   return plan;
 }
 

@@ -19,6 +19,10 @@ struct MemoryPlan {
 // outputs read after it); parameters are bound from outside and get no offset. Every other
 // value lives from its producer to its last user. Placement is greedy by size (largest first),
 // each value at the lowest offset that overlaps no placed value with an overlapping lifetime.
-MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16);
+// With `aliasReshapes`, a Reshape's output shares its input's bytes (tensors are contiguous,
+// so a reshape changes no byte): the two are planned as one value living from the first's
+// producer to the last user of either, and the executor need not copy (the GPU runner skips
+// those kernels).
+MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16, bool aliasReshapes = false);
 
 }  // namespace pa

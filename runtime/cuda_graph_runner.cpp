@@ -1,6 +1,11 @@
 // The CUDA graph runner.
 #include "runtime/cuda_graph_runner.h"
 
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <thread>
+
 #include "codegen/embedded_kernels.h"
 #include "codegen/emit.h"
 #include "codegen/kernel_cache.h"
@@ -12,22 +17,46 @@ namespace pa {
 struct CudaGraphRunner::Launch {
   cuda::CUfunction fn = nullptr;
   codegen::Kernel kernel;
+  int program = 0;
+  std::vector<cuda::CUdeviceptr> args;  // resolved once: the buffers never move
+  std::vector<void*> params;            // &args[i]
 };
 
-CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device)
-    : g_(g), device_(device), order_(g.topoOrder()) {
+namespace {
+
+constexpr int64_t kParamAlignFloats = 64;  // 256 bytes: every parameter starts vector-aligned
+
+int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
+    : g_(g), device_(device), opt_(opt), order_(g.topoOrder()) {
   device_.makeCurrent();
-  const MemoryPlan plan = planMemory(g);
+  const MemoryPlan plan = planMemory(g, 16, /*aliasReshapes=*/true);
   offset_ = plan.offset;
   arenaBytes_ = static_cast<size_t>(plan.arenaElements) * sizeof(float);
   arena_ = cuda::DeviceBuffer(std::max<size_t>(arenaBytes_, 16));
-  for (ValueId p : g.params()) own_.emplace(p, cuda::DeviceBuffer(std::max<size_t>(numel(g.shape(p)) * sizeof(float), 16)));
+  for (ValueId p : g.params()) {
+    if (opt.shareParamsWith) {
+      const Graph& other = opt.shareParamsWith->g_;
+      const ValueId q = other.findValue(g.value(p).name);
+      if (q != kNoValue && other.shape(q) == g.shape(p) && opt.shareParamsWith->paramOffset(q) >= 0) {
+        sharedParam_[p] = opt.shareParamsWith->devicePtr(q);
+        continue;
+      }
+    }
+    paramOffset_[p] = paramFloats_;
+    paramFloats_ += alignUp(numel(g.shape(p)), kParamAlignFloats);
+  }
+  params_ = cuda::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(paramFloats_, 16)) * sizeof(float));
+  params_.fill32(0);
 
-  // One NVRTC program holds every generated kernel of the graph.
   launches_.resize(g.numNodes());
-  std::string program;
+  codegen::EmitOptions emit;
+  emit.tf32 = opt.tf32;
   for (NodeId id : order_) {
-    codegen::NodeKernels nk = codegen::emitNode(g, id);
+    codegen::NodeKernels nk = codegen::emitNode(g, id, emit);
     const Node& n = g.node(id);
     if (nk.external) {
       if (!flash_) flash_ = std::make_unique<FlashAttention>(device_);
@@ -36,24 +65,36 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device)
       if (n.op == OpKind::FlashAttentionGrad) scratch_.emplace(id, cuda::DeviceBuffer(std::max<size_t>(flash_->backwardWorkspaceBytes(cfg), 16)));
       continue;
     }
+    // A reshape whose output shares its input's bytes has nothing to do.
+    if (n.op == OpKind::Reshape && offset_[static_cast<size_t>(n.inputs[0])] >= 0 &&
+        offset_[static_cast<size_t>(n.inputs[0])] == offset_[static_cast<size_t>(n.outputs[0])])
+      continue;
+    if (nk.scratchBytes > 0) scratch_.emplace(id, cuda::DeviceBuffer(nk.scratchBytes));
     for (codegen::Kernel& k : nk.kernels) {
-      program += k.source + "\n";
-      launches_[static_cast<size_t>(id)].push_back(Launch{nullptr, std::move(k)});
+      Launch l;
+      l.kernel = std::move(k);
+      launches_[static_cast<size_t>(id)].push_back(std::move(l));
       ++kernelCount_;
     }
   }
-  if (kernelCount_ > 0) {
-    codegen::CompileRequest req;
-    req.kernelName = "graph";
-    req.source = program;
-    req.headers = codegen::embeddedKernelHeaders();
-    req.arch = device_.info().arch();
-    req.extraOptions = {"-lineinfo"};
-    const codegen::CompileResult r = codegen::KernelCache::instance().compile(req);
-    PA_CU_CHECK(cuModuleLoadData(&module_, r.cubin.data()));
-    for (auto& node : launches_)
-      for (Launch& l : node) PA_CU_CHECK(cuModuleGetFunction(&l.fn, module_, l.kernel.name.c_str()));
+  launchesPerRun_ = kernelCount_;  // plus the launcher's, counted by run()
+  compile(device);
+
+  // Arguments are resolved once; the vectors are never resized afterwards, so &args[i] holds.
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    for (Launch& l : launches_[static_cast<size_t>(id)]) {
+      for (const codegen::KernelArg& a : l.kernel.args) {
+        switch (a.kind) {
+        case codegen::KernelArg::Input: l.args.push_back(ptr(n.inputs[static_cast<size_t>(a.index)])); break;
+        case codegen::KernelArg::Output: l.args.push_back(ptr(n.outputs[static_cast<size_t>(a.index)])); break;
+        case codegen::KernelArg::Scratch: l.args.push_back(scratch_.at(id).ptr()); break;
+        }
+      }
+      for (cuda::CUdeviceptr& p : l.args) l.params.push_back(&p);
+    }
   }
+
   // Constants are uploaded once; their arena ranges are pinned for the whole run.
   for (NodeId id : order_) {
     const Node& n = g.node(id);
@@ -68,13 +109,69 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device)
   }
 }
 
+// Note on parallel compilation. One NVRTC program per kernel would pay NVRTC's fixed start-up
+// cost (parsing, the embedded headers) once per kernel; one program for the whole graph uses a
+// single core. The kernels are dealt, in topological order, into as many programs as there are
+// cores (at most 8, and no program smaller than 4 kernels), compiled by one thread each. The
+// split depends only on the kernel count and the core count, so the cache keys are stable on
+// a machine.
+void CudaGraphRunner::compile(const cuda::Device& device) {
+  if (kernelCount_ == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  programs_ = std::max(1, std::min({cores, 8, (kernelCount_ + 3) / 4}));
+  std::vector<std::string> sources(static_cast<size_t>(programs_));
+  const int perProgram = (kernelCount_ + programs_ - 1) / programs_;
+  int index = 0;
+  for (NodeId id : order_)
+    for (Launch& l : launches_[static_cast<size_t>(id)]) {
+      l.program = index++ / perProgram;
+      sources[static_cast<size_t>(l.program)] += l.kernel.source + "\n";
+    }
+  std::vector<codegen::CompileResult> results(sources.size());
+  std::vector<std::exception_ptr> errors(sources.size());
+  const std::vector<std::pair<std::string, std::string>> headers = codegen::embeddedKernelHeaders();
+  auto work = [&](size_t i) {
+    try {
+      codegen::CompileRequest req;
+      req.kernelName = "graph part " + std::to_string(i + 1) + "/" + std::to_string(sources.size());
+      req.source = sources[i];
+      req.headers = headers;
+      req.arch = device.info().arch();
+      req.extraOptions = {"-lineinfo"};
+      results[i] = codegen::KernelCache::instance().compile(req);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < sources.size(); ++i) threads.emplace_back(work, i);
+  work(0);
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  modules_.resize(results.size(), nullptr);
+  for (size_t i = 0; i < results.size(); ++i) PA_CU_CHECK(cuModuleLoadData(&modules_[i], results[i].cubin.data()));
+  for (auto& node : launches_)
+    for (Launch& l : node) PA_CU_CHECK(cuModuleGetFunction(&l.fn, modules_[static_cast<size_t>(l.program)], l.kernel.name.c_str()));
+  compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 CudaGraphRunner::~CudaGraphRunner() {
-  if (module_) cuda::Driver::instance().api().cuModuleUnload(module_);
+  for (cuda::CUmodule m : modules_)
+    if (m) cuda::Driver::instance().api().cuModuleUnload(m);
+}
+
+int64_t CudaGraphRunner::paramOffset(ValueId p) const {
+  auto it = paramOffset_.find(p);
+  return it == paramOffset_.end() ? -1 : it->second;
 }
 
 cuda::CUdeviceptr CudaGraphRunner::ptr(ValueId v) const {
-  auto it = own_.find(v);
-  if (it != own_.end()) return it->second.ptr();
+  auto it = paramOffset_.find(v);
+  if (it != paramOffset_.end()) return params_.ptr() + static_cast<cuda::CUdeviceptr>(it->second) * sizeof(float);
+  auto sh = sharedParam_.find(v);
+  if (sh != sharedParam_.end()) return sh->second;
   return arena_.ptr() + static_cast<cuda::CUdeviceptr>(offset_[static_cast<size_t>(v)]) * sizeof(float);
 }
 
@@ -88,58 +185,90 @@ void CudaGraphRunner::download(ValueId v, float* host) const {
 }
 
 void CudaGraphRunner::run(cuda::CUstream stream) {
+  const int64_t flashBefore = flash_ ? flash_->launches() : 0;
+  for (NodeId id : order_) runNode(id, stream);
+  launchesPerRun_ = kernelCount_ + static_cast<int>((flash_ ? flash_->launches() : 0) - flashBefore);
+}
+
+std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream stream, int reps) {
+  std::vector<NodeId> timed;
   for (NodeId id : order_) {
     const Node& n = g_.node(id);
-    if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad) {
-      const FlashAttentionConfig cfg = codegen::flashConfigOf(g_, n);
-      const Shape& q = g_.shape(n.inputs[0]);
-      const Shape& k = g_.shape(n.inputs[1]);
-      auto qt = [&](ValueId v) { return FlashTensor::contiguous(ptr(v), static_cast<int>(q[1]), static_cast<int>(q[2]), static_cast<int>(q[3])); };
-      auto kt = [&](ValueId v) { return FlashTensor::contiguous(ptr(v), static_cast<int>(k[1]), static_cast<int>(k[2]), static_cast<int>(k[3])); };
-      if (n.op == OpKind::FlashAttention) {
-        FlashForwardArgs a;
-        a.q = qt(n.inputs[0]);
-        a.k = kt(n.inputs[1]);
-        a.v = kt(n.inputs[2]);
-        a.o = qt(n.outputs[0]);
-        a.lse = ptr(n.outputs[1]);
-        if (cfg.sinkLogits) a.sinkLogits = ptr(n.inputs[3]);
-        flash_->forward(cfg, a, stream);
-      } else {
-        FlashBackwardArgs a;
-        a.q = qt(n.inputs[0]);
-        a.k = kt(n.inputs[1]);
-        a.v = kt(n.inputs[2]);
-        a.o = qt(n.inputs[3]);
-        a.lse = ptr(n.inputs[4]);
-        a.dO = qt(n.inputs[5]);
-        a.dQ = qt(n.outputs[0]);
-        a.dK = kt(n.outputs[1]);
-        a.dV = kt(n.outputs[2]);
-        if (cfg.sinkLogits) {
-          a.sinkLogits = ptr(n.inputs[6]);
-          a.dSinkLogits = ptr(n.outputs[3]);
-        }
-        a.workspace = scratch_.at(id).ptr();
-        flash_->backward(cfg, a, stream);
-      }
-      continue;
+    if (!launches_[static_cast<size_t>(id)].empty() || n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad)
+      timed.push_back(id);
+  }
+  std::vector<std::unique_ptr<cuda::Event>> events;
+  for (size_t i = 0; i <= timed.size(); ++i) events.push_back(std::make_unique<cuda::Event>(true));
+  std::vector<std::vector<float>> ms(timed.size());
+  for (int r = 0; r < reps; ++r) {
+    for (NodeId id : order_)
+      if (std::find(timed.begin(), timed.end(), id) == timed.end()) runNode(id, stream);
+    events[0]->record(stream);
+    for (size_t i = 0; i < timed.size(); ++i) {
+      runNode(timed[i], stream);
+      events[i + 1]->record(stream);
     }
-    for (Launch& l : launches_[static_cast<size_t>(id)]) {
-      std::vector<cuda::CUdeviceptr> ptrs;
-      for (const codegen::KernelArg& a : l.kernel.args) {
-        switch (a.kind) {
-        case codegen::KernelArg::Input: ptrs.push_back(ptr(n.inputs[static_cast<size_t>(a.index)])); break;
-        case codegen::KernelArg::Output: ptrs.push_back(ptr(n.outputs[static_cast<size_t>(a.index)])); break;
-        case codegen::KernelArg::Scratch: ptrs.push_back(scratch_.at(id).ptr()); break;
-        }
-      }
-      std::vector<void*> params;
-      for (cuda::CUdeviceptr& p : ptrs) params.push_back(&p);
-      PA_CU_CHECK(cuLaunchKernel(l.fn, l.kernel.grid[0], l.kernel.grid[1], l.kernel.grid[2], l.kernel.block[0],
-                                 l.kernel.block[1], l.kernel.block[2], l.kernel.sharedBytes, stream, params.data(), nullptr));
+    events.back()->synchronize();
+    for (size_t i = 0; i < timed.size(); ++i) {
+      float t = 0;
+      PA_CU_CHECK(cuEventElapsedTime(&t, events[i]->get(), events[i + 1]->get()));
+      ms[i].push_back(t);
     }
   }
+  std::vector<NodeTime> out;
+  for (size_t i = 0; i < timed.size(); ++i) {
+    std::sort(ms[i].begin(), ms[i].end());
+    const Node& n = g_.node(timed[i]);
+    std::string shape;
+    for (int64_t d : g_.shape(n.outputs[0])) shape += (shape.empty() ? "[" : ",") + std::to_string(d);
+    const auto& ls = launches_[static_cast<size_t>(timed[i])];
+    const std::string name = ls.empty() ? std::string("flash") : ls.front().kernel.name;
+    out.push_back({timed[i], name + "  " + opName(n.op) + " " + shape + "]", ms[i][ms[i].size() / 2]});
+  }
+  std::sort(out.begin(), out.end(), [](const NodeTime& a, const NodeTime& b) { return a.ms > b.ms; });
+  return out;
+}
+
+void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
+  const Node& n = g_.node(id);
+  if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad) {
+    const FlashAttentionConfig cfg = codegen::flashConfigOf(g_, n);
+    const Shape& q = g_.shape(n.inputs[0]);
+    const Shape& k = g_.shape(n.inputs[1]);
+    auto qt = [&](ValueId v) { return FlashTensor::contiguous(ptr(v), static_cast<int>(q[1]), static_cast<int>(q[2]), static_cast<int>(q[3])); };
+    auto kt = [&](ValueId v) { return FlashTensor::contiguous(ptr(v), static_cast<int>(k[1]), static_cast<int>(k[2]), static_cast<int>(k[3])); };
+    if (n.op == OpKind::FlashAttention) {
+      FlashForwardArgs a;
+      a.q = qt(n.inputs[0]);
+      a.k = kt(n.inputs[1]);
+      a.v = kt(n.inputs[2]);
+      a.o = qt(n.outputs[0]);
+      a.lse = ptr(n.outputs[1]);
+      if (cfg.sinkLogits) a.sinkLogits = ptr(n.inputs[3]);
+      flash_->forward(cfg, a, stream);
+    } else {
+      FlashBackwardArgs a;
+      a.q = qt(n.inputs[0]);
+      a.k = kt(n.inputs[1]);
+      a.v = kt(n.inputs[2]);
+      a.o = qt(n.inputs[3]);
+      a.lse = ptr(n.inputs[4]);
+      a.dO = qt(n.inputs[5]);
+      a.dQ = qt(n.outputs[0]);
+      a.dK = kt(n.outputs[1]);
+      a.dV = kt(n.outputs[2]);
+      if (cfg.sinkLogits) {
+        a.sinkLogits = ptr(n.inputs[6]);
+        a.dSinkLogits = ptr(n.outputs[3]);
+      }
+      a.workspace = scratch_.at(id).ptr();
+      flash_->backward(cfg, a, stream);
+    }
+    return;
+  }
+  for (Launch& l : launches_[static_cast<size_t>(id)])
+    PA_CU_CHECK(cuLaunchKernel(l.fn, l.kernel.grid[0], l.kernel.grid[1], l.kernel.grid[2], l.kernel.block[0],
+                               l.kernel.block[1], l.kernel.block[2], l.kernel.sharedBytes, stream, l.params.data(), nullptr));
 }
 
 CudaModule::CudaModule(const std::string& source, const cuda::Device& device) {

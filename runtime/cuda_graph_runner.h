@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "graph/graph.h"
@@ -12,36 +13,71 @@
 
 namespace pa {
 
+struct CudaRunnerOptions {
+  bool tf32 = false;  // MatMul and FusedLinear on TF32 tensor cores (precision: tf32)
+  // Parameters with the same name live in that runner's buffers instead of new ones (the
+  // validation graph reads the training graph's weights in place).
+  const class CudaGraphRunner* shareParamsWith = nullptr;
+};
+
 class CudaGraphRunner {
 public:
-  // Plans memory (one device arena for activations; a buffer per parameter), compiles every
-  // node's kernels with NVRTC for the device's architecture as one program, and uploads
-  // constants. Throws codegen::NvrtcError, cuda::CudaError or FlashAttentionError.
-  CudaGraphRunner(const Graph& g, const cuda::Device& device);
+  // Plans memory (one device arena for activations from the liveness plan; one block for all
+  // parameters), compiles every node's kernels with NVRTC for the device's architecture (the
+  // kernels are split into a few programs compiled in parallel threads), and uploads constants.
+  // Nothing is allocated after this. Throws codegen::NvrtcError, cuda::CudaError or
+  // FlashAttentionError.
+  CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt = {});
   ~CudaGraphRunner();
+  CudaGraphRunner(const CudaGraphRunner&) = delete;
+  CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;
 
   void upload(ValueId v, const float* host);      // inputs and parameters, numel(shape) floats
   void download(ValueId v, float* host) const;    // any value that is still alive after run()
-  void run(cuda::CUstream stream = nullptr);      // every node's kernels, in topological order
+  // Queues every node's kernels on `stream`, in topological order, with no host synchronisation
+  // and no allocation, so a stream capture of it replays as one CUDA graph.
+  void run(cuda::CUstream stream = nullptr);
+  // Runs the graph `reps` times with an event pair around every node and returns each node's
+  // median time, slowest first (a profile for PA_PROFILE and the benchmarks; it waits).
+  struct NodeTime {
+    NodeId node;
+    std::string label;  // "k12_fused_linear  fused-linear [8192,1024]"
+    double ms;
+  };
+  std::vector<NodeTime> profile(cuda::CUstream stream, int reps = 5);
   cuda::CUdeviceptr devicePtr(ValueId v) const { return ptr(v); }
+  // The parameter block: every parameter at an offset aligned to 64 floats.
+  cuda::CUdeviceptr paramBlock() const { return params_.ptr(); }
+  int64_t paramOffset(ValueId p) const;  // in floats, or -1 when `p` lives in another runner
+  int64_t paramBlockFloats() const { return paramFloats_; }
   size_t arenaBytes() const { return arenaBytes_; }
-  int kernelCount() const { return kernelCount_; }
+  // Kernel launches per run(): generated kernels plus the FlashAttention launcher's.
+  int launchesPerRun() const { return launchesPerRun_; }
+  int generatedKernels() const { return kernelCount_; }
+  int programs() const { return programs_; }
+  double compileSeconds() const { return compileSeconds_; }  // wall time of the compile phase
 
 private:
   struct Launch;
+  void runNode(NodeId id, cuda::CUstream stream);
+  void compile(const cuda::Device& device);
   cuda::CUdeviceptr ptr(ValueId v) const;
   const Graph& g_;
   const cuda::Device& device_;
+  CudaRunnerOptions opt_;
   std::vector<NodeId> order_;
-  cuda::DeviceBuffer arena_;
+  cuda::DeviceBuffer arena_, params_;
   std::vector<int64_t> offset_;                        // arena offset (floats) per value, -1 if none
-  std::map<ValueId, cuda::DeviceBuffer> own_;          // parameters
+  std::map<ValueId, int64_t> paramOffset_;             // offset in params_ (floats)
+  std::map<ValueId, cuda::CUdeviceptr> sharedParam_;   // parameters of the runner shared with
   std::map<NodeId, cuda::DeviceBuffer> scratch_;       // flash backward workspaces
   std::vector<std::vector<Launch>> launches_;          // per node id
-  cuda::CUmodule module_ = nullptr;
+  std::vector<cuda::CUmodule> modules_;
   std::unique_ptr<FlashAttention> flash_;
   size_t arenaBytes_ = 0;
-  int kernelCount_ = 0;
+  int64_t paramFloats_ = 0;
+  int kernelCount_ = 0, launchesPerRun_ = 0, programs_ = 0;
+  double compileSeconds_ = 0;
 };
 
 // A module compiled from source through the kernel cache, for kernels outside the graph.

@@ -7,7 +7,10 @@
 #include <map>
 
 #include "frontend/config.h"
+#include "frontend/datasets.h"
 #include "frontend/model_builder.h"
+#include "frontend/trainer.h"
+#include "passes/memory_plan.h"
 #include "graph/elementwise_expr.h"
 #include "graph/verifier.h"
 #include "passes/autodiff.h"
@@ -345,6 +348,74 @@ TEST(Cse, DuplicateComputationsMerge) {
 TEST(Passes, FusionMustPrecedeAutodiff) {
   EXPECT_THROW(validatePipeline({"autodiff", "fuse-linear"}), UserError);
   EXPECT_NO_THROW(validatePipeline({"fuse-linear", "fuse-attention", "fuse-elementwise", "autodiff", "fuse-elementwise", "cse"}));
+}
+
+}  // namespace
+}  // namespace pa
+
+namespace pa {
+namespace {
+
+// The memory plan, checked independently of the planner: every pair of values whose bytes
+// overlap must have disjoint lifetimes, where an aliased reshape counts as its input (its
+// bytes are the input's, so the two live and die together).
+void checkPlan(const Graph& g, const MemoryPlan& plan, bool alias) {
+  const std::vector<NodeId> order = g.topoOrder();
+  const int64_t end = static_cast<int64_t>(order.size());
+  std::map<ValueId, ValueId> root;
+  std::map<ValueId, std::pair<int64_t, int64_t>> life;  // per root
+  auto rootOf = [&](ValueId v) { return root.count(v) ? root[v] : v; };
+  for (int64_t pos = 0; pos < end; ++pos) {
+    const Node& n = g.node(order[static_cast<size_t>(pos)]);
+    for (ValueId v : n.inputs)
+      if (plan.offset[v] >= 0) life[rootOf(v)].second = std::max(life[rootOf(v)].second, pos);
+    for (ValueId v : n.outputs) {
+      if (plan.offset[v] < 0) continue;
+      if (alias && n.op == OpKind::Reshape && plan.offset[n.inputs[0]] >= 0) {
+        EXPECT_EQ(plan.offset[v], plan.offset[n.inputs[0]]) << g.value(v).name;
+        root[v] = rootOf(n.inputs[0]);
+        life[root[v]].second = std::max(life[root[v]].second, pos);
+        continue;
+      }
+      const bool pinned = n.op == OpKind::Input || n.op == OpKind::Constant;
+      life[v] = {pinned ? -1 : pos, pinned ? end : pos};
+    }
+  }
+  for (const auto& kv : g.outputs()) life[rootOf(kv.second)].second = end;
+  std::map<ValueId, int64_t> size;  // per root: the largest member
+  for (size_t v = 0; v < g.numValues(); ++v)
+    if (plan.offset[v] >= 0) {
+      const ValueId r = rootOf(static_cast<ValueId>(v));
+      size[r] = std::max(size[r], numel(g.shape(static_cast<ValueId>(v))));
+      EXPECT_LE(plan.offset[v] + numel(g.shape(static_cast<ValueId>(v))), plan.arenaElements);
+    }
+  for (const auto& a : size)
+    for (const auto& b : size) {
+      if (a.first >= b.first) continue;
+      const auto la = life[a.first], lb = life[b.first];
+      const bool liveTogether = !(la.second < lb.first || lb.second < la.first);
+      const int64_t oa = plan.offset[a.first], ob = plan.offset[b.first];
+      const bool bytesOverlap = oa < ob + b.second && ob < oa + a.second;
+      EXPECT_FALSE(liveTogether && bytesOverlap) << g.value(a.first).name << " and " << g.value(b.first).name;
+    }
+}
+
+TEST(MemoryPlan, NoTwoLiveValuesShareBytesWithAndWithoutReshapeAliases) {
+  for (bool noFuse : {false, true}) {
+    const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml", {"data.samples=64"});
+    const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+    RunOptions opt;
+    opt.noFuse = noFuse;
+    const Graph g = compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, 8).model.graph;
+    const MemoryPlan plain = planMemory(g), aliased = planMemory(g, 16, true);
+    checkPlan(g, plain, false);
+    checkPlan(g, aliased, true);
+    int reshapes = 0;
+    for (NodeId id : g.topoOrder()) reshapes += g.node(id).op == OpKind::Reshape;
+    EXPECT_GT(reshapes, 0);
+    // No size expectation: an alias lengthens its input's life, so the greedy peak can go
+    // either way by a few elements (measured: 482016 vs 482000 fused); what it saves is the copy.
+  }
 }
 
 }  // namespace

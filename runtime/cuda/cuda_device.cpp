@@ -52,5 +52,57 @@ void DeviceBuffer::fill32(unsigned int pattern) {
   if (bytes_ >= 4) PA_CU_CHECK(cuMemsetD32(ptr_, pattern, bytes_ / 4));
 }
 
+Stream::Stream() { PA_CU_CHECK(cuStreamCreate(&stream_, kStreamDefault)); }
+Stream::~Stream() {
+  if (stream_) Driver::instance().api().cuStreamDestroy(stream_);
+}
+void Stream::synchronize() const { PA_CU_CHECK(cuStreamSynchronize(stream_)); }
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes) PA_CU_CHECK(cuMemAllocHost(&ptr_, bytes));
+}
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_) Driver::instance().api().cuMemFreeHost(ptr_);
+}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) Driver::instance().api().cuMemFreeHost(ptr_);
+    ptr_ = o.ptr_, bytes_ = o.bytes_;
+    o.ptr_ = nullptr, o.bytes_ = 0;
+  }
+  return *this;
+}
+
+Event::Event(bool timing) { PA_CU_CHECK(cuEventCreate(&event_, timing ? 0u : 2u /* CU_EVENT_DISABLE_TIMING */)); }
+Event::~Event() {
+  if (event_) Driver::instance().api().cuEventDestroy(event_);
+}
+void Event::record(CUstream stream) { PA_CU_CHECK(cuEventRecord(event_, stream)); }
+void Event::synchronize() const { PA_CU_CHECK(cuEventSynchronize(event_)); }
+
+CapturedGraph::~CapturedGraph() {
+  const DriverApi& api = Driver::instance().api();
+  if (exec_) api.cuGraphExecDestroy(exec_);
+  if (graph_) api.cuGraphDestroy(graph_);
+}
+
+// Thread-local capture: other threads (the kernel compiler, a logger) stay free to call the
+// driver while this one records.
+void CapturedGraph::begin(const Stream& stream) { PA_CU_CHECK(cuStreamBeginCapture(stream.get(), kStreamCaptureModeThreadLocal)); }
+
+void CapturedGraph::end(const Stream& stream) {
+  PA_CU_CHECK(cuStreamEndCapture(stream.get(), &graph_));
+  PA_CU_CHECK(cuGraphGetNodes(graph_, nullptr, &nodes_));
+  PA_CU_CHECK(cuGraphInstantiate(&exec_, graph_, 0));
+}
+
+void CapturedGraph::abandon(const Stream& stream) {
+  CUgraph partial = nullptr;
+  const DriverApi& api = Driver::instance().api();
+  if (api.cuStreamEndCapture(stream.get(), &partial) == kCudaSuccess && partial) api.cuGraphDestroy(partial);
+}
+
+void CapturedGraph::launch(const Stream& stream) const { PA_CU_CHECK(cuGraphLaunch(exec_, stream.get())); }
+
 }  // namespace cuda
 }  // namespace pa

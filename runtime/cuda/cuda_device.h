@@ -61,5 +61,85 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// An owned stream. It is a blocking stream (CU_STREAM_DEFAULT): it orders with the legacy default
+// stream, so the synchronous copies of upload()/download() never race with work queued here.
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  CUstream get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  CUstream stream_ = nullptr;
+};
+
+// Page-locked host memory: asynchronous copies from and to it need no staging by the driver.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// An event (timing disabled unless asked for).
+class Event {
+ public:
+  explicit Event(bool timing = false);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(CUstream stream);
+  void synchronize() const;
+  CUevent get() const { return event_; }
+
+ private:
+  CUevent event_ = nullptr;
+};
+
+// Work captured from a stream once and replayed with one launch (a CUDA graph).
+class CapturedGraph {
+ public:
+  CapturedGraph() = default;
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  // Everything `enqueue` queues on `stream` becomes the graph; nothing runs while capturing.
+  template <typename Fn>
+  void capture(const Stream& stream, Fn&& enqueue) {
+    begin(stream);
+    try {
+      enqueue();
+    } catch (...) {
+      abandon(stream);
+      throw;
+    }
+    end(stream);
+  }
+  bool ready() const { return exec_ != nullptr; }
+  size_t nodeCount() const { return nodes_; }
+  void launch(const Stream& stream) const;
+
+ private:
+  void begin(const Stream& stream);
+  void end(const Stream& stream);
+  void abandon(const Stream& stream);
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+  size_t nodes_ = 0;
+};
+
 }  // namespace cuda
 }  // namespace pa

@@ -17,6 +17,8 @@ typedef struct CUmod_st* CUmodule;
 typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
 typedef struct CUevent_st* CUevent;
+typedef struct CUgraph_st* CUgraph;
+typedef struct CUgraphExec_st* CUgraphExec;
 typedef unsigned long long CUdeviceptr;
 
 constexpr CUresult kCudaSuccess = 0;
@@ -25,6 +27,8 @@ constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
+constexpr unsigned kStreamDefault = 0;              // CU_STREAM_DEFAULT: orders with the legacy stream
+constexpr int kStreamCaptureModeThreadLocal = 1;     // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
 // A failed driver call: file:line, the call's text and the driver's name and message for the code.
 class CudaError : public std::runtime_error {
@@ -62,7 +66,22 @@ struct DriverApi {
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
   CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
   CUresult (*cuMemsetD32)(CUdeviceptr, unsigned int, size_t);
+  CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
+  CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
+  CUresult (*cuMemAllocHost)(void**, size_t);
+  CUresult (*cuMemFreeHost)(void*);
+  CUresult (*cuStreamCreate)(CUstream*, unsigned int);
+  CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuStreamBeginCapture)(CUstream, int);
+  CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
+  CUresult (*cuGraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long);
+  CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
+  CUresult (*cuGraphExecDestroy)(CUgraphExec);
+  CUresult (*cuGraphDestroy)(CUgraph);
+  CUresult (*cuGraphGetNodes)(CUgraph, void**, size_t*);
   CUresult (*cuEventCreate)(CUevent*, unsigned int);
   CUresult (*cuEventDestroy)(CUevent);
   CUresult (*cuEventRecord)(CUevent, CUstream);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 
 #include "frontend/compare.h"
 #include "frontend/config.h"
@@ -127,6 +128,41 @@ TEST_P(OpOnGpu, MatchesTheFloat64CpuExecutor) {
 INSTANTIATE_TEST_SUITE_P(AllOps, OpOnGpu, ::testing::ValuesIn(test::allCases()),
                          [](const ::testing::TestParamInfo<test::OpCase>& i) { return i.param.name; });
 
+// Reductions big enough to take the split (two-kernel) path: few outputs over long ranges,
+// the reduced axis outer or inner, one output over everything, and a large MSE.
+TEST(OpOnGpu, LargeReductionsMatchTheFloat64CpuExecutor) {
+  PA_REQUIRE_GPU();
+  using V = std::vector<int64_t>;
+  struct Case {
+    const char* name;
+    Shape shape;
+    OpKind op;
+    AttrMap attrs;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"bias_gradient", {8192, 1024}, OpKind::Sum, test::A({{"axes", V{0}}})});
+  cases.push_back({"inner_axis", {37, 20000}, OpKind::Sum, test::A({{"axes", V{1}}})});
+  cases.push_back({"everything", {300001}, OpKind::Sum, AttrMap{}});
+  cases.push_back({"mean_outer_and_inner", {64, 37, 129}, OpKind::Mean, test::A({{"axes", V{0, 2}}})});
+  cases.push_back({"sum_to", {16, 257, 33}, OpKind::SumTo, test::A({{"shape", V{1, 33}}})});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Graph g;
+    const ValueId x = g.addParam("x", c.shape, "xavier");
+    test::addWeightedSumLoss(g, g.add(c.op, {x}, c.attrs));
+    appendBackward(g, g.output("loss"), g.params());
+    compareOnGpu(g, 11, 1.0, Metric::MaxElement);
+  }
+  {
+    SCOPED_TRACE("mse_two_kernels");  // 2M terms: over the single-block size, so it is split
+    Graph g;
+    const ValueId x = g.addParam("x", {8192, 257}, "xavier"), y = g.addParam("y", {8192, 257}, "xavier");
+    test::addWeightedSumLoss(g, g.add(OpKind::MseLoss, {x, y}));
+    appendBackward(g, g.output("loss"), g.params());
+    compareOnGpu(g, 12, 1.0, Metric::MaxElement);
+  }
+}
+
 struct StepCase {
   std::string config;
   bool noFuse;
@@ -180,6 +216,79 @@ TEST_P(TrainOnGpu, LossTrajectoryMatchesTheCpuOver100Steps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, TrainOnGpu, ::testing::Values("sine_mlp", "sine_attention", "function_mlp", "mlp_tiny"));
+
+// The optimizer's options on the GPU against the CPU: gradient clipping that is active on most
+// steps (the norm starts near 1), AdamW's decoupled weight decay, a cosine schedule with warm-up.
+TEST(TrainOnGpu, ClippingWeightDecayAndScheduleMatchTheCpu) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml",
+                                {"train.steps=100", "train.log_every=50", "train.optimizer.clip_grad_norm=0.05",
+                                 "train.optimizer.weight_decay=0.1", "train.lr_schedule=cosine", "train.warmup_steps=10"});
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cpu";
+  const TrainResult cpu = train(cfg, o);
+  o.device = "cuda";
+  const TrainResult gpu = train(cfg, o);
+  ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    worst = std::max(worst, std::fabs(gpu.losses[i] - cpu.losses[i]) / std::fabs(cpu.losses[i]));
+  std::printf("  clip 0.05 + weight decay + cosine: largest relative loss difference over 100 steps %.2e\n", worst);
+  EXPECT_LE(worst, 1e-4);
+}
+
+// Replaying the captured CUDA graph runs the same kernels on the same data as launching them one
+// by one, so the two trainings are bit-identical; the captured step is one graph launch.
+TEST(TrainOnGpu, CudaGraphReplayIsBitIdenticalToEagerLaunches) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml", {"train.steps=40", "train.log_every=20"});
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cuda";
+  std::unique_ptr<Session> graphed = makeSession(cfg, o);
+  o.cudaGraph = false;
+  std::unique_ptr<Session> eager = makeSession(cfg, o);
+  for (int64_t s = 1; s <= 40; ++s) {
+    graphed->enqueueStep(s);
+    eager->enqueueStep(s);
+  }
+  const std::vector<double> a = graphed->takeLosses(), b = eager->takeLosses();
+  ASSERT_EQ(a.size(), 40u);
+  ASSERT_EQ(b.size(), 40u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  EXPECT_TRUE(graphed->replaysCudaGraph());
+  EXPECT_FALSE(eager->replaysCudaGraph());
+  EXPECT_GT(graphed->launchesPerStep(), 5);
+  EXPECT_EQ(graphed->params(), eager->params());
+  std::printf("  sine_attention: %d kernel launches per step, replayed as one CUDA graph\n", graphed->launchesPerStep());
+}
+
+// More steps than the loss ring holds between two reads: every loss still comes back in order.
+TEST(TrainOnGpu, LossesOfManyQueuedStepsComeBackInOrder) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/sine_mlp.yaml", {"train.steps=5000"});
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cuda";
+  std::unique_ptr<Session> gpu = makeSession(cfg, o);
+  o.cudaGraph = false;
+  std::unique_ptr<Session> eager = makeSession(cfg, o);
+  for (int64_t s = 1; s <= 5000; ++s) gpu->enqueueStep(s);
+  const std::vector<double> all = gpu->takeLosses();
+  ASSERT_EQ(all.size(), 5000u);
+  for (int64_t s = 1; s <= 5000; ++s) {
+    eager->enqueueStep(s);
+    if (s % 1000 == 0 || s == 1) {
+      const std::vector<double> some = eager->takeLosses();
+      ASSERT_FALSE(some.empty());
+      EXPECT_EQ(some.back(), all[static_cast<size_t>(s - 1)]) << "step " << s;
+    }
+  }
+}
 
 TEST(CompareOnGpu, FusedAndUnfusedAgree) {
   PA_REQUIRE_GPU();

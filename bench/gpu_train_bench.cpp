@@ -1,0 +1,76 @@
+// Time per training step on the GPU (forward, MSE, backward, Adam), for bench/train_vs_torch.py.
+// Usage: gpu_train_bench CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--profile]
+// (--profile: also print each node's time, slowest first, to stderr)
+// Prints one JSON object: the median over R repetitions of (wall time of N queued steps, from
+// the first enqueue to the last loss read back) / N, after 10 warm-up steps (the first one runs
+// eagerly and the second captures the CUDA graph). The host only waits at the end of each
+// repetition, as in training, so host overhead counts where the device is faster than it.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "frontend/config.h"
+#include "frontend/trainer.h"
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--profile]\n", argv[0]);
+    return 2;
+  }
+  std::vector<std::string> overrides;
+  int64_t steps = 200;
+  int reps = 5;
+  bool profile = false;
+  pa::RunOptions opt;
+  opt.printSummary = false;
+  opt.progress = pa::ProgressMode::Quiet;
+  opt.device = "cuda";
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--set") && i + 1 < argc) overrides.push_back(argv[++i]);
+    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--no-cuda-graph")) opt.cudaGraph = false;
+    else if (!std::strcmp(argv[i], "--profile")) profile = true;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  try {
+    const pa::Config cfg = pa::loadConfig(argv[1], overrides);
+    opt.steps = 10 + steps * reps;
+    std::unique_ptr<pa::Session> s = pa::makeSession(cfg, opt);
+    int64_t step = 1;
+    for (; step <= 10; ++step) s->enqueueStep(step);
+    s->takeLosses();
+    std::vector<double> ms;
+    double lastLoss = 0;
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < steps; ++i) s->enqueueStep(step++);
+      const std::vector<double> losses = s->takeLosses();
+      const auto t1 = std::chrono::steady_clock::now();
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(steps));
+      lastLoss = losses.back();
+    }
+    if (profile) s->printProfile(stderr, 40);
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    std::printf("{\"config\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"steps\": %lld, \"reps\": %d, "
+                "\"ms_per_step\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"launches_per_step\": %d, \"cuda_graph\": %s, "
+                "\"activation_mib\": %.2f, \"last_loss\": %.6e, \"device\": \"%s\"}\n",
+                cfg.name.c_str(), cfg.precision.c_str(), (long long)cfg.train.batchSize, (long long)steps, reps,
+                sorted[sorted.size() / 2], sorted.front(), sorted.back(), s->launchesPerStep(),
+                s->replaysCudaGraph() ? "true" : "false", static_cast<double>(s->result().activationBytes) / (1 << 20),
+                lastLoss, s->result().device.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_train_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,89 @@
+// The training step's own kernels (codegen/training_kernels.h).
+#include "codegen/training_kernels.h"
+
+namespace pa::codegen {
+
+// Note on the formulas. Adam here is kernels/cpu/cpu_kernels.cpp's adamStep, in double, so the
+// CPU and GPU trainers take the same steps up to the rounding of the gradients they are given.
+// The gradient norm is summed in double per chunk, then the chunks' sums in a fixed order by a
+// single block, so it is deterministic run to run; clipping scales the gradient inside Adam
+// (the gradients themselves are left as the backward wrote them).
+std::string trainingKernelsSource() {
+  return R"(// PureAttention training kernels: batch gather, gradient norm, multi-tensor Adam, loss record.
+struct PaStepHeader { double lr, c1, c2, decay; long long lossSlot; long long pad[3]; };
+struct PaChunk { float* param; const float* grad; long long state; long long count; };
+
+extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ src, const char* __restrict__ step,
+                                                                  float* __restrict__ dst, long long rowSize, long long rows) {
+  const int* idx = (const int*)(step + sizeof(PaStepHeader));
+  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < rows * rowSize; i += (long long)gridDim.x * 256) {
+    const long long r = i / rowSize, c = i % rowSize;
+    dst[i] = src[(long long)idx[r] * rowSize + c];
+  }
+}
+
+// One block per chunk: its sum of squared gradients, in double.
+extern "C" __global__ void __launch_bounds__(256) pa_grad_sumsq(const PaChunk* __restrict__ chunks, double* __restrict__ partial) {
+  __shared__ double red[256];
+  const PaChunk c = chunks[blockIdx.x];
+  double s = 0.0;
+  for (long long i = threadIdx.x; i < c.count; i += 256) {
+    const double g = c.grad[i];
+    s += g * g;
+  }
+  red[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+}
+
+// One block: the global norm from the chunks' sums, and the factor Adam multiplies gradients by.
+extern "C" __global__ void __launch_bounds__(256) pa_clip_scale(const double* __restrict__ partial, long long chunks,
+                                                                 double maxNorm, double* __restrict__ scale) {
+  __shared__ double red[256];
+  double s = 0.0;
+  for (long long i = threadIdx.x; i < chunks; i += 256) s += partial[i];
+  red[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const double norm = sqrt(red[0]);
+    scale[0] = norm > maxNorm ? maxNorm / norm : 1.0;
+    scale[1] = norm;
+  }
+}
+
+// One block per chunk of one parameter; m and v are flat buffers laid out like the parameters.
+extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* __restrict__ chunks, float* __restrict__ m,
+                                                                 float* __restrict__ v, const PaStepHeader* __restrict__ step,
+                                                                 double beta1, double beta2, double eps,
+                                                                 const double* __restrict__ clip) {
+  const PaChunk c = chunks[blockIdx.x];
+  const double lr = step->lr, c1 = step->c1, c2 = step->c2, decay = step->decay;
+  const double gradScale = clip ? clip[0] : 1.0;
+  float* mc = m + c.state;
+  float* vc = v + c.state;
+  for (long long i = threadIdx.x; i < c.count; i += 256) {
+    const double gi = (double)c.grad[i] * gradScale;
+    const double mi = beta1 * mc[i] + (1.0 - beta1) * gi;
+    const double vi = beta2 * vc[i] + (1.0 - beta2) * gi * gi;
+    mc[i] = (float)mi;
+    vc[i] = (float)vi;
+    c.param[i] = (float)(c.param[i] * decay - lr * (mi / c1) / (sqrt(vi / c2) + eps));
+  }
+}
+
+extern "C" __global__ void pa_record_loss(const float* __restrict__ loss, const PaStepHeader* __restrict__ step,
+                                          float* __restrict__ ring, long long ringSize) {
+  ring[step->lossSlot % ringSize] = loss[0];
+}
+)";
+}
+
+}  // namespace pa::codegen

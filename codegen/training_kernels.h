@@ -1,0 +1,37 @@
+// The training step's own kernels, outside the model's graph: gathering a batch by row index,
+// the global gradient norm for clipping, one multi-tensor Adam step over every parameter, and
+// recording the step's loss. They read the step's changing values (learning rate, bias
+// corrections, row indices, loss slot) from a device block, so a CUDA graph that captured them
+// once replays every step unchanged.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pa::codegen {
+
+// The layout of the step block that the host refreshes before every step (one async copy).
+// Mirrored as `PaStepHeader` in the kernel source; rows (int32, batch of them) follow it.
+struct StepHeader {
+  double lr = 0, c1 = 1, c2 = 1, decay = 1;  // learning rate, Adam's bias corrections, 1 - lr·wd
+  int64_t lossSlot = 0;                      // where pa_record_loss writes the loss
+  int64_t pad[3] = {0, 0, 0};
+};
+static_assert(sizeof(StepHeader) == 64, "StepHeader is mirrored in the kernel source");
+
+// A slice of one parameter that one block of the multi-tensor kernels handles. Mirrored as
+// `PaChunk` in the kernel source.
+struct AdamChunk {
+  uint64_t param = 0;  // device pointer to the slice's first value
+  uint64_t grad = 0;   // device pointer to its gradient
+  int64_t state = 0;   // offset (floats) of the slice in the flat m and v buffers
+  int64_t count = 0;   // values in the slice
+};
+static_assert(sizeof(AdamChunk) == 32, "AdamChunk is mirrored in the kernel source");
+
+constexpr int64_t kAdamChunkValues = 8192;  // values per block of the multi-tensor kernels
+
+// pa_gather_rows, pa_grad_sumsq, pa_clip_scale, pa_adam_multi, pa_record_loss.
+std::string trainingKernelsSource();
+
+}  // namespace pa::codegen
