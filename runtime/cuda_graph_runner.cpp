@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "codegen/embedded_kernels.h"
@@ -140,6 +142,17 @@ void CudaGraphRunner::compile(const cuda::Device& device) {
       req.arch = device.info().arch();
       req.extraOptions = {"-lineinfo"};
       results[i] = codegen::KernelCache::instance().compile(req);
+    } catch (const codegen::NvrtcError& e) {
+      // Name the program's kernels and keep its source where the user can open it.
+      std::string names;
+      for (NodeId id : order_)
+        for (const Launch& l : launches_[static_cast<size_t>(id)])
+          if (static_cast<size_t>(l.program) == i) names += (names.empty() ? "" : ", ") + l.kernel.name;
+      const std::filesystem::path path =
+          std::filesystem::temp_directory_path() / ("pureattention-failed-part" + std::to_string(i + 1) + ".cu");
+      std::ofstream(path) << sources[i];
+      errors[i] = std::make_exception_ptr(codegen::NvrtcError(
+          names, "does not compile (source: " + path.string() + "; --dump-kernels DIR writes each kernel alone)", e.log()));
     } catch (...) {
       errors[i] = std::current_exception();
     }

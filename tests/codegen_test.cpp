@@ -55,7 +55,7 @@ TEST_P(GeneratedKernels, CompileWithNvrtcForSm80AndSm90) {
     }
   }
   ASSERT_GT(kernels, 0);
-  for (const char* arch : {"sm_80", "sm_90"}) {
+  for (const char* arch : {"sm_80", "sm_90", "sm_90a"}) {  // sm_90a: what the runner uses on an H100
     codegen::CompileRequest req;
     req.kernelName = GetParam().config + (GetParam().noFuse ? "_unfused" : "_fused");
     req.source = program;

@@ -17,7 +17,9 @@ struct DeviceInfo {
   int multiprocessors = 0;
   int maxSharedBytesOptin = 0;  // dynamic shared memory a block may opt in to
   size_t totalMemory = 0;
-  std::string arch() const { return "sm_" + std::to_string(major * 10 + minor); }
+  // NVRTC's target: sm_90a on Hopper (its architecture-specific instructions, wgmma and the
+  // tensor memory accelerator, need the "a" target), sm_XY elsewhere.
+  std::string arch() const { return "sm_" + std::to_string(major * 10 + minor) + (major == 9 && minor == 0 ? "a" : ""); }
 };
 
 // Retains the device's primary context (the one PyTorch and the runtime API use, so pointers and
