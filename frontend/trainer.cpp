@@ -59,18 +59,21 @@ struct Pipeline {
 };
 
 // The forward passes are the config's (compiler.fuse, then compiler.passes). After autodiff,
-// the step is cleaned up: elementwise fusion again when it is enabled (the backward has chains
-// of its own), CSE, DCE and the verifier.
+// the step is cleaned up: with linear fusion, the backward's matmul + activation-derivative
+// pairs fuse (fuse-linear-grad); elementwise fusion again when it is enabled (the backward has
+// chains of its own); CSE, DCE and the verifier.
 Pipeline trainPipeline(const Config& cfg, bool noFuse) {
   Pipeline p;
-  bool elementwise = false;
+  bool elementwise = false, linear = false;
   for (const std::string& name : cfg.compiler.passes) {
     const bool fusion = name.rfind("fuse-", 0) == 0;
     if (fusion && noFuse) continue;
     elementwise |= name == "fuse-elementwise";
+    linear |= name == "fuse-linear";
     p.forward.push_back(name);
   }
   p.training = {"autodiff"};
+  if (linear) p.training.push_back("fuse-linear-grad");
   if (elementwise) p.training.push_back("fuse-elementwise");
   p.training.insert(p.training.end(), {"cse", "dce", "verify"});
   return p;
@@ -451,6 +454,10 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
   useGraph_ = opt.cudaGraph && debugSwitches().cudaGraphs;
   device().makeCurrent();  // the primary context, before the stream that belongs to it
   stream_ = std::make_unique<cuda::Stream>();
+  if (opt.printSummary) {  // compiling takes seconds on a cold cache: say what is happening
+    std::printf("compiling the training step's kernels with NVRTC for %s ...\n", device().info().arch().c_str());
+    std::fflush(stdout);
+  }
   const codegen::KernelCacheStats before = codegen::KernelCache::instance().stats();
   CudaRunnerOptions ropt;
   ropt.tf32 = cfg.precision == "tf32";

@@ -64,6 +64,16 @@ Types inferMatMul(const Graph& g, const Node& n) {
   return one(out, dt(g, n));
 }
 
+Types inferMatMulActGrad(const Graph& g, const Node& n) {
+  Types t = inferMatMul(g, n);
+  if (in(g, n, 2) != t[0].shape)
+    fail(n, "matmul-act-grad: the activation input " + shapeString(in(g, n, 2)) + " must have the product's shape " +
+                shapeString(t[0].shape));
+  const std::string act = n.attrs.getString("activation", "relu");
+  if (act != "relu" && act != "gelu") fail(n, "matmul-act-grad: activation must be relu or gelu, got '" + act + "'");
+  return t;
+}
+
 Types binary(const Graph& g, const Node& n) {
   Shape out;
   if (!broadcastShapes(in(g, n, 0), in(g, n, 1), out))

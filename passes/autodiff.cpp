@@ -218,6 +218,7 @@ void gradFusedElementwise(GradCtx& c);  // below: needs the backprop driver
 
 void gradReluGrad(GradCtx& c) { noRule(c); }
 void gradGeluGrad(GradCtx& c) { noRule(c); }
+void gradMatMulActGrad(GradCtx& c) { noRule(c); }
 void gradTanhGrad(GradCtx& c) { noRule(c); }
 void gradSigmoidGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxGrad(GradCtx& c) { noRule(c); }

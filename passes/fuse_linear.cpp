@@ -72,8 +72,35 @@ public:
   }
 };
 
+// After autodiff: a layer's incoming gradient is a MatMul (the next layer's dX), and the first
+// thing done with it is the activation's derivative, ReluGrad(dy, x) or GeluGrad(dy, x). The
+// pair becomes one MatMulActGrad, the derivative applied as the GEMM's epilogue, which saves a
+// pass over the gradient (a read and a write of it, and a read of x, per layer).
+class FuseLinearGradPattern final : public RewritePattern {
+public:
+  const char* name() const override { return "linear-grad"; }
+  bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
+    Graph& g = ctx.graph();
+    const Node r = g.node(root);
+    if (r.op != OpKind::ReluGrad && r.op != OpKind::GeluGrad) return false;
+    const ValueId dy = r.inputs[0];
+    const Node* mm = ctx.producerIf(dy, OpKind::MatMul);
+    if (!mm || !ctx.hasSingleUse(dy) || ctx.isOutput(dy) || r.inputs[1] == dy) return false;
+    if (g.shape(r.inputs[1]) != g.shape(dy)) return false;  // the epilogue reads x at the product's index
+    AttrMap a;
+    a.set("activation", std::string(r.op == OpKind::ReluGrad ? "relu" : "gelu"));
+    a.set("transpose_a", mm->attrs.getBool("transpose_a", false));
+    a.set("transpose_b", mm->attrs.getBool("transpose_b", false));
+    const std::vector<NodeId> dead{root, mm->id};
+    const ValueId fused = g.add(OpKind::MatMulActGrad, {mm->inputs[0], mm->inputs[1], r.inputs[1]}, a);
+    ctx.replace(r.outputs[0], fused, dead);
+    return true;
+  }
+};
+
 }  // namespace
 
 std::unique_ptr<RewritePattern> makeFuseLinearPattern() { return std::make_unique<FuseLinearPattern>(); }
+std::unique_ptr<RewritePattern> makeFuseLinearGradPattern() { return std::make_unique<FuseLinearGradPattern>(); }
 
 }  // namespace pa

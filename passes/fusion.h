@@ -9,6 +9,7 @@
 namespace pa {
 
 std::unique_ptr<RewritePattern> makeFuseLinearPattern();
+std::unique_ptr<RewritePattern> makeFuseLinearGradPattern();
 std::unique_ptr<RewritePattern> makeFuseAttentionPattern();
 
 // Fuses chains of elementwise and broadcast ops into FusedElementwise nodes; returns the number

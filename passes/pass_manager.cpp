@@ -36,6 +36,8 @@ void registerBuiltins(PassRegistry& r) {
   };
   r.add({"fuse-linear", "MatMul -> Add(bias) -> ReLU | GELU become one FusedLinear", {}, {"autodiff"},
          greedy(&makeFuseLinearPattern)});
+  r.add({"fuse-linear-grad", "MatMul -> ReluGrad | GeluGrad in the backward become one MatMulActGrad", {"autodiff"},
+         {"fuse-elementwise"}, greedy(&makeFuseLinearGradPattern)});
   r.add({"fuse-attention", "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention", {}, {"autodiff"},
          greedy(&makeFuseAttentionPattern)});
   r.add({"fuse-elementwise", "chains of elementwise and broadcast ops become one FusedElementwise", {}, {},

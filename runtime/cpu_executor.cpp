@@ -60,6 +60,14 @@ void execMatMul(Ctx<T>& c) {
   cpu::matmul(c.in(0), c.in(1), c.out(), batch, a.size() > 2, b.size() > 2, m, n, k, ta, tb);
 }
 
+// The product, then the activation's derivative in place (ReluGrad/GeluGrad's formula).
+template <class T>
+void execMatMulActGrad(Ctx<T>& c) {
+  execMatMul(c);
+  const cpu::UnaryGradOp op = c.n.attrs.getString("activation", "relu") == "gelu" ? cpu::UnaryGradOp::Gelu : cpu::UnaryGradOp::Relu;
+  cpu::unaryGrad(op, c.out(), c.in(2), c.out(), c.outCount());
+}
+
 template <class T>
 void binary(Ctx<T>& c, cpu::BinaryOp op) {
   cpu::binary(op, c.in(0), broadcastView(c.inShape(0), c.outShape()), c.in(1),

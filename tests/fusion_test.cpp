@@ -14,6 +14,7 @@
 #include "graph/elementwise_expr.h"
 #include "graph/verifier.h"
 #include "passes/autodiff.h"
+#include "passes/dce.h"
 #include "passes/fusion.h"
 #include "passes/pass_manager.h"
 #include "test_util.h"
@@ -33,26 +34,17 @@ BuiltModel build(const std::string& modelYaml, std::vector<int64_t> input, std::
   return buildModel(cfg, input, target, batch);
 }
 
-// Runs `passes` on a copy of `before`, then checks loss and every parameter gradient of the
-// two graphs agree on random inputs. Float64 throughout: the fused kernels reorder sums, so
-// agreement is to rounding (~1e-15 relative), asserted at 1e-10.
-Graph runAndCompare(const BuiltModel& m, const std::vector<std::string>& passes, uint64_t seed = 7) {
-  Graph before = m.graph;
-  Graph after = m.graph;
-  runPipeline(after, passes, PipelineOptions{});
-  verifyGraph(after);
-  const Graph fusedForward = after;  // what the caller inspects: the forward graph after the passes
-  for (Graph* g : {&before, &after}) {
-    appendBackward(*g, g->output("loss"), g->params());
-    verifyGraph(*g);
-  }
+// Loss and every parameter gradient of two whole training graphs agree on the same random
+// parameters and inputs. Float64 throughout: the fused kernels reorder sums, so agreement is to
+// rounding (~1e-15 relative), asserted at 1e-10.
+void expectSameLossAndGradients(const Graph& before, const Graph& after, uint64_t seed) {
   CpuExecutor<double> eb(before), ea(after);
   const auto params = test::randomParams(before, seed);
   std::map<std::string, std::vector<double>> byName;
   for (const auto& kv : params) byName[before.value(kv.first).name] = kv.second;
   std::vector<std::vector<double>> storage;
   storage.reserve(2 * byName.size());
-  for (auto [g, ex] : {std::pair<Graph*, CpuExecutor<double>*>{&before, &eb}, {&after, &ea}}) {
+  for (auto [g, ex] : {std::pair<const Graph*, CpuExecutor<double>*>{&before, &eb}, {&after, &ea}}) {
     for (ValueId p : g->params()) {
       storage.push_back(byName.at(g->value(p).name));
       ex->bind(p, storage.back().data());
@@ -74,6 +66,21 @@ Graph runAndCompare(const BuiltModel& m, const std::vector<std::string>& passes,
     }
     EXPECT_LE(worst, 1e-10 * std::max(1.0, scale)) << name;
   }
+}
+
+// Runs `passes` on a copy of `before`, then checks loss and every parameter gradient of the
+// two graphs agree (expectSameLossAndGradients).
+Graph runAndCompare(const BuiltModel& m, const std::vector<std::string>& passes, uint64_t seed = 7) {
+  Graph before = m.graph;
+  Graph after = m.graph;
+  runPipeline(after, passes, PipelineOptions{});
+  verifyGraph(after);
+  const Graph fusedForward = after;  // what the caller inspects: the forward graph after the passes
+  for (Graph* g : {&before, &after}) {
+    appendBackward(*g, g->output("loss"), g->params());
+    verifyGraph(*g);
+  }
+  expectSameLossAndGradients(before, after, seed);
   return fusedForward;
 }
 
@@ -120,6 +127,77 @@ TEST(FuseLinear, SharedIntermediatesStopTheChain) {
   EXPECT_EQ(c[OpKind::FusedLinear], 1);  // w with its bias, activation none
   EXPECT_EQ(c[OpKind::MatMul], 1);       // w2: its output m has two users
   EXPECT_EQ(c[OpKind::Relu], 2);
+}
+
+// ---- fuse-linear-grad ---------------------------------------------------------------------
+
+// The backward of a ReLU (or GELU) MLP: each hidden layer's incoming gradient is the next
+// layer's dX matmul followed by the activation's derivative; the pair becomes one
+// MatMulActGrad. The first layer's dX is never computed (its input is data), so an L-layer MLP
+// has L-1 of them. Same loss and gradients as before the pass.
+TEST(FuseLinearGrad, BackwardMatMulAndActivationDerivativeBecomeOneNode) {
+  for (const char* act : {"relu", "gelu"}) {
+    SCOPED_TRACE(act);
+    const BuiltModel m = build(std::string("  layers: [{linear: {units: 7, activation: ") + act + "}}, {linear: {units: 6, activation: " +
+                                   act + "}}, {linear: {units: 2}}]\n",
+                               {5}, {2}, 3);
+    Graph before = m.graph;
+    runPipeline(before, {"fuse-linear", "autodiff"}, PipelineOptions{});
+    Graph after = m.graph;
+    runPipeline(after, {"fuse-linear", "autodiff", "fuse-linear-grad", "dce", "verify"}, PipelineOptions{});
+    auto c = countOps(after);
+    EXPECT_EQ(c[OpKind::MatMulActGrad], 2);
+    EXPECT_EQ(c[OpKind::ReluGrad] + c[OpKind::GeluGrad], 0);
+    expectSameLossAndGradients(before, after, 11);
+  }
+}
+
+// Built by hand: the pattern's operands in every transpose, a batched product, and the cases
+// it must leave alone (the product has another user; x is the product itself).
+TEST(FuseLinearGrad, TransposesAndSharedProducts) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Graph g;
+      const ValueId a = g.addParam("a", ta ? Shape{4, 3} : Shape{3, 4}, "xavier");
+      const ValueId b = g.addParam("b", tb ? Shape{5, 4} : Shape{4, 5}, "xavier");
+      const ValueId x = g.addParam("x", {3, 5}, "xavier");
+      AttrMap t;
+      t.set("transpose_a", ta);
+      t.set("transpose_b", tb);
+      const ValueId mm = g.add(OpKind::MatMul, {a, b}, t);
+      test::addWeightedSumLoss(g, g.add(OpKind::ReluGrad, {mm, x}));
+      Graph fused = g;
+      std::vector<std::unique_ptr<RewritePattern>> ps;
+      ps.push_back(makeFuseLinearGradPattern());
+      EXPECT_EQ(applyPatternsGreedily(fused, ps), 1);
+      eliminateDeadCode(fused);
+      verifyGraph(fused);
+      EXPECT_EQ(countOps(fused)[OpKind::MatMulActGrad], 1);
+      // Forward values only (the op is backward-only): the loss of both graphs.
+      CpuExecutor<double> e1(g), e2(fused);
+      const auto params = test::randomParams(g, 3);
+      std::vector<std::vector<double>> keep;
+      keep.reserve(8);
+      for (auto [gr, ex] : {std::pair<Graph*, CpuExecutor<double>*>{&g, &e1}, {&fused, &e2}}) {
+        for (ValueId p : gr->params()) {
+          keep.push_back(params.at(g.findValue(gr->value(p).name)));
+          ex->bind(p, keep.back().data());
+        }
+        for (ValueId in : gr->inputs()) test::fillRandom(ex->data(in), numel(gr->shape(in)), 5 + in);
+        ex->run();
+      }
+      EXPECT_NEAR(e2.data(fused.output("loss"))[0], e1.data(g.output("loss"))[0], 1e-12);
+    }
+  {  // the product is also an output: no fusion
+    Graph g;
+    const ValueId mm = g.add(OpKind::MatMul, {g.addParam("a", {3, 4}, "xavier"), g.addParam("b", {4, 5}, "xavier")});
+    const ValueId r = g.add(OpKind::ReluGrad, {mm, g.addParam("x", {3, 5}, "xavier")});
+    g.setOutput("product", mm);
+    g.setOutput("r", r);
+    std::vector<std::unique_ptr<RewritePattern>> ps;
+    ps.push_back(makeFuseLinearGradPattern());
+    EXPECT_EQ(applyPatternsGreedily(g, ps), 0);
+  }
 }
 
 TEST(FuseLinear, BareOrBatchedMatMulsAreNotLayers) {

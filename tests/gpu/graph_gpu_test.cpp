@@ -163,6 +163,37 @@ TEST(OpOnGpu, LargeReductionsMatchTheFloat64CpuExecutor) {
   }
 }
 
+// MatMulActGrad (a matmul with ReluGrad/GeluGrad as its epilogue) on awkward shapes, every
+// transpose, batched, and a long K that takes the split-K path (the epilogue then runs in the
+// reduce kernel). Forward only: the op is backward-only.
+TEST(OpOnGpu, MatMulActGradMatchesTheFloat64CpuExecutor) {
+  PA_REQUIRE_GPU();
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+    const char* act;
+  };
+  const std::vector<Case> cases = {{{33, 17}, {17, 129}, false, false, "relu"}, {{17, 33}, {17, 129}, true, false, "gelu"},
+                                   {{33, 17}, {129, 17}, false, true, "relu"},  {{17, 33}, {129, 17}, true, true, "gelu"},
+                                   {{3, 33, 17}, {17, 65}, false, false, "relu"}, {{2, 31, 17}, {2, 17, 9}, false, false, "gelu"},
+                                   {{256, 8192}, {8192, 256}, false, false, "relu"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.act) + " " + std::to_string(c.a.back()) + (c.ta ? "T" : "") + (c.tb ? " bT" : ""));
+    Graph g;
+    const ValueId a = g.addParam("a", c.a, "xavier"), b = g.addParam("b", c.b, "xavier");
+    AttrMap t;
+    t.set("transpose_a", c.ta);
+    t.set("transpose_b", c.tb);
+    const Shape out = g.shape(g.add(OpKind::MatMul, {a, b}, t));
+    t.set("activation", std::string(c.act));
+    const ValueId x = g.addParam("x", out, "xavier");
+    const ValueId fused = g.add(OpKind::MatMulActGrad, {a, b, x}, t);
+    g.setOutput("product", fused);  // compared element by element, not only through the loss
+    test::addWeightedSumLoss(g, fused);
+    compareOnGpu(g, 13, 1.0, Metric::MaxElement);
+  }
+}
+
 struct StepCase {
   std::string config;
   bool noFuse;
