@@ -15,6 +15,18 @@ struct DebugSwitches {
   bool cudaGraphs = true;           // PA_CUDA_GRAPH=0: launch every kernel of every GPU step instead of replaying a CUDA graph
 };
 
+// Kernel tuning overrides, for sweeps: the FlashAttention launcher's tile and rows-per-thread
+// choices (docs/flash_attention.md lists each). They are read at every kernel choice rather than
+// once, so a sweep (and the flash GPU test) can change them between runs; unset or empty: 0,
+// meaning "use the launcher's rule".
+//   PA_FLASH_FWD_TILE, PA_FLASH_FWD_MT     fp16/bf16 forward: keys per tile, m-tiles per warp
+//   PA_FLASH_DQ_TILE, PA_FLASH_DQ_MT       fp16/bf16 dQ kernel: keys per tile, m-tiles per warp
+//   PA_FLASH_F32_FWD_R, PA_FLASH_F32_BWD_R fp32 forward / backward: rows (keys) per thread
+inline int tuningOverride(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+
 inline const DebugSwitches& debugSwitches() {
   static const DebugSwitches s = [] {
     auto flag = [](const char* name, bool dflt) {

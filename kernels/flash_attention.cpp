@@ -7,6 +7,7 @@
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/nvrtc_compiler.h"
+#include "graph/debug.h"
 
 namespace pa {
 
@@ -255,7 +256,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
           break;
         }
     }
-    if (const char* e = std::getenv("PA_FLASH_F32_FWD_R")) s.mtiles = std::atoi(e);
+    if (const int r = tuningOverride("PA_FLASH_F32_FWD_R")) s.mtiles = r;
   }
   // fp32 backward: the same trade and rule with R in {4, 2, 1} keys (dK/dV) or rows (dQ) per
   // thread (sweep in bench/RESULTS_flash.md).
@@ -272,18 +273,18 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
           break;
         }
     }
-    if (const char* e = std::getenv("PA_FLASH_F32_BWD_R")) s.mtiles = std::atoi(e);
+    if (const int r = tuningOverride("PA_FLASH_F32_BWD_R")) s.mtiles = r;
   }
   if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32) {
-    if (const char* e = std::getenv("PA_FLASH_FWD_TILE")) s.tile = std::atoi(e);
-    if (const char* e = std::getenv("PA_FLASH_FWD_MT")) s.mtiles = std::atoi(e);
+    if (const int t = tuningOverride("PA_FLASH_FWD_TILE")) s.tile = t;
+    if (const int m = tuningOverride("PA_FLASH_FWD_MT")) s.mtiles = m;
   }
   // dQ kernel: the forward's 128-row blocks; S and dP of 2 x 32 keys beside dQ above head dim 64.
   if (kind == FlashKernelKind::kBwdDq && cfg.dtype != kFlashF32) {
-    if (const char* e = std::getenv("PA_FLASH_DQ_MT")) s.mtiles = std::atoi(e);
+    if (const int m = tuningOverride("PA_FLASH_DQ_MT")) s.mtiles = m;
     else s.mtiles = s.dpad <= 128 ? 2 : 1;
     if (s.mtiles == 2 && s.dpad > 64) s.tile = 32;
-    if (const char* e = std::getenv("PA_FLASH_DQ_TILE")) s.tile = std::atoi(e);
+    if (const int t = tuningOverride("PA_FLASH_DQ_TILE")) s.tile = t;
   }
   // Backward, FlashAttention-2 scheme: 8 warps x 16 keys share each Q/dO tile (4 at head dim 256,
   // where the key tiles of 128 rows would not fit shared memory).
