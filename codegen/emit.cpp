@@ -560,7 +560,9 @@ NodeKernels emitInput(const Ctx&) { return {}; }
 NodeKernels emitParam(const Ctx&) { return {}; }
 NodeKernels emitConstant(const Ctx&) { return {}; }
 
-NodeKernels emitMatMul(const Ctx& c) {
+// A MatMul-shaped node (transpose_a/transpose_b, batched or shared operands) as one GEMM with
+// the given epilogue.
+NodeKernels matmulGemm(const Ctx& c, const std::string& epi, const std::string& members, const std::string& init) {
   const Shape& a = c.in(0);
   const Shape& b = c.in(1);
   const bool ta = c.n.attrs.getBool("transpose_a", false), tb = c.n.attrs.getBool("transpose_b", false);
@@ -569,27 +571,21 @@ NodeKernels emitMatMul(const Ctx& c) {
   const int64_t batchA = numel(llvm::ArrayRef<int64_t>(a.data(), a.size() - 2));
   const int64_t batchB = numel(llvm::ArrayRef<int64_t>(b.data(), b.size() - 2));
   // A batch of row blocks times one shared matrix is a single taller GEMM.
-  if (a.size() > 2 && b.size() == 2 && !ta) return gemm(c, 1, 0, 0, batchA * m, n, k, false, tb, "", "", "");
-  return gemm(c, std::max(batchA, batchB), a.size() > 2 ? m * k : 0, b.size() > 2 ? k * n : 0, m, n, k, ta, tb, "", "", "");
+  if (a.size() > 2 && b.size() == 2 && !ta) return gemm(c, 1, 0, 0, batchA * m, n, k, false, tb, epi, members, init);
+  return gemm(c, std::max(batchA, batchB), a.size() > 2 ? m * k : 0, b.size() > 2 ? k * n : 0, m, n, k, ta, tb, epi, members,
+              init);
 }
+
+NodeKernels emitMatMul(const Ctx& c) { return matmulGemm(c, "", "", ""); }
 
 // The matmul with ReluGrad/GeluGrad's formula as its epilogue (x: the saved activation input).
 NodeKernels emitMatMulActGrad(const Ctx& c) {
-  const Shape& a = c.in(0);
-  const Shape& b = c.in(1);
-  const bool ta = c.n.attrs.getBool("transpose_a", false), tb = c.n.attrs.getBool("transpose_b", false);
-  const int64_t m = ta ? a[a.size() - 1] : a[a.size() - 2], k = ta ? a[a.size() - 2] : a[a.size() - 1];
-  const int64_t n = tb ? b[b.size() - 2] : b[b.size() - 1];
-  const int64_t batchA = numel(llvm::ArrayRef<int64_t>(a.data(), a.size() - 2));
-  const int64_t batchB = numel(llvm::ArrayRef<int64_t>(b.data(), b.size() - 2));
   const std::string members = "  const float* __restrict__ x;\n", init = "  epilogue.x = in2;\n";
   const std::string epi = c.n.attrs.getString("activation", "relu") == "gelu"
                               ? "    { const float s = x[i];\n      v = v * (0.5f * (1.0f + erff(s * 0.70710678118654752f)) + "
                                 "s * 0.39894228040143268f * expf(-0.5f * s * s)); }\n"
                               : "    v = x[i] > 0.0f ? v : 0.0f;\n";
-  if (a.size() > 2 && b.size() == 2 && !ta) return gemm(c, 1, 0, 0, batchA * m, n, k, false, tb, epi, members, init);
-  return gemm(c, std::max(batchA, batchB), a.size() > 2 ? m * k : 0, b.size() > 2 ? k * n : 0, m, n, k, ta, tb, epi, members,
-              init);
+  return matmulGemm(c, epi, members, init);
 }
 
 NodeKernels emitAdd(const Ctx& c) { return primitive(c); }
