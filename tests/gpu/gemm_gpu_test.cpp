@@ -12,20 +12,14 @@
 
 #include "codegen/kernel_cache.h"
 #include "tests/gpu/gemm_harness.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace pa {
 namespace {
 
 using gemmtest::GemmProblem;
 
-cuda::Device& device() {
-  static cuda::Device d(0);
-  return d;
-}
-
-#define PA_REQUIRE_GPU()                                                                     \
-  if (!cuda::Driver::instance().available())                                                 \
-  GTEST_SKIP() << "no CUDA device: " << cuda::Driver::instance().unavailableReason()
+cuda::Device& device() { return test::gpuDevice(); }
 
 struct GemmCase {
   std::string name;

@@ -14,6 +14,7 @@
 #include "frontend/datasets.h"
 #include "frontend/trainer.h"
 #include "runtime/cuda_graph_runner.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "../op_cases.h"
 #include "../test_util.h"
 
@@ -27,14 +28,7 @@ std::string sourceDir() {
   return env && *env ? env : PA_SOURCE_DIR;
 }
 
-cuda::Device& device() {
-  static cuda::Device d(0);
-  return d;
-}
-
-#define PA_REQUIRE_GPU()                                                                     \
-  if (!cuda::Driver::instance().available())                                                 \
-  GTEST_SKIP() << "no CUDA device: " << cuda::Driver::instance().unavailableReason()
+cuda::Device& device() { return test::gpuDevice(); }
 
 // How an output is compared with the float64 reference, both at DESIGN.md's fp32 bar of 1e-4.
 enum class Metric {
