@@ -6,6 +6,8 @@
 #include <cmath>
 #include <memory>
 
+#include "frontend/progress.h"
+
 namespace pa {
 
 double compareTolerance(const Config& cfg) { return cfg.precision == "fp64" ? 1e-10 : 1e-5; }
@@ -14,11 +16,6 @@ namespace {
 
 double relDiff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
 
-std::string mib(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
 
 }  // namespace
 
@@ -122,8 +119,8 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
     std::fprintf(out, "%-28s %16d %16d   (%s)\n", "kernel launches per step", fused->launchesPerStep(), free->launchesPerStep(),
                  fused->replaysCudaGraph() ? "each step replays one CUDA graph" : "launched one by one");
   std::fprintf(out, "%-28s %16zu %16zu\n", "nodes per step", r.fused.trainNodes, r.unfused.trainNodes);
-  std::fprintf(out, "%-28s %16s %16s\n", "peak activation memory", mib(r.fused.activationBytes).c_str(),
-               mib(r.unfused.activationBytes).c_str());
+  std::fprintf(out, "%-28s %16s %16s\n", "peak activation memory", formatMiB(r.fused.activationBytes).c_str(),
+               formatMiB(r.unfused.activationBytes).c_str());
   double firstGrad = 0;
   for (const auto& kv : r.gradRelDiff) firstGrad = std::max(firstGrad, std::isfinite(kv.second) ? kv.second : INFINITY);
   r.agree = r.maxLossRelDiff <= r.tolerance && firstGrad <= r.tolerance;

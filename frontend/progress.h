@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -29,5 +30,7 @@ private:
 };
 
 std::string formatDuration(double seconds);
+// "12.34 MiB".
+std::string formatMiB(size_t bytes);
 
 }  // namespace pa

@@ -112,12 +112,6 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
 
 namespace {
 
-std::string humanBytes(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 std::string humanCount(int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
@@ -374,7 +368,14 @@ public:
   void enqueueStep(int64_t step) override;
   std::vector<double> takeLosses() override;
   bool asynchronous() const override { return true; }
-  int launchesPerStep() const override { return launchesPerStep_; }
+  // The captured graph's node count once there is one (every node a kernel: the staging copy
+  // stays outside it), else the launches queueStepKernels makes, the FlashAttention launcher's
+  // as counted at the runner's last run.
+  int launchesPerStep() const override {
+    if (graph_.ready()) return static_cast<int>(graph_.nodeCount());
+    const bool clip = cfg_.train.optimizer.clipGradNorm > 0 && chunkCount_ > 0;
+    return 2 + runner_->launchesPerRun() + (clip ? 2 : 0) + (chunkCount_ > 0 ? 1 : 0) + 1;  // gather x, y; graph; clip; Adam; loss
+  }
   bool replaysCudaGraph() const override { return graph_.ready(); }
   void printProfile(std::FILE* out, int top) override;
   double validate() override;
@@ -433,7 +434,6 @@ private:
   std::vector<Param> params_;
   std::unique_ptr<BatchOrder> order_;
   int64_t steps_ = 0, evalBatch_ = 1;
-  int launchesPerStep_ = 0;
   bool useGraph_ = true;
   TrainResult res_;
 };
@@ -525,8 +525,6 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
 
   steps_ = stepsToTrain(cfg, opt, data_.train.count);
   order_ = std::make_unique<BatchOrder>(data_.train.count, cfg.seed, cfg.data.shuffle);
-  // gather x and y, the graph, clipping (2), Adam, the loss record
-  launchesPerStep_ = 2 + runner_->launchesPerRun() + (cfg.train.optimizer.clipGradNorm > 0 ? 2 : 0) + 2;
   res_.device = deviceName + " (" + device().info().name + ")";
   res_.parameterCount = paramCount;
   res_.forwardNodes = tg.forwardNodes;
@@ -542,8 +540,8 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
                 runner_->generatedKernels() + evalRunner_->generatedKernels(), runner_->programs(), evalRunner_->programs(),
                 (long long)(after.misses - before.misses),
                 (long long)(after.memoryHits + after.diskHits - before.memoryHits - before.diskHits),
-                runner_->compileSeconds() + evalRunner_->compileSeconds(), humanBytes(runner_->arenaBytes()).c_str(),
-                humanBytes(3 * stateBytes).c_str());
+                runner_->compileSeconds() + evalRunner_->compileSeconds(), formatMiB(runner_->arenaBytes()).c_str(),
+                formatMiB(3 * stateBytes).c_str());
     std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", data_.description.c_str(),
                 (long long)data_.train.count, (long long)nVal, (long long)batch, (long long)steps_);
     std::fflush(stdout);
@@ -597,13 +595,12 @@ void CudaSession::enqueueStep(int64_t step) {
   const int slot = static_cast<int>(queued_ % kStagingSlots);
   if (queued_ >= kStagingSlots) slotDone_[static_cast<size_t>(slot)]->synchronize();  // its last copy has run
   char* staging = static_cast<char*>(staging_.data()) + static_cast<size_t>(slot) * stepBytes_;
-  const cpu::AdamHyper h{cfg_.train.optimizer.lr, cfg_.train.optimizer.beta1, cfg_.train.optimizer.beta2,
-                         cfg_.train.optimizer.eps, cfg_.train.optimizer.weightDecay};
+  const OptimizerConfig& opt = cfg_.train.optimizer;
   codegen::StepHeader head;
   head.lr = scheduledLr(cfg_.train, step, steps_);
-  head.c1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
-  head.c2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
-  head.decay = 1.0 - head.lr * h.weightDecay;
+  head.c1 = 1.0 - std::pow(opt.beta1, static_cast<double>(step));
+  head.c2 = 1.0 - std::pow(opt.beta2, static_cast<double>(step));
+  head.decay = 1.0 - head.lr * opt.weightDecay;
   head.lossSlot = queued_ % kLossRing;
   std::memcpy(staging, &head, sizeof head);
   const int64_t batch = cfg_.train.batchSize;

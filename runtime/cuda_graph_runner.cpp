@@ -33,7 +33,7 @@ int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
 CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
-    : g_(g), device_(device), opt_(opt), order_(g.topoOrder()) {
+    : g_(g), device_(device), order_(g.topoOrder()) {
   device_.makeCurrent();
   const MemoryPlan plan = planMemory(g, 16, /*aliasReshapes=*/true);
   offset_ = plan.offset;
@@ -80,7 +80,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     }
   }
   launchesPerRun_ = kernelCount_;  // plus the launcher's, counted by run()
-  compile(device);
+  compile();
 
   // Arguments are resolved once; the vectors are never resized afterwards, so &args[i] holds.
   for (NodeId id : order_) {
@@ -117,7 +117,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
 // cores (at most 8, and no program smaller than 4 kernels), compiled by one thread each. The
 // split depends only on the kernel count and the core count, so the cache keys are stable on
 // a machine.
-void CudaGraphRunner::compile(const cuda::Device& device) {
+void CudaGraphRunner::compile() {
   if (kernelCount_ == 0) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -139,7 +139,7 @@ void CudaGraphRunner::compile(const cuda::Device& device) {
       req.kernelName = "graph part " + std::to_string(i + 1) + "/" + std::to_string(sources.size());
       req.source = sources[i];
       req.headers = headers;
-      req.arch = device.info().arch();
+      req.arch = device_.info().arch();
       req.extraOptions = {"-lineinfo"};
       results[i] = codegen::KernelCache::instance().compile(req);
     } catch (const codegen::NvrtcError& e) {

@@ -60,11 +60,10 @@ public:
 private:
   struct Launch;
   void runNode(NodeId id, cuda::CUstream stream);
-  void compile(const cuda::Device& device);
+  void compile();
   cuda::CUdeviceptr ptr(ValueId v) const;
   const Graph& g_;
   const cuda::Device& device_;
-  CudaRunnerOptions opt_;
   std::vector<NodeId> order_;
   cuda::DeviceBuffer arena_, params_;
   std::vector<int64_t> offset_;                        // arena offset (floats) per value, -1 if none

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <utility>
 
 #include "frontend/compare.h"
 #include "frontend/config.h"
@@ -265,18 +266,24 @@ TEST(TrainOnGpu, ClippingWeightDecayAndScheduleMatchTheCpu) {
   EXPECT_LE(worst, 1e-4);
 }
 
-// Replaying the captured CUDA graph runs the same kernels on the same data as launching them one
-// by one, so the two trainings are bit-identical; the captured step is one graph launch.
-TEST(TrainOnGpu, CudaGraphReplayIsBitIdenticalToEagerLaunches) {
-  PA_REQUIRE_GPU();
-  const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml", {"train.steps=40", "train.log_every=20"});
+// Two GPU sessions of `cfg` from the same seed: one replays the step as a CUDA graph, the other
+// launches its kernels one by one.
+std::pair<std::unique_ptr<Session>, std::unique_ptr<Session>> graphedAndEager(const Config& cfg) {
   RunOptions o;
   o.progress = ProgressMode::Quiet;
   o.printSummary = false;
   o.device = "cuda";
   std::unique_ptr<Session> graphed = makeSession(cfg, o);
   o.cudaGraph = false;
-  std::unique_ptr<Session> eager = makeSession(cfg, o);
+  return {std::move(graphed), makeSession(cfg, o)};
+}
+
+// Replaying the captured CUDA graph runs the same kernels on the same data as launching them one
+// by one, so the two trainings are bit-identical; the captured step is one graph launch.
+TEST(TrainOnGpu, CudaGraphReplayIsBitIdenticalToEagerLaunches) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml", {"train.steps=40", "train.log_every=20"});
+  auto [graphed, eager] = graphedAndEager(cfg);
   for (int64_t s = 1; s <= 40; ++s) {
     graphed->enqueueStep(s);
     eager->enqueueStep(s);
@@ -288,6 +295,8 @@ TEST(TrainOnGpu, CudaGraphReplayIsBitIdenticalToEagerLaunches) {
   EXPECT_TRUE(graphed->replaysCudaGraph());
   EXPECT_FALSE(eager->replaysCudaGraph());
   EXPECT_GT(graphed->launchesPerStep(), 5);
+  // The graph's node count and the count of one-by-one launches (FlashAttention's included).
+  EXPECT_EQ(graphed->launchesPerStep(), eager->launchesPerStep());
   EXPECT_EQ(graphed->params(), eager->params());
   std::printf("  sine_attention: %d kernel launches per step, replayed as one CUDA graph\n", graphed->launchesPerStep());
 }
@@ -296,13 +305,7 @@ TEST(TrainOnGpu, CudaGraphReplayIsBitIdenticalToEagerLaunches) {
 TEST(TrainOnGpu, LossesOfManyQueuedStepsComeBackInOrder) {
   PA_REQUIRE_GPU();
   const Config cfg = loadConfig(sourceDir() + "/configs/sine_mlp.yaml", {"train.steps=5000"});
-  RunOptions o;
-  o.progress = ProgressMode::Quiet;
-  o.printSummary = false;
-  o.device = "cuda";
-  std::unique_ptr<Session> gpu = makeSession(cfg, o);
-  o.cudaGraph = false;
-  std::unique_ptr<Session> eager = makeSession(cfg, o);
+  auto [gpu, eager] = graphedAndEager(cfg);
   for (int64_t s = 1; s <= 5000; ++s) gpu->enqueueStep(s);
   const std::vector<double> all = gpu->takeLosses();
   ASSERT_EQ(all.size(), 5000u);
