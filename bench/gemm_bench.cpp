@@ -1,5 +1,6 @@
 // Times the generated GEMM kernels (one-node MatMul / FusedLinear graphs, fp32 and TF32) with
-// CUDA events: the issue-6 square product and mlp_wide's forward, dX and dW GEMMs. Writes a CSV
+// CUDA events: the issue-6 square product and mlp_wide's and attn_block's forward, dX and dW
+// GEMMs; and the same nodes on the cuBLASLt provider (variant "cublaslt"). Writes a CSV
 // that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
 //   gemm_bench [--csv FILE] [--sweep]     --sweep also times every tile variant and the
 //                                         config variants kept here until one wins (STYLE.md 6)
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cuda/cublaslt.h"
 #include "tests/gpu/gemm_harness.h"
 
 namespace pa {
@@ -46,6 +48,12 @@ std::vector<Shape3> shapes() {
   mm("mlp256in_dW", 256, 1024, 8192, true, false);
   fwd("mlp256out_fwd", 8192, 256, 1024);
   mm("mlp256out_dW", 1024, 256, 8192, true, false);
+  // attn_block's projections (d 256 over 32 × 256 tokens): forward with bias, dX, dW.
+  GemmProblem proj;
+  proj.fused = true, proj.bias = true, proj.a = {8192, 256}, proj.b = {256, 256};
+  s.push_back({"attn_proj_fwd", proj, 8192, 256, 256});
+  mm("attn_proj_dX", 8192, 256, 256, false, true);
+  mm("attn_proj_dW", 256, 256, 8192, true, false);
   return s;
 }
 
@@ -72,6 +80,34 @@ double timeNode(gemmtest::NodeOnGpu& node, const std::vector<std::vector<cuda::D
   }
   PA_CU_CHECK(cuEventDestroy(start));
   PA_CU_CHECK(cuEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The same node through the graph runner with cuBLASLt (compiler.gemm: cublaslt, its fastest
+// heuristic candidate, epilogue included), timed the same way on one random input set.
+double timeCublasLt(const Graph& g, NodeId id, bool tf32, int warmup, int reps) {
+  CudaRunnerOptions opt;
+  opt.tf32 = tf32;
+  opt.gemm = GemmProvider::Cublaslt;
+  CudaGraphRunner runner(g, device(), opt);
+  const Node& node = g.node(id);
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    const std::vector<float> h = gemmtest::randomValues(numel(g.shape(node.inputs[i])), 7000u + i);
+    runner.upload(node.inputs[i], h.data());
+  }
+  cuda::Event start(true), stop(true);
+  for (int i = 0; i < warmup; ++i) runner.run();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    start.record(nullptr);
+    runner.run();
+    stop.record(nullptr);
+    stop.synchronize();
+    float t = 0;
+    PA_CU_CHECK(cuEventElapsedTime(&t, start.get(), stop.get()));
+    ms.push_back(t);
+  }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -106,6 +142,11 @@ int run(int argc, char** argv) {
   }
   std::printf("device: %s (%s, %d SMs)\n", device().info().name.c_str(), device().info().arch().c_str(),
               device().info().multiprocessors);
+  const cuda::CublasLt& lt = cuda::CublasLt::instance();
+  if (lt.available())
+    std::printf("cuBLASLt %zu from %s\n", lt.version(), lt.path().c_str());
+  else
+    std::printf("cuBLASLt unavailable (%s): no cublaslt rows\n", lt.unavailableReason().c_str());
   std::FILE* csv = std::fopen(csvPath.c_str(), "w");
   if (!csv) {
     std::fprintf(stderr, "gemm_bench: cannot write %s\n", csvPath.c_str());
@@ -134,8 +175,7 @@ int run(int argc, char** argv) {
         sets[static_cast<size_t>(si)].back().upload(h.data(), h.size() * sizeof(float));
       }
     const double flops = 2.0 * static_cast<double>(s.m) * s.n * s.k;
-    auto report = [&](gemmtest::NodeOnGpu& gpu, bool tf32, const std::string& variant) {
-      const double ms = timeNode(gpu, sets, 5, 30);
+    auto reportMs = [&](double ms, bool tf32, const std::string& variant) {
       const double tflops = flops / (ms * 1e-3) / 1e12;
       std::printf("%-15s %-5s %-26s %10.4f %9.1f\n", s.name.c_str(), tf32 ? "tf32" : "fp32", variant.c_str(), ms, tflops);
       std::fprintf(csv, "%s,%s,%s,%lld,%lld,%lld,%d,%d,%d,%.5f,%.2f\n", s.name.c_str(), tf32 ? "tf32" : "fp32",
@@ -143,6 +183,9 @@ int run(int argc, char** argv) {
                    s.p.ta ? 1 : 0, s.p.tb ? 1 : 0, s.p.fused ? 1 : 0, ms, tflops);
       std::fflush(stdout);
       std::fflush(csv);
+    };
+    auto report = [&](gemmtest::NodeOnGpu& gpu, bool tf32, const std::string& variant) {
+      reportMs(timeNode(gpu, sets, 5, 30), tf32, variant);
     };
     for (bool tf32 : {false, true}) {
       std::vector<std::pair<std::string, GemmTile>> tiles = {{"auto", GemmTile::Auto}};
@@ -154,6 +197,7 @@ int run(int argc, char** argv) {
         gemmtest::NodeOnGpu gpu(g, id, opt, device());
         report(gpu, tf32, t.first);
       }
+      if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), tf32, "cublaslt");
       if (!sweep) continue;
       for (const ConfigVariant& cv : configs) {
         if (cv.tf32 != tf32) continue;

@@ -10,11 +10,15 @@ if(PA_BUILD_TESTS)
   enable_testing()
 endif()
 
-# CUDA driver loader (runtime/cuda).
+# CUDA driver and cuBLASLt loaders (runtime/cuda). cublasLt.h (CUDA toolkit) gives cuBLASLt's
+# types and signatures; the library itself is dlopen'ed.
+find_path(PA_CUBLASLT_INCLUDE cublasLt.h PATHS /usr/local/cuda/include /usr/include REQUIRED)
 add_library(pa_cuda_driver STATIC
   ${PA_ROOT}/runtime/cuda/cuda_driver.cpp
-  ${PA_ROOT}/runtime/cuda/cuda_device.cpp)
+  ${PA_ROOT}/runtime/cuda/cuda_device.cpp
+  ${PA_ROOT}/runtime/cuda/cublaslt.cpp)
 target_include_directories(pa_cuda_driver PUBLIC ${PA_ROOT})
+set_source_files_properties(${PA_ROOT}/runtime/cuda/cublaslt.cpp PROPERTIES INCLUDE_DIRECTORIES ${PA_CUBLASLT_INCLUDE})
 target_link_libraries(pa_cuda_driver PUBLIC ${CMAKE_DL_LIBS})
 set_target_properties(pa_cuda_driver PROPERTIES POSITION_INDEPENDENT_CODE ON)
 

@@ -40,6 +40,8 @@ std::string num(double v) {
   return s;
 }
 std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+// GELU (the erf form) of the expression `x`.
+std::string geluOf(const std::string& x) { return "0.5f * " + x + " * (1.0f + erff(" + x + " * 0.70710678118654752f))"; }
 
 std::string sanitize(const std::string& s) {
   std::string r;
@@ -560,20 +562,42 @@ NodeKernels emitInput(const Ctx&) { return {}; }
 NodeKernels emitParam(const Ctx&) { return {}; }
 NodeKernels emitConstant(const Ctx&) { return {}; }
 
-// A MatMul-shaped node (transpose_a/transpose_b, batched or shared operands) as one GEMM with
-// the given epilogue.
-NodeKernels matmulGemm(const Ctx& c, const std::string& epi, const std::string& members, const std::string& init) {
+// A MatMul-shaped node (transpose_a/transpose_b, batched or shared operands) as one GEMM.
+GemmGeometry matmulGeometry(const Ctx& c) {
   const Shape& a = c.in(0);
   const Shape& b = c.in(1);
-  const bool ta = c.n.attrs.getBool("transpose_a", false), tb = c.n.attrs.getBool("transpose_b", false);
-  const int64_t m = ta ? a[a.size() - 1] : a[a.size() - 2], k = ta ? a[a.size() - 2] : a[a.size() - 1];
-  const int64_t n = tb ? b[b.size() - 2] : b[b.size() - 1];
+  GemmGeometry q;
+  q.transA = c.n.attrs.getBool("transpose_a", false);
+  q.transB = c.n.attrs.getBool("transpose_b", false);
+  q.m = q.transA ? a[a.size() - 1] : a[a.size() - 2];
+  q.k = q.transA ? a[a.size() - 2] : a[a.size() - 1];
+  q.n = q.transB ? b[b.size() - 2] : b[b.size() - 1];
   const int64_t batchA = numel(llvm::ArrayRef<int64_t>(a.data(), a.size() - 2));
   const int64_t batchB = numel(llvm::ArrayRef<int64_t>(b.data(), b.size() - 2));
-  // A batch of row blocks times one shared matrix is a single taller GEMM.
-  if (a.size() > 2 && b.size() == 2 && !ta) return gemm(c, 1, 0, 0, batchA * m, n, k, false, tb, epi, members, init);
-  return gemm(c, std::max(batchA, batchB), a.size() > 2 ? m * k : 0, b.size() > 2 ? k * n : 0, m, n, k, ta, tb, epi, members,
-              init);
+  if (a.size() > 2 && b.size() == 2 && !q.transA) {  // a batch of row blocks times one shared matrix: one taller GEMM
+    q.m *= batchA;
+    return q;
+  }
+  q.batch = std::max(batchA, batchB);
+  q.strideA = a.size() > 2 ? q.m * q.k : 0;
+  q.strideB = b.size() > 2 ? q.k * q.n : 0;
+  return q;
+}
+
+GemmGeometry fusedLinearGeometry(const Ctx& c) {
+  const Shape& x = c.in(0);
+  const Shape& w = c.in(1);
+  GemmGeometry q;
+  q.transB = c.n.attrs.getBool("transpose_w", false);
+  q.k = x.back();
+  q.n = q.transB ? w[0] : w[1];
+  q.m = numel(x) / std::max<int64_t>(q.k, 1);
+  return q;
+}
+
+NodeKernels matmulGemm(const Ctx& c, const std::string& epi, const std::string& members, const std::string& init) {
+  const GemmGeometry q = matmulGeometry(c);
+  return gemm(c, q.batch, q.strideA, q.strideB, q.m, q.n, q.k, q.transA, q.transB, epi, members, init);
 }
 
 NodeKernels emitMatMul(const Ctx& c) { return matmulGemm(c, "", "", ""); }
@@ -796,10 +820,7 @@ NodeKernels emitMseLoss(const Ctx& c) {
 }
 
 NodeKernels emitFusedLinear(const Ctx& c) {
-  const Shape& x = c.in(0);
-  const Shape& w = c.in(1);
-  const bool tw = c.n.attrs.getBool("transpose_w", false);
-  const int64_t k = x.back(), n = tw ? w[0] : w[1], rows = numel(x) / std::max<int64_t>(k, 1);
+  const GemmGeometry q = fusedLinearGeometry(c);
   const std::string act = c.n.attrs.getString("activation", "none");
   // The epilogue functor: bias by column, GELU's input saved to out1 (its gradient reads it).
   std::string epi, members, init;
@@ -811,13 +832,88 @@ NodeKernels emitFusedLinear(const Ctx& c) {
   if (act == "gelu") {
     members += "  float* __restrict__ pre;\n";
     init += "  epilogue.pre = out1;\n";
-    epi += "    pre[i] = v;\n    v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));\n";
+    epi += "    pre[i] = v;\n    v = " + geluOf("v") + ";\n";
   }
   if (act == "relu") epi += "    v = fmaxf(v, 0.0f);\n";
-  return gemm(c, 1, 0, 0, rows, n, k, false, tw, epi, members, init);
+  return gemm(c, 1, 0, 0, q.m, q.n, q.k, false, q.transB, epi, members, init);
 }
 
+// ---- GEMMs run by a library (cuBLASLt) -------------------------------------------------------
+
+// Note on library GEMMs. cuBLASLt computes the product and, where it can, the bias and ReLU;
+// its GELU is the tanh approximation, not the erf form the graph means, so GELU and the
+// activation derivatives of matmul-act-grad run here as one elementwise pass over its result.
+const char* kLibraryEpilogue = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < ${COUNT}; i += (long long)gridDim.x * 256) {
+    float v = ${SOURCE}[i];
+${BODY}  }
+}
+)";
+
 }  // namespace
+
+LibraryGemm libraryGemmOf(const Graph& g, NodeId id) {
+  const Node& n = g.node(id);
+  const Ctx c{g, n};
+  LibraryGemm lg;
+  switch (n.op) {
+  case OpKind::MatMul:
+  case OpKind::MatMulActGrad: lg.geometry = matmulGeometry(c); break;
+  case OpKind::FusedLinear: {
+    lg.geometry = fusedLinearGeometry(c);
+    lg.bias = n.inputs.size() == 3;
+    const std::string act = n.attrs.getString("activation", "none");
+    lg.relu = act == "relu";
+    lg.output = act == "gelu" ? 1 : 0;  // the saved pre-activation; out0 = GELU(out1) afterwards
+    break;
+  }
+  default: return lg;
+  }
+  lg.supported = true;
+  return lg;
+}
+
+NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, bool libraryRelu) {
+  const Node& n = g.node(id);
+  const Ctx c{g, n};
+  const LibraryGemm lg = libraryGemmOf(g, id);
+  assert(lg.supported);
+  const int64_t count = numel(c.out(0));
+  std::string body;
+  std::vector<KernelArg> args;
+  if (n.op == OpKind::MatMulActGrad) {
+    const bool gelu = n.attrs.getString("activation", "relu") == "gelu";
+    body = gelu ? "    const float s = in2[i];\n    out0[i] = v * (0.5f * (1.0f + erff(s * 0.70710678118654752f)) + "
+                  "s * 0.39894228040143268f * expf(-0.5f * s * s));\n"
+                : "    out0[i] = in2[i] > 0.0f ? v : 0.0f;\n";
+    args = {{KernelArg::Input, 2}, {KernelArg::Output, 0}};
+  } else if (n.op == OpKind::FusedLinear) {
+    const bool gelu = lg.output == 1;
+    const bool addBias = lg.bias && !libraryBias, relu = lg.relu && !libraryRelu;
+    if (!gelu && !addBias && !relu) return {};
+    if (addBias) {
+      body += "    v += in2[i % " + ll(lg.geometry.n) + "];\n";
+      args.push_back({KernelArg::Input, 2});
+    }
+    if (gelu) {
+      if (addBias) body += "    out1[i] = v;\n";
+      body += "    out0[i] = " + geluOf("v") + ";\n";
+      args.push_back({KernelArg::Output, 0});
+      args.push_back({KernelArg::Output, 1});
+    } else {
+      body += relu ? "    out0[i] = fmaxf(v, 0.0f);\n" : "    out0[i] = v;\n";
+      args.push_back({KernelArg::Output, 0});
+    }
+  } else {
+    return {};  // MatMul: the product is the result
+  }
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "epilogue", kLibraryEpilogue,
+                              {{"COUNT", ll(count)}, {"SOURCE", "out" + std::to_string(lg.output)}, {"BODY", body}},
+                              {gridFor(count), 1, 1}, kThreads, args));
+  return nk;
+}
 
 FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
   const Ctx c{g, n};

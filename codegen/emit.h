@@ -45,6 +45,27 @@ struct EmitOptions {
   int gemmSplits = 0;  // K splits of a single (unbatched) GEMM; 0: from the shape
 };
 
+// A GEMM node's product in row-major terms: C[b] = op(A[b])·op(B[b]), M×N over K, where A is the
+// node's input 0 and B its input 1; a stride of 0 shares one matrix across the batch.
+struct GemmGeometry {
+  int64_t batch = 1, m = 0, n = 0, k = 0, strideA = 0, strideB = 0;
+  bool transA = false, transB = false;
+};
+
+// How a GEMM node (MatMul, FusedLinear, MatMulActGrad) maps onto a library GEMM (cuBLASLt):
+// the product, the bias (input 2) and ReLU it may apply, and the output it writes (FusedLinear
+// with GELU: the pre-activation, out1). `supported` is false for every other node.
+struct LibraryGemm {
+  bool supported = false;
+  GemmGeometry geometry;
+  bool bias = false, relu = false;
+  int output = 0;
+};
+LibraryGemm libraryGemmOf(const Graph& g, NodeId id);
+// What remains of the node's epilogue once the library has written its product (with the bias
+// and ReLU where `libraryBias`/`libraryRelu`): zero or one elementwise kernel, in place.
+NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, bool libraryRelu);
+
 // fp32 kernels for node `id` (Input, Param and Constant need none: constants are uploaded).
 NodeKernels emitNode(const Graph& g, NodeId id);
 NodeKernels emitNode(const Graph& g, NodeId id, const EmitOptions& opt);

@@ -249,7 +249,13 @@ void parseTrain(const CfgNode& n, TrainConfig& t) {
 }
 
 void parseCompiler(const CfgNode& n, CompilerConfig& c) {
-  n.checkKeys({"fuse", "passes"});
+  n.checkKeys({"fuse", "passes", "gemm"});
+  if (n.has("gemm")) {
+    const CfgNode m = n.child("gemm");
+    c.gemm = m.asString();
+    if (c.gemm != "generated" && c.gemm != "cublaslt" && c.gemm != "auto")
+      m.fail("'" + c.gemm + "' is not a GEMM provider; valid: generated, cublaslt, auto");
+  }
   if (n.has("passes")) {
     const CfgNode p = n.child("passes");
     if (!p.isSequence()) p.fail("expected a list of pass names");

@@ -87,6 +87,7 @@ struct TrainConfig {
 
 struct CompilerConfig {
   std::vector<std::string> passes;  // the pipeline before autodiff; see README
+  std::string gemm = "auto";        // generated | cublaslt | auto: who runs the GEMMs on the GPU
 };
 
 struct Config {

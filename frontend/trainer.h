@@ -40,6 +40,7 @@ struct TrainResult {
   size_t activationBytes = 0;               // peak activation memory of the step (memory plan)
   std::vector<PassStats> passes;            // statistics of every pass the training graph went through
   std::string device;
+  std::string gemm;  // GPU: who runs the GEMMs ("GEMMs (compiler.gemm auto): 7 on cuBLASLt, 2 generated; ...")
   std::map<std::string, std::vector<double>> finalParams;
 };
 

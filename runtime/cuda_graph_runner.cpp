@@ -3,9 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "codegen/embedded_kernels.h"
@@ -13,6 +17,7 @@
 #include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
 #include "passes/memory_plan.h"
+#include "runtime/cuda/cublaslt.h"
 
 namespace pa {
 
@@ -24,9 +29,98 @@ struct CudaGraphRunner::Launch {
   std::vector<void*> params;            // &args[i]
 };
 
+struct CudaGraphRunner::LibraryNode {
+  std::unique_ptr<cuda::LtPlan> plan;
+  cuda::LtAlgo algo;
+  bool use = false;  // chosen over the generated kernels
+  int output = 0;    // the node output cuBLASLt writes
+  int launches = 1;  // kernels cuBLASLt's call queues (counted from a capture of it)
+  std::vector<Launch> post;  // what cuBLASLt leaves of the epilogue (codegen::libraryGemmEpilogue)
+};
+
+const char* gemmProviderName(GemmProvider p) {
+  switch (p) {
+  case GemmProvider::Generated: return "generated";
+  case GemmProvider::Cublaslt: return "cublaslt";
+  case GemmProvider::Auto: return "auto";
+  }
+  return "?";
+}
+
 namespace {
 
 constexpr int64_t kParamAlignFloats = 64;  // 256 bytes: every parameter starts vector-aligned
+constexpr int64_t kArenaAlignFloats = 64;  // 256 bytes, what cuBLASLt's fastest kernels assume
+constexpr size_t kLtWorkspaceBytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
+constexpr int kLtCandidates = 8;               // algorithms from its heuristic that are measured
+
+// The largest power of two (at most 256) dividing every byte address of a matrix series.
+uint32_t alignmentOf(cuda::CUdeviceptr base, int64_t strideFloats) {
+  uint32_t a = 256;
+  while (a > 4 && (base % a != 0 || (strideFloats > 0 && (static_cast<uint64_t>(strideFloats) * 4) % a != 0))) a /= 2;
+  return a;
+}
+
+// Fresh uniform values in [-1, 1) for the autotuner's measurements (never zeros: METHOD.md).
+const char* kFillSource = R"(
+extern "C" __global__ void pa_fill_uniform(float* p, unsigned long long n, unsigned seed) {
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * 256ull) {
+    unsigned x = (unsigned)i * 2654435761u ^ seed;
+    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+    p[i] = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
+  }
+}
+)";
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Note on the autotune cache. A choice is keyed by everything that can change it: the device
+// and its SM count, cuBLASLt's version, the provider mode, the problem as cuBLASLt sees it and a
+// hash of the generated kernels' source. Values: "generated" or "cublaslt <algorithm>". They
+// live in memory for the process and, beside the kernel cache (same switches), in
+// gemm-autotune-v1.txt, one tab-separated line each; a cached algorithm that cuBLASLt no longer
+// accepts is measured again.
+class AutotuneCache {
+public:
+  static AutotuneCache& instance() {
+    static AutotuneCache c;
+    return c;
+  }
+  bool find(const std::string& key, std::string& value) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    value = it->second;
+    return true;
+  }
+  void put(const std::string& key, const std::string& value) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    map_[key] = value;
+    if (file_.empty()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(file_).parent_path(), ec);
+    std::ofstream(file_, std::ios::app) << key << '\t' << value << '\n';
+  }
+
+private:
+  AutotuneCache() {
+    const std::string dir = codegen::KernelCache::instance().directory();
+    if (dir.empty()) return;
+    file_ = dir + "/gemm-autotune-v1.txt";
+    std::ifstream in(file_);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t tab = line.find('\t');
+      if (tab != std::string::npos) map_[line.substr(0, tab)] = line.substr(tab + 1);
+    }
+  }
+  std::mutex mutex_;
+  std::string file_;
+  std::map<std::string, std::string> map_;
+};
 
 int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -35,7 +129,7 @@ int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
     : g_(g), device_(device), order_(g.topoOrder()) {
   device_.makeCurrent();
-  const MemoryPlan plan = planMemory(g, 16, /*aliasReshapes=*/true);
+  const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true);
   offset_ = plan.offset;
   arenaBytes_ = static_cast<size_t>(plan.arenaElements) * sizeof(float);
   arena_ = cuda::DeviceBuffer(std::max<size_t>(arenaBytes_, 16));
@@ -79,13 +173,18 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       ++kernelCount_;
     }
   }
-  launchesPerRun_ = kernelCount_;  // plus the launcher's, counted by run()
+  planLibraryGemms(opt);
   compile();
 
   // Arguments are resolved once; the vectors are never resized afterwards, so &args[i] holds.
   for (NodeId id : order_) {
     const Node& n = g.node(id);
-    for (Launch& l : launches_[static_cast<size_t>(id)]) {
+    std::vector<Launch*> node;
+    for (Launch& l : launches_[static_cast<size_t>(id)]) node.push_back(&l);
+    if (auto it = library_.find(id); it != library_.end())
+      for (Launch& l : it->second.post) node.push_back(&l);
+    for (Launch* lp : node) {
+      Launch& l = *lp;
       for (const codegen::KernelArg& a : l.kernel.args) {
         switch (a.kind) {
         case codegen::KernelArg::Input: l.args.push_back(ptr(n.inputs[static_cast<size_t>(a.index)])); break;
@@ -96,6 +195,15 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       for (cuda::CUdeviceptr& p : l.args) l.params.push_back(&p);
     }
   }
+
+  chooseGemmProviders(opt);
+  baseLaunches_ = 0;  // plus the launcher's, counted by run()
+  for (NodeId id : order_) {
+    auto it = library_.find(id);
+    baseLaunches_ += it != library_.end() && it->second.use ? it->second.launches + static_cast<int>(it->second.post.size())
+                                                               : static_cast<int>(launches_[static_cast<size_t>(id)].size());
+  }
+  launchesPerRun_ = baseLaunches_;
 
   // Constants are uploaded once; their arena ranges are pinned for the whole run.
   for (NodeId id : order_) {
@@ -124,12 +232,17 @@ void CudaGraphRunner::compile() {
   programs_ = std::max(1, std::min({cores, 8, (kernelCount_ + 3) / 4}));
   std::vector<std::string> sources(static_cast<size_t>(programs_));
   const int perProgram = (kernelCount_ + programs_ - 1) / programs_;
+  std::vector<Launch*> all;
+  for (NodeId id : order_) {
+    for (Launch& l : launches_[static_cast<size_t>(id)]) all.push_back(&l);
+    if (auto it = library_.find(id); it != library_.end())
+      for (Launch& l : it->second.post) all.push_back(&l);
+  }
   int index = 0;
-  for (NodeId id : order_)
-    for (Launch& l : launches_[static_cast<size_t>(id)]) {
-      l.program = index++ / perProgram;
-      sources[static_cast<size_t>(l.program)] += l.kernel.source + "\n";
-    }
+  for (Launch* l : all) {
+    l->program = index++ / perProgram;
+    sources[static_cast<size_t>(l->program)] += l->kernel.source + "\n";
+  }
   std::vector<codegen::CompileResult> results(sources.size());
   std::vector<std::exception_ptr> errors(sources.size());
   const std::vector<std::pair<std::string, std::string>> headers = codegen::embeddedKernelHeaders();
@@ -145,9 +258,8 @@ void CudaGraphRunner::compile() {
     } catch (const codegen::NvrtcError& e) {
       // Name the program's kernels and keep its source where the user can open it.
       std::string names;
-      for (NodeId id : order_)
-        for (const Launch& l : launches_[static_cast<size_t>(id)])
-          if (static_cast<size_t>(l.program) == i) names += (names.empty() ? "" : ", ") + l.kernel.name;
+      for (const Launch* l : all)
+        if (static_cast<size_t>(l->program) == i) names += (names.empty() ? "" : ", ") + l->kernel.name;
       const std::filesystem::path path =
           std::filesystem::temp_directory_path() / ("pureattention-failed-part" + std::to_string(i + 1) + ".cu");
       std::ofstream(path) << sources[i];
@@ -165,8 +277,7 @@ void CudaGraphRunner::compile() {
     if (e) std::rethrow_exception(e);
   modules_.resize(results.size(), nullptr);
   for (size_t i = 0; i < results.size(); ++i) PA_CU_CHECK(cuModuleLoadData(&modules_[i], results[i].cubin.data()));
-  for (auto& node : launches_)
-    for (Launch& l : node) PA_CU_CHECK(cuModuleGetFunction(&l.fn, modules_[static_cast<size_t>(l.program)], l.kernel.name.c_str()));
+  for (Launch* l : all) PA_CU_CHECK(cuModuleGetFunction(&l->fn, modules_[static_cast<size_t>(l->program)], l->kernel.name.c_str()));
   compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -200,14 +311,15 @@ void CudaGraphRunner::download(ValueId v, float* host) const {
 void CudaGraphRunner::run(cuda::CUstream stream) {
   const int64_t flashBefore = flash_ ? flash_->launches() : 0;
   for (NodeId id : order_) runNode(id, stream);
-  launchesPerRun_ = kernelCount_ + static_cast<int>((flash_ ? flash_->launches() : 0) - flashBefore);
+  launchesPerRun_ = baseLaunches_ + static_cast<int>((flash_ ? flash_->launches() : 0) - flashBefore);
 }
 
 std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream stream, int reps) {
   std::vector<NodeId> timed;
   for (NodeId id : order_) {
     const Node& n = g_.node(id);
-    if (!launches_[static_cast<size_t>(id)].empty() || n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad)
+    if (!launches_[static_cast<size_t>(id)].empty() || library_.count(id) || n.op == OpKind::FlashAttention ||
+        n.op == OpKind::FlashAttentionGrad)
       timed.push_back(id);
   }
   std::vector<std::unique_ptr<cuda::Event>> events;
@@ -235,7 +347,8 @@ std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream s
     std::string shape;
     for (int64_t d : g_.shape(n.outputs[0])) shape += (shape.empty() ? "[" : ",") + std::to_string(d);
     const auto& ls = launches_[static_cast<size_t>(timed[i])];
-    const std::string name = ls.empty() ? std::string("flash") : ls.front().kernel.name;
+    std::string name = ls.empty() ? std::string("flash") : ls.front().kernel.name;
+    if (gemmProviderOf(timed[i]) == "cublaslt") name = "k" + std::to_string(timed[i]) + "_cublaslt";
     out.push_back({timed[i], name + "  " + opName(n.op) + " " + shape + "]", ms[i][ms[i].size() / 2]});
   }
   std::sort(out.begin(), out.end(), [](const NodeTime& a, const NodeTime& b) { return a.ms > b.ms; });
@@ -279,9 +392,222 @@ void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
     }
     return;
   }
+  if (auto it = library_.find(id); it != library_.end() && it->second.use) {
+    runLibrary(id, it->second, stream);
+    return;
+  }
   for (Launch& l : launches_[static_cast<size_t>(id)])
     PA_CU_CHECK(cuLaunchKernel(l.fn, l.kernel.grid[0], l.kernel.grid[1], l.kernel.grid[2], l.kernel.block[0],
                                l.kernel.block[1], l.kernel.block[2], l.kernel.sharedBytes, stream, l.params.data(), nullptr));
+}
+
+std::string CudaGraphRunner::gemmProviderOf(NodeId id) const {
+  auto it = library_.find(id);
+  if (it != library_.end() && it->second.use) return "cublaslt";
+  return codegen::libraryGemmOf(g_, id).supported ? "generated" : "";
+}
+
+void CudaGraphRunner::runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream) {
+  const Node& n = g_.node(id);
+  const cuda::CUdeviceptr bias = l.plan->problem().bias ? ptr(n.inputs[2]) : 0;
+  l.plan->run(l.algo, ptr(n.inputs[0]), ptr(n.inputs[1]), bias, ptr(n.outputs[static_cast<size_t>(l.output)]),
+              ltWorkspace_.ptr(), stream);
+  for (const Launch& k : l.post)
+    PA_CU_CHECK(cuLaunchKernel(k.fn, k.kernel.grid[0], k.kernel.grid[1], k.kernel.grid[2], k.kernel.block[0],
+                               k.kernel.block[1], k.kernel.block[2], k.kernel.sharedBytes, stream,
+                               const_cast<void**>(k.params.data()), nullptr));
+}
+
+// cuBLASLt descriptors for every GEMM node it can run, with the epilogue it applies: bias and
+// ReLU where it offers them for this problem, else less, and the rest as a generated kernel.
+void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
+  if (opt.gemm == GemmProvider::Generated) return;
+  cuda::CublasLt& lt = cuda::CublasLt::instance();
+  if (!lt.available()) {
+    if (opt.gemm == GemmProvider::Cublaslt)
+      throw std::runtime_error("compiler.gemm: cublaslt, but cuBLASLt is unavailable: " + lt.unavailableReason());
+    return;  // auto: the generated kernels, as the summary line says
+  }
+  for (NodeId id : order_) {
+    const codegen::LibraryGemm lg = codegen::libraryGemmOf(g_, id);
+    if (!lg.supported) continue;
+    const Node& n = g_.node(id);
+    cuda::LtProblem p;
+    p.batch = lg.geometry.batch, p.m = lg.geometry.m, p.n = lg.geometry.n, p.k = lg.geometry.k;
+    p.strideA = lg.geometry.strideA, p.strideB = lg.geometry.strideB;
+    p.transA = lg.geometry.transA, p.transB = lg.geometry.transB;
+    p.tf32 = opt.tf32;
+    p.alignA = alignmentOf(ptr(n.inputs[0]), p.strideA);
+    p.alignB = alignmentOf(ptr(n.inputs[1]), p.strideB);
+    p.alignC = alignmentOf(ptr(n.outputs[static_cast<size_t>(lg.output)]), p.batch > 1 ? p.m * p.n : 0);
+    std::vector<std::pair<bool, bool>> levels{{lg.bias, lg.relu}};  // (bias, ReLU), fewest kernels first
+    if (lg.relu) levels.push_back({lg.bias, false});
+    if (lg.bias) levels.push_back({false, false});
+    std::unique_ptr<cuda::LtPlan> plan;
+    for (const auto& [bias, relu] : levels) {
+      p.bias = bias;
+      p.relu = relu;
+      plan = lt.plan(p, kLtWorkspaceBytes, kLtCandidates);
+      if (!plan->candidates().empty()) break;
+    }
+    if (plan->candidates().empty()) continue;  // cuBLASLt cannot run it: the generated kernels do
+    LibraryNode l;
+    l.output = lg.output;
+    codegen::NodeKernels post = codegen::libraryGemmEpilogue(g_, id, plan->problem().bias, plan->problem().relu);
+    for (codegen::Kernel& k : post.kernels) {
+      Launch launch;
+      launch.kernel = std::move(k);
+      l.post.push_back(std::move(launch));
+      ++kernelCount_;
+    }
+    l.plan = std::move(plan);
+    library_.emplace(id, std::move(l));
+  }
+  if (!library_.empty()) ltWorkspace_ = cuda::DeviceBuffer(kLtWorkspaceBytes);
+}
+
+// Note on the provider choice. With compiler.gemm: auto, each GEMM node runs on whichever of
+// the generated kernels and cuBLASLt's heuristic candidates is fastest for its own shape; with
+// cublaslt, the fastest candidate. Each candidate is measured as the whole node (product and
+// epilogue kernels) on the node's own buffers filled with fresh random values (the arena holds
+// nothing yet: parameters and constants are uploaded afterwards), replayed from a CUDA graph so
+// that the launch cost of the host does not count, as in the captured training step: a warm-up
+// run, then the median of 5 replays of enough runs to last ~0.5 ms.
+void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
+  if (library_.empty()) {
+    for (NodeId id : order_) gemmStats_.generated += codegen::libraryGemmOf(g_, id).supported ? 1 : 0;
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const cuda::CublasLt& lt = cuda::CublasLt::instance();
+  const std::string prefix = device_.info().name + "|" + std::to_string(device_.info().multiprocessors) + "|lt" +
+                             std::to_string(lt.version()) + "|" + gemmProviderName(opt.gemm) + "|";
+  cuda::Stream stream;
+  bool filled = false;
+  auto fill = [&] {
+    if (filled) return;
+    filled = true;
+    CudaModule fillModule(kFillSource, device_);
+    const cuda::CUfunction f = fillModule.function("pa_fill_uniform");
+    unsigned seed = 0x9e3779b9u;
+    for (const cuda::DeviceBuffer* b : {&arena_, &params_}) {
+      cuda::CUdeviceptr p = b->ptr();
+      unsigned long long count = b->bytes() / sizeof(float);
+      void* args[] = {&p, &count, &seed};
+      CudaModule::launch(f, static_cast<int64_t>(count), args, stream.get());
+      seed += 0x632be5abu;
+    }
+  };
+  auto measure = [&](const std::function<void(cuda::CUstream)>& enqueue) {
+    cuda::Event a(true), b(true);
+    a.record(stream.get());
+    enqueue(stream.get());  // warm-up, and the length of one run
+    b.record(stream.get());
+    b.synchronize();
+    float one = 0;
+    PA_CU_CHECK(cuEventElapsedTime(&one, a.get(), b.get()));
+    const int reps = std::clamp(static_cast<int>(0.5f / std::max(one, 1e-3f)), 1, 50);
+    cuda::CapturedGraph graph;
+    graph.capture(stream, [&] {
+      for (int r = 0; r < reps; ++r) enqueue(stream.get());
+    });
+    graph.launch(stream);
+    std::vector<float> ms;
+    for (int s = 0; s < 5; ++s) {
+      a.record(stream.get());
+      graph.launch(stream);
+      b.record(stream.get());
+      b.synchronize();
+      float t = 0;
+      PA_CU_CHECK(cuEventElapsedTime(&t, a.get(), b.get()));
+      ms.push_back(t / static_cast<float>(reps));
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  for (NodeId id : order_) {
+    const bool gemmNode = codegen::libraryGemmOf(g_, id).supported;
+    auto it = library_.find(id);
+    if (it == library_.end()) {
+      gemmStats_.generated += gemmNode ? 1 : 0;
+      continue;
+    }
+    LibraryNode& l = it->second;
+    std::string generatedSource;
+    for (const Launch& k : launches_[static_cast<size_t>(id)]) generatedSource += k.kernel.source;
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(generatedSource)));
+    const std::string key = prefix + l.plan->problem().describe() + "|post" + std::to_string(l.post.size()) + "|gen" + hash;
+    GemmChoice choice;
+    choice.node = id;
+    {
+      const cuda::LtProblem& lp = l.plan->problem();
+      choice.label = "k" + std::to_string(id) + " " + opName(g_.node(id).op) + " " + std::to_string(lp.m) + "x" +
+                     std::to_string(lp.n) + "x" + std::to_string(lp.k) +
+                     (lp.batch > 1 ? " batch " + std::to_string(lp.batch) : std::string()) + " " + (lp.transA ? "T" : "N") +
+                     (lp.transB ? "T" : "N");
+    }
+    std::string cached;
+    bool decided = false;
+    if (AutotuneCache::instance().find(key, cached)) {
+      cuda::LtAlgo algo;
+      if (cached == "generated" && opt.gemm == GemmProvider::Auto) {
+        l.use = false;
+        decided = true;
+      } else if (cached.rfind("cublaslt ", 0) == 0 && cuda::LtAlgo::fromHex(cached.substr(9), algo) && l.plan->check(algo)) {
+        l.use = true;
+        l.algo = algo;
+        decided = true;
+      }
+      gemmStats_.cached += decided ? 1 : 0;
+      choice.cached = decided;
+    }
+    if (!decided) {
+      fill();
+      double best = 1e30;
+      if (opt.gemm == GemmProvider::Auto)
+        best = choice.generatedMs = measure([&](cuda::CUstream st) {
+          for (Launch& k : launches_[static_cast<size_t>(id)])
+            PA_CU_CHECK(cuLaunchKernel(k.fn, k.kernel.grid[0], k.kernel.grid[1], k.kernel.grid[2], k.kernel.block[0],
+                                       k.kernel.block[1], k.kernel.block[2], k.kernel.sharedBytes, st, k.params.data(),
+                                       nullptr));
+        });
+      bool library = false;
+      cuda::LtAlgo bestAlgo;
+      for (const cuda::LtAlgo& algo : l.plan->candidates()) {
+        if (algo.workspaceBytes > kLtWorkspaceBytes) continue;
+        l.algo = algo;
+        double t = 1e30;
+        try {
+          t = measure([&](cuda::CUstream st) { runLibrary(id, l, st); });
+        } catch (const cuda::CudaError&) {
+          continue;  // a candidate that fails to launch is not a candidate
+        }
+        if (t < best) best = t, library = true, bestAlgo = algo;
+        if (choice.libraryMs < 0 || t < choice.libraryMs) choice.libraryMs = t;
+      }
+      l.use = library;
+      l.algo = bestAlgo;
+      ++gemmStats_.measured;
+      AutotuneCache::instance().put(key, l.use ? "cublaslt " + l.algo.hex() : "generated");
+    }
+    choice.library = l.use;
+    gemmChoices_.push_back(choice);
+    if (l.use) {  // cuBLASLt may queue more than one kernel (a split-K reduce): count them
+      cuda::CapturedGraph one;
+      one.capture(stream, [&] { l.plan->run(l.algo, ptr(g_.node(id).inputs[0]), ptr(g_.node(id).inputs[1]),
+                                            l.plan->problem().bias ? ptr(g_.node(id).inputs[2]) : 0,
+                                            ptr(g_.node(id).outputs[static_cast<size_t>(l.output)]), ltWorkspace_.ptr(),
+                                            stream.get()); });
+      l.launches = static_cast<int>(one.nodeCount());
+    }
+    if (l.use)
+      ++gemmStats_.library;
+    else
+      ++gemmStats_.generated;
+  }
+  if (filled) stream.synchronize();
+  gemmStats_.tuneSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 CudaModule::CudaModule(const std::string& source, const cuda::Device& device) {

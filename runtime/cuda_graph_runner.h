@@ -13,8 +13,14 @@
 
 namespace pa {
 
+// Who runs the GEMM nodes (MatMul, FusedLinear, MatMulActGrad): the generated kernels,
+// cuBLASLt, or whichever of the two measures faster for each node (compiler.gemm).
+enum class GemmProvider { Generated, Cublaslt, Auto };
+const char* gemmProviderName(GemmProvider p);
+
 struct CudaRunnerOptions {
   bool tf32 = false;  // MatMul and FusedLinear on TF32 tensor cores (precision: tf32)
+  GemmProvider gemm = GemmProvider::Generated;
   // Parameters with the same name live in that runner's buffers instead of new ones (the
   // validation graph reads the training graph's weights in place).
   const class CudaGraphRunner* shareParamsWith = nullptr;
@@ -56,11 +62,33 @@ public:
   int generatedKernels() const { return kernelCount_; }
   int programs() const { return programs_; }
   double compileSeconds() const { return compileSeconds_; }  // wall time of the compile phase
+  // What the GEMM provider choice did: nodes on each provider, choices measured now and taken
+  // from the autotune cache, and the time spent measuring.
+  struct GemmStats {
+    int generated = 0, library = 0, measured = 0, cached = 0;
+    double tuneSeconds = 0;
+  };
+  const GemmStats& gemmStats() const { return gemmStats_; }
+  // One line per GEMM node the choice measured: generated and best cuBLASLt time (-1: not a
+  // candidate), and which ran. Choices from the cache have no times.
+  struct GemmChoice {
+    NodeId node;
+    std::string label;  // "k12 fused-linear 8192x1024x1024 NN bias relu"
+    double generatedMs = -1, libraryMs = -1;
+    bool library = false, cached = false;
+  };
+  const std::vector<GemmChoice>& gemmChoices() const { return gemmChoices_; }
+  // The provider that runs node `id` ("cublaslt" or "generated"; "" for other nodes).
+  std::string gemmProviderOf(NodeId id) const;
 
 private:
   struct Launch;
+  struct LibraryNode;
   void runNode(NodeId id, cuda::CUstream stream);
   void compile();
+  void planLibraryGemms(const CudaRunnerOptions& opt);
+  void chooseGemmProviders(const CudaRunnerOptions& opt);
+  void runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream);
   cuda::CUdeviceptr ptr(ValueId v) const;
   const Graph& g_;
   const cuda::Device& device_;
@@ -71,12 +99,16 @@ private:
   std::map<ValueId, cuda::CUdeviceptr> sharedParam_;   // parameters of the runner shared with
   std::map<NodeId, cuda::DeviceBuffer> scratch_;       // flash backward workspaces
   std::vector<std::vector<Launch>> launches_;          // per node id
+  std::map<NodeId, LibraryNode> library_;             // GEMM nodes cuBLASLt can run
+  cuda::DeviceBuffer ltWorkspace_;                    // shared by them: one stream, one at a time
   std::vector<cuda::CUmodule> modules_;
   std::unique_ptr<FlashAttention> flash_;
   size_t arenaBytes_ = 0;
   int64_t paramFloats_ = 0;
-  int kernelCount_ = 0, launchesPerRun_ = 0, programs_ = 0;
+  int kernelCount_ = 0, launchesPerRun_ = 0, baseLaunches_ = 0, programs_ = 0;
   double compileSeconds_ = 0;
+  GemmStats gemmStats_;
+  std::vector<GemmChoice> gemmChoices_;
 };
 
 // A module compiled from source through the kernel cache, for kernels outside the graph.

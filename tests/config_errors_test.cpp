@@ -71,6 +71,15 @@ TEST(ConfigErrors, WrongTypeNamesKeyPath) {
   EXPECT_NE(e.find("model.yaml:9:21: train.batch_size: expected an integer, got 'four'"), std::string::npos) << e;
 }
 
+TEST(ConfigErrors, GemmProviderIsOneOfThree) {
+  const std::string e = errorOf(kGood, {"compiler.gemm=cublas"});
+  EXPECT_NE(e.find("compiler.gemm"), std::string::npos) << e;
+  EXPECT_NE(e.find("valid: generated, cublaslt, auto"), std::string::npos) << e;
+  for (const char* ok : {"generated", "cublaslt", "auto"})  // the CPU ignores the key
+    EXPECT_EQ(errorOf(kGood, {std::string("compiler.gemm=") + ok}), "") << ok;
+  EXPECT_EQ(parseConfig(kGood, "model.yaml", {}).compiler.gemm, "auto");
+}
+
 TEST(ConfigErrors, MissingRequiredKey) {
   const std::string e = errorOf(replaced(kGood, "    - linear: {units: 8}\n", "    - linear: {activation: relu}\n"));
   EXPECT_NE(e.find("missing required key 'units'"), std::string::npos) << e;

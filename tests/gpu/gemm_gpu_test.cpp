@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "codegen/kernel_cache.h"
+#include "runtime/cuda/cublaslt.h"
 #include "tests/gpu/gemm_harness.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -237,6 +238,92 @@ TEST(GemmOnGpuRunner, DefaultKernelsThroughCudaGraphRunner) {
     const Errors e = compare(got, want[0]);
     EXPECT_TRUE(e.finite);
     EXPECT_LE(e.worst, 1e-5 * e.scale) << opName(n.op);
+  }
+}
+
+// The cuBLASLt provider (compiler.gemm: cublaslt) on every problem of the generated kernels'
+// list, once per precision: the row-major to column-major mapping, batches and shared operands,
+// the bias and ReLU it applies, and the GELU / saved pre-activation kernel after it. Same
+// float64 reference and bars (cuBLASLt's fp32 is exact fp32; its TF32 rounds like ours).
+class GemmOnCublasLt : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmOnCublasLt, MatchesFloat64Reference) {
+  PA_REQUIRE_GPU();
+  if (!cuda::CublasLt::instance().available()) GTEST_SKIP() << cuda::CublasLt::instance().unavailableReason();
+  const GemmCase& c = GetParam();
+  Graph g;
+  const NodeId id = gemmtest::buildGraph(g, c.problem);
+  const Node& n = g.node(id);
+  CudaRunnerOptions opt;
+  opt.tf32 = c.opt.tf32;
+  opt.gemm = GemmProvider::Cublaslt;
+  CudaGraphRunner runner(g, device(), opt);
+  ASSERT_EQ(runner.gemmProviderOf(id), "cublaslt");
+  std::vector<std::vector<float>> in;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), std::hash<std::string>{}(c.name) + i));
+    runner.upload(n.inputs[i], in.back().data());
+  }
+  runner.run();
+  const auto want = gemmtest::reference(g, id, in);
+  const double bar = c.opt.tf32 ? 1e-3 : 1e-5;
+  for (size_t o = 0; o < n.outputs.size(); ++o) {
+    std::vector<float> got(want[o].size());
+    runner.download(n.outputs[o], got.data());
+    const Errors e = compare(got, want[o]);
+    EXPECT_TRUE(e.finite) << "output " << o;
+    EXPECT_LE(e.worst, bar * std::max(e.scale, 1e-30)) << "output " << o << ": max |err| " << e.worst << ", max |ref| "
+                                                       << e.scale << ", relative " << e.worst / std::max(e.scale, 1e-30);
+  }
+}
+
+std::vector<GemmCase> cublasLtCases() {
+  std::vector<GemmCase> out;
+  for (GemmCase c : allCases())
+    if (c.opt.gemmTile == codegen::GemmTile::Large && c.opt.gemmSplits == 0) {
+      c.name = c.name.substr(0, c.name.rfind("_large"));
+      out.push_back(c);
+    }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Problems, GemmOnCublasLt, ::testing::ValuesIn(cublasLtCases()),
+                         [](const ::testing::TestParamInfo<GemmCase>& i) { return i.param.name; });
+
+// compiler.gemm: auto measures both providers per node and keeps the faster; either way the
+// result is the product, and a second runner takes the choice from the autotune cache.
+TEST(GemmOnGpuRunner, AutoChoosesAProviderAndCachesIt) {
+  PA_REQUIRE_GPU();
+  if (!cuda::CublasLt::instance().available()) GTEST_SKIP() << cuda::CublasLt::instance().unavailableReason();
+  GemmProblem p;
+  p.fused = true, p.a = {1024, 512}, p.b = {512, 768}, p.act = "relu", p.bias = true;
+  Graph g;
+  const NodeId id = gemmtest::buildGraph(g, p);
+  const Node& n = g.node(id);
+  CudaRunnerOptions opt;
+  opt.gemm = GemmProvider::Auto;
+  std::string first;
+  for (int round = 0; round < 2; ++round) {
+    CudaGraphRunner runner(g, device(), opt);
+    const CudaGraphRunner::GemmStats& st = runner.gemmStats();
+    EXPECT_EQ(st.library + st.generated, 1);
+    if (round == 0) first = runner.gemmProviderOf(id);
+    else {
+      EXPECT_EQ(st.cached, 1) << "the second runner should reuse the first one's choice";
+      EXPECT_EQ(runner.gemmProviderOf(id), first);
+    }
+    std::vector<std::vector<float>> in;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), 91 + i));
+      runner.upload(n.inputs[i], in.back().data());
+    }
+    runner.run();
+    const auto want = gemmtest::reference(g, id, in);
+    std::vector<float> got(want[0].size());
+    runner.download(n.outputs[0], got.data());
+    const Errors e = compare(got, want[0]);
+    EXPECT_LE(e.worst, 1e-5 * e.scale) << runner.gemmProviderOf(id);
+    std::printf("  auto chose %s for 1024x768x512 bias+relu\n", runner.gemmProviderOf(id).c_str());
   }
 }
 

@@ -14,6 +14,7 @@
 #include "frontend/config.h"
 #include "frontend/datasets.h"
 #include "frontend/trainer.h"
+#include "runtime/cuda/cublaslt.h"
 #include "runtime/cuda_graph_runner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "../op_cases.h"
@@ -47,7 +48,8 @@ enum class Metric {
 
 // Runs `g` (with "loss" and gradient outputs) on the CPU in float64 and on the GPU in float32
 // from the same random parameters and inputs; checks every graph output.
-void compareOnGpu(const Graph& g, uint64_t seed, double paramRange, Metric metric) {
+void compareOnGpu(const Graph& g, uint64_t seed, double paramRange, Metric metric, const CudaRunnerOptions& ropt = {},
+                  CudaGraphRunner::GemmStats* gemmStats = nullptr) {
   std::map<std::string, std::pair<double, double>> ranges;
   for (ValueId p : g.params()) ranges[g.value(p).name] = {-paramRange, paramRange};
   const auto params = test::randomParams(g, seed, ranges);
@@ -72,7 +74,8 @@ void compareOnGpu(const Graph& g, uint64_t seed, double paramRange, Metric metri
     largestNorm = std::max(largestNorm, std::sqrt(r2));
   }
 
-  CudaGraphRunner gpu(g, device());
+  CudaGraphRunner gpu(g, device(), ropt);
+  if (gemmStats) *gemmStats = gpu.gemmStats();
   auto upload = [&](ValueId v, const double* src) {
     std::vector<float> f(src, src + numel(g.shape(v)));
     gpu.upload(v, f.data());
@@ -186,6 +189,14 @@ TEST(OpOnGpu, MatMulActGradMatchesTheFloat64CpuExecutor) {
     g.setOutput("product", fused);  // compared element by element, not only through the loss
     test::addWeightedSumLoss(g, fused);
     compareOnGpu(g, 13, 1.0, Metric::MaxElement);
+    // The same through cuBLASLt: its product, then the derivative as a generated kernel.
+    if (cuda::CublasLt::instance().available()) {
+      CudaRunnerOptions lt;
+      lt.gemm = GemmProvider::Cublaslt;
+      CudaGraphRunner::GemmStats st;
+      compareOnGpu(g, 13, 1.0, Metric::MaxElement, lt, &st);
+      EXPECT_GE(st.library, 1);
+    }
   }
 }
 
