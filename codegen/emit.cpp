@@ -915,6 +915,37 @@ NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, boo
   return nk;
 }
 
+namespace {
+
+const char* kTransposeB = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  __shared__ float tile[32][33];
+  const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
+  const long long n0 = (long long)blockIdx.y * 32, k0 = (long long)blockIdx.x * 32;
+  for (int i = row; i < 32; i += 8)
+    if (n0 + i < ${N} && k0 + lane < ${K}) tile[i][lane] = in1[(n0 + i) * ${K} + k0 + lane];
+  __syncthreads();
+  for (int i = row; i < 32; i += 8)
+    if (k0 + i < ${K} && n0 + lane < ${N}) scratch[(k0 + i) * ${N} + n0 + lane] = tile[lane][i];
+}
+)";
+
+}  // namespace
+
+NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id) {
+  const Node& n = g.node(id);
+  const Ctx c{g, n};
+  const LibraryGemm lg = libraryGemmOf(g, id);
+  assert(lg.supported && lg.geometry.transB && lg.geometry.batch == 1);
+  const int64_t nn = lg.geometry.n, k = lg.geometry.k;
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "transpose_b", kTransposeB, {{"N", ll(nn)}, {"K", ll(k)}},
+                              {static_cast<unsigned>((k + 31) / 32), static_cast<unsigned>((nn + 31) / 32), 1}, kThreads,
+                              {{KernelArg::Input, 1}, {KernelArg::Scratch, 0}}));
+  nk.scratchBytes = static_cast<size_t>(nn * k) * sizeof(float);
+  return nk;
+}
+
 FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
   const Ctx c{g, n};
   const Shape& q = c.in(0);

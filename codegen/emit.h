@@ -65,6 +65,10 @@ LibraryGemm libraryGemmOf(const Graph& g, NodeId id);
 // What remains of the node's epilogue once the library has written its product (with the bias
 // and ReLU where `libraryBias`/`libraryRelu`): zero or one elementwise kernel, in place.
 NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, bool libraryRelu);
+// For an unbatched GEMM node with transposed B: one kernel copying B ([N, K]) to the node's
+// scratch as [K, N], so that the library can run the product without the transpose (cuBLASLt's
+// fp32 kernels are up to 40% slower on some transposed layouts; the autotuner decides).
+NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id);
 
 // fp32 kernels for node `id` (Input, Param and Constant need none: constants are uploaded).
 NodeKernels emitNode(const Graph& g, NodeId id);

@@ -669,7 +669,7 @@ void CudaSession::printProfile(std::FILE* out, int top) {
         continue;
       }
       std::fprintf(out, "  %-48s generated %8.4f  cuBLASLt %8.4f  -> %s\n", c.label.c_str(), c.generatedMs, c.libraryMs,
-                   c.library ? "cuBLASLt" : "generated");
+                   c.library ? (c.transposedB ? "cuBLASLt on B copied untransposed" : "cuBLASLt") : "generated");
     }
   }
 }

@@ -31,10 +31,14 @@ struct CudaGraphRunner::Launch {
 
 struct CudaGraphRunner::LibraryNode {
   std::unique_ptr<cuda::LtPlan> plan;
+  // The same product with B copied untransposed into the node's scratch first (transposed B only).
+  std::unique_ptr<cuda::LtPlan> planT;
+  std::vector<Launch> transpose;  // codegen::libraryGemmTransposeB
   cuda::LtAlgo algo;
-  bool use = false;  // chosen over the generated kernels
-  int output = 0;    // the node output cuBLASLt writes
-  int launches = 1;  // kernels cuBLASLt's call queues (counted from a capture of it)
+  bool use = false;         // chosen over the generated kernels
+  bool transposed = false;  // runs transpose + planT instead of plan
+  int output = 0;           // the node output cuBLASLt writes
+  int launches = 1;         // kernels a run queues (counted from a capture of it)
   std::vector<Launch> post;  // what cuBLASLt leaves of the epilogue (codegen::libraryGemmEpilogue)
 };
 
@@ -181,8 +185,10 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     const Node& n = g.node(id);
     std::vector<Launch*> node;
     for (Launch& l : launches_[static_cast<size_t>(id)]) node.push_back(&l);
-    if (auto it = library_.find(id); it != library_.end())
+    if (auto it = library_.find(id); it != library_.end()) {
+      for (Launch& l : it->second.transpose) node.push_back(&l);
       for (Launch& l : it->second.post) node.push_back(&l);
+    }
     for (Launch* lp : node) {
       Launch& l = *lp;
       for (const codegen::KernelArg& a : l.kernel.args) {
@@ -200,7 +206,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   baseLaunches_ = 0;  // plus the launcher's, counted by run()
   for (NodeId id : order_) {
     auto it = library_.find(id);
-    baseLaunches_ += it != library_.end() && it->second.use ? it->second.launches + static_cast<int>(it->second.post.size())
+    baseLaunches_ += it != library_.end() && it->second.use ? it->second.launches
                                                                : static_cast<int>(launches_[static_cast<size_t>(id)].size());
   }
   launchesPerRun_ = baseLaunches_;
@@ -235,8 +241,10 @@ void CudaGraphRunner::compile() {
   std::vector<Launch*> all;
   for (NodeId id : order_) {
     for (Launch& l : launches_[static_cast<size_t>(id)]) all.push_back(&l);
-    if (auto it = library_.find(id); it != library_.end())
+    if (auto it = library_.find(id); it != library_.end()) {
+      for (Launch& l : it->second.transpose) all.push_back(&l);
       for (Launch& l : it->second.post) all.push_back(&l);
+    }
   }
   int index = 0;
   for (Launch* l : all) {
@@ -409,9 +417,17 @@ std::string CudaGraphRunner::gemmProviderOf(NodeId id) const {
 
 void CudaGraphRunner::runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream) {
   const Node& n = g_.node(id);
-  const cuda::CUdeviceptr bias = l.plan->problem().bias ? ptr(n.inputs[2]) : 0;
-  l.plan->run(l.algo, ptr(n.inputs[0]), ptr(n.inputs[1]), bias, ptr(n.outputs[static_cast<size_t>(l.output)]),
-              ltWorkspace_.ptr(), stream);
+  auto launch = [&](const Launch& k) {
+    PA_CU_CHECK(cuLaunchKernel(k.fn, k.kernel.grid[0], k.kernel.grid[1], k.kernel.grid[2], k.kernel.block[0],
+                               k.kernel.block[1], k.kernel.block[2], k.kernel.sharedBytes, stream,
+                               const_cast<void**>(k.params.data()), nullptr));
+  };
+  const cuda::LtPlan& plan = l.transposed ? *l.planT : *l.plan;
+  const cuda::CUdeviceptr bias = plan.problem().bias ? ptr(n.inputs[2]) : 0;
+  if (l.transposed)
+    for (const Launch& k : l.transpose) launch(k);
+  plan.run(l.algo, ptr(n.inputs[0]), l.transposed ? scratch_.at(id).ptr() : ptr(n.inputs[1]), bias,
+           ptr(n.outputs[static_cast<size_t>(l.output)]), ltWorkspace_.ptr(), stream);
   for (const Launch& k : l.post)
     PA_CU_CHECK(cuLaunchKernel(k.fn, k.kernel.grid[0], k.kernel.grid[1], k.kernel.grid[2], k.kernel.block[0],
                                k.kernel.block[1], k.kernel.block[2], k.kernel.sharedBytes, stream,
@@ -459,6 +475,25 @@ void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
       launch.kernel = std::move(k);
       l.post.push_back(std::move(launch));
       ++kernelCount_;
+    }
+    // A transposed B small beside the output may be worth copying untransposed every run.
+    if (p.transB && p.batch == 1 && p.k * 4 <= p.m) {
+      cuda::LtProblem pt = plan->problem();
+      pt.transB = false;
+      pt.alignB = 256;  // the scratch buffer
+      std::unique_ptr<cuda::LtPlan> planT = lt.plan(pt, kLtWorkspaceBytes, kLtCandidates);
+      if (!planT->candidates().empty()) {
+        codegen::NodeKernels tk = codegen::libraryGemmTransposeB(g_, id);
+        auto sc = scratch_.find(id);
+        if (sc == scratch_.end() || sc->second.bytes() < tk.scratchBytes) scratch_[id] = cuda::DeviceBuffer(tk.scratchBytes);
+        for (codegen::Kernel& k : tk.kernels) {
+          Launch launch;
+          launch.kernel = std::move(k);
+          l.transpose.push_back(std::move(launch));
+          ++kernelCount_;
+        }
+        l.planT = std::move(planT);
+      }
     }
     l.plan = std::move(plan);
     library_.emplace(id, std::move(l));
@@ -549,13 +584,18 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
     }
     std::string cached;
     bool decided = false;
-    if (AutotuneCache::instance().find(key, cached)) {
+    if (!opt.forceTransposedB && AutotuneCache::instance().find(key, cached)) {
       cuda::LtAlgo algo;
       if (cached == "generated" && opt.gemm == GemmProvider::Auto) {
         l.use = false;
         decided = true;
       } else if (cached.rfind("cublaslt ", 0) == 0 && cuda::LtAlgo::fromHex(cached.substr(9), algo) && l.plan->check(algo)) {
         l.use = true;
+        l.algo = algo;
+        decided = true;
+      } else if (cached.rfind("cublaslt-t ", 0) == 0 && l.planT && cuda::LtAlgo::fromHex(cached.substr(11), algo) &&
+                 l.planT->check(algo)) {
+        l.use = l.transposed = true;
         l.algo = algo;
         decided = true;
       }
@@ -572,33 +612,36 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
                                        k.kernel.block[1], k.kernel.block[2], k.kernel.sharedBytes, st, k.params.data(),
                                        nullptr));
         });
-      bool library = false;
+      bool library = false, transposed = false;
       cuda::LtAlgo bestAlgo;
-      for (const cuda::LtAlgo& algo : l.plan->candidates()) {
-        if (algo.workspaceBytes > kLtWorkspaceBytes) continue;
-        l.algo = algo;
-        double t = 1e30;
-        try {
-          t = measure([&](cuda::CUstream st) { runLibrary(id, l, st); });
-        } catch (const cuda::CudaError&) {
-          continue;  // a candidate that fails to launch is not a candidate
+      for (bool t : {false, true}) {
+        if ((t && !l.planT) || (!t && l.planT && opt.forceTransposedB)) continue;
+        l.transposed = t;
+        for (const cuda::LtAlgo& algo : (t ? l.planT : l.plan)->candidates()) {
+          if (algo.workspaceBytes > kLtWorkspaceBytes) continue;
+          l.algo = algo;
+          double ms = 1e30;
+          try {
+            ms = measure([&](cuda::CUstream st) { runLibrary(id, l, st); });
+          } catch (const cuda::CudaError&) {
+            continue;  // a candidate that fails to launch is not a candidate
+          }
+          if (ms < best) best = ms, library = true, transposed = t, bestAlgo = algo;
+          if (choice.libraryMs < 0 || ms < choice.libraryMs) choice.libraryMs = ms;
         }
-        if (t < best) best = t, library = true, bestAlgo = algo;
-        if (choice.libraryMs < 0 || t < choice.libraryMs) choice.libraryMs = t;
       }
       l.use = library;
+      l.transposed = transposed;
       l.algo = bestAlgo;
       ++gemmStats_.measured;
-      AutotuneCache::instance().put(key, l.use ? "cublaslt " + l.algo.hex() : "generated");
+      if (!opt.forceTransposedB) AutotuneCache::instance().put(key, !l.use ? "generated" : (l.transposed ? "cublaslt-t " : "cublaslt ") + l.algo.hex());
     }
     choice.library = l.use;
+    choice.transposedB = l.use && l.transposed;
     gemmChoices_.push_back(choice);
     if (l.use) {  // cuBLASLt may queue more than one kernel (a split-K reduce): count them
       cuda::CapturedGraph one;
-      one.capture(stream, [&] { l.plan->run(l.algo, ptr(g_.node(id).inputs[0]), ptr(g_.node(id).inputs[1]),
-                                            l.plan->problem().bias ? ptr(g_.node(id).inputs[2]) : 0,
-                                            ptr(g_.node(id).outputs[static_cast<size_t>(l.output)]), ltWorkspace_.ptr(),
-                                            stream.get()); });
+      one.capture(stream, [&] { runLibrary(id, l, stream.get()); });
       l.launches = static_cast<int>(one.nodeCount());
     }
     if (l.use)

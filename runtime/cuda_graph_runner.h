@@ -21,6 +21,8 @@ const char* gemmProviderName(GemmProvider p);
 struct CudaRunnerOptions {
   bool tf32 = false;  // MatMul and FusedLinear on TF32 tensor cores (precision: tf32)
   GemmProvider gemm = GemmProvider::Generated;
+  // Tests: cuBLASLt runs every transposed-B product it can on an untransposed copy of B.
+  bool forceTransposedB = false;
   // Parameters with the same name live in that runner's buffers instead of new ones (the
   // validation graph reads the training graph's weights in place).
   const class CudaGraphRunner* shareParamsWith = nullptr;
@@ -76,6 +78,7 @@ public:
     std::string label;  // "k12 fused-linear 8192x1024x1024 NN bias relu"
     double generatedMs = -1, libraryMs = -1;
     bool library = false, cached = false;
+    bool transposedB = false;  // cuBLASLt on a copy of B without its transpose
   };
   const std::vector<GemmChoice>& gemmChoices() const { return gemmChoices_; }
   // The provider that runs node `id` ("cublaslt" or "generated"; "" for other nodes).

@@ -92,6 +92,13 @@ std::vector<Variant> libraryEpilogues() {
     for (const codegen::Kernel& k : codegen::libraryGemmEpilogue(g, g.producer(y).id, false, false).kernels)
       out.push_back({std::string("lib_actgrad_") + act, k});
   }
+  {  // the copy of a transposed B that lets cuBLASLt run the product untransposed
+    GemmProblem p;
+    p.a = {100, 33}, p.b = {70, 33}, p.tb = true;
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    for (const codegen::Kernel& k : codegen::libraryGemmTransposeB(g, id).kernels) out.push_back({"lib_transpose_b", k});
+  }
   return out;
 }
 
