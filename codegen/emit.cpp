@@ -946,10 +946,12 @@ NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id) {
   return nk;
 }
 
+bool flashLayoutBshd(const Node& n) { return n.attrs.getString("layout", "bhsd") == "bshd"; }
+
 FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
   const Ctx c{g, n};
-  const Shape& q = c.in(0);
-  const Shape& k = c.in(1);
+  Shape q = c.in(0), k = c.in(1);
+  if (flashLayoutBshd(n)) std::swap(q[1], q[2]), std::swap(k[1], k[2]);  // the [B, H, S, D] view
   FlashAttentionConfig f;
   f.dtype = kFlashF32;
   f.batch = static_cast<int>(q[0]);

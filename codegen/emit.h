@@ -74,6 +74,9 @@ NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id);
 NodeKernels emitNode(const Graph& g, NodeId id);
 NodeKernels emitNode(const Graph& g, NodeId id, const EmitOptions& opt);
 
+// Whether a flash-attention(-grad) node's q, k, v, o and their gradients are [B, S, H, D]
+// (attribute layout: "bshd", read and written with strides) instead of [B, H, S, D].
+bool flashLayoutBshd(const Node& n);
 // The launcher's problem description of a flash-attention or flash-attention-grad node (fp32).
 FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n);
 

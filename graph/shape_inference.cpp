@@ -239,11 +239,20 @@ Types inferFusedLinear(const Graph& g, const Node& n) {
   return t;
 }
 
+// The [B, H, S, D] view of a flash operand laid out as the node's `layout` says ("bhsd", or
+// "bshd": [B, S, H, D], the projections' own layout, read with strides).
+Shape flashLogical(const Node& n, Shape s) {
+  if (s.size() == 4 && n.attrs.getString("layout", "bhsd") == "bshd") std::swap(s[1], s[2]);
+  return s;
+}
+
 // Checks the q, k, v [B, H, S, D] layout shared by the flash ops and returns Hq / Hk.
 int64_t flashShapes(const Graph& g, const Node& n) {
-  const Shape& q = in(g, n, 0);
-  const Shape& k = in(g, n, 1);
-  const Shape& v = in(g, n, 2);
+  const std::string layout = n.attrs.getString("layout", "bhsd");
+  if (layout != "bhsd" && layout != "bshd") fail(n, "layout must be 'bhsd' or 'bshd', got '" + layout + "'");
+  const Shape q = flashLogical(n, in(g, n, 0));
+  const Shape k = flashLogical(n, in(g, n, 1));
+  const Shape v = flashLogical(n, in(g, n, 2));
   if (q.size() != 4 || k.size() != 4 || v.size() != 4)
     fail(n, "flash attention needs q, k, v of rank 4 [batch, heads, seq, head_dim], got " + shapeString(q) + ", " +
                 shapeString(k) + ", " + shapeString(v));
@@ -261,10 +270,10 @@ int64_t flashShapes(const Graph& g, const Node& n) {
 
 Types inferFlashAttention(const Graph& g, const Node& n) {
   flashShapes(g, n);
-  const Shape& q = in(g, n, 0);
+  const Shape q = flashLogical(n, in(g, n, 0));
   if (n.inputs.size() == 4 && in(g, n, 3) != Shape{q[1]})
     fail(n, "sink logits " + shapeString(in(g, n, 3)) + " must be [" + std::to_string(q[1]) + "] (one per query head)");
-  Types t = one(q, dt(g, n));
+  Types t = one(in(g, n, 0), dt(g, n));  // o in q's layout
   t.push_back(TensorType{Shape{q[0], q[1], q[2]}, dt(g, n)});
   return t;
 }
@@ -273,7 +282,8 @@ Types inferFlashAttentionGrad(const Graph& g, const Node& n) {
   flashShapes(g, n);
   const Shape& q = in(g, n, 0);
   if (in(g, n, 3) != q || in(g, n, 5) != q) fail(n, "o and do must have q's shape " + shapeString(q));
-  if (in(g, n, 4) != Shape{q[0], q[1], q[2]}) fail(n, "lse must be [batch, heads, seq]");
+  const Shape lq = flashLogical(n, q);
+  if (in(g, n, 4) != Shape{lq[0], lq[1], lq[2]}) fail(n, "lse must be [batch, heads, seq]");
   Types t;
   for (int i = 0; i < 3; ++i) t.push_back(TensorType{in(g, n, i), dt(g, n)});
   if (n.inputs.size() == 7) t.push_back(TensorType{in(g, n, 6), dt(g, n)});

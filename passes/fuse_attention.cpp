@@ -10,6 +10,13 @@
 //   sinks  Softmax's second input, when it is one logit per head.
 // Every matched intermediate must have no other user; otherwise nothing changes. Negative
 // cases: softmax over another axis, probabilities used elsewhere, a tensor (not constant) scale.
+//
+// A second pattern folds the layout: when Q, K and V are each Permute([0, 2, 1, 3]) of a
+// [B, S, H, D] tensor (how a layer splits its projections into heads) and every user of the
+// output is the same Permute back, the node reads and writes [B, S, H, D] itself (layout
+// "bshd", strides on the GPU) and the permute copies go, in the forward and, through autodiff,
+// in the backward.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -233,8 +240,51 @@ public:
   }
 };
 
+class FoldAttentionLayoutPattern : public RewritePattern {
+public:
+  const char* name() const override { return "fold-attention-layout"; }
+
+  bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
+    Graph& g = ctx.graph();
+    const Node& n = g.node(root);
+    if (n.op != OpKind::FlashAttention || n.attrs.getString("layout", "bhsd") != "bhsd") return false;
+    auto swapsSeqAndHeads = [](const Node& p) {
+      return p.op == OpKind::Permute && p.attrs.getInts("perm") == std::vector<int64_t>{0, 2, 1, 3};
+    };
+    std::vector<ValueId> ins;
+    for (int i = 0; i < 3; ++i) {
+      const Node* p = ctx.producerIf(n.inputs[static_cast<size_t>(i)], OpKind::Permute);
+      if (!p || !swapsSeqAndHeads(*p)) return false;
+      ins.push_back(p->inputs[0]);
+    }
+    const ValueId o = n.outputs[0];
+    if (ctx.isOutput(o) || ctx.users(o).empty()) return false;
+    for (NodeId u : ctx.users(o))
+      if (!swapsSeqAndHeads(g.node(u))) return false;
+    if (n.inputs.size() == 4) ins.push_back(n.inputs[3]);
+    AttrMap a = n.attrs;
+    a.set("layout", std::string("bshd"));
+    const NodeId old = root;
+    const std::vector<ValueId> oldIns(n.inputs.begin(), n.inputs.end());
+    const ValueId oldLse = n.outputs[1];
+    const std::vector<NodeId> outPermutes = ctx.users(o);
+    const ValueId newO = g.add(OpKind::FlashAttention, ins, a);  // `n` may dangle from here on
+    const ValueId newLse = g.producer(newO).outputs[1];
+    for (NodeId u : outPermutes) ctx.replace(g.node(u).outputs[0], newO, {u});
+    std::vector<NodeId> dead{old};
+    for (int i = 0; i < 3; ++i) {  // the input permutes, unless something else reads them
+      const ValueId v = oldIns[static_cast<size_t>(i)];
+      const NodeId p = g.producer(v).id;
+      if (ctx.useCount(v) == 1 && std::find(dead.begin(), dead.end(), p) == dead.end()) dead.push_back(p);
+    }
+    ctx.replace(oldLse, newLse, dead);
+    return true;
+  }
+};
+
 }  // namespace
 
 std::unique_ptr<RewritePattern> makeFuseAttentionPattern() { return std::make_unique<FuseAttentionPattern>(); }
+std::unique_ptr<RewritePattern> makeFoldAttentionLayoutPattern() { return std::make_unique<FoldAttentionLayoutPattern>(); }
 
 }  // namespace pa

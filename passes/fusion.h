@@ -11,6 +11,8 @@ namespace pa {
 std::unique_ptr<RewritePattern> makeFuseLinearPattern();
 std::unique_ptr<RewritePattern> makeFuseLinearGradPattern();
 std::unique_ptr<RewritePattern> makeFuseAttentionPattern();
+// Permute([0, 2, 1, 3]) around a FlashAttention folded into its layout attribute ("bshd").
+std::unique_ptr<RewritePattern> makeFoldAttentionLayoutPattern();
 
 // Fuses chains of elementwise and broadcast ops into FusedElementwise nodes; returns the number
 // of fused nodes made and adds the number of ops absorbed to `absorbed`.

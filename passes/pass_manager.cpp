@@ -38,8 +38,16 @@ void registerBuiltins(PassRegistry& r) {
          greedy(&makeFuseLinearPattern)});
   r.add({"fuse-linear-grad", "MatMul -> ReluGrad | GeluGrad in the backward become one MatMulActGrad", {"autodiff"},
          {"fuse-elementwise"}, greedy(&makeFuseLinearGradPattern)});
-  r.add({"fuse-attention", "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention", {}, {"autodiff"},
-         greedy(&makeFuseAttentionPattern)});
+  r.add({"fuse-attention",
+         "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention, reading the heads' permutes in place", {},
+         {"autodiff"}, [](Graph& g, PassStats& s) {
+           std::vector<std::unique_ptr<RewritePattern>> ps;
+           ps.push_back(makeFuseAttentionPattern());
+           s.counters["patterns matched"] = applyPatternsGreedily(g, ps);
+           ps.clear();
+           ps.push_back(makeFoldAttentionLayoutPattern());
+           s.counters["layouts folded"] = applyPatternsGreedily(g, ps);
+         }});
   r.add({"fuse-elementwise", "chains of elementwise and broadcast ops become one FusedElementwise", {}, {},
          [](Graph& g, PassStats& s) {
            int64_t absorbed = 0;

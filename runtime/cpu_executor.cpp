@@ -4,6 +4,7 @@
 
 #include <cassert>
 #include <cmath>
+#include <deque>
 #include <limits>
 
 #include "graph/elementwise_expr.h"
@@ -201,9 +202,11 @@ void execFusedLinear(Ctx<T>& c) {
                       rows, n, a);
 }
 
+bool bshd(const Node& n) { return n.attrs.getString("layout", "bhsd") == "bshd"; }
+
 cpu::FlashShape flashShape(const Graph& g, const Node& n) {
-  const Shape& q = g.shape(n.inputs[0]);
-  const Shape& k = g.shape(n.inputs[1]);
+  Shape q = g.shape(n.inputs[0]), k = g.shape(n.inputs[1]);
+  if (bshd(n)) std::swap(q[1], q[2]), std::swap(k[1], k[2]);
   cpu::FlashShape s;
   s.batch = q[0];
   s.qHeads = q[1];
@@ -216,17 +219,81 @@ cpu::FlashShape flashShape(const Graph& g, const Node& n) {
   return s;
 }
 
+// [d0, d1, d2, d3] → [d0, d2, d1, d3]: the CPU kernels read [B, H, S, D], so layout "bshd"
+// operands are copied into that order and the results copied back.
+template <class T>
+void swapAxes12(const T* src, T* dst, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+  for (int64_t a = 0; a < d0; ++a)
+    for (int64_t b = 0; b < d1; ++b)
+      for (int64_t c = 0; c < d2; ++c)
+        std::copy(src + ((a * d1 + b) * d2 + c) * d3, src + ((a * d1 + b) * d2 + c + 1) * d3, dst + ((a * d2 + c) * d1 + b) * d3);
+}
+
+// The flash operands in [B, H, S, D]: the node's own buffers, or copies for layout "bshd".
+template <class T>
+struct FlashOperands {
+  FlashOperands(const cpu::FlashShape& s, bool transposed) : s_(s), transposed_(transposed) {}
+  // Query-shaped (heads = qHeads) or key-shaped operand `p`, copied in when transposed.
+  const T* in(const T* p, bool query) {
+    if (!transposed_) return p;
+    buffers_.emplace_back(static_cast<size_t>(count(query)));
+    swapAxes12(p, buffers_.back().data(), s_.batch, query ? s_.qLen : s_.kvLen, query ? s_.qHeads : s_.kvHeads, s_.headDim);
+    return buffers_.back().data();
+  }
+  // An output: a scratch buffer copied back to `p` by finish().
+  T* out(T* p, bool query) {
+    if (!transposed_) return p;
+    buffers_.emplace_back(static_cast<size_t>(count(query)));
+    pending_.push_back({p, buffers_.size() - 1, query});
+    return buffers_.back().data();
+  }
+  void finish() {
+    for (const Pending& o : pending_)
+      swapAxes12(buffers_[o.buffer].data(), o.dst, s_.batch, o.query ? s_.qHeads : s_.kvHeads, o.query ? s_.qLen : s_.kvLen,
+                 s_.headDim);
+  }
+
+private:
+  struct Pending {
+    T* dst;
+    size_t buffer;
+    bool query;
+  };
+  int64_t count(bool query) const {
+    return s_.batch * (query ? s_.qHeads * s_.qLen : s_.kvHeads * s_.kvLen) * s_.headDim;
+  }
+  const cpu::FlashShape& s_;
+  bool transposed_;
+  std::deque<std::vector<T>> buffers_;  // a deque: pointers into it stay valid as it grows
+  std::vector<Pending> pending_;
+};
+
 template <class T>
 void execFlashAttention(Ctx<T>& c) {
-  cpu::flashAttentionForward(c.in(0), c.in(1), c.in(2), c.n.inputs.size() == 4 ? c.in(3) : nullptr, c.out(0), c.out(1),
-                             flashShape(c.g, c.n));
+  const cpu::FlashShape s = flashShape(c.g, c.n);
+  FlashOperands<T> f(s, bshd(c.n));
+  const T* q = f.in(c.in(0), true);
+  const T* k = f.in(c.in(1), false);
+  const T* v = f.in(c.in(2), false);
+  cpu::flashAttentionForward(q, k, v, c.n.inputs.size() == 4 ? c.in(3) : nullptr, f.out(c.out(0), true), c.out(1), s);
+  f.finish();
 }
 
 template <class T>
 void execFlashAttentionGrad(Ctx<T>& c) {
+  const cpu::FlashShape s = flashShape(c.g, c.n);
   const bool sink = c.n.inputs.size() == 7;
-  cpu::flashAttentionBackward(c.in(0), c.in(1), c.in(2), c.in(3), c.in(4), c.in(5), sink ? c.in(6) : nullptr, c.out(0),
-                              c.out(1), c.out(2), sink ? c.out(3) : nullptr, flashShape(c.g, c.n));
+  FlashOperands<T> f(s, bshd(c.n));
+  const T* q = f.in(c.in(0), true);
+  const T* k = f.in(c.in(1), false);
+  const T* v = f.in(c.in(2), false);
+  const T* o = f.in(c.in(3), true);
+  const T* dO = f.in(c.in(5), true);
+  T* dq = f.out(c.out(0), true);
+  T* dk = f.out(c.out(1), false);
+  T* dv = f.out(c.out(2), false);
+  cpu::flashAttentionBackward(q, k, v, o, c.in(4), dO, sink ? c.in(6) : nullptr, dq, dk, dv, sink ? c.out(3) : nullptr, s);
+  f.finish();
 }
 
 // Evaluates the expression over chunks of the output, one primitive kernel per expression node

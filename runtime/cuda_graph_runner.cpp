@@ -367,10 +367,18 @@ void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
   const Node& n = g_.node(id);
   if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad) {
     const FlashAttentionConfig cfg = codegen::flashConfigOf(g_, n);
-    const Shape& q = g_.shape(n.inputs[0]);
-    const Shape& k = g_.shape(n.inputs[1]);
-    auto qt = [&](ValueId v) { return FlashTensor::contiguous(ptr(v), static_cast<int>(q[1]), static_cast<int>(q[2]), static_cast<int>(q[3])); };
-    auto kt = [&](ValueId v) { return FlashTensor::contiguous(ptr(v), static_cast<int>(k[1]), static_cast<int>(k[2]), static_cast<int>(k[3])); };
+    // [B, H, S, D] contiguous, or [B, S, H, D] (layout "bshd": the projections' own layout).
+    const bool bshd = codegen::flashLayoutBshd(n);
+    auto tensor = [&](ValueId v, int heads, int seq) {
+      FlashTensor t = FlashTensor::contiguous(ptr(v), heads, seq, cfg.headDim);
+      if (bshd) {
+        t.headStride = cfg.headDim;
+        t.seqStride = static_cast<long long>(heads) * cfg.headDim;
+      }
+      return t;
+    };
+    auto qt = [&](ValueId v) { return tensor(v, cfg.heads, cfg.qLen); };
+    auto kt = [&](ValueId v) { return tensor(v, cfg.kvHeads, cfg.kLen); };
     if (n.op == OpKind::FlashAttention) {
       FlashForwardArgs a;
       a.q = qt(n.inputs[0]);

@@ -226,6 +226,13 @@ TEST_P(FuseAttentionLayer, LayerSugarBecomesOneFlashAttention) {
   EXPECT_EQ(c[OpKind::FlashAttention], 1);
   EXPECT_EQ(c[OpKind::Softmax] + c[OpKind::AttentionMask] + c[OpKind::RepeatHeads] + c[OpKind::Scale], 0);
   EXPECT_EQ(c[OpKind::MatMul], 5);  // q, k, v, o projections and the head: QKᵀ and PV are gone
+  // The heads' permutes fold into the node's layout: it reads the projections as [B, S, H, D].
+  EXPECT_EQ(c[OpKind::Permute], 0);
+  for (NodeId id : g.topoOrder()) {
+    if (g.node(id).op == OpKind::FlashAttention) {
+      EXPECT_EQ(g.node(id).attrs.getString("layout", "bhsd"), "bshd");
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Masks, FuseAttentionLayer,

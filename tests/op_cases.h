@@ -160,6 +160,17 @@ inline std::vector<OpCase> allCases() {
                    return g.add(OpKind::FlashAttention, ins, a);
                  }});
   }
+  // Layout "bshd": q, k, v, o and their gradients as [B, S, H, D] (strided on the GPU).
+  for (const Flash& f : {flashes[2], flashes[7], flashes[8]}) {
+    c.push_back({std::string("FlashAttention_bshd_") + f.name, OpKind::FlashAttention, [f](Graph& g) {
+                   AttrMap a = f.mask;
+                   a.set("scale", 0.6);
+                   a.set("layout", std::string("bshd"));
+                   std::vector<ValueId> ins{P(g, "q", {2, f.sq, f.hq, 8}), P(g, "k", {2, f.sk, f.hk, 8}), P(g, "v", {2, f.sk, f.hk, 8})};
+                   if (f.sink) ins.push_back(P(g, "sink", {f.hq}));
+                   return g.add(OpKind::FlashAttention, ins, a);
+                 }});
+  }
   c.push_back({"FusedElementwise_reluOfBroadcastAdd", OpKind::FusedElementwise, [](Graph& g) {
                  return g.add(OpKind::FusedElementwise, {P(g, "x", {2, 3, 4}), P(g, "b", {4})},
                               A({{"expr", std::string("relu(add($0, $1))")}, {"shape", V{2, 3, 4}}}));

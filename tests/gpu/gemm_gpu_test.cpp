@@ -176,6 +176,26 @@ Errors compare(const std::vector<float>& got, const std::vector<double>& want) {
   return e;
 }
 
+// Uploads fresh random inputs (seeds `seed` + input index) to a one-node graph's runner, runs
+// it, and returns every output's errors against the float64 reference.
+std::vector<Errors> runAgainstReference(CudaGraphRunner& runner, const Graph& g, NodeId id, uint64_t seed) {
+  const Node& n = g.node(id);
+  std::vector<std::vector<float>> in;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), seed + i));
+    runner.upload(n.inputs[i], in.back().data());
+  }
+  runner.run();
+  const auto want = gemmtest::reference(g, id, in);
+  std::vector<Errors> errors;
+  for (size_t o = 0; o < n.outputs.size(); ++o) {
+    std::vector<float> got(want[o].size());
+    runner.download(n.outputs[o], got.data());
+    errors.push_back(compare(got, want[o]));
+  }
+  return errors;
+}
+
 class GemmOnGpu : public ::testing::TestWithParam<GemmCase> {};
 
 // fp32 arithmetic with blocked sums lands far below 1e-5 of the largest |output| (K ≤ 8192:
@@ -226,16 +246,7 @@ TEST(GemmOnGpuRunner, DefaultKernelsThroughCudaGraphRunner) {
     const NodeId id = gemmtest::buildGraph(g, p);
     const Node& n = g.node(id);
     CudaGraphRunner runner(g, device());
-    std::vector<std::vector<float>> in;
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), 77 + i));
-      runner.upload(n.inputs[i], in.back().data());
-    }
-    runner.run();
-    const auto want = gemmtest::reference(g, id, in);
-    std::vector<float> got(want[0].size());
-    runner.download(n.outputs[0], got.data());
-    const Errors e = compare(got, want[0]);
+    const Errors e = runAgainstReference(runner, g, id, 77)[0];
     EXPECT_TRUE(e.finite);
     EXPECT_LE(e.worst, 1e-5 * e.scale) << opName(n.op);
   }
@@ -253,24 +264,15 @@ TEST_P(GemmOnCublasLt, MatchesFloat64Reference) {
   const GemmCase& c = GetParam();
   Graph g;
   const NodeId id = gemmtest::buildGraph(g, c.problem);
-  const Node& n = g.node(id);
   CudaRunnerOptions opt;
   opt.tf32 = c.opt.tf32;
   opt.gemm = GemmProvider::Cublaslt;
   CudaGraphRunner runner(g, device(), opt);
   ASSERT_EQ(runner.gemmProviderOf(id), "cublaslt");
-  std::vector<std::vector<float>> in;
-  for (size_t i = 0; i < n.inputs.size(); ++i) {
-    in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), std::hash<std::string>{}(c.name) + i));
-    runner.upload(n.inputs[i], in.back().data());
-  }
-  runner.run();
-  const auto want = gemmtest::reference(g, id, in);
+  const std::vector<Errors> errors = runAgainstReference(runner, g, id, std::hash<std::string>{}(c.name));
   const double bar = c.opt.tf32 ? 1e-3 : 1e-5;
-  for (size_t o = 0; o < n.outputs.size(); ++o) {
-    std::vector<float> got(want[o].size());
-    runner.download(n.outputs[o], got.data());
-    const Errors e = compare(got, want[o]);
+  for (size_t o = 0; o < errors.size(); ++o) {
+    const Errors& e = errors[o];
     EXPECT_TRUE(e.finite) << "output " << o;
     EXPECT_LE(e.worst, bar * std::max(e.scale, 1e-30)) << "output " << o << ": max |err| " << e.worst << ", max |ref| "
                                                        << e.scale << ", relative " << e.worst / std::max(e.scale, 1e-30);
@@ -300,7 +302,6 @@ TEST(GemmOnCublasLtTransposedB, MatchesFloat64Reference) {
     const codegen::LibraryGemm lg = codegen::libraryGemmOf(g, id);
     if (lg.geometry.batch != 1 || lg.geometry.k * 4 > lg.geometry.m) continue;  // no copy variant
     SCOPED_TRACE(c.name);
-    const Node& n = g.node(id);
     CudaRunnerOptions opt;
     opt.tf32 = c.opt.tf32;
     opt.gemm = GemmProvider::Cublaslt;
@@ -308,18 +309,10 @@ TEST(GemmOnCublasLtTransposedB, MatchesFloat64Reference) {
     CudaGraphRunner runner(g, device(), opt);
     ASSERT_EQ(runner.gemmChoices().size(), 1u);
     EXPECT_TRUE(runner.gemmChoices()[0].transposedB);
-    std::vector<std::vector<float>> in;
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), std::hash<std::string>{}(c.name) + 5 + i));
-      runner.upload(n.inputs[i], in.back().data());
-    }
-    runner.run();
-    const auto want = gemmtest::reference(g, id, in);
+    const std::vector<Errors> errors = runAgainstReference(runner, g, id, std::hash<std::string>{}(c.name) + 5);
     const double bar = c.opt.tf32 ? 1e-3 : 1e-5;
-    for (size_t o = 0; o < n.outputs.size(); ++o) {
-      std::vector<float> got(want[o].size());
-      runner.download(n.outputs[o], got.data());
-      const Errors e = compare(got, want[o]);
+    for (size_t o = 0; o < errors.size(); ++o) {
+      const Errors& e = errors[o];
       EXPECT_TRUE(e.finite);
       EXPECT_LE(e.worst, bar * std::max(e.scale, 1e-30)) << "output " << o << " relative " << e.worst / e.scale;
     }
@@ -341,7 +334,6 @@ TEST(GemmOnGpuRunner, AutoChoosesAProviderAndCachesIt) {
   p.fused = true, p.a = {1024, 512}, p.b = {512, 768}, p.act = "relu", p.bias = true;
   Graph g;
   const NodeId id = gemmtest::buildGraph(g, p);
-  const Node& n = g.node(id);
   CudaRunnerOptions opt;
   opt.gemm = GemmProvider::Auto;
   std::string first;
@@ -354,16 +346,7 @@ TEST(GemmOnGpuRunner, AutoChoosesAProviderAndCachesIt) {
       EXPECT_EQ(st.cached, 1) << "the second runner should reuse the first one's choice";
       EXPECT_EQ(runner.gemmProviderOf(id), first);
     }
-    std::vector<std::vector<float>> in;
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), 91 + i));
-      runner.upload(n.inputs[i], in.back().data());
-    }
-    runner.run();
-    const auto want = gemmtest::reference(g, id, in);
-    std::vector<float> got(want[0].size());
-    runner.download(n.outputs[0], got.data());
-    const Errors e = compare(got, want[0]);
+    const Errors e = runAgainstReference(runner, g, id, 91)[0];
     EXPECT_LE(e.worst, 1e-5 * e.scale) << runner.gemmProviderOf(id);
     std::printf("  auto chose %s for 1024x768x512 bias+relu\n", runner.gemmProviderOf(id).c_str());
   }
