@@ -45,6 +45,8 @@ std::vector<Shape3> shapes() {
   mm("mlp1024_dX", 8192, 1024, 1024, false, true);  // dY·Wᵀ
   mm("mlp1024_dW", 1024, 1024, 8192, true, false);  // Xᵀ·dY
   fwd("mlp256in_fwd", 8192, 1024, 256);
+  mm("mlp256in_NN", 8192, 1024, 256, false, false);  // the same product without bias and ReLU
+  mm("mlp256in_dX", 8192, 1024, 256, false, true);   // dY·Wᵀ of the 256 → 1024 layer's successor
   mm("mlp256in_dW", 256, 1024, 8192, true, false);
   fwd("mlp256out_fwd", 8192, 256, 1024);
   mm("mlp256out_dW", 1024, 256, 8192, true, false);
