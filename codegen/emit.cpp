@@ -300,43 +300,8 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
   if (idx >= ${OUTCOUNT}) return;
   double s = 0.0;
-#pragma unroll 8
   for (long long p = 0; p < ${PARTS}; ++p) s += ((const double*)scratch)[p * ${OUTCOUNT} + idx];
   out0[idx] = (float)(s * ${FACTOR});
-}
-)";
-
-// The common split case, a bias gradient: the input is [R, N] (the reduced axes all outside the
-// kept ones) with N a multiple of 4. Each thread sums 4 adjacent columns over its rows with one
-// 16-byte load per row, so a warp reads 512 contiguous bytes per instruction, and the index is
-// r * N + column: no per-element division. Same fixed order, same double partial sums, so it
-// is as deterministic as the general kernel, which the graph tests compare it against.
-const char* kReduceRowsPartial = R"(
-extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
-  __shared__ double red[8][32][4];
-  const int lane = threadIdx.x % 32, ty = threadIdx.x / 32;
-  const long long col = ((long long)blockIdx.x * 32 + lane) * 4, part = blockIdx.y;
-  double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-  if (col < ${OUTCOUNT}) {
-    const long long r0 = part * ${CHUNK}, r1 = min(r0 + ${CHUNK}, ${REDCOUNT});
-#pragma unroll 4
-    for (long long r = r0 + ty; r < r1; r += 8) {
-      const float4 v = *(const float4*)(in0 + r * ${OUTCOUNT} + col);
-      a0 += (double)v.x, a1 += (double)v.y, a2 += (double)v.z, a3 += (double)v.w;
-    }
-  }
-  red[ty][lane][0] = a0, red[ty][lane][1] = a1, red[ty][lane][2] = a2, red[ty][lane][3] = a3;
-  __syncthreads();
-  if (threadIdx.x < 128) {
-    const int l = threadIdx.x / 4, e = threadIdx.x % 4;
-    const long long o = ((long long)blockIdx.x * 32 + l) * 4 + e;
-    if (o < ${OUTCOUNT}) {
-      double s = 0.0;
-#pragma unroll
-      for (int t = 0; t < 8; ++t) s += red[t][l][e];
-      ((double*)scratch)[part * ${OUTCOUNT} + o] = s;
-    }
-  }
 }
 )";
 
@@ -344,14 +309,6 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor) {
   const Shape& x = c.in(0);
   const Shape st = contiguousStrides(x);
-  // Whether the kept axes (size-1 axes aside) all lie inside the reduced ones: then the input
-  // is [R, N] rows and the outputs its N columns.
-  bool rows = true, seenKept = false;
-  for (size_t u = 0; u < x.size(); ++u) {
-    if (x[u] == 1) continue;
-    if (!reduced[u]) seenKept = true;
-    else if (seenKept) rows = false;
-  }
   std::string kept, red;
   int64_t outCount = 1, redCount = 1;
   for (int d = static_cast<int>(x.size()) - 1; d >= 0; --d) {
@@ -370,26 +327,16 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
   // Split when the outputs give fewer than ~64K threads and each would walk over 256 values.
   constexpr int64_t kWantThreads = 65536, kMinChunk = 256;
   if (outCount < kWantThreads && redCount > kMinChunk) {
-    // Blocks span 32 outputs (general) or 128 (rows: 4 a thread); parts fill ~kWantThreads
-    // threads, each part at least kMinChunk values long (rows: 64, its loads are 4 wide).
-    const bool vec = rows && outCount % 4 == 0;
-    const int64_t perBlock = vec ? 128 : 32, minChunk = vec ? 64 : kMinChunk;
-    const int64_t outBlocks = (outCount + perBlock - 1) / perBlock;
+    const int64_t outBlocks = (outCount + 31) / 32;
     const int64_t wantParts = std::max<int64_t>(1, kWantThreads / 256 / outBlocks);
-    const int64_t parts = std::min(wantParts, (redCount + minChunk - 1) / minChunk);
+    const int64_t parts = std::min(wantParts, (redCount + kMinChunk - 1) / kMinChunk);
     const int64_t chunk = (redCount + parts - 1) / parts;
     const int64_t used = (redCount + chunk - 1) / chunk;
-    if (vec)
-      nk.kernels.push_back(finish(c, "partial", kReduceRowsPartial,
-                                  {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"CHUNK", ll(chunk)}},
-                                  {static_cast<unsigned>(outBlocks), static_cast<unsigned>(used), 1}, kThreads,
-                                  {{KernelArg::Input, 0}, {KernelArg::Scratch, 0}}));
-    else
-      nk.kernels.push_back(finish(c, "partial", kReducePartial,
-                                  {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
-                                   {"CHUNK", ll(chunk)}},
-                                  {static_cast<unsigned>(outBlocks), static_cast<unsigned>(used), 1}, kThreads,
-                                  {{KernelArg::Input, 0}, {KernelArg::Scratch, 0}}));
+    nk.kernels.push_back(finish(c, "partial", kReducePartial,
+                                {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
+                                 {"CHUNK", ll(chunk)}},
+                                {static_cast<unsigned>(outBlocks), static_cast<unsigned>(used), 1}, kThreads,
+                                {{KernelArg::Input, 0}, {KernelArg::Scratch, 0}}));
     nk.kernels.push_back(finish(c, "final", kReduceFinal, {{"OUTCOUNT", ll(outCount)}, {"PARTS", ll(used)}, {"FACTOR", f}},
                                 {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Output, 0}, {KernelArg::Scratch, 0}}));
     nk.scratchBytes = static_cast<size_t>(used * outCount) * sizeof(double);

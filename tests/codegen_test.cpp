@@ -92,27 +92,6 @@ TEST(Codegen, EveryOpOfTheTrainingGraphsHasKernelsExceptLeaves) {
   }
 }
 
-// Long reductions split into a partial and a final kernel; an [R, N] row sum with N % 4 == 0
-// (a bias gradient) reads 4 columns a thread, anything else takes the general index walk.
-TEST(Codegen, SplitReductionsPickTheRowKernelForBiasGradients) {
-  struct Case {
-    Shape shape;
-    std::vector<int64_t> axes;
-    bool rows;
-  };
-  for (const Case& c : {Case{{8192, 256}, {0}, true}, Case{{32, 256, 1024}, {0, 1}, true}, Case{{8192, 255}, {0}, false},
-                        Case{{37, 20000}, {1}, false}, Case{{64, 37, 128}, {0, 2}, false}}) {
-    Graph g;
-    AttrMap a;
-    a.set("axes", c.axes);
-    const ValueId y = g.add(OpKind::Sum, {g.addParam("x", c.shape, "xavier")}, a);
-    g.setOutput("y", y);
-    const codegen::NodeKernels nk = codegen::emitNode(g, g.producer(y).id);
-    ASSERT_EQ(nk.kernels.size(), 2u) << "a split reduction: partial and final";
-    EXPECT_EQ(nk.kernels[0].source.find("float4") != std::string::npos, c.rows) << shapeString(c.shape);
-  }
-}
-
 TEST(Codegen, SourceIsByteIdenticalRunToRun) {
   auto all = [](const Graph& g) {
     std::string s;
