@@ -143,6 +143,8 @@ TEST(OpOnGpu, LargeReductionsMatchTheFloat64CpuExecutor) {
   cases.push_back({"everything", {300001}, OpKind::Sum, AttrMap{}});
   cases.push_back({"mean_outer_and_inner", {64, 37, 129}, OpKind::Mean, test::A({{"axes", V{0, 2}}})});
   cases.push_back({"sum_to", {16, 257, 33}, OpKind::SumTo, test::A({{"shape", V{1, 33}}})});
+  cases.push_back({"sum_to_uneven_parts", {3, 1001, 36}, OpKind::SumTo, test::A({{"shape", V{1, 36}}})});
+  cases.push_back({"attn_bias_gradient", {8192, 256}, OpKind::Sum, test::A({{"axes", V{0}}})});
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     Graph g;
