@@ -66,8 +66,8 @@ LibraryGemm libraryGemmOf(const Graph& g, NodeId id);
 // and ReLU where `libraryBias`/`libraryRelu`): zero or one elementwise kernel, in place.
 NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, bool libraryRelu);
 // For an unbatched GEMM node with transposed B: one kernel copying B ([N, K]) to the node's
-// scratch as [K, N], so that the library can run the product without the transpose (cuBLASLt's
-// fp32 kernels are up to 40% slower on some transposed layouts; the autotuner decides).
+// scratch as [K, N], so that the library can run the product without the transpose (a candidate
+// the autotuner times: on the H100 it won attn_block's 8192×256×256 dX, 0.029 against 0.034 ms).
 NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id);
 
 // fp32 kernels for node `id` (Input, Param and Constant need none: constants are uploaded).
