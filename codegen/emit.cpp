@@ -993,8 +993,11 @@ NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds
 }
 NodeKernels emitFlashAttention(const Ctx& c) { return flashKernels(c, {FlashKernelKind::kForward}); }
 NodeKernels emitFlashAttentionGrad(const Ctx& c) {
+  // dQ from the dK/dV kernel's per-key-block shares (short keys), or its own kernel.
+  const bool shares = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n)).dqPartial;
   return flashKernels(c, {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdSinkReduce, FlashKernelKind::kBwdDkDv,
-                          FlashKernelKind::kBwdDq, FlashKernelKind::kBwdDqConvert, FlashKernelKind::kBwdDkDvReduce});
+                          shares ? FlashKernelKind::kBwdDqReduce : FlashKernelKind::kBwdDq, FlashKernelKind::kBwdDqConvert,
+                          FlashKernelKind::kBwdDkDvReduce});
 }
 
 using EmitFn = NodeKernels (*)(const Ctx&);

@@ -70,6 +70,7 @@ int FlashKernelSpec::threads() const {
   switch (kind) {
     case FlashKernelKind::kBwdDqConvert:
     case FlashKernelKind::kBwdDkDvReduce:
+    case FlashKernelKind::kBwdDqReduce:
     case FlashKernelKind::kBwdPreprocess:
     case FlashKernelKind::kBwdSinkReduce: return 256;
     case FlashKernelKind::kForward:
@@ -85,6 +86,7 @@ int FlashKernelSpec::sharedBytes() const {
   switch (kind) {
     case FlashKernelKind::kBwdDqConvert:
     case FlashKernelKind::kBwdDkDvReduce:
+    case FlashKernelKind::kBwdDqReduce:
     case FlashKernelKind::kBwdPreprocess:
     case FlashKernelKind::kBwdSinkReduce: return 0;
     case FlashKernelKind::kForward:
@@ -113,6 +115,7 @@ std::string FlashKernelSpec::name() const {
     case FlashKernelKind::kBwdDq: os << "bwd_dq"; break;
     case FlashKernelKind::kBwdDqConvert: os << "bwd_dqconv"; break;
     case FlashKernelKind::kBwdDkDvReduce: os << "bwd_dkdvsum"; break;
+    case FlashKernelKind::kBwdDqReduce: os << "bwd_dqsum_" << dtypeName(dtype) << "_m" << mtiles; return os.str();
   }
   os << "_" << dtypeName(dtype);
   if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdDqConvert ||
@@ -122,6 +125,7 @@ std::string FlashKernelSpec::name() const {
   if (dtype != kFlashF32) os << "_w" << warps << "_t" << tile;
   if (mtiles != 1) os << "_m" << mtiles;
   if (atomicDq) os << "_adq";
+  if (dqPartial) os << "_dqp";
   return os.str();
 }
 
@@ -145,7 +149,7 @@ std::string FlashKernelSpec::source() const {
       break;
     case FlashKernelKind::kBwdSinkReduce: call = "flashBackwardSinkReduce"; break;
     case FlashKernelKind::kBwdDkDv:
-      call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ">"
+      call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " + (dqPartial ? "true" : "false") + ">"
                  : "flashBackwardDkDvMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
                        (atomicDq ? "true" : "false") + ">";
       break;
@@ -155,6 +159,7 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kBwdDkDvReduce:
       call = "flashBackwardDkDvReduce<" + std::string(dtypeTag(dtype)) + ">";
       break;
+    case FlashKernelKind::kBwdDqReduce: call = "flashBackwardDqReduceF32<" + std::to_string(mtiles) + ">"; break;
     case FlashKernelKind::kBwdDq:
       call = f32 ? "flashBackwardDqF32<" + d + ", " + std::to_string(mtiles) + ">"
                  : "flashBackwardDqMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
@@ -197,6 +202,20 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
             FlashKernelSpec v = base;
             v.mtiles = r;
             specs.push_back(v);
+          }
+        }
+        for (int r : {1, 2, 4}) {  // dK/dV with dQ shares, and their reduce
+          FlashKernelSpec v = bases[0];
+          v.mtiles = r;
+          v.dqPartial = !v.dqPartial;  // the variant chooseSpec did not return for this config
+          specs.push_back(v);
+          if (d == 32) {
+            FlashKernelSpec red;
+            red.kind = FlashKernelKind::kBwdDqReduce;
+            red.dtype = kFlashF32;
+            red.dpad = 0;
+            red.mtiles = r;
+            specs.push_back(red);
           }
         }
       }
@@ -275,6 +294,12 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     }
     if (const int r = tuningOverride("PA_FLASH_F32_BWD_R")) s.mtiles = r;
   }
+  if (kind == FlashKernelKind::kBwdDkDv && cfg.dtype == kFlashF32)
+    s.dqPartial = ceilDiv(cfg.kLen, 16 * s.mtiles) <= kMaxDqPartialBlocks;
+  if (kind == FlashKernelKind::kBwdDqReduce) {  // the dK/dV kernel's key blocks decide it
+    s.mtiles = chooseSpec(FlashKernelKind::kBwdDkDv, cfg, multiprocessors).mtiles;
+    s.dpad = 0;
+  }
   if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32) {
     if (const int t = tuningOverride("PA_FLASH_FWD_TILE")) s.tile = t;
     if (const int m = tuningOverride("PA_FLASH_FWD_MT")) s.mtiles = m;
@@ -352,9 +377,10 @@ static FlashTensorView view(const FlashTensor& t) {
 
 const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) {
   // Integer key: launches happen every training step, so the hit path builds no strings.
+  // Every field of the spec that changes the source has its own digits (mtiles < 16).
   const unsigned long long key =
-      (((((unsigned long long)spec.kind * 4 + spec.dtype) * 1024 + spec.dpad) * 64 + spec.warps) * 1024 + spec.tile) * 8 +
-      spec.mtiles * 2 + spec.atomicDq;
+      ((((((unsigned long long)spec.kind * 4 + spec.dtype) * 1024 + spec.dpad) * 64 + spec.warps) * 1024 + spec.tile) * 16 +
+       spec.mtiles) * 4 + spec.atomicDq * 2 + spec.dqPartial;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = loaded_.find(key);
   if (it != loaded_.end()) return it->second;
@@ -404,7 +430,9 @@ size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) con
   const size_t partial = ((size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4 + 15) / 16 * 16;
   const size_t dqAccum = (size_t)c.batch * c.heads * c.qLen * c.headDim * 4;  // atomic-dQ path only
   const size_t dkvPartial = splitKvHeads(c) ? 2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 : 0;
-  return delta + partial + (c.dtype != kFlashF32 && c.atomicDq ? dqAccum : 0) + dkvPartial + 16;
+  const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c, device_.info().multiprocessors);
+  const size_t dqPartial = dkdv.dqPartial ? (size_t)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dqAccum + 16 : 0;
+  return delta + partial + (c.dtype != kFlashF32 && c.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
 }
 
 void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackwardArgs& a, cuda::CUstream stream) {
@@ -431,7 +459,11 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     p.dQAccum = next;
     next += ((size_t)c.batch * c.heads * c.qLen * c.headDim * 4 + 15) / 16 * 16;
   }
-  if (splitKvHeads(c)) p.dKVPartial = next;
+  if (splitKvHeads(c)) {
+    p.dKVPartial = next;
+    next += (2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 + 15) / 16 * 16;
+  }
+  if (dkdv.dqPartial) p.dQPartial = next;
 
   launch(chooseSpec(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream);
   // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
@@ -440,6 +472,9 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   if (p.dKVPartial) launch(chooseSpec(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream);
   if (dkdv.atomicDq) {
     launch(chooseSpec(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream);
+  } else if (dkdv.dqPartial) {
+    launch(chooseSpec(FlashKernelKind::kBwdDqReduce, c, device_.info().multiprocessors), ceilDiv(c.qLen, 64),
+           c.batch * c.heads, p, stream);
   } else {
     const FlashKernelSpec dq = chooseSpec(FlashKernelKind::kBwdDq, c, device_.info().multiprocessors);
     launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream);

@@ -75,7 +75,8 @@ enum class FlashKernelKind {
   kBwdDkDv,
   kBwdDq,
   kBwdDqConvert,
-  kBwdDkDvReduce
+  kBwdDkDvReduce,
+  kBwdDqReduce  // fp32: dQ from the dK/dV kernel's per-key-block shares (dqPartial)
 };
 
 // One template instantiation: what NVRTC compiles and the launcher launches.
@@ -88,12 +89,20 @@ struct FlashKernelSpec {
   int mtiles = 1;  // 16-bit: 16-row m-tiles per warp (rows per block = 16 * warps * mtiles);
                    // fp32 forward: query rows per thread R (rows per block = 16 * R)
   bool atomicDq = false;  // dK/dV kernel also accumulates dQ with atomics (non-deterministic path)
+  // fp32 dK/dV kernel also writes each key block's share of dQ (deterministic, summed by
+  // kBwdDqReduce): chosen when there are at most kMaxDqPartialBlocks key blocks.
+  bool dqPartial = false;
   int rowsPerBlock() const;
   std::string name() const;      // C identifier of the generated kernel
   std::string source() const;    // generated NVRTC translation unit
   int threads() const;
   int sharedBytes() const;       // dynamic shared memory
 };
+
+// The fp32 backward computes dQ from per-key-block shares (5 products per tile pair, no separate
+// dQ kernel) up to this many key blocks; beyond, the shares' workspace (blocks × the size of dQ)
+// would outgrow what it saves, and the separate dQ kernel runs.
+constexpr int kMaxDqPartialBlocks = 8;
 
 // Every instantiation the launcher can choose (the NVRTC CI test compiles them all).
 std::vector<FlashKernelSpec> allFlashKernelSpecs();

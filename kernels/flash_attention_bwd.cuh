@@ -531,7 +531,11 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
 // =============================================================================================
 // Exact fp32 dK/dV: 128 threads, 16R keys (rows R*ty + i) x 64 queries (tx + 8*j) per step.
 // R (1, 2, 4) trades blocks for shared-memory traffic per FFMA, as in the forward.
-template <int DPAD, int R>
+// DQ_PARTIAL: also writes this key block's share of dQ, dS.K over its 16R keys, for the 64 queries
+// of every step into p.dQPartial (5 products per tile pair instead of the 7 of the separate dQ
+// kernel); flashBackwardDqReduceF32 adds the shares of each query in key-block order, so the
+// result is deterministic.
+template <int DPAD, int R, bool DQ_PARTIAL>
 __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p) {
   constexpr int BN = 16 * R, BQ = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smemRaw[];
@@ -601,6 +605,38 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
     __syncwarp();  // rows of sP / sS are written and read by the same 8 lanes
     ffmaNN<DPAD, LD, LDP, BQ, R>(dV, sP, sdO, ty, tx);
     ffmaNN<DPAD, LD, LDP, BQ, R>(dK, sS, sQ, ty, tx);
+    if constexpr (DQ_PARTIAL) {
+      // Thread (ty, tx): queries 4 ty .. 4 ty + 3 of the step, head-dim columns tx + 8 c.
+      __syncthreads();  // every key row of sS is written
+      float acc[4][DC];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < DC; ++c) acc[i][c] = 0.f;
+      // Only the block's real keys: past kLen, sK and sS hold no data (dK/dV never store those rows).
+#pragma unroll 4
+      for (int j = 0; j < n1 - n0; ++j) {
+        const float4 s4 = *(const float4*)(sS + j * LDP + 4 * ty);
+        const float* kr = sK + j * LD + tx;
+#pragma unroll
+        for (int c = 0; c < DC; ++c) {
+          const float kv = kr[8 * c];
+          acc[0][c] = fmaf(s4.x, kv, acc[0][c]);
+          acc[1][c] = fmaf(s4.y, kv, acc[1][c]);
+          acc[2][c] = fmaf(s4.z, kv, acc[2][c]);
+          acc[3][c] = fmaf(s4.w, kv, acc[3][c]);
+        }
+      }
+      float* part = (float*)p.dQPartial + ((((long long)blockIdx.x * p.batch + b) * p.heads + h) * p.qLen) * p.headDim;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int q = q0 + 4 * ty + i;
+        if (q >= p.qLen) continue;
+#pragma unroll
+        for (int c = 0; c < DC; ++c)
+          if (tx + 8 * c < p.headDim) part[(long long)q * p.headDim + tx + 8 * c] = acc[i][c];
+      }
+    }
   }
   cpAsyncWait<0>();
 
@@ -612,6 +648,29 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
     if (k >= p.kLen) continue;
     storeNNRow<DPAD>(gdK + (long long)k * p.dK.seqStride, dK[i], p.scale, tx, p.headDim);
     storeNNRow<DPAD>(gdV + (long long)k * p.dV.seqStride, dV[i], 1.f, tx, p.headDim);
+  }
+}
+
+// dQ = scale * the sum of the key blocks' dS.K shares (flashBackwardDkDvF32<..., true>), in
+// key-block order, over the blocks that saw the query tile (the dK/dV kernel's own test).
+// Grid (ceil(qLen / 64), batch * heads), 256 threads; BN = 16 R keys per block.
+template <int R>
+__device__ __forceinline__ void flashBackwardDqReduceF32(const FlashKernelParams& p) {
+  constexpr int BN = 16 * R, BQ = 64;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int q0 = blockIdx.x * BQ, q1 = min(q0 + BQ, p.qLen);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  const int blocks = ceilDiv(p.kLen, BN);
+  const long long slice = (long long)p.batch * p.heads * p.qLen * p.headDim;
+  const float* part = (const float*)p.dQPartial + (long long)bh * p.qLen * p.headDim;
+  float* gdQ = sliceMutPtr<float>(p.dQ, b, h);
+  const int n = (q1 - q0) * p.headDim;
+  for (int i = threadIdx.x; i < n; i += 256) {
+    const int q = q0 + i / p.headDim, d = i % p.headDim;
+    float s = 0.f;
+    for (int kb = 0; kb < blocks; ++kb)
+      if (tm.anyVisible(q0, q1, kb * BN, min(kb * BN + BN, p.kLen))) s += part[kb * slice + (long long)q * p.headDim + d];
+    gdQ[(long long)q * p.dQ.seqStride + d] = s * p.scale;
   }
 }
 

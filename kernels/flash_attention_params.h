@@ -29,6 +29,8 @@ struct FlashKernelParams {
   unsigned long long dQAccum;      // float [batch, heads, qLen, headDim] workspace, atomic-dQ backward only
   unsigned long long dKVPartial;   // float [2][batch, heads, kLen, headDim] workspace: per-query-head dK, dV
                                    // (GQA, 16-bit types), summed over each group by the reduce kernel
+  unsigned long long dQPartial;    // float [key blocks][batch, heads, qLen, headDim] workspace: fp32
+                                   // backward's dS.K per key block, summed in order by the dQ reduce
   int batch;
   int heads;     // query heads
   int kvHeads;   // key/value heads; heads % kvHeads == 0
