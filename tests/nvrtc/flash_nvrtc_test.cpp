@@ -2,13 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/nvrtc_compiler.h"
+#include "tests/nvrtc/compile_in_parallel.h"
 #include "kernels/flash_attention.h"
 
 namespace pa {
@@ -46,30 +44,9 @@ TEST(FlashNvrtc, CompileErrorCarriesKernelNameAndLog) {
 void compileAll(const std::string& arch) {
   if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << codegen::Nvrtc::instance().unavailableReason();
   const std::vector<FlashKernelSpec> specs = allFlashKernelSpecs();
-  const auto headers = codegen::embeddedKernelHeaders();
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::vector<std::string> failures;
-  const unsigned workers = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < workers; ++w)
-    pool.emplace_back([&] {
-      for (size_t i = next++; i < specs.size(); i = next++) {
-        codegen::CompileRequest req;
-        req.kernelName = specs[i].name();
-        req.source = specs[i].source();
-        req.headers = headers;
-        req.arch = arch;
-        try {
-          const codegen::CompileResult r = codegen::Nvrtc::instance().compile(req);
-          if (r.cubin.empty()) throw std::runtime_error("empty cubin");
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(mu);
-          failures.push_back(specs[i].name() + ": " + e.what());
-        }
-      }
-    });
-  for (auto& t : pool) t.join();
+  std::vector<test::CompileUnit> units;
+  for (const FlashKernelSpec& s : specs) units.push_back({s.name(), s.name(), s.source()});
+  const std::vector<std::string> failures = test::compileInParallel(units, arch, /*rejectWarnings=*/false);
   for (const auto& f : failures) ADD_FAILURE() << f;
   EXPECT_GE(specs.size(), 40u);
 }

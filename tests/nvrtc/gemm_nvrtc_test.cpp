@@ -5,13 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <map>
-#include <mutex>
-#include <thread>
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/nvrtc_compiler.h"
+#include "tests/nvrtc/compile_in_parallel.h"
 #include "tests/gpu/gemm_harness.h"
 
 namespace pa {
@@ -145,31 +143,9 @@ void compileAll(const std::string& arch) {
   std::vector<Variant> variants = allVariants();
   const size_t generated = variants.size();
   for (Variant& v : libraryEpilogues()) variants.push_back(std::move(v));
-  const auto headers = codegen::embeddedKernelHeaders();
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::vector<std::string> failures;
-  const unsigned workers = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < workers; ++w)
-    pool.emplace_back([&] {
-      for (size_t i = next++; i < variants.size(); i = next++) {
-        codegen::CompileRequest req;
-        req.kernelName = variants[i].kernel.name;
-        req.source = variants[i].kernel.source;
-        req.headers = headers;
-        req.arch = arch;
-        try {
-          const codegen::CompileResult r = codegen::Nvrtc::instance().compile(req);
-          if (r.cubin.empty()) throw std::runtime_error("empty cubin");
-          if (!r.log.empty() && r.log.find("warning") != std::string::npos) throw std::runtime_error("warnings:\n" + r.log);
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(mu);
-          failures.push_back(variants[i].name + ": " + e.what());
-        }
-      }
-    });
-  for (auto& t : pool) t.join();
+  std::vector<test::CompileUnit> units;
+  for (const Variant& v : variants) units.push_back({v.name, v.kernel.name, v.kernel.source});
+  const std::vector<std::string> failures = test::compileInParallel(units, arch, /*rejectWarnings=*/true);
   for (const auto& f : failures) ADD_FAILURE() << f;
   // Per precision: 3 tiles × (4 transposes + batched), 4 split products (2 kernels each), 2
   // tiles × 12 FusedLinear epilogues and 12 split ones (2 kernels each).
