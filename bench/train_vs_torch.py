@@ -2,7 +2,8 @@
 """Training step time of the three anchor models: PureAttention against PyTorch, in one run.
 
 For each model of ../shared/anchors-pytorch-h100.md (mlp_tiny, mlp_wide, attn_block) and each
-precision (fp32 with TF32 off; tf32), runs this project's gpu_train_bench on configs/<model>.yaml
+precision (fp32 with TF32 off; tf32; bf16: torch.autocast(bfloat16) with fp32 parameters and
+Adam state, as `precision: bf16` is), runs this project's gpu_train_bench on configs/<model>.yaml
 and, in the same process run on the same GPU, the same model in PyTorch: eager, and
 torch.compile(mode="reduce-overhead") (CUDA graphs). Both sides use Adam (fused in PyTorch) on
 MSE, the same shapes and batch sizes. Both are timed the same way: N steps queued back to back,
@@ -81,7 +82,7 @@ def time_steps(step, steps, reps):
     return statistics.median(out)
 
 
-def torch_step_time(name, mode, steps, reps):
+def torch_step_time(name, mode, steps, reps, precision="fp32"):
     factory, xs, ys, lr = MODELS[name]
     torch.manual_seed(0)
     model = factory().cuda()
@@ -91,7 +92,8 @@ def torch_step_time(name, mode, steps, reps):
 
     def train_step():
         opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x), y)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = F.mse_loss(model(x), y)  # autocast runs mse_loss in fp32
         loss.backward()
         opt.step()
         return loss
@@ -121,7 +123,7 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--models", default="mlp_tiny,mlp_wide,attn_block")
-    ap.add_argument("--precisions", default="fp32,tf32")
+    ap.add_argument("--precisions", default="fp32,tf32,bf16")
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     a = ap.parse_args()
     print(f"# training step, ms (median of {a.reps} x {a.steps} queued steps); {torch.cuda.get_device_name()}, "
@@ -138,10 +140,10 @@ def main():
             generated = ours(a.bench, root, name, prec, a.steps, a.reps, gemm="generated")
             eager_graphless = ours(a.bench, root, name, prec, max(a.steps // 4, 20), 3, graph=False)
             torch._dynamo.reset()
-            eager = torch_step_time(name, "eager", a.steps, a.reps)
+            eager = torch_step_time(name, "eager", a.steps, a.reps, prec)
             torch._dynamo.reset()
             try:
-                ro = torch_step_time(name, "reduce-overhead", a.steps, a.reps)
+                ro = torch_step_time(name, "reduce-overhead", a.steps, a.reps, prec)
             except Exception as e:  # report, do not hide
                 print(f"torch.compile failed for {name}: {e}", file=sys.stderr)
                 ro = float("nan")

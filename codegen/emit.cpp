@@ -12,6 +12,7 @@
 // and the generated text is byte-identical from run to run.
 #include "codegen/emit.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstdio>
@@ -57,10 +58,22 @@ struct Ctx {
   const EmitOptions* opt = &kDefaultOptions;
   const Shape& in(int i) const { return g.shape(n.inputs[static_cast<size_t>(i)]); }
   const Shape& out(int i = 0) const { return g.shape(n.outputs[static_cast<size_t>(i)]); }
+  DType inType(int i) const { return g.value(n.inputs[static_cast<size_t>(i)]).type.dtype; }
+  DType outType(int i = 0) const { return g.value(n.outputs[static_cast<size_t>(i)]).type.dtype; }
   std::string kernelName(const std::string& part = "") const {
     return "k" + std::to_string(n.id) + "_" + sanitize(opName(n.op)) + (part.empty() ? "" : "_" + part);
   }
 };
+
+// The C type of a kernel argument, or of an epilogue member holding one, by the value's
+// storage type: a pointer for fp32, a bf16 view of kernels/storage.cuh for bf16.
+std::string argType(DType t, bool output) {
+  switch (t) {
+  case DType::F32: return output ? "float* __restrict__" : "const float* __restrict__";
+  case DType::BF16: return output ? "pa_bf16_out" : "pa_bf16_in";
+  default: throw std::invalid_argument(std::string("the CUDA backend stores no ") + dtypeName(t) + " values");
+  }
+}
 
 const char* kHeader = R"(// PureAttention generated kernel ${NAME}
 // implements node '${NODE}' (${OP}) of the training graph
@@ -79,34 +92,40 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
   k.args = std::move(args);
   k.headers = std::move(headers);
   std::string params, doc;
-  int inputs = 0, outputs = 0;
+  bool bf16 = false;
   for (const KernelArg& a : k.args) {
     const std::string sep = params.empty() ? "" : ", ";
     switch (a.kind) {
-    case KernelArg::Input:
-      params += sep + "const float* __restrict__ in" + std::to_string(a.index);
-      doc += sep + "in" + std::to_string(a.index) + " = " + c.g.value(c.n.inputs[static_cast<size_t>(a.index)]).name;
-      ++inputs;
+    case KernelArg::Input: {
+      const Value& v = c.g.value(c.n.inputs[static_cast<size_t>(a.index)]);
+      params += sep + argType(v.type.dtype, false) + " in" + std::to_string(a.index);
+      doc += sep + "in" + std::to_string(a.index) + " = " + v.name + (v.type.dtype == DType::F32 ? "" : " (bf16)");
+      bf16 |= v.type.dtype == DType::BF16;
       break;
-    case KernelArg::Output:
-      params += sep + "float* __restrict__ out" + std::to_string(a.index);
-      doc += sep + "out" + std::to_string(a.index) + " = " + c.g.value(c.n.outputs[static_cast<size_t>(a.index)]).name;
-      ++outputs;
+    }
+    case KernelArg::Output: {
+      const Value& v = c.g.value(c.n.outputs[static_cast<size_t>(a.index)]);
+      params += sep + argType(v.type.dtype, true) + " out" + std::to_string(a.index);
+      doc += sep + "out" + std::to_string(a.index) + " = " + v.name + (v.type.dtype == DType::F32 ? "" : " (bf16)");
+      bf16 |= v.type.dtype == DType::BF16;
       break;
+    }
     case KernelArg::Scratch:
       params += sep + "float* __restrict__ scratch";
       doc += sep + "scratch";
       break;
     }
   }
-  (void)inputs;
-  (void)outputs;
+  // The bf16 views; kernels/gemm.cuh includes them itself.
+  const bool includeStorage = bf16 && std::find(k.headers.begin(), k.headers.end(), "kernels/gemm.cuh") == k.headers.end();
+  if (includeStorage) k.headers.push_back("kernels/storage.cuh");
   vars["NAME"] = k.name;
   vars["PARAMS"] = params;
   k.source = fillTemplate(kHeader, {{"NAME", k.name}, {"NODE", c.n.name}, {"OP", opName(c.n.op)},
                                     {"GX", std::to_string(grid[0])}, {"GY", std::to_string(grid[1])},
                                     {"GZ", std::to_string(grid[2])}, {"BX", std::to_string(block)},
                                     {"SMEM", std::to_string(smem)}, {"ARGDOC", doc}}) +
+             (includeStorage ? "#include \"kernels/storage.cuh\"\n" : "") +
              fillTemplate(tpl, vars);
   return k;
 }
@@ -148,6 +167,7 @@ std::string exprCode(const ExprNode& x) {
   case OpKind::Sigmoid: return "1.0f / (1.0f + expf(-" + t(0) + "))";
   case OpKind::Exp: return "expf(" + t(0) + ")";
   case OpKind::BroadcastTo: return t(0);
+  case OpKind::Cast: return t(0);  // the store rounds to the output's dtype
   case OpKind::ReluGrad: return t(1) + " > 0.0f ? " + t(0) + " : 0.0f";
   case OpKind::GeluGrad:
     return t(0) + " * (0.5f * (1.0f + erff(" + t(1) + " * 0.70710678118654752f)) + " + t(1) + " * 0.39894228040143268f * expf(-0.5f * " +
@@ -356,8 +376,8 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   const long long row = (long long)blockIdx.x * 256 + threadIdx.x;
   if (row >= ${ROWS}) return;
   const long long o = row / ${INNER}, i = row % ${INNER};
-  const float* x = in0 + o * ${LEN} * ${INNER} + i;
-  float* y = out0 + o * ${LEN} * ${INNER} + i;
+  const auto x = in0 + o * ${LEN} * ${INNER} + i;
+  const auto y = out0 + o * ${LEN} * ${INNER} + i;
   const float ninf = -__int_as_float(0x7f800000);
   const float s = ${SINK};
   float m = s;
@@ -369,12 +389,14 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   double sum = s == ninf ? 0.0 : (double)expf(s - m);
   for (long long j = 0; j < ${LEN}; ++j) {
     const float v = x[j * ${INNER}];
-    const float e = v == ninf ? 0.0f : expf(v - m);
-    y[j * ${INNER}] = e;
-    sum += e;
+    sum += v == ninf ? 0.0f : expf(v - m);
   }
+  // The exponentials again rather than stored and rescaled: one rounding of each result.
   const float inv = (float)(1.0 / sum);
-  for (long long j = 0; j < ${LEN}; ++j) y[j * ${INNER}] *= inv;
+  for (long long j = 0; j < ${LEN}; ++j) {
+    const float v = x[j * ${INNER}];
+    y[j * ${INNER}] = v == ninf ? 0.0f : expf(v - m) * inv;
+  }
 }
 )";
 
@@ -424,20 +446,29 @@ ${EPILOGUE}    return v;
 const char* kGemm = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(in0, in1, out0, epilogue);
+${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, out0, epilogue);
 }
 )";
 
 const char* kGemmSplit = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
-  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(in0, in1, scratch, pa::gemm::Identity());
+  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, scratch + ${PARTS}, pa::gemm::Identity());
 }
 )";
 
 const char* kGemmReduce = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch, out0, epilogue);
+${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch + ${PARTS}, out0, epilogue);
+}
+)";
+
+// A bf16 operand widened to fp32 in the node's scratch, for the generated GEMM (exact: TF32
+// holds every bf16 value, so the TF32 kernels then compute the bf16 product with fp32 sums).
+const char* kGemmWiden = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256)
+    scratch[${OFFSET} + idx] = in${INPUT}[idx];
 }
 )";
 
@@ -515,7 +546,11 @@ std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t
 
 NodeKernels gemm(const Ctx& c, int64_t batch, int64_t aBatch, int64_t bBatch, int64_t m, int64_t n, int64_t k, bool ta,
                  bool tb, const std::string& epilogue, const std::string& members, const std::string& init) {
-  const bool tf32 = c.opt->tf32;
+  // bf16 operands (precision: bf16) are widened into the scratch buffer first and multiplied on
+  // the TF32 path. A stopgap until a bf16 tensor-core template exists: cuBLASLt runs these nodes
+  // whenever it is available (compiler.gemm auto or cublaslt).
+  const bool wideA = c.inType(0) == DType::BF16, wideB = c.inType(1) == DType::BF16;
+  const bool tf32 = c.opt->tf32 || wideA || wideB;
   std::pair<GemmTile, int> choice = chooseGemm(tf32, batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
   if (c.opt->gemmSplits > 0 && batch == 1) choice.second = c.opt->gemmSplits;
@@ -526,6 +561,23 @@ NodeKernels gemm(const Ctx& c, int64_t batch, int64_t aBatch, int64_t bBatch, in
                        {"TA", ta ? "true" : "false"}, {"TB", tb ? "true" : "false"}, {"SPLITS", std::to_string(splits)},
                        {"EPIMEMBERS", members}, {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
   NodeKernels nk;
+  // Scratch, in floats: [widened A][widened B][split partial sums].
+  int64_t scratchFloats = 0;
+  std::string operand[2] = {"in0", "in1"};
+  for (int i = 0; i < 2; ++i) {
+    if (!(i == 0 ? wideA : wideB)) continue;
+    const int64_t count = numel(c.in(i));
+    nk.kernels.push_back(finish(c, std::string("widen_") + (i == 0 ? "a" : "b"), kGemmWiden,
+                                {{"COUNT", ll(count)}, {"OFFSET", ll(scratchFloats)}, {"INPUT", std::to_string(i)}},
+                                {gridFor(count), 1, 1}, kThreads, {{KernelArg::Input, i}, {KernelArg::Scratch, 0}}));
+    operand[i] = "scratch + " + ll(scratchFloats);
+    scratchFloats += (count + 63) / 64 * 64;  // 256-byte aligned: the vector loads want 16
+  }
+  // The product's arguments: the operands it reads from the node (not widened), the rest.
+  std::vector<KernelArg> productArgs;
+  for (const KernelArg& a : allArgs(c.n))
+    if (a.kind != KernelArg::Input || a.index >= 2 || !(a.index == 0 ? wideA : wideB)) productArgs.push_back(a);
+  if (wideA || wideB) productArgs.push_back({KernelArg::Scratch, 0});
   const std::array<unsigned, 3> grid{static_cast<unsigned>(std::max<int64_t>(tiles, 1)), 1,
                                      static_cast<unsigned>(splits > 1 ? splits : batch)};
   auto problem = [&](const std::string& part) {
@@ -534,25 +586,30 @@ NodeKernels gemm(const Ctx& c, int64_t batch, int64_t aBatch, int64_t bBatch, in
     return fillTemplate(kGemmProblem, pv);
   };
   const TemplateVars kernelVars = {{"THREADS", std::to_string(v.threads)}, {"MINBLOCKS", std::to_string(v.minBlocks)},
-                                   {"ALGO", tf32 ? "tf32Gemm" : "simtGemm"}, {"CONFIG", v.config}};
+                                   {"ALGO", tf32 ? "tf32Gemm" : "simtGemm"}, {"CONFIG", v.config},
+                                   {"APTR", operand[0]}, {"BPTR", operand[1]}};
   if (splits == 1) {
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
     kv["EPIINIT"] = init;
-    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), allArgs(c.n), {"kernels/gemm.cuh"}));
+    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), productArgs, {"kernels/gemm.cuh"}));
+    nk.scratchBytes = static_cast<size_t>(scratchFloats) * sizeof(float);
     return nk;
   }
   TemplateVars kv = kernelVars;
   kv["PROBLEM"] = problem("split");
-  nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads),
-                              {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Scratch, 0}}, {"kernels/gemm.cuh"}));
+  kv["PARTS"] = ll(scratchFloats);
+  std::vector<KernelArg> splitArgs;
+  if (!wideA) splitArgs.push_back({KernelArg::Input, 0});
+  if (!wideB) splitArgs.push_back({KernelArg::Input, 1});
+  splitArgs.push_back({KernelArg::Scratch, 0});
+  nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), splitArgs, {"kernels/gemm.cuh"}));
   std::vector<KernelArg> reduceArgs{{KernelArg::Scratch, 0}};
   for (const KernelArg& a : allArgs(c.n))
     if (a.kind != KernelArg::Input || a.index >= 2) reduceArgs.push_back(a);
-  nk.kernels.push_back(finish(c, "reduce", kGemmReduce,
-                              {{"PROBLEM", problem("reduce")}, {"EPIINIT", init}},
-                              {gridFor(m * n), 1, 1}, kThreads, reduceArgs, {"kernels/gemm.cuh"}));
-  nk.scratchBytes = static_cast<size_t>(splits) * static_cast<size_t>(m * n) * sizeof(float);
+  TemplateVars rv = {{"PROBLEM", problem("reduce")}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}};
+  nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, reduceArgs, {"kernels/gemm.cuh"}));
+  nk.scratchBytes = static_cast<size_t>(scratchFloats + splits * m * n) * sizeof(float);
   return nk;
 }
 
@@ -604,7 +661,7 @@ NodeKernels emitMatMul(const Ctx& c) { return matmulGemm(c, "", "", ""); }
 
 // The matmul with ReluGrad/GeluGrad's formula as its epilogue (x: the saved activation input).
 NodeKernels emitMatMulActGrad(const Ctx& c) {
-  const std::string members = "  const float* __restrict__ x;\n", init = "  epilogue.x = in2;\n";
+  const std::string members = "  " + argType(c.inType(2), false) + " x;\n", init = "  epilogue.x = in2;\n";
   const std::string epi = c.n.attrs.getString("activation", "relu") == "gelu"
                               ? "    { const float s = x[i];\n      v = v * (0.5f * (1.0f + erff(s * 0.70710678118654752f)) + "
                                 "s * 0.39894228040143268f * expf(-0.5f * s * s)); }\n"
@@ -617,6 +674,7 @@ NodeKernels emitSub(const Ctx& c) { return primitive(c); }
 NodeKernels emitMul(const Ctx& c) { return primitive(c); }
 NodeKernels emitDiv(const Ctx& c) { return primitive(c); }
 NodeKernels emitScale(const Ctx& c) { return primitive(c); }
+NodeKernels emitCast(const Ctx& c) { return primitive(c); }
 NodeKernels emitRelu(const Ctx& c) { return primitive(c); }
 NodeKernels emitGelu(const Ctx& c) { return primitive(c); }
 NodeKernels emitTanh(const Ctx& c) { return primitive(c); }
@@ -825,12 +883,12 @@ NodeKernels emitFusedLinear(const Ctx& c) {
   // The epilogue functor: bias by column, GELU's input saved to out1 (its gradient reads it).
   std::string epi, members, init;
   if (c.n.inputs.size() == 3) {
-    members += "  const float* __restrict__ bias;\n";
+    members += "  " + argType(c.inType(2), false) + " bias;\n";
     init += "  epilogue.bias = in2;\n";
     epi += "    v += bias[n];\n";
   }
   if (act == "gelu") {
-    members += "  float* __restrict__ pre;\n";
+    members += "  " + argType(c.outType(1), true) + " pre;\n";
     init += "  epilogue.pre = out1;\n";
     epi += "    pre[i] = v;\n    v = " + geluOf("v") + ";\n";
   }
@@ -953,7 +1011,7 @@ FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
   Shape q = c.in(0), k = c.in(1);
   if (flashLayoutBshd(n)) std::swap(q[1], q[2]), std::swap(k[1], k[2]);  // the [B, H, S, D] view
   FlashAttentionConfig f;
-  f.dtype = kFlashF32;
+  f.dtype = c.inType(0) == DType::BF16 ? kFlashBF16 : kFlashF32;
   f.batch = static_cast<int>(q[0]);
   f.heads = static_cast<int>(q[1]);
   f.kvHeads = static_cast<int>(k[1]);

@@ -77,7 +77,8 @@ NodeKernels emitNode(const Graph& g, NodeId id, const EmitOptions& opt);
 // Whether a flash-attention(-grad) node's q, k, v, o and their gradients are [B, S, H, D]
 // (attribute layout: "bshd", read and written with strides) instead of [B, H, S, D].
 bool flashLayoutBshd(const Node& n);
-// The launcher's problem description of a flash-attention or flash-attention-grad node (fp32).
+// The launcher's problem description of a flash-attention or flash-attention-grad node (fp32, or
+// bf16 where lower-bf16 stored q in bf16).
 FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n);
 
 // The source with every embedded header it includes pasted in, for nvcc and --dump-kernels.

@@ -10,7 +10,12 @@
 
 namespace pa {
 
-double compareTolerance(const Config& cfg) { return cfg.precision == "fp64" ? 1e-10 : 1e-5; }
+// bf16: the unfused graph stores every intermediate in bf16, the fused one only what its fused
+// nodes write, so the two round at different places: each store errs by up to 2^-9 relative, and
+// a layer's chain of a dozen stores compounds to ~1e-2.
+double compareTolerance(const Config& cfg) {
+  return cfg.precision == "fp64" ? 1e-10 : cfg.precision == "bf16" ? 2e-2 : 1e-5;
+}
 
 namespace {
 

@@ -76,7 +76,10 @@ Pipeline trainPipeline(const Config& cfg, bool noFuse) {
   p.training = {"autodiff"};
   if (linear) p.training.push_back("fuse-linear-grad");
   if (elementwise) p.training.push_back("fuse-elementwise");
-  p.training.insert(p.training.end(), {"cse", "dce", "verify"});
+  p.training.insert(p.training.end(), {"cse", "dce"});
+  // precision: bf16 lowers the finished graph (fused, differentiated, cleaned) to bf16 storage.
+  if (cfg.precision == "bf16") p.training.push_back("lower-bf16");
+  p.training.push_back("verify");
   return p;
 }
 
@@ -108,6 +111,7 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
   popt.firstDumpIndex = static_cast<int>(pipeline.forward.size());
   for (PassStats& s : runPipeline(g, pipeline.training, popt)) tg.stats.push_back(std::move(s));
   tg.forwardPasses = pipeline.forward;
+  if (cfg.precision == "bf16") tg.forwardPasses.push_back("lower-bf16");
   return tg;
 }
 
@@ -714,19 +718,19 @@ std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   if (dev != "auto" && dev != "cpu" && dev != "cuda")
     throw UserError("--device " + dev + ": valid choices are auto, cpu, cuda");
   const cuda::Driver& driver = cuda::Driver::instance();
-  // fp64 is the CPU's reference path; the GPU trains fp32 and tf32 (TF32 tensor-core GEMMs).
-  const bool gpuPrecision = cfg.precision == "fp32" || cfg.precision == "tf32";
+  // fp64 is the CPU's reference path; the GPU trains fp32, tf32 (TF32 tensor-core GEMMs) and
+  // bf16 (bf16 activations, fp32 master weights).
+  const bool gpuPrecision = cfg.precision == "fp32" || cfg.precision == "tf32" || cfg.precision == "bf16";
   if (dev == "cuda") {
     if (!driver.available()) throw UserError("device 'cuda' was asked for, but " + driver.unavailableReason());
     if (!gpuPrecision)
-      throw UserError(cfg.file + ": precision " + cfg.precision + " is not implemented on the CUDA device yet (fp32 and tf32 are)");
+      throw UserError(cfg.file + ": precision " + cfg.precision + " is not implemented on the CUDA device (fp32, tf32 and bf16 are)");
     return "cuda";
   }
-  if (cfg.precision == "bf16")
-    throw UserError(cfg.file + ": precision: bf16 is not implemented yet; use fp32 (or fp64 on the CPU)");
   if (dev == "auto" && driver.available() && gpuPrecision) return "cuda";
   std::string device = dev == "auto" ? "cpu (auto: " + (driver.available() ? std::string("this config needs the CPU") : driver.unavailableReason()) + ")" : "cpu";
   if (cfg.precision == "tf32") device += ", tf32 runs as exact fp32 on the CPU";
+  if (cfg.precision == "bf16") device += ", bf16 storage emulated: fp32 arithmetic, each bf16 value rounded when stored";
   return device;
 }
 

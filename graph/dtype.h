@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
 
 namespace pa {
 
@@ -17,6 +20,16 @@ inline const char* dtypeName(DType t) {
   return "?";
 }
 
+// The inverse of dtypeName; false for any other string.
+inline bool dtypeFromName(const std::string& s, DType& out) {
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16})
+    if (s == dtypeName(t)) {
+      out = t;
+      return true;
+    }
+  return false;
+}
+
 inline size_t dtypeSize(DType t) {
   switch (t) {
   case DType::F32: return 4;
@@ -25,6 +38,17 @@ inline size_t dtypeSize(DType t) {
   case DType::F16: return 2;
   }
   return 0;
+}
+
+// `x` rounded to the nearest bfloat16 (ties to even), as __float2bfloat16 does; NaN stays NaN.
+inline float roundToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, sizeof u);
+  return x;
 }
 
 }  // namespace pa

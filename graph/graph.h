@@ -78,7 +78,16 @@ public:
   void replaceAllUses(ValueId from, ValueId to);
   size_t liveNodeCount() const;
 
+  // Set by the lower-bf16 pass: each value's dtype is the type it is stored in, chosen per value
+  // (bf16 activations, fp32 parameters, outputs and what the kernels keep in fp32), so it no
+  // longer follows shape inference's rule (a node's first input's dtype) and the verifier stops
+  // comparing the two.
+  bool storageTypes() const { return storageTypes_; }
+  void setStorageTypes() { storageTypes_ = true; }
+  void setDtype(ValueId v, DType t) { values_[static_cast<size_t>(v)].type.dtype = t; }
+
 private:
+  bool storageTypes_ = false;
   std::string uniqueName(const std::string& base);
   std::vector<Value> values_;
   std::vector<Node> nodes_;

@@ -90,6 +90,11 @@ Types inferScale(const Graph& g, const Node& n) {
   if (!n.attrs.has("value")) fail(n, "scale needs a 'value' attribute");
   return unary(g, n);
 }
+Types inferCast(const Graph& g, const Node& n) {
+  DType t;
+  if (!dtypeFromName(n.attrs.getString("dtype", ""), t)) fail(n, "cast needs a 'dtype' attribute: f32, f64, bf16 or f16");
+  return one(in(g, n, 0), t);
+}
 Types inferRelu(const Graph& g, const Node& n) { return unary(g, n); }
 Types inferGelu(const Graph& g, const Node& n) { return unary(g, n); }
 Types inferTanh(const Graph& g, const Node& n) { return unary(g, n); }

@@ -35,7 +35,7 @@ void verifyGraph(const Graph& g) {
       if (have.shape != types[i].shape)
         throw ShapeError(n.name, "recorded shape " + shapeString(have.shape) + " differs from inferred " +
                                      shapeString(types[i].shape));
-      if (have.dtype != types[i].dtype)
+      if (have.dtype != types[i].dtype && !g.storageTypes())
         throw ShapeError(n.name, std::string("recorded dtype ") + dtypeName(have.dtype) + " differs from inferred " +
                                      dtypeName(types[i].dtype));
       defined[n.outputs[i]] = 1;

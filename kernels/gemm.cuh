@@ -59,10 +59,23 @@
  */
 #pragma once
 
+#include "kernels/storage.cuh"
+
 namespace pa {
 namespace gemm {
 
 typedef unsigned int u32;
+
+// C is `float*`, or pa_bf16_out for a bf16 output (precision: bf16): these store 4 or 2
+// consecutive results with one vector store where C is fp32, one rounded value at a time where not.
+__device__ __forceinline__ void storeC4(float* C, long long at, float4 o) { *reinterpret_cast<float4*>(C + at) = o; }
+__device__ __forceinline__ void storeC4(pa_bf16_out C, long long at, float4 o) {
+  C[at] = o.x, C[at + 1] = o.y, C[at + 2] = o.z, C[at + 3] = o.w;
+}
+__device__ __forceinline__ void storeC2(float* C, long long at, float2 o) { *reinterpret_cast<float2*>(C + at) = o; }
+__device__ __forceinline__ void storeC2(pa_bf16_out C, long long at, float2 o) { C[at] = o.x, C[at + 1] = o.y; }
+__device__ __forceinline__ bool alignedC(const float* C) { return (reinterpret_cast<unsigned long long>(C) & 15) == 0; }
+__device__ __forceinline__ bool alignedC(pa_bf16_out) { return true; }
 
 // The epilogue of a plain product.
 struct Identity {
@@ -160,9 +173,8 @@ struct SimtConfig {
   static_assert(BM % TM == 0 && BN % TN == 0, "the block tile must split into micro-tiles");
 };
 
-template <class P, class Cfg, class Epi>
-__device__ __forceinline__ void simtGemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-                                         const Epi& epi) {
+template <class P, class Cfg, class Epi, class CPtr>
+__device__ __forceinline__ void simtGemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, TM = Cfg::TM, TN = Cfg::TN, kThreads = Cfg::kThreads;
   constexpr long long M = P::M, N = P::N, K = P::K;
   constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN;
@@ -247,7 +259,7 @@ __device__ __forceinline__ void simtGemm(const float* __restrict__ A, const floa
     __syncthreads();
   }
 
-  const bool vecC = kVecC && aligned16(C);
+  const bool vecC = kVecC && alignedC(C);
 #pragma unroll
   for (int c = 0; c < TM / 4; ++c)
 #pragma unroll
@@ -267,7 +279,7 @@ __device__ __forceinline__ void simtGemm(const float* __restrict__ A, const floa
           o.y = epi(v[1], m, n + 1, b * M * N + at + 1);
           o.z = epi(v[2], m, n + 2, b * M * N + at + 2);
           o.w = epi(v[3], m, n + 3, b * M * N + at + 3);
-          *reinterpret_cast<float4*>(C + at) = o;
+          storeC4(C, at, o);
         } else {
 #pragma unroll
           for (int j = 0; j < 4; ++j)
@@ -364,9 +376,8 @@ struct Tf32Config {
   static_assert(STAGES >= 2, "the ring needs a stage to fill while another is read");
 };
 
-template <class P, class Cfg, class Epi>
-__device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-                                         const Epi& epi) {
+template <class P, class Cfg, class Epi, class CPtr>
+__device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, MT = Cfg::MT, NT = Cfg::NT, STAGES = Cfg::STAGES;
   constexpr int kThreads = Cfg::kThreads;
   constexpr long long M = P::M, N = P::N, K = P::K;
@@ -455,7 +466,7 @@ __device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const floa
   }
   cpAsyncWait<0>();  // nothing is left in flight at exit (only empty groups, but be explicit)
 
-  const bool vecC = kVecC && aligned16(C);
+  const bool vecC = kVecC && alignedC(C);
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -471,7 +482,7 @@ __device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const floa
           float2 o;
           o.x = epi(v0, m, n, b * M * N + at);
           o.y = epi(v1, m, n + 1, b * M * N + at + 1);
-          *reinterpret_cast<float2*>(C + at) = o;
+          storeC2(C, at, o);
         } else {
           if (n < N) C[at] = epi(v0, m, n, b * M * N + at);
           if (n + 1 < N) C[at + 1] = epi(v1, m, n + 1, b * M * N + at + 1);
@@ -484,8 +495,8 @@ __device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const floa
 // Split-K: the GEMM kernels above, given P::splits = S > 1, treat blockIdx.z as the split and
 // write the raw sum over their share of K to parts[split] (S·M·N floats, no epilogue); this
 // adds the S partial sums in split order (deterministic) and applies the epilogue.
-template <class P, class Epi>
-__device__ __forceinline__ void splitReduce(const float* __restrict__ parts, float* __restrict__ C, const Epi& epi) {
+template <class P, class Epi, class CPtr>
+__device__ __forceinline__ void splitReduce(const float* __restrict__ parts, CPtr C, const Epi& epi) {
   constexpr long long MN = P::M * P::N, N = P::N;
   constexpr int S = P::splits;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < MN; i += (long long)gridDim.x * blockDim.x) {

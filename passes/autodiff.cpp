@@ -108,6 +108,11 @@ void gradDiv(GradCtx& c) {
   }
 }
 void gradScale(GradCtx& c) { c.give(0, c.scale(c.dy, c.n.attrs.getFloat("value", 1.0))); }
+void gradCast(GradCtx& c) {
+  AttrMap a;
+  a.set("dtype", std::string(dtypeName(c.g.value(c.in(0)).type.dtype)));
+  c.give(0, c.op(OpKind::Cast, {c.dy}, a));
+}
 void gradRelu(GradCtx& c) { c.give(0, c.op(OpKind::ReluGrad, {c.dy, c.in(0)})); }
 void gradGelu(GradCtx& c) { c.give(0, c.op(OpKind::GeluGrad, {c.dy, c.in(0)})); }
 void gradTanh(GradCtx& c) { c.give(0, c.op(OpKind::TanhGrad, {c.dy, c.out()})); }

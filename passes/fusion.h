@@ -17,6 +17,12 @@ std::unique_ptr<RewritePattern> makeFoldAttentionLayoutPattern();
 // Fuses chains of elementwise and broadcast ops into FusedElementwise nodes; returns the number
 // of fused nodes made and adds the number of ops absorbed to `absorbed`.
 int64_t fuseElementwise(Graph& g, int64_t& absorbed);
+// precision: bf16. Gives every value its storage type: bf16, except parameters, inputs,
+// constants, graph outputs (loss, prediction, gradients) and the attention kernels' fp32 side
+// outputs (log-sum-exp, sink-logit gradients). Each GEMM and attention operand that is not bf16
+// gets a Cast to bf16 (one per value), and an attention output that is a graph output a Cast to
+// fp32 after it; returns how many casts.
+int64_t lowerToBf16(Graph& g);
 // Common-subexpression elimination; returns the number of nodes removed.
 int64_t eliminateCommonSubexpressions(Graph& g);
 

@@ -6,7 +6,7 @@
 
 namespace pa {
 
-MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes) {
+MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool storageSizes) {
   const std::vector<NodeId> order = g.topoOrder();
   const int64_t end = static_cast<int64_t>(order.size());
   const size_t nv = g.numValues();
@@ -21,7 +21,8 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes) {
     for (ValueId v : n.inputs) last[root[v]] = std::max(last[root[v]], pos);
     for (ValueId v : n.outputs) {
       if (n.op == OpKind::Param) continue;
-      if (aliasReshapes && n.op == OpKind::Reshape && planned[root[n.inputs[0]]]) {
+      if (aliasReshapes && n.op == OpKind::Reshape && planned[root[n.inputs[0]]] &&
+          g.value(n.inputs[0]).type.dtype == g.value(v).type.dtype) {
         root[v] = root[n.inputs[0]];
         last[root[v]] = std::max(last[root[v]], pos);
         continue;
@@ -43,7 +44,8 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes) {
   plan.offset.assign(nv, -1);
   for (size_t v = 0; v < nv; ++v) {
     if (!planned[v]) continue;
-    const int64_t n = numel(g.shape(static_cast<ValueId>(v)));
+    int64_t n = numel(g.shape(static_cast<ValueId>(v)));
+    if (storageSizes) n = (n * static_cast<int64_t>(dtypeSize(g.value(static_cast<ValueId>(v)).type.dtype)) + 3) / 4;
     items.push_back({static_cast<ValueId>(v), (n + align - 1) / align * align});
     plan.naiveElements += n;
   }

@@ -10,7 +10,7 @@
 namespace pa {
 
 struct MemoryPlan {
-  std::vector<int64_t> offset;  // per ValueId, in elements; -1 for values not in the arena
+  std::vector<int64_t> offset;  // per ValueId, in elements (or 4-byte units); -1 for values not in the arena
   int64_t arenaElements = 0;    // the arena's size: the peak of simultaneously live activations
   int64_t naiveElements = 0;    // what one buffer per value would need
 };
@@ -22,7 +22,10 @@ struct MemoryPlan {
 // With `aliasReshapes`, a Reshape's output shares its input's bytes (tensors are contiguous,
 // so a reshape changes no byte): the two are planned as one value living from the first's
 // producer to the last user of either, and the executor need not copy (the GPU runner skips
-// those kernels).
-MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16, bool aliasReshapes = false);
+// those kernels); a reshape that changes the dtype is a copy. With `storageSizes`, sizes and
+// offsets count 4-byte units and each value takes its dtype's bytes (a bf16 value half as many
+// units as elements: the GPU's arena); without, one unit per element whatever the dtype (the
+// CPU executor keeps every value in its own float or double).
+MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16, bool aliasReshapes = false, bool storageSizes = false);
 
 }  // namespace pa

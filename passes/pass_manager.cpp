@@ -54,6 +54,8 @@ void registerBuiltins(PassRegistry& r) {
            s.counters["patterns matched"] = fuseElementwise(g, absorbed);
            s.counters["ops absorbed"] = absorbed;
          }});
+  r.add({"lower-bf16", "bf16 storage for activations and their gradients, casts before the GEMMs and attention (last: after fusion)",
+         {}, {}, [](Graph& g, PassStats& s) { s.counters["casts inserted"] = lowerToBf16(g); }});
   r.add({"cse", "merge nodes computing the same op on the same inputs", {}, {}, [](Graph& g, PassStats& s) {
            s.counters["nodes removed"] = eliminateCommonSubexpressions(g);
          }});

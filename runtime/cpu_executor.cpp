@@ -80,6 +80,8 @@ template <class T> void execMul(Ctx<T>& c) { binary(c, cpu::BinaryOp::Mul); }
 template <class T> void execDiv(Ctx<T>& c) { binary(c, cpu::BinaryOp::Div); }
 
 template <class T> void execScale(Ctx<T>& c) { cpu::scale(c.in(0), c.out(), c.outCount(), c.n.attrs.getFloat("value", 1.0)); }
+// The values pass unchanged; run() rounds the output to its dtype (bf16).
+template <class T> void execCast(Ctx<T>& c) { std::copy(c.in(0), c.in(0) + c.outCount(), c.out()); }
 template <class T> void execRelu(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Relu, c.in(0), c.out(), c.outCount()); }
 template <class T> void execGelu(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Gelu, c.in(0), c.out(), c.outCount()); }
 template <class T> void execTanh(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Tanh, c.in(0), c.out(), c.outCount()); }
@@ -430,6 +432,11 @@ void CpuExecutor<T>::run() {
     Ctx<T> c{g_, ptr_, g_.node(id), &exprs_[id]};
     assert(c.n.op == OpKind::Param || c.n.op == OpKind::Input || ptr_[c.n.outputs[0]] != nullptr);
     kExec<T>[static_cast<int>(c.n.op)](c);
+    // Values stored in bf16 on the GPU (the lower-bf16 pass) are rounded here the same way, so
+    // the CPU trains with the same storage precision and is the GPU's reference.
+    for (ValueId v : c.n.outputs)
+      if (g_.value(v).type.dtype == DType::BF16 && c.n.op != OpKind::Param && c.n.op != OpKind::Input)
+        for (T* p = ptr_[v], *e = p + numel(g_.shape(v)); p != e; ++p) *p = static_cast<T>(roundToBf16(static_cast<float>(*p)));
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -59,9 +60,11 @@ constexpr size_t kLtWorkspaceBytes = 32u << 20;  // cuBLASLt's recommendation fo
 constexpr int kLtCandidates = 8;               // algorithms from its heuristic that are measured
 
 // The largest power of two (at most 256) dividing every byte address of a matrix series.
-uint32_t alignmentOf(cuda::CUdeviceptr base, int64_t strideFloats) {
+uint32_t alignmentOf(cuda::CUdeviceptr base, int64_t strideElements, size_t elementBytes) {
   uint32_t a = 256;
-  while (a > 4 && (base % a != 0 || (strideFloats > 0 && (static_cast<uint64_t>(strideFloats) * 4) % a != 0))) a /= 2;
+  while (a > elementBytes &&
+         (base % a != 0 || (strideElements > 0 && (static_cast<uint64_t>(strideElements) * elementBytes) % a != 0)))
+    a /= 2;
   return a;
 }
 
@@ -133,7 +136,7 @@ int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
     : g_(g), device_(device), order_(g.topoOrder()) {
   device_.makeCurrent();
-  const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true);
+  const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true);
   offset_ = plan.offset;
   arenaBytes_ = static_cast<size_t>(plan.arenaElements) * sizeof(float);
   arena_ = cuda::DeviceBuffer(std::max<size_t>(arenaBytes_, 16));
@@ -308,12 +311,34 @@ cuda::CUdeviceptr CudaGraphRunner::ptr(ValueId v) const {
 }
 
 void CudaGraphRunner::upload(ValueId v, const float* host) {
-  PA_CU_CHECK(cuMemcpyHtoD(ptr(v), host, static_cast<size_t>(numel(g_.shape(v))) * sizeof(float)));
+  const size_t count = static_cast<size_t>(numel(g_.shape(v)));
+  if (g_.value(v).type.dtype == DType::BF16) {  // rounded to nearest, as the kernels store
+    std::vector<uint16_t> bits(count);
+    for (size_t i = 0; i < count; ++i) {
+      const float r = roundToBf16(host[i]);
+      uint32_t u;
+      std::memcpy(&u, &r, sizeof u);
+      bits[i] = static_cast<uint16_t>(u >> 16);
+    }
+    PA_CU_CHECK(cuMemcpyHtoD(ptr(v), bits.data(), count * sizeof(uint16_t)));
+    return;
+  }
+  PA_CU_CHECK(cuMemcpyHtoD(ptr(v), host, count * sizeof(float)));
 }
 
 void CudaGraphRunner::download(ValueId v, float* host) const {
   PA_CU_CHECK(cuCtxSynchronize());
-  PA_CU_CHECK(cuMemcpyDtoH(host, ptr(v), static_cast<size_t>(numel(g_.shape(v))) * sizeof(float)));
+  const size_t count = static_cast<size_t>(numel(g_.shape(v)));
+  if (g_.value(v).type.dtype == DType::BF16) {
+    std::vector<uint16_t> bits(count);
+    PA_CU_CHECK(cuMemcpyDtoH(bits.data(), ptr(v), count * sizeof(uint16_t)));
+    for (size_t i = 0; i < count; ++i) {
+      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&host[i], &u, sizeof u);
+    }
+    return;
+  }
+  PA_CU_CHECK(cuMemcpyDtoH(host, ptr(v), count * sizeof(float)));
 }
 
 void CudaGraphRunner::run(cuda::CUstream stream) {
@@ -460,10 +485,15 @@ void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
     p.batch = lg.geometry.batch, p.m = lg.geometry.m, p.n = lg.geometry.n, p.k = lg.geometry.k;
     p.strideA = lg.geometry.strideA, p.strideB = lg.geometry.strideB;
     p.transA = lg.geometry.transA, p.transB = lg.geometry.transB;
-    p.tf32 = opt.tf32;
-    p.alignA = alignmentOf(ptr(n.inputs[0]), p.strideA);
-    p.alignB = alignmentOf(ptr(n.inputs[1]), p.strideB);
-    p.alignC = alignmentOf(ptr(n.outputs[static_cast<size_t>(lg.output)]), p.batch > 1 ? p.m * p.n : 0);
+    const ValueId c = n.outputs[static_cast<size_t>(lg.output)];
+    p.bf16 = g_.value(n.inputs[0]).type.dtype == DType::BF16;
+    if (p.bf16 != (g_.value(n.inputs[1]).type.dtype == DType::BF16)) continue;  // mixed operands: generated
+    p.fp32C = p.bf16 && g_.value(c).type.dtype == DType::F32;
+    p.tf32 = opt.tf32 && !p.bf16;
+    const size_t ab = p.bf16 ? 2 : 4, cb = p.bf16 && !p.fp32C ? 2 : 4;
+    p.alignA = alignmentOf(ptr(n.inputs[0]), p.strideA, ab);
+    p.alignB = alignmentOf(ptr(n.inputs[1]), p.strideB, ab);
+    p.alignC = alignmentOf(ptr(c), p.batch > 1 ? p.m * p.n : 0, cb);
     std::vector<std::pair<bool, bool>> levels{{lg.bias, lg.relu}};  // (bias, ReLU), fewest kernels first
     if (lg.relu) levels.push_back({lg.bias, false});
     if (lg.bias) levels.push_back({false, false});
@@ -485,7 +515,7 @@ void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
       ++kernelCount_;
     }
     // A transposed B small beside the output may be worth copying untransposed every run.
-    if (p.transB && p.batch == 1 && p.k * 4 <= p.m) {
+    if (p.transB && p.batch == 1 && p.k * 4 <= p.m && !p.bf16) {  // (the copy kernel is fp32)
       cuda::LtProblem pt = plan->problem();
       pt.transB = false;
       pt.alignB = 256;  // the scratch buffer

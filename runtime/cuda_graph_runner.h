@@ -40,8 +40,10 @@ public:
   CudaGraphRunner(const CudaGraphRunner&) = delete;
   CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;
 
-  void upload(ValueId v, const float* host);      // inputs and parameters, numel(shape) floats
-  void download(ValueId v, float* host) const;    // any value that is still alive after run()
+  // numel(shape) floats to or from value `v`, converted where it is stored in bf16 (rounded to
+  // nearest on the way up): inputs and parameters, and any value still alive after run().
+  void upload(ValueId v, const float* host);
+  void download(ValueId v, float* host) const;
   // Queues every node's kernels on `stream`, in topological order, with no host synchronisation
   // and no allocation, so a stream capture of it replays as one CUDA graph.
   void run(cuda::CUstream stream = nullptr);

@@ -20,8 +20,9 @@ namespace pa {
 namespace {
 
 // The training graph of a config, built as the trainer builds it (no training).
-Graph trainingGraph(const std::string& name, bool noFuse) {
-  const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/" + name + ".yaml", {"data.samples=64"});
+Graph trainingGraph(const std::string& name, bool noFuse, const std::string& precision = "fp32") {
+  const Config cfg =
+      loadConfig(std::string(PA_SOURCE_DIR) + "/configs/" + name + ".yaml", {"data.samples=64", "precision=" + precision});
   DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
   RunOptions opt;
   opt.noFuse = noFuse;
@@ -31,6 +32,7 @@ Graph trainingGraph(const std::string& name, bool noFuse) {
 struct GraphCase {
   std::string config;
   bool noFuse;
+  std::string precision = "fp32";
 };
 
 class GeneratedKernels : public ::testing::TestWithParam<GraphCase> {};
@@ -41,7 +43,7 @@ class GeneratedKernels : public ::testing::TestWithParam<GraphCase> {};
 TEST_P(GeneratedKernels, CompileWithNvrtcForSm80AndSm90) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
-  const Graph g = trainingGraph(GetParam().config, GetParam().noFuse);
+  const Graph g = trainingGraph(GetParam().config, GetParam().noFuse, GetParam().precision);
   std::string program;
   int kernels = 0;
   std::set<OpKind> kinds;
@@ -57,7 +59,7 @@ TEST_P(GeneratedKernels, CompileWithNvrtcForSm80AndSm90) {
   ASSERT_GT(kernels, 0);
   for (const char* arch : {"sm_80", "sm_90", "sm_90a"}) {  // sm_90a: what the runner uses on an H100
     codegen::CompileRequest req;
-    req.kernelName = GetParam().config + (GetParam().noFuse ? "_unfused" : "_fused");
+    req.kernelName = GetParam().config + (GetParam().noFuse ? "_unfused_" : "_fused_") + GetParam().precision;
     req.source = program;
     req.headers = codegen::embeddedKernelHeaders();
     req.arch = arch;
@@ -74,15 +76,21 @@ INSTANTIATE_TEST_SUITE_P(Configs, GeneratedKernels,
                                            GraphCase{"function_mlp", false}, GraphCase{"function_mlp", true},
                                            GraphCase{"mlp_tiny", false}, GraphCase{"mlp_tiny", true},
                                            GraphCase{"mlp_wide", false}, GraphCase{"mlp_wide", true},
-                                           GraphCase{"attn_block", false}, GraphCase{"attn_block", true}),
+                                           GraphCase{"attn_block", false}, GraphCase{"attn_block", true},
+                                           GraphCase{"sine_mlp", false, "bf16"}, GraphCase{"sine_mlp", true, "bf16"},
+                                           GraphCase{"sine_attention", false, "bf16"}, GraphCase{"sine_attention", true, "bf16"},
+                                           GraphCase{"function_mlp", false, "bf16"}, GraphCase{"mlp_tiny", false, "bf16"},
+                                           GraphCase{"mlp_wide", false, "bf16"}, GraphCase{"attn_block", false, "bf16"},
+                                           GraphCase{"attn_block", true, "bf16"}),
                          [](const ::testing::TestParamInfo<GraphCase>& i) {
-                           return i.param.config + (i.param.noFuse ? "_unfused" : "_fused");
+                           return i.param.config + (i.param.noFuse ? "_unfused" : "_fused") +
+                                  (i.param.precision == "fp32" ? "" : "_" + i.param.precision);
                          });
 
 TEST(Codegen, EveryOpOfTheTrainingGraphsHasKernelsExceptLeaves) {
   for (const char* name : {"sine_attention", "attn_block"}) {
-    for (bool noFuse : {false, true}) {
-      const Graph g = trainingGraph(name, noFuse);
+    for (bool noFuse : {false, true}) for (const char* precision : {"fp32", "bf16"}) {
+      const Graph g = trainingGraph(name, noFuse, precision);
       for (NodeId id : g.topoOrder()) {
         const Node& n = g.node(id);
         const bool leaf = n.op == OpKind::Input || n.op == OpKind::Param || n.op == OpKind::Constant;
@@ -130,6 +138,33 @@ TEST(Codegen, DumpedKernelsAreSelfContained) {
   }
   EXPECT_TRUE(sawMask);
   std::filesystem::remove_all(dir);
+}
+
+// bf16 kernels include kernels/storage.cuh (or kernels/gemm.cuh, which includes it): one kernel
+// of each op of the bf16 graphs compiles on its own with the header pasted in.
+TEST(Codegen, DumpedBf16KernelsAreSelfContained) {
+  const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
+  if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
+  int compiled = 0;
+  for (bool noFuse : {false, true}) {
+    const Graph g = trainingGraph(noFuse ? "sine_attention" : "attn_block", noFuse, "bf16");
+    std::set<OpKind> seen;
+    for (NodeId id : g.topoOrder()) {
+      const codegen::NodeKernels nk = codegen::emitNode(g, id);
+      if (nk.external || nk.kernels.empty() || !seen.insert(g.node(id).op).second) continue;
+      for (const codegen::Kernel& k : nk.kernels) {
+        const std::string src = codegen::selfContainedSource(k);
+        EXPECT_EQ(src.find("#include \"kernels/"), std::string::npos) << k.name;
+        codegen::CompileRequest req;
+        req.kernelName = k.name;
+        req.source = src;
+        req.arch = "sm_90";
+        EXPECT_NO_THROW(nvrtc.compile(req)) << k.name;
+        ++compiled;
+      }
+    }
+  }
+  EXPECT_GT(compiled, 10);
 }
 
 codegen::CompileRequest smallKernel(const std::string& body = "out[threadIdx.x] = 2.0f;") {

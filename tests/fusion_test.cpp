@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "frontend/config.h"
 #include "frontend/datasets.h"
@@ -444,7 +445,11 @@ namespace {
 // The memory plan, checked independently of the planner: every pair of values whose bytes
 // overlap must have disjoint lifetimes, where an aliased reshape counts as its input (its
 // bytes are the input's, so the two live and die together).
-void checkPlan(const Graph& g, const MemoryPlan& plan, bool alias) {
+void checkPlan(const Graph& g, const MemoryPlan& plan, bool alias, bool storageSizes = false) {
+  auto units = [&](ValueId v) {
+    const int64_t n = numel(g.shape(v));
+    return storageSizes ? (n * static_cast<int64_t>(dtypeSize(g.value(v).type.dtype)) + 3) / 4 : n;
+  };
   const std::vector<NodeId> order = g.topoOrder();
   const int64_t end = static_cast<int64_t>(order.size());
   std::map<ValueId, ValueId> root;
@@ -456,7 +461,8 @@ void checkPlan(const Graph& g, const MemoryPlan& plan, bool alias) {
       if (plan.offset[v] >= 0) life[rootOf(v)].second = std::max(life[rootOf(v)].second, pos);
     for (ValueId v : n.outputs) {
       if (plan.offset[v] < 0) continue;
-      if (alias && n.op == OpKind::Reshape && plan.offset[n.inputs[0]] >= 0) {
+      if (alias && n.op == OpKind::Reshape && plan.offset[n.inputs[0]] >= 0 &&
+          g.value(n.inputs[0]).type.dtype == g.value(v).type.dtype) {
         EXPECT_EQ(plan.offset[v], plan.offset[n.inputs[0]]) << g.value(v).name;
         root[v] = rootOf(n.inputs[0]);
         life[root[v]].second = std::max(life[root[v]].second, pos);
@@ -471,8 +477,8 @@ void checkPlan(const Graph& g, const MemoryPlan& plan, bool alias) {
   for (size_t v = 0; v < g.numValues(); ++v)
     if (plan.offset[v] >= 0) {
       const ValueId r = rootOf(static_cast<ValueId>(v));
-      size[r] = std::max(size[r], numel(g.shape(static_cast<ValueId>(v))));
-      EXPECT_LE(plan.offset[v] + numel(g.shape(static_cast<ValueId>(v))), plan.arenaElements);
+      size[r] = std::max(size[r], units(static_cast<ValueId>(v)));
+      EXPECT_LE(plan.offset[v] + units(static_cast<ValueId>(v)), plan.arenaElements);
     }
   for (const auto& a : size)
     for (const auto& b : size) {
@@ -501,6 +507,89 @@ TEST(MemoryPlan, NoTwoLiveValuesShareBytesWithAndWithoutReshapeAliases) {
     // No size expectation: an alias lengthens its input's life, so the greedy peak can go
     // either way by a few elements (measured: 482016 vs 482000 fused); what it saves is the copy.
   }
+}
+
+// precision: bf16 on the GPU's plan: bf16 values take half the bytes, a reshape changing the
+// dtype (an fp32 input read as bf16) is a copy, not an alias, and nothing live overlaps.
+TEST(MemoryPlan, Bf16StorageSizesHalveActivations) {
+  for (bool noFuse : {false, true}) {
+    const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml", {"data.samples=64"});
+    Config bf = cfg;
+    bf.precision = "bf16";
+    const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+    RunOptions opt;
+    opt.noFuse = noFuse;
+    const Graph g32 = compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, 8).model.graph;
+    const Graph g16 = compileTrainingGraph(bf, opt, data.train.xShape, data.train.yShape, 8).model.graph;
+    const MemoryPlan p32 = planMemory(g32, 16, true, true), p16 = planMemory(g16, 16, true, true);
+    checkPlan(g16, p16, true, true);
+    EXPECT_LT(p16.arenaElements, p32.arenaElements * 3 / 4) << "fp32 " << p32.arenaElements << " units, bf16 " << p16.arenaElements;
+  }
+}
+
+// lower-bf16: parameters, inputs, constants and graph outputs stay fp32, everything else is
+// bf16, and every GEMM and attention operand is bf16 (a parameter through one Cast per step).
+TEST(LowerBf16, StorageTypesAndCasts) {
+  const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml", {"data.samples=64", "precision=bf16"});
+  const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+  const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, 8).model.graph;
+  ASSERT_TRUE(g.storageTypes());
+  verifyGraph(g);
+  std::set<ValueId> outputs;
+  for (const auto& kv : g.outputs()) outputs.insert(kv.second);
+  int casts = 0, gemms = 0, flash = 0;
+  for (NodeId id : g.topoOrder()) {
+    const Node& n = g.node(id);
+    const bool leaf = n.op == OpKind::Param || n.op == OpKind::Input || n.op == OpKind::Constant;
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      const ValueId v = n.outputs[i];
+      const bool lse = (n.op == OpKind::FlashAttention && i == 1) || (n.op == OpKind::FlashAttentionGrad && i == 3);
+      const DType want = leaf || outputs.count(v) || lse ? DType::F32 : DType::BF16;
+      EXPECT_EQ(g.value(v).type.dtype, want) << g.value(v).name;
+    }
+    if (n.op == OpKind::Cast) {
+      ++casts;
+      const OpKind src = g.producer(n.inputs[0]).op;  // a weight, or the input the first layer reads
+      EXPECT_TRUE(src == OpKind::Param || src == OpKind::Input) << n.name;
+    }
+    std::vector<int> operands;
+    if (n.op == OpKind::MatMul || n.op == OpKind::FusedLinear || n.op == OpKind::MatMulActGrad) operands = {0, 1}, ++gemms;
+    if (n.op == OpKind::FlashAttention) operands = {0, 1, 2}, ++flash;
+    if (n.op == OpKind::FlashAttentionGrad) operands = {0, 1, 2, 3, 5}, ++flash;
+    for (int i : operands) EXPECT_EQ(g.value(n.inputs[static_cast<size_t>(i)]).type.dtype, DType::BF16) << n.name << " input " << i;
+  }
+  EXPECT_GT(gemms, 0);
+  EXPECT_EQ(flash, 2);
+  // One cast per weight matrix that a GEMM reads (shared by the forward and backward products),
+  // and at most one for the input.
+  int weights = 0;
+  for (ValueId p : g.params()) weights += g.shape(p).size() == 2;
+  EXPECT_GE(casts, weights);
+  EXPECT_LE(casts, weights + 1);
+  Graph again = g;
+  EXPECT_THROW(lowerToBf16(again), std::logic_error);
+}
+
+TEST(LowerBf16, RoundToBf16IsNearestEven) {
+  EXPECT_EQ(roundToBf16(1.0f), 1.0f);
+  EXPECT_EQ(roundToBf16(1.0f + std::ldexp(1.0f, -8)), 1.0f);  // a tie: to the even 1.0
+  EXPECT_EQ(roundToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 1.0f + std::ldexp(1.0f, -6));  // a tie: up, to even
+  EXPECT_EQ(roundToBf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 1.0f + std::ldexp(1.0f, -7));
+  EXPECT_EQ(roundToBf16(-2.5f), -2.5f);
+  EXPECT_TRUE(std::isnan(roundToBf16(NAN)));
+  EXPECT_TRUE(std::isinf(roundToBf16(3.4e38f)));  // past bf16's largest finite value
+}
+
+// precision: bf16 trains on the CPU too (fp32 arithmetic, each bf16 value rounded when stored):
+// the default example reaches the same bar as in fp32.
+TEST(LowerBf16, CpuTrainsTheDefaultExample) {
+  const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_mlp.yaml", {"precision=bf16"});
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  const TrainResult r = train(cfg, o);
+  EXPECT_LT(r.finalValidation, 5e-3);
+  EXPECT_GT(r.finalValidation, 0.0);
 }
 
 }  // namespace

@@ -67,7 +67,7 @@ std::string LtProblem::describe() const {
   std::snprintf(buf, sizeof buf, "%lldx%lldx%lld b%lld/%lld/%lld %c%c %s%s%s a%u/%u/%u", static_cast<long long>(m),
                 static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(batch),
                 static_cast<long long>(strideA), static_cast<long long>(strideB), transA ? 'T' : 'N', transB ? 'T' : 'N',
-                tf32 ? "tf32" : "fp32", bias ? " bias" : "", relu ? " relu" : "", alignA, alignB, alignC);
+                bf16 ? (fp32C ? "bf16>fp32" : "bf16") : tf32 ? "tf32" : "fp32", bias ? " bias" : "", relu ? " relu" : "", alignA, alignB, alignC);
   return buf;
 }
 
@@ -183,10 +183,16 @@ std::unique_ptr<LtPlan> CublasLt::plan(const LtProblem& p, size_t workspaceBytes
                                  : p.relu         ? CUBLASLT_EPILOGUE_RELU
                                                   : CUBLASLT_EPILOGUE_DEFAULT;
   ltCheck(a.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "set EPILOGUE");
+  if (p.bias) {  // the graph's biases are fp32 parameters, whatever C is
+    const cudaDataType_t bt = CUDA_R_32F;
+    ltCheck(a.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "set BIAS_DATA_TYPE");
+  }
+  const cudaDataType_t abType = p.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t cType = p.bf16 && !p.fp32C ? CUDA_R_16BF : CUDA_R_32F;
 
-  auto layout = [&](uint64_t rows, uint64_t cols, int64_t ld, int64_t stride) {
+  auto layout = [&](cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld, int64_t stride) {
     cublasLtMatrixLayout_t l = nullptr;
-    ltCheck(a.cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+    ltCheck(a.cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld), "cublasLtMatrixLayoutCreate");
     if (p.batch > 1) {
       const int32_t count = static_cast<int32_t>(p.batch);
       ltCheck(a.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "set BATCH_COUNT");
@@ -196,9 +202,9 @@ std::unique_ptr<LtPlan> CublasLt::plan(const LtProblem& p, size_t workspaceBytes
     return static_cast<void*>(l);
   };
   const auto M = static_cast<uint64_t>(p.m), N = static_cast<uint64_t>(p.n), K = static_cast<uint64_t>(p.k);
-  plan->layoutA_ = p.transB ? layout(K, N, p.k, p.strideB) : layout(N, K, p.n, p.strideB);
-  plan->layoutB_ = p.transA ? layout(M, K, p.m, p.strideA) : layout(K, M, p.k, p.strideA);
-  plan->layoutC_ = layout(N, M, p.n, p.m * p.n);
+  plan->layoutA_ = p.transB ? layout(abType, K, N, p.k, p.strideB) : layout(abType, N, K, p.n, p.strideB);
+  plan->layoutB_ = p.transA ? layout(abType, M, K, p.m, p.strideA) : layout(abType, K, M, p.k, p.strideA);
+  plan->layoutC_ = layout(cType, N, M, p.n, p.m * p.n);
 
   cublasLtMatmulPreference_t pref = nullptr;
   ltCheck(a.cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");

@@ -16,14 +16,17 @@ namespace pa::cuda {
 // then ReLU, when the library applies them), M×N outputs over K, `batch` products.
 struct LtProblem {
   int64_t batch = 1, m = 0, n = 0, k = 0;
-  int64_t strideA = 0, strideB = 0;  // floats between batch items; 0: one matrix shared by all
+  int64_t strideA = 0, strideB = 0;  // elements between batch items; 0: one matrix shared by all
   bool transA = false, transB = false;
   bool tf32 = false;                 // CUBLAS_COMPUTE_32F_FAST_TF32 instead of exact fp32
+  // precision: bf16. A and B in bf16 (fp32 sums, CUBLAS_COMPUTE_32F); C in bf16 unless `fp32C`
+  // (a weight gradient or the prediction, kept fp32). The bias stays fp32 either way.
+  bool bf16 = false, fp32C = false;
   bool bias = false, relu = false;   // the epilogue cuBLASLt applies (bias before ReLU)
   // Bytes every A, B and C matrix (each batch item's too) is aligned to; cuBLASLt's heuristic
   // assumes 256 unless told, and would otherwise pick kernels that fault on smaller ones.
   uint32_t alignA = 256, alignB = 256, alignC = 256;
-  std::string describe() const;      // "8192x1024x1024 b1/0/0 NT fp32 bias relu a256/256/256": a cache key part
+  std::string describe() const;      // "8192x1024x1024 b1/0/0 NT fp32 bias relu a256/256/256" (bf16: "bf16>fp32"): a cache key part
 };
 
 // An opaque cuBLASLt algorithm (cublasLtMatmulAlgo_t is 8 64-bit words) and its workspace need.

@@ -8,12 +8,16 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <set>
 #include <utility>
 
+#include "codegen/emit.h"
 #include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/datasets.h"
 #include "frontend/trainer.h"
+#include "graph/verifier.h"
+#include "passes/fusion.h"
 #include "runtime/cuda/cublaslt.h"
 #include "runtime/cuda_graph_runner.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -44,12 +48,25 @@ enum class Metric {
   // differ more where a ReLU input lies within rounding of 0. A mathematically zero gradient
   // (a key bias under softmax's shift invariance) is compared to ε₃₂ × the largest gradient.
   Norm,
+  // precision: bf16, against the float64 executor that rounds the same values to bf16 where the
+  // GPU stores them: ‖gpu − cpu‖₂ ≤ 1e-2 ‖cpu‖₂ (issue 4's and 5's bf16 bar). What remains is
+  // where the two round differently: a float sum landing on the other side of a bf16 rounding
+  // boundary (2^-8 relative, one element at a time). Graphs with attention: 5e-2, because the
+  // bf16 attention kernels also round P and dS to bf16 before their tensor-core products (the
+  // FlashAttention-2 scheme, which the reference does not), and dS's rows sum to zero, so
+  // dQ = dS·K and dK cancel and their relative error grows (measured on the H100: q, k, v
+  // projection gradients 2.0-2.1e-2, sink-logit gradients 3.3e-2). A gradient that is zero in
+  // exact arithmetic (a key bias under softmax's shift invariance) is compared to 2^-8 × the
+  // largest output's norm instead of its own.
+  Bf16,
 };
 
 // Runs `g` (with "loss" and gradient outputs) on the CPU in float64 and on the GPU in float32
 // from the same random parameters and inputs; checks every graph output.
 void compareOnGpu(const Graph& g, uint64_t seed, double paramRange, Metric metric, const CudaRunnerOptions& ropt = {},
-                  CudaGraphRunner::GemmStats* gemmStats = nullptr) {
+                  CudaGraphRunner::GemmStats* gemmStats = nullptr, const std::set<std::string>& skip = {}) {
+  bool attention = false;
+  for (const Node& n : g.nodes()) attention |= !n.erased && (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad);
   std::map<std::string, std::pair<double, double>> ranges;
   for (ValueId p : g.params()) ranges[g.value(p).name] = {-paramRange, paramRange};
   const auto params = test::randomParams(g, seed, ranges);
@@ -84,6 +101,7 @@ void compareOnGpu(const Graph& g, uint64_t seed, double paramRange, Metric metri
   for (ValueId in : g.inputs()) upload(in, cpu.data(in));
   gpu.run();
   for (const auto& kv : g.outputs()) {
+    if (skip.count(kv.first)) continue;
     const ValueId v = kv.second;
     const int64_t n = numel(g.shape(v));
     std::vector<float> got(static_cast<size_t>(n), NAN);
@@ -100,7 +118,12 @@ void compareOnGpu(const Graph& g, uint64_t seed, double paramRange, Metric metri
       ref2 += want * want;
     }
     EXPECT_TRUE(finite) << kv.first;
-    if (metric == Metric::MaxElement) {
+    if (metric == Metric::Bf16) {
+      const double tol = attention ? 5e-2 : 1e-2;
+      EXPECT_LE(std::sqrt(diff2), std::max(tol * std::sqrt(ref2), std::ldexp(1.0, -8) * largestNorm))
+          << kv.first << ": ‖gpu − cpu‖ " << std::sqrt(diff2) << ", ‖cpu‖ " << std::sqrt(ref2);
+      std::printf("  bf16 relative error %-28s %.2e\n", kv.first.c_str(), std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30));
+    } else if (metric == Metric::MaxElement) {
       EXPECT_LE(worst, 1e-4 * std::max(scale, 1e-2)) << kv.first << " (max |cpu| " << scale << ")";
     } else {
       const double bound = std::max({1e-4 * std::sqrt(ref2), 2.0 * std::sqrt(cpu32diff2), 6e-8 * largestNorm});
@@ -125,6 +148,39 @@ TEST_P(OpOnGpu, MatchesTheFloat64CpuExecutor) {
 
 INSTANTIATE_TEST_SUITE_P(AllOps, OpOnGpu, ::testing::ValuesIn(test::allCases()),
                          [](const ::testing::TestParamInfo<test::OpCase>& i) { return i.param.name; });
+
+// precision: bf16. Every op case lowered by lower-bf16 (bf16 intermediates, casts before the
+// GEMMs and attention) against the float64 executor rounding at the same places; nodes with a
+// GEMM also with each provider forced (the generated one widens bf16 operands to fp32).
+TEST_P(OpOnGpu, Bf16MatchesTheRoundingFloat64CpuExecutor) {
+  PA_REQUIRE_GPU();
+  const test::OpCase& c = GetParam();
+  Graph g;
+  const ValueId out = c.build(g);
+  g.setOutput("op", out);  // compared itself (an fp32 graph output: an attention output gets a Cast)
+  test::addWeightedSumLoss(g, out);
+  appendBackward(g, g.output("loss"), g.params());
+  lowerToBf16(g);
+  verifyGraph(g);
+  const uint64_t seed = std::hash<std::string>{}(c.name) + 1;
+  // The loss, a random-signed weighted sum of the output, cancels to a small fraction of its
+  // terms: its relative error says little; the output and the gradients are compared instead.
+  const std::set<std::string> skip = {"loss"};
+  compareOnGpu(g, seed, 1.0, Metric::Bf16, {}, nullptr, skip);
+  bool gemm = false;
+  for (const Node& n : g.nodes()) gemm |= !n.erased && codegen::libraryGemmOf(g, n.id).supported;
+  if (!gemm) return;
+  CudaRunnerOptions generated;
+  generated.gemm = GemmProvider::Generated;
+  compareOnGpu(g, seed, 1.0, Metric::Bf16, generated, nullptr, skip);
+  if (cuda::CublasLt::instance().available()) {
+    CudaRunnerOptions lt;
+    lt.gemm = GemmProvider::Cublaslt;
+    CudaGraphRunner::GemmStats st;
+    compareOnGpu(g, seed, 1.0, Metric::Bf16, lt, &st, skip);
+    EXPECT_GE(st.library, 1);
+  }
+}
 
 // Reductions big enough to take the split (two-kernel) path: few outputs over long ranges,
 // the reduced axis outer or inner, one output over everything, and a large MSE.
@@ -219,6 +275,19 @@ TEST_P(TrainingStepOnGpu, LossAndEveryGradientMatchTheCpu) {
   compareOnGpu(g, 5, 0.1, Metric::Norm);
 }
 
+// One whole bf16 training step (fused and unfused) against the rounding float64 executor.
+TEST_P(TrainingStepOnGpu, Bf16LossAndEveryGradientMatchTheCpu) {
+  PA_REQUIRE_GPU();
+  const Config cfg =
+      loadConfig(sourceDir() + "/configs/" + GetParam().config + ".yaml", {"data.samples=64", "precision=bf16"});
+  DataSplit data = loadData(cfg.data, cfg.seed, sourceDir() + "/configs");
+  RunOptions opt;
+  opt.noFuse = GetParam().noFuse;
+  const Graph g = compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, cfg.train.batchSize).model.graph;
+  ASSERT_TRUE(g.storageTypes());
+  compareOnGpu(g, 5, 0.1, Metric::Bf16);
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, TrainingStepOnGpu,
                          ::testing::Values(StepCase{"sine_mlp", false}, StepCase{"sine_mlp", true},
                                            StepCase{"sine_attention", false}, StepCase{"sine_attention", true},
@@ -266,6 +335,25 @@ TEST_P(TrainOnGpu, LossTrajectoryMatchesTheCpuOver100Steps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, TrainOnGpu, ::testing::Values("sine_mlp", "sine_attention", "function_mlp", "mlp_tiny"));
+
+// precision: bf16 trains: sine_mlp (the default example) on the GPU reaches the validation bar
+// the fp32 run is held to (5e-3, README), and tracks the CPU's bf16 emulation for its first
+// steps (later, rounding differences grow through Adam as in fp32, only sooner).
+TEST(TrainOnGpu, Bf16TrainsTheDefaultExample) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/sine_mlp.yaml", {"precision=bf16"});
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cuda";
+  const TrainResult gpu = train(cfg, o);
+  std::printf("  sine_mlp bf16 on the GPU: validation MSE %.3e after %zu steps\n", gpu.finalValidation, gpu.losses.size());
+  EXPECT_LT(gpu.finalValidation, 5e-3);
+  const Config shortCfg = loadConfig(sourceDir() + "/configs/sine_mlp.yaml", {"precision=bf16", "train.steps=10"});
+  const double worst = cpuGpuLossDifference(shortCfg);
+  std::printf("  sine_mlp bf16: largest relative loss difference GPU/CPU over 10 steps %.2e\n", worst);
+  EXPECT_LE(worst, 1e-2);
+}
 
 // The optimizer's options on the GPU against the CPU: gradient clipping that is active on most
 // steps (the norm starts near 1), AdamW's decoupled weight decay, a cosine schedule with warm-up.

@@ -1,0 +1,94 @@
+// The lower-bf16 pass (precision: bf16): storage types per value and casts for tensor-core operands.
+//
+// Note on what stays fp32. The parameters are fp32 master weights (Adam updates them and keeps
+// its moments in fp32); their gradients, the loss and the prediction are graph outputs, written
+// in fp32 by the node that produces them (a weight gradient's GEMM accumulates in fp32 and stores
+// fp32, where PyTorch's autocast rounds it to bf16 first). Inputs and constants stay fp32, and
+// every kernel converts what it reads, so a bf16 activation added to an fp32 constant costs
+// nothing extra. What the GEMMs and the attention kernels multiply on the tensor cores must be
+// bf16: a parameter or input used there gets one Cast node per step (a bf16 copy of the weight).
+// The attention kernels also write their outputs in bf16; one that is a graph output is cast to
+// fp32 after it.
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "passes/fusion.h"
+
+namespace pa {
+
+namespace {
+
+// The inputs of `n` that the tensor cores read (GEMM operands A and B; attention's q, k, v, o, dO).
+std::vector<int> tensorCoreOperands(const Node& n) {
+  switch (n.op) {
+  case OpKind::MatMul:
+  case OpKind::FusedLinear:
+  case OpKind::MatMulActGrad: return {0, 1};
+  case OpKind::FlashAttention: return {0, 1, 2};
+  case OpKind::FlashAttentionGrad: return {0, 1, 2, 3, 5};
+  default: return {};
+  }
+}
+
+// Outputs the kernels write in fp32 whatever the precision: log-sum-exp and sink-logit gradients.
+bool keptFp32(const Node& n, size_t output) {
+  return (n.op == OpKind::FlashAttention && output == 1) || (n.op == OpKind::FlashAttentionGrad && output == 3);
+}
+
+}  // namespace
+
+int64_t lowerToBf16(Graph& g) {
+  if (g.storageTypes()) throw std::logic_error("lower-bf16 runs once");
+  std::set<ValueId> outputs;
+  for (const auto& kv : g.outputs()) outputs.insert(kv.second);
+  const std::vector<NodeId> order = g.topoOrder();
+  for (NodeId id : order) {
+    const Node& n = g.node(id);
+    const bool leaf = n.op == OpKind::Param || n.op == OpKind::Input || n.op == OpKind::Constant;
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      const ValueId v = n.outputs[i];
+      DType t = DType::BF16;
+      if (leaf || outputs.count(v) || keptFp32(n, i)) t = DType::F32;
+      if (n.op == OpKind::Cast) t = g.value(v).type.dtype;
+      g.setDtype(v, t);
+    }
+  }
+  g.setStorageTypes();
+  int64_t casts = 0;
+  // The attention kernels write o, dQ, dK and dV in q's dtype: where one of them is a graph
+  // output (a gradient of q, k or v as parameters), it stays bf16 and a Cast gives the fp32 output.
+  for (NodeId id : order) {
+    if (g.node(id).op != OpKind::FlashAttention && g.node(id).op != OpKind::FlashAttentionGrad) continue;
+    for (size_t i = 0; i < g.node(id).outputs.size(); ++i) {
+      const ValueId v = g.node(id).outputs[i];
+      if (keptFp32(g.node(id), i) || g.value(v).type.dtype == DType::BF16) continue;
+      g.setDtype(v, DType::BF16);
+      AttrMap a;
+      a.set("dtype", std::string("f32"));
+      const ValueId c = g.add(OpKind::Cast, {v}, a, g.value(v).name + ".f32");
+      ++casts;
+      for (const auto& [name, out] : std::map<std::string, ValueId>(g.outputs()))
+        if (out == v) g.setOutput(name, c);
+    }
+  }
+  std::map<ValueId, ValueId> castOf;
+  for (NodeId id : order) {
+    for (int slot : tensorCoreOperands(g.node(id))) {
+      const ValueId v = g.node(id).inputs[static_cast<size_t>(slot)];
+      if (g.value(v).type.dtype == DType::BF16) continue;
+      auto it = castOf.find(v);
+      if (it == castOf.end()) {
+        AttrMap a;
+        a.set("dtype", std::string("bf16"));
+        const ValueId c = g.add(OpKind::Cast, {v}, a, g.value(v).name + ".bf16");
+        it = castOf.emplace(v, c).first;
+        ++casts;
+      }
+      g.node(id).inputs[static_cast<size_t>(slot)] = it->second;  // g.add may move nodes: index again
+    }
+  }
+  return casts;
+}
+
+}  // namespace pa
