@@ -43,6 +43,14 @@ std::string num(double v) {
 std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
 // GELU (the erf form) of the expression `x`.
 std::string geluOf(const std::string& x) { return "0.5f * " + x + " * (1.0f + erff(" + x + " * 0.70710678118654752f))"; }
+// dy ⊙ act′(x) for act relu | gelu (ReluGrad, GeluGrad, matmul-act-grad's epilogues); `x` is
+// read more than once, so it should name a value.
+std::string activationGradOf(const std::string& act, const std::string& dy, const std::string& x) {
+  if (act == "gelu")
+    return dy + " * (0.5f * (1.0f + erff(" + x + " * 0.70710678118654752f)) + " + x + " * 0.39894228040143268f * expf(-0.5f * " + x +
+           " * " + x + "))";
+  return "(" + x + " > 0.0f ? " + dy + " : 0.0f)";
+}
 
 std::string sanitize(const std::string& s) {
   std::string r;
@@ -95,26 +103,17 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
   bool bf16 = false;
   for (const KernelArg& a : k.args) {
     const std::string sep = params.empty() ? "" : ", ";
-    switch (a.kind) {
-    case KernelArg::Input: {
-      const Value& v = c.g.value(c.n.inputs[static_cast<size_t>(a.index)]);
-      params += sep + argType(v.type.dtype, false) + " in" + std::to_string(a.index);
-      doc += sep + "in" + std::to_string(a.index) + " = " + v.name + (v.type.dtype == DType::F32 ? "" : " (bf16)");
-      bf16 |= v.type.dtype == DType::BF16;
-      break;
-    }
-    case KernelArg::Output: {
-      const Value& v = c.g.value(c.n.outputs[static_cast<size_t>(a.index)]);
-      params += sep + argType(v.type.dtype, true) + " out" + std::to_string(a.index);
-      doc += sep + "out" + std::to_string(a.index) + " = " + v.name + (v.type.dtype == DType::F32 ? "" : " (bf16)");
-      bf16 |= v.type.dtype == DType::BF16;
-      break;
-    }
-    case KernelArg::Scratch:
+    if (a.kind == KernelArg::Scratch) {
       params += sep + "float* __restrict__ scratch";
       doc += sep + "scratch";
-      break;
+      continue;
     }
+    const bool output = a.kind == KernelArg::Output;
+    const std::string name = (output ? "out" : "in") + std::to_string(a.index);
+    const Value& v = c.g.value(output ? c.n.outputs[static_cast<size_t>(a.index)] : c.n.inputs[static_cast<size_t>(a.index)]);
+    params += sep + argType(v.type.dtype, output) + " " + name;
+    doc += sep + name + " = " + v.name + (v.type.dtype == DType::F32 ? "" : " (bf16)");
+    bf16 |= v.type.dtype == DType::BF16;
   }
   // The bf16 views; kernels/gemm.cuh includes them itself.
   const bool includeStorage = bf16 && std::find(k.headers.begin(), k.headers.end(), "kernels/gemm.cuh") == k.headers.end();
@@ -162,16 +161,14 @@ std::string exprCode(const ExprNode& x) {
   case OpKind::Div: return t(0) + " / " + t(1);
   case OpKind::Scale: return t(0) + " * " + num(x.value);
   case OpKind::Relu: return "fmaxf(" + t(0) + ", 0.0f)";
-  case OpKind::Gelu: return "0.5f * " + t(0) + " * (1.0f + erff(" + t(0) + " * 0.70710678118654752f))";
+  case OpKind::Gelu: return geluOf(t(0));
   case OpKind::Tanh: return "tanhf(" + t(0) + ")";
   case OpKind::Sigmoid: return "1.0f / (1.0f + expf(-" + t(0) + "))";
   case OpKind::Exp: return "expf(" + t(0) + ")";
   case OpKind::BroadcastTo: return t(0);
   case OpKind::Cast: return t(0);  // the store rounds to the output's dtype
-  case OpKind::ReluGrad: return t(1) + " > 0.0f ? " + t(0) + " : 0.0f";
-  case OpKind::GeluGrad:
-    return t(0) + " * (0.5f * (1.0f + erff(" + t(1) + " * 0.70710678118654752f)) + " + t(1) + " * 0.39894228040143268f * expf(-0.5f * " +
-           t(1) + " * " + t(1) + "))";
+  case OpKind::ReluGrad: return activationGradOf("relu", t(0), t(1));
+  case OpKind::GeluGrad: return activationGradOf("gelu", t(0), t(1));
   case OpKind::TanhGrad: return t(0) + " * (1.0f - " + t(1) + " * " + t(1) + ")";
   case OpKind::SigmoidGrad: return t(0) + " * " + t(1) + " * (1.0f - " + t(1) + ")";
   default: throw std::logic_error(std::string("no expression code for op ") + opName(x.op));
@@ -544,28 +541,35 @@ std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t
   return {GemmTile::Small, 1};
 }
 
-NodeKernels gemm(const Ctx& c, int64_t batch, int64_t aBatch, int64_t bBatch, int64_t m, int64_t n, int64_t k, bool ta,
-                 bool tb, const std::string& epilogue, const std::string& members, const std::string& init) {
+NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
+                 const std::string& init) {
   // bf16 operands (precision: bf16) are widened into the scratch buffer first and multiplied on
   // the TF32 path. A stopgap until a bf16 tensor-core template exists: cuBLASLt runs these nodes
   // whenever it is available (compiler.gemm auto or cublaslt).
-  const bool wideA = c.inType(0) == DType::BF16, wideB = c.inType(1) == DType::BF16;
-  const bool tf32 = c.opt->tf32 || wideA || wideB;
-  std::pair<GemmTile, int> choice = chooseGemm(tf32, batch, m, n, k);
+  const bool wide[2] = {c.inType(0) == DType::BF16, c.inType(1) == DType::BF16};
+  const bool tf32 = c.opt->tf32 || wide[0] || wide[1];
+  const int64_t m = q.m, n = q.n, k = q.k;
+  std::pair<GemmTile, int> choice = chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
-  if (c.opt->gemmSplits > 0 && batch == 1) choice.second = c.opt->gemmSplits;
+  if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
   const GemmVariant v = gemmVariant(tf32, choice.first);
   const int splits = choice.second;
   const int64_t tiles = tilesOf(m, n, v.bm);  // square tiles
-  TemplateVars vars = {{"M", ll(m)}, {"N", ll(n)}, {"K", ll(k)}, {"ABATCH", ll(aBatch)}, {"BBATCH", ll(bBatch)},
-                       {"TA", ta ? "true" : "false"}, {"TB", tb ? "true" : "false"}, {"SPLITS", std::to_string(splits)},
-                       {"EPIMEMBERS", members}, {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
+  TemplateVars vars = {{"M", ll(m)}, {"N", ll(n)}, {"K", ll(k)}, {"ABATCH", ll(q.strideA)}, {"BBATCH", ll(q.strideB)},
+                       {"TA", q.transA ? "true" : "false"}, {"TB", q.transB ? "true" : "false"},
+                       {"SPLITS", std::to_string(splits)}, {"EPIMEMBERS", members},
+                       {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
   NodeKernels nk;
-  // Scratch, in floats: [widened A][widened B][split partial sums].
+  // Scratch, in floats: [widened A][widened B][split partial sums]. The product reads each
+  // operand from the node, or its widened copy.
   int64_t scratchFloats = 0;
   std::string operand[2] = {"in0", "in1"};
+  std::vector<KernelArg> operandArgs;
   for (int i = 0; i < 2; ++i) {
-    if (!(i == 0 ? wideA : wideB)) continue;
+    if (!wide[i]) {
+      operandArgs.push_back({KernelArg::Input, i});
+      continue;
+    }
     const int64_t count = numel(c.in(i));
     nk.kernels.push_back(finish(c, std::string("widen_") + (i == 0 ? "a" : "b"), kGemmWiden,
                                 {{"COUNT", ll(count)}, {"OFFSET", ll(scratchFloats)}, {"INPUT", std::to_string(i)}},
@@ -573,13 +577,16 @@ NodeKernels gemm(const Ctx& c, int64_t batch, int64_t aBatch, int64_t bBatch, in
     operand[i] = "scratch + " + ll(scratchFloats);
     scratchFloats += (count + 63) / 64 * 64;  // 256-byte aligned: the vector loads want 16
   }
-  // The product's arguments: the operands it reads from the node (not widened), the rest.
-  std::vector<KernelArg> productArgs;
+  std::vector<KernelArg> epilogueArgs;  // the epilogue's inputs (bias, saved activation) and the outputs
   for (const KernelArg& a : allArgs(c.n))
-    if (a.kind != KernelArg::Input || a.index >= 2 || !(a.index == 0 ? wideA : wideB)) productArgs.push_back(a);
-  if (wideA || wideB) productArgs.push_back({KernelArg::Scratch, 0});
+    if (a.kind != KernelArg::Input || a.index >= 2) epilogueArgs.push_back(a);
+  auto join = [](std::vector<KernelArg> a, const std::vector<KernelArg>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<KernelArg> scratchArg{{KernelArg::Scratch, 0}};
   const std::array<unsigned, 3> grid{static_cast<unsigned>(std::max<int64_t>(tiles, 1)), 1,
-                                     static_cast<unsigned>(splits > 1 ? splits : batch)};
+                                     static_cast<unsigned>(splits > 1 ? splits : q.batch)};
   auto problem = [&](const std::string& part) {
     TemplateVars pv = vars;
     pv["NAME"] = c.kernelName(part);
@@ -592,23 +599,19 @@ NodeKernels gemm(const Ctx& c, int64_t batch, int64_t aBatch, int64_t bBatch, in
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
     kv["EPIINIT"] = init;
-    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), productArgs, {"kernels/gemm.cuh"}));
+    const std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
+    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {"kernels/gemm.cuh"}));
     nk.scratchBytes = static_cast<size_t>(scratchFloats) * sizeof(float);
     return nk;
   }
   TemplateVars kv = kernelVars;
   kv["PROBLEM"] = problem("split");
   kv["PARTS"] = ll(scratchFloats);
-  std::vector<KernelArg> splitArgs;
-  if (!wideA) splitArgs.push_back({KernelArg::Input, 0});
-  if (!wideB) splitArgs.push_back({KernelArg::Input, 1});
-  splitArgs.push_back({KernelArg::Scratch, 0});
-  nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), splitArgs, {"kernels/gemm.cuh"}));
-  std::vector<KernelArg> reduceArgs{{KernelArg::Scratch, 0}};
-  for (const KernelArg& a : allArgs(c.n))
-    if (a.kind != KernelArg::Input || a.index >= 2) reduceArgs.push_back(a);
+  nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), join(operandArgs, scratchArg),
+                              {"kernels/gemm.cuh"}));
   TemplateVars rv = {{"PROBLEM", problem("reduce")}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}};
-  nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, reduceArgs, {"kernels/gemm.cuh"}));
+  nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
+                              {"kernels/gemm.cuh"}));
   nk.scratchBytes = static_cast<size_t>(scratchFloats + splits * m * n) * sizeof(float);
   return nk;
 }
@@ -652,21 +655,14 @@ GemmGeometry fusedLinearGeometry(const Ctx& c) {
   return q;
 }
 
-NodeKernels matmulGemm(const Ctx& c, const std::string& epi, const std::string& members, const std::string& init) {
-  const GemmGeometry q = matmulGeometry(c);
-  return gemm(c, q.batch, q.strideA, q.strideB, q.m, q.n, q.k, q.transA, q.transB, epi, members, init);
-}
-
-NodeKernels emitMatMul(const Ctx& c) { return matmulGemm(c, "", "", ""); }
+NodeKernels emitMatMul(const Ctx& c) { return gemm(c, matmulGeometry(c), "", "", ""); }
 
 // The matmul with ReluGrad/GeluGrad's formula as its epilogue (x: the saved activation input).
 NodeKernels emitMatMulActGrad(const Ctx& c) {
   const std::string members = "  " + argType(c.inType(2), false) + " x;\n", init = "  epilogue.x = in2;\n";
-  const std::string epi = c.n.attrs.getString("activation", "relu") == "gelu"
-                              ? "    { const float s = x[i];\n      v = v * (0.5f * (1.0f + erff(s * 0.70710678118654752f)) + "
-                                "s * 0.39894228040143268f * expf(-0.5f * s * s)); }\n"
-                              : "    v = x[i] > 0.0f ? v : 0.0f;\n";
-  return matmulGemm(c, epi, members, init);
+  const std::string epi =
+      "    { const float s = x[i];\n      v = " + activationGradOf(c.n.attrs.getString("activation", "relu"), "v", "s") + "; }\n";
+  return gemm(c, matmulGeometry(c), epi, members, init);
 }
 
 NodeKernels emitAdd(const Ctx& c) { return primitive(c); }
@@ -893,7 +889,7 @@ NodeKernels emitFusedLinear(const Ctx& c) {
     epi += "    pre[i] = v;\n    v = " + geluOf("v") + ";\n";
   }
   if (act == "relu") epi += "    v = fmaxf(v, 0.0f);\n";
-  return gemm(c, 1, 0, 0, q.m, q.n, q.k, false, q.transB, epi, members, init);
+  return gemm(c, q, epi, members, init);
 }
 
 // ---- GEMMs run by a library (cuBLASLt) -------------------------------------------------------
@@ -941,10 +937,7 @@ NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, boo
   std::string body;
   std::vector<KernelArg> args;
   if (n.op == OpKind::MatMulActGrad) {
-    const bool gelu = n.attrs.getString("activation", "relu") == "gelu";
-    body = gelu ? "    const float s = in2[i];\n    out0[i] = v * (0.5f * (1.0f + erff(s * 0.70710678118654752f)) + "
-                  "s * 0.39894228040143268f * expf(-0.5f * s * s));\n"
-                : "    out0[i] = in2[i] > 0.0f ? v : 0.0f;\n";
+    body = "    const float s = in2[i];\n    out0[i] = " + activationGradOf(n.attrs.getString("activation", "relu"), "v", "s") + ";\n";
     args = {{KernelArg::Input, 2}, {KernelArg::Output, 0}};
   } else if (n.op == OpKind::FusedLinear) {
     const bool gelu = lg.output == 1;

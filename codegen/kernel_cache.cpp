@@ -51,6 +51,12 @@ std::string defaultDir() {
 
 }  // namespace
 
+std::string contentHash(const std::string& text) {
+  Hasher h;
+  h.add(text);
+  return h.hex();
+}
+
 KernelCache& KernelCache::instance() {
   static KernelCache cache(defaultDir());
   return cache;

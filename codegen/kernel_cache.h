@@ -10,6 +10,10 @@
 
 namespace pa::codegen {
 
+// 32 hex digits of the cache's hash of `text` (two independent 64-bit FNV-1a streams), for keys
+// of other caches beside it (the GEMM autotuner's).
+std::string contentHash(const std::string& text);
+
 struct KernelCacheStats {
   int64_t memoryHits = 0, diskHits = 0, misses = 0, corruptRebuilt = 0;
   double compileSeconds = 0;  // spent in NVRTC on misses, summed over the threads that compiled

@@ -40,15 +40,21 @@ inline size_t dtypeSize(DType t) {
   return 0;
 }
 
-// `x` rounded to the nearest bfloat16 (ties to even), as __float2bfloat16 does; NaN stays NaN.
-inline float roundToBf16(float x) {
+// The bfloat16 nearest to `x` (ties to even), as __float2bfloat16 does, as its 16 bits; NaN
+// stays NaN.
+inline uint16_t bf16Bits(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return x;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float bf16Value(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
   return x;
 }
+// `x` rounded to the nearest bfloat16 value.
+inline float roundToBf16(float x) { return bf16Value(bf16Bits(x)); }
 
 }  // namespace pa

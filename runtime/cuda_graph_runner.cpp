@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +26,10 @@ struct CudaGraphRunner::Launch {
   int program = 0;
   std::vector<cuda::CUdeviceptr> args;  // resolved once: the buffers never move
   std::vector<void*> params;            // &args[i]
+  void enqueue(cuda::CUstream stream) const {
+    PA_CU_CHECK(cuLaunchKernel(fn, kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0], kernel.block[1],
+                               kernel.block[2], kernel.sharedBytes, stream, const_cast<void**>(params.data()), nullptr));
+  }
 };
 
 struct CudaGraphRunner::LibraryNode {
@@ -78,11 +80,6 @@ extern "C" __global__ void pa_fill_uniform(float* p, unsigned long long n, unsig
   }
 }
 )";
-
-uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 // Note on the autotune cache. A choice is keyed by everything that can change it: the device
 // and its SM count, cuBLASLt's version, the provider mode, the problem as cuBLASLt sees it and a
@@ -186,13 +183,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   // Arguments are resolved once; the vectors are never resized afterwards, so &args[i] holds.
   for (NodeId id : order_) {
     const Node& n = g.node(id);
-    std::vector<Launch*> node;
-    for (Launch& l : launches_[static_cast<size_t>(id)]) node.push_back(&l);
-    if (auto it = library_.find(id); it != library_.end()) {
-      for (Launch& l : it->second.transpose) node.push_back(&l);
-      for (Launch& l : it->second.post) node.push_back(&l);
-    }
-    for (Launch* lp : node) {
+    for (Launch* lp : nodeLaunches(id)) {
       Launch& l = *lp;
       for (const codegen::KernelArg& a : l.kernel.args) {
         switch (a.kind) {
@@ -242,13 +233,8 @@ void CudaGraphRunner::compile() {
   std::vector<std::string> sources(static_cast<size_t>(programs_));
   const int perProgram = (kernelCount_ + programs_ - 1) / programs_;
   std::vector<Launch*> all;
-  for (NodeId id : order_) {
-    for (Launch& l : launches_[static_cast<size_t>(id)]) all.push_back(&l);
-    if (auto it = library_.find(id); it != library_.end()) {
-      for (Launch& l : it->second.transpose) all.push_back(&l);
-      for (Launch& l : it->second.post) all.push_back(&l);
-    }
-  }
+  for (NodeId id : order_)
+    for (Launch* l : nodeLaunches(id)) all.push_back(l);
   int index = 0;
   for (Launch* l : all) {
     l->program = index++ / perProgram;
@@ -292,6 +278,16 @@ void CudaGraphRunner::compile() {
   compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+std::vector<CudaGraphRunner::Launch*> CudaGraphRunner::nodeLaunches(NodeId id) {
+  std::vector<Launch*> out;
+  for (Launch& l : launches_[static_cast<size_t>(id)]) out.push_back(&l);
+  if (auto it = library_.find(id); it != library_.end()) {
+    for (Launch& l : it->second.transpose) out.push_back(&l);
+    for (Launch& l : it->second.post) out.push_back(&l);
+  }
+  return out;
+}
+
 CudaGraphRunner::~CudaGraphRunner() {
   for (cuda::CUmodule m : modules_)
     if (m) cuda::Driver::instance().api().cuModuleUnload(m);
@@ -314,12 +310,7 @@ void CudaGraphRunner::upload(ValueId v, const float* host) {
   const size_t count = static_cast<size_t>(numel(g_.shape(v)));
   if (g_.value(v).type.dtype == DType::BF16) {  // rounded to nearest, as the kernels store
     std::vector<uint16_t> bits(count);
-    for (size_t i = 0; i < count; ++i) {
-      const float r = roundToBf16(host[i]);
-      uint32_t u;
-      std::memcpy(&u, &r, sizeof u);
-      bits[i] = static_cast<uint16_t>(u >> 16);
-    }
+    for (size_t i = 0; i < count; ++i) bits[i] = bf16Bits(host[i]);
     PA_CU_CHECK(cuMemcpyHtoD(ptr(v), bits.data(), count * sizeof(uint16_t)));
     return;
   }
@@ -332,10 +323,7 @@ void CudaGraphRunner::download(ValueId v, float* host) const {
   if (g_.value(v).type.dtype == DType::BF16) {
     std::vector<uint16_t> bits(count);
     PA_CU_CHECK(cuMemcpyDtoH(bits.data(), ptr(v), count * sizeof(uint16_t)));
-    for (size_t i = 0; i < count; ++i) {
-      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(&host[i], &u, sizeof u);
-    }
+    for (size_t i = 0; i < count; ++i) host[i] = bf16Value(bits[i]);
     return;
   }
   PA_CU_CHECK(cuMemcpyDtoH(host, ptr(v), count * sizeof(float)));
@@ -437,9 +425,7 @@ void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
     runLibrary(id, it->second, stream);
     return;
   }
-  for (Launch& l : launches_[static_cast<size_t>(id)])
-    PA_CU_CHECK(cuLaunchKernel(l.fn, l.kernel.grid[0], l.kernel.grid[1], l.kernel.grid[2], l.kernel.block[0],
-                               l.kernel.block[1], l.kernel.block[2], l.kernel.sharedBytes, stream, l.params.data(), nullptr));
+  for (const Launch& l : launches_[static_cast<size_t>(id)]) l.enqueue(stream);
 }
 
 std::string CudaGraphRunner::gemmProviderOf(NodeId id) const {
@@ -450,21 +436,13 @@ std::string CudaGraphRunner::gemmProviderOf(NodeId id) const {
 
 void CudaGraphRunner::runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream) {
   const Node& n = g_.node(id);
-  auto launch = [&](const Launch& k) {
-    PA_CU_CHECK(cuLaunchKernel(k.fn, k.kernel.grid[0], k.kernel.grid[1], k.kernel.grid[2], k.kernel.block[0],
-                               k.kernel.block[1], k.kernel.block[2], k.kernel.sharedBytes, stream,
-                               const_cast<void**>(k.params.data()), nullptr));
-  };
   const cuda::LtPlan& plan = l.transposed ? *l.planT : *l.plan;
   const cuda::CUdeviceptr bias = plan.problem().bias ? ptr(n.inputs[2]) : 0;
   if (l.transposed)
-    for (const Launch& k : l.transpose) launch(k);
+    for (const Launch& k : l.transpose) k.enqueue(stream);
   plan.run(l.algo, ptr(n.inputs[0]), l.transposed ? scratch_.at(id).ptr() : ptr(n.inputs[1]), bias,
            ptr(n.outputs[static_cast<size_t>(l.output)]), ltWorkspace_.ptr(), stream);
-  for (const Launch& k : l.post)
-    PA_CU_CHECK(cuLaunchKernel(k.fn, k.kernel.grid[0], k.kernel.grid[1], k.kernel.grid[2], k.kernel.block[0],
-                               k.kernel.block[1], k.kernel.block[2], k.kernel.sharedBytes, stream,
-                               const_cast<void**>(k.params.data()), nullptr));
+  for (const Launch& k : l.post) k.enqueue(stream);
 }
 
 // cuBLASLt descriptors for every GEMM node it can run, with the epilogue it applies: bias and
@@ -608,9 +586,8 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
     LibraryNode& l = it->second;
     std::string generatedSource;
     for (const Launch& k : launches_[static_cast<size_t>(id)]) generatedSource += k.kernel.source;
-    char hash[24];
-    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(generatedSource)));
-    const std::string key = prefix + l.plan->problem().describe() + "|post" + std::to_string(l.post.size()) + "|gen" + hash;
+    const std::string key = prefix + l.plan->problem().describe() + "|post" + std::to_string(l.post.size()) + "|gen" +
+                            codegen::contentHash(generatedSource);
     GemmChoice choice;
     choice.node = id;
     {
@@ -645,10 +622,7 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
       double best = 1e30;
       if (opt.gemm == GemmProvider::Auto)
         best = choice.generatedMs = measure([&](cuda::CUstream st) {
-          for (Launch& k : launches_[static_cast<size_t>(id)])
-            PA_CU_CHECK(cuLaunchKernel(k.fn, k.kernel.grid[0], k.kernel.grid[1], k.kernel.grid[2], k.kernel.block[0],
-                                       k.kernel.block[1], k.kernel.block[2], k.kernel.sharedBytes, st, k.params.data(),
-                                       nullptr));
+          for (const Launch& k : launches_[static_cast<size_t>(id)]) k.enqueue(st);
         });
       bool library = false, transposed = false;
       cuda::LtAlgo bestAlgo;

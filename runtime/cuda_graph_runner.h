@@ -94,6 +94,9 @@ private:
   void planLibraryGemms(const CudaRunnerOptions& opt);
   void chooseGemmProviders(const CudaRunnerOptions& opt);
   void runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream);
+  // Every kernel the node may launch: its generated ones, then cuBLASLt's transpose and epilogue
+  // kernels (compiled and given arguments alike, whichever provider runs).
+  std::vector<Launch*> nodeLaunches(NodeId id);
   cuda::CUdeviceptr ptr(ValueId v) const;
   const Graph& g_;
   const cuda::Device& device_;
