@@ -1,9 +1,11 @@
-// Times the generated GEMM kernels (one-node MatMul / FusedLinear graphs, fp32 and TF32) with
-// CUDA events: the issue-6 square product and mlp_wide's and attn_block's forward, dX and dW
+// Times the generated GEMM kernels (one-node MatMul / FusedLinear graphs, fp32, TF32 and bf16)
+// with CUDA events: the issue-6 square product and mlp_wide's and attn_block's forward, dX and dW
 // GEMMs; and the same nodes on the cuBLASLt provider (variant "cublaslt"). Writes a CSV
 // that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
-//   gemm_bench [--csv FILE] [--sweep]     --sweep also times every tile variant and the
-//                                         config variants kept here until one wins (STYLE.md 6)
+//   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16]
+//     --sweep also times every tile variant and the config variants kept here until one wins
+//     (STYLE.md 6). bf16: operands stored in bf16 as lower-bf16 stores them, outputs in bf16
+//     except the weight gradients (dW rows: fp32), the wgmma kernel on an sm_90a device.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -116,11 +118,13 @@ double timeCublasLt(const Graph& g, NodeId id, bool tf32, int warmup, int reps) 
 
 // A bench-only variant: the emitted kernel with another config (and block/grid to match).
 struct ConfigVariant {
-  bool tf32;
-  const char* from;  // the config the emitter uses for the large tile
+  const char* precision;
+  GemmTile tile;     // the emitted tile whose config is replaced
+  const char* from;  // the config the emitter uses for that tile
   const char* to;
   const char* boundsFrom;
   const char* boundsTo;
+  unsigned sharedBytes;  // the variant's dynamic shared memory; 0: the emitted kernel's
 };
 
 void replaceAll(std::string& s, const std::string& from, const std::string& to) {
@@ -128,16 +132,18 @@ void replaceAll(std::string& s, const std::string& from, const std::string& to) 
 }
 
 int run(int argc, char** argv) {
-  std::string csvPath = "gemm_bench.csv";
+  std::string csvPath = "gemm_bench.csv", precisions = "fp32,tf32,bf16";
   bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csvPath = argv[++i];
     else if (!std::strcmp(argv[i], "--sweep")) sweep = true;
+    else if (!std::strcmp(argv[i], "--precisions") && i + 1 < argc) precisions = argv[++i];
     else {
-      std::fprintf(stderr, "usage: gemm_bench [--csv FILE] [--sweep]\n");
+      std::fprintf(stderr, "usage: gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16]\n");
       return 2;
     }
   }
+  auto wanted = [&](const char* p) { return ("," + precisions + ",").find(std::string(",") + p + ",") != std::string::npos; };
   if (!cuda::Driver::instance().available()) {
     std::fprintf(stderr, "gemm_bench: no CUDA device: %s\n", cuda::Driver::instance().unavailableReason().c_str());
     return 1;
@@ -158,56 +164,74 @@ int run(int argc, char** argv) {
   std::printf("%-15s %-5s %-26s %10s %9s\n", "shape", "prec", "variant", "ms", "TFLOP/s");
   // The emitter's earlier fp32 large config (BK = 8, chunks of 8 slices), kept as a yardstick.
   const ConfigVariant configs[] = {
-      {false, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 8, 8, 8, 8>", "(256, 1)", "(256, 1)"},
+      {"fp32", GemmTile::Large, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 8, 8, 8, 8>", "(256, 1)", "(256, 1)", 0},
+      // wgmma: ring depth.
+      {"bf16", GemmTile::Large, "WgmmaConfig<256, 2, 4>", "WgmmaConfig<256, 2, 3>", "(384, 1)", "(384, 1)", 3 * 384 * 128 + 1024},
+      {"bf16", GemmTile::Medium, "WgmmaConfig<128, 2, 6>", "WgmmaConfig<128, 2, 4>", "(384, 1)", "(384, 1)", 4 * 256 * 128 + 1024},
   };
 
   for (const Shape3& s : shapes()) {
-    Graph g;
-    const NodeId id = gemmtest::buildGraph(g, s.p);
-    const Node& node = g.node(id);
-    // Fresh random non-zero inputs; several sets when they would otherwise stay in L2 (50 MB).
-    size_t bytes = 0;
-    for (ValueId v : node.inputs) bytes += static_cast<size_t>(numel(g.shape(v))) * sizeof(float);
-    const int numSets = bytes < (size_t{200} << 20) ? 3 : 1;
-    std::vector<std::vector<cuda::DeviceBuffer>> sets(static_cast<size_t>(numSets));
-    for (int si = 0; si < numSets; ++si)
-      for (size_t i = 0; i < node.inputs.size(); ++i) {
-        const std::vector<float> h = gemmtest::randomValues(numel(g.shape(node.inputs[i])), 1000u * si + i + 1);
-        sets[static_cast<size_t>(si)].emplace_back(h.size() * sizeof(float));
-        sets[static_cast<size_t>(si)].back().upload(h.data(), h.size() * sizeof(float));
-      }
     const double flops = 2.0 * static_cast<double>(s.m) * s.n * s.k;
-    auto reportMs = [&](double ms, bool tf32, const std::string& variant) {
+    auto reportMs = [&](double ms, const char* precision, const std::string& variant) {
       const double tflops = flops / (ms * 1e-3) / 1e12;
-      std::printf("%-15s %-5s %-26s %10.4f %9.1f\n", s.name.c_str(), tf32 ? "tf32" : "fp32", variant.c_str(), ms, tflops);
-      std::fprintf(csv, "%s,%s,%s,%lld,%lld,%lld,%d,%d,%d,%.5f,%.2f\n", s.name.c_str(), tf32 ? "tf32" : "fp32",
-                   variant.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-                   s.p.ta ? 1 : 0, s.p.tb ? 1 : 0, s.p.fused ? 1 : 0, ms, tflops);
+      std::printf("%-15s %-5s %-26s %10.4f %9.1f\n", s.name.c_str(), precision, variant.c_str(), ms, tflops);
+      std::fprintf(csv, "%s,%s,%s,%lld,%lld,%lld,%d,%d,%d,%.5f,%.2f\n", s.name.c_str(), precision, variant.c_str(),
+                   static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), s.p.ta ? 1 : 0,
+                   s.p.tb ? 1 : 0, s.p.fused ? 1 : 0, ms, tflops);
       std::fflush(stdout);
       std::fflush(csv);
     };
-    auto report = [&](gemmtest::NodeOnGpu& gpu, bool tf32, const std::string& variant) {
-      reportMs(timeNode(gpu, sets, 5, 30), tf32, variant);
-    };
-    for (bool tf32 : {false, true}) {
+    for (const char* precision : {"fp32", "tf32", "bf16"}) {
+      if (!wanted(precision)) continue;
+      const bool tf32 = !std::strcmp(precision, "tf32"), bf16 = !std::strcmp(precision, "bf16");
+      Graph g;
+      const NodeId id = gemmtest::buildGraph(g, s.p);
+      const bool weightGradient = s.name.size() > 3 && s.name.compare(s.name.size() - 3, 3, "_dW") == 0;
+      if (bf16) gemmtest::storeOperandsInBf16(g, id, !weightGradient);
+      const Node& node = g.node(id);
+      // Fresh random non-zero inputs in their storage type; several sets when they would
+      // otherwise stay in L2 (50 MB).
+      size_t bytes = 0;
+      for (ValueId v : node.inputs) bytes += static_cast<size_t>(numel(g.shape(v))) * sizeof(float);
+      const int numSets = bytes < (size_t{200} << 20) ? 3 : 1;
+      std::vector<std::vector<cuda::DeviceBuffer>> sets(static_cast<size_t>(numSets));
+      for (int si = 0; si < numSets; ++si)
+        for (size_t i = 0; i < node.inputs.size(); ++i) {
+          const std::vector<float> h = gemmtest::randomValues(numel(g.shape(node.inputs[i])), 1000u * si + i + 1);
+          sets[static_cast<size_t>(si)].emplace_back(h.size() * sizeof(float));
+          if (g.value(node.inputs[i]).type.dtype == DType::BF16) {
+            std::vector<uint16_t> bits(h.size());
+            for (size_t j = 0; j < h.size(); ++j) bits[j] = bf16Bits(h[j]);
+            sets[static_cast<size_t>(si)].back().upload(bits.data(), bits.size() * sizeof(uint16_t));
+          } else {
+            sets[static_cast<size_t>(si)].back().upload(h.data(), h.size() * sizeof(float));
+          }
+        }
+      auto report = [&](gemmtest::NodeOnGpu& gpu, const std::string& variant) { reportMs(timeNode(gpu, sets, 5, 30), precision, variant); };
+      const bool wgmma = bf16 && device().info().arch() == "sm_90a";
       std::vector<std::pair<std::string, GemmTile>> tiles = {{"auto", GemmTile::Auto}};
       if (sweep) tiles.insert(tiles.end(), {{"large", GemmTile::Large}, {"medium", GemmTile::Medium}, {"small", GemmTile::Small}});
       for (const auto& t : tiles) {
         codegen::EmitOptions opt;
         opt.tf32 = tf32;
+        opt.wgmma = wgmma;
         opt.gemmTile = t.second;
         gemmtest::NodeOnGpu gpu(g, id, opt, device());
-        report(gpu, tf32, t.first);
+        report(gpu, t.first);
       }
-      if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), tf32, "cublaslt");
+      if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), precision, "cublaslt");
       if (!sweep) continue;
       for (const ConfigVariant& cv : configs) {
-        if (cv.tf32 != tf32) continue;
+        if (std::strcmp(cv.precision, precision) != 0 || (bf16 && !wgmma)) continue;
         codegen::EmitOptions opt;
         opt.tf32 = tf32;
-        opt.gemmTile = GemmTile::Large;
+        opt.wgmma = wgmma;
+        opt.gemmTile = cv.tile;
+        opt.gemmSplits = 1;
         codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+        if (nk.kernels[0].source.find(cv.from) == std::string::npos) continue;
         replaceAll(nk.kernels[0].source, cv.from, cv.to);
+        if (cv.sharedBytes) nk.kernels[0].sharedBytes = cv.sharedBytes;
         replaceAll(nk.kernels[0].source, std::string("__launch_bounds__") + cv.boundsFrom,
                    std::string("__launch_bounds__") + cv.boundsTo);
         gemmtest::NodeOnGpu gpu(g, id, std::move(nk), device());
@@ -215,7 +239,7 @@ int run(int argc, char** argv) {
         replaceAll(label, ", ", "/");
         replaceAll(label, ",", "/");
         replaceAll(label, " ", "");
-        report(gpu, tf32, label);
+        report(gpu, label);
       }
     }
   }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch beside bench/gemm_bench: the same shapes through torch.matmul (cuBLAS), fp32 with
-TF32 off and on, timed the same way (CUDA events, warm-up, median of 30, rotating input sets
+TF32 off and on, and bf16 (bf16 outputs; fp32 accumulation in cuBLAS), timed the same way (CUDA events, warm-up, median of 30, rotating input sets
 below 200 MB), then the ratio torch_ms / ours_ms (1.0 = as fast as cuBLAS; the issue-6 bar is 0.9).
 
     gemm_vs_torch.py gemm_bench.csv
@@ -26,10 +26,10 @@ def time_ms(fn, sets, warmup=5, reps=30):
     return statistics.median(times)
 
 
-def torch_case(m, n, k, ta, tb, fused):
+def torch_case(m, n, k, ta, tb, fused, dtype):
     """The inputs in our layout and the PyTorch call that computes the same node."""
     def rand(*shape):
-        return torch.empty(*shape, device="cuda").uniform_(-1, 1)
+        return torch.empty(*shape, device="cuda").uniform_(-1, 1).to(dtype)
     a_shape = (k, m) if ta else (m, k)
     b_shape = (n, k) if tb else (k, n)
     nbytes = 4 * (m * k + k * n + (n if fused else 0))
@@ -49,7 +49,8 @@ def main():
         if key in torch_ms:
             continue
         torch.backends.cuda.matmul.allow_tf32 = r["precision"] == "tf32"
-        fn, sets = torch_case(int(r["m"]), int(r["n"]), int(r["k"]), r["ta"] == "1", r["tb"] == "1", r["fused"] == "1")
+        dtype = torch.bfloat16 if r["precision"] == "bf16" else torch.float32
+        fn, sets = torch_case(int(r["m"]), int(r["n"]), int(r["k"]), r["ta"] == "1", r["tb"] == "1", r["fused"] == "1", dtype)
         torch_ms[key] = time_ms(fn, sets)
         del sets
     print()

@@ -30,7 +30,8 @@ set(PA_EMBEDDED_KERNELS
   kernels/flash_attention_fwd.cuh
   kernels/flash_attention_bwd.cuh
   kernels/gemm.cuh
-  kernels/storage.cuh)
+  kernels/storage.cuh
+  kernels/gemm_wgmma.cuh)
 set(PA_EMBEDDED_DEPENDS "")
 foreach(f IN LISTS PA_EMBEDDED_KERNELS)
   list(APPEND PA_EMBEDDED_DEPENDS ${PA_ROOT}/${f})

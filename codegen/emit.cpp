@@ -115,8 +115,9 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
     doc += sep + name + " = " + v.name + (v.type.dtype == DType::F32 ? "" : " (bf16)");
     bf16 |= v.type.dtype == DType::BF16;
   }
-  // The bf16 views; kernels/gemm.cuh includes them itself.
-  const bool includeStorage = bf16 && std::find(k.headers.begin(), k.headers.end(), "kernels/gemm.cuh") == k.headers.end();
+  // The bf16 views; the GEMM headers include them themselves.
+  const bool includeStorage = bf16 && std::find(k.headers.begin(), k.headers.end(), "kernels/gemm.cuh") == k.headers.end() &&
+                              std::find(k.headers.begin(), k.headers.end(), "kernels/gemm_wgmma.cuh") == k.headers.end();
   if (includeStorage) k.headers.push_back("kernels/storage.cuh");
   vars["NAME"] = k.name;
   vars["PARAMS"] = params;
@@ -424,7 +425,7 @@ ${FINISH}}
 //   medium  64×64 tiles: 4× the blocks, for batched products too small for large tiles;
 //   small   32×32 tiles of 64 threads: tiny models (a 3×5 output gets one 64-thread block).
 const char* kGemmProblem = R"(
-#include "kernels/gemm.cuh"
+#include "${HEADER}"
 
 // External linkage (no anonymous namespace): each kernel uses only one of the two structs, and
 // NVRTC warns about unused internal ones. The kernel's name makes them unique in a program.
@@ -541,20 +542,88 @@ std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t
   return {GemmTile::Small, 1};
 }
 
+// The wgmma variants (kernels/gemm_wgmma.cuh): WgmmaConfig<BN, consumer warpgroups, stages>.
+// Large and medium tiles fill an SM's shared memory with their ring (one block an SM); small
+// ones (64×128, 97 KB) leave room for two.
+struct WgmmaVariant {
+  GemmVariant v;
+  unsigned sharedBytes;
+};
+WgmmaVariant wgmmaVariant(GemmTile tile) {
+  auto make = [](const char* config, int bm, int bn, int consumers, int stages, int minBlocks) {
+    return WgmmaVariant{GemmVariant{config, bm, bn, 128 * (1 + consumers), minBlocks},
+                        static_cast<unsigned>(stages * (bm + bn) * 128 + 1024)};
+  };
+  switch (tile) {
+  case GemmTile::Large: return make("WgmmaConfig<256, 2, 4>", 128, 256, 2, 4, 1);
+  case GemmTile::Medium: return make("WgmmaConfig<128, 2, 6>", 128, 128, 2, 6, 1);
+  case GemmTile::Small: return make("WgmmaConfig<128, 1, 4>", 64, 128, 1, 4, 2);
+  case GemmTile::Auto: break;
+  }
+  assert(false && "GemmTile::Auto is resolved by chooseWgmma");
+  return {};
+}
+
+int64_t tilesOf(int64_t m, int64_t n, int64_t bm, int64_t bn) { return ((m + bm - 1) / bm) * ((n + bn - 1) / bn); }
+
+// Note on choosing wgmma tiles. The largest tile that still gives ~90% of a wave. A single product
+// that not even medium tiles fill (weight gradients: small M×N, long K) is split along K, tile and
+// splits from wgmmaSplitCost(): waves × one block's time (its products at the block's measured
+// rate, plus ~2 µs of pipeline fill and epilogue) + the reduce kernel's traffic (the fp32 partial
+// sums read once, the result written) at ~2.5 TB/s + 3 µs. Block rates measured on the H100
+// (8192×4096×4096, bf16): large 647 TFLOP/s a GPU (one block an SM), medium 477 (one), small
+// 453 (two an SM). Splits keep at least 128 of K.
+double wgmmaSplitCost(GemmTile tile, int64_t m, int64_t n, int64_t k, int64_t splits) {
+  const int64_t bm = tile == GemmTile::Small ? 64 : 128, bn = tile == GemmTile::Large ? 256 : 128;
+  const double perSm = tile == GemmTile::Small ? 2 : 1;
+  const double gpuRate = tile == GemmTile::Large ? 647e12 : tile == GemmTile::Medium ? 477e12 : 453e12;
+  const double blockRate = gpuRate / (static_cast<double>(kAssumedSms) * perSm);
+  const double waves = std::ceil(static_cast<double>(tilesOf(m, n, bm, bn) * splits) / (static_cast<double>(kAssumedSms) * perSm));
+  const double sliceK = std::ceil(static_cast<double>(k) / static_cast<double>(splits) / 64.0) * 64.0;
+  const double block = 2.0 * static_cast<double>(bm * bn) * sliceK / blockRate + 2e-6;
+  const double reduce = splits > 1 ? static_cast<double>((splits + 1) * m * n) * 4.0 / 2.5e12 + 3e-6 : 0.0;
+  return waves * block + reduce;
+}
+
+std::pair<GemmTile, int> chooseWgmma(int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const int64_t wave = kAssumedSms * 9 / 10;
+  if (batch * tilesOf(m, n, 128, 256) >= wave) return {GemmTile::Large, 1};
+  if (batch * tilesOf(m, n, 128, 128) >= wave) return {GemmTile::Medium, 1};
+  if (batch > 1) return {GemmTile::Small, 1};
+  std::pair<GemmTile, int> best{GemmTile::Small, 1};
+  double bestCost = wgmmaSplitCost(GemmTile::Small, m, n, k, 1);
+  for (GemmTile t : {GemmTile::Large, GemmTile::Medium, GemmTile::Small})
+    for (int64_t s = 1; s <= 64 && (s == 1 || k / s >= 128); s *= 2) {
+      const double cost = wgmmaSplitCost(t, m, n, k, s);
+      if (cost < bestCost) bestCost = cost, best = {t, static_cast<int>(s)};
+    }
+  return best;
+}
+
 NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
                  const std::string& init) {
-  // bf16 operands (precision: bf16) are widened into the scratch buffer first and multiplied on
-  // the TF32 path. A stopgap until a bf16 tensor-core template exists: cuBLASLt runs these nodes
-  // whenever it is available (compiler.gemm auto or cublaslt).
-  const bool wide[2] = {c.inType(0) == DType::BF16, c.inType(1) == DType::BF16};
-  const bool tf32 = c.opt->tf32 || wide[0] || wide[1];
   const int64_t m = q.m, n = q.n, k = q.k;
-  std::pair<GemmTile, int> choice = chooseGemm(tf32, q.batch, m, n, k);
+  // bf16 operands on an sm_90a device go to the wgmma kernel when their contiguous extents and
+  // batch strides allow 16-byte copies. Elsewhere they are widened into the scratch buffer first
+  // and multiplied on the TF32 path (exact: TF32 holds every bf16 value).
+  const bool wide[2] = {c.inType(0) == DType::BF16, c.inType(1) == DType::BF16};
+  const bool wgmma = c.opt->wgmma && wide[0] && wide[1] && (q.transA ? m : k) % 8 == 0 && (q.transB ? k : n) % 8 == 0 &&
+                     q.strideA % 8 == 0 && q.strideB % 8 == 0;
+  const bool tf32 = !wgmma && (c.opt->tf32 || wide[0] || wide[1]);
+  std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, m, n, k) : chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
   if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
-  const GemmVariant v = gemmVariant(tf32, choice.first);
+  GemmVariant v;
+  unsigned sharedBytes = 0;
+  if (wgmma) {
+    const WgmmaVariant w = wgmmaVariant(choice.first);
+    v = w.v, sharedBytes = w.sharedBytes;
+  } else {
+    v = gemmVariant(tf32, choice.first);
+  }
+  const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : "kernels/gemm.cuh";
   const int splits = choice.second;
-  const int64_t tiles = tilesOf(m, n, v.bm);  // square tiles
+  const int64_t tiles = tilesOf(m, n, v.bm, v.bn);
   TemplateVars vars = {{"M", ll(m)}, {"N", ll(n)}, {"K", ll(k)}, {"ABATCH", ll(q.strideA)}, {"BBATCH", ll(q.strideB)},
                        {"TA", q.transA ? "true" : "false"}, {"TB", q.transB ? "true" : "false"},
                        {"SPLITS", std::to_string(splits)}, {"EPIMEMBERS", members},
@@ -563,10 +632,10 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   // Scratch, in floats: [widened A][widened B][split partial sums]. The product reads each
   // operand from the node, or its widened copy.
   int64_t scratchFloats = 0;
-  std::string operand[2] = {"in0", "in1"};
+  std::string operand[2] = {wgmma ? "in0.p" : "in0", wgmma ? "in1.p" : "in1"};
   std::vector<KernelArg> operandArgs;
   for (int i = 0; i < 2; ++i) {
-    if (!wide[i]) {
+    if (!wide[i] || wgmma) {
       operandArgs.push_back({KernelArg::Input, i});
       continue;
     }
@@ -590,17 +659,18 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   auto problem = [&](const std::string& part) {
     TemplateVars pv = vars;
     pv["NAME"] = c.kernelName(part);
+    pv["HEADER"] = part == "reduce" ? "kernels/gemm.cuh" : header;
     return fillTemplate(kGemmProblem, pv);
   };
   const TemplateVars kernelVars = {{"THREADS", std::to_string(v.threads)}, {"MINBLOCKS", std::to_string(v.minBlocks)},
-                                   {"ALGO", tf32 ? "tf32Gemm" : "simtGemm"}, {"CONFIG", v.config},
+                                   {"ALGO", wgmma ? "wgmmaGemm" : tf32 ? "tf32Gemm" : "simtGemm"}, {"CONFIG", v.config},
                                    {"APTR", operand[0]}, {"BPTR", operand[1]}};
   if (splits == 1) {
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
     kv["EPIINIT"] = init;
     const std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
-    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {"kernels/gemm.cuh"}));
+    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {header}, sharedBytes));
     nk.scratchBytes = static_cast<size_t>(scratchFloats) * sizeof(float);
     return nk;
   }
@@ -608,7 +678,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   kv["PROBLEM"] = problem("split");
   kv["PARTS"] = ll(scratchFloats);
   nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), join(operandArgs, scratchArg),
-                              {"kernels/gemm.cuh"}));
+                              {header}, sharedBytes));
   TemplateVars rv = {{"PROBLEM", problem("reduce")}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}};
   nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
                               {"kernels/gemm.cuh"}));
@@ -1084,11 +1154,13 @@ std::string selfContainedSource(const Kernel& k) {
   return src;
 }
 
-int dumpKernels(const Graph& g, const std::string& dir) {
+int dumpKernels(const Graph& g, const std::string& dir) { return dumpKernels(g, dir, EmitOptions{}); }
+
+int dumpKernels(const Graph& g, const std::string& dir, const EmitOptions& opt) {
   std::filesystem::create_directories(dir);
   int written = 0;
   for (NodeId id : g.topoOrder()) {
-    for (const Kernel& k : emitNode(g, id).kernels) {
+    for (const Kernel& k : emitNode(g, id, opt).kernels) {
       std::ofstream(std::filesystem::path(dir) / (k.name + ".cu")) << selfContainedSource(k);
       ++written;
     }

@@ -43,6 +43,9 @@ struct EmitOptions {
   bool tf32 = false;  // GEMMs on the tensor cores with TF32 operands (fp32 accumulation)
   GemmTile gemmTile = GemmTile::Auto;
   int gemmSplits = 0;  // K splits of a single (unbatched) GEMM; 0: from the shape
+  // The target has wgmma (sm_90a): GEMMs whose operands are both bf16 run kernels/gemm_wgmma.cuh
+  // (dynamic shared memory above 48 KB: the launcher opts in with Kernel::sharedBytes).
+  bool wgmma = false;
 };
 
 // A GEMM node's product in row-major terms: C[b] = op(A[b])·op(B[b]), M×N over K, where A is the
@@ -84,7 +87,9 @@ FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n);
 // The source with every embedded header it includes pasted in, for nvcc and --dump-kernels.
 std::string selfContainedSource(const Kernel& k);
 
-// Writes every kernel of every live node of `g` as DIR/<name>.cu; returns how many.
+// Writes every kernel of every live node of `g` as DIR/<name>.cu; returns how many. Without
+// options: the kernels of a device without TF32 or wgmma choices (any sm_80+ GPU).
 int dumpKernels(const Graph& g, const std::string& dir);
+int dumpKernels(const Graph& g, const std::string& dir, const EmitOptions& opt);
 
 }  // namespace pa::codegen

@@ -73,7 +73,10 @@ __device__ __forceinline__ void storeC4(pa_bf16_out C, long long at, float4 o) {
   C[at] = o.x, C[at + 1] = o.y, C[at + 2] = o.z, C[at + 3] = o.w;
 }
 __device__ __forceinline__ void storeC2(float* C, long long at, float2 o) { *reinterpret_cast<float2*>(C + at) = o; }
-__device__ __forceinline__ void storeC2(pa_bf16_out C, long long at, float2 o) { C[at] = o.x, C[at + 1] = o.y; }
+// (at is even wherever the kernels store pairs: N is even there, so the pair is one 4-byte word.)
+__device__ __forceinline__ void storeC2(pa_bf16_out C, long long at, float2 o) {
+  *reinterpret_cast<unsigned*>(C.p + at) = pa::storage::floatToBf16(o.x) | (static_cast<unsigned>(pa::storage::floatToBf16(o.y)) << 16);
+}
 __device__ __forceinline__ bool alignedC(const float* C) { return (reinterpret_cast<unsigned long long>(C) & 15) == 0; }
 __device__ __forceinline__ bool alignedC(pa_bf16_out) { return true; }
 

@@ -57,6 +57,7 @@ const char* gemmProviderName(GemmProvider p) {
 namespace {
 
 constexpr int64_t kParamAlignFloats = 64;  // 256 bytes: every parameter starts vector-aligned
+constexpr unsigned kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a launch gets without opting in
 constexpr int64_t kArenaAlignFloats = 64;  // 256 bytes, what cuBLASLt's fastest kernels assume
 constexpr size_t kLtWorkspaceBytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
 constexpr int kLtCandidates = 8;               // algorithms from its heuristic that are measured
@@ -155,6 +156,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   launches_.resize(g.numNodes());
   codegen::EmitOptions emit;
   emit.tf32 = opt.tf32;
+  emit.wgmma = device_.info().arch() == "sm_90a";
   for (NodeId id : order_) {
     codegen::NodeKernels nk = codegen::emitNode(g, id, emit);
     const Node& n = g.node(id);
@@ -274,7 +276,11 @@ void CudaGraphRunner::compile() {
     if (e) std::rethrow_exception(e);
   modules_.resize(results.size(), nullptr);
   for (size_t i = 0; i < results.size(); ++i) PA_CU_CHECK(cuModuleLoadData(&modules_[i], results[i].cubin.data()));
-  for (Launch* l : all) PA_CU_CHECK(cuModuleGetFunction(&l->fn, modules_[static_cast<size_t>(l->program)], l->kernel.name.c_str()));
+  for (Launch* l : all) {
+    PA_CU_CHECK(cuModuleGetFunction(&l->fn, modules_[static_cast<size_t>(l->program)], l->kernel.name.c_str()));
+    if (l->kernel.sharedBytes > kDefaultSharedBytes)
+      PA_CU_CHECK(cuFuncSetAttribute(l->fn, cuda::kFuncAttrMaxDynamicSharedSizeBytes, static_cast<int>(l->kernel.sharedBytes)));
+  }
   compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

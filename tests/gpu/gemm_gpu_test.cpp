@@ -124,6 +124,75 @@ std::vector<GemmCase> allCases() {
   return cases;
 }
 
+// bf16 operands on the wgmma kernel (sm_90a): every tile and split, every transpose, batches and
+// shared operands, FusedLinear epilogues, bf16 and fp32 outputs. Contiguous extents are multiples
+// of 8 (the kernel's requirement); the other extents are awkward (1, 33, 129, 1000), K from 8 (a
+// partial slice) up.
+struct Bf16Case {
+  std::string name;
+  GemmProblem problem;
+  codegen::EmitOptions opt;
+  bool bf16Out = true;
+};
+
+std::vector<Bf16Case> bf16Cases() {
+  using codegen::GemmTile;
+  std::vector<Bf16Case> cases;
+  auto add = [&](const std::string& base, const GemmProblem& p, GemmTile tile, bool bf16Out, int splits = 0) {
+    Bf16Case c;
+    c.problem = p, c.bf16Out = bf16Out;
+    c.opt.wgmma = true, c.opt.gemmTile = tile, c.opt.gemmSplits = splits;
+    c.name = base + "_" + tileName(tile) + (splits ? "_split" + std::to_string(splits) : "") + (bf16Out ? "_bf16out" : "_f32out");
+    cases.push_back(c);
+  };
+  const int64_t mnk[][3] = {{8, 8, 8}, {40, 136, 8}, {200, 264, 72}, {1000, 1000, 1000}, {136, 520, 4096}};
+  for (const auto& s : mnk)
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      // The non-contiguous extent of each operand made awkward where the shape allows.
+      const int64_t m = ta ? s[0] : s[0] + 1, n = tb ? s[1] + 1 : s[1], k = s[2];
+      GemmProblem p;
+      p.a = ta ? Shape{k, m} : Shape{m, k};
+      p.b = tb ? Shape{n, k} : Shape{k, n};
+      p.ta = ta, p.tb = tb;
+      const std::string base = "MatMul_" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? "_tA" : "") +
+                               (tb ? "_tB" : "");
+      for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, t != 3);
+      if (k >= 72) add(base, p, GemmTile::Small, true, 3);  // uneven split shares
+      add(base, p, GemmTile::Auto, false);
+    }
+  struct Batched {
+    Shape a, b;
+    bool ta, tb;
+  };
+  const Batched batched[] = {{{3, 33, 128}, {3, 128, 72}, false, false}, {{3, 136, 40}, {3, 72, 136}, true, true},
+                             {{2, 3, 33, 64}, {64, 48}, false, false},    {{3, 136, 40}, {136, 72}, true, false},
+                             {{33, 128}, {4, 128, 64}, false, false}};
+  for (const Batched& bt : batched) {
+    GemmProblem p;
+    p.a = bt.a, p.b = bt.b, p.ta = bt.ta, p.tb = bt.tb;
+    const std::string base = "MatMulBatched_" + dims(bt.a) + (bt.ta ? "T" : "") + "_" + dims(bt.b) + (bt.tb ? "T" : "");
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, true);
+  }
+  for (const char* act : {"none", "relu", "gelu"})
+    for (bool tw : {false, true}) {
+      GemmProblem p;
+      p.fused = true, p.act = act, p.bias = true, p.tb = tw;
+      p.a = {5, 7, 136};
+      p.b = tw ? Shape{1000, 136} : Shape{136, 1000};
+      const std::string base = std::string("FusedLinear_") + act + (tw ? "_tW" : "") + "_35x1000x136";
+      for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, tile == GemmTile::Large);
+      add(base, p, GemmTile::Small, true, 2);  // the epilogue in the split-K reduce
+    }
+  return cases;
+}
+
+NodeId buildBf16Graph(Graph& g, const Bf16Case& c) {
+  const NodeId id = gemmtest::buildGraph(g, c.problem);
+  gemmtest::storeOperandsInBf16(g, id, c.bf16Out);
+  return id;
+}
+
 // Compiles every case's kernels on all cores up front (through the same kernel cache request
 // that CudaModule makes), so that the tests themselves only hit the in-memory cache.
 class PrecompileEnvironment : public ::testing::Environment {
@@ -137,6 +206,12 @@ public:
       for (const codegen::Kernel& k : codegen::emitNode(g, id, c.opt).kernels) sources.push_back(codegen::selfContainedSource(k));
     }
     const std::string arch = device().info().arch();
+    if (arch == "sm_90a")
+      for (const Bf16Case& c : bf16Cases()) {
+        Graph g;
+        const NodeId id = buildBf16Graph(g, c);
+        for (const codegen::Kernel& k : codegen::emitNode(g, id, c.opt).kernels) sources.push_back(codegen::selfContainedSource(k));
+      }
     std::atomic<size_t> next{0};
     std::mutex mu;
     std::vector<std::thread> pool;
@@ -233,6 +308,61 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, GemmOnGpu, ::testing::ValuesIn(allCases()),
                          [](const ::testing::TestParamInfo<GemmCase>& i) { return i.param.name; });
+
+// The wgmma kernel against float64 products of the same bf16 inputs. Every product of two bf16
+// values is exact in fp32 and the tensor cores sum in fp32, so fp32 outputs carry only the
+// summation's rounding (K ≤ 4096 terms; even a truncating accumulator stays below K·2^-23 of the
+// sum of |terms|, ~1e-4 of the largest output for these random inputs): bar 1e-3. bf16 outputs
+// add one rounding to 8 bits (2^-9 relative): the bf16 bar, 1e-2.
+class GemmBf16OnGpu : public ::testing::TestWithParam<Bf16Case> {};
+
+TEST_P(GemmBf16OnGpu, MatchesFloat64Reference) {
+  PA_REQUIRE_GPU();
+  if (device().info().arch() != "sm_90a") GTEST_SKIP() << "the wgmma kernel needs an sm_90a device";
+  const Bf16Case& c = GetParam();
+  Graph g;
+  const NodeId id = buildBf16Graph(g, c);
+  gemmtest::NodeOnGpu gpu(g, id, c.opt, device());
+  bool wgmma = false;
+  for (const codegen::Kernel& k : gpu.kernels().kernels) wgmma |= k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos;
+  ASSERT_TRUE(wgmma) << "the case should run the wgmma kernel";
+  const Node& n = g.node(id);
+  std::vector<std::vector<float>> in;  // the values the GPU sees: operands rounded to bf16
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), std::hash<std::string>{}(c.name) + i));
+    if (g.value(n.inputs[i]).type.dtype == DType::BF16) {
+      std::vector<uint16_t> bits(in.back().size());
+      for (size_t j = 0; j < bits.size(); ++j) bits[j] = bf16Bits(in.back()[j]), in.back()[j] = bf16Value(bits[j]);
+      gpu.inputs[i].upload(bits.data(), bits.size() * sizeof(uint16_t));
+    } else {
+      gpu.inputs[i].upload(in.back().data(), in.back().size() * sizeof(float));
+    }
+  }
+  for (cuda::DeviceBuffer& o : gpu.outputs) o.fill32(0x7fc07fc0u);  // NaN in fp32 and in bf16: catches unwritten elements
+  gpu.launch();
+  PA_CU_CHECK(cuCtxSynchronize());
+  const auto want = gemmtest::reference(g, id, in);
+  for (size_t o = 0; o < n.outputs.size(); ++o) {
+    std::vector<float> got(want[o].size());
+    if (g.value(n.outputs[o]).type.dtype == DType::BF16) {
+      std::vector<uint16_t> bits(got.size());
+      gpu.outputs[o].download(bits.data(), bits.size() * sizeof(uint16_t));
+      for (size_t j = 0; j < bits.size(); ++j) got[j] = bf16Value(bits[j]);
+    } else {
+      gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
+    }
+    const double bar = g.value(n.outputs[o]).type.dtype == DType::BF16 ? 1e-2 : 1e-3;
+    const Errors e = compare(got, want[o]);
+    EXPECT_TRUE(e.finite) << "output " << o << " has NaN/inf (unwritten elements?)";
+    EXPECT_LE(e.worst, bar * std::max(e.scale, 1e-30)) << "output " << o << ": max |err| " << e.worst << ", max |ref| "
+                                                       << e.scale << ", relative " << e.worst / std::max(e.scale, 1e-30);
+    if (numel(g.shape(n.outputs[0])) >= (1 << 19))
+      std::printf("  %s output %zu: relative error %.2e (bar %.0e)\n", c.name.c_str(), o, e.worst / e.scale, bar);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Wgmma, GemmBf16OnGpu, ::testing::ValuesIn(bf16Cases()),
+                         [](const ::testing::TestParamInfo<Bf16Case>& i) { return i.param.name; });
 
 // The default (fp32, tiles from the shape) through the graph runner, as training uses it.
 TEST(GemmOnGpuRunner, DefaultKernelsThroughCudaGraphRunner) {

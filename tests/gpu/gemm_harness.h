@@ -47,6 +47,16 @@ inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
   return g.producer(out).id;
 }
 
+// Stores the node's two operands in bf16 (as lower-bf16 does for precision: bf16), and its outputs
+// in bf16 or fp32; the bias stays fp32.
+inline void storeOperandsInBf16(Graph& g, NodeId id, bool bf16Outputs) {
+  const Node& n = g.node(id);
+  g.setStorageTypes();
+  g.setDtype(n.inputs[0], DType::BF16);
+  g.setDtype(n.inputs[1], DType::BF16);
+  for (ValueId v : n.outputs) g.setDtype(v, bf16Outputs ? DType::BF16 : DType::F32);
+}
+
 // Float64 reference of every output of the node (out0, and FusedLinear-GELU's pre-activation).
 inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, const std::vector<std::vector<float>>& in) {
   const Node& n = g.node(id);
@@ -106,6 +116,8 @@ public:
     for (const codegen::Kernel& k : kernels_.kernels) {
       modules_.push_back(std::make_unique<CudaModule>(codegen::selfContainedSource(k), device));
       functions_.push_back(modules_.back()->function(k.name.c_str()));
+      if (k.sharedBytes > 48 * 1024)  // the wgmma kernels' rings
+        PA_CU_CHECK(cuFuncSetAttribute(functions_.back(), cuda::kFuncAttrMaxDynamicSharedSizeBytes, static_cast<int>(k.sharedBytes)));
     }
     for (ValueId v : node_.inputs) inputs.emplace_back(static_cast<size_t>(numel(g.shape(v))) * sizeof(float) + 16);
     for (ValueId v : node_.outputs) outputs.emplace_back(static_cast<size_t>(numel(g.shape(v))) * sizeof(float) + 16);

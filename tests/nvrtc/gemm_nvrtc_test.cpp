@@ -121,6 +121,87 @@ TEST(GemmNvrtc, LibraryEpiloguesDoWhatTheLibraryLeft) {
   }
 }
 
+// bf16 operands with EmitOptions::wgmma (an sm_90a device): the wgmma kernel for every tile,
+// transpose, batch, split and epilogue, with bf16 and fp32 outputs.
+std::vector<Variant> wgmmaVariants() {
+  std::vector<Variant> out;
+  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, bool bf16Out, int splits = 0) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    gemmtest::storeOperandsInBf16(g, id, bf16Out);
+    codegen::EmitOptions opt;
+    opt.wgmma = true;
+    opt.gemmTile = tile;
+    opt.gemmSplits = splits;
+    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
+      out.push_back({name + (bf16Out ? "_bf16out_" : "_f32out_") + std::to_string(static_cast<int>(tile)) + "_" + k.name, k});
+  };
+  for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small})
+    for (bool bf16Out : {true, false}) {
+      for (int t = 0; t < 4; ++t) {
+        GemmProblem p;
+        p.ta = t & 1, p.tb = t & 2;
+        p.a = p.ta ? Shape{136, 40} : Shape{40, 136};
+        p.b = p.tb ? Shape{104, 136} : Shape{136, 104};
+        add("MatMul_t" + std::to_string(t), p, tile, bf16Out);
+        if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, bf16Out, 3);
+      }
+      GemmProblem batched;
+      batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
+      add("MatMul_batched", batched, tile, bf16Out);
+      for (const char* act : {"none", "relu", "gelu"}) {
+        GemmProblem p;
+        p.fused = true, p.act = act, p.bias = true;
+        p.a = {4, 7, 32}, p.b = {32, 40};
+        add(std::string("FusedLinear_") + act, p, tile, bf16Out);
+      }
+    }
+  return out;
+}
+
+TEST(GemmNvrtc, Bf16OperandsTakeTheWgmmaKernelWhereTheyCan) {
+  for (const Variant& v : wgmmaVariants()) {
+    const bool reduce = v.kernel.name.find("_reduce") != std::string::npos;
+    EXPECT_NE(v.kernel.source.find(reduce ? "pa::gemm::splitReduce<" : "pa::gemm::wgmmaGemm<"), std::string::npos) << v.name;
+    EXPECT_EQ(v.kernel.headers, std::vector<std::string>{reduce ? "kernels/gemm.cuh" : "kernels/gemm_wgmma.cuh"}) << v.name;
+    if (!reduce) {
+      EXPECT_GT(v.kernel.sharedBytes, 48u * 1024) << v.name;
+    }
+  }
+  // Without wgmma, or with a contiguous extent that is not a multiple of 8 (K = 129 here), the
+  // operands are widened for the TF32 kernel instead.
+  GemmProblem odd;
+  odd.a = {40, 129}, odd.b = {129, 104};
+  GemmProblem even;
+  even.a = {40, 136}, even.b = {136, 104};
+  for (int c = 0; c < 3; ++c) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, c == 2 ? odd : even);
+    gemmtest::storeOperandsInBf16(g, id, true);
+    codegen::EmitOptions opt;
+    opt.wgmma = c != 1;
+    const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+    bool widened = false, wgmma = false;
+    for (const codegen::Kernel& k : nk.kernels) {
+      widened |= k.name.find("_widen_") != std::string::npos;
+      wgmma |= k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos;
+    }
+    EXPECT_EQ(wgmma, c == 0) << c;
+    EXPECT_EQ(widened, c != 0) << c;
+  }
+}
+
+TEST(GemmNvrtc, CompilesEveryWgmmaVariantSm90a) {
+  if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << codegen::Nvrtc::instance().unavailableReason();
+  std::vector<test::CompileUnit> units;
+  for (const Variant& v : wgmmaVariants()) units.push_back({v.name, v.kernel.name, v.kernel.source});
+  // 3 tiles × 2 output types × (4 transposes + 4 split products (2 kernels each) on small tiles
+  // only + batched + 3 epilogues).
+  EXPECT_EQ(units.size(), 2u * (3 * 8 + 4 * 2));
+  const std::vector<std::string> failures = test::compileInParallel(units, "sm_90a", /*rejectWarnings=*/true);
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
 TEST(GemmNvrtc, EmbedsTheTemplate) {
   bool found = false;
   for (const auto& f : codegen::embeddedKernelFiles()) found |= std::string(f.name) == "kernels/gemm.cuh";

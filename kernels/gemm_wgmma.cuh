@@ -1,0 +1,383 @@
+// bf16 GEMM on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), behind the generated
+// MatMul and FusedLinear kernels when both operands are stored in bf16 (precision: bf16).
+/*
+ * Note on the kernel.
+ *
+ * Same problem struct P, epilogue functor, raster (tileOf) and split-K contract as the kernels of
+ * kernels/gemm.cuh; A and B are raw bf16 patterns (the `.p` of a pa_bf16_in view), products are
+ * summed in fp32 by the tensor cores, the epilogue gets fp32.
+ *
+ * Warp specialisation. A block is 1 + CONSUMERS warpgroups (128 threads each). Warpgroup 0 is the
+ * producer: it copies the K slices (BK = 64) of the A tile (BM = 64·CONSUMERS rows) and the B tile
+ * (BN columns) into a STAGES-deep ring of shared-memory stages with 16-byte cp.async. Consumer
+ * warpgroup w multiplies rows 64w .. 64w+63 of the tile by the whole B tile with
+ * wgmma.m64nBNk16 (four per slice), reading both operands straight from shared memory through
+ * matrix descriptors; its BN/2 fp32 accumulators per thread stay in registers for the whole K.
+ *
+ * Hand-offs are mbarriers, two per stage. full[s]: each of the producer's 128 threads arrives
+ * once its copies of stage s have landed (cp.async.mbarrier.arrive.noinc: the hardware arrives for
+ * it, the producer never waits on its own copies); a consumer that has waited on full[s] executes
+ * fence.proxy.async before its wgmmas, because the copies are generic-proxy writes and wgmma reads
+ * through the async proxy. empty[s]: every consumer thread arrives once the wgmmas that read
+ * stage s have completed (wgmma.wait_group 1 after committing the next slice's, so one slice's
+ * products are always queued behind the running ones). Phase parities: the i-th use of a stage
+ * (i = slice / STAGES) waits for parity i & 1 on full and (i & 1) ^ 1 on empty; a fresh barrier
+ * reports its "previous" phase (parity 1) complete, so the producer's first pass does not wait.
+ * Measured on the H100 (8192×4096×4096): 0.425 ms, against 0.435 ms with the producer waiting for
+ * each slice's copies (cp.async.wait_group) and arriving one slice late.
+ *
+ * Epilogue: the functor runs on the accumulators in registers; the results (bf16 pairs or
+ * float2) are staged through the ring, rows padded by 16 bytes, and leave as 16-byte row
+ * segments. Storing the pairs straight from registers (8 rows × 4 bytes a warp instruction)
+ * took the same product from 0.425 to 0.453 ms.
+ *
+ * Shared layout: 128-byte swizzle, the only pattern with conflict-free wgmma reads of 64-wide
+ * bf16 rows. Every operand tile is made of 1024-byte atoms of 8 rows × 128 bytes, 16-byte chunk c of
+ * row r stored at chunk c ^ (r mod 8); tiles start 1024-byte aligned.
+ *   k-contiguous operand (A plain, B transposed; "K-major"): row r of the tile (an M or N index)
+ *     is the 64 k of the slice, at byte r·128. Descriptor: stride byte offset (between 8-row
+ *     groups) 1024; the k16 step j advances the start address by 32·j bytes inside the swizzled
+ *     row (the hardware applies the XOR to the final address, so this lands on the chunks the
+ *     copy wrote).
+ *   row-contiguous operand (A transposed, B plain; "MN-major", wgmma's transpose flag): blocks of
+ *     64 M/N indices, each 64 k-rows × 128 bytes (8 KB); row k of block q holds M/N 64q .. 64q+63.
+ *     Descriptor: leading byte offset (between 64-wide blocks) 8192, stride byte offset (between
+ *     8-k groups) 1024; the k16 step j advances the start by 2048·j.
+ * Requirements, checked by the emitter: each operand's contiguous extent and batch stride are
+ * multiples of 8 (16-byte chunks lie wholly inside or outside the matrix; out-of-range chunks are
+ * zero-filled), pointers 16-byte aligned (the runner's arena aligns every value to 256 bytes).
+ *
+ * Accumulator layout (wgmma m64nN, f32): thread (warp q of the warpgroup, lane = 4g + t) holds,
+ * for each 8-column group j, rows 16q + g and 16q + g + 8, columns 8j + 2t and 8j + 2t + 1, in
+ * acc[4j .. 4j+3] = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1): mma.sync's m16n8 layout, repeated.
+ *
+ * Registers: the large tile (BN = 256, two consumers, 384 threads) has 168 a thread; ptxas
+ * fits the consumers' 128 accumulators in 154 without spills. Moving registers from producer to
+ * consumers with setmaxnreg (40 / 232) made ptxas spill the producer's hoisted row addresses.
+ */
+#pragma once
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "kernels/gemm_wgmma.cuh needs the sm_90a target (wgmma)"
+#endif
+
+#include "kernels/gemm.cuh"
+
+namespace pa {
+namespace gemm {
+
+typedef unsigned long long u64;
+
+// ---- synchronisation ------------------------------------------------------------------------
+__device__ __forceinline__ void mbarInit(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarArrive(u32 bar) {
+  asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarWait(u32 bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// One arrival on `bar` once every cp.async this thread issued before has landed (the barrier's
+// expected count includes it: .noinc).
+__device__ __forceinline__ void cpAsyncArriveOnLanding(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void fenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// 16 bytes global -> shared (a shared-window address); zero-filled when !valid.
+__device__ __forceinline__ void cpAsync16To(u32 dst, const void* src, bool valid) {
+  asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void wgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Pins accumulator registers at this point of the program (no read or write of them is moved
+// across a wgmma fence, commit or wait by the compiler).
+template <int R>
+__device__ __forceinline__ void fenceAccumulators(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// A shared-memory matrix descriptor with 128-byte swizzle (byte offsets, 16-byte units inside).
+__device__ __forceinline__ u64 smemDescriptor(u32 address, u32 leadingBytes, u32 strideBytes) {
+  return (u64)((address & 0x3FFFF) >> 4) | ((u64)(leadingBytes >> 4) << 16) | ((u64)(strideBytes >> 4) << 32) | (1ull << 62);
+}
+
+// d += A·B for one m64nNk16 step (A, B from shared memory; TA / TB: operand is MN-major).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmmaN256(float (&d)[128], unsigned long long da, unsigned long long db) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %132, 0; "
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+      "}, %128, %129, p, 1, 1, %130, %131; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(1));
+}
+
+template <int TA, int TB>
+__device__ __forceinline__ void wgmmaN128(float (&d)[64], unsigned long long da, unsigned long long db) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %68, 0; "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, p, 1, 1, %66, %67; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(1));
+}
+
+template <int BN, int TA, int TB>
+__device__ __forceinline__ void wgmmaStep(float (&d)[BN / 2], u64 da, u64 db);
+template <>
+__device__ __forceinline__ void wgmmaStep<256, 0, 0>(float (&d)[128], u64 da, u64 db) { wgmmaN256<0, 0>(d, da, db); }
+template <>
+__device__ __forceinline__ void wgmmaStep<256, 0, 1>(float (&d)[128], u64 da, u64 db) { wgmmaN256<0, 1>(d, da, db); }
+template <>
+__device__ __forceinline__ void wgmmaStep<256, 1, 0>(float (&d)[128], u64 da, u64 db) { wgmmaN256<1, 0>(d, da, db); }
+template <>
+__device__ __forceinline__ void wgmmaStep<256, 1, 1>(float (&d)[128], u64 da, u64 db) { wgmmaN256<1, 1>(d, da, db); }
+template <>
+__device__ __forceinline__ void wgmmaStep<128, 0, 0>(float (&d)[64], u64 da, u64 db) { wgmmaN128<0, 0>(d, da, db); }
+template <>
+__device__ __forceinline__ void wgmmaStep<128, 0, 1>(float (&d)[64], u64 da, u64 db) { wgmmaN128<0, 1>(d, da, db); }
+template <>
+__device__ __forceinline__ void wgmmaStep<128, 1, 0>(float (&d)[64], u64 da, u64 db) { wgmmaN128<1, 0>(d, da, db); }
+template <>
+__device__ __forceinline__ void wgmmaStep<128, 1, 1>(float (&d)[64], u64 da, u64 db) { wgmmaN128<1, 1>(d, da, db); }
+
+// ---- C's element type, for the staged epilogue -----------------------------------------------
+template <class CPtr>
+struct CElement;
+template <>
+struct CElement<float*> {
+  static constexpr int kBytes = 4;
+  static __device__ __forceinline__ void storePair(unsigned char* p, float2 o) { *reinterpret_cast<float2*>(p) = o; }
+  static __device__ __forceinline__ unsigned char* bytes(float* C) { return reinterpret_cast<unsigned char*>(C); }
+  static __device__ __forceinline__ void copy(unsigned char* d, const unsigned char* s) {
+    *reinterpret_cast<float*>(d) = *reinterpret_cast<const float*>(s);
+  }
+};
+template <>
+struct CElement<pa_bf16_out> {
+  static constexpr int kBytes = 2;
+  static __device__ __forceinline__ void storePair(unsigned char* p, float2 o) {
+    *reinterpret_cast<unsigned*>(p) = storage::floatToBf16(o.x) | (static_cast<unsigned>(storage::floatToBf16(o.y)) << 16);
+  }
+  static __device__ __forceinline__ unsigned char* bytes(pa_bf16_out C) { return reinterpret_cast<unsigned char*>(C.p); }
+  static __device__ __forceinline__ void copy(unsigned char* d, const unsigned char* s) {
+    *reinterpret_cast<unsigned short*>(d) = *reinterpret_cast<const unsigned short*>(s);
+  }
+};
+
+// ---- one operand's R×64 slice in shared memory (see the note) --------------------------------
+template <int R, bool KCONTIG, long long EXT, long long K, long long LD>
+struct WgmmaOperand {
+  static constexpr int kBytes = R * 128;
+  static constexpr int kPerThread = R * 8 / 128;  // 16-byte chunks per producer thread
+  static_assert(R % 64 == 0, "operand tiles are whole 64-row swizzle blocks");
+
+  // The producer's copies of slice k0 of the tile whose first row (M or N index) is r0.
+  static __device__ __forceinline__ void load(u32 dst, const unsigned short* __restrict__ base, long long r0, long long k0,
+                                              int tid) {
+#pragma unroll
+    for (int v = 0; v < kPerThread; ++v) {
+      const int f = tid + 128 * v;
+      if (KCONTIG) {
+        const int r = f >> 3, c = f & 7;
+        const long long gr = r0 + r, gk = k0 + 8 * c;
+        const bool in = gr < EXT && gk < K;
+        cpAsync16To(dst + r * 128 + ((c ^ (r & 7)) << 4), in ? base + gr * LD + gk : base, in);
+      } else {
+        const int k = f / (R / 8), cm = f % (R / 8);
+        const long long gk = k0 + k, gr = r0 + 8 * cm;
+        const bool in = gk < K && gr < EXT;
+        cpAsync16To(dst + (cm >> 3) * 8192 + k * 128 + (((cm & 7) ^ (k & 7)) << 4), in ? base + gk * LD + gr : base, in);
+      }
+    }
+  }
+  // Descriptor of the 64-row block `block` of the tile at `tile`, k16 step j.
+  static __device__ __forceinline__ u64 descriptor(u32 tile, int block, int j) {
+    return KCONTIG ? smemDescriptor(tile + block * 8192 + 32 * j, 16, 1024) : smemDescriptor(tile + block * 8192 + 2048 * j, 8192, 1024);
+  }
+};
+
+// BN ∈ {128, 256}; CONSUMERS ∈ {1, 2} (BM = 64·CONSUMERS). Launch: grid (TilesM·TilesN, 1,
+// batch or splits), block kThreads, dynamic shared memory kSharedBytes (opt-in above 48 KB).
+template <int BN_, int CONSUMERS_, int STAGES_>
+struct WgmmaConfig {
+  static constexpr int BN = BN_, CONSUMERS = CONSUMERS_, STAGES = STAGES_;
+  static constexpr int BM = 64 * CONSUMERS, BK = 64;
+  static constexpr int kThreads = 128 * (1 + CONSUMERS);
+  static constexpr int kStageBytes = (BM + BN) * 128;
+  static constexpr int kSharedBytes = STAGES * kStageBytes + 1024;  // + the slack to align the ring to 1024
+  static_assert(BN == 128 || BN == 256, "wgmma tiles are 128 or 256 wide here");
+  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+  static_assert(STAGES >= 2, "the ring needs a stage to fill while another is read");
+};
+
+template <class P, class Cfg, class Epi, class CPtr>
+__device__ __forceinline__ void wgmmaGemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, CPtr C,
+                                          const Epi& epi) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+  constexpr long long M = P::M, N = P::N, K = P::K;
+  constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN;
+  constexpr long long kSlices = (K + BK - 1) / BK;
+  constexpr long long kPerSplit = (kSlices + P::splits - 1) / P::splits;
+  typedef WgmmaOperand<BM, !P::transA, M, K, (P::transA ? M : K)> OpA;
+  typedef WgmmaOperand<BN, P::transB, N, K, (P::transB ? K : N)> OpB;
+  static_assert((P::transA ? M : K) % 8 == 0 && (P::transB ? K : N) % 8 == 0 && P::strideA % 8 == 0 && P::strideB % 8 == 0,
+                "wgmma operands need contiguous extents and batch strides that are multiples of 8");
+
+  extern __shared__ unsigned char sharedRaw[];
+  __shared__ __align__(8) u64 barriers[2 * STAGES];  // full[0..STAGES), empty[STAGES..2·STAGES)
+  const u32 ring = (smemAddress(sharedRaw) + 1023u) & ~1023u;
+  const u32 full = smemAddress(barriers), empty = full + 8 * STAGES;
+
+  long long tm, tn;
+  tileOf<TilesM, TilesN>(blockIdx.x, tm, tn);
+  const long long m0 = tm * BM, n0 = tn * BN;
+  const long long b = P::splits > 1 ? 0 : blockIdx.z, split = P::splits > 1 ? blockIdx.z : 0;
+  const long long sBegin = split * kPerSplit, sEnd = sBegin + kPerSplit < kSlices ? sBegin + kPerSplit : kSlices;
+  const int count = sEnd > sBegin ? (int)(sEnd - sBegin) : 0;
+  A += b * P::strideA;
+  B += b * P::strideB;
+  C += (b + split) * M * N;
+
+  const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbarInit(full + 8 * s, 128);
+      mbarInit(empty + 8 * s, 128 * Cfg::CONSUMERS);
+    }
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    for (int s = 0; s < count; ++s) {
+      const int st = s % STAGES;
+      mbarWait(empty + 8 * st, ((s / STAGES) & 1) ^ 1);
+      const u32 a = ring + st * Cfg::kStageBytes;
+      OpA::load(a, A, m0, (sBegin + s) * BK, tid);
+      OpB::load(a + OpA::kBytes, B, n0, (sBegin + s) * BK, tid);
+      cpAsyncArriveOnLanding(full + 8 * st);
+    }
+    cpAsyncCommit();
+    cpAsyncWait<0>();  // nothing in flight when the producer's threads exit
+    return;
+  }
+
+  const int consumer = warpgroup - 1;
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+  for (int s = 0; s < count; ++s) {
+    const int st = s % STAGES;
+    mbarWait(full + 8 * st, (s / STAGES) & 1);
+    fenceProxyAsync();  // the copies were generic-proxy writes; wgmma reads through the async proxy
+    const u32 a = ring + st * Cfg::kStageBytes, bt = a + OpA::kBytes;
+    fenceAccumulators(acc);
+    wgmmaFence();
+#pragma unroll
+    for (int j = 0; j < BK / 16; ++j)
+      wgmmaStep<BN, P::transA ? 1 : 0, P::transB ? 0 : 1>(acc, OpA::descriptor(a, consumer, j), OpB::descriptor(bt, 0, j));
+    wgmmaCommit();
+    wgmmaWait<1>();  // the previous slice's products are done: its stage can be refilled
+    fenceAccumulators(acc);
+    if (s > 0) mbarArrive(empty + 8 * ((s - 1) % STAGES));
+  }
+  wgmmaWait<0>();
+  fenceAccumulators(acc);
+
+  // Epilogue: the functor runs on the accumulators in registers (see the note for their layout);
+  // its results are staged through shared memory, which is free once every consumer's products
+  // are done, and leave as 16-byte row segments instead of 4- or 8-byte pieces of 8 rows.
+  typedef CElement<CPtr> E;
+  constexpr int kPitch = BN * E::kBytes + 16;  // +16: the pair writes of 8 rows hit distinct banks
+  static_assert(Cfg::CONSUMERS * 64 * kPitch <= STAGES * Cfg::kStageBytes, "the staged tile must fit in the ring");
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * Cfg::CONSUMERS) : "memory");  // nobody reads the ring any more
+  unsigned char* const staged = sharedRaw + (ring - smemAddress(sharedRaw)) + consumer * 64 * kPitch;
+  const int lane = tid % 32, g = lane / 4, t = lane % 4;
+  const long long tileRow = m0 + consumer * 64;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = (tid / 32) * 16 + g + 8 * h;
+    const long long m = tileRow + r;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = 8 * j + 2 * t;
+      const long long n = n0 + col, at = m * N + n;
+      float2 o = make_float2(0.0f, 0.0f);  // the functor runs exactly once for every element of C
+      if (m < M && n < N) o.x = epi(acc[4 * j + 2 * h], m, n, b * M * N + at);
+      if (m < M && n + 1 < N) o.y = epi(acc[4 * j + 2 * h + 1], m, n + 1, b * M * N + at + 1);
+      E::storePair(staged + r * kPitch + col * E::kBytes, o);
+    }
+  }
+  asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+  constexpr int kPerChunk = 16 / E::kBytes, kRowChunks = BN / kPerChunk;
+  unsigned char* const out = E::bytes(C);
+  const bool vec = N % kPerChunk == 0 && aligned16(out);
+#pragma unroll 4
+  for (int f = tid; f < 64 * kRowChunks; f += 128) {
+    const int r = f / kRowChunks, c = f % kRowChunks;
+    const long long m = tileRow + r, n = n0 + c * kPerChunk;
+    if (m >= M || n >= N) continue;
+    const unsigned char* src = staged + r * kPitch + c * 16;
+    unsigned char* dst = out + (m * N + n) * E::kBytes;
+    if (vec) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < kPerChunk && n + e < N; ++e) E::copy(dst + e * E::kBytes, src + e * E::kBytes);
+    }
+  }
+}
+
+}  // namespace gemm
+}  // namespace pa
