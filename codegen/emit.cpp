@@ -69,7 +69,7 @@ struct Ctx {
   DType inType(int i) const { return g.value(n.inputs[static_cast<size_t>(i)]).type.dtype; }
   DType outType(int i = 0) const { return g.value(n.outputs[static_cast<size_t>(i)]).type.dtype; }
   std::string kernelName(const std::string& part = "") const {
-    return "k" + std::to_string(n.id) + "_" + sanitize(opName(n.op)) + (part.empty() ? "" : "_" + part);
+    return "k" + std::to_string(n.id) + "_" + sanitize(opName(n.op)) + opt->kernelSuffix + (part.empty() ? "" : "_" + part);
   }
 };
 

@@ -46,6 +46,9 @@ struct EmitOptions {
   // The target has wgmma (sm_90a): GEMMs whose operands are both bf16 run kernels/gemm_wgmma.cuh
   // (dynamic shared memory above 48 KB: the launcher opts in with Kernel::sharedBytes).
   bool wgmma = false;
+  // Appended to every kernel name ("_v1"): alternative emissions of one node (the runner's GEMM
+  // tile candidates) can then share an NVRTC program.
+  std::string kernelSuffix;
 };
 
 // A GEMM node's product in row-major terms: C[b] = op(A[b])·op(B[b]), M×N over K, where A is the

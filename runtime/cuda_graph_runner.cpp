@@ -171,7 +171,35 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     if (n.op == OpKind::Reshape && offset_[static_cast<size_t>(n.inputs[0])] >= 0 &&
         offset_[static_cast<size_t>(n.inputs[0])] == offset_[static_cast<size_t>(n.outputs[0])])
       continue;
-    if (nk.scratchBytes > 0) scratch_.emplace(id, cuda::DeviceBuffer(nk.scratchBytes));
+    size_t scratchBytes = nk.scratchBytes;
+    if (opt.tuneGemmTiles && opt.gemm != GemmProvider::Cublaslt && codegen::libraryGemmOf(g, id).supported) {
+      // The other tile variants of a generated GEMM (see chooseGemmTiles); one that emits what
+      // the emitter's own pick does is not a candidate.
+      auto text = [](const codegen::NodeKernels& k) {
+        std::string t;
+        for (const codegen::Kernel& kk : k.kernels) t += kk.source;
+        return t;
+      };
+      const std::string chosen = text(nk);
+      int index = 0;
+      for (codegen::GemmTile tile : {codegen::GemmTile::Large, codegen::GemmTile::Medium, codegen::GemmTile::Small}) {
+        codegen::EmitOptions alt = emit;
+        alt.gemmTile = tile;
+        if (text(codegen::emitNode(g, id, alt)) == chosen) continue;
+        alt.kernelSuffix = "_v" + std::to_string(++index);
+        codegen::NodeKernels ak = codegen::emitNode(g, id, alt);
+        scratchBytes = std::max(scratchBytes, ak.scratchBytes);
+        std::vector<Launch> variant;
+        for (codegen::Kernel& k : ak.kernels) {
+          Launch l;
+          l.kernel = std::move(k);
+          variant.push_back(std::move(l));
+          ++kernelCount_;
+        }
+        tileVariants_[id].push_back(std::move(variant));
+      }
+    }
+    if (scratchBytes > 0) scratch_.emplace(id, cuda::DeviceBuffer(scratchBytes));
     for (codegen::Kernel& k : nk.kernels) {
       Launch l;
       l.kernel = std::move(k);
@@ -198,6 +226,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     }
   }
 
+  chooseGemmTiles();
   chooseGemmProviders(opt);
   baseLaunches_ = 0;  // plus the launcher's, counted by run()
   for (NodeId id : order_) {
@@ -287,6 +316,9 @@ void CudaGraphRunner::compile() {
 std::vector<CudaGraphRunner::Launch*> CudaGraphRunner::nodeLaunches(NodeId id) {
   std::vector<Launch*> out;
   for (Launch& l : launches_[static_cast<size_t>(id)]) out.push_back(&l);
+  if (auto it = tileVariants_.find(id); it != tileVariants_.end())
+    for (std::vector<Launch>& variant : it->second)
+      for (Launch& l : variant) out.push_back(&l);
   if (auto it = library_.find(id); it != library_.end()) {
     for (Launch& l : it->second.transpose) out.push_back(&l);
     for (Launch& l : it->second.post) out.push_back(&l);
@@ -540,48 +572,8 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
   const std::string prefix = device_.info().name + "|" + std::to_string(device_.info().multiprocessors) + "|lt" +
                              std::to_string(lt.version()) + "|" + gemmProviderName(opt.gemm) + "|";
   cuda::Stream stream;
-  bool filled = false;
-  auto fill = [&] {
-    if (filled) return;
-    filled = true;
-    CudaModule fillModule(kFillSource, device_);
-    const cuda::CUfunction f = fillModule.function("pa_fill_uniform");
-    unsigned seed = 0x9e3779b9u;
-    for (const cuda::DeviceBuffer* b : {&arena_, &params_}) {
-      cuda::CUdeviceptr p = b->ptr();
-      unsigned long long count = b->bytes() / sizeof(float);
-      void* args[] = {&p, &count, &seed};
-      CudaModule::launch(f, static_cast<int64_t>(count), args, stream.get());
-      seed += 0x632be5abu;
-    }
-  };
-  auto measure = [&](const std::function<void(cuda::CUstream)>& enqueue) {
-    cuda::Event a(true), b(true);
-    a.record(stream.get());
-    enqueue(stream.get());  // warm-up, and the length of one run
-    b.record(stream.get());
-    b.synchronize();
-    float one = 0;
-    PA_CU_CHECK(cuEventElapsedTime(&one, a.get(), b.get()));
-    const int reps = std::clamp(static_cast<int>(0.5f / std::max(one, 1e-3f)), 1, 50);
-    cuda::CapturedGraph graph;
-    graph.capture(stream, [&] {
-      for (int r = 0; r < reps; ++r) enqueue(stream.get());
-    });
-    graph.launch(stream);
-    std::vector<float> ms;
-    for (int s = 0; s < 5; ++s) {
-      a.record(stream.get());
-      graph.launch(stream);
-      b.record(stream.get());
-      b.synchronize();
-      float t = 0;
-      PA_CU_CHECK(cuEventElapsedTime(&t, a.get(), b.get()));
-      ms.push_back(t / static_cast<float>(reps));
-    }
-    std::sort(ms.begin(), ms.end());
-    return static_cast<double>(ms[ms.size() / 2]);
-  };
+  auto fill = [&] { fillForTuning(stream); };
+  auto measure = [&](const std::function<void(cuda::CUstream)>& enqueue) { return this->measure(stream, enqueue); };
   for (NodeId id : order_) {
     const bool gemmNode = codegen::libraryGemmOf(g_, id).supported;
     auto it = library_.find(id);
@@ -667,8 +659,100 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
     else
       ++gemmStats_.generated;
   }
-  if (filled) stream.synchronize();
-  gemmStats_.tuneSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stream.synchronize();
+  gemmStats_.tuneSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void CudaGraphRunner::fillForTuning(cuda::Stream& stream) {
+  if (tuningFilled_) return;
+  tuningFilled_ = true;
+  CudaModule fillModule(kFillSource, device_);
+  const cuda::CUfunction f = fillModule.function("pa_fill_uniform");
+  unsigned seed = 0x9e3779b9u;
+  for (const cuda::DeviceBuffer* b : {&arena_, &params_}) {
+    cuda::CUdeviceptr p = b->ptr();
+    unsigned long long count = b->bytes() / sizeof(float);
+    void* args[] = {&p, &count, &seed};
+    CudaModule::launch(f, static_cast<int64_t>(count), args, stream.get());
+    seed += 0x632be5abu;
+  }
+  stream.synchronize();  // the module is unloaded when this returns
+}
+
+double CudaGraphRunner::measure(cuda::Stream& stream, const std::function<void(cuda::CUstream)>& enqueue) {
+  cuda::Event a(true), b(true);
+  a.record(stream.get());
+  enqueue(stream.get());  // warm-up, and the length of one run
+  b.record(stream.get());
+  b.synchronize();
+  float one = 0;
+  PA_CU_CHECK(cuEventElapsedTime(&one, a.get(), b.get()));
+  const int reps = std::clamp(static_cast<int>(0.5f / std::max(one, 1e-3f)), 1, 50);
+  cuda::CapturedGraph graph;
+  graph.capture(stream, [&] {
+    for (int r = 0; r < reps; ++r) enqueue(stream.get());
+  });
+  graph.launch(stream);
+  std::vector<float> ms;
+  for (int s = 0; s < 5; ++s) {
+    a.record(stream.get());
+    graph.launch(stream);
+    b.record(stream.get());
+    b.synchronize();
+    float t = 0;
+    PA_CU_CHECK(cuEventElapsedTime(&t, a.get(), b.get()));
+    ms.push_back(t / static_cast<float>(reps));
+  }
+  std::sort(ms.begin(), ms.end());
+  return static_cast<double>(ms[ms.size() / 2]);
+}
+
+// Note on tile tuning. The emitter picks a GEMM's tiles (and K splits) from the shape with a cost
+// model; the runner also compiles the node's other tile variants (tileVariants_) and, before the
+// provider choice, times each candidate as the whole node on its own buffers (fresh random
+// values, CUDA-graph replays, median), keeping the fastest in launches_. The choice is cached in
+// the autotune cache under the device, its SM count and a hash of every candidate's source, as
+// "tiles <index>" (0: the emitter's pick). Variants that lose stay compiled but never run.
+void CudaGraphRunner::chooseGemmTiles() {
+  if (tileVariants_.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string prefix = device_.info().name + "|" + std::to_string(device_.info().multiprocessors) + "|tiles|";
+  cuda::Stream stream;
+  for (auto& [id, variants] : tileVariants_) {
+    std::vector<Launch>& chosen = launches_[static_cast<size_t>(id)];
+    std::string sources;
+    for (const Launch& l : chosen) sources += l.kernel.source;
+    for (const std::vector<Launch>& v : variants)
+      for (const Launch& l : v) sources += l.kernel.source;
+    const std::string key = prefix + codegen::contentHash(sources);
+    std::string cached;
+    size_t best = 0;
+    if (AutotuneCache::instance().find(key, cached) && cached.rfind("tiles ", 0) == 0 &&
+        std::stoul(cached.substr(6)) <= variants.size()) {
+      best = std::stoul(cached.substr(6));
+      ++gemmStats_.tilesCached;
+    } else {
+      fillForTuning(stream);
+      auto timeOf = [&](const std::vector<Launch>& launches) {
+        return measure(stream, [&](cuda::CUstream st) {
+          for (const Launch& k : launches) k.enqueue(st);
+        });
+      };
+      double bestMs = timeOf(chosen);
+      for (size_t i = 0; i < variants.size(); ++i) {
+        const double ms = timeOf(variants[i]);
+        if (ms < bestMs) bestMs = ms, best = i + 1;
+      }
+      AutotuneCache::instance().put(key, "tiles " + std::to_string(best));
+      ++gemmStats_.tilesMeasured;
+    }
+    if (best > 0) {
+      std::swap(chosen, variants[best - 1]);  // element addresses (and so Launch::params) survive a swap
+      ++gemmStats_.tilesChanged;
+    }
+  }
+  stream.synchronize();
+  gemmStats_.tuneSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 CudaModule::CudaModule(const std::string& source, const cuda::Device& device) {

@@ -2,6 +2,7 @@
 // launcher for its nodes): the GPU counterpart of CpuExecutor<float>.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +22,10 @@ const char* gemmProviderName(GemmProvider p);
 struct CudaRunnerOptions {
   bool tf32 = false;  // MatMul and FusedLinear on TF32 tensor cores (precision: tf32)
   GemmProvider gemm = GemmProvider::Generated;
+  // Generated GEMMs: besides the tiles the emitter picks from the shape, compile the other tile
+  // variants and keep the fastest, measured at start and cached (compiler.gemm generated and
+  // auto; the choice between the generated kernel and cuBLASLt then sees the fastest tiles).
+  bool tuneGemmTiles = true;
   // Tests: cuBLASLt runs every transposed-B product it can on an untransposed copy of B.
   bool forceTransposedB = false;
   // Parameters with the same name live in that runner's buffers instead of new ones (the
@@ -70,6 +75,9 @@ public:
   // from the autotune cache, and the time spent measuring.
   struct GemmStats {
     int generated = 0, library = 0, measured = 0, cached = 0;
+    // Tile variants: nodes whose generated tiles were measured now, taken from the cache, and
+    // where a variant other than the emitter's pick won.
+    int tilesMeasured = 0, tilesCached = 0, tilesChanged = 0;
     double tuneSeconds = 0;
   };
   const GemmStats& gemmStats() const { return gemmStats_; }
@@ -93,6 +101,11 @@ private:
   void compile();
   void planLibraryGemms(const CudaRunnerOptions& opt);
   void chooseGemmProviders(const CudaRunnerOptions& opt);
+  void chooseGemmTiles();
+  // The autotuner's tools: fresh random values in the arena and the parameters (once), and the
+  // median time of `enqueue` replayed from a CUDA graph.
+  void fillForTuning(cuda::Stream& stream);
+  double measure(cuda::Stream& stream, const std::function<void(cuda::CUstream)>& enqueue);
   void runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream);
   // Every kernel the node may launch: its generated ones, then cuBLASLt's transpose and epilogue
   // kernels (compiled and given arguments alike, whichever provider runs).
@@ -107,6 +120,8 @@ private:
   std::map<ValueId, cuda::CUdeviceptr> sharedParam_;   // parameters of the runner shared with
   std::map<NodeId, cuda::DeviceBuffer> scratch_;       // flash backward workspaces
   std::vector<std::vector<Launch>> launches_;          // per node id
+  std::map<NodeId, std::vector<std::vector<Launch>>> tileVariants_;  // other tiles of a generated GEMM
+  bool tuningFilled_ = false;
   std::map<NodeId, LibraryNode> library_;             // GEMM nodes cuBLASLt can run
   cuda::DeviceBuffer ltWorkspace_;                    // shared by them: one stream, one at a time
   std::vector<cuda::CUmodule> modules_;

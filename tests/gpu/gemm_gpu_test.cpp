@@ -482,5 +482,39 @@ TEST(GemmOnGpuRunner, AutoChoosesAProviderAndCachesIt) {
   }
 }
 
+// Tile tuning (CudaRunnerOptions::tuneGemmTiles, on by default): the runner times the emitter's
+// tiles against the other variants, runs the fastest, and a second runner takes the choice from
+// the autotune cache. Either way the node computes the product: fp32 on any GPU, and bf16
+// operands (the wgmma kernel's variants on an sm_90a device) against the float64 product of the
+// unrounded inputs (bf16 rounding of both operands: ~2^-9 relative each, bar 1e-2).
+TEST(GemmOnGpuRunner, TileTuningRunsTheFastestVariantAndCachesIt) {
+  PA_REQUIRE_GPU();
+  for (bool bf16 : {false, true}) {
+    GemmProblem p;
+    p.fused = true, p.a = {2048, 512}, p.b = {512, 776}, p.act = "gelu", p.bias = true;
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    if (bf16) gemmtest::storeOperandsInBf16(g, id, false);
+    CudaRunnerOptions opt;
+    opt.gemm = GemmProvider::Generated;
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + " round " + std::to_string(round));
+      CudaGraphRunner runner(g, device(), opt);
+      const CudaGraphRunner::GemmStats& st = runner.gemmStats();
+      EXPECT_EQ(st.tilesMeasured + st.tilesCached, 1);
+      if (round == 1) {
+        EXPECT_EQ(st.tilesCached, 1) << "the second runner should reuse the first one's tiles";
+      }
+      const std::vector<Errors> errors = runAgainstReference(runner, g, id, 123);
+      for (size_t o = 0; o < errors.size(); ++o) {
+        EXPECT_TRUE(errors[o].finite) << "output " << o;
+        EXPECT_LE(errors[o].worst, (bf16 ? 1e-2 : 1e-5) * errors[o].scale) << "output " << o;
+      }
+      std::printf("  %s round %d: tiles %s\n", bf16 ? "bf16" : "fp32", round,
+                  st.tilesChanged ? "changed from the shape's default" : "the shape's default");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pa
