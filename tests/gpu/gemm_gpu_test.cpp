@@ -251,6 +251,15 @@ Errors compare(const std::vector<float>& got, const std::vector<double>& want) {
   return e;
 }
 
+// Output `o` of case `name` within `bar` × its largest |reference|, every element written; the
+// large products print their error for the logs.
+void expectWithin(const Errors& e, double bar, size_t o, const std::string& name, bool report) {
+  EXPECT_TRUE(e.finite) << "output " << o << " has NaN/inf (unwritten elements?)";
+  EXPECT_LE(e.worst, bar * std::max(e.scale, 1e-30)) << "output " << o << ": max |err| " << e.worst << ", max |ref| " << e.scale
+                                                     << ", relative " << e.worst / std::max(e.scale, 1e-30);
+  if (report) std::printf("  %s output %zu: relative error %.2e (bar %.0e)\n", name.c_str(), o, e.worst / e.scale, bar);
+}
+
 // Uploads fresh random inputs (seeds `seed` + input index) to a one-node graph's runner, runs
 // it, and returns every output's errors against the float64 reference.
 std::vector<Errors> runAgainstReference(CudaGraphRunner& runner, const Graph& g, NodeId id, uint64_t seed) {
@@ -297,12 +306,7 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
   for (size_t o = 0; o < n.outputs.size(); ++o) {
     std::vector<float> got(want[o].size());
     gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
-    const Errors e = compare(got, want[o]);
-    EXPECT_TRUE(e.finite) << "output " << o << " has NaN/inf (unwritten elements?)";
-    EXPECT_LE(e.worst, bar * std::max(e.scale, 1e-30)) << "output " << o << ": max |err| " << e.worst << ", max |ref| "
-                                                       << e.scale << ", relative " << e.worst / std::max(e.scale, 1e-30);
-    if (numel(g.shape(n.outputs[0])) >= (1 << 20))
-      std::printf("  %s output %zu: relative error %.2e (bar %.0e)\n", c.name.c_str(), o, e.worst / e.scale, bar);
+    expectWithin(compare(got, want[o]), bar, o, c.name, numel(g.shape(n.outputs[0])) >= (1 << 20));
   }
 }
 
@@ -352,12 +356,7 @@ TEST_P(GemmBf16OnGpu, MatchesFloat64Reference) {
       gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
     }
     const double bar = g.value(n.outputs[o]).type.dtype == DType::BF16 ? 1e-2 : 1e-3;
-    const Errors e = compare(got, want[o]);
-    EXPECT_TRUE(e.finite) << "output " << o << " has NaN/inf (unwritten elements?)";
-    EXPECT_LE(e.worst, bar * std::max(e.scale, 1e-30)) << "output " << o << ": max |err| " << e.worst << ", max |ref| "
-                                                       << e.scale << ", relative " << e.worst / std::max(e.scale, 1e-30);
-    if (numel(g.shape(n.outputs[0])) >= (1 << 19))
-      std::printf("  %s output %zu: relative error %.2e (bar %.0e)\n", c.name.c_str(), o, e.worst / e.scale, bar);
+    expectWithin(compare(got, want[o]), bar, o, c.name, numel(g.shape(n.outputs[0])) >= (1 << 19));
   }
 }
 
