@@ -197,24 +197,16 @@ int run(int argc, char** argv) {
       std::vector<std::vector<cuda::DeviceBuffer>> sets(static_cast<size_t>(numSets));
       for (int si = 0; si < numSets; ++si)
         for (size_t i = 0; i < node.inputs.size(); ++i) {
-          const std::vector<float> h = gemmtest::randomValues(numel(g.shape(node.inputs[i])), 1000u * si + i + 1);
+          std::vector<float> h = gemmtest::randomValues(numel(g.shape(node.inputs[i])), 1000u * si + i + 1);
           sets[static_cast<size_t>(si)].emplace_back(h.size() * sizeof(float));
-          if (g.value(node.inputs[i]).type.dtype == DType::BF16) {
-            std::vector<uint16_t> bits(h.size());
-            for (size_t j = 0; j < h.size(); ++j) bits[j] = bf16Bits(h[j]);
-            sets[static_cast<size_t>(si)].back().upload(bits.data(), bits.size() * sizeof(uint16_t));
-          } else {
-            sets[static_cast<size_t>(si)].back().upload(h.data(), h.size() * sizeof(float));
-          }
+          gemmtest::uploadStored(sets[static_cast<size_t>(si)].back(), h, g.value(node.inputs[i]).type.dtype);
         }
       auto report = [&](gemmtest::NodeOnGpu& gpu, const std::string& variant) { reportMs(timeNode(gpu, sets, 5, 30), precision, variant); };
-      const bool wgmma = bf16 && device().info().arch() == "sm_90a";
+      const codegen::EmitOptions deviceOpt = CudaGraphRunner::emitOptionsFor(device(), tf32);  // as training emits
       std::vector<std::pair<std::string, GemmTile>> tiles = {{"auto", GemmTile::Auto}};
       if (sweep) tiles.insert(tiles.end(), {{"large", GemmTile::Large}, {"medium", GemmTile::Medium}, {"small", GemmTile::Small}});
       for (const auto& t : tiles) {
-        codegen::EmitOptions opt;
-        opt.tf32 = tf32;
-        opt.wgmma = wgmma;
+        codegen::EmitOptions opt = deviceOpt;
         opt.gemmTile = t.second;
         gemmtest::NodeOnGpu gpu(g, id, opt, device());
         report(gpu, t.first);
@@ -222,10 +214,8 @@ int run(int argc, char** argv) {
       if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), precision, "cublaslt");
       if (!sweep) continue;
       for (const ConfigVariant& cv : configs) {
-        if (std::strcmp(cv.precision, precision) != 0 || (bf16 && !wgmma)) continue;
-        codegen::EmitOptions opt;
-        opt.tf32 = tf32;
-        opt.wgmma = wgmma;
+        if (std::strcmp(cv.precision, precision) != 0) continue;
+        codegen::EmitOptions opt = deviceOpt;
         opt.gemmTile = cv.tile;
         opt.gemmSplits = 1;
         codegen::NodeKernels nk = codegen::emitNode(g, id, opt);

@@ -481,10 +481,8 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
   evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
   runPipeline(evalModel_.graph, tg.forwardPasses, PipelineOptions{});
   if (!opt.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
-    codegen::EmitOptions emit;
-    emit.tf32 = cfg.precision == "tf32";
-    emit.wgmma = device().info().arch() == "sm_90a";
-    const int n = codegen::dumpKernels(model_.graph, opt.dumpKernelsDir, emit);
+    const int n =
+        codegen::dumpKernels(model_.graph, opt.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), cfg.precision == "tf32"));
     std::printf("wrote %d CUDA kernels of the training step to %s\n", n, opt.dumpKernelsDir.c_str());
   }
   useGraph_ = opt.cudaGraph && debugSwitches().cudaGraphs;

@@ -75,7 +75,7 @@ __device__ __forceinline__ void storeC4(pa_bf16_out C, long long at, float4 o) {
 __device__ __forceinline__ void storeC2(float* C, long long at, float2 o) { *reinterpret_cast<float2*>(C + at) = o; }
 // (at is even wherever the kernels store pairs: N is even there, so the pair is one 4-byte word.)
 __device__ __forceinline__ void storeC2(pa_bf16_out C, long long at, float2 o) {
-  *reinterpret_cast<unsigned*>(C.p + at) = pa::storage::floatToBf16(o.x) | (static_cast<unsigned>(pa::storage::floatToBf16(o.y)) << 16);
+  *reinterpret_cast<unsigned*>(C.p + at) = pa::storage::packBf16x2(o.x, o.y);
 }
 __device__ __forceinline__ bool alignedC(const float* C) { return (reinterpret_cast<unsigned long long>(C) & 15) == 0; }
 __device__ __forceinline__ bool alignedC(pa_bf16_out) { return true; }

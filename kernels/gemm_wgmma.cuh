@@ -116,7 +116,8 @@ __device__ __forceinline__ u64 smemDescriptor(u32 address, u32 leadingBytes, u32
   return (u64)((address & 0x3FFFF) >> 4) | ((u64)(leadingBytes >> 4) << 16) | ((u64)(strideBytes >> 4) << 32) | (1ull << 62);
 }
 
-// d += A·B for one m64nNk16 step (A, B from shared memory; TA / TB: operand is MN-major).
+// d += A·B for one m64nNk16 step (A, B from shared memory; TA / TB: operand is MN-major). The two
+// widths differ only in the length of their accumulator lists, which inline PTX must spell out.
 template <int TA, int TB>
 __device__ __forceinline__ void wgmmaN256(float (&d)[128], unsigned long long da, unsigned long long db) {
   asm volatile(
@@ -208,7 +209,7 @@ template <>
 struct CElement<pa_bf16_out> {
   static constexpr int kBytes = 2;
   static __device__ __forceinline__ void storePair(unsigned char* p, float2 o) {
-    *reinterpret_cast<unsigned*>(p) = storage::floatToBf16(o.x) | (static_cast<unsigned>(storage::floatToBf16(o.y)) << 16);
+    *reinterpret_cast<unsigned*>(p) = storage::packBf16x2(o.x, o.y);
   }
   static __device__ __forceinline__ unsigned char* bytes(pa_bf16_out C) { return reinterpret_cast<unsigned char*>(C.p); }
   static __device__ __forceinline__ void copy(unsigned char* d, const unsigned char* s) {
@@ -277,6 +278,11 @@ __device__ __forceinline__ void wgmmaGemm(const unsigned short* __restrict__ A, 
 
   extern __shared__ unsigned char sharedRaw[];
   __shared__ __align__(8) u64 barriers[2 * STAGES];  // full[0..STAGES), empty[STAGES..2·STAGES)
+  {  // the launcher sizes the ring on the host (codegen's wgmmaVariant): a smaller launch is a bug
+    u32 dynamicBytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamicBytes));
+    if (dynamicBytes < Cfg::kSharedBytes) __trap();
+  }
   const u32 ring = (smemAddress(sharedRaw) + 1023u) & ~1023u;
   const u32 full = smemAddress(barriers), empty = full + 8 * STAGES;
 

@@ -17,6 +17,10 @@ __device__ __forceinline__ unsigned short floatToBf16(float x) {
   asm("{ cvt.rn.bf16.f32 %0, %1; }" : "=h"(h) : "f"(x));
   return h;
 }
+// Two values rounded to bf16 in one 32-bit word, `lo` at the lower address.
+__device__ __forceinline__ unsigned packBf16x2(float lo, float hi) {
+  return floatToBf16(lo) | (static_cast<unsigned>(floatToBf16(hi)) << 16);
+}
 
 // One element of a bf16 output, assignable from and readable as float.
 struct Bf16Ref {

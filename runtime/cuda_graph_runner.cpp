@@ -154,9 +154,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   params_.fill32(0);
 
   launches_.resize(g.numNodes());
-  codegen::EmitOptions emit;
-  emit.tf32 = opt.tf32;
-  emit.wgmma = device_.info().arch() == "sm_90a";
+  const codegen::EmitOptions emit = emitOptionsFor(device_, opt.tf32);
   for (NodeId id : order_) {
     codegen::NodeKernels nk = codegen::emitNode(g, id, emit);
     const Node& n = g.node(id);
@@ -572,8 +570,6 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
   const std::string prefix = device_.info().name + "|" + std::to_string(device_.info().multiprocessors) + "|lt" +
                              std::to_string(lt.version()) + "|" + gemmProviderName(opt.gemm) + "|";
   cuda::Stream stream;
-  auto fill = [&] { fillForTuning(stream); };
-  auto measure = [&](const std::function<void(cuda::CUstream)>& enqueue) { return this->measure(stream, enqueue); };
   for (NodeId id : order_) {
     const bool gemmNode = codegen::libraryGemmOf(g_, id).supported;
     auto it = library_.find(id);
@@ -616,10 +612,10 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
       choice.cached = decided;
     }
     if (!decided) {
-      fill();
+      fillForTuning(stream);
       double best = 1e30;
       if (opt.gemm == GemmProvider::Auto)
-        best = choice.generatedMs = measure([&](cuda::CUstream st) {
+        best = choice.generatedMs = measure(stream, [&](cuda::CUstream st) {
           for (const Launch& k : launches_[static_cast<size_t>(id)]) k.enqueue(st);
         });
       bool library = false, transposed = false;
@@ -632,7 +628,7 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
           l.algo = algo;
           double ms = 1e30;
           try {
-            ms = measure([&](cuda::CUstream st) { runLibrary(id, l, st); });
+            ms = measure(stream, [&](cuda::CUstream st) { runLibrary(id, l, st); });
           } catch (const cuda::CudaError&) {
             continue;  // a candidate that fails to launch is not a candidate
           }
@@ -661,6 +657,13 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
   }
   stream.synchronize();
   gemmStats_.tuneSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+codegen::EmitOptions CudaGraphRunner::emitOptionsFor(const cuda::Device& device, bool tf32) {
+  codegen::EmitOptions emit;
+  emit.tf32 = tf32;
+  emit.wgmma = device.info().arch() == "sm_90a";
+  return emit;
 }
 
 void CudaGraphRunner::fillForTuning(cuda::Stream& stream) {

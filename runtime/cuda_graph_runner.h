@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/emit.h"
 #include "graph/graph.h"
 #include "kernels/flash_attention.h"
 #include "runtime/cuda/cuda_device.h"
@@ -41,6 +42,8 @@ public:
   // Nothing is allocated after this. Throws codegen::NvrtcError, cuda::CudaError or
   // FlashAttentionError.
   CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt = {});
+  // The code generation choices the runner makes for `device` (also what --dump-kernels writes).
+  static codegen::EmitOptions emitOptionsFor(const cuda::Device& device, bool tf32);
   ~CudaGraphRunner();
   CudaGraphRunner(const CudaGraphRunner&) = delete;
   CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;

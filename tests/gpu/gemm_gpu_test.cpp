@@ -334,13 +334,7 @@ TEST_P(GemmBf16OnGpu, MatchesFloat64Reference) {
   std::vector<std::vector<float>> in;  // the values the GPU sees: operands rounded to bf16
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), std::hash<std::string>{}(c.name) + i));
-    if (g.value(n.inputs[i]).type.dtype == DType::BF16) {
-      std::vector<uint16_t> bits(in.back().size());
-      for (size_t j = 0; j < bits.size(); ++j) bits[j] = bf16Bits(in.back()[j]), in.back()[j] = bf16Value(bits[j]);
-      gpu.inputs[i].upload(bits.data(), bits.size() * sizeof(uint16_t));
-    } else {
-      gpu.inputs[i].upload(in.back().data(), in.back().size() * sizeof(float));
-    }
+    gemmtest::uploadStored(gpu.inputs[i], in.back(), g.value(n.inputs[i]).type.dtype);
   }
   for (cuda::DeviceBuffer& o : gpu.outputs) o.fill32(0x7fc07fc0u);  // NaN in fp32 and in bf16: catches unwritten elements
   gpu.launch();

@@ -57,6 +57,18 @@ inline void storeOperandsInBf16(Graph& g, NodeId id, bool bf16Outputs) {
   for (ValueId v : n.outputs) g.setDtype(v, bf16Outputs ? DType::BF16 : DType::F32);
 }
 
+// Uploads `values` to `buf` in storage type `dtype` (bf16: rounded to nearest even) and leaves
+// in `values` what the device now holds.
+inline void uploadStored(cuda::DeviceBuffer& buf, std::vector<float>& values, DType dtype) {
+  if (dtype != DType::BF16) {
+    buf.upload(values.data(), values.size() * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> bits(values.size());
+  for (size_t j = 0; j < bits.size(); ++j) bits[j] = bf16Bits(values[j]), values[j] = bf16Value(bits[j]);
+  buf.upload(bits.data(), bits.size() * sizeof(uint16_t));
+}
+
 // Float64 reference of every output of the node (out0, and FusedLinear-GELU's pre-activation).
 inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, const std::vector<std::vector<float>>& in) {
   const Node& n = g.node(id);
