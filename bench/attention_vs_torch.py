@@ -246,7 +246,7 @@ def main():
                       f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')}: "
                       f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
-    if "tune" in a.only:  # forward only, for comparing tile knobs (PA_FLASH_FWD_TILE / _MT)
+    if "tune" in a.only:  # forward only, for comparing tile knobs (PA_FLASH_FWD_TILE / _MT / _WG, PA_FLASH_WGMMA)
         for d in (64, 128):
             for causal in (False, True):
                 b, h, s = 4, 2048 // d, 4096
@@ -254,8 +254,9 @@ def main():
                 ours = Ours(fl, q, k, v, causal=causal)
                 ms = bench(ours.fwd)
                 fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
-                print(f"tune d={d} causal={causal} tile={os.environ.get('PA_FLASH_FWD_TILE', '-')} "
-                      f"mt={os.environ.get('PA_FLASH_FWD_MT', '-')}: {fl_f / ms / 1e9:.0f} TFLOP/s", flush=True)
+                print(f"tune d={d} causal={causal} wgmma={os.environ.get('PA_FLASH_WGMMA', '-')} "
+                      f"tile={os.environ.get('PA_FLASH_FWD_TILE', '-')} mt={os.environ.get('PA_FLASH_FWD_MT', '-')} "
+                      f"wg={os.environ.get('PA_FLASH_FWD_WG', '-')} st={os.environ.get('PA_FLASH_FWD_STAGES', '-')}: {fl_f / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
     if "fp32" in a.only:
         fp32_seed(fl, lines)

@@ -29,6 +29,8 @@ set(PA_EMBEDDED_KERNELS
   kernels/flash_attention_common.cuh
   kernels/flash_attention_fwd.cuh
   kernels/flash_attention_bwd.cuh
+  kernels/flash_attention_fwd_wgmma.cuh
+  kernels/wgmma.cuh
   kernels/gemm.cuh
   kernels/storage.cuh
   kernels/gemm_wgmma.cuh)

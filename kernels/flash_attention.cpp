@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "codegen/embedded_kernels.h"
@@ -49,6 +50,16 @@ int ceilDiv(long long a, long long b) { return (int)((a + b - 1) / b); }
 // GQA with 16-bit types: dK/dV blocks per query head (partials + reduce) instead of per KV head.
 bool splitKvHeads(const FlashAttentionConfig& c) { return c.dtype != kFlashF32 && c.heads != c.kvHeads; }
 
+// PA_FLASH_WGMMA=0 (or off/false): the sm_90a forward runs the mma.sync kernel. Read at every
+// choice, so tests can compare both kernels in one process.
+bool wgmmaSwitchedOff() {
+  const char* v = std::getenv("PA_FLASH_WGMMA");
+  return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0);
+}
+
+// The largest wgmma forward the variant list holds (an H100 allows 227 KB a block).
+constexpr int kMaxWgmmaSharedBytes = 227 * 1024;
+
 [[noreturn]] void fail(const std::string& what) { throw FlashAttentionError("flash attention: " + what); }
 
 void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
@@ -75,7 +86,7 @@ int FlashKernelSpec::threads() const {
     case FlashKernelKind::kBwdSinkReduce: return 256;
     case FlashKernelKind::kForward:
     case FlashKernelKind::kBwdDkDv:
-    case FlashKernelKind::kBwdDq: return dtype == kFlashF32 ? 128 : 32 * warps;
+    case FlashKernelKind::kBwdDq: return dtype == kFlashF32 ? 128 : 32 * warps + (wgmma ? 128 : 0);
   }
   return 0;
 }
@@ -90,6 +101,8 @@ int FlashKernelSpec::sharedBytes() const {
     case FlashKernelKind::kBwdPreprocess:
     case FlashKernelKind::kBwdSinkReduce: return 0;
     case FlashKernelKind::kForward:
+      // wgmma: Q, the stages of K and V tiles, 1024-byte alignment slack (WgmmaForwardConfig).
+      if (wgmma) return 16 * warps * dpad * 2 + 2 * stages * tile * dpad * 2 + 1024;
       // fp32: mtiles is R, the query rows per thread (16 * R rows per block).
       return f32 ? (16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
                  : (16 * mtiles * warps + 2 * tile) * (dpad + 8) * 2;
@@ -125,6 +138,7 @@ std::string FlashKernelSpec::name() const {
   if (dtype != kFlashF32) os << "_w" << warps << "_t" << tile;
   if (mtiles != 1) os << "_m" << mtiles;
   if (atomicDq) os << "_adq";
+  if (wgmma) os << "_wg_s" << stages;
   if (dqPartial) os << "_dqp";
   return os.str();
 }
@@ -140,6 +154,11 @@ std::string FlashKernelSpec::source() const {
   const bool f32 = dtype == kFlashF32;
   switch (kind) {
     case FlashKernelKind::kForward:
+      if (wgmma) {
+        call = "flashForwardWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " + std::to_string(warps / 4) + ", " +
+               std::to_string(stages) + ">";
+        break;
+      }
       call = f32 ? "flashForwardF32<" + d + ", " + std::to_string(mtiles) + ">"
                  : "flashForwardMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
                        std::to_string(mtiles) + ">";
@@ -168,7 +187,7 @@ std::string FlashKernelSpec::source() const {
   }
   std::ostringstream os;
   os << "// Generated flash attention instantiation " << name() << "\n"
-     << "#include \"kernels/flash_attention_bwd.cuh\"\n"
+     << "#include \"kernels/" << (wgmma ? "flash_attention_fwd_wgmma.cuh" : "flash_attention_bwd.cuh") << "\"\n"
      << "extern \"C\" __global__ void __launch_bounds__(" << threads() << ") " << name()
      << "(const pa::FlashKernelParams p) {\n  pa::flash::" << call << "(p);\n}\n";
   return os.str();
@@ -232,6 +251,23 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
     }
   }
   specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdSinkReduce, cfg));
+  // sm_90a forwards: the launcher's choice and the tile / warpgroup variants its overrides reach.
+  for (FlashDType dt : {kFlashF16, kFlashBF16}) {
+    cfg.dtype = dt;
+    for (int d : {64, 128}) {
+      cfg.headDim = d;
+      const FlashKernelSpec chosen = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 0, true);
+      for (int tile : {64, 128})
+        for (int consumers : {1, 2, 3})
+          for (int stages : {2, 3}) {
+            FlashKernelSpec v = chosen;
+            v.tile = tile;
+            v.warps = 4 * consumers;
+            v.stages = stages;
+            if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
+          }
+    }
+  }
   return specs;
 }
 
@@ -244,7 +280,8 @@ FlashAttention::~FlashAttention() {
     if (kv.second.module) cuda::Driver::instance().api().cuModuleUnload(kv.second.module);
 }
 
-FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors) {
+FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors,
+                                           bool wgmma) {
   FlashKernelSpec s;
   s.kind = kind;
   s.dtype = cfg.dtype;
@@ -317,6 +354,23 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     s.atomicDq = true;
     s.warps = s.dpad <= 128 ? 8 : 4;
   }
+  // sm_90a, 16-bit forward at padded head dims 64 and 128 (head dims 33-64 and 97-128 pad up):
+  // wgmma with a producer warpgroup, 128-key tiles in a two-stage ring, and three consumer
+  // warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows) otherwise: the
+  // fastest of the sweeps in bench/RESULTS_flash.md (shorter sequences waste more of a 192-row
+  // block on the partial last tile and on causal imbalance). PA_FLASH_WGMMA=0 keeps the mma.sync kernel; PA_FLASH_FWD_TILE,
+  // PA_FLASH_FWD_WG and PA_FLASH_FWD_STAGES override tile, consumer warpgroups and stages.
+  if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32 && wgmma && (s.dpad == 64 || s.dpad == 128) &&
+      !wgmmaSwitchedOff()) {
+    s.wgmma = true;
+    s.mtiles = 1;
+    s.tile = 128;
+    s.warps = s.dpad == 64 && cfg.qLen >= 2048 ? 12 : 8;
+    s.stages = 2;
+    if (const int t = tuningOverride("PA_FLASH_FWD_TILE")) s.tile = t;
+    if (const int w = tuningOverride("PA_FLASH_FWD_WG")) s.warps = 4 * w;
+    if (const int st = tuningOverride("PA_FLASH_FWD_STAGES")) s.stages = st;
+  }
   if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdSinkReduce ||
       kind == FlashKernelKind::kBwdDqConvert || kind == FlashKernelKind::kBwdDkDvReduce)
     s.dpad = 0;
@@ -349,11 +403,15 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
   const FlashKernelKind kinds[2] = {backward ? FlashKernelKind::kBwdDkDv : FlashKernelKind::kForward,
                                     backward ? FlashKernelKind::kBwdDq : FlashKernelKind::kForward};
   for (FlashKernelKind k : kinds) {
-    const FlashKernelSpec s = chooseSpec(k, c, device_.info().multiprocessors);
+    const FlashKernelSpec s = specFor(k, c);
     if (s.sharedBytes() > limit)
       fail(s.name() + " needs " + std::to_string(s.sharedBytes()) + " bytes of shared memory; " +
            device_.info().name + " allows " + std::to_string(limit));
   }
+}
+
+FlashKernelSpec FlashAttention::specFor(FlashKernelKind kind, const FlashAttentionConfig& c) const {
+  return chooseSpec(kind, c, device_.info().multiprocessors, device_.info().arch() == "sm_90a");
 }
 
 FlashKernelParams FlashAttention::baseParams(const FlashAttentionConfig& c) const {
@@ -379,8 +437,8 @@ const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) 
   // Integer key: launches happen every training step, so the hit path builds no strings.
   // Every field of the spec that changes the source has its own digits (mtiles < 16).
   const unsigned long long key =
-      ((((((unsigned long long)spec.kind * 4 + spec.dtype) * 1024 + spec.dpad) * 64 + spec.warps) * 1024 + spec.tile) * 16 +
-       spec.mtiles) * 4 + spec.atomicDq * 2 + spec.dqPartial;
+      ((((((((unsigned long long)spec.kind * 4 + spec.dtype) * 1024 + spec.dpad) * 64 + spec.warps) * 1024 + spec.tile) * 16 +
+        spec.mtiles) * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = loaded_.find(key);
   if (it != loaded_.end()) return it->second;
@@ -420,7 +478,7 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.q = view(a.q), p.k = view(a.k), p.v = view(a.v), p.o = view(a.o);
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
-  const FlashKernelSpec spec = chooseSpec(FlashKernelKind::kForward, c, device_.info().multiprocessors);
+  const FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
   launch(spec, ceilDiv(c.qLen, spec.rowsPerBlock()), c.batch * c.heads, p, stream);
 }
 

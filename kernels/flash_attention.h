@@ -92,6 +92,11 @@ struct FlashKernelSpec {
   // fp32 dK/dV kernel also writes each key block's share of dQ (deterministic, summed by
   // kBwdDqReduce): chosen when there are at most kMaxDqPartialBlocks key blocks.
   bool dqPartial = false;
+  // Forward on sm_90a with wgmma (flash_attention_fwd_wgmma.cuh): `warps` counts the consumer
+  // warps (4 per warpgroup, 64 query rows each; a producer warpgroup more), `tile` the keys per
+  // tile, `stages` the depth of the K/V ring.
+  bool wgmma = false;
+  int stages = 2;
   int rowsPerBlock() const;
   std::string name() const;      // C identifier of the generated kernel
   std::string source() const;    // generated NVRTC translation unit
@@ -124,7 +129,10 @@ class FlashAttention {
 
   // Spec chosen for a problem (exposed for tests and the benchmark's report).
   // `multiprocessors` (0: unknown) lets the fp32 forward size its blocks to fill the device.
-  static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors = 0);
+  // `wgmma`: the device runs sm_90a code (the 16-bit forward at padded head dims 64 and 128 then
+  // uses flash_attention_fwd_wgmma.cuh unless PA_FLASH_WGMMA=0).
+  static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors = 0,
+                                    bool wgmma = false);
   // Kernel launches made so far (forward and backward), for per-step launch counts.
   int64_t launches() const { return launches_; }
 
@@ -137,6 +145,7 @@ class FlashAttention {
   void launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY, const FlashKernelParams& params,
               cuda::CUstream stream);
   FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
+  FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
 
   const cuda::Device& device_;
   std::mutex mutex_;

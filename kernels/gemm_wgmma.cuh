@@ -62,136 +62,23 @@
 #endif
 
 #include "kernels/gemm.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace pa {
 namespace gemm {
 
-typedef unsigned long long u64;
-
-// ---- synchronisation ------------------------------------------------------------------------
-__device__ __forceinline__ void mbarInit(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarArrive(u32 bar) {
-  asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbarWait(u32 bar, u32 parity) {
-  u32 done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// One arrival on `bar` once every cp.async this thread issued before has landed (the barrier's
-// expected count includes it: .noinc).
-__device__ __forceinline__ void cpAsyncArriveOnLanding(u32 bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void fenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// 16 bytes global -> shared (a shared-window address); zero-filled when !valid.
-__device__ __forceinline__ void cpAsync16To(u32 dst, const void* src, bool valid) {
-  asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-
-__device__ __forceinline__ void wgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Pins accumulator registers at this point of the program (no read or write of them is moved
-// across a wgmma fence, commit or wait by the compiler).
-template <int R>
-__device__ __forceinline__ void fenceAccumulators(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// A shared-memory matrix descriptor with 128-byte swizzle (byte offsets, 16-byte units inside).
-__device__ __forceinline__ u64 smemDescriptor(u32 address, u32 leadingBytes, u32 strideBytes) {
-  return (u64)((address & 0x3FFFF) >> 4) | ((u64)(leadingBytes >> 4) << 16) | ((u64)(strideBytes >> 4) << 32) | (1ull << 62);
-}
-
-// d += A·B for one m64nNk16 step (A, B from shared memory; TA / TB: operand is MN-major). The two
-// widths differ only in the length of their accumulator lists, which inline PTX must spell out.
-template <int TA, int TB>
-__device__ __forceinline__ void wgmmaN256(float (&d)[128], unsigned long long da, unsigned long long db) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %132, 0; "
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-      "}, %128, %129, p, 1, 1, %130, %131; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(1));
-}
-
-template <int TA, int TB>
-__device__ __forceinline__ void wgmmaN128(float (&d)[64], unsigned long long da, unsigned long long db) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %68, 0; "
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, %64, %65, p, 1, 1, %66, %67; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(1));
-}
-
-template <int BN, int TA, int TB>
-__device__ __forceinline__ void wgmmaStep(float (&d)[BN / 2], u64 da, u64 db);
-template <>
-__device__ __forceinline__ void wgmmaStep<256, 0, 0>(float (&d)[128], u64 da, u64 db) { wgmmaN256<0, 0>(d, da, db); }
-template <>
-__device__ __forceinline__ void wgmmaStep<256, 0, 1>(float (&d)[128], u64 da, u64 db) { wgmmaN256<0, 1>(d, da, db); }
-template <>
-__device__ __forceinline__ void wgmmaStep<256, 1, 0>(float (&d)[128], u64 da, u64 db) { wgmmaN256<1, 0>(d, da, db); }
-template <>
-__device__ __forceinline__ void wgmmaStep<256, 1, 1>(float (&d)[128], u64 da, u64 db) { wgmmaN256<1, 1>(d, da, db); }
-template <>
-__device__ __forceinline__ void wgmmaStep<128, 0, 0>(float (&d)[64], u64 da, u64 db) { wgmmaN128<0, 0>(d, da, db); }
-template <>
-__device__ __forceinline__ void wgmmaStep<128, 0, 1>(float (&d)[64], u64 da, u64 db) { wgmmaN128<0, 1>(d, da, db); }
-template <>
-__device__ __forceinline__ void wgmmaStep<128, 1, 0>(float (&d)[64], u64 da, u64 db) { wgmmaN128<1, 0>(d, da, db); }
-template <>
-__device__ __forceinline__ void wgmmaStep<128, 1, 1>(float (&d)[64], u64 da, u64 db) { wgmmaN128<1, 1>(d, da, db); }
+typedef sm90::u64 u64;
+using sm90::cpAsync16To;
+using sm90::cpAsyncArriveOnLanding;
+using sm90::fenceProxyAsync;
+using sm90::fenceRegisters;
+using sm90::mbarArrive;
+using sm90::mbarInit;
+using sm90::mbarWait;
+using sm90::smemDescriptor;
+using sm90::wgmmaCommit;
+using sm90::wgmmaFence;
+using sm90::wgmmaWait;
 
 // ---- C's element type, for the staged epilogue -----------------------------------------------
 template <class CPtr>
@@ -329,18 +216,19 @@ __device__ __forceinline__ void wgmmaGemm(const unsigned short* __restrict__ A, 
     mbarWait(full + 8 * st, (s / STAGES) & 1);
     fenceProxyAsync();  // the copies were generic-proxy writes; wgmma reads through the async proxy
     const u32 a = ring + st * Cfg::kStageBytes, bt = a + OpA::kBytes;
-    fenceAccumulators(acc);
+    fenceRegisters(acc);
     wgmmaFence();
 #pragma unroll
     for (int j = 0; j < BK / 16; ++j)
-      wgmmaStep<BN, P::transA ? 1 : 0, P::transB ? 0 : 1>(acc, OpA::descriptor(a, consumer, j), OpB::descriptor(bt, 0, j));
+      sm90::WgmmaSS<BN, sm90::kInBf16, P::transA ? 1 : 0, P::transB ? 0 : 1>::run(acc, OpA::descriptor(a, consumer, j),
+                                                                         OpB::descriptor(bt, 0, j), 1);
     wgmmaCommit();
     wgmmaWait<1>();  // the previous slice's products are done: its stage can be refilled
-    fenceAccumulators(acc);
+    fenceRegisters(acc);
     if (s > 0) mbarArrive(empty + 8 * ((s - 1) % STAGES));
   }
   wgmmaWait<0>();
-  fenceAccumulators(acc);
+  fenceRegisters(acc);
 
   // Epilogue: the functor runs on the accumulators in registers (see the note for their layout);
   // its results are staged through shared memory, which is free once every consumer's products

@@ -17,7 +17,8 @@ TEST(FlashNvrtc, EmbedsEveryTemplate) {
   for (const auto& f : codegen::embeddedKernelFiles()) names.insert(f.name);
   for (const char* want : {"kernels/attention_mask.h", "kernels/flash_attention_params.h",
                            "kernels/flash_attention_common.cuh", "kernels/flash_attention_fwd.cuh",
-                           "kernels/flash_attention_bwd.cuh"})
+                           "kernels/flash_attention_bwd.cuh", "kernels/flash_attention_fwd_wgmma.cuh",
+                           "kernels/wgmma.cuh"})
     EXPECT_TRUE(names.count(want)) << want << " is not embedded";
 }
 
@@ -40,19 +41,35 @@ TEST(FlashNvrtc, CompileErrorCarriesKernelNameAndLog) {
   }
 }
 
-// Compiles all instantiations for one architecture on every core; reports every failure.
-void compileAll(const std::string& arch) {
+// Compiles the instantiations for one architecture on every core (the wgmma forwards only for
+// sm_90a, the others for every target); reports every failure.
+void compileAll(const std::string& arch, bool wgmma, size_t atLeast) {
   if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << codegen::Nvrtc::instance().unavailableReason();
-  const std::vector<FlashKernelSpec> specs = allFlashKernelSpecs();
   std::vector<test::CompileUnit> units;
-  for (const FlashKernelSpec& s : specs) units.push_back({s.name(), s.name(), s.source()});
+  for (const FlashKernelSpec& s : allFlashKernelSpecs())
+    if (!s.wgmma || wgmma) units.push_back({s.name(), s.name(), s.source()});
   const std::vector<std::string> failures = test::compileInParallel(units, arch, /*rejectWarnings=*/false);
   for (const auto& f : failures) ADD_FAILURE() << f;
-  EXPECT_GE(specs.size(), 40u);
+  EXPECT_GE(units.size(), atLeast);
 }
 
-TEST(FlashNvrtc, CompilesEveryInstantiationSm80) { compileAll("sm_80"); }
-TEST(FlashNvrtc, CompilesEveryInstantiationSm90) { compileAll("sm_90"); }
+TEST(FlashNvrtc, CompilesEveryInstantiationSm80) { compileAll("sm_80", false, 40); }
+TEST(FlashNvrtc, CompilesEveryInstantiationSm90) { compileAll("sm_90", false, 40); }
+// The launcher's own sm_90a choices: the wgmma forwards besides everything else.
+TEST(FlashNvrtc, CompilesEveryInstantiationSm90a) { compileAll("sm_90a", true, 50); }
+
+TEST(FlashNvrtc, Sm90aForwardUsesWgmmaWhereItApplies) {
+  FlashAttentionConfig cfg;
+  for (FlashDType dt : {kFlashF32, kFlashF16, kFlashBF16})
+    for (int d : {8, 32, 40, 64, 96, 128, 200}) {
+      cfg.dtype = dt;
+      cfg.headDim = d;
+      const bool want = dt != kFlashF32 && ((d > 32 && d <= 64) || (d > 96 && d <= 128));
+      EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 132, true).wgmma, want) << dt << " d" << d;
+      EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 132, false).wgmma) << dt << " d" << d;
+      EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg, 132, true).wgmma);
+    }
+}
 
 }  // namespace
 }  // namespace pa

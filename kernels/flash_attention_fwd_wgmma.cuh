@@ -1,0 +1,303 @@
+// Flash attention forward on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), for
+// bf16 and fp16 at padded head dims 64 and 128. Same semantics and row statistics as
+// flashForwardMma (flash_attention_fwd.cuh); the launcher picks it on sm_90a devices.
+/*
+ * Note on the kernel.
+ *
+ * Block: CONSUMERS warpgroups (128 threads each) own 64 query rows each (BM = 64·CONSUMERS), and
+ * a producer warpgroup, which hands most of its registers to the consumers (setmaxnreg), streams the key/value tiles of BN rows that the mask leaves (partly) visible (BlockTiles, as in
+ * the mma.sync kernel) into a STAGES-deep ring with 16-byte cp.async. Q is copied once by the
+ * producer too. Every tile in shared memory uses the 128-byte swizzle of the wgmma GEMM
+ * (kernels/gemm_wgmma.cuh): column blocks of 64 head-dim elements, each row 128 bytes, 16-byte
+ * chunk c of row r at chunk c ^ (r mod 8), blocks 1024-byte aligned. The one layout serves all three
+ * operands: Q and K are read k-major (k = head dim) by S = Q·Kᵀ, and V, whose rows are keys, is
+ * read MN-major (its n = head dim is contiguous) by O += P·V.
+ *
+ * Consumer warpgroup, per tile: S = Q·Kᵀ with wgmma.m64nBNk16 from shared memory (DPAD/16 steps,
+ * the first overwriting S); wait; release K's stage and the previous tile's V stage (their wgmmas
+ * are complete); mask, online softmax and O rescale in registers exactly as the mma.sync kernel
+ * does (the wgmma accumulator layout is mma.sync's m16n8 layout per warp); P is packed to 16 bits
+ * in registers, already in the A-fragment layout, and O += P·V runs as wgmma.m64nDPADk16 with A
+ * from registers, left in flight while the next tile's S is issued. The warpgroups never wait
+ * for one another: each has its own arrivals on the "empty" barriers, so one warpgroup's softmax
+ * overlaps the other's products.
+ *
+ * Hand-offs are mbarriers per stage: kFull / vFull (one arrival per producer thread, made by the hardware as
+ * each producer thread's copies land: cp.async.mbarrier.arrive.noinc) and kEmpty / vEmpty (128·CONSUMERS
+ * consumer arrivals). Consumers execute fence.proxy.async after waiting on a full barrier, since
+ * cp.async writes through the generic proxy and wgmma reads through the async proxy. The i-th use
+ * of a stage waits for parity (i / STAGES) & 1 on full and the opposite on empty (a fresh barrier
+ * reports its previous phase complete).
+ *
+ * Measured on the H100 (bf16, b4 s4096, forward TFLOP/s, d64 / d128 non-causal): a single
+ * producer warp starved the consumers (236-347); the producer warpgroup with setmaxnreg gives
+ * 379-425 / 469-503. bench/RESULTS_flash.md has the sweep.
+ *
+ * The RS product reads P's registers asynchronously; they are pinned (fenceRegisters) after the
+ * next wait, so the compiler cannot reuse them before the hardware has read them.
+ */
+#pragma once
+
+#include "kernels/flash_attention_fwd.cuh"
+#include "kernels/wgmma.cuh"
+
+namespace pa {
+namespace flash {
+
+template <int DPAD, int BN, int CONSUMERS, int STAGES_>
+struct WgmmaForwardConfig {
+  static_assert(DPAD == 64 || DPAD == 128, "wgmma forward: padded head dim 64 or 128");
+  static_assert(BN == 64 || BN == 128, "wgmma forward: 64 or 128 keys per tile");
+  static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "wgmma forward: 1 to 3 consumer warpgroups");
+  static_assert(STAGES_ >= 2, "the ring needs a stage to fill while another is read");
+  static constexpr int BM = 64 * CONSUMERS;
+  static constexpr int kThreads = 128 * (CONSUMERS + 1);  // + the producer warpgroup
+  // The producer gives registers to the consumers (setmaxnreg): the block is compiled for
+  // 65536 / kThreads registers a thread, the producer drops to kProducerRegs.
+  static constexpr int kProducerRegs = CONSUMERS <= 2 ? 40 : 24;
+  static constexpr int kConsumerRegs0 = ((65536 - 128 * kProducerRegs) / (128 * CONSUMERS)) & ~7;
+  static constexpr int kConsumerRegs = kConsumerRegs0 > 240 ? 240 : kConsumerRegs0;
+  static constexpr int kBlocks = DPAD / 64;               // 128-byte column blocks of a row
+  static constexpr int kQBytes = BM * DPAD * 2;
+  static constexpr int kTileBytes = BN * DPAD * 2;  // one K or V tile
+  static constexpr int kStages = STAGES_;
+  // Q, then K stages, then V stages; + the slack that aligns the start to 1024 bytes.
+  static constexpr int kSharedBytes = kQBytes + 2 * kStages * kTileBytes + 1024;
+};
+
+template <typename Tag>
+struct WgmmaInputOf;
+template <>
+struct WgmmaInputOf<BF16Tag> {
+  static constexpr int kValue = sm90::kInBf16;
+};
+template <>
+struct WgmmaInputOf<F16Tag> {
+  static constexpr int kValue = sm90::kInF16;
+};
+
+// Rows [row0, row0 + ROWS) of a [seq, head dim] slice into the swizzled layout of the note at
+// `dst`, by the LANES threads of the producer; rows past `rows` and columns past `headDim` become zeros.
+template <int ROWS, int DPAD, int LANES>
+__device__ __forceinline__ void loadSwizzled(u32 dst, const u16* gbase, long long seqStride, int row0, int rows,
+                                             int headDim, int lane) {
+  constexpr int kChunksPerRow = DPAD / 8;  // 16-byte chunks
+  constexpr int kRowStep = LANES / kChunksPerRow;
+  static_assert(ROWS % kRowStep == 0, "whole row steps");
+  constexpr int kIters = ROWS / kRowStep;
+  const int c = lane % kChunksPerRow, r0 = lane / kChunksPerRow;
+  const bool colOk = 8 * c < headDim;
+  const u16* src = gbase + (long long)(row0 + r0) * seqStride + 8 * c;
+  const u32 base = dst + (c >> 3) * (ROWS * 128) + r0 * 128;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int r = r0 + i * kRowStep;
+    const bool valid = colOk && row0 + r < rows;
+    sm90::cpAsync16To(base + i * kRowStep * 128 + (((c & 7) ^ (r & 7)) << 4),
+                      valid ? src + (long long)i * kRowStep * seqStride : gbase, valid);
+  }
+}
+
+template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_>
+__device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
+  typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_> Cfg;
+  constexpr int LANES = 128;
+  constexpr int BM = Cfg::BM, STAGES = STAGES_;
+  constexpr int IN = WgmmaInputOf<Tag>::kValue;
+  extern __shared__ unsigned char smemRaw[];
+  __shared__ __align__(8) sm90::u64 barriers[4 * STAGES + 1];  // kFull, vFull, kEmpty, vEmpty per stage; qFull
+  {  // the launcher sizes shared memory from the same formula: a smaller launch is a bug
+    u32 dynamicBytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamicBytes));
+    if (dynamicBytes < Cfg::kSharedBytes) __trap();
+  }
+  const u32 sQ = (sm90::smemAddress(smemRaw) + 1023u) & ~1023u;
+  const u32 sK = sQ + Cfg::kQBytes, sV = sK + STAGES * Cfg::kTileBytes;
+  const u32 bar = sm90::smemAddress(barriers);
+  auto kFull = [&](int s) { return bar + 8 * s; };
+  auto vFull = [&](int s) { return bar + 8 * (STAGES + s); };
+  auto kEmpty = [&](int s) { return bar + 8 * (2 * STAGES + s); };
+  auto vEmpty = [&](int s) { return bar + 8 * (3 * STAGES + s); };
+  const u32 qFull = bar + 8 * 4 * STAGES;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int hk = h / (p.heads / p.kvHeads);
+  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  BlockTiles tiles;
+  tiles.init(tm, m0, m1, BN);
+  const int nTiles = tiles.nTiles;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      sm90::mbarInit(kFull(s), LANES);
+      sm90::mbarInit(vFull(s), LANES);
+      sm90::mbarInit(kEmpty(s), 128 * CONSUMERS);
+      sm90::mbarInit(vEmpty(s), 128 * CONSUMERS);
+    }
+    sm90::mbarInit(qFull, LANES);
+  }
+  __syncthreads();
+
+  if (warp >= 4 * CONSUMERS) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    const int pid = threadIdx.x - 128 * CONSUMERS;
+    loadSwizzled<BM, DPAD, LANES>(sQ, slicePtr<u16>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim, pid);
+    sm90::cpAsyncArriveOnLanding(qFull);
+    const u16* gK = slicePtr<u16>(p.k, b, hk);
+    const u16* gV = slicePtr<u16>(p.v, b, hk);
+    int i = 0;
+    for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
+      const int st = i % STAGES;
+      const u32 parity = ((i / STAGES) & 1) ^ 1;
+      sm90::mbarWait(kEmpty(st), parity);
+      loadSwizzled<BN, DPAD, LANES>(sK + st * Cfg::kTileBytes, gK, p.k.seqStride, j * BN, p.kLen, p.headDim, pid);
+      sm90::cpAsyncArriveOnLanding(kFull(st));
+      sm90::mbarWait(vEmpty(st), parity);
+      loadSwizzled<BN, DPAD, LANES>(sV + st * Cfg::kTileBytes, gV, p.v.seqStride, j * BN, p.kLen, p.headDim, pid);
+      sm90::cpAsyncArriveOnLanding(vFull(st));
+    }
+    sm90::cpAsyncCommitAll();
+    sm90::cpAsyncWaitAll();  // nothing in flight when the warp exits
+    return;
+  }
+
+  // Consumer warpgroup `wg`: rows m0 + 64·wg .. +63; warp q of it rows 16q .. 16q + 15.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  const int wg = warp / 4, q = warp % 4, g = lane >> 2, t = lane & 3;
+  const int rowA = m0 + 64 * wg + 16 * q + g;  // this thread's rows: rowA and rowA + 8
+  int bandLo[2], bandHi[2], bandSink[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) tm.rowBand(rowA + 8 * r, bandLo[r], bandHi[r], bandSink[r]);
+
+  float o[DPAD / 2], s[BN / 2];
+#pragma unroll
+  for (int i = 0; i < DPAD / 2; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+  u32 pv[BN / 16][4];  // P in A-fragment layout, one group of four per k16 step of P·V
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) pv[kk][0] = pv[kk][1] = pv[kk][2] = pv[kk][3] = 0u;
+  float rowMax[2] = {negInf(), negInf()}, rowSum[2] = {0.f, 0.f};
+
+  sm90::mbarWait(qFull, 0);
+  const u32 qRows = sQ + wg * 64 * 128;
+  int i = 0;
+  for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
+    const int st = i % STAGES;
+    const u32 parity = (i / STAGES) & 1;
+    const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
+    sm90::mbarWait(kFull(st), parity);
+    sm90::fenceProxyAsync();
+    const u32 kTile = sK + st * Cfg::kTileBytes;
+    sm90::wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < DPAD / 16; ++kk) {
+      const u32 qOff = (kk / 4) * (BM * 128), kOff = (kk / 4) * (BN * 128);  // 64-wide column block
+      sm90::WgmmaSS<BN, IN, 0, 0>::run(s, sm90::smemDescriptor(qRows + qOff + 32 * (kk % 4), 16, 1024),
+                                       sm90::smemDescriptor(kTile + kOff + 32 * (kk % 4), 16, 1024), kk > 0);
+    }
+    sm90::wgmmaCommit();
+    sm90::wgmmaWait<0>();  // S is ready, and the previous tile's P·V is complete
+    sm90::fenceRegisters(s);
+    sm90::fenceRegisters(o);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(pv[kk]);
+    sm90::mbarArrive(kEmpty(st));
+    if (i > 0) sm90::mbarArrive(vEmpty((i - 1) % STAGES));
+
+    // Mask and online softmax on raw scores, as in flashForwardMma (one m-tile, BN/8 n-tiles).
+    const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
+    if (!full) {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, k = n0 + nt * 8 + 2 * t + (e & 1);
+          if (!bandVisible(k, bandLo[r], bandHi[r], bandSink[r])) s[4 * nt + e] = negInf();
+        }
+    }
+    bool rescale = false;
+    float base[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tileMax = negInf();
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) tileMax = fmaxf(tileMax, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+      const float newMax = fmaxf(rowMax[r], tileMax * p.scaleLog2);
+      base[r] = softmaxBase(newMax);
+      corr[r] = rowMax[r] == negInf() ? 0.f : fastExp2(rowMax[r] - base[r]);
+      rescale |= newMax != rowMax[r];
+      rowMax[r] = newMax;
+      rowSum[r] *= corr[r];
+    }
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int dt = 0; dt < DPAD / 8; ++dt) {
+        o[4 * dt + 0] *= corr[0];
+        o[4 * dt + 1] *= corr[0];
+        o[4 * dt + 2] *= corr[1];
+        o[4 * dt + 3] *= corr[1];
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = fastExp2(fmaf(s[4 * nt + e], p.scaleLog2, -base[e >> 1]));
+        s[4 * nt + e] = pe;
+        rowSum[e >> 1] += pe;
+      }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pv[kk][0] = Elem<Tag>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      pv[kk][1] = Elem<Tag>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      pv[kk][2] = Elem<Tag>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      pv[kk][3] = Elem<Tag>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+
+    sm90::mbarWait(vFull(st), parity);
+    sm90::fenceProxyAsync();
+    const u32 vTile = sV + st * Cfg::kTileBytes;
+    sm90::wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      sm90::WgmmaRS<DPAD, IN, 1>::run(o, pv[kk], sm90::smemDescriptor(vTile + 2048 * kk, BN * 128, 1024), 1);
+    sm90::wgmmaCommit();
+  }
+  sm90::wgmmaWait<0>();
+  sm90::fenceRegisters(o);
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(pv[kk]);
+
+  typedef u16 T;
+  const bool hasSink = p.sinkLogits != 0;
+  const float sink2 = hasSink ? ((const float*)p.sinkLogits)[h] * 1.4426950408889634f : 0.f;
+  T* gO = sliceMutPtr<T>(p.o, b, h);
+  float* gLse = (float*)p.lse + (long long)bh * p.qLen;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = rowSum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const RowFinal fin = finishRow(rowMax[r], l, hasSink, sink2);
+    const int row = rowA + 8 * r;
+    if (row < p.qLen) {
+      T* dst = gO + (long long)row * p.o.seqStride;
+#pragma unroll
+      for (int dt = 0; dt < DPAD / 8; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < p.headDim)
+          *(u32*)(dst + col) = Elem<Tag>::pack(o[4 * dt + 2 * r] * fin.outScale, o[4 * dt + 2 * r + 1] * fin.outScale);
+      }
+      if (t == 0) gLse[row] = fin.lse;
+    }
+  }
+}
+
+}  // namespace flash
+}  // namespace pa
