@@ -30,6 +30,7 @@ set(PA_EMBEDDED_KERNELS
   kernels/flash_attention_fwd.cuh
   kernels/flash_attention_bwd.cuh
   kernels/flash_attention_fwd_wgmma.cuh
+  kernels/flash_attention_bwd_wgmma.cuh
   kernels/wgmma.cuh
   kernels/gemm.cuh
   kernels/storage.cuh

@@ -107,10 +107,14 @@ int FlashKernelSpec::sharedBytes() const {
       return f32 ? (16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
                  : (16 * mtiles * warps + 2 * tile) * (dpad + 8) * 2;
     case FlashKernelKind::kBwdDkDv:
+      // wgmma: K and V of 16·warps keys, per stage Q, dO and the query statistics (20 bytes a row,
+      // rounded to 1 KB), alignment slack (WgmmaDkDvConfig).
+      if (wgmma) return 2 * 16 * warps * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) + 1024;
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 2 * 16 * mtiles * 68 + 2 * 64) * 4
                  : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4 + 6 * tile * 4 +
                        (atomicDq ? 16 * warps * (tile + 8) * 2 : 0);
     case FlashKernelKind::kBwdDq:
+      if (wgmma) return 2 * 16 * warps * dpad * 2 + stages * 2 * tile * dpad * 2 + 1024;  // WgmmaDqConfig
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
                  : (2 * 16 * mtiles * warps + 4 * tile) * (dpad + 8) * 2;
   }
@@ -168,6 +172,11 @@ std::string FlashKernelSpec::source() const {
       break;
     case FlashKernelKind::kBwdSinkReduce: call = "flashBackwardSinkReduce"; break;
     case FlashKernelKind::kBwdDkDv:
+      if (wgmma) {
+        call = "flashBackwardDkDvWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " +
+               std::to_string(warps / 4) + ", " + std::to_string(stages) + ">";
+        break;
+      }
       call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " + (dqPartial ? "true" : "false") + ">"
                  : "flashBackwardDkDvMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
                        (atomicDq ? "true" : "false") + ">";
@@ -180,6 +189,11 @@ std::string FlashKernelSpec::source() const {
       break;
     case FlashKernelKind::kBwdDqReduce: call = "flashBackwardDqReduceF32<" + std::to_string(mtiles) + ">"; break;
     case FlashKernelKind::kBwdDq:
+      if (wgmma) {
+        call = "flashBackwardDqWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " +
+               std::to_string(warps / 4) + ", " + std::to_string(stages) + ">";
+        break;
+      }
       call = f32 ? "flashBackwardDqF32<" + d + ", " + std::to_string(mtiles) + ">"
                  : "flashBackwardDqMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
                        std::to_string(mtiles) + ">";
@@ -187,7 +201,7 @@ std::string FlashKernelSpec::source() const {
   }
   std::ostringstream os;
   os << "// Generated flash attention instantiation " << name() << "\n"
-     << "#include \"kernels/" << (wgmma ? "flash_attention_fwd_wgmma.cuh" : "flash_attention_bwd.cuh") << "\"\n"
+     << "#include \"kernels/" << (wgmma ? "flash_attention_bwd_wgmma.cuh" : "flash_attention_bwd.cuh") << "\"\n"
      << "extern \"C\" __global__ void __launch_bounds__(" << threads() << ") " << name()
      << "(const pa::FlashKernelParams p) {\n  pa::flash::" << call << "(p);\n}\n";
   return os.str();
@@ -256,6 +270,12 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
     cfg.dtype = dt;
     for (int d : {64, 128}) {
       cfg.headDim = d;
+      for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+        for (int tile : {64, 128}) {
+          FlashKernelSpec v = FlashAttention::chooseSpec(k, cfg, 0, true);
+          v.tile = tile;
+          if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
+        }
       const FlashKernelSpec chosen = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 0, true);
       for (int tile : {64, 128})
         for (int consumers : {1, 2, 3})
@@ -370,6 +390,21 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     if (const int t = tuningOverride("PA_FLASH_FWD_TILE")) s.tile = t;
     if (const int w = tuningOverride("PA_FLASH_FWD_WG")) s.warps = 4 * w;
     if (const int st = tuningOverride("PA_FLASH_FWD_STAGES")) s.stages = st;
+  }
+  // sm_90a backward at the same head dims, default scheme (no atomic dQ): the wgmma dK/dV and dQ
+  // kernels (flash_attention_bwd_wgmma.cuh), two consumer warpgroups (128 keys / query rows) and
+  // streamed tiles of 128 rows at head dim 64, 64 at 128 (128 spills heavily there), two stages:
+  // the fastest of the sweep in bench/RESULTS_flash.md. PA_FLASH_BWD_TILE / PA_FLASH_BWD_WG
+  // override tile and warpgroups for tuning runs.
+  if ((kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq) && cfg.dtype != kFlashF32 && wgmma &&
+      !cfg.atomicDq && (s.dpad == 64 || s.dpad == 128) && !wgmmaSwitchedOff()) {
+    s.wgmma = true;
+    s.mtiles = 1;
+    s.tile = s.dpad == 64 ? 128 : 64;
+    s.warps = 8;
+    s.stages = 2;
+    if (const int t = tuningOverride("PA_FLASH_BWD_TILE")) s.tile = t;
+    if (const int w = tuningOverride("PA_FLASH_BWD_WG")) s.warps = 4 * w;
   }
   if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdSinkReduce ||
       kind == FlashKernelKind::kBwdDqConvert || kind == FlashKernelKind::kBwdDkDvReduce)
@@ -488,7 +523,7 @@ size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) con
   const size_t partial = ((size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4 + 15) / 16 * 16;
   const size_t dqAccum = (size_t)c.batch * c.heads * c.qLen * c.headDim * 4;  // atomic-dQ path only
   const size_t dkvPartial = splitKvHeads(c) ? 2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 : 0;
-  const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c, device_.info().multiprocessors);
+  const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
   const size_t dqPartial = dkdv.dqPartial ? (size_t)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dqAccum + 16 : 0;
   return delta + partial + (c.dtype != kFlashF32 && c.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
 }
@@ -511,7 +546,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   p.dSinkLogits = c.sinkLogits ? a.dSinkLogits : 0;
   p.delta = a.workspace;
   p.sinkPartial = a.workspace + ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
-  const FlashKernelSpec dkdv = chooseSpec(FlashKernelKind::kBwdDkDv, c, device_.info().multiprocessors);
+  const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
   unsigned long long next = p.sinkPartial + ((size_t)c.heads * c.batch * p.qTiles * 4 + 15) / 16 * 16;
   if (dkdv.atomicDq) {
     p.dQAccum = next;
@@ -534,7 +569,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     launch(chooseSpec(FlashKernelKind::kBwdDqReduce, c, device_.info().multiprocessors), ceilDiv(c.qLen, 64),
            c.batch * c.heads, p, stream);
   } else {
-    const FlashKernelSpec dq = chooseSpec(FlashKernelKind::kBwdDq, c, device_.info().multiprocessors);
+    const FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);
     launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream);
   }
 }

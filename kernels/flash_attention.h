@@ -92,9 +92,9 @@ struct FlashKernelSpec {
   // fp32 dK/dV kernel also writes each key block's share of dQ (deterministic, summed by
   // kBwdDqReduce): chosen when there are at most kMaxDqPartialBlocks key blocks.
   bool dqPartial = false;
-  // Forward on sm_90a with wgmma (flash_attention_fwd_wgmma.cuh): `warps` counts the consumer
-  // warps (4 per warpgroup, 64 query rows each; a producer warpgroup more), `tile` the keys per
-  // tile, `stages` the depth of the K/V ring.
+  // Forward / dK,dV / dQ on sm_90a with wgmma (flash_attention_{fwd,bwd}_wgmma.cuh): `warps`
+  // counts the consumer warps (4 per warpgroup, 64 rows each; a producer warpgroup more), `tile`
+  // the streamed tile's rows, `stages` the depth of its ring.
   bool wgmma = false;
   int stages = 2;
   int rowsPerBlock() const;
@@ -129,8 +129,8 @@ class FlashAttention {
 
   // Spec chosen for a problem (exposed for tests and the benchmark's report).
   // `multiprocessors` (0: unknown) lets the fp32 forward size its blocks to fill the device.
-  // `wgmma`: the device runs sm_90a code (the 16-bit forward at padded head dims 64 and 128 then
-  // uses flash_attention_fwd_wgmma.cuh unless PA_FLASH_WGMMA=0).
+  // `wgmma`: the device runs sm_90a code (the 16-bit forward and the default backward at padded
+  // head dims 64 and 128 then use flash_attention_{fwd,bwd}_wgmma.cuh unless PA_FLASH_WGMMA=0).
   static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors = 0,
                                     bool wgmma = false);
   // Kernel launches made so far (forward and backward), for per-step launch counts.

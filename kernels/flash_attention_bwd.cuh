@@ -153,6 +153,37 @@ __device__ __forceinline__ void loadRowStats(float* sLse2, float* sDelta, const 
   }
 }
 
+// The work of one dK/dV block: keys [n0, n1) of KV head hk in batch b, and the (query head, query
+// tile of BQ rows) items it visits: every query head of the group, or with split GQA (dKVPartial
+// set: one block per query head, partial dK/dV summed by a reduce kernel, so that a causal grid of
+// few heavy blocks does not end in a long tail) its own head only; tiles the mask hides from these
+// keys are skipped.
+struct DkDvBlock {
+  int b, hFirst, hk, n0, n1, nQT, nItems, bq;
+  bool splitHeads;
+  TileMask tm;
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int bn, int bqRows) {
+    const int group = p.heads / p.kvHeads;
+    splitHeads = p.dKVPartial != 0;
+    b = blockIdx.y / (splitHeads ? p.heads : p.kvHeads);
+    hFirst = splitHeads ? blockIdx.y % p.heads : (blockIdx.y % p.kvHeads) * group;
+    hk = hFirst / group;
+    n0 = blockIdx.x * bn;
+    n1 = min(n0 + bn, p.kLen);
+    bq = bqRows;
+    tm = TileMask{p.mask, p.qLen, p.kLen};
+    nQT = ceilDiv(p.qLen, bq);
+    nItems = (splitHeads ? 1 : group) * nQT;
+  }
+  __device__ __forceinline__ int head(int it) const { return hFirst + it / nQT; }
+  __device__ __forceinline__ int q0(int it) const { return (it % nQT) * bq; }
+  // The first item >= it with a visible (query, key) pair, or nItems.
+  __device__ __forceinline__ int next(int it) const {
+    while (it < nItems && !tm.anyVisible(q0(it), min(q0(it) + bq, (int)tm.qLen), n0, n1)) ++it;
+    return it;
+  }
+};
+
 // =============================================================================================
 // Tensor-core dK/dV. WARPS warps x 16 keys = one key tile; query tiles of BQ rows, double-buffered.
 // ATOMIC_DQ: also adds this key tile's share of dQ = dS.K into the fp32 dQAccum with atomics
@@ -175,27 +206,14 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
   T* sdS = (T*)(sBandb + 2 * 3 * BQ);            // [BN][LDS], atomic-dQ only
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // One block per (key tile, batch, KV head) looping over the query heads of the group, or, with
-  // GQA and dKVPartial set, per (key tile, batch, query head): group times more blocks (a causal
-  // grid of few heavy blocks otherwise ends in a long tail), partial dK/dV summed by a reduce kernel.
-  const int group = p.heads / p.kvHeads;
-  const bool splitHeads = p.dKVPartial != 0;
-  const int b = blockIdx.y / (splitHeads ? p.heads : p.kvHeads);
-  const int hFirst = splitHeads ? blockIdx.y % p.heads : (blockIdx.y % p.kvHeads) * group;
-  const int hk = hFirst / group;
-  const int n0 = blockIdx.x * BN, n1 = min(n0 + BN, p.kLen);
-  const TileMask tm{p.mask, p.qLen, p.kLen};
-  const int nQT = ceilDiv(p.qLen, BQ), nItems = (splitHeads ? 1 : group) * nQT;
-  auto nextItem = [&](int it) {
-    while (it < nItems) {
-      const int q0 = (it % nQT) * BQ;
-      if (tm.anyVisible(q0, min(q0 + BQ, p.qLen), n0, n1)) break;
-      ++it;
-    }
-    return it;
-  };
+  DkDvBlock blk;
+  blk.init(p, BN, BQ);
+  const int b = blk.b, hFirst = blk.hFirst, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
+  const bool splitHeads = blk.splitHeads;
+  const TileMask& tm = blk.tm;
+  auto nextItem = [&](int it) { return blk.next(it); };
   auto loadItem = [&](int it, int buf) {
-    const int h = hFirst + it / nQT, q0 = (it % nQT) * BQ;
+    const int h = blk.head(it), q0 = blk.q0(it);
     loadTile<T, BQ, DPAD, LD, THREADS>(sQb + buf * BQ * LD, slicePtr<T>(p.q, b, h), p.q.seqStride, q0, p.qLen, p.headDim);
     loadTile<T, BQ, DPAD, LD, THREADS>(sdOb + buf * BQ * LD, slicePtr<T>(p.dO, b, h), p.dO.seqStride, q0, p.qLen, p.headDim);
     const long long rowBase = ((long long)b * p.heads + h) * p.qLen;
@@ -227,7 +245,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
     const float* sLse2 = sLse2b + buf * BQ;
     const float* sDelta = sDeltab + buf * BQ;
     const int* sBand = sBandb + buf * 3 * BQ;
-    const int q0 = (it % nQT) * BQ, q1 = min(q0 + BQ, p.qLen);
+    const int q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
     const bool full = tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ;
 
     float pT[QT][4], dpT[QT][4];
@@ -303,7 +321,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
       static_assert(WARPS % kRowGroups == 0 && kCols % 16 == 0, "dQ split");
       __syncthreads();  // every warp's dS^T rows are in sdS
       const int rg = warp % kRowGroups, c0 = (warp / kRowGroups) * kCols;
-      const int h = hFirst + it / nQT;
+      const int h = blk.head(it);
       float* dqRow = (float*)p.dQAccum + (((long long)b * p.heads + h) * p.qLen + q0 + rg * 16 + g) * p.headDim;
       const bool row0ok = q0 + rg * 16 + g < p.qLen, row1ok = q0 + rg * 16 + g + 8 < p.qLen;
 #pragma unroll

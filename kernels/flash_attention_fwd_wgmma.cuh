@@ -98,6 +98,52 @@ __device__ __forceinline__ void loadSwizzled(u32 dst, const u16* gbase, long lon
   }
 }
 
+__device__ __forceinline__ void trapIfSharedBelow(u32 bytes) {  // the launcher sizes it from the same formula
+  u32 dynamicBytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamicBytes));
+  if (dynamicBytes < bytes) __trap();
+}
+
+// acc = A·Bᵀ summed over the head dim, both read k-major from the swizzled layout: A is the 64-row
+// block at `aRows` inside a tile of A_ROWS rows, B the N-row tile at `bTile`.
+template <int N, int IN, int DPAD, int A_ROWS>
+__device__ __forceinline__ void headDimProduct(float (&acc)[N / 2], u32 aRows, u32 bTile) {
+#pragma unroll
+  for (int kk = 0; kk < DPAD / 16; ++kk)
+    sm90::WgmmaSS<N, IN, 0, 0>::run(acc, sm90::smemDescriptor(aRows + (kk / 4) * (A_ROWS * 128) + 32 * (kk % 4), 16, 1024),
+                                    sm90::smemDescriptor(bTile + (kk / 4) * (N * 128) + 32 * (kk % 4), 16, 1024), kk > 0);
+}
+
+// acc += F·T, T the ROWS-row swizzled tile at `tile` read MN-major (its columns are the head dim),
+// F register fragments, four registers per k16 step.
+template <int DPAD, int IN, int ROWS>
+__device__ __forceinline__ void tileProduct(float (&acc)[DPAD / 2], const u32 (&f)[ROWS / 16][4], u32 tile) {
+#pragma unroll
+  for (int kk = 0; kk < ROWS / 16; ++kk)
+    sm90::WgmmaRS<DPAD, IN, 1>::run(acc, f[kk], sm90::smemDescriptor(tile + 2048 * kk, ROWS * 128, 1024), 1);
+}
+
+// The A fragment of k16 step kk from a wgmma m64nN accumulator (acc[4j + e]: rows g, g + 8 of the
+// warp's 16, columns 8j + 2t, 8j + 2t + 1), the packing mma.sync's A layout needs.
+template <typename Tag, int R>
+__device__ __forceinline__ void packFragment(u32 (&a)[4], const float (&acc)[R], int kk) {
+  a[0] = Elem<Tag>::pack(acc[8 * kk + 0], acc[8 * kk + 1]);
+  a[1] = Elem<Tag>::pack(acc[8 * kk + 2], acc[8 * kk + 3]);
+  a[2] = Elem<Tag>::pack(acc[8 * kk + 4], acc[8 * kk + 5]);
+  a[3] = Elem<Tag>::pack(acc[8 * kk + 6], acc[8 * kk + 7]);
+}
+
+// Row g + 8r of the thread's warp rows from an m64nDPAD accumulator, times `scale`, as 16-bit pairs
+// into `dst` (the row's first element), columns below headDim.
+template <typename Tag, int DPAD>
+__device__ __forceinline__ void storeAccRow(u16* dst, const float (&acc)[DPAD / 2], int r, float scale, int t, int headDim) {
+#pragma unroll
+  for (int dt = 0; dt < DPAD / 8; ++dt) {
+    const int col = dt * 8 + 2 * t;
+    if (col < headDim) *(u32*)(dst + col) = Elem<Tag>::pack(acc[4 * dt + 2 * r] * scale, acc[4 * dt + 2 * r + 1] * scale);
+  }
+}
+
 template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_>
 __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_> Cfg;
@@ -106,11 +152,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   constexpr int IN = WgmmaInputOf<Tag>::kValue;
   extern __shared__ unsigned char smemRaw[];
   __shared__ __align__(8) sm90::u64 barriers[4 * STAGES + 1];  // kFull, vFull, kEmpty, vEmpty per stage; qFull
-  {  // the launcher sizes shared memory from the same formula: a smaller launch is a bug
-    u32 dynamicBytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamicBytes));
-    if (dynamicBytes < Cfg::kSharedBytes) __trap();
-  }
+  trapIfSharedBelow(Cfg::kSharedBytes);
   const u32 sQ = (sm90::smemAddress(smemRaw) + 1023u) & ~1023u;
   const u32 sK = sQ + Cfg::kQBytes, sV = sK + STAGES * Cfg::kTileBytes;
   const u32 bar = sm90::smemAddress(barriers);
@@ -193,12 +235,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
     sm90::fenceProxyAsync();
     const u32 kTile = sK + st * Cfg::kTileBytes;
     sm90::wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < DPAD / 16; ++kk) {
-      const u32 qOff = (kk / 4) * (BM * 128), kOff = (kk / 4) * (BN * 128);  // 64-wide column block
-      sm90::WgmmaSS<BN, IN, 0, 0>::run(s, sm90::smemDescriptor(qRows + qOff + 32 * (kk % 4), 16, 1024),
-                                       sm90::smemDescriptor(kTile + kOff + 32 * (kk % 4), 16, 1024), kk > 0);
-    }
+    headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
     sm90::wgmmaCommit();
     sm90::wgmmaWait<0>();  // S is ready, and the previous tile's P·V is complete
     sm90::fenceRegisters(s);
@@ -253,20 +290,13 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
         rowSum[e >> 1] += pe;
       }
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pv[kk][0] = Elem<Tag>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      pv[kk][1] = Elem<Tag>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      pv[kk][2] = Elem<Tag>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      pv[kk][3] = Elem<Tag>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(pv[kk], s, kk);
 
     sm90::mbarWait(vFull(st), parity);
     sm90::fenceProxyAsync();
     const u32 vTile = sV + st * Cfg::kTileBytes;
     sm90::wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      sm90::WgmmaRS<DPAD, IN, 1>::run(o, pv[kk], sm90::smemDescriptor(vTile + 2048 * kk, BN * 128, 1024), 1);
+    tileProduct<DPAD, IN, BN>(o, pv, vTile);
     sm90::wgmmaCommit();
   }
   sm90::wgmmaWait<0>();
@@ -287,13 +317,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
     const RowFinal fin = finishRow(rowMax[r], l, hasSink, sink2);
     const int row = rowA + 8 * r;
     if (row < p.qLen) {
-      T* dst = gO + (long long)row * p.o.seqStride;
-#pragma unroll
-      for (int dt = 0; dt < DPAD / 8; ++dt) {
-        const int col = dt * 8 + 2 * t;
-        if (col < p.headDim)
-          *(u32*)(dst + col) = Elem<Tag>::pack(o[4 * dt + 2 * r] * fin.outScale, o[4 * dt + 2 * r + 1] * fin.outScale);
-      }
+      storeAccRow<Tag, DPAD>(gO + (long long)row * p.o.seqStride, o, r, fin.outScale, t, p.headDim);
       if (t == 0) gLse[row] = fin.lse;
     }
   }

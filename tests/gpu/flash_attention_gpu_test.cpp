@@ -485,6 +485,45 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
   unsetenv("PA_FLASH_FWD_STAGES");
 }
 
+// Same for the sm_90a backward kernels (dK/dV and dQ on wgmma): each tile / warpgroup variant the
+// overrides reach, and mma.sync with PA_FLASH_WGMMA=0, through the whole backward.
+TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
+  REQUIRE_GPU();
+  struct Variant {
+    const char *wgmma, *tile, *wg;
+  };
+  const Variant variants[] = {{"0", "", ""}, {"1", "64", "1"}, {"1", "64", "2"}, {"1", "128", "1"}, {"1", "128", "2"}};
+  int seed = 0;
+  for (const Variant& v : variants) {
+    setenv("PA_FLASH_WGMMA", v.wgmma, 1);
+    setenv("PA_FLASH_BWD_TILE", v.tile, 1);
+    setenv("PA_FLASH_BWD_WG", v.wg, 1);
+    for (FlashDType t : {kFlashBF16, kFlashF16})
+      for (int d : {64, 128, 40}) {
+        Case c;
+        c.dtype = t, c.batch = 2, c.heads = 4, c.kvHeads = seed % 2 ? 2 : 4, c.qLen = 300, c.kLen = 257, c.headDim = d;
+        c.mask = (seed % 3 == 0) ? maskOf(1, 1, 70, -1, 3) : (seed % 3 == 1) ? maskOf(0, 0, -1, -1, 0) : maskOf(1, 0, -1, -1, 0);
+        c.sinkLogits = seed % 2 == 0;
+        SCOPED_TRACE(std::string("PA_FLASH_WGMMA=") + v.wgmma + " bwd tile=" + v.tile + " wg=" + v.wg + " d=" + std::to_string(d));
+        runCase(c, 700 + seed++);
+      }
+  }
+  unsetenv("PA_FLASH_WGMMA");
+  unsetenv("PA_FLASH_BWD_TILE");
+  unsetenv("PA_FLASH_BWD_WG");
+  // The mask sweep gives head dim 128 to its atomic-dQ half only; every mask through the default
+  // (wgmma on sm_90a) backward at 128 here.
+  for (size_t m = 0; m < maskCases().size(); ++m) {
+    Case c;
+    c.dtype = m % 2 ? kFlashF16 : kFlashBF16, c.batch = 2, c.heads = 4, c.kvHeads = m % 3 ? 2 : 4;
+    c.qLen = 129, c.kLen = m % 2 ? 127 : 200, c.headDim = 128;
+    c.mask = maskCases()[m].mask;
+    c.sinkLogits = maskCases()[m].sinkLogits;
+    SCOPED_TRACE("d128 mask " + std::to_string(m));
+    runCase(c, 800 + m);
+  }
+}
+
 TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
   REQUIRE_GPU();
   for (FlashDType t : {kFlashF32, kFlashBF16}) {

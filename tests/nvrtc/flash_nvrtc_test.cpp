@@ -18,7 +18,7 @@ TEST(FlashNvrtc, EmbedsEveryTemplate) {
   for (const char* want : {"kernels/attention_mask.h", "kernels/flash_attention_params.h",
                            "kernels/flash_attention_common.cuh", "kernels/flash_attention_fwd.cuh",
                            "kernels/flash_attention_bwd.cuh", "kernels/flash_attention_fwd_wgmma.cuh",
-                           "kernels/wgmma.cuh"})
+                           "kernels/flash_attention_bwd_wgmma.cuh", "kernels/wgmma.cuh"})
     EXPECT_TRUE(names.count(want)) << want << " is not embedded";
 }
 
@@ -58,7 +58,7 @@ TEST(FlashNvrtc, CompilesEveryInstantiationSm90) { compileAll("sm_90", false, 40
 // The launcher's own sm_90a choices: the wgmma forwards besides everything else.
 TEST(FlashNvrtc, CompilesEveryInstantiationSm90a) { compileAll("sm_90a", true, 50); }
 
-TEST(FlashNvrtc, Sm90aForwardUsesWgmmaWhereItApplies) {
+TEST(FlashNvrtc, Sm90aKernelsUseWgmmaWhereTheyApply) {
   FlashAttentionConfig cfg;
   for (FlashDType dt : {kFlashF32, kFlashF16, kFlashBF16})
     for (int d : {8, 32, 40, 64, 96, 128, 200}) {
@@ -67,7 +67,13 @@ TEST(FlashNvrtc, Sm90aForwardUsesWgmmaWhereItApplies) {
       const bool want = dt != kFlashF32 && ((d > 32 && d <= 64) || (d > 96 && d <= 128));
       EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 132, true).wgmma, want) << dt << " d" << d;
       EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 132, false).wgmma) << dt << " d" << d;
-      EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg, 132, true).wgmma);
+      for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+        cfg.atomicDq = false;
+        EXPECT_EQ(FlashAttention::chooseSpec(k, cfg, 132, true).wgmma, want) << dt << " d" << d;
+        cfg.atomicDq = dt != kFlashF32;  // the atomic scheme stays on mma.sync
+        EXPECT_FALSE(FlashAttention::chooseSpec(k, cfg, 132, true).wgmma) << dt << " d" << d;
+        cfg.atomicDq = false;
+      }
     }
 }
 

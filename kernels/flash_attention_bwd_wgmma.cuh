@@ -1,0 +1,367 @@
+// Flash attention backward on Hopper's wgmma (sm_90a), bf16 and fp16 at padded head dims 64 and
+// 128: the dK/dV kernel and the dQ kernel of the default (no-atomics) scheme, with the semantics
+// of flashBackwardDkDvMma / flashBackwardDqMma (flash_attention_bwd.cuh); the launcher picks them
+// on sm_90a devices.
+/*
+ * Note on the kernels.
+ *
+ * Both follow the wgmma forward (flash_attention_fwd_wgmma.cuh): a producer warpgroup that gives
+ * its registers to the consumers (setmaxnreg), a STAGES-deep ring of 128-byte-swizzled tiles
+ * filled with cp.async landing on mbarriers, consumer warpgroups of 64 rows that run every
+ * product on wgmma and never wait for one another. One swizzled layout (rows of 64 head-dim
+ * elements, 128 bytes) serves every operand: read k-major when the head dim is the reduction
+ * (S = Q·Kᵀ, dP = dO·Vᵀ) and MN-major when the head dim is the output's column (dV += Pᵀ·dO,
+ * dK += dSᵀ·Q, dQ += dS·K).
+ *
+ * dK/dV: a block owns BN = 64·CONSUMERS keys (K and V copied once) and streams the query tiles of
+ * BQ rows of its head(s) that the mask leaves visible. Consumer warpgroup w holds its 64 keys'
+ * dK and dV in registers; per query tile it computes Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ from shared memory,
+ * Pᵀ = exp2(Sᵀ·scale·log2 e − lse2) and dSᵀ = Pᵀ ⊙ (dPᵀ − Δ) in registers with the per-query
+ * statistics and mask bands the producer wrote beside the tile, then dV += Pᵀ·dO and dK += dSᵀ·Q
+ * with Pᵀ and dSᵀ as register operands. The producer's plain stores of those statistics are
+ * published by a plain mbarrier arrival (release) on the same "full" barrier that its cp.async
+ * copies arrive on, so the barrier expects 2 × 128 arrivals.
+ *
+ * dQ: a block owns BM = 64·CONSUMERS query rows (Q and dO copied once) and streams the visible
+ * K/V tiles; per tile S = Q·Kᵀ and dP = dO·Vᵀ from shared memory, dS = P ⊙ (dP − Δ) in registers,
+ * dQ += dS·K with dS as the register operand.
+ *
+ * Each tile's register-operand products are waited for before the stage is released, which
+ * keeps the packed P / dS registers short-lived (the register budget is the limit at head dim
+ * 128: dK and dV alone take 128 a thread).
+ */
+#pragma once
+
+#include "kernels/flash_attention_bwd.cuh"
+#include "kernels/flash_attention_fwd_wgmma.cuh"
+
+namespace pa {
+namespace flash {
+
+// The producer's per-query statistics of one query tile (dK/dV kernel).
+template <int BQ>
+struct WgmmaRowStats {
+  float lse2[BQ];
+  float delta[BQ];
+  int lo[BQ], hi[BQ], sinkHi[BQ];
+};
+
+template <int DPAD, int BQ, int CONSUMERS, int STAGES>
+struct WgmmaDkDvConfig {
+  static_assert(DPAD == 64 || DPAD == 128, "wgmma backward: padded head dim 64 or 128");
+  static_assert(BQ == 64 || BQ == 128, "wgmma backward: 64 or 128 queries per tile");
+  static constexpr int BN = 64 * CONSUMERS;
+  static constexpr int kThreads = 128 * (CONSUMERS + 1);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs0 = ((65536 - 128 * kProducerRegs) / (128 * CONSUMERS)) & ~7;
+  static constexpr int kConsumerRegs = kConsumerRegs0 > 240 ? 240 : kConsumerRegs0;
+  static constexpr int kKBytes = BN * DPAD * 2;              // K, and again V
+  static constexpr int kTileBytes = BQ * DPAD * 2;           // Q, and again dO, per stage
+  static constexpr int kStatsBytes = (int)sizeof(WgmmaRowStats<BQ>);
+  static constexpr int kStageBytes = 2 * kTileBytes + ((kStatsBytes + 1023) / 1024) * 1024;
+  static constexpr int kSharedBytes = 2 * kKBytes + STAGES * kStageBytes + 1024;
+};
+
+template <int DPAD, int BN, int CONSUMERS, int STAGES>
+struct WgmmaDqConfig {
+  static_assert(DPAD == 64 || DPAD == 128, "wgmma backward: padded head dim 64 or 128");
+  static_assert(BN == 64 || BN == 128, "wgmma backward: 64 or 128 keys per tile");
+  static constexpr int BM = 64 * CONSUMERS;
+  static constexpr int kThreads = 128 * (CONSUMERS + 1);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs0 = ((65536 - 128 * kProducerRegs) / (128 * CONSUMERS)) & ~7;
+  static constexpr int kConsumerRegs = kConsumerRegs0 > 240 ? 240 : kConsumerRegs0;
+  static constexpr int kQBytes = BM * DPAD * 2;    // Q, and again dO
+  static constexpr int kTileBytes = BN * DPAD * 2;  // K, and again V, per stage
+  static constexpr int kSharedBytes = 2 * kQBytes + STAGES * 2 * kTileBytes + 1024;
+};
+
+// =============================================================================================
+template <typename Tag, int DPAD, int BQ, int CONSUMERS, int STAGES>
+__device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& p) {
+  typedef WgmmaDkDvConfig<DPAD, BQ, CONSUMERS, STAGES> Cfg;
+  typedef WgmmaRowStats<BQ> Stats;
+  constexpr int BN = Cfg::BN, IN = WgmmaInputOf<Tag>::kValue;
+  extern __shared__ unsigned char smemRaw[];
+  __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 1];  // full, empty per stage; kvFull
+  trapIfSharedBelow(Cfg::kSharedBytes);
+  const u32 base = (sm90::smemAddress(smemRaw) + 1023u) & ~1023u;
+  unsigned char* const baseGeneric = smemRaw + (base - sm90::smemAddress(smemRaw));
+  const u32 sK = base, sV = base + Cfg::kKBytes, sStages = base + 2 * Cfg::kKBytes;
+  auto stage = [&](int s) { return sStages + s * Cfg::kStageBytes; };  // Q, dO, stats
+  auto stats = [&](int s) {
+    return reinterpret_cast<Stats*>(baseGeneric + 2 * Cfg::kKBytes + s * Cfg::kStageBytes + 2 * Cfg::kTileBytes);
+  };
+  const u32 bar = sm90::smemAddress(barriers);
+  auto full = [&](int s) { return bar + 8 * s; };
+  auto empty = [&](int s) { return bar + 8 * (STAGES + s); };
+  const u32 kvFull = bar + 8 * 2 * STAGES;
+
+  const int warp = threadIdx.x >> 5;
+  DkDvBlock blk;
+  blk.init(p, BN, BQ);
+  const int b = blk.b, hFirst = blk.hFirst, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
+  const TileMask& tm = blk.tm;
+  auto nextItem = [&](int it) { return blk.next(it); };
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      sm90::mbarInit(full(s), 2 * 128);
+      sm90::mbarInit(empty(s), 128 * CONSUMERS);
+    }
+    sm90::mbarInit(kvFull, 128);
+  }
+  __syncthreads();
+
+  if (warp >= 4 * CONSUMERS) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    const int pid = threadIdx.x - 128 * CONSUMERS;
+    loadSwizzled<BN, DPAD, 128>(sK, slicePtr<u16>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim, pid);
+    loadSwizzled<BN, DPAD, 128>(sV, slicePtr<u16>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim, pid);
+    sm90::cpAsyncArriveOnLanding(kvFull);
+    int i = 0;
+    for (int it = nextItem(0); it < nItems; it = nextItem(it + 1), ++i) {
+      const int st = i % STAGES;
+      sm90::mbarWait(empty(st), ((i / STAGES) & 1) ^ 1);
+      const int h = blk.head(it), q0 = blk.q0(it);
+      loadSwizzled<BQ, DPAD, 128>(stage(st), slicePtr<u16>(p.q, b, h), p.q.seqStride, q0, p.qLen, p.headDim, pid);
+      loadSwizzled<BQ, DPAD, 128>(stage(st) + Cfg::kTileBytes, slicePtr<u16>(p.dO, b, h), p.dO.seqStride, q0, p.qLen,
+                                  p.headDim, pid);
+      sm90::cpAsyncArriveOnLanding(full(st));
+      const long long rowBase = ((long long)b * p.heads + h) * p.qLen;
+      Stats* sts = stats(st);
+      for (int r = pid; r < BQ; r += 128) {
+        const int q = q0 + r;
+        sts->lse2[r] = q < p.qLen ? backwardLse2(((const float*)p.lse)[rowBase + q]) : posInf();
+        sts->delta[r] = q < p.qLen ? ((const float*)p.delta)[rowBase + q] : 0.f;
+        tm.rowBand(q, sts->lo[r], sts->hi[r], sts->sinkHi[r]);
+      }
+      sm90::mbarArrive(full(st));  // publishes the statistics (release)
+    }
+    sm90::cpAsyncCommitAll();
+    sm90::cpAsyncWaitAll();
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int keyA = n0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
+  float dK[DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];
+#pragma unroll
+  for (int i = 0; i < DPAD / 2; ++i) dK[i] = dV[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BQ / 2; ++i) sT[i] = dpT[i] = 0.f;
+
+  sm90::mbarWait(kvFull, 0);
+  const u32 kRows = sK + wg * 64 * 128, vRows = sV + wg * 64 * 128;
+  int i = 0;
+  for (int it = nextItem(0); it < nItems; it = nextItem(it + 1), ++i) {
+    const int st = i % STAGES;
+    sm90::mbarWait(full(st), (i / STAGES) & 1);
+    sm90::fenceProxyAsync();
+    const u32 qTile = stage(st), oTile = qTile + Cfg::kTileBytes;
+    const Stats* sts = stats(st);
+    const int q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
+    sm90::wgmmaFence();
+    headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
+    headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
+    sm90::wgmmaCommit();
+    sm90::wgmmaWait<0>();
+    sm90::fenceRegisters(sT);
+    sm90::fenceRegisters(dpT);
+    sm90::fenceRegisters(dK);
+    sm90::fenceRegisters(dV);
+
+    // Pᵀ and dSᵀ: element e of n-tile nt is key keyA + 8·(e >> 1), query q0 + 8·nt + 2t + (e & 1).
+    const bool fullTile = tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ;
+#pragma unroll
+    for (int nt = 0; nt < BQ / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ql = nt * 8 + 2 * t + (e & 1);
+        float x = sT[4 * nt + e];
+        if (!fullTile && !bandVisible(keyA + 8 * (e >> 1), sts->lo[ql], sts->hi[ql], sts->sinkHi[ql])) x = negInf();
+        const float pe = fastExp2(fmaf(x, p.scaleLog2, -sts->lse2[ql]));
+        sT[4 * nt + e] = pe;
+        dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - sts->delta[ql]);
+      }
+    u32 aP[BQ / 16][4], aS[BQ / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      packFragment<Tag>(aP[kk], sT, kk);
+      packFragment<Tag>(aS[kk], dpT, kk);
+    }
+    sm90::wgmmaFence();
+    tileProduct<DPAD, IN, BQ>(dV, aP, oTile);
+    tileProduct<DPAD, IN, BQ>(dK, aS, qTile);
+    sm90::wgmmaCommit();
+    sm90::wgmmaWait<0>();
+    sm90::fenceRegisters(dK);
+    sm90::fenceRegisters(dV);
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      sm90::fenceRegisters(aP[kk]);
+      sm90::fenceRegisters(aS[kk]);
+    }
+    sm90::mbarArrive(empty(st));
+  }
+
+  if (blk.splitHeads) {
+    float* partK = (float*)p.dKVPartial + (((long long)b * p.heads + hFirst) * p.kLen) * p.headDim;
+    float* partV = partK + (long long)p.batch * p.heads * p.kLen * p.headDim;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int k = keyA + 8 * r;
+      if (k >= p.kLen) continue;
+#pragma unroll
+      for (int dt = 0; dt < DPAD / 8; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < p.headDim) {
+          *(float2*)(partK + (long long)k * p.headDim + col) =
+              make_float2(dK[4 * dt + 2 * r] * p.scale, dK[4 * dt + 2 * r + 1] * p.scale);
+          *(float2*)(partV + (long long)k * p.headDim + col) = make_float2(dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
+        }
+      }
+    }
+    return;
+  }
+  u16* gdK = sliceMutPtr<u16>(p.dK, b, hk);
+  u16* gdV = sliceMutPtr<u16>(p.dV, b, hk);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int k = keyA + 8 * r;
+    if (k >= p.kLen) continue;
+    storeAccRow<Tag, DPAD>(gdK + (long long)k * p.dK.seqStride, dK, r, p.scale, t, p.headDim);
+    storeAccRow<Tag, DPAD>(gdV + (long long)k * p.dV.seqStride, dV, r, 1.f, t, p.headDim);
+  }
+}
+
+// =============================================================================================
+template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES>
+__device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p) {
+  typedef WgmmaDqConfig<DPAD, BN, CONSUMERS, STAGES> Cfg;
+  constexpr int BM = Cfg::BM, IN = WgmmaInputOf<Tag>::kValue;
+  extern __shared__ unsigned char smemRaw[];
+  __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 1];  // full, empty per stage; qFull
+  trapIfSharedBelow(Cfg::kSharedBytes);
+  const u32 sQ = (sm90::smemAddress(smemRaw) + 1023u) & ~1023u;
+  const u32 sO = sQ + Cfg::kQBytes, sStages = sO + Cfg::kQBytes;
+  auto stage = [&](int s) { return sStages + s * 2 * Cfg::kTileBytes; };  // K, V
+  const u32 bar = sm90::smemAddress(barriers);
+  auto full = [&](int s) { return bar + 8 * s; };
+  auto empty = [&](int s) { return bar + 8 * (STAGES + s); };
+  const u32 qFull = bar + 8 * 2 * STAGES;
+
+  const int warp = threadIdx.x >> 5;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int hk = h / (p.heads / p.kvHeads);
+  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
+  const TileMask tm{p.mask, p.qLen, p.kLen};
+  BlockTiles tiles;
+  tiles.init(tm, m0, m1, BN);
+  const int nTiles = tiles.nTiles;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      sm90::mbarInit(full(s), 128);
+      sm90::mbarInit(empty(s), 128 * CONSUMERS);
+    }
+    sm90::mbarInit(qFull, 128);
+  }
+  __syncthreads();
+
+  if (warp >= 4 * CONSUMERS) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    const int pid = threadIdx.x - 128 * CONSUMERS;
+    loadSwizzled<BM, DPAD, 128>(sQ, slicePtr<u16>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim, pid);
+    loadSwizzled<BM, DPAD, 128>(sO, slicePtr<u16>(p.dO, b, h), p.dO.seqStride, m0, p.qLen, p.headDim, pid);
+    sm90::cpAsyncArriveOnLanding(qFull);
+    const u16* gK = slicePtr<u16>(p.k, b, hk);
+    const u16* gV = slicePtr<u16>(p.v, b, hk);
+    int i = 0;
+    for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
+      const int st = i % STAGES;
+      sm90::mbarWait(empty(st), ((i / STAGES) & 1) ^ 1);
+      loadSwizzled<BN, DPAD, 128>(stage(st), gK, p.k.seqStride, j * BN, p.kLen, p.headDim, pid);
+      loadSwizzled<BN, DPAD, 128>(stage(st) + Cfg::kTileBytes, gV, p.v.seqStride, j * BN, p.kLen, p.headDim, pid);
+      sm90::cpAsyncArriveOnLanding(full(st));
+    }
+    sm90::cpAsyncCommitAll();
+    sm90::cpAsyncWaitAll();
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int rowA = m0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's rows: rowA, rowA + 8
+  const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
+  const float* delta = (const float*)p.delta + (long long)bh * p.qLen;
+  float lse2[2], dl[2];
+  int bandLo[2], bandHi[2], bandSink[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int q = rowA + 8 * r;
+    lse2[r] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
+    dl[r] = q < p.qLen ? delta[q] : 0.f;
+    tm.rowBand(q, bandLo[r], bandHi[r], bandSink[r]);
+  }
+  float dQ[DPAD / 2], s[BN / 2], dp[BN / 2];
+#pragma unroll
+  for (int i = 0; i < DPAD / 2; ++i) dQ[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = dp[i] = 0.f;
+
+  sm90::mbarWait(qFull, 0);
+  const u32 qRows = sQ + wg * 64 * 128, oRows = sO + wg * 64 * 128;
+  int i = 0;
+  for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
+    const int st = i % STAGES;
+    sm90::mbarWait(full(st), (i / STAGES) & 1);
+    sm90::fenceProxyAsync();
+    const u32 kTile = stage(st), vTile = kTile + Cfg::kTileBytes;
+    const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
+    sm90::wgmmaFence();
+    headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
+    headDimProduct<BN, IN, DPAD, BM>(dp, oRows, vTile);
+    sm90::wgmmaCommit();
+    sm90::wgmmaWait<0>();
+    sm90::fenceRegisters(s);
+    sm90::fenceRegisters(dp);
+    sm90::fenceRegisters(dQ);
+
+    const bool fullTile = tiles.full(n0, n1) && n1 - n0 == BN;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float x = s[4 * nt + e];
+        if (!fullTile && !bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) x = negInf();
+        const float pe = fastExp2(fmaf(x, p.scaleLog2, -lse2[r]));
+        dp[4 * nt + e] = pe * (dp[4 * nt + e] - dl[r]);
+      }
+    u32 aS[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(aS[kk], dp, kk);
+    sm90::wgmmaFence();
+    tileProduct<DPAD, IN, BN>(dQ, aS, kTile);
+    sm90::wgmmaCommit();
+    sm90::wgmmaWait<0>();
+    sm90::fenceRegisters(dQ);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(aS[kk]);
+    sm90::mbarArrive(empty(st));
+  }
+
+  u16* gdQ = sliceMutPtr<u16>(p.dQ, b, h);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int q = rowA + 8 * r;
+    if (q < p.qLen) storeAccRow<Tag, DPAD>(gdQ + (long long)q * p.dQ.seqStride, dQ, r, p.scale, t, p.headDim);
+  }
+}
+
+}  // namespace flash
+}  // namespace pa
