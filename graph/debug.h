@@ -23,6 +23,7 @@ struct DebugSwitches {
 //   PA_FLASH_FWD_WG, PA_FLASH_FWD_STAGES   sm_90a wgmma forward: consumer warpgroups, K/V stages
 //   PA_FLASH_BWD_TILE, PA_FLASH_BWD_WG     sm_90a wgmma backward: streamed tile rows, consumer warpgroups
 //   PA_FLASH_WGMMA=0                       sm_90a fp16/bf16 kernels on mma.sync instead of wgmma
+//   PA_FLASH_SPLIT_KV=0|1                  fp16/bf16 GQA dK/dV per KV head (0) or per query head (1, default)
 //   PA_FLASH_DQ_TILE, PA_FLASH_DQ_MT       fp16/bf16 dQ kernel: keys per tile, m-tiles per warp
 //   PA_FLASH_F32_FWD_R, PA_FLASH_F32_BWD_R fp32 forward / backward: rows (keys) per thread
 inline int tuningOverride(const char* name) {

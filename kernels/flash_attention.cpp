@@ -48,7 +48,13 @@ int padHeadDim(int d) {
 int ceilDiv(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 // GQA with 16-bit types: dK/dV blocks per query head (partials + reduce) instead of per KV head.
-bool splitKvHeads(const FlashAttentionConfig& c) { return c.dtype != kFlashF32 && c.heads != c.kvHeads; }
+// PA_FLASH_SPLIT_KV=0 / 1 forces the choice below off / on (tuning runs and tests).
+bool splitKvHeads(const FlashAttentionConfig& c) {
+  if (c.dtype == kFlashF32 || c.heads == c.kvHeads) return false;
+  const char* v = std::getenv("PA_FLASH_SPLIT_KV");
+  if (v && *v) return std::strcmp(v, "0") != 0;
+  return true;
+}
 
 // PA_FLASH_WGMMA=0 (or off/false): the sm_90a forward runs the mma.sync kernel. Read at every
 // choice, so tests can compare both kernels in one process.

@@ -490,27 +490,31 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
 TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
   REQUIRE_GPU();
   struct Variant {
-    const char *wgmma, *tile, *wg;
+    const char *wgmma, *tile, *wg, *splitKv;  // splitKv: GQA dK/dV per query head (1) or per KV head (0)
   };
-  const Variant variants[] = {{"0", "", ""}, {"1", "64", "1"}, {"1", "64", "2"}, {"1", "128", "1"}, {"1", "128", "2"}};
+  const Variant variants[] = {{"0", "", "", "1"},     {"0", "", "", "0"},      {"1", "64", "1", "1"}, {"1", "64", "2", "1"},
+                              {"1", "128", "1", "1"}, {"1", "128", "2", "1"}, {"1", "64", "2", "0"}, {"1", "128", "2", "0"}};
   int seed = 0;
   for (const Variant& v : variants) {
     setenv("PA_FLASH_WGMMA", v.wgmma, 1);
     setenv("PA_FLASH_BWD_TILE", v.tile, 1);
     setenv("PA_FLASH_BWD_WG", v.wg, 1);
+    setenv("PA_FLASH_SPLIT_KV", v.splitKv, 1);
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40}) {
         Case c;
-        c.dtype = t, c.batch = 2, c.heads = 4, c.kvHeads = seed % 2 ? 2 : 4, c.qLen = 300, c.kLen = 257, c.headDim = d;
+        c.dtype = t, c.batch = 2, c.heads = 4, c.kvHeads = seed % 2 ? 1 : 2, c.qLen = 300, c.kLen = 257, c.headDim = d;
         c.mask = (seed % 3 == 0) ? maskOf(1, 1, 70, -1, 3) : (seed % 3 == 1) ? maskOf(0, 0, -1, -1, 0) : maskOf(1, 0, -1, -1, 0);
         c.sinkLogits = seed % 2 == 0;
-        SCOPED_TRACE(std::string("PA_FLASH_WGMMA=") + v.wgmma + " bwd tile=" + v.tile + " wg=" + v.wg + " d=" + std::to_string(d));
+        SCOPED_TRACE(std::string("PA_FLASH_WGMMA=") + v.wgmma + " bwd tile=" + v.tile + " wg=" + v.wg + " splitKv=" + v.splitKv +
+                     " d=" + std::to_string(d));
         runCase(c, 700 + seed++);
       }
   }
   unsetenv("PA_FLASH_WGMMA");
   unsetenv("PA_FLASH_BWD_TILE");
   unsetenv("PA_FLASH_BWD_WG");
+  unsetenv("PA_FLASH_SPLIT_KV");
   // The mask sweep gives head dim 128 to its atomic-dQ half only; every mask through the default
   // (wgmma on sm_90a) backward at 128 here.
   for (size_t m = 0; m < maskCases().size(); ++m) {
