@@ -1089,7 +1089,9 @@ FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
 
 namespace {
 
-// FlashAttention nodes run through the launcher; these are the instantiations it would pick.
+// FlashAttention nodes run through the launcher; these are the instantiations it would pick (the
+// wgmma ones for sm_90a targets; the fp32 rows-per-thread rule, which needs the device's SM count,
+// takes its default here).
 
 NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds) {
   NodeKernels nk;
@@ -1098,7 +1100,7 @@ NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds
   for (FlashKernelKind kind : kinds) {
     FlashKernelSpec spec;
     try {
-      spec = FlashAttention::chooseSpec(kind, cfg);
+      spec = FlashAttention::chooseSpec(kind, cfg, 0, c.opt->wgmma);
     } catch (const std::exception&) {
       continue;  // a kind this configuration does not use
     }
@@ -1115,7 +1117,7 @@ NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds
 NodeKernels emitFlashAttention(const Ctx& c) { return flashKernels(c, {FlashKernelKind::kForward}); }
 NodeKernels emitFlashAttentionGrad(const Ctx& c) {
   // dQ from the dK/dV kernel's per-key-block shares (short keys), or its own kernel.
-  const bool shares = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n)).dqPartial;
+  const bool shares = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n), 0, c.opt->wgmma).dqPartial;
   return flashKernels(c, {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdSinkReduce, FlashKernelKind::kBwdDkDv,
                           shares ? FlashKernelKind::kBwdDqReduce : FlashKernelKind::kBwdDq, FlashKernelKind::kBwdDqConvert,
                           FlashKernelKind::kBwdDkDvReduce});

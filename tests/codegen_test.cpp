@@ -101,6 +101,33 @@ TEST(Codegen, EveryOpOfTheTrainingGraphsHasKernelsExceptLeaves) {
   }
 }
 
+// --dump-kernels on an H100 writes what the launcher runs there: the FlashAttention nodes of a bf16
+// graph (attn_block: head dim 64) emit the wgmma instantiations for sm_90a targets only.
+TEST(Codegen, FlashNodesEmitTheLaunchersWgmmaChoiceOnSm90a) {
+  const Graph g = trainingGraph("attn_block", false, "bf16");
+  for (bool wgmma : {false, true}) {
+    codegen::EmitOptions opt;
+    opt.wgmma = wgmma;
+    int flash = 0, onWgmma = 0;
+    for (NodeId id : g.topoOrder()) {
+      const OpKind op = g.node(id).op;
+      if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad) continue;
+      for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) {
+        if (k.name.find("_fwd_") == std::string::npos && k.name.find("_dkdv_") == std::string::npos &&
+            k.name.find("_dq_") == std::string::npos)
+          continue;  // preprocess and reduce kernels have no wgmma form
+        ++flash;
+        if (k.name.find("_wg_") != std::string::npos) {
+          ++onWgmma;
+          EXPECT_NE(k.source.find("flash_attention_bwd_wgmma.cuh"), std::string::npos) << k.name;
+        }
+      }
+    }
+    EXPECT_EQ(flash, 3) << "forward, dK/dV and dQ";
+    EXPECT_EQ(onWgmma, wgmma ? flash : 0) << "wgmma " << wgmma;
+  }
+}
+
 TEST(Codegen, SourceIsByteIdenticalRunToRun) {
   auto all = [](const Graph& g) {
     std::string s;
