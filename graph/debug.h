@@ -31,13 +31,18 @@ inline int tuningOverride(const char* name) {
   return v && *v ? std::atoi(v) : 0;
 }
 
+// An on/off switch as read now: `dflt` when unset or empty, false for "0", "false" or "off", else
+// true. debugSwitches() reads its switches once; the FlashAttention launcher's PA_FLASH_WGMMA and
+// PA_FLASH_SPLIT_KV are read at every choice, like the tuning overrides above.
+inline bool envSwitch(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  return std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0 && std::strcmp(v, "off") != 0;
+}
+
 inline const DebugSwitches& debugSwitches() {
   static const DebugSwitches s = [] {
-    auto flag = [](const char* name, bool dflt) {
-      const char* v = std::getenv(name);
-      if (!v || !*v) return dflt;
-      return std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0 && std::strcmp(v, "off") != 0;
-    };
+    auto flag = envSwitch;
     DebugSwitches d;
     d.printAfterEachPass = flag("PA_PRINT_AFTER_ALL", false);
     d.verifyEachPass = flag("PA_VERIFY_EACH_PASS", true);

@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <sstream>
 
 #include "codegen/embedded_kernels.h"
@@ -48,20 +47,14 @@ int padHeadDim(int d) {
 int ceilDiv(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 // GQA with 16-bit types: dK/dV blocks per query head (partials + reduce) instead of per KV head.
-// PA_FLASH_SPLIT_KV=0 / 1 forces the choice below off / on (tuning runs and tests).
+// PA_FLASH_SPLIT_KV=0 turns it off (tuning runs and tests; graph/debug.h).
 bool splitKvHeads(const FlashAttentionConfig& c) {
-  if (c.dtype == kFlashF32 || c.heads == c.kvHeads) return false;
-  const char* v = std::getenv("PA_FLASH_SPLIT_KV");
-  if (v && *v) return std::strcmp(v, "0") != 0;
-  return true;
+  return c.dtype != kFlashF32 && c.heads != c.kvHeads && envSwitch("PA_FLASH_SPLIT_KV", true);
 }
 
-// PA_FLASH_WGMMA=0 (or off/false): the sm_90a forward runs the mma.sync kernel. Read at every
+// PA_FLASH_WGMMA=0 (or off/false): the sm_90a kernels fall back to mma.sync. Read at every
 // choice, so tests can compare both kernels in one process.
-bool wgmmaSwitchedOff() {
-  const char* v = std::getenv("PA_FLASH_WGMMA");
-  return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0);
-}
+bool wgmmaSwitchedOff() { return !envSwitch("PA_FLASH_WGMMA", true); }
 
 // The largest wgmma forward the variant list holds (an H100 allows 227 KB a block).
 constexpr int kMaxWgmmaSharedBytes = 227 * 1024;
@@ -299,7 +292,8 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
 
 // ---------------------------------------------------------------------------------------------
 
-FlashAttention::FlashAttention(const cuda::Device& device) : device_(device) {}
+FlashAttention::FlashAttention(const cuda::Device& device)
+    : device_(device), wgmma_(device.info().arch() == "sm_90a") {}
 
 FlashAttention::~FlashAttention() {
   for (auto& kv : loaded_)
@@ -452,7 +446,7 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
 }
 
 FlashKernelSpec FlashAttention::specFor(FlashKernelKind kind, const FlashAttentionConfig& c) const {
-  return chooseSpec(kind, c, device_.info().multiprocessors, device_.info().arch() == "sm_90a");
+  return chooseSpec(kind, c, device_.info().multiprocessors, wgmma_);
 }
 
 FlashKernelParams FlashAttention::baseParams(const FlashAttentionConfig& c) const {

@@ -148,6 +148,7 @@ class FlashAttention {
   FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
 
   const cuda::Device& device_;
+  const bool wgmma_;  // the device runs sm_90a code (decided once: specFor runs at every launch)
   std::mutex mutex_;
   std::unordered_map<unsigned long long, Loaded> loaded_;  // by spec, see load()
   int64_t launches_ = 0;

@@ -182,6 +182,14 @@ struct DkDvBlock {
     while (it < nItems && !tm.anyVisible(q0(it), min(q0(it) + bq, (int)tm.qLen), n0, n1)) ++it;
     return it;
   }
+  // Split GQA: columns col, col + 1 of key k's dK (already scaled) and dV partials of this
+  // block's query head.
+  __device__ __forceinline__ void storePartial(const FlashKernelParams& p, int k, int col, float2 dk, float2 dv) const {
+    const long long row = (((long long)b * p.heads + hFirst) * p.kLen + k) * p.headDim + col;
+    float* partK = (float*)p.dKVPartial;
+    *(float2*)(partK + row) = dk;
+    *(float2*)(partK + (long long)p.batch * p.heads * p.kLen * p.headDim + row) = dv;
+  }
 };
 
 // =============================================================================================
@@ -208,8 +216,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   DkDvBlock blk;
   blk.init(p, BN, BQ);
-  const int b = blk.b, hFirst = blk.hFirst, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
-  const bool splitHeads = blk.splitHeads;
+  const int b = blk.b, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
   const TileMask& tm = blk.tm;
   auto nextItem = [&](int it) { return blk.next(it); };
   auto loadItem = [&](int it, int buf) {
@@ -357,21 +364,16 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
   }
   cpAsyncWait<0>();
 
-  if (splitHeads) {
-    float* partK = (float*)p.dKVPartial + (((long long)b * p.heads + hFirst) * p.kLen) * p.headDim;
-    float* partV = partK + (long long)p.batch * p.heads * p.kLen * p.headDim;
+  if (blk.splitHeads) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int k = keyA + 8 * r;
       if (k >= p.kLen) continue;
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        const int col = dt * 8 + 2 * t;
-        if (col < p.headDim) {
-          *(float2*)(partK + (long long)k * p.headDim + col) = make_float2(dK[dt][2 * r] * p.scale, dK[dt][2 * r + 1] * p.scale);
-          *(float2*)(partV + (long long)k * p.headDim + col) = make_float2(dV[dt][2 * r], dV[dt][2 * r + 1]);
-        }
-      }
+      for (int dt = 0; dt < DT; ++dt)
+        if (dt * 8 + 2 * t < p.headDim)
+          blk.storePartial(p, k, dt * 8 + 2 * t, make_float2(dK[dt][2 * r] * p.scale, dK[dt][2 * r + 1] * p.scale),
+                           make_float2(dV[dt][2 * r], dV[dt][2 * r + 1]));
     }
     return;
   }
@@ -407,14 +409,13 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
   T* sVb = sKb + 2 * BN * LD;  // [2][BN][LD]
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
+  QueryBlock blk;
+  blk.init(p, BM, BN);
+  const int bh = blk.bh, b = blk.b, h = blk.h, hk = blk.hk, m0 = blk.m0;
   const T* gK = slicePtr<T>(p.k, b, hk);
   const T* gV = slicePtr<T>(p.v, b, hk);
-  const TileMask tm{p.mask, p.qLen, p.kLen};
-  BlockTiles tiles;
-  tiles.init(tm, m0, m1, BN);
+  const TileMask& tm = blk.tm;
+  const BlockTiles& tiles = blk.tiles;
   const int nTiles = tiles.nTiles;
   auto loadKV = [&](int j, int buf) {
     loadTile<T, BN, DPAD, LD, THREADS>(sKb + buf * BN * LD, gK, p.k.seqStride, j * BN, p.kLen, p.headDim);

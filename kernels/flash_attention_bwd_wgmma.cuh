@@ -52,9 +52,7 @@ struct WgmmaDkDvConfig {
   static_assert(BQ == 64 || BQ == 128, "wgmma backward: 64 or 128 queries per tile");
   static constexpr int BN = 64 * CONSUMERS;
   static constexpr int kThreads = 128 * (CONSUMERS + 1);
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs0 = ((65536 - 128 * kProducerRegs) / (128 * CONSUMERS)) & ~7;
-  static constexpr int kConsumerRegs = kConsumerRegs0 > 240 ? 240 : kConsumerRegs0;
+  typedef sm90::RegisterSplit<CONSUMERS, 24> Registers;
   static constexpr int kKBytes = BN * DPAD * 2;              // K, and again V
   static constexpr int kTileBytes = BQ * DPAD * 2;           // Q, and again dO, per stage
   static constexpr int kStatsBytes = (int)sizeof(WgmmaRowStats<BQ>);
@@ -68,9 +66,7 @@ struct WgmmaDqConfig {
   static_assert(BN == 64 || BN == 128, "wgmma backward: 64 or 128 keys per tile");
   static constexpr int BM = 64 * CONSUMERS;
   static constexpr int kThreads = 128 * (CONSUMERS + 1);
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs0 = ((65536 - 128 * kProducerRegs) / (128 * CONSUMERS)) & ~7;
-  static constexpr int kConsumerRegs = kConsumerRegs0 > 240 ? 240 : kConsumerRegs0;
+  typedef sm90::RegisterSplit<CONSUMERS, 24> Registers;
   static constexpr int kQBytes = BM * DPAD * 2;    // Q, and again dO
   static constexpr int kTileBytes = BN * DPAD * 2;  // K, and again V, per stage
   static constexpr int kSharedBytes = 2 * kQBytes + STAGES * 2 * kTileBytes + 1024;
@@ -84,15 +80,15 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
   constexpr int BN = Cfg::BN, IN = WgmmaInputOf<Tag>::kValue;
   extern __shared__ unsigned char smemRaw[];
   __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 1];  // full, empty per stage; kvFull
-  trapIfSharedBelow(Cfg::kSharedBytes);
-  const u32 base = (sm90::smemAddress(smemRaw) + 1023u) & ~1023u;
-  unsigned char* const baseGeneric = smemRaw + (base - sm90::smemAddress(smemRaw));
+  sm90::trapIfSharedBelow(Cfg::kSharedBytes);
+  const u32 base = (smemAddr(smemRaw) + 1023u) & ~1023u;
+  unsigned char* const baseGeneric = smemRaw + (base - smemAddr(smemRaw));
   const u32 sK = base, sV = base + Cfg::kKBytes, sStages = base + 2 * Cfg::kKBytes;
   auto stage = [&](int s) { return sStages + s * Cfg::kStageBytes; };  // Q, dO, stats
   auto stats = [&](int s) {
     return reinterpret_cast<Stats*>(baseGeneric + 2 * Cfg::kKBytes + s * Cfg::kStageBytes + 2 * Cfg::kTileBytes);
   };
-  const u32 bar = sm90::smemAddress(barriers);
+  const u32 bar = smemAddr(barriers);
   auto full = [&](int s) { return bar + 8 * s; };
   auto empty = [&](int s) { return bar + 8 * (STAGES + s); };
   const u32 kvFull = bar + 8 * 2 * STAGES;
@@ -100,22 +96,19 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
   const int warp = threadIdx.x >> 5;
   DkDvBlock blk;
   blk.init(p, BN, BQ);
-  const int b = blk.b, hFirst = blk.hFirst, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
+  const int b = blk.b, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
   const TileMask& tm = blk.tm;
   auto nextItem = [&](int it) { return blk.next(it); };
 
   if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      sm90::mbarInit(full(s), 2 * 128);
-      sm90::mbarInit(empty(s), 128 * CONSUMERS);
-    }
+    sm90::mbarInitRange(full(0), STAGES, 2 * 128);
+    sm90::mbarInitRange(empty(0), STAGES, 128 * CONSUMERS);
     sm90::mbarInit(kvFull, 128);
   }
   __syncthreads();
 
   if (warp >= 4 * CONSUMERS) {  // the producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    Cfg::Registers::enterProducer();
     const int pid = threadIdx.x - 128 * CONSUMERS;
     loadSwizzled<BN, DPAD, 128>(sK, slicePtr<u16>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim, pid);
     loadSwizzled<BN, DPAD, 128>(sV, slicePtr<u16>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim, pid);
@@ -139,12 +132,12 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       }
       sm90::mbarArrive(full(st));  // publishes the statistics (release)
     }
-    sm90::cpAsyncCommitAll();
-    sm90::cpAsyncWaitAll();
+    cpAsyncCommit();
+    cpAsyncWait<0>();
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int keyA = n0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
   float dK[DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];
@@ -208,21 +201,15 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
   }
 
   if (blk.splitHeads) {
-    float* partK = (float*)p.dKVPartial + (((long long)b * p.heads + hFirst) * p.kLen) * p.headDim;
-    float* partV = partK + (long long)p.batch * p.heads * p.kLen * p.headDim;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int k = keyA + 8 * r;
       if (k >= p.kLen) continue;
 #pragma unroll
-      for (int dt = 0; dt < DPAD / 8; ++dt) {
-        const int col = dt * 8 + 2 * t;
-        if (col < p.headDim) {
-          *(float2*)(partK + (long long)k * p.headDim + col) =
-              make_float2(dK[4 * dt + 2 * r] * p.scale, dK[4 * dt + 2 * r + 1] * p.scale);
-          *(float2*)(partV + (long long)k * p.headDim + col) = make_float2(dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
-        }
-      }
+      for (int dt = 0; dt < DPAD / 8; ++dt)
+        if (dt * 8 + 2 * t < p.headDim)
+          blk.storePartial(p, k, dt * 8 + 2 * t, make_float2(dK[4 * dt + 2 * r] * p.scale, dK[4 * dt + 2 * r + 1] * p.scale),
+                           make_float2(dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]));
     }
     return;
   }
@@ -244,36 +231,32 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p)
   constexpr int BM = Cfg::BM, IN = WgmmaInputOf<Tag>::kValue;
   extern __shared__ unsigned char smemRaw[];
   __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 1];  // full, empty per stage; qFull
-  trapIfSharedBelow(Cfg::kSharedBytes);
-  const u32 sQ = (sm90::smemAddress(smemRaw) + 1023u) & ~1023u;
+  sm90::trapIfSharedBelow(Cfg::kSharedBytes);
+  const u32 sQ = (smemAddr(smemRaw) + 1023u) & ~1023u;
   const u32 sO = sQ + Cfg::kQBytes, sStages = sO + Cfg::kQBytes;
   auto stage = [&](int s) { return sStages + s * 2 * Cfg::kTileBytes; };  // K, V
-  const u32 bar = sm90::smemAddress(barriers);
+  const u32 bar = smemAddr(barriers);
   auto full = [&](int s) { return bar + 8 * s; };
   auto empty = [&](int s) { return bar + 8 * (STAGES + s); };
   const u32 qFull = bar + 8 * 2 * STAGES;
 
   const int warp = threadIdx.x >> 5;
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
-  const TileMask tm{p.mask, p.qLen, p.kLen};
-  BlockTiles tiles;
-  tiles.init(tm, m0, m1, BN);
+  QueryBlock blk;
+  blk.init(p, BM, BN);
+  const int bh = blk.bh, b = blk.b, h = blk.h, hk = blk.hk, m0 = blk.m0;
+  const TileMask& tm = blk.tm;
+  const BlockTiles& tiles = blk.tiles;
   const int nTiles = tiles.nTiles;
 
   if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      sm90::mbarInit(full(s), 128);
-      sm90::mbarInit(empty(s), 128 * CONSUMERS);
-    }
+    sm90::mbarInitRange(full(0), STAGES, 128);
+    sm90::mbarInitRange(empty(0), STAGES, 128 * CONSUMERS);
     sm90::mbarInit(qFull, 128);
   }
   __syncthreads();
 
   if (warp >= 4 * CONSUMERS) {  // the producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    Cfg::Registers::enterProducer();
     const int pid = threadIdx.x - 128 * CONSUMERS;
     loadSwizzled<BM, DPAD, 128>(sQ, slicePtr<u16>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim, pid);
     loadSwizzled<BM, DPAD, 128>(sO, slicePtr<u16>(p.dO, b, h), p.dO.seqStride, m0, p.qLen, p.headDim, pid);
@@ -288,12 +271,12 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p)
       loadSwizzled<BN, DPAD, 128>(stage(st) + Cfg::kTileBytes, gV, p.v.seqStride, j * BN, p.kLen, p.headDim, pid);
       sm90::cpAsyncArriveOnLanding(full(st));
     }
-    sm90::cpAsyncCommitAll();
-    sm90::cpAsyncWaitAll();
+    cpAsyncCommit();
+    cpAsyncWait<0>();
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int rowA = m0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's rows: rowA, rowA + 8
   const float* lse = (const float*)p.lse + (long long)bh * p.qLen;

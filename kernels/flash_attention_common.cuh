@@ -299,5 +299,23 @@ __device__ __forceinline__ int ceilDiv(int a, int b) { return (a + b - 1) / b; }
 // and starting them first keeps the tail of the grid short (blocks are issued in blockIdx order).
 __device__ __forceinline__ int heavyFirstTile() { return gridDim.x - 1 - blockIdx.x; }
 
+// The query rows [m0, m1) of one forward or dQ block (batch b, query head h of slice bh, its KV
+// head hk; heaviest query tiles first) and the key tiles of bn rows they visit.
+struct QueryBlock {
+  int bh, b, h, hk, m0, m1;
+  TileMask tm;
+  BlockTiles tiles;
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm, int bn) {
+    bh = blockIdx.y;
+    b = bh / p.heads;
+    h = bh % p.heads;
+    hk = h / (p.heads / p.kvHeads);
+    m0 = heavyFirstTile() * bm;
+    m1 = min(m0 + bm, p.qLen);
+    tm = TileMask{p.mask, p.qLen, p.kLen};
+    tiles.init(tm, m0, m1, bn);
+  }
+};
+
 }  // namespace flash
 }  // namespace pa

@@ -81,15 +81,14 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
   T* sV = sK + BN * LD;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
+  QueryBlock blk;
+  blk.init(p, BM, BN);
+  const int bh = blk.bh, b = blk.b, h = blk.h, hk = blk.hk, m0 = blk.m0;
   const T* gQ = slicePtr<T>(p.q, b, h);
   const T* gK = slicePtr<T>(p.k, b, hk);
   const T* gV = slicePtr<T>(p.v, b, hk);
-  const TileMask tm{p.mask, p.qLen, p.kLen};
-  BlockTiles tiles;
-  tiles.init(tm, m0, m1, BN);
+  const TileMask& tm = blk.tm;
+  const BlockTiles& tiles = blk.tiles;
   const int nTiles = tiles.nTiles;
   auto nextTile = [&](int j) { return tiles.next(j); };
 
@@ -350,15 +349,14 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
   float* sP = sV + BN * LD;
 
   const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
+  QueryBlock blk;
+  blk.init(p, BM, BN);
+  const int bh = blk.bh, b = blk.b, h = blk.h, hk = blk.hk, m0 = blk.m0;
   const float* gQ = slicePtr<float>(p.q, b, h);
   const float* gK = slicePtr<float>(p.k, b, hk);
   const float* gV = slicePtr<float>(p.v, b, hk);
-  const TileMask tm{p.mask, p.qLen, p.kLen};
-  BlockTiles tiles;
-  tiles.init(tm, m0, m1, BN);
+  const TileMask& tm = blk.tm;
+  const BlockTiles& tiles = blk.tiles;
   const int nTiles = tiles.nTiles;
   auto nextTile = [&](int j) { return tiles.next(j); };
 

@@ -52,12 +52,7 @@ struct WgmmaForwardConfig {
   static_assert(STAGES_ >= 2, "the ring needs a stage to fill while another is read");
   static constexpr int BM = 64 * CONSUMERS;
   static constexpr int kThreads = 128 * (CONSUMERS + 1);  // + the producer warpgroup
-  // The producer gives registers to the consumers (setmaxnreg): the block is compiled for
-  // 65536 / kThreads registers a thread, the producer drops to kProducerRegs.
-  static constexpr int kProducerRegs = CONSUMERS <= 2 ? 40 : 24;
-  static constexpr int kConsumerRegs0 = ((65536 - 128 * kProducerRegs) / (128 * CONSUMERS)) & ~7;
-  static constexpr int kConsumerRegs = kConsumerRegs0 > 240 ? 240 : kConsumerRegs0;
-  static constexpr int kBlocks = DPAD / 64;               // 128-byte column blocks of a row
+  typedef sm90::RegisterSplit<CONSUMERS, CONSUMERS <= 2 ? 40 : 24> Registers;
   static constexpr int kQBytes = BM * DPAD * 2;
   static constexpr int kTileBytes = BN * DPAD * 2;  // one K or V tile
   static constexpr int kStages = STAGES_;
@@ -96,12 +91,6 @@ __device__ __forceinline__ void loadSwizzled(u32 dst, const u16* gbase, long lon
     sm90::cpAsync16To(base + i * kRowStep * 128 + (((c & 7) ^ (r & 7)) << 4),
                       valid ? src + (long long)i * kRowStep * seqStride : gbase, valid);
   }
-}
-
-__device__ __forceinline__ void trapIfSharedBelow(u32 bytes) {  // the launcher sizes it from the same formula
-  u32 dynamicBytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamicBytes));
-  if (dynamicBytes < bytes) __trap();
 }
 
 // acc = A·Bᵀ summed over the head dim, both read k-major from the swizzled layout: A is the 64-row
@@ -152,10 +141,10 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   constexpr int IN = WgmmaInputOf<Tag>::kValue;
   extern __shared__ unsigned char smemRaw[];
   __shared__ __align__(8) sm90::u64 barriers[4 * STAGES + 1];  // kFull, vFull, kEmpty, vEmpty per stage; qFull
-  trapIfSharedBelow(Cfg::kSharedBytes);
-  const u32 sQ = (sm90::smemAddress(smemRaw) + 1023u) & ~1023u;
+  sm90::trapIfSharedBelow(Cfg::kSharedBytes);
+  const u32 sQ = (smemAddr(smemRaw) + 1023u) & ~1023u;
   const u32 sK = sQ + Cfg::kQBytes, sV = sK + STAGES * Cfg::kTileBytes;
-  const u32 bar = sm90::smemAddress(barriers);
+  const u32 bar = smemAddr(barriers);
   auto kFull = [&](int s) { return bar + 8 * s; };
   auto vFull = [&](int s) { return bar + 8 * (STAGES + s); };
   auto kEmpty = [&](int s) { return bar + 8 * (2 * STAGES + s); };
@@ -163,28 +152,22 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   const u32 qFull = bar + 8 * 4 * STAGES;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
-  const TileMask tm{p.mask, p.qLen, p.kLen};
-  BlockTiles tiles;
-  tiles.init(tm, m0, m1, BN);
+  QueryBlock blk;
+  blk.init(p, BM, BN);
+  const int bh = blk.bh, b = blk.b, h = blk.h, hk = blk.hk, m0 = blk.m0;
+  const TileMask& tm = blk.tm;
+  const BlockTiles& tiles = blk.tiles;
   const int nTiles = tiles.nTiles;
 
   if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      sm90::mbarInit(kFull(s), LANES);
-      sm90::mbarInit(vFull(s), LANES);
-      sm90::mbarInit(kEmpty(s), 128 * CONSUMERS);
-      sm90::mbarInit(vEmpty(s), 128 * CONSUMERS);
-    }
+    sm90::mbarInitRange(kFull(0), 2 * STAGES, LANES);                // kFull, vFull
+    sm90::mbarInitRange(kEmpty(0), 2 * STAGES, 128 * CONSUMERS);     // kEmpty, vEmpty
     sm90::mbarInit(qFull, LANES);
   }
   __syncthreads();
 
   if (warp >= 4 * CONSUMERS) {  // the producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    Cfg::Registers::enterProducer();
     const int pid = threadIdx.x - 128 * CONSUMERS;
     loadSwizzled<BM, DPAD, LANES>(sQ, slicePtr<u16>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim, pid);
     sm90::cpAsyncArriveOnLanding(qFull);
@@ -201,13 +184,13 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
       loadSwizzled<BN, DPAD, LANES>(sV + st * Cfg::kTileBytes, gV, p.v.seqStride, j * BN, p.kLen, p.headDim, pid);
       sm90::cpAsyncArriveOnLanding(vFull(st));
     }
-    sm90::cpAsyncCommitAll();
-    sm90::cpAsyncWaitAll();  // nothing in flight when the warp exits
+    cpAsyncCommit();
+    cpAsyncWait<0>();  // nothing in flight when the producer exits
     return;
   }
 
   // Consumer warpgroup `wg`: rows m0 + 64·wg .. +63; warp q of it rows 16q .. 16q + 15.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  Cfg::Registers::enterConsumer();
   const int wg = warp / 4, q = warp % 4, g = lane >> 2, t = lane & 3;
   const int rowA = m0 + 64 * wg + 16 * q + g;  // this thread's rows: rowA and rowA + 8
   int bandLo[2], bandHi[2], bandSink[2];

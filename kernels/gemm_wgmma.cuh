@@ -73,7 +73,7 @@ using sm90::cpAsyncArriveOnLanding;
 using sm90::fenceProxyAsync;
 using sm90::fenceRegisters;
 using sm90::mbarArrive;
-using sm90::mbarInit;
+using sm90::mbarInitRange;
 using sm90::mbarWait;
 using sm90::smemDescriptor;
 using sm90::wgmmaCommit;
@@ -165,11 +165,7 @@ __device__ __forceinline__ void wgmmaGemm(const unsigned short* __restrict__ A, 
 
   extern __shared__ unsigned char sharedRaw[];
   __shared__ __align__(8) u64 barriers[2 * STAGES];  // full[0..STAGES), empty[STAGES..2·STAGES)
-  {  // the launcher sizes the ring on the host (codegen's wgmmaVariant): a smaller launch is a bug
-    u32 dynamicBytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamicBytes));
-    if (dynamicBytes < Cfg::kSharedBytes) __trap();
-  }
+  sm90::trapIfSharedBelow(Cfg::kSharedBytes);  // the launcher sizes the ring on the host (codegen's wgmmaVariant)
   const u32 ring = (smemAddress(sharedRaw) + 1023u) & ~1023u;
   const u32 full = smemAddress(barriers), empty = full + 8 * STAGES;
 
@@ -185,11 +181,8 @@ __device__ __forceinline__ void wgmmaGemm(const unsigned short* __restrict__ A, 
 
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      mbarInit(full + 8 * s, 128);
-      mbarInit(empty + 8 * s, 128 * Cfg::CONSUMERS);
-    }
+    mbarInitRange(full, STAGES, 128);
+    mbarInitRange(empty, STAGES, 128 * Cfg::CONSUMERS);
   }
   __syncthreads();
 

@@ -28,11 +28,13 @@ namespace sm90 {
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-__device__ __forceinline__ u32 smemAddress(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
 // ---- synchronisation ------------------------------------------------------------------------
 __device__ __forceinline__ void mbarInit(u32 bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// n consecutive barriers from `first` (8 bytes each), each expecting `count` arrivals.
+__device__ __forceinline__ void mbarInitRange(u32 first, int n, u32 count) {
+  for (int i = 0; i < n; ++i) mbarInit(first + 8 * i, count);
 }
 __device__ __forceinline__ void mbarArrive(u32 bar) {
   asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(bar) : "memory");
@@ -60,8 +62,6 @@ __device__ __forceinline__ void fenceProxyAsync() { asm volatile("fence.proxy.as
 __device__ __forceinline__ void cpAsync16To(u32 dst, const void* src, bool valid) {
   asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void cpAsyncCommitAll() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 __device__ __forceinline__ void wgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -80,6 +80,30 @@ __device__ __forceinline__ void fenceRegisters(u32 (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
+
+// The launchers size dynamic shared memory from the same formula as the kernel: a smaller launch
+// is a bug, caught here instead of as corrupted tiles.
+__device__ __forceinline__ void trapIfSharedBelow(u32 bytes) {
+  u32 dynamicBytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamicBytes));
+  if (dynamicBytes < bytes) __trap();
+}
+
+// Warp specialisation with setmaxnreg: a block of one producer and CONSUMERS consumer warpgroups
+// is compiled for 65536 / (128·(CONSUMERS + 1)) registers a thread; the producer drops to
+// PRODUCER_REGS and the consumers take what that frees (at most 240, multiples of 8).
+template <int CONSUMERS, int PRODUCER_REGS>
+struct RegisterSplit {
+  static constexpr int kProducer = PRODUCER_REGS;
+  static constexpr int kConsumerFree = ((65536 - 128 * PRODUCER_REGS) / (128 * CONSUMERS)) & ~7;
+  static constexpr int kConsumer = kConsumerFree > 240 ? 240 : kConsumerFree;
+  static __device__ __forceinline__ void enterProducer() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducer));
+  }
+  static __device__ __forceinline__ void enterConsumer() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumer));
+  }
+};
 
 // A shared-memory matrix descriptor with 128-byte swizzle (byte offsets, 16-byte units inside).
 __device__ __forceinline__ u64 smemDescriptor(u32 address, u32 leadingBytes, u32 strideBytes) {

@@ -8,6 +8,8 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "kernels/attention_reference.h"
 #include "kernels/flash_attention.h"
@@ -431,21 +433,43 @@ TEST(FlashAttentionGpu, VeryLargeLogitsStayFinite) {
   }
 }
 
+// Sets the launcher's environment overrides for one scope and unsets them when it ends, also when
+// a failed assertion leaves the test early (the launcher reads them at every kernel choice).
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      setenv(name, value, 1);
+      names_.push_back(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (const char* name : names_) unsetenv(name);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::vector<const char*> names_;
+};
+
+// The variant sweeps' masks, in turn: causal window with sinks, none, causal.
+AttentionMaskSpec rotatingMask(int seed) {
+  return seed % 3 == 0 ? maskOf(1, 1, 70, -1, 3) : seed % 3 == 1 ? maskOf(0, 0, -1, -1, 0) : maskOf(1, 0, -1, -1, 0);
+}
+
 TEST(FlashAttentionGpu, Fp32EveryRowsPerThread) {
   REQUIRE_GPU();
   // The launcher picks R (rows per thread) from the grid size; force each variant here so every
   // one the heuristic can choose is checked whatever the test shapes would pick.
   for (const char* r : {"1", "2", "4", "8"}) {
-    setenv("PA_FLASH_F32_FWD_R", r, 1);
-    setenv("PA_FLASH_F32_BWD_R", r[0] == '8' ? "4" : r, 1);  // the backward stops at R = 4
+    const ScopedEnv env{{"PA_FLASH_F32_FWD_R", r}, {"PA_FLASH_F32_BWD_R", r[0] == '8' ? "4" : r}};  // the backward stops at R = 4
     Case c;
     c.dtype = kFlashF32, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 300, c.kLen = 257, c.headDim = 64;
     c.mask = maskOf(1, 1, 70, -1, 3);
     c.sinkLogits = true;
     runCase(c, 300 + r[0]);
   }
-  unsetenv("PA_FLASH_F32_FWD_R");
-  unsetenv("PA_FLASH_F32_BWD_R");
 }
 
 // On sm_90a the 16-bit forward at head dims 33-64 and 97-128 runs the wgmma kernel, which the
@@ -463,15 +487,15 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
                               {"1", "128", "2", "3"},  {"1", "128", "3", "2"}};
   int seed = 0;
   for (const Variant& v : variants) {
-    setenv("PA_FLASH_WGMMA", v.wgmma, 1);
-    setenv("PA_FLASH_FWD_TILE", v.tile, 1);
-    setenv("PA_FLASH_FWD_WG", v.wg, 1);
-    setenv("PA_FLASH_FWD_STAGES", v.stages, 1);
+    const ScopedEnv env{{"PA_FLASH_WGMMA", v.wgmma},
+                        {"PA_FLASH_FWD_TILE", v.tile},
+                        {"PA_FLASH_FWD_WG", v.wg},
+                        {"PA_FLASH_FWD_STAGES", v.stages}};
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40, 104}) {
         Case c;
         c.dtype = t, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 300, c.kLen = 257, c.headDim = d;
-        c.mask = (seed % 3 == 0) ? maskOf(1, 1, 70, -1, 3) : (seed % 3 == 1) ? maskOf(0, 0, -1, -1, 0) : maskOf(1, 0, -1, -1, 0);
+        c.mask = rotatingMask(seed);
         c.sinkLogits = seed % 2 == 0;
         c.backward = false;
         SCOPED_TRACE(std::string("PA_FLASH_WGMMA=") + v.wgmma + " tile=" + v.tile + " wg=" + v.wg + " stages=" + v.stages +
@@ -479,10 +503,6 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
         runCase(c, 500 + seed++);
       }
   }
-  unsetenv("PA_FLASH_WGMMA");
-  unsetenv("PA_FLASH_FWD_TILE");
-  unsetenv("PA_FLASH_FWD_WG");
-  unsetenv("PA_FLASH_FWD_STAGES");
 }
 
 // Same for the sm_90a backward kernels (dK/dV and dQ on wgmma): each tile / warpgroup variant the
@@ -496,25 +516,21 @@ TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
                               {"1", "128", "1", "1"}, {"1", "128", "2", "1"}, {"1", "64", "2", "0"}, {"1", "128", "2", "0"}};
   int seed = 0;
   for (const Variant& v : variants) {
-    setenv("PA_FLASH_WGMMA", v.wgmma, 1);
-    setenv("PA_FLASH_BWD_TILE", v.tile, 1);
-    setenv("PA_FLASH_BWD_WG", v.wg, 1);
-    setenv("PA_FLASH_SPLIT_KV", v.splitKv, 1);
+    const ScopedEnv env{{"PA_FLASH_WGMMA", v.wgmma},
+                        {"PA_FLASH_BWD_TILE", v.tile},
+                        {"PA_FLASH_BWD_WG", v.wg},
+                        {"PA_FLASH_SPLIT_KV", v.splitKv}};
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40}) {
         Case c;
         c.dtype = t, c.batch = 2, c.heads = 4, c.kvHeads = seed % 2 ? 1 : 2, c.qLen = 300, c.kLen = 257, c.headDim = d;
-        c.mask = (seed % 3 == 0) ? maskOf(1, 1, 70, -1, 3) : (seed % 3 == 1) ? maskOf(0, 0, -1, -1, 0) : maskOf(1, 0, -1, -1, 0);
+        c.mask = rotatingMask(seed);
         c.sinkLogits = seed % 2 == 0;
         SCOPED_TRACE(std::string("PA_FLASH_WGMMA=") + v.wgmma + " bwd tile=" + v.tile + " wg=" + v.wg + " splitKv=" + v.splitKv +
                      " d=" + std::to_string(d));
         runCase(c, 700 + seed++);
       }
   }
-  unsetenv("PA_FLASH_WGMMA");
-  unsetenv("PA_FLASH_BWD_TILE");
-  unsetenv("PA_FLASH_BWD_WG");
-  unsetenv("PA_FLASH_SPLIT_KV");
   // The mask sweep gives head dim 128 to its atomic-dQ half only; every mask through the default
   // (wgmma on sm_90a) backward at 128 here.
   for (size_t m = 0; m < maskCases().size(); ++m) {
