@@ -192,8 +192,9 @@ def gqa_masks(fl, lines):
 
 def fp32_seed(fl, lines):
     lines.append("\n## fp32 B=1 H=8 D=64, not causal, µs; ratio = SDPA default / ours (>1: ours faster)\n")
-    lines.append("| S | ours fwd | SDPA default fwd | speedup | ours f+b | SDPA default f+b | speedup f+b | max abs err O |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("| S | ours fwd | SDPA default fwd | speedup | ours f+b | SDPA default f+b | speedup f+b | "
+                 "ours f+b deterministic | speedup det. | max abs err O | max abs err dQ |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for s in (128, 512, 1024, 4096):
         q, k, v = (torch.randn(1, 8, s, 64, device="cuda", dtype=torch.float32) for _ in range(3))
         ours = Ours(fl, q, k, v)
@@ -208,11 +209,21 @@ def fp32_seed(fl, lines):
             qg.grad = kg.grad = vg.grad = None
 
         t_of, t_ofb, t_tf, t_tfb = bench(ours.fwd), bench(ours.fwd_bwd), bench(tf), bench(tfb)
-        ours.fwd()
-        ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 8.0, -1) @ v.double()
-        err = (ours.o.double() - ref).abs().max().item()
+        # The deterministic backward (no atomics: above 512 keys dQ gets its own kernel).
+        os.environ["PA_FLASH_DETERMINISTIC"] = "1"
+        ours_det = Ours(fl, q, k, v)
+        ours_det.do.copy_(ours.do)
+        t_ofb_det = bench(ours_det.fwd_bwd)
+        del os.environ["PA_FLASH_DETERMINISTIC"]
+        ours.fwd_bwd()
+        qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+        ref = torch.softmax((qd @ kd.transpose(-1, -2)) / 8.0, -1) @ vd
+        ref.backward(ours.do.double())
+        err = (ours.o.double() - ref.detach()).abs().max().item()
+        err_dq = (ours.dq.double() - qd.grad).abs().max().item()
         lines.append(f"| {s} | {t_of * 1e3:.1f} | {t_tf * 1e3:.1f} | {t_tf / t_of:.2f} | {t_ofb * 1e3:.1f} | "
-                     f"{t_tfb * 1e3:.1f} | {t_tfb / t_ofb:.2f} | {err:.1e} |")
+                     f"{t_tfb * 1e3:.1f} | {t_tfb / t_ofb:.2f} | {t_ofb_det * 1e3:.1f} | {t_tfb / t_ofb_det:.2f} | "
+                     f"{err:.1e} | {err_dq:.1e} |")
         print(lines[-1], flush=True)
 
 

@@ -1116,11 +1116,18 @@ NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds
 }
 NodeKernels emitFlashAttention(const Ctx& c) { return flashKernels(c, {FlashKernelKind::kForward}); }
 NodeKernels emitFlashAttentionGrad(const Ctx& c) {
-  // dQ from the dK/dV kernel's per-key-block shares (short keys), or its own kernel.
-  const bool shares = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n), 0, c.opt->wgmma).dqPartial;
-  return flashKernels(c, {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdSinkReduce, FlashKernelKind::kBwdDkDv,
-                          shares ? FlashKernelKind::kBwdDqReduce : FlashKernelKind::kBwdDq, FlashKernelKind::kBwdDqConvert,
-                          FlashKernelKind::kBwdDkDvReduce});
+  // dQ from the dK/dV kernel's per-key-block shares (fp32, short keys), from its atomics (fp32
+  // beyond; the default, non-deterministic backward), or from its own kernel.
+  const FlashKernelSpec dkdv = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n), 0, c.opt->wgmma);
+  std::vector<FlashKernelKind> kinds = {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdSinkReduce,
+                                        FlashKernelKind::kBwdDkDv};
+  if (dkdv.dqPartial)
+    kinds.push_back(FlashKernelKind::kBwdDqReduce);
+  else if (!dkdv.atomicDq)
+    kinds.push_back(FlashKernelKind::kBwdDq);
+  kinds.push_back(FlashKernelKind::kBwdDqConvert);
+  kinds.push_back(FlashKernelKind::kBwdDkDvReduce);
+  return flashKernels(c, kinds);
 }
 
 using EmitFn = NodeKernels (*)(const Ctx&);

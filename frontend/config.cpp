@@ -249,7 +249,8 @@ void parseTrain(const CfgNode& n, TrainConfig& t) {
 }
 
 void parseCompiler(const CfgNode& n, CompilerConfig& c) {
-  n.checkKeys({"fuse", "passes", "gemm"});
+  n.checkKeys({"fuse", "passes", "gemm", "deterministic"});
+  c.deterministic = n.getBool("deterministic", c.deterministic);
   if (n.has("gemm")) {
     const CfgNode m = n.child("gemm");
     c.gemm = m.asString();

@@ -88,6 +88,7 @@ struct TrainConfig {
 struct CompilerConfig {
   std::vector<std::string> passes;  // the pipeline before autodiff; see README
   std::string gemm = "auto";        // generated | cublaslt | auto: who runs the GEMMs on the GPU
+  bool deterministic = false;       // GPU: no kernel with atomics (FlashAttention's fp32 backward)
 };
 
 struct Config {

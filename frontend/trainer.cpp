@@ -495,6 +495,7 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
   const codegen::KernelCacheStats before = codegen::KernelCache::instance().stats();
   CudaRunnerOptions ropt;
   ropt.tf32 = cfg.precision == "tf32";
+  ropt.deterministic = cfg.compiler.deterministic;
   ropt.gemm = cfg.compiler.gemm == "generated" ? GemmProvider::Generated
               : cfg.compiler.gemm == "cublaslt" ? GemmProvider::Cublaslt
                                                  : GemmProvider::Auto;

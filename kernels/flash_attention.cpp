@@ -176,7 +176,8 @@ std::string FlashKernelSpec::source() const {
                std::to_string(warps / 4) + ", " + std::to_string(stages) + ">";
         break;
       }
-      call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " + (dqPartial ? "true" : "false") + ">"
+      call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " +
+                       (dqPartial ? "pa::flash::kDqPartial" : atomicDq ? "pa::flash::kDqAtomic" : "pa::flash::kDqSeparate") + ">"
                  : "flashBackwardDkDvMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
                        (atomicDq ? "true" : "false") + ">";
       break;
@@ -236,11 +237,15 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
             specs.push_back(v);
           }
         }
-        for (int r : {1, 2, 4}) {  // dK/dV with dQ shares, and their reduce
-          FlashKernelSpec v = bases[0];
-          v.mtiles = r;
-          v.dqPartial = !v.dqPartial;  // the variant chooseSpec did not return for this config
-          specs.push_back(v);
+        // dK/dV in the parts in dQ (Fp32DqMode) chooseSpec did not return above, and the reduce.
+        for (int r : {1, 2, 4}) {
+          for (int mode = 0; mode < 3; ++mode) {
+            FlashKernelSpec v = bases[0];
+            v.mtiles = r;
+            v.dqPartial = mode == 1;
+            v.atomicDq = mode == 2;
+            if (v.dqPartial != bases[0].dqPartial || v.atomicDq != bases[0].atomicDq) specs.push_back(v);
+          }
           if (d == 32) {
             FlashKernelSpec red;
             red.kind = FlashKernelKind::kBwdDqReduce;
@@ -258,10 +263,8 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
       }
     }
     specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdPreprocess, cfg));
-    if (dt != kFlashF32) {
-      specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDqConvert, cfg));
-      specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDvReduce, cfg));
-    }
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDqConvert, cfg));
+    if (dt != kFlashF32) specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDvReduce, cfg));
   }
   specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdSinkReduce, cfg));
   // sm_90a forwards: the launcher's choice and the tile / warpgroup variants its overrides reach.
@@ -351,8 +354,13 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     }
     if (const int r = tuningOverride("PA_FLASH_F32_BWD_R")) s.mtiles = r;
   }
-  if (kind == FlashKernelKind::kBwdDkDv && cfg.dtype == kFlashF32)
-    s.dqPartial = ceilDiv(cfg.kLen, 16 * s.mtiles) <= kMaxDqPartialBlocks;
+  // fp32 dQ (Fp32DqMode in flash_attention_bwd.cuh): up to kMaxDqPartialBlocks key blocks, their
+  // per-block shares summed in order; beyond, atomics unless the backward must be deterministic,
+  // then the separate dQ kernel (two recomputed products). `atomicDq` asks for atomics always.
+  if (kind == FlashKernelKind::kBwdDkDv && cfg.dtype == kFlashF32) {
+    s.dqPartial = !cfg.atomicDq && ceilDiv(cfg.kLen, 16 * s.mtiles) <= kMaxDqPartialBlocks;
+    s.atomicDq = cfg.atomicDq || (!s.dqPartial && !cfg.deterministic);
+  }
   if (kind == FlashKernelKind::kBwdDqReduce) {  // the dK/dV kernel's key blocks decide it
     s.mtiles = chooseSpec(FlashKernelKind::kBwdDkDv, cfg, multiprocessors).mtiles;
     s.dpad = 0;
@@ -433,7 +441,6 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
   if (backward && c.deterministic && c.atomicDq)
     fail("deterministic and atomicDq both set: fp32 atomics make dQ's summation order vary from run to "
          "run, so a deterministic backward cannot use them; drop atomicDq");
-  if (backward && c.atomicDq && c.dtype == kFlashF32) fail("atomicDq is implemented for fp16 and bf16 only");
   const int limit = device_.info().maxSharedBytesOptin;
   const FlashKernelKind kinds[2] = {backward ? FlashKernelKind::kBwdDkDv : FlashKernelKind::kForward,
                                     backward ? FlashKernelKind::kBwdDq : FlashKernelKind::kForward};
@@ -525,7 +532,7 @@ size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) con
   const size_t dkvPartial = splitKvHeads(c) ? 2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 : 0;
   const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
   const size_t dqPartial = dkdv.dqPartial ? (size_t)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dqAccum + 16 : 0;
-  return delta + partial + (c.dtype != kFlashF32 && c.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
+  return delta + partial + (dkdv.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
 }
 
 void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackwardArgs& a, cuda::CUstream stream) {

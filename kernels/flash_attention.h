@@ -45,12 +45,14 @@ struct FlashAttentionConfig {
   float scale = 0.f;  // 0 selects 1/sqrt(headDim)
   AttentionMaskSpec mask;
   bool sinkLogits = false;  // learnable per-head sink logits (float [heads]) take part
-  // Bit-reproducible backward. The default backward already is (dQ has its own kernel, no
-  // atomics); the flag forbids atomicDq and fails clearly if both are set.
+  // Bit-reproducible backward: no atomics anywhere, and an error if atomicDq asks for them. The
+  // 16-bit backward never uses atomics unless atomicDq; the fp32 backward beyond
+  // kMaxDqPartialBlocks key blocks adds dQ with atomics unless this is set (then dQ has its own
+  // kernel, 7 products per tile pair instead of 5), as PyTorch's memory-efficient backward does.
   bool deterministic = false;
-  // FlashAttention-2's scheme for 16-bit types: the dK/dV kernel also adds dQ into an fp32 buffer
-  // with atomics (5 tensor-core products per tile pair instead of 7). Measured slower than the
-  // separate dQ kernel on the H100 (bench/RESULTS_flash.md), hence off; not bit-reproducible.
+  // FlashAttention-2's scheme: the dK/dV kernel also adds dQ into an fp32 buffer with atomics (5
+  // products per tile pair instead of 7), whatever the length. fp16/bf16: measured slower than the
+  // separate dQ kernel on the H100 (bench/RESULTS_flash.md), hence off there. Not bit-reproducible.
   bool atomicDq = false;
 };
 
@@ -106,7 +108,8 @@ struct FlashKernelSpec {
 
 // The fp32 backward computes dQ from per-key-block shares (5 products per tile pair, no separate
 // dQ kernel) up to this many key blocks; beyond, the shares' workspace (blocks × the size of dQ)
-// would outgrow what it saves, and the separate dQ kernel runs.
+// would outgrow what it saves, and the dK/dV kernel adds its shares with atomics instead (or,
+// with `deterministic`, the separate dQ kernel runs).
 constexpr int kMaxDqPartialBlocks = 8;
 
 // Every instantiation the launcher can choose (the NVRTC CI test compiles them all).

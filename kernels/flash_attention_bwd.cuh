@@ -8,10 +8,13 @@
  *   dSink_h = -sum_{b,q} exp(sink_h - lse_q) Delta_q
  * The identity Delta = dO.O holds with a sink because the sink only adds to the denominator.
  *
- * Two schemes. Default (every dtype): three kernels and no atomics, described next. Opt-in for
- * fp16/bf16 (`atomicDq`, FlashAttention-2's scheme): the dK/dV kernel also adds dQ = dS.K into an
- * fp32 buffer with atomics and a small kernel converts it; the order of those additions varies,
- * and on the H100 it measured 10-20% slower than the default (bench/RESULTS_flash.md).
+ * Two schemes. Default for fp16/bf16: three kernels and no atomics, described next. Opt-in there
+ * (`atomicDq`, FlashAttention-2's scheme): the dK/dV kernel also adds dQ = dS.K into an fp32
+ * buffer with atomics and a small kernel converts it; the order of those additions varies, and on
+ * the H100 it measured 10-20% slower than the default (bench/RESULTS_flash.md). fp32 (FFMA, where
+ * the two recomputed products cost more than the atomics) takes dQ from the dK/dV kernel either
+ * way: per-key-block shares summed in order while there are at most 8 key blocks, atomics beyond
+ * unless `deterministic` asks for the separate dQ kernel (Fp32DqMode).
  *
  * Why three kernels and no atomics. FlashAttention-2 computes dQ inside the dK/dV loop and
  * accumulates it with fp32 atomics; the result then depends on the order of the atomics. Here the
@@ -548,13 +551,60 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
 }
 
 // =============================================================================================
-// Exact fp32 dK/dV: 128 threads, 16R keys (rows R*ty + i) x 64 queries (tx + 8*j) per step.
-// R (1, 2, 4) trades blocks for shared-memory traffic per FFMA, as in the forward.
-// DQ_PARTIAL: also writes this key block's share of dQ, dS.K over its 16R keys, for the 64 queries
-// of every step into p.dQPartial (5 products per tile pair instead of the 7 of the separate dQ
-// kernel); flashBackwardDqReduceF32 adds the shares of each query in key-block order, so the
-// result is deterministic.
-template <int DPAD, int R, bool DQ_PARTIAL>
+// How the fp32 dK/dV kernel takes part in dQ (FlashKernelSpec::dqPartial, ::atomicDq).
+enum Fp32DqMode : int {
+  kDqSeparate = 0,  // not at all: the dQ kernel recomputes S and dP (7 products per tile pair)
+  kDqPartial = 1,   // writes its key block's share dS.K; flashBackwardDqReduceF32 sums the shares
+                    // in key-block order (5 products, deterministic; workspace: blocks x dQ)
+  kDqAtomic = 2     // adds its share into the fp32 dQAccum with vector reductions (5 products,
+                    // FlashAttention-2's scheme; the order of the additions varies from run to run)
+};
+
+// dst[0..3] += v with one 16-byte reduction on sm_90 (red.global.add.v4.f32), four below.
+__device__ __forceinline__ void redAddF32x4(float* dst, float4 v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+#else
+  atomicAdd(dst, v.x);
+  atomicAdd(dst + 1, v.y);
+  atomicAdd(dst + 2, v.z);
+  atomicAdd(dst + 3, v.w);
+#endif
+}
+
+// A key block's share of dQ for a step's 64 queries, summed over its `keys` real keys (past kLen,
+// sK and sS hold no data): acc[i][c] = sum_j dS^T[j][4 ty + i] * K[j][nnCol(c)], so thread
+// (ty, tx) owns queries 4 ty .. 4 ty + 3 and the NN accumulators' float4 column groups.
+template <int DPAD, int LD, int LDP>
+__device__ __forceinline__ void dqShareF32(float (&acc)[4][DPAD / 8], const float* sS, const float* sK, int keys, int ty,
+                                           int tx) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int c = 0; c < DPAD / 8; ++c) acc[i][c] = 0.f;
+#pragma unroll 4
+  for (int j = 0; j < keys; ++j) {
+    const float4 s4 = *(const float4*)(sS + j * LDP + 4 * ty);
+    const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+    for (int cg = 0; cg < DPAD / 32; ++cg) {
+      const float4 kv = *(const float4*)(sK + j * LD + 32 * cg + 4 * tx);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[i][4 * cg + 0] = fmaf(sv[i], kv.x, acc[i][4 * cg + 0]);
+        acc[i][4 * cg + 1] = fmaf(sv[i], kv.y, acc[i][4 * cg + 1]);
+        acc[i][4 * cg + 2] = fmaf(sv[i], kv.z, acc[i][4 * cg + 2]);
+        acc[i][4 * cg + 3] = fmaf(sv[i], kv.w, acc[i][4 * cg + 3]);
+      }
+    }
+  }
+}
+
+// Exact fp32 dK/dV: 128 threads, 16R keys (rows ffmaRow(i, ty)) x 64 queries (tx + 8*j) per step.
+// R (1, 2, 4) trades blocks for shared-memory traffic per FFMA, as in the forward. DQ: the
+// block's part in dQ (Fp32DqMode).
+template <int DPAD, int R, int DQ>
 __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p) {
   constexpr int BN = 16 * R, BQ = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smemRaw[];
@@ -608,8 +658,8 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
       for (int jj = 0; jj < 8; ++jj) {
         const int ql = tx + 8 * jj;
         float x = acc[i][jj] * p.scaleLog2;
-        if (!full && !tm.visible(q0 + ql, n0 + R * ty + i)) x = negInf();
-        sP[(R * ty + i) * LDP + ql] = exp2f(x - sLse2[ql]);
+        if (!full && !tm.visible(q0 + ql, n0 + ffmaRow(i, ty))) x = negInf();
+        sP[ffmaRow(i, ty) * LDP + ql] = exp2f(x - sLse2[ql]);
         acc[i][jj] = 0.f;
       }
     ffmaNT<DPAD, LD, R>(acc, sV, sdO, ty, tx);
@@ -618,42 +668,31 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         const int ql = tx + 8 * jj;
-        const float pe = sP[(R * ty + i) * LDP + ql];
-        sS[(R * ty + i) * LDP + ql] = pe * (acc[i][jj] - sDelta[ql]);
+        const float pe = sP[ffmaRow(i, ty) * LDP + ql];
+        sS[ffmaRow(i, ty) * LDP + ql] = pe * (acc[i][jj] - sDelta[ql]);
       }
     __syncwarp();  // rows of sP / sS are written and read by the same 8 lanes
     ffmaNN<DPAD, LD, LDP, BQ, R>(dV, sP, sdO, ty, tx);
     ffmaNN<DPAD, LD, LDP, BQ, R>(dK, sS, sQ, ty, tx);
-    if constexpr (DQ_PARTIAL) {
-      // Thread (ty, tx): queries 4 ty .. 4 ty + 3 of the step, head-dim columns tx + 8 c.
+    if constexpr (DQ != kDqSeparate) {
       __syncthreads();  // every key row of sS is written
       float acc[4][DC];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < DC; ++c) acc[i][c] = 0.f;
-      // Only the block's real keys: past kLen, sK and sS hold no data (dK/dV never store those rows).
-#pragma unroll 4
-      for (int j = 0; j < n1 - n0; ++j) {
-        const float4 s4 = *(const float4*)(sS + j * LDP + 4 * ty);
-        const float* kr = sK + j * LD + tx;
-#pragma unroll
-        for (int c = 0; c < DC; ++c) {
-          const float kv = kr[8 * c];
-          acc[0][c] = fmaf(s4.x, kv, acc[0][c]);
-          acc[1][c] = fmaf(s4.y, kv, acc[1][c]);
-          acc[2][c] = fmaf(s4.z, kv, acc[2][c]);
-          acc[3][c] = fmaf(s4.w, kv, acc[3][c]);
-        }
-      }
-      float* part = (float*)p.dQPartial + ((((long long)blockIdx.x * p.batch + b) * p.heads + h) * p.qLen) * p.headDim;
+      dqShareF32<DPAD, LD, LDP>(acc, sS, sK, n1 - n0, ty, tx);
+      const long long bhRow = ((long long)b * p.heads + h) * p.qLen;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int q = q0 + 4 * ty + i;
         if (q >= p.qLen) continue;
+        if constexpr (DQ == kDqPartial) {
+          float* part = (float*)p.dQPartial + ((long long)blockIdx.x * p.batch * p.heads * p.qLen + bhRow + q) * p.headDim;
+          storeNNRow<DPAD>(part, acc[i], 1.f, tx, p.headDim);
+        } else {
+          float* row = (float*)p.dQAccum + (bhRow + q) * p.headDim;
 #pragma unroll
-        for (int c = 0; c < DC; ++c)
-          if (tx + 8 * c < p.headDim) part[(long long)q * p.headDim + tx + 8 * c] = acc[i][c];
+          for (int cg = 0; cg < DPAD / 32; ++cg)
+            if (32 * cg + 4 * tx < p.headDim)
+              redAddF32x4(row + 32 * cg + 4 * tx, make_float4(acc[i][4 * cg], acc[i][4 * cg + 1], acc[i][4 * cg + 2], acc[i][4 * cg + 3]));
+        }
       }
     }
   }
@@ -663,14 +702,14 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   float* gdV = sliceMutPtr<float>(p.dV, b, hk);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    const int k = n0 + R * ty + i;
+    const int k = n0 + ffmaRow(i, ty);
     if (k >= p.kLen) continue;
     storeNNRow<DPAD>(gdK + (long long)k * p.dK.seqStride, dK[i], p.scale, tx, p.headDim);
     storeNNRow<DPAD>(gdV + (long long)k * p.dV.seqStride, dV[i], 1.f, tx, p.headDim);
   }
 }
 
-// dQ = scale * the sum of the key blocks' dS.K shares (flashBackwardDkDvF32<..., true>), in
+// dQ = scale * the sum of the key blocks' dS.K shares (flashBackwardDkDvF32<..., kDqPartial>), in
 // key-block order, over the blocks that saw the query tile (the dK/dV kernel's own test).
 // Grid (ceil(qLen / 64), batch * heads), 256 threads; BN = 16 R keys per block.
 template <int R>
@@ -693,7 +732,7 @@ __device__ __forceinline__ void flashBackwardDqReduceF32(const FlashKernelParams
   }
 }
 
-// Exact fp32 dQ: 128 threads, 16R query rows (R*ty + i) x 64 keys (tx + 8*j) per step.
+// Exact fp32 dQ: 128 threads, 16R query rows (ffmaRow(i, ty)) x 64 keys (tx + 8*j) per step.
 template <int DPAD, int R>
 __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
   constexpr int BM = 16 * R, BN = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
@@ -715,7 +754,7 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
   float lse2[R], dl[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    const int q = m0 + R * ty + i;
+    const int q = m0 + ffmaRow(i, ty);
     lse2[i] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
     dl[i] = q < p.qLen ? delta[q] : 0.f;
   }
@@ -751,7 +790,7 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         float x = acc[i][jj] * p.scaleLog2;
-        if (!full && !tm.visible(m0 + R * ty + i, n0 + tx + 8 * jj)) x = negInf();
+        if (!full && !tm.visible(m0 + ffmaRow(i, ty), n0 + tx + 8 * jj)) x = negInf();
         pr[i][jj] = exp2f(x - lse2[i]);
         acc[i][jj] = 0.f;
       }
@@ -759,7 +798,7 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) sS[(R * ty + i) * LDP + tx + 8 * jj] = pr[i][jj] * (acc[i][jj] - dl[i]);
+      for (int jj = 0; jj < 8; ++jj) sS[ffmaRow(i, ty) * LDP + tx + 8 * jj] = pr[i][jj] * (acc[i][jj] - dl[i]);
     __syncwarp();
     ffmaNN<DPAD, LD, LDP, BN, R>(dQ, sS, sK, ty, tx);
   }
@@ -768,7 +807,7 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
   float* gdQ = sliceMutPtr<float>(p.dQ, b, h);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    const int q = m0 + R * ty + i;
+    const int q = m0 + ffmaRow(i, ty);
     if (q >= p.qLen) continue;
     storeNNRow<DPAD>(gdQ + (long long)q * p.dQ.seqStride, dQ[i], p.scale, tx, p.headDim);
   }

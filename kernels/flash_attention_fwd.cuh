@@ -270,14 +270,20 @@ struct Fp32Tiles {
   static constexpr int LDP = BN + 4;
 };
 
-// acc[i][j] += sum_d A[R*ty+i][d] * B[tx+8j][d]   (A: 16R x DPAD, B: 64 x DPAD, row stride LD)
+// Row i (of R) of thread row ty (of 16) in the FFMA tiles: the 4 thread rows of a warp read 4
+// consecutive rows, whose float4s lie in distinct banks (row stride LD = 4 mod 32 words), so a
+// warp's A or P load is one shared-memory wavefront. (Rows R*ty + i put them R rows apart: 2-way
+// conflicts at R = 4, 4-way at R = 8.)
+__device__ __forceinline__ int ffmaRow(int i, int ty) { return ty + 16 * i; }
+
+// acc[i][j] += sum_d A[ffmaRow(i, ty)][d] * B[tx+8j][d]   (A: 16R x DPAD, B: 64 x DPAD, row stride LD)
 template <int DPAD, int LD, int R = 4>
 __device__ __forceinline__ void ffmaNT(float (&acc)[R][8], const float* sA, const float* sB, int ty, int tx) {
 #pragma unroll 4
   for (int d = 0; d < DPAD; d += 4) {
     float4 a[R], bv[8];
 #pragma unroll
-    for (int i = 0; i < R; ++i) a[i] = *(const float4*)(sA + (R * ty + i) * LD + d);
+    for (int i = 0; i < R; ++i) a[i] = *(const float4*)(sA + ffmaRow(i, ty) * LD + d);
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) bv[jj] = *(const float4*)(sB + (tx + 8 * jj) * LD + d);
 #pragma unroll
@@ -296,14 +302,14 @@ __device__ __forceinline__ void ffmaNT(float (&acc)[R][8], const float* sA, cons
 // as one 128-byte line by the 8 lanes sharing a row (conflict-free 16-byte loads and stores).
 __device__ __forceinline__ int nnCol(int c, int tx) { return 32 * (c >> 2) + 4 * tx + (c & 3); }
 
-// acc[i][c] += sum_n P[R*ty+i][n] * B[n][nnCol(c)]   (P: 16R x NK, row stride LDP; B: NK x DPAD)
+// acc[i][c] += sum_n P[ffmaRow(i, ty)][n] * B[n][nnCol(c)]   (P: 16R x NK, row stride LDP; B: NK x DPAD)
 template <int DPAD, int LD, int LDP, int NK, int R = 4>
 __device__ __forceinline__ void ffmaNN(float (&acc)[R][DPAD / 8], const float* sP, const float* sB, int ty, int tx) {
 #pragma unroll 2
   for (int n = 0; n < NK; n += 4) {
     float4 pr[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i) pr[i] = *(const float4*)(sP + (R * ty + i) * LDP + n);
+    for (int i = 0; i < R; ++i) pr[i] = *(const float4*)(sP + ffmaRow(i, ty) * LDP + n);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
@@ -395,7 +401,7 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         float x = s[i][jj] * p.scaleLog2;
-        if (!full && !tm.visible(m0 + R * ty + i, n0 + tx + 8 * jj)) x = negInf();
+        if (!full && !tm.visible(m0 + ffmaRow(i, ty), n0 + tx + 8 * jj)) x = negInf();
         s[i][jj] = x;
         tileMax = fmaxf(tileMax, x);
       }
@@ -413,7 +419,7 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
       for (int jj = 0; jj < 8; ++jj) {
         const float pe = exp2f(s[i][jj] - base);
         rowSum[i] += pe;
-        sP[(R * ty + i) * LDP + tx + 8 * jj] = pe;
+        sP[ffmaRow(i, ty) * LDP + tx + 8 * jj] = pe;
       }
     }
 
@@ -438,7 +444,7 @@ __device__ __forceinline__ void flashForwardF32(const FlashKernelParams& p) {
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     l += __shfl_xor_sync(0xffffffffu, l, 4);
     const RowFinal fin = finishRow(rowMax[i], l, hasSink, sink2);
-    const int q = m0 + R * ty + i;
+    const int q = m0 + ffmaRow(i, ty);
     if (q < p.qLen) {
       storeNNRow<DPAD>(gO + (long long)q * p.o.seqStride, o[i], fin.outScale, tx, p.headDim);
       if (tx == 0) gLse[q] = fin.lse;

@@ -132,7 +132,7 @@ int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
 CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
-    : g_(g), device_(device), order_(g.topoOrder()) {
+    : g_(g), device_(device), order_(g.topoOrder()), deterministic_(opt.deterministic) {
   device_.makeCurrent();
   const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true);
   offset_ = plan.offset;
@@ -160,7 +160,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     const Node& n = g.node(id);
     if (nk.external) {
       if (!flash_) flash_ = std::make_unique<FlashAttention>(device_);
-      const FlashAttentionConfig cfg = codegen::flashConfigOf(g, n);
+      const FlashAttentionConfig cfg = flashConfig(n);
       flash_->validate(cfg, n.op == OpKind::FlashAttentionGrad);
       if (n.op == OpKind::FlashAttentionGrad) scratch_.emplace(id, cuda::DeviceBuffer(std::max<size_t>(flash_->backwardWorkspaceBytes(cfg), 16)));
       continue;
@@ -412,10 +412,16 @@ std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream s
   return out;
 }
 
+FlashAttentionConfig CudaGraphRunner::flashConfig(const Node& n) const {
+  FlashAttentionConfig cfg = codegen::flashConfigOf(g_, n);
+  cfg.deterministic = deterministic_;
+  return cfg;
+}
+
 void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
   const Node& n = g_.node(id);
   if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad) {
-    const FlashAttentionConfig cfg = codegen::flashConfigOf(g_, n);
+    const FlashAttentionConfig cfg = flashConfig(n);
     // [B, H, S, D] contiguous, or [B, S, H, D] (layout "bshd": the projections' own layout).
     const bool bshd = codegen::flashLayoutBshd(n);
     auto tensor = [&](ValueId v, int heads, int seq) {

@@ -27,6 +27,10 @@ struct CudaRunnerOptions {
   // variants and keep the fastest, measured at start and cached (compiler.gemm generated and
   // auto; the choice between the generated kernel and cuBLASLt then sees the fastest tiles).
   bool tuneGemmTiles = true;
+  // No kernel with atomics, so a step's results are bit-reproducible for a given kernel choice
+  // (compiler.deterministic): FlashAttention's fp32 backward then gives dQ its own kernel where it
+  // would add it with atomics.
+  bool deterministic = false;
   // Tests: cuBLASLt runs every transposed-B product it can on an untransposed copy of B.
   bool forceTransposedB = false;
   // Parameters with the same name live in that runner's buffers instead of new ones (the
@@ -129,6 +133,8 @@ private:
   cuda::DeviceBuffer ltWorkspace_;                    // shared by them: one stream, one at a time
   std::vector<cuda::CUmodule> modules_;
   std::unique_ptr<FlashAttention> flash_;
+  bool deterministic_ = false;                        // CudaRunnerOptions::deterministic
+  FlashAttentionConfig flashConfig(const Node& n) const;  // the node's problem, with deterministic_
   size_t arenaBytes_ = 0;
   int64_t paramFloats_ = 0;
   int kernelCount_ = 0, launchesPerRun_ = 0, baseLaunches_ = 0, programs_ = 0;

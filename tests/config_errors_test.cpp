@@ -80,6 +80,13 @@ TEST(ConfigErrors, GemmProviderIsOneOfThree) {
   EXPECT_EQ(parseConfig(kGood, "model.yaml", {}).compiler.gemm, "auto");
 }
 
+TEST(ConfigErrors, DeterministicIsABoolean) {
+  EXPECT_FALSE(parseConfig(kGood, "model.yaml", {}).compiler.deterministic);
+  EXPECT_TRUE(parseConfig(kGood, "model.yaml", {"compiler.deterministic=true"}).compiler.deterministic);
+  const std::string e = errorOf(kGood, {"compiler.deterministic=sometimes"});
+  EXPECT_NE(e.find("compiler.deterministic"), std::string::npos) << e;
+}
+
 TEST(ConfigErrors, MissingRequiredKey) {
   const std::string e = errorOf(replaced(kGood, "    - linear: {units: 8}\n", "    - linear: {activation: relu}\n"));
   EXPECT_NE(e.find("missing required key 'units'"), std::string::npos) << e;

@@ -169,13 +169,14 @@ struct Case {
   double qScale = 1.0;  // > 1 makes logits large (the "very negative logits" stress)
   bool packed = false;
   bool backward = true;
-  bool atomicDq = false;  // 16-bit types: FlashAttention-2's atomic dQ scheme
+  bool atomicDq = false;       // FlashAttention-2's atomic dQ scheme at any length
+  bool deterministic = false;  // fp32: the separate dQ kernel where atomics would run
   std::string name() const {
     std::ostringstream os;
     os << (dtype == kFlashF32 ? "f32" : dtype == kFlashF16 ? "f16" : "bf16") << "_b" << batch << "_h" << heads
        << "x" << kvHeads << "_q" << qLen << "_k" << kLen << "_d" << headDim << "_c" << mask.causal
        << (mask.alignBottomRight ? "br" : "tl") << "_w" << mask.windowLeft << "," << mask.windowRight << "_s"
-       << mask.sinks << (sinkLogits ? "_sl" : "") << (qScale != 1.0 ? "_big" : "") << (packed ? "_packed" : "") << (atomicDq ? "_atomicdq" : "");
+       << mask.sinks << (sinkLogits ? "_sl" : "") << (qScale != 1.0 ? "_big" : "") << (packed ? "_packed" : "") << (atomicDq ? "_atomicdq" : "") << (deterministic ? "_det" : "");
     return os.str();
   }
 };
@@ -254,6 +255,7 @@ void runCase(const Case& c, uint64_t seed) {
   cfg.qLen = c.qLen, cfg.kLen = c.kLen, cfg.headDim = c.headDim, cfg.mask = c.mask;
   cfg.sinkLogits = c.sinkLogits;
   cfg.atomicDq = c.atomicDq;
+  cfg.deterministic = c.deterministic;
 
   DevTensor dq(c.dtype, c.batch, c.heads, c.qLen, c.headDim, c.packed);
   DevTensor dk(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, c.packed);
@@ -367,7 +369,11 @@ TEST_P(FlashMaskSweep, MatchesFloat64Reference) {
   c.heads = gqa[(maskIdx + shapeIdx) % 4][0];
   c.kvHeads = gqa[(maskIdx + shapeIdx) % 4][1];
   c.headDim = dims[(maskIdx * 3 + shapeIdx) % 4];
-  c.atomicDq = dtype != kFlashF32 && (maskIdx + shapeIdx) % 2 == 1;  // half the cases per scheme
+  // Half the cases per backward scheme: 16-bit with and without atomicDq; fp32 by default (dQ
+  // shares, or atomics beyond 8 key blocks: the lengths 1000 here) and deterministic (dQ shares,
+  // or the separate dQ kernel).
+  c.atomicDq = dtype != kFlashF32 && (maskIdx + shapeIdx) % 2 == 1;
+  c.deterministic = dtype == kFlashF32 && (maskIdx + shapeIdx) % 2 == 1;
   runCase(c, 1000003ull * (maskIdx * 16 + shapeIdx) + dtype);
 }
 
@@ -417,6 +423,9 @@ TEST(FlashAttentionGpu, LongSequence4096AllMasks) {
     if (t != kFlashF32) {
       c.atomicDq = true;
       runCase(c, 4097 + t);
+    } else {  // fp32 ran the atomic dQ above; the separate dQ kernel here
+      c.deterministic = true;
+      runCase(c, 4098);
     }
   }
 }
@@ -469,6 +478,11 @@ TEST(FlashAttentionGpu, Fp32EveryRowsPerThread) {
     c.mask = maskOf(1, 1, 70, -1, 3);
     c.sinkLogits = true;
     runCase(c, 300 + r[0]);
+    // Every part in dQ at each R (257 keys: shares at R = 4, atomics at R = 1 and 2 by default).
+    c.atomicDq = true;
+    runCase(c, 310 + r[0]);
+    c.atomicDq = false, c.deterministic = true;
+    runCase(c, 320 + r[0]);
   }
 }
 
@@ -570,43 +584,53 @@ TEST(FlashAttentionGpu, FullyMaskedRowsAreZeroNotNaN) {
   }
 }
 
+// With `deterministic`, two backward runs give the same bits: bf16 (never atomics), and fp32 at a
+// length where its default would add dQ with atomics.
 TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   FlashAttention& fa = *env().flash;
-  FlashAttentionConfig cfg;
-  cfg.dtype = kFlashBF16, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = 300, cfg.kLen = 300;
-  cfg.headDim = 64, cfg.mask = maskOf(1, 0, -1, -1, 0), cfg.sinkLogits = true, cfg.deterministic = true;
-  std::mt19937_64 rng(11);
-  DevTensor q(cfg.dtype, 2, 8, 300, 64, false), k(cfg.dtype, 2, 2, 300, 64, false), v(cfg.dtype, 2, 2, 300, 64, false);
-  DevTensor o(cfg.dtype, 2, 8, 300, 64, false), dO(cfg.dtype, 2, 8, 300, 64, false);
-  q.upload(randomVec(2 * 8 * 300 * 64, rng, 1, cfg.dtype));
-  k.upload(randomVec(2 * 2 * 300 * 64, rng, 1, cfg.dtype));
-  v.upload(randomVec(2 * 2 * 300 * 64, rng, 1, cfg.dtype));
-  dO.upload(randomVec(2 * 8 * 300 * 64, rng, 1, cfg.dtype));
-  FloatBuffer lse(2 * 8 * 300), sinks(8), dSink(8);
-  sinks.upload(randomVec(8, rng, 1, kFlashF32));
-  fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sinks.buf.ptr()}, nullptr);
-  cuda::DeviceBuffer ws(fa.backwardWorkspaceBytes(cfg));
-  std::vector<std::vector<double>> runs;
-  for (int r = 0; r < 2; ++r) {
-    DevTensor dq(cfg.dtype, 2, 8, 300, 64, false), dk(cfg.dtype, 2, 2, 300, 64, false), dv(cfg.dtype, 2, 2, 300, 64, false);
-    FlashBackwardArgs a;
-    a.q = q.view, a.k = k.view, a.v = v.view, a.o = o.view, a.dO = dO.view, a.dQ = dq.view, a.dK = dk.view;
-    a.dV = dv.view, a.lse = lse.buf.ptr(), a.sinkLogits = sinks.buf.ptr(), a.dSinkLogits = dSink.buf.ptr();
-    a.workspace = ws.ptr();
-    fa.backward(cfg, a, nullptr);
-    env().device->synchronize();
-    std::vector<double> all = dq.download();
-    for (auto* t : {&dk, &dv}) {
-      const auto x = t->download();
-      all.insert(all.end(), x.begin(), x.end());
+  for (const auto& [dtype, len] : {std::pair<FlashDType, int>{kFlashBF16, 300}, {kFlashF32, 1000}}) {
+    FlashAttentionConfig cfg;
+    cfg.dtype = dtype, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = len, cfg.kLen = len;
+    cfg.headDim = 64, cfg.mask = maskOf(1, 0, -1, -1, 0), cfg.sinkLogits = true, cfg.deterministic = true;
+    SCOPED_TRACE(dtype == kFlashF32 ? "fp32" : "bf16");
+    const int sms = env().device->info().multiprocessors;
+    EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq);
+    cfg.deterministic = false;  // what the flag changes: fp32's default here adds dQ with atomics
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq, dtype == kFlashF32);
+    cfg.deterministic = true;
+    std::mt19937_64 rng(11);
+    DevTensor q(dtype, 2, 8, len, 64, false), k(dtype, 2, 2, len, 64, false), v(dtype, 2, 2, len, 64, false);
+    DevTensor o(dtype, 2, 8, len, 64, false), dO(dtype, 2, 8, len, 64, false);
+    q.upload(randomVec(2 * 8 * len * 64, rng, 1, dtype));
+    k.upload(randomVec(2 * 2 * len * 64, rng, 1, dtype));
+    v.upload(randomVec(2 * 2 * len * 64, rng, 1, dtype));
+    dO.upload(randomVec(2 * 8 * len * 64, rng, 1, dtype));
+    FloatBuffer lse(2 * 8 * len), sinks(8), dSink(8);
+    sinks.upload(randomVec(8, rng, 1, kFlashF32));
+    fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sinks.buf.ptr()}, nullptr);
+    cuda::DeviceBuffer ws(fa.backwardWorkspaceBytes(cfg));
+    std::vector<std::vector<double>> runs;
+    for (int r = 0; r < 2; ++r) {
+      DevTensor dq(dtype, 2, 8, len, 64, false), dk(dtype, 2, 2, len, 64, false), dv(dtype, 2, 2, len, 64, false);
+      FlashBackwardArgs a;
+      a.q = q.view, a.k = k.view, a.v = v.view, a.o = o.view, a.dO = dO.view, a.dQ = dq.view, a.dK = dk.view;
+      a.dV = dv.view, a.lse = lse.buf.ptr(), a.sinkLogits = sinks.buf.ptr(), a.dSinkLogits = dSink.buf.ptr();
+      a.workspace = ws.ptr();
+      fa.backward(cfg, a, nullptr);
+      env().device->synchronize();
+      std::vector<double> all = dq.download();
+      for (auto* t : {&dk, &dv}) {
+        const auto x = t->download();
+        all.insert(all.end(), x.begin(), x.end());
+      }
+      const auto s = dSink.download();
+      all.insert(all.end(), s.begin(), s.end());
+      runs.push_back(all);
     }
-    const auto s = dSink.download();
-    all.insert(all.end(), s.begin(), s.end());
-    runs.push_back(all);
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(double)), 0);
   }
-  ASSERT_EQ(runs[0].size(), runs[1].size());
-  EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(double)), 0);
 }
 
 TEST(FlashAttentionGpu, InvalidProblemsFailWithClearErrors) {

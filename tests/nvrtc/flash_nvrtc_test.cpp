@@ -77,5 +77,27 @@ TEST(FlashNvrtc, Sm90aKernelsUseWgmmaWhereTheyApply) {
     }
 }
 
+// The fp32 backward's part in dQ: per-key-block shares while they are few, atomics beyond, the
+// separate dQ kernel when the backward must be deterministic, atomics whenever atomicDq asks.
+TEST(FlashNvrtc, Fp32DqSchemeFollowsLengthAndDeterminism) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.headDim = 64, cfg.qLen = 4096;
+  struct Want {
+    int kLen;
+    bool deterministic, atomicDq, wantPartial, wantAtomic;
+  };
+  // chooseSpec without a multiprocessor count keeps R = 4: 64 keys per block, 8 blocks = 512 keys.
+  for (const Want& w : {Want{512, false, false, true, false}, Want{513, false, false, false, true},
+                        Want{4096, false, false, false, true}, Want{4096, true, false, false, false},
+                        Want{512, true, false, true, false}, Want{100, false, true, false, true}}) {
+    cfg.kLen = w.kLen, cfg.deterministic = w.deterministic, cfg.atomicDq = w.atomicDq;
+    const FlashKernelSpec s = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg);
+    EXPECT_EQ(s.dqPartial, w.wantPartial) << "kLen " << w.kLen << " det " << w.deterministic;
+    EXPECT_EQ(s.atomicDq, w.wantAtomic) << "kLen " << w.kLen << " det " << w.deterministic;
+    EXPECT_NE(s.source().find(w.wantPartial ? "kDqPartial" : w.wantAtomic ? "kDqAtomic" : "kDqSeparate"), std::string::npos)
+        << s.source();
+  }
+}
+
 }  // namespace
 }  // namespace pa
