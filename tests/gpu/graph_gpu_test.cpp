@@ -379,20 +379,28 @@ std::pair<std::unique_ptr<Session>, std::unique_ptr<Session>> graphedAndEager(co
   return {std::move(graphed), makeSession(cfg, o)};
 }
 
+// Trains both sessions `steps` steps and expects finite losses, the same bits in both.
+void expectBitIdenticalLosses(Session& x, Session& y, int64_t steps) {
+  for (int64_t s = 1; s <= steps; ++s) {
+    x.enqueueStep(s);
+    y.enqueueStep(s);
+  }
+  const std::vector<double> a = x.takeLosses(), b = y.takeLosses();
+  ASSERT_EQ(a.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(b.size(), static_cast<size_t>(steps));
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(a[i])) << "step " << i + 1;
+    EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  }
+}
+
 // Replaying the captured CUDA graph runs the same kernels on the same data as launching them one
 // by one, so the two trainings are bit-identical; the captured step is one graph launch.
 TEST(TrainOnGpu, CudaGraphReplayIsBitIdenticalToEagerLaunches) {
   PA_REQUIRE_GPU();
   const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml", {"train.steps=40", "train.log_every=20"});
   auto [graphed, eager] = graphedAndEager(cfg);
-  for (int64_t s = 1; s <= 40; ++s) {
-    graphed->enqueueStep(s);
-    eager->enqueueStep(s);
-  }
-  const std::vector<double> a = graphed->takeLosses(), b = eager->takeLosses();
-  ASSERT_EQ(a.size(), 40u);
-  ASSERT_EQ(b.size(), 40u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  expectBitIdenticalLosses(*graphed, *eager, 40);
   EXPECT_TRUE(graphed->replaysCudaGraph());
   EXPECT_FALSE(eager->replaysCudaGraph());
   EXPECT_GT(graphed->launchesPerStep(), 5);
@@ -412,17 +420,7 @@ TEST(TrainOnGpu, DeterministicOptionGivesBitIdenticalTrainings) {
                                  "train.batch_size=8", "compiler.deterministic=true"});
   ASSERT_TRUE(cfg.compiler.deterministic);
   auto [graphed, eager] = graphedAndEager(cfg);
-  for (int64_t s = 1; s <= 20; ++s) {
-    graphed->enqueueStep(s);
-    eager->enqueueStep(s);
-  }
-  const std::vector<double> a = graphed->takeLosses(), b = eager->takeLosses();
-  ASSERT_EQ(a.size(), 20u);
-  ASSERT_EQ(b.size(), 20u);
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(a[i])) << "step " << i + 1;
-    EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
-  }
+  expectBitIdenticalLosses(*graphed, *eager, 20);
 }
 
 // More steps than the loss ring holds between two reads: every loss still comes back in order.
