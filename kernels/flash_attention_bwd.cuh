@@ -185,13 +185,44 @@ struct DkDvBlock {
     while (it < nItems && !tm.anyVisible(q0(it), min(q0(it) + bq, (int)tm.qLen), n0, n1)) ++it;
     return it;
   }
-  // Split GQA: columns col, col + 1 of key k's dK (already scaled) and dV partials of this
-  // block's query head.
-  __device__ __forceinline__ void storePartial(const FlashKernelParams& p, int k, int col, float2 dk, float2 dv) const {
-    const long long row = (((long long)b * p.heads + hFirst) * p.kLen + k) * p.headDim + col;
-    float* partK = (float*)p.dKVPartial;
-    *(float2*)(partK + row) = dk;
-    *(float2*)(partK + (long long)p.batch * p.heads * p.kLen * p.headDim + row) = dv;
+  // Stores a thread's two accumulator rows of dK (scaled) and dV, keys keyA and keyA + 8, column
+  // pairs dt * 8 + 2t (dt < DT): the fp32 partials of this block's query head with split GQA,
+  // else dK and dV. `pairs(dt, r)` gives {dK pair, dV pair} of row r; the mma.sync and wgmma
+  // kernels differ only in their accumulator layout there.
+  template <typename Tag, int DT, class Pairs>
+  __device__ __forceinline__ void storeKeys(const FlashKernelParams& p, int keyA, int t, const Pairs& pairs) const {
+    typedef typename Elem<Tag>::Storage T;
+    if (splitHeads) {  // the branch stays outside the loops
+      float* partK = (float*)p.dKVPartial + ((long long)b * p.heads + hFirst) * p.kLen * p.headDim;
+      float* partV = partK + (long long)p.batch * p.heads * p.kLen * p.headDim;
+      forEachPair<DT>(p, keyA, t, pairs, [&](int k, int col, float2 dk, float2 dv) {
+        *(float2*)(partK + (long long)k * p.headDim + col) = dk;
+        *(float2*)(partV + (long long)k * p.headDim + col) = dv;
+      });
+    } else {
+      T* gdK = sliceMutPtr<T>(p.dK, b, hk);
+      T* gdV = sliceMutPtr<T>(p.dV, b, hk);
+      forEachPair<DT>(p, keyA, t, pairs, [&](int k, int col, float2 dk, float2 dv) {
+        *(u32*)(gdK + (long long)k * p.dK.seqStride + col) = Elem<Tag>::pack(dk.x, dk.y);
+        *(u32*)(gdV + (long long)k * p.dV.seqStride + col) = Elem<Tag>::pack(dv.x, dv.y);
+      });
+    }
+  }
+  template <int DT, class Pairs, class Store>
+  __device__ __forceinline__ void forEachPair(const FlashKernelParams& p, int keyA, int t, const Pairs& pairs,
+                                              const Store& store) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int k = keyA + 8 * r;
+      if (k >= p.kLen) continue;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col >= p.headDim) continue;
+        const float4 kv = pairs(dt, r);
+        store(k, col, make_float2(kv.x * p.scale, kv.y * p.scale), make_float2(kv.z, kv.w));
+      }
+    }
   }
 };
 
@@ -367,35 +398,9 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
   }
   cpAsyncWait<0>();
 
-  if (blk.splitHeads) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int k = keyA + 8 * r;
-      if (k >= p.kLen) continue;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt)
-        if (dt * 8 + 2 * t < p.headDim)
-          blk.storePartial(p, k, dt * 8 + 2 * t, make_float2(dK[dt][2 * r] * p.scale, dK[dt][2 * r + 1] * p.scale),
-                           make_float2(dV[dt][2 * r], dV[dt][2 * r + 1]));
-    }
-    return;
-  }
-  T* gdK = sliceMutPtr<T>(p.dK, b, hk);
-  T* gdV = sliceMutPtr<T>(p.dV, b, hk);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int k = keyA + 8 * r;
-    if (k >= p.kLen) continue;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      const int col = dt * 8 + 2 * t;
-      if (col < p.headDim) {
-        *(u32*)(gdK + (long long)k * p.dK.seqStride + col) =
-            Elem<Tag>::pack(dK[dt][2 * r] * p.scale, dK[dt][2 * r + 1] * p.scale);
-        *(u32*)(gdV + (long long)k * p.dV.seqStride + col) = Elem<Tag>::pack(dV[dt][2 * r], dV[dt][2 * r + 1]);
-      }
-    }
-  }
+  blk.storeKeys<Tag, DT>(p, keyA, t, [&](int dt, int r) {
+    return make_float4(dK[dt][2 * r], dK[dt][2 * r + 1], dV[dt][2 * r], dV[dt][2 * r + 1]);
+  });
 }
 
 // Tensor-core dQ. WARPS warps x MT m-tiles of 16 query rows; key tiles of BN rows, double-buffered.

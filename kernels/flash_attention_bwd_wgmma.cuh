@@ -200,28 +200,9 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     sm90::mbarArrive(empty(st));
   }
 
-  if (blk.splitHeads) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int k = keyA + 8 * r;
-      if (k >= p.kLen) continue;
-#pragma unroll
-      for (int dt = 0; dt < DPAD / 8; ++dt)
-        if (dt * 8 + 2 * t < p.headDim)
-          blk.storePartial(p, k, dt * 8 + 2 * t, make_float2(dK[4 * dt + 2 * r] * p.scale, dK[4 * dt + 2 * r + 1] * p.scale),
-                           make_float2(dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]));
-    }
-    return;
-  }
-  u16* gdK = sliceMutPtr<u16>(p.dK, b, hk);
-  u16* gdV = sliceMutPtr<u16>(p.dV, b, hk);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int k = keyA + 8 * r;
-    if (k >= p.kLen) continue;
-    storeAccRow<Tag, DPAD>(gdK + (long long)k * p.dK.seqStride, dK, r, p.scale, t, p.headDim);
-    storeAccRow<Tag, DPAD>(gdV + (long long)k * p.dV.seqStride, dV, r, 1.f, t, p.headDim);
-  }
+  blk.storeKeys<Tag, DPAD / 8>(p, keyA, t, [&](int dt, int r) {
+    return make_float4(dK[4 * dt + 2 * r], dK[4 * dt + 2 * r + 1], dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
+  });
 }
 
 // =============================================================================================
