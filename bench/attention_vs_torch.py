@@ -195,6 +195,7 @@ def fp32_seed(fl, lines):
     lines.append("| S | ours fwd | SDPA default fwd | speedup | ours f+b | SDPA default f+b | speedup f+b | "
                  "ours f+b deterministic | speedup det. | max abs err O | max abs err dQ |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    tf32_lines = []
     for s in (128, 512, 1024, 4096):
         q, k, v = (torch.randn(1, 8, s, 64, device="cuda", dtype=torch.float32) for _ in range(3))
         ours = Ours(fl, q, k, v)
@@ -225,6 +226,25 @@ def fp32_seed(fl, lines):
                      f"{t_tfb * 1e3:.1f} | {t_tfb / t_ofb:.2f} | {t_ofb_det * 1e3:.1f} | {t_tfb / t_ofb_det:.2f} | "
                      f"{err:.1e} | {err_dq:.1e} |")
         print(lines[-1], flush=True)
+        # The TF32 opt-in (FlashAttentionConfig::tf32) on the same inputs, against the same SDPA times.
+        os.environ["PA_FLASH_TF32"] = "1"
+        ours_tf = Ours(fl, q, k, v)
+        ours_tf.do.copy_(ours.do)
+        t_xf, t_xfb = bench(ours_tf.fwd), bench(ours_tf.fwd_bwd)
+        ours_tf.fwd_bwd()  # the launcher reads the switch at every call
+        del os.environ["PA_FLASH_TF32"]
+        rel_o = rel_err(ours_tf.o, ref.detach())
+        rel_dq = rel_err(ours_tf.dq, qd.grad)
+        tf32_lines.append(f"| {s} | {t_xf * 1e3:.1f} | {t_tf * 1e3:.1f} | {t_tf / t_xf:.2f} | {t_xfb * 1e3:.1f} | "
+                          f"{t_tfb * 1e3:.1f} | {t_tfb / t_xfb:.2f} | "
+                          f"{(ours_tf.o.double() - ref.detach()).abs().max().item():.1e} | {rel_o:.1e} | {rel_dq:.1e} |")
+        print(tf32_lines[-1], flush=True)
+    lines.append("\n## fp32 inputs with the TF32 opt-in (tf32 = true), same shapes and SDPA times, µs; "
+                 "ratio = SDPA default / ours\n")
+    lines.append("| S | ours tf32 fwd | SDPA default fwd | speedup | ours tf32 f+b | SDPA default f+b | speedup f+b | "
+                 "max abs err O | rel err O | rel err dQ |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.extend(tf32_lines)
 
 
 def main():
@@ -244,6 +264,21 @@ def main():
                        for _ in range(3))
             Ours(fl, q, k, v).fwd_bwd()
         torch.cuda.synchronize()
+        return
+    if "tf32tune" in a.only:  # fp32 inputs on TF32 tensor cores: forward and f+b, for the tile knobs
+        os.environ["PA_FLASH_TF32"] = "1"
+        for d in (64, 128):
+            for causal in (False, True):
+                b, h, s = 4, 2048 // d, 4096
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float32) for _ in range(3))
+                ours = Ours(fl, q, k, v, causal=causal)
+                tf, tfb = bench(ours.fwd), bench(ours.fwd_bwd)
+                fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
+                knobs = " ".join(f"{n}={os.environ[n]}" for n in ("PA_FLASH_FWD_TILE", "PA_FLASH_FWD_MT", "PA_FLASH_DQ_MT",
+                                                                  "PA_FLASH_DQ_TILE", "PA_FLASH_ATOMIC_DQ") if n in os.environ)
+                print(f"tf32tune d={d} causal={causal} {knobs}: fwd {tf:.3f} ms {fl_f / tf / 1e9:.0f} TFLOP/s, "
+                      f"f+b {tfb:.3f} ms {3.5 * fl_f / tfb / 1e9:.0f} TFLOP/s", flush=True)
+        del os.environ["PA_FLASH_TF32"]
         return
     if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), PA_FLASH_ATOMIC_DQ=0/1
         for d in (64, 128):

@@ -32,6 +32,8 @@ pa::FlashAttentionConfig config(int dtype, int b, int hq, int hkv, int sq, int s
   c.deterministic = det && det[0] == '1';
   const char* atomic = std::getenv("PA_FLASH_ATOMIC_DQ");
   c.atomicDq = atomic && atomic[0] == '1';
+  const char* tf32 = std::getenv("PA_FLASH_TF32");  // fp32 inputs on the TF32 tensor cores
+  c.tf32 = tf32 && tf32[0] == '1' && c.dtype == pa::kFlashF32;
   return c;
 }
 

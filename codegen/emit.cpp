@@ -1069,7 +1069,7 @@ NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id) {
 
 bool flashLayoutBshd(const Node& n) { return n.attrs.getString("layout", "bhsd") == "bshd"; }
 
-FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
+FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n, bool tf32) {
   const Ctx c{g, n};
   Shape q = c.in(0), k = c.in(1);
   if (flashLayoutBshd(n)) std::swap(q[1], q[2]), std::swap(k[1], k[2]);  // the [B, H, S, D] view
@@ -1084,6 +1084,7 @@ FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n) {
   f.scale = static_cast<float>(c.n.attrs.getFloat("scale", 1.0));
   f.mask = maskSpecOf(c.n.attrs);
   f.sinkLogits = c.n.op == OpKind::FlashAttention ? c.n.inputs.size() == 4 : c.n.inputs.size() == 7;
+  f.tf32 = tf32 && f.dtype == kFlashF32;
   return f;
 }
 
@@ -1096,7 +1097,7 @@ namespace {
 NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds) {
   NodeKernels nk;
   nk.external = true;
-  const FlashAttentionConfig cfg = flashConfigOf(c.g, c.n);
+  const FlashAttentionConfig cfg = flashConfigOf(c.g, c.n, c.opt->tf32);
   for (FlashKernelKind kind : kinds) {
     FlashKernelSpec spec;
     try {
@@ -1118,7 +1119,7 @@ NodeKernels emitFlashAttention(const Ctx& c) { return flashKernels(c, {FlashKern
 NodeKernels emitFlashAttentionGrad(const Ctx& c) {
   // dQ from the dK/dV kernel's per-key-block shares (fp32, short keys), from its atomics (fp32
   // beyond; the default, non-deterministic backward), or from its own kernel.
-  const FlashKernelSpec dkdv = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n), 0, c.opt->wgmma);
+  const FlashKernelSpec dkdv = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n, c.opt->tf32), 0, c.opt->wgmma);
   std::vector<FlashKernelKind> kinds = {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdSinkReduce,
                                         FlashKernelKind::kBwdDkDv};
   if (dkdv.dqPartial)

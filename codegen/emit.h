@@ -84,8 +84,9 @@ NodeKernels emitNode(const Graph& g, NodeId id, const EmitOptions& opt);
 // (attribute layout: "bshd", read and written with strides) instead of [B, H, S, D].
 bool flashLayoutBshd(const Node& n);
 // The launcher's problem description of a flash-attention or flash-attention-grad node (fp32, or
-// bf16 where lower-bf16 stored q in bf16).
-FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n);
+// bf16 where lower-bf16 stored q in bf16). `tf32` (precision: tf32) puts fp32 attention on the
+// TF32 tensor cores.
+FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n, bool tf32 = false);
 
 // The source with every embedded header it includes pasted in, for nvcc and --dump-kernels.
 std::string selfContainedSource(const Kernel& k);

@@ -85,14 +85,16 @@ int FlashKernelSpec::threads() const {
     case FlashKernelKind::kBwdSinkReduce: return 256;
     case FlashKernelKind::kForward:
     case FlashKernelKind::kBwdDkDv:
-    case FlashKernelKind::kBwdDq: return dtype == kFlashF32 ? 128 : 32 * warps + (wgmma ? 128 : 0);
+    case FlashKernelKind::kBwdDq: return dtype == kFlashF32 && !tf32 ? 128 : 32 * warps + (wgmma ? 128 : 0);
   }
   return 0;
 }
 
 int FlashKernelSpec::sharedBytes() const {
   // Must match the shared-memory carve-up at the top of each kernel in flash_attention_{fwd,bwd}.cuh.
-  const bool f32 = dtype == kFlashF32;
+  const bool f32 = dtype == kFlashF32 && !tf32;  // the FFMA kernels
+  // mma.sync kernels: bytes of a shared row of head dim (16 bytes of padding) and of a dS^T row.
+  const int row = tf32 ? (dpad + 4) * 4 : (dpad + 8) * 2, dsRow = tf32 ? (tile + 4) * 4 : (tile + 8) * 2;
   switch (kind) {
     case FlashKernelKind::kBwdDqConvert:
     case FlashKernelKind::kBwdDkDvReduce:
@@ -104,18 +106,17 @@ int FlashKernelSpec::sharedBytes() const {
       if (wgmma) return 16 * warps * dpad * 2 + 2 * stages * tile * dpad * 2 + 1024;
       // fp32: mtiles is R, the query rows per thread (16 * R rows per block).
       return f32 ? (16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
-                 : (16 * mtiles * warps + 2 * tile) * (dpad + 8) * 2;
+                 : (16 * mtiles * warps + 2 * tile) * row;
     case FlashKernelKind::kBwdDkDv:
       // wgmma: K and V of 16·warps keys, per stage Q, dO and the query statistics (20 bytes a row,
       // rounded to 1 KB), alignment slack (WgmmaDkDvConfig).
       if (wgmma) return 2 * 16 * warps * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) + 1024;
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 2 * 16 * mtiles * 68 + 2 * 64) * 4
-                 : (2 * 16 * warps + 4 * tile) * (dpad + 8) * 2 + 4 * tile * 4 + 6 * tile * 4 +
-                       (atomicDq ? 16 * warps * (tile + 8) * 2 : 0);
+                 : (2 * 16 * warps + 4 * tile) * row + 4 * tile * 4 + 6 * tile * 4 + (atomicDq ? 16 * warps * dsRow : 0);
     case FlashKernelKind::kBwdDq:
       if (wgmma) return 2 * 16 * warps * dpad * 2 + stages * 2 * tile * dpad * 2 + 1024;  // WgmmaDqConfig
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
-                 : (2 * 16 * mtiles * warps + 4 * tile) * (dpad + 8) * 2;
+                 : (2 * 16 * mtiles * warps + 4 * tile) * row;
   }
   return 0;
 }
@@ -133,12 +134,12 @@ std::string FlashKernelSpec::name() const {
     case FlashKernelKind::kBwdDkDvReduce: os << "bwd_dkdvsum"; break;
     case FlashKernelKind::kBwdDqReduce: os << "bwd_dqsum_" << dtypeName(dtype) << "_m" << mtiles; return os.str();
   }
-  os << "_" << dtypeName(dtype);
+  os << "_" << (tf32 ? "tf32" : dtypeName(dtype));
   if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdDqConvert ||
       kind == FlashKernelKind::kBwdDkDvReduce)
     return os.str();
   os << "_d" << dpad;
-  if (dtype != kFlashF32) os << "_w" << warps << "_t" << tile;
+  if (dtype != kFlashF32 || tf32) os << "_w" << warps << "_t" << tile;
   if (mtiles != 1) os << "_m" << mtiles;
   if (atomicDq) os << "_adq";
   if (wgmma) os << "_wg_s" << stages;
@@ -147,14 +148,15 @@ std::string FlashKernelSpec::name() const {
 }
 
 int FlashKernelSpec::rowsPerBlock() const {
-  if (dtype == kFlashF32) return 16 * mtiles;  // R rows (or keys) per thread, 16 R per block
+  if (dtype == kFlashF32 && !tf32) return 16 * mtiles;  // R rows (or keys) per thread, 16 R per block
   return 16 * warps * (kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDq ? mtiles : 1);
 }
 
 std::string FlashKernelSpec::source() const {
   std::string call;
   const std::string d = std::to_string(dpad), w = std::to_string(warps), t = std::to_string(tile);
-  const bool f32 = dtype == kFlashF32;
+  const bool f32 = dtype == kFlashF32 && !tf32;  // the FFMA kernels
+  const std::string tag = tf32 ? "pa::flash::TF32Tag" : dtypeTag(dtype);  // of the mma.sync kernels
   switch (kind) {
     case FlashKernelKind::kForward:
       if (wgmma) {
@@ -163,7 +165,7 @@ std::string FlashKernelSpec::source() const {
         break;
       }
       call = f32 ? "flashForwardF32<" + d + ", " + std::to_string(mtiles) + ">"
-                 : "flashForwardMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
+                 : "flashForwardMma<" + tag + ", " + d + ", " + w + ", " + t + ", " +
                        std::to_string(mtiles) + ">";
       break;
     case FlashKernelKind::kBwdPreprocess:
@@ -178,7 +180,7 @@ std::string FlashKernelSpec::source() const {
       }
       call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " +
                        (dqPartial ? "pa::flash::kDqPartial" : atomicDq ? "pa::flash::kDqAtomic" : "pa::flash::kDqSeparate") + ">"
-                 : "flashBackwardDkDvMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
+                 : "flashBackwardDkDvMma<" + tag + ", " + d + ", " + w + ", " + t + ", " +
                        (atomicDq ? "true" : "false") + ">";
       break;
     case FlashKernelKind::kBwdDqConvert:
@@ -195,7 +197,7 @@ std::string FlashKernelSpec::source() const {
         break;
       }
       call = f32 ? "flashBackwardDqF32<" + d + ", " + std::to_string(mtiles) + ">"
-                 : "flashBackwardDqMma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + w + ", " + t + ", " +
+                 : "flashBackwardDqMma<" + tag + ", " + d + ", " + w + ", " + t + ", " +
                        std::to_string(mtiles) + ">";
       break;
   }
@@ -267,6 +269,20 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
     if (dt != kFlashF32) specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDvReduce, cfg));
   }
   specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdSinkReduce, cfg));
+  // fp32 on TF32 tensor cores: the mma.sync forward, dK/dV (both dQ schemes) and dQ kernels.
+  cfg.dtype = kFlashF32;
+  cfg.tf32 = true;
+  for (int d : {32, 64, 96, 128, 256}) {
+    cfg.headDim = d;
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg));
+    if (d > 128) continue;  // the fp32 backward's limit
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg));
+    cfg.atomicDq = true;
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
+    cfg.atomicDq = false;
+  }
+  cfg.tf32 = false;
   // sm_90a forwards: the launcher's choice and the tile / warpgroup variants its overrides reach.
   for (FlashDType dt : {kFlashF16, kFlashBF16}) {
     cfg.dtype = dt;
@@ -309,12 +325,17 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   s.kind = kind;
   s.dtype = cfg.dtype;
   s.dpad = padHeadDim(cfg.headDim);
+  // fp32 products run on the exact FFMA kernels, or with tf32 on the mma.sync kernels of the
+  // 16-bit types (same tiles; the wgmma kernels stay 16-bit).
+  const bool ffma = cfg.dtype == kFlashF32 && !cfg.tf32;
+  s.tf32 = cfg.dtype == kFlashF32 && cfg.tf32 &&
+           (kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq);
   // Tile sizes per head dim (tunable; bench/RESULTS_flash.md has the measurements behind them).
   s.warps = 4;
   s.tile = 64;
   // Forward: 128-row blocks (2 m-tiles per warp) as FlashAttention-2 does, except at head dim 256
   // where two m-tiles of accumulators would not fit the register file.
-  s.mtiles = kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32 && s.dpad <= 128 ? 2 : 1;
+  s.mtiles = kind == FlashKernelKind::kForward && !ffma && s.dpad <= 128 ? 2 : 1;
   // Measured on the H100 (bench/RESULTS_flash.md, tile sweep): 64 keys per tile at head dim <= 64,
   // 32 above, where S of 2 x 64 keys beside O would exceed the register file.
   if (kind == FlashKernelKind::kForward && s.mtiles == 2 && s.dpad > 64) s.tile = 32;
@@ -324,7 +345,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // latency bound), but every block streams all of K and V, so R = 1 pays only for q_len <= 128.
   // Rule from the R sweep in bench/RESULTS_flash.md (B=1, H=8, D=64): the largest R whose grid
   // has >= 1.9 blocks per multiprocessor (two fit at R = 8, head dim <= 64), else R = 2.
-  if (kind == FlashKernelKind::kForward && cfg.dtype == kFlashF32) {
+  if (kind == FlashKernelKind::kForward && ffma) {
     s.mtiles = 4;
     if (multiprocessors > 0) {
       const long long slices = (long long)cfg.batch * cfg.heads;
@@ -339,7 +360,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   }
   // fp32 backward: the same trade and rule with R in {4, 2, 1} keys (dK/dV) or rows (dQ) per
   // thread (sweep in bench/RESULTS_flash.md).
-  if ((kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq) && cfg.dtype == kFlashF32) {
+  if ((kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq) && ffma) {
     s.mtiles = 4;
     if (multiprocessors > 0) {
       const bool dkdv = kind == FlashKernelKind::kBwdDkDv;
@@ -357,7 +378,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // fp32 dQ (Fp32DqMode in flash_attention_bwd.cuh): up to kMaxDqPartialBlocks key blocks, their
   // per-block shares summed in order; beyond, atomics unless the backward must be deterministic,
   // then the separate dQ kernel (two recomputed products). `atomicDq` asks for atomics always.
-  if (kind == FlashKernelKind::kBwdDkDv && cfg.dtype == kFlashF32) {
+  if (kind == FlashKernelKind::kBwdDkDv && ffma) {
     s.dqPartial = !cfg.atomicDq && ceilDiv(cfg.kLen, 16 * s.mtiles) <= kMaxDqPartialBlocks;
     s.atomicDq = cfg.atomicDq || (!s.dqPartial && !cfg.deterministic);
   }
@@ -365,22 +386,37 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     s.mtiles = chooseSpec(FlashKernelKind::kBwdDkDv, cfg, multiprocessors).mtiles;
     s.dpad = 0;
   }
-  if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32) {
+  if (kind == FlashKernelKind::kForward && !ffma) {
     if (const int t = tuningOverride("PA_FLASH_FWD_TILE")) s.tile = t;
     if (const int m = tuningOverride("PA_FLASH_FWD_MT")) s.mtiles = m;
   }
   // dQ kernel: the forward's 128-row blocks; S and dP of 2 x 32 keys beside dQ above head dim 64.
-  if (kind == FlashKernelKind::kBwdDq && cfg.dtype != kFlashF32) {
+  if (kind == FlashKernelKind::kBwdDq && !ffma) {
     if (const int m = tuningOverride("PA_FLASH_DQ_MT")) s.mtiles = m;
     else s.mtiles = s.dpad <= 128 ? 2 : 1;
     if (s.mtiles == 2 && s.dpad > 64) s.tile = 32;
     if (const int t = tuningOverride("PA_FLASH_DQ_TILE")) s.tile = t;
   }
   // Backward, FlashAttention-2 scheme: 8 warps x 16 keys share each Q/dO tile (4 at head dim 256,
-  // where the key tiles of 128 rows would not fit shared memory).
-  if (kind == FlashKernelKind::kBwdDkDv && cfg.dtype != kFlashF32 && cfg.atomicDq) {
+  // and with TF32's 4-byte elements above 64, where the key tiles of 128 rows would not fit shared
+  // memory).
+  if (kind == FlashKernelKind::kBwdDkDv && !ffma && cfg.atomicDq) {
     s.atomicDq = true;
-    s.warps = s.dpad <= 128 ? 8 : 4;
+    s.warps = s.dpad <= (s.tf32 ? 64 : 128) ? 8 : 4;
+  }
+  // TF32 backward: its fragments take twice the registers of 16-bit ones, so the tiles that fit
+  // 255 registers without spills (ptxas -v): dK/dV over 64 query rows at head dim <= 64, 32
+  // above and with atomic dQ (4 warps there except at 64: the dQ product's column split needs 16
+  // columns per warp); dQ over 32 keys, 2 m-tiles at head dim <= 64, 1 above.
+  if (s.tf32 && kind == FlashKernelKind::kBwdDkDv) {
+    s.tile = s.atomicDq || s.dpad > 64 ? 32 : 64;
+    if (s.atomicDq) s.warps = s.dpad == 64 ? 8 : 4;
+  }
+  if (s.tf32 && kind == FlashKernelKind::kBwdDq) {
+    s.tile = 32;
+    s.mtiles = s.dpad <= 64 ? 2 : 1;
+    if (const int m = tuningOverride("PA_FLASH_DQ_MT")) s.mtiles = m;
+    if (const int t = tuningOverride("PA_FLASH_DQ_TILE")) s.tile = t;
   }
   // sm_90a, 16-bit forward at padded head dims 64 and 128 (head dims 33-64 and 97-128 pad up):
   // wgmma with a producer warpgroup, 128-key tiles in a two-stage ring, and three consumer
@@ -435,6 +471,9 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
   if (c.mask.windowLeft < -1 || c.mask.windowRight < -1 || c.mask.sinks < 0)
     fail("window offsets must be >= -1 (-1 = unbounded) and sinks >= 0");
   if (!(c.scale >= 0.f) || !std::isfinite(c.scale)) fail("scale must be finite and >= 0 (0 = 1/sqrt(head dim))");
+  if (c.tf32 && c.dtype != kFlashF32)
+    fail(std::string("tf32 applies to fp32 inputs only; these are ") + dtypeName(c.dtype) +
+         " (their products already run on the tensor cores)");
   if (backward && c.dtype == kFlashF32 && c.headDim > 128)
     fail("fp32 backward supports head dim <= 128 (its tiles of " + std::to_string(padHeadDim(c.headDim)) +
          " do not fit shared memory); use bf16/fp16");
@@ -478,9 +517,11 @@ static FlashTensorView view(const FlashTensor& t) {
 const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) {
   // Integer key: launches happen every training step, so the hit path builds no strings.
   // Every field of the spec that changes the source has its own digits (mtiles < 16).
-  const unsigned long long key =
-      ((((((((unsigned long long)spec.kind * 4 + spec.dtype) * 1024 + spec.dpad) * 64 + spec.warps) * 1024 + spec.tile) * 16 +
-        spec.mtiles) * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
+  unsigned long long key = (unsigned long long)spec.kind * 4 + spec.dtype;
+  key = (key * 1024 + spec.dpad) * 64 + spec.warps;
+  key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
+  key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
+  key = key * 2 + spec.tf32;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = loaded_.find(key);
   if (it != loaded_.end()) return it->second;

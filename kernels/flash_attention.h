@@ -54,6 +54,10 @@ struct FlashAttentionConfig {
   // products per tile pair instead of 7), whatever the length. fp16/bf16: measured slower than the
   // separate dQ kernel on the H100 (bench/RESULTS_flash.md), hence off there. Not bit-reproducible.
   bool atomicDq = false;
+  // fp32 only: the products on the tensor cores with operands rounded to TF32 (10-bit mantissa,
+  // fp32 accumulation; the mma.sync kernels of the 16-bit types), as torch.backends.cuda.matmul.
+  // allow_tf32 does for matmuls. Off: the exact FFMA kernels. Errors for fp16/bf16 inputs.
+  bool tf32 = false;
 };
 
 struct FlashForwardArgs {
@@ -99,6 +103,9 @@ struct FlashKernelSpec {
   // the streamed tile's rows, `stages` the depth of its ring.
   bool wgmma = false;
   int stages = 2;
+  // fp32 on the tensor cores (FlashAttentionConfig::tf32): the forward / dK,dV / dQ kernels are
+  // the 16-bit types' mma.sync kernels with TF32 operands; `warps`, `tile`, `mtiles` as there.
+  bool tf32 = false;
   int rowsPerBlock() const;
   std::string name() const;      // C identifier of the generated kernel
   std::string source() const;    // generated NVRTC translation unit

@@ -203,8 +203,8 @@ struct DkDvBlock {
       T* gdK = sliceMutPtr<T>(p.dK, b, hk);
       T* gdV = sliceMutPtr<T>(p.dV, b, hk);
       forEachPair<DT>(p, keyA, t, pairs, [&](int k, int col, float2 dk, float2 dv) {
-        *(u32*)(gdK + (long long)k * p.dK.seqStride + col) = Elem<Tag>::pack(dk.x, dk.y);
-        *(u32*)(gdV + (long long)k * p.dV.seqStride + col) = Elem<Tag>::pack(dv.x, dv.y);
+        Elem<Tag>::storePair(gdK + (long long)k * p.dK.seqStride + col, dk.x, dk.y);
+        Elem<Tag>::storePair(gdV + (long long)k * p.dV.seqStride + col, dv.x, dv.y);
       });
     }
   }
@@ -233,10 +233,11 @@ struct DkDvBlock {
 // kernel; the summation order of dQ then varies from run to run).
 template <typename Tag, int DPAD, int WARPS, int BQ, bool ATOMIC_DQ>
 __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p) {
-  typedef u16 T;
-  constexpr int BN = 16 * WARPS, THREADS = 32 * WARPS, LD = DPAD + 8;
+  typedef MmaStep<Tag> F;
+  typedef typename F::T T;
+  constexpr int BN = 16 * WARPS, THREADS = 32 * WARPS, LD = DPAD + F::kPad;
   constexpr int QT = BQ / 8, DT = DPAD / 8;
-  constexpr int LDS = BQ + 8;  // dS^T tile [BN][BQ] (atomic-dQ only)
+  constexpr int LDS = BQ + F::kPad;  // dS^T tile [BN][BQ] (atomic-dQ only)
   extern __shared__ __align__(16) unsigned char smemRaw[];
   T* sK = (T*)smemRaw;
   T* sV = sK + BN * LD;
@@ -296,18 +297,18 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
       for (int e = 0; e < 4; ++e) pT[i][e] = dpT[i][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < DPAD / 16; ++kk) {
-      u32 aK[4], aV[4];
-      loadFragA(aK, sK, LD, warp * 16, kk * 16);
-      loadFragA(aV, sV, LD, warp * 16, kk * 16);
+      typename F::A aK, aV;
+      F::loadA(aK, sK, LD, warp * 16, kk * 16);
+      F::loadA(aV, sV, LD, warp * 16, kk * 16);
 #pragma unroll
       for (int nn = 0; nn < BQ / 16; ++nn) {
-        u32 bq[4], bo[4];
-        loadFragBNK(bq, sQ, LD, nn * 16, kk * 16);
-        loadFragBNK(bo, sdO, LD, nn * 16, kk * 16);
-        Mma<Tag>::run(pT[2 * nn], aK, bq[0], bq[1]);
-        Mma<Tag>::run(pT[2 * nn + 1], aK, bq[2], bq[3]);
-        Mma<Tag>::run(dpT[2 * nn], aV, bo[0], bo[1]);
-        Mma<Tag>::run(dpT[2 * nn + 1], aV, bo[2], bo[3]);
+        typename F::B bq, bo;
+        F::loadBNK(bq, sQ, LD, nn * 16, kk * 16);
+        F::loadBNK(bo, sdO, LD, nn * 16, kk * 16);
+        F::mma(pT[2 * nn], aK, bq, 0);
+        F::mma(pT[2 * nn + 1], aK, bq, 1);
+        F::mma(dpT[2 * nn], aV, bo, 0);
+        F::mma(dpT[2 * nn + 1], aV, bo, 1);
       }
     }
     // P^T and dS^T (kept in dpT), element e of n-tile nt: key keyA + 8*(e>>1), query
@@ -330,29 +331,22 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
       for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          *(u32*)(sdS + (warp * 16 + g + 8 * r) * LDS + nt * 8 + 2 * t) =
-              Elem<Tag>::pack(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
+          Elem<Tag>::storePair(sdS + (warp * 16 + g + 8 * r) * LDS + nt * 8 + 2 * t, dpT[nt][2 * r], dpT[nt][2 * r + 1]);
     }
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) {
-      u32 aP[4], aS[4];
-      aP[0] = Elem<Tag>::pack(pT[2 * kk][0], pT[2 * kk][1]);
-      aP[1] = Elem<Tag>::pack(pT[2 * kk][2], pT[2 * kk][3]);
-      aP[2] = Elem<Tag>::pack(pT[2 * kk + 1][0], pT[2 * kk + 1][1]);
-      aP[3] = Elem<Tag>::pack(pT[2 * kk + 1][2], pT[2 * kk + 1][3]);
-      aS[0] = Elem<Tag>::pack(dpT[2 * kk][0], dpT[2 * kk][1]);
-      aS[1] = Elem<Tag>::pack(dpT[2 * kk][2], dpT[2 * kk][3]);
-      aS[2] = Elem<Tag>::pack(dpT[2 * kk + 1][0], dpT[2 * kk + 1][1]);
-      aS[3] = Elem<Tag>::pack(dpT[2 * kk + 1][2], dpT[2 * kk + 1][3]);
+      typename F::A aP, aS;
+      F::fromAcc(aP, pT[2 * kk], pT[2 * kk + 1]);
+      F::fromAcc(aS, dpT[2 * kk], dpT[2 * kk + 1]);
 #pragma unroll
       for (int dd = 0; dd < DPAD / 16; ++dd) {
-        u32 bo[4], bq[4];
-        loadFragBKN(bo, sdO, LD, dd * 16, kk * 16);
-        loadFragBKN(bq, sQ, LD, dd * 16, kk * 16);
-        Mma<Tag>::run(dV[2 * dd], aP, bo[0], bo[1]);
-        Mma<Tag>::run(dV[2 * dd + 1], aP, bo[2], bo[3]);
-        Mma<Tag>::run(dK[2 * dd], aS, bq[0], bq[1]);
-        Mma<Tag>::run(dK[2 * dd + 1], aS, bq[2], bq[3]);
+        typename F::B bo, bq;
+        F::loadBKN(bo, sdO, LD, dd * 16, kk * 16);
+        F::loadBKN(bq, sQ, LD, dd * 16, kk * 16);
+        F::mma(dV[2 * dd], aP, bo, 0);
+        F::mma(dV[2 * dd + 1], aP, bo, 1);
+        F::mma(dK[2 * dd], aS, bq, 0);
+        F::mma(dK[2 * dd + 1], aS, bq, 1);
       }
     }
     if constexpr (ATOMIC_DQ) {
@@ -370,11 +364,12 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-          u32 a[4], bk[4];
-          loadFragATrans(a, sdS, LDS, rg * 16, kk * 16);
-          loadFragBKN(bk, sK, LD, c0 + dd * 16, kk * 16);
-          Mma<Tag>::run(acc[0], a, bk[0], bk[1]);
-          Mma<Tag>::run(acc[1], a, bk[2], bk[3]);
+          typename F::A a;
+          typename F::B bk;
+          F::loadATrans(a, sdS, LDS, rg * 16, kk * 16);
+          F::loadBKN(bk, sK, LD, c0 + dd * 16, kk * 16);
+          F::mma(acc[0], a, bk, 0);
+          F::mma(acc[1], a, bk, 1);
         }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
@@ -407,8 +402,9 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
 // MT = 2 halves the K/V fragment loads per mma, as in the forward.
 template <typename Tag, int DPAD, int WARPS, int BN, int MT>
 __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
-  typedef u16 T;
-  constexpr int BM = 16 * MT * WARPS, THREADS = 32 * WARPS, LD = DPAD + 8;
+  typedef MmaStep<Tag> F;
+  typedef typename F::T T;
+  constexpr int BM = 16 * MT * WARPS, THREADS = 32 * WARPS, LD = DPAD + F::kPad;
   constexpr int NT = BN / 8, DT = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smemRaw[];
   T* sQ = (T*)smemRaw;
@@ -477,23 +473,23 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
         for (int e = 0; e < 4; ++e) s[mt][i][e] = dp[mt][i][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < DPAD / 16; ++kk) {
-      u32 aQ[MT][4], aO[MT][4];
+      typename F::A aQ[MT], aO[MT];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        loadFragA(aQ[mt], sQ, LD, warpRow0 + 16 * mt, kk * 16);
-        loadFragA(aO[mt], sdO, LD, warpRow0 + 16 * mt, kk * 16);
+        F::loadA(aQ[mt], sQ, LD, warpRow0 + 16 * mt, kk * 16);
+        F::loadA(aO[mt], sdO, LD, warpRow0 + 16 * mt, kk * 16);
       }
 #pragma unroll
       for (int nn = 0; nn < BN / 16; ++nn) {
-        u32 bk[4], bv[4];
-        loadFragBNK(bk, sK, LD, nn * 16, kk * 16);
-        loadFragBNK(bv, sV, LD, nn * 16, kk * 16);
+        typename F::B bk, bv;
+        F::loadBNK(bk, sK, LD, nn * 16, kk * 16);
+        F::loadBNK(bv, sV, LD, nn * 16, kk * 16);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Mma<Tag>::run(s[mt][2 * nn], aQ[mt], bk[0], bk[1]);
-          Mma<Tag>::run(s[mt][2 * nn + 1], aQ[mt], bk[2], bk[3]);
-          Mma<Tag>::run(dp[mt][2 * nn], aO[mt], bv[0], bv[1]);
-          Mma<Tag>::run(dp[mt][2 * nn + 1], aO[mt], bv[2], bv[3]);
+          F::mma(s[mt][2 * nn], aQ[mt], bk, 0);
+          F::mma(s[mt][2 * nn + 1], aQ[mt], bk, 1);
+          F::mma(dp[mt][2 * nn], aO[mt], bv, 0);
+          F::mma(dp[mt][2 * nn + 1], aO[mt], bv, 1);
         }
       }
     }
@@ -513,22 +509,17 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
       }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      u32 aS[MT][4];
+      typename F::A aS[MT];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        aS[mt][0] = Elem<Tag>::pack(dp[mt][2 * kk][0], dp[mt][2 * kk][1]);
-        aS[mt][1] = Elem<Tag>::pack(dp[mt][2 * kk][2], dp[mt][2 * kk][3]);
-        aS[mt][2] = Elem<Tag>::pack(dp[mt][2 * kk + 1][0], dp[mt][2 * kk + 1][1]);
-        aS[mt][3] = Elem<Tag>::pack(dp[mt][2 * kk + 1][2], dp[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) F::fromAcc(aS[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
 #pragma unroll
       for (int dd = 0; dd < DPAD / 16; ++dd) {
-        u32 bk[4];
-        loadFragBKN(bk, sK, LD, dd * 16, kk * 16);
+        typename F::B bk;
+        F::loadBKN(bk, sK, LD, dd * 16, kk * 16);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Mma<Tag>::run(dQ[mt][2 * dd], aS[mt], bk[0], bk[1]);
-          Mma<Tag>::run(dQ[mt][2 * dd + 1], aS[mt], bk[2], bk[3]);
+          F::mma(dQ[mt][2 * dd], aS[mt], bk, 0);
+          F::mma(dQ[mt][2 * dd + 1], aS[mt], bk, 1);
         }
       }
     }
@@ -549,8 +540,8 @@ __device__ __forceinline__ void flashBackwardDqMma(const FlashKernelParams& p) {
       for (int dt = 0; dt < DT; ++dt) {
         const int col = dt * 8 + 2 * t;
         if (col < p.headDim)
-          *(u32*)(gdQ + (long long)q * p.dQ.seqStride + col) =
-              Elem<Tag>::pack(dQ[mt][dt][2 * r] * p.scale, dQ[mt][dt][2 * r + 1] * p.scale);
+          Elem<Tag>::storePair(gdQ + (long long)q * p.dQ.seqStride + col, dQ[mt][dt][2 * r] * p.scale,
+                               dQ[mt][dt][2 * r + 1] * p.scale);
       }
     }
 }

@@ -34,6 +34,9 @@ typedef unsigned int u32;
 struct F32Tag {};
 struct F16Tag {};
 struct BF16Tag {};
+// fp32 in memory, products on the tensor cores with operands rounded to TF32 (the opt-in
+// FlashAttentionConfig::tf32): the mma.sync kernels, instantiated with MmaStep<TF32Tag>.
+struct TF32Tag {};
 
 template <typename Tag> struct Elem;
 template <> struct Elem<F32Tag> {
@@ -41,7 +44,9 @@ template <> struct Elem<F32Tag> {
   static constexpr int kBytes = 4;
   static __device__ __forceinline__ float toFloat(float x) { return x; }
   static __device__ __forceinline__ float fromFloat(float x) { return x; }
+  static __device__ __forceinline__ void storePair(float* dst, float lo, float hi) { *(float2*)dst = make_float2(lo, hi); }
 };
+template <> struct Elem<TF32Tag> : Elem<F32Tag> {};
 template <> struct Elem<F16Tag> {
   typedef u16 Storage;
   static constexpr int kBytes = 2;
@@ -61,6 +66,8 @@ template <> struct Elem<F16Tag> {
     asm("{ cvt.rn.f16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
+  // Two adjacent elements (4-byte aligned).
+  static __device__ __forceinline__ void storePair(u16* dst, float lo, float hi) { *(u32*)dst = pack(lo, hi); }
 };
 template <> struct Elem<BF16Tag> {
   typedef u16 Storage;
@@ -76,6 +83,7 @@ template <> struct Elem<BF16Tag> {
     asm("{ cvt.rn.bf16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
+  static __device__ __forceinline__ void storePair(u16* dst, float lo, float hi) { *(u32*)dst = pack(lo, hi); }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -213,6 +221,131 @@ __device__ __forceinline__ void loadFragBKN(u32 (&b)[4], const u16* tile, int ld
   const int m = lane >> 3;
   ldmatrixX4Trans(b, tile + (k0 + (m & 1) * 8 + (lane & 7)) * ld + n0 + (m >> 1) * 8);
 }
+
+// ---------------------------------------------------------------------------------------------
+// One k16 step of a warp's tensor-core product, for any element type: the mma.sync kernels are
+// written against this interface. `A` holds a 16x16 A fragment, `B` the 16(k) x 16(n) B fragment
+// of two n-tiles; mma(c, a, b, n) adds A.B of n-tile n (n in {0, 1}) into the 16x8 accumulator c.
+// Shared tiles have row stride LD = DPAD + kPad elements, which is 16 bytes past a multiple of 128
+// in both cases, so ldmatrix's eight 16-byte rows fall in distinct banks.
+//   loadA(a, tile, ld, r0, k0)       A = tile[r0.., k0..]          (tile row-major [row][k])
+//   loadATrans(a, tile, ld, r0, k0)  A(row, k) = tile[k0 + k][r0 + row]
+//   loadBNK(b, tile, ld, n0, k0)     B(k, n) = tile[n0 + n][k0 + k]   (a K tile in Q.K^T)
+//   loadBKN(b, tile, ld, n0, k0)     B(k, n) = tile[k0 + k][n0 + n]   (a V tile in P.V)
+//   fromAcc(a, c0, c1)               A = the two 16x8 accumulators c0 | c1 (P or dS, k = their n)
+template <typename Tag> struct MmaStep16 {  // fp16 / bf16: one m16n8k16 per n-tile
+  typedef u16 T;
+  static constexpr int kPad = 8;
+  struct A {
+    u32 r[4];
+  };
+  struct B {
+    u32 r[4];  // n-tile 0: r[0], r[1]; n-tile 1: r[2], r[3]
+  };
+  static __device__ __forceinline__ void loadA(A& a, const T* tile, int ld, int r0, int k0) { loadFragA(a.r, tile, ld, r0, k0); }
+  static __device__ __forceinline__ void loadATrans(A& a, const T* tile, int ld, int r0, int k0) {
+    loadFragATrans(a.r, tile, ld, r0, k0);
+  }
+  static __device__ __forceinline__ void loadBNK(B& b, const T* tile, int ld, int n0, int k0) { loadFragBNK(b.r, tile, ld, n0, k0); }
+  static __device__ __forceinline__ void loadBKN(B& b, const T* tile, int ld, int n0, int k0) { loadFragBKN(b.r, tile, ld, n0, k0); }
+  static __device__ __forceinline__ void fromAcc(A& a, const float (&c0)[4], const float (&c1)[4]) {
+    a.r[0] = Elem<Tag>::pack(c0[0], c0[1]);
+    a.r[1] = Elem<Tag>::pack(c0[2], c0[3]);
+    a.r[2] = Elem<Tag>::pack(c1[0], c1[1]);
+    a.r[3] = Elem<Tag>::pack(c1[2], c1[3]);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n) {
+    Mma<Tag>::run(c, a.r, b.r[2 * n], b.r[2 * n + 1]);
+  }
+};
+template <typename Tag> struct MmaStep;
+template <> struct MmaStep<BF16Tag> : MmaStep16<BF16Tag> {};
+template <> struct MmaStep<F16Tag> : MmaStep16<F16Tag> {};
+
+// TF32: two m16n8k8 per n-tile and k16 step. Their register layouts (lane = 4g + t):
+//   A (16x8): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4);  B (8x8): b0 = (t, g), b1 = (t+4, g).
+// ldmatrix moves 32-bit elements too (an 8x8 b16 matrix is 8 rows of 4 floats, lane 4g + t gets
+// row g, float t), which gives A and the K tile's B exactly. For the operands whose k runs along
+// the rows of a tile or through an accumulator (P, dS, V, dO, Q in dK), k is permuted instead:
+// within each 8-wide k slice, the MMA's k = t and t + 4 stand for k = 2t and 2t + 1. An
+// accumulator's two adjacent columns (2t, 2t+1) then become a0/a2 without shuffles, and B's rows
+// 2t and 2t+1 are read by scalar loads from distinct banks (8t + g with LD = 4 mod 32). A sum
+// over k is the same whatever the order of its terms, so both operands of a product only have to
+// agree: loadA with loadBNK (natural k), fromAcc and loadATrans with loadBKN (permuted k).
+// Operands are rounded to TF32 with cvt.rna (nearest, ties away: relative error <= 2^-11).
+__device__ __forceinline__ u32 toTf32(float x) {
+  u32 r;
+  asm("{ cvt.rna.tf32.f32 %0, %1; }" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void mmaTf32(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile(
+      "{ mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3}; }"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <> struct MmaStep<TF32Tag> {
+  typedef float T;
+  static constexpr int kPad = 4;
+  struct A {
+    u32 r[8];  // k slice h (of 2): r[4h .. 4h+3] = a0..a3
+  };
+  struct B {
+    u32 r[8];  // n-tile n, k slice h: r[4n + 2h] = b0, r[4n + 2h + 1] = b1
+  };
+  static __device__ __forceinline__ void loadA(A& a, const T* tile, int ld, int r0, int k0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      u32 q[4];
+      ldmatrixX4(q, tile + (r0 + (m & 1) * 8 + (lane & 7)) * ld + k0 + 8 * h + (m >> 1) * 4);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a.r[4 * h + i] = toTf32(__uint_as_float(q[i]));
+    }
+  }
+  static __device__ __forceinline__ void loadATrans(A& a, const T* tile, int ld, int r0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const T* row = tile + (k0 + 8 * h + 2 * t) * ld + r0 + g;
+      a.r[4 * h + 0] = toTf32(row[0]);
+      a.r[4 * h + 1] = toTf32(row[8]);
+      a.r[4 * h + 2] = toTf32(row[ld]);
+      a.r[4 * h + 3] = toTf32(row[ld + 8]);
+    }
+  }
+  static __device__ __forceinline__ void loadBNK(B& b, const T* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      u32 q[4];
+      ldmatrixX4(q, tile + (n0 + 8 * n + (lane & 7)) * ld + k0 + 4 * (lane >> 3));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b.r[4 * n + i] = toTf32(__uint_as_float(q[i]));
+    }
+  }
+  static __device__ __forceinline__ void loadBKN(B& b, const T* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const T* p = tile + (k0 + 8 * h + 2 * t) * ld + n0 + 8 * n + g;
+        b.r[4 * n + 2 * h] = toTf32(p[0]);
+        b.r[4 * n + 2 * h + 1] = toTf32(p[ld]);
+      }
+  }
+  static __device__ __forceinline__ void fromAcc(A& a, const float (&c0)[4], const float (&c1)[4]) {
+    a.r[0] = toTf32(c0[0]), a.r[1] = toTf32(c0[2]), a.r[2] = toTf32(c0[1]), a.r[3] = toTf32(c0[3]);
+    a.r[4] = toTf32(c1[0]), a.r[5] = toTf32(c1[2]), a.r[6] = toTf32(c1[1]), a.r[7] = toTf32(c1[3]);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      mmaTf32(c, a.r[4 * h], a.r[4 * h + 1], a.r[4 * h + 2], a.r[4 * h + 3], b.r[4 * n + 2 * h], b.r[4 * n + 2 * h + 1]);
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // The mask at tile granularity. Rows [m0, m1) and keys [n0, n1) (both clipped to the lengths).

@@ -69,10 +69,11 @@ __device__ __forceinline__ T* sliceMutPtr(const FlashTensorView& v, int b, int h
 // memory per mma and the K/V traffic from L2 per flop, at the price of twice the accumulators.
 template <typename Tag, int DPAD, int WARPS, int BN, int MT>
 __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
-  typedef u16 T;
+  typedef MmaStep<Tag> F;
+  typedef typename F::T T;
   constexpr int BM = 16 * MT * WARPS;
   constexpr int THREADS = 32 * WARPS;
-  constexpr int LD = DPAD + 8;  // +16 bytes per row: ldmatrix rows land in distinct banks
+  constexpr int LD = DPAD + F::kPad;  // +16 bytes per row: ldmatrix rows land in distinct banks
   constexpr int NT = BN / 8;    // n-tiles of S
   constexpr int DT = DPAD / 8;  // n-tiles of O
   extern __shared__ __align__(16) unsigned char smemRaw[];
@@ -127,17 +128,17 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
       for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < DPAD / 16; ++kk) {
-      u32 a[MT][4];
+      typename F::A a[MT];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) loadFragA(a[mt], sQ, LD, warpRow0 + 16 * mt, kk * 16);
+      for (int mt = 0; mt < MT; ++mt) F::loadA(a[mt], sQ, LD, warpRow0 + 16 * mt, kk * 16);
 #pragma unroll
       for (int nn = 0; nn < BN / 16; ++nn) {
-        u32 bf[4];
-        loadFragBNK(bf, sK, LD, nn * 16, kk * 16);
+        typename F::B bf;
+        F::loadBNK(bf, sK, LD, nn * 16, kk * 16);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Mma<Tag>::run(s[mt][2 * nn], a[mt], bf[0], bf[1]);
-          Mma<Tag>::run(s[mt][2 * nn + 1], a[mt], bf[2], bf[3]);
+          F::mma(s[mt][2 * nn], a[mt], bf, 0);
+          F::mma(s[mt][2 * nn + 1], a[mt], bf, 1);
         }
       }
     }
@@ -208,22 +209,17 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
 
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      u32 a[MT][4];
+      typename F::A a[MT];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = Elem<Tag>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = Elem<Tag>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = Elem<Tag>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = Elem<Tag>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) F::fromAcc(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
       for (int dd = 0; dd < DPAD / 16; ++dd) {
-        u32 bf[4];
-        loadFragBKN(bf, sV, LD, dd * 16, kk * 16);
+        typename F::B bf;
+        F::loadBKN(bf, sV, LD, dd * 16, kk * 16);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Mma<Tag>::run(o[mt][2 * dd], a[mt], bf[0], bf[1]);
-          Mma<Tag>::run(o[mt][2 * dd + 1], a[mt], bf[2], bf[3]);
+          F::mma(o[mt][2 * dd], a[mt], bf, 0);
+          F::mma(o[mt][2 * dd + 1], a[mt], bf, 1);
         }
       }
     }
@@ -250,7 +246,7 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
         for (int dt = 0; dt < DT; ++dt) {
           const int col = dt * 8 + 2 * t;
           if (col < p.headDim)
-            *(u32*)(dst + col) = Elem<Tag>::pack(o[mt][dt][2 * r] * fin.outScale, o[mt][dt][2 * r + 1] * fin.outScale);
+            Elem<Tag>::storePair(dst + col, o[mt][dt][2 * r] * fin.outScale, o[mt][dt][2 * r + 1] * fin.outScale);
         }
         if (t == 0) gLse[q] = fin.lse;
       }

@@ -132,7 +132,7 @@ int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
 CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
-    : g_(g), device_(device), order_(g.topoOrder()), deterministic_(opt.deterministic) {
+    : g_(g), device_(device), order_(g.topoOrder()), deterministic_(opt.deterministic), tf32_(opt.tf32) {
   device_.makeCurrent();
   const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true);
   offset_ = plan.offset;
@@ -413,7 +413,7 @@ std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream s
 }
 
 FlashAttentionConfig CudaGraphRunner::flashConfig(const Node& n) const {
-  FlashAttentionConfig cfg = codegen::flashConfigOf(g_, n);
+  FlashAttentionConfig cfg = codegen::flashConfigOf(g_, n, tf32_);
   cfg.deterministic = deterministic_;
   return cfg;
 }

@@ -21,7 +21,7 @@ enum class GemmProvider { Generated, Cublaslt, Auto };
 const char* gemmProviderName(GemmProvider p);
 
 struct CudaRunnerOptions {
-  bool tf32 = false;  // MatMul and FusedLinear on TF32 tensor cores (precision: tf32)
+  bool tf32 = false;  // MatMul, FusedLinear and fp32 attention on TF32 tensor cores (precision: tf32)
   GemmProvider gemm = GemmProvider::Generated;
   // Generated GEMMs: besides the tiles the emitter picks from the shape, compile the other tile
   // variants and keep the fastest, measured at start and cached (compiler.gemm generated and
@@ -134,7 +134,8 @@ private:
   std::vector<cuda::CUmodule> modules_;
   std::unique_ptr<FlashAttention> flash_;
   bool deterministic_ = false;                        // CudaRunnerOptions::deterministic
-  FlashAttentionConfig flashConfig(const Node& n) const;  // the node's problem, with deterministic_
+  bool tf32_ = false;                                 // CudaRunnerOptions::tf32
+  FlashAttentionConfig flashConfig(const Node& n) const;  // the node's problem, with deterministic_ and tf32_
   size_t arenaBytes_ = 0;
   int64_t paramFloats_ = 0;
   int kernelCount_ = 0, launchesPerRun_ = 0, baseLaunches_ = 0, programs_ = 0;

@@ -128,6 +128,33 @@ TEST(Codegen, FlashNodesEmitTheLaunchersWgmmaChoiceOnSm90a) {
   }
 }
 
+// precision: tf32 puts an fp32 graph's attention on the TF32 tensor cores: its forward, dK/dV and
+// dQ kernels are the mma.sync instantiations with TF32Tag; without it, the exact FFMA ones.
+TEST(Codegen, Tf32PutsFp32AttentionOnTensorCores) {
+  const Graph g = trainingGraph("attn_block", false);
+  for (bool tf32 : {false, true}) {
+    codegen::EmitOptions opt;
+    opt.tf32 = tf32;
+    int products = 0, onTf32 = 0;
+    for (NodeId id : g.topoOrder()) {
+      const OpKind op = g.node(id).op;
+      if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad) continue;
+      for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) {
+        if (k.name.find("_fwd_") == std::string::npos && k.name.find("_dkdv_") == std::string::npos &&
+            k.name.find("_dq_") == std::string::npos)
+          continue;
+        ++products;
+        if (k.name.find("_tf32_") != std::string::npos) {
+          ++onTf32;
+          EXPECT_NE(k.source.find("pa::flash::TF32Tag"), std::string::npos) << k.name;
+        }
+      }
+    }
+    EXPECT_GE(products, 2) << "forward and dK/dV at least";
+    EXPECT_EQ(onTf32, tf32 ? products : 0) << "tf32 " << tf32;
+  }
+}
+
 TEST(Codegen, SourceIsByteIdenticalRunToRun) {
   auto all = [](const Graph& g) {
     std::string s;

@@ -69,6 +69,14 @@ float fromF16(uint16_t b) {
   std::memcpy(&h, &b, 2);
   return (float)h;
 }
+// To TF32 as cvt.rna does: nearest, ties away from zero (13 low mantissa bits dropped).
+float toTf32(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 double roundTo(FlashDType t, double x) {
   switch (t) {
     case kFlashF32: return (double)(float)x;
@@ -171,9 +179,10 @@ struct Case {
   bool backward = true;
   bool atomicDq = false;       // FlashAttention-2's atomic dQ scheme at any length
   bool deterministic = false;  // fp32: the separate dQ kernel where atomics would run
+  bool tf32 = false;           // fp32 on the TF32 tensor cores
   std::string name() const {
     std::ostringstream os;
-    os << (dtype == kFlashF32 ? "f32" : dtype == kFlashF16 ? "f16" : "bf16") << "_b" << batch << "_h" << heads
+    os << (tf32 ? "tf32" : dtype == kFlashF32 ? "f32" : dtype == kFlashF16 ? "f16" : "bf16") << "_b" << batch << "_h" << heads
        << "x" << kvHeads << "_q" << qLen << "_k" << kLen << "_d" << headDim << "_c" << mask.causal
        << (mask.alignBottomRight ? "br" : "tl") << "_w" << mask.windowLeft << "," << mask.windowRight << "_s"
        << mask.sinks << (sinkLogits ? "_sl" : "") << (qScale != 1.0 ? "_big" : "") << (packed ? "_packed" : "") << (atomicDq ? "_atomicdq" : "") << (deterministic ? "_det" : "");
@@ -213,23 +222,32 @@ Errors compare(const std::vector<double>& got, const std::vector<double>& ref) {
 // with |q|; the bound is therefore 1e-4 times max(1, max |ref|) - exactly 1e-4 for unit-scale
 // outputs. bf16/fp16 round P, dS and the outputs to 8/11-bit mantissas (relative 4e-3 / 5e-4 per
 // rounding), so a norm-wise relative error of 1e-2 holds.
-void expectClose(const char* what, const std::vector<double>& got, const std::vector<double>& ref, FlashDType t,
-                 const std::string& caseName) {
+// TF32 rounds P and dS (and the outputs' inputs) to 11 significant bits, relative error <= 2^-11
+// each. As in the 16-bit cases the test inputs are exact in the rounded format (TF32 values in
+// fp32), so the logits are exact products with fp32 sums and the error is the kernels' own; else
+// dS = P (dP - delta) would inherit the input rounding of dP and delta, which cancel where dS is
+// small (one key: exactly 0). A handful of such rounding errors per output, norm-wise, stays below
+// 8 * 2^-11 = 3.9e-3 (the 16-bit bound, 1e-2, is 2.6 of its own unit roundoffs).
+const double kTf32Bound = 8.0 * std::ldexp(1.0, -11);
+void expectClose(const char* what, const std::vector<double>& got, const std::vector<double>& ref, const Case& c) {
   const Errors e = compare(got, ref);
+  const std::string caseName = c.name();
   EXPECT_EQ(e.nonFinite, 0u) << caseName << " " << what << ": non-finite or mismatched-inf elements";
   double refScale = 1.0;
   for (double x : ref)
     if (std::isfinite(x)) refScale = std::max(refScale, std::fabs(x));
-  if (t == kFlashF32)
+  if (c.tf32)
+    EXPECT_LE(e.relNorm, kTf32Bound) << caseName << " " << what << " relative error (max abs " << e.maxAbs << ")";
+  else if (c.dtype == kFlashF32)
     EXPECT_LT(e.maxAbs, 1e-4 * refScale) << caseName << " " << what << " max abs error (max |ref| " << refScale << ")";
   else
     EXPECT_LE(e.relNorm, 1e-2) << caseName << " " << what << " relative error (max abs " << e.maxAbs << ")";
 }
 
-std::vector<double> randomVec(size_t n, std::mt19937_64& rng, double scale, FlashDType t) {
+std::vector<double> randomVec(size_t n, std::mt19937_64& rng, double scale, FlashDType t, bool tf32 = false) {
   std::normal_distribution<double> nd(0.0, 1.0);
   std::vector<double> v(n);
-  for (double& x : v) x = roundTo(t, nd(rng) * scale);
+  for (double& x : v) x = tf32 ? toTf32((float)(nd(rng) * scale)) : roundTo(t, nd(rng) * scale);
   return v;
 }
 
@@ -239,10 +257,10 @@ void runCase(const Case& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const size_t nq = (size_t)c.batch * c.heads * c.qLen * c.headDim;
   const size_t nk = (size_t)c.batch * c.kvHeads * c.kLen * c.headDim;
-  const auto q = randomVec(nq, rng, c.qScale, c.dtype);
-  const auto k = randomVec(nk, rng, 1.0, c.dtype);
-  const auto v = randomVec(nk, rng, 1.0, c.dtype);
-  const auto dO = randomVec(nq, rng, 1.0, c.dtype);
+  const auto q = randomVec(nq, rng, c.qScale, c.dtype, c.tf32);
+  const auto k = randomVec(nk, rng, 1.0, c.dtype, c.tf32);
+  const auto v = randomVec(nk, rng, 1.0, c.dtype, c.tf32);
+  const auto dO = randomVec(nq, rng, 1.0, c.dtype, c.tf32);
   std::vector<double> sinks;
   if (c.sinkLogits) sinks = randomVec(c.heads, rng, 1.0, kFlashF32);
 
@@ -256,6 +274,7 @@ void runCase(const Case& c, uint64_t seed) {
   cfg.sinkLogits = c.sinkLogits;
   cfg.atomicDq = c.atomicDq;
   cfg.deterministic = c.deterministic;
+  cfg.tf32 = c.tf32;
 
   DevTensor dq(c.dtype, c.batch, c.heads, c.qLen, c.headDim, c.packed);
   DevTensor dk(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, c.packed);
@@ -272,14 +291,14 @@ void runCase(const Case& c, uint64_t seed) {
   env().device->synchronize();
 
   const auto ref = attentionForwardReference(pr, q, k, v, sinks);
-  expectClose("O", dout.download(), ref.o, c.dtype, c.name());
+  expectClose("O", dout.download(), ref.o, c);
   // lse: fp32 path exact to ~1e-6; the mma path computes q.k exactly in fp32 from the rounded
   // inputs and uses ex2.approx (relative 2^-22), so 1e-3 absolute is generous but still catches
-  // any wrong mask or scale.
+  // any wrong mask or scale (TF32 too: its inputs are TF32 values here).
   {
     const Errors e = compare(lse.download(), ref.lse);
     EXPECT_EQ(e.nonFinite, 0u) << "lse non-finite / -inf mismatch";
-    EXPECT_LT(e.maxAbs, c.dtype == kFlashF32 ? 1e-4 : 1e-3) << "lse max abs error";
+    EXPECT_LT(e.maxAbs, c.dtype == kFlashF32 && !c.tf32 ? 1e-4 : 1e-3) << "lse max abs error";
   }
   if (!c.backward) return;
 
@@ -300,9 +319,9 @@ void runCase(const Case& c, uint64_t seed) {
   env().device->synchronize();
 
   const auto g = attentionBackwardReference(pr, q, k, v, sinks, dO);
-  expectClose("dQ", ddq.download(), g.dQ, c.dtype, c.name());
-  expectClose("dK", ddk.download(), g.dK, c.dtype, c.name());
-  expectClose("dV", ddv.download(), g.dV, c.dtype, c.name());
+  expectClose("dQ", ddq.download(), g.dQ, c);
+  expectClose("dK", ddk.download(), g.dK, c);
+  expectClose("dV", ddv.download(), g.dV, c);
   if (c.sinkLogits) {
     // dSink_h = -sum_{b,q} p_sink * (dO . O) sums terms of both signs, so its error scales with
     // sum |p_sink| * sum_d |dO * O| (each term carries the relative error of O), not with |dSink|.
@@ -319,7 +338,8 @@ void runCase(const Case& c, uint64_t seed) {
         }
     for (int h = 0; h < c.heads; ++h) {
       ASSERT_TRUE(std::isfinite(got[h])) << "dSink[" << h << "]";
-      EXPECT_NEAR(got[h], g.dSinkLogits[h], (c.dtype == kFlashF32 ? 1e-4 : 1e-2) * std::max(1e-3, termScale[h]))
+      EXPECT_NEAR(got[h], g.dSinkLogits[h],
+                  (c.tf32 ? kTf32Bound : c.dtype == kFlashF32 ? 1e-4 : 1e-2) * std::max(1e-3, termScale[h]))
           << "dSink[" << h << "] (sum of |terms| " << termScale[h] << ")";
     }
   }
@@ -350,16 +370,23 @@ const std::vector<MaskCase>& maskCases() {
   return m;
 }
 
-class FlashMaskSweep : public ::testing::TestWithParam<std::tuple<FlashDType, int, int>> {};
+// The precisions the sweeps run: fp32 exact, fp32 on TF32 tensor cores, bf16, fp16.
+enum Precision { kF32, kTF32, kBF16, kF16 };
+FlashDType dtypeOf(int p) { return p == kBF16 ? kFlashBF16 : p == kF16 ? kFlashF16 : kFlashF32; }
+std::string precisionName(int p) { return p == kF32 ? "f32" : p == kTF32 ? "tf32" : p == kBF16 ? "bf16" : "f16"; }
+
+class FlashMaskSweep : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 
 TEST_P(FlashMaskSweep, MatchesFloat64Reference) {
   REQUIRE_GPU();
-  const auto [dtype, maskIdx, shapeIdx] = GetParam();
+  const auto [precision, maskIdx, shapeIdx] = GetParam();
+  const FlashDType dtype = dtypeOf(precision);
   static const int shapes[][2] = {{1, 1}, {17, 17}, {127, 129}, {128, 128}, {129, 127}, {1000, 1000}, {200, 1000}, {1000, 200}};
   static const int gqa[][2] = {{2, 2}, {4, 2}, {4, 1}, {8, 1}};
   static const int dims[] = {64, 128, 32, 96};
   Case c;
   c.dtype = dtype;
+  c.tf32 = precision == kTF32;
   c.mask = maskCases()[maskIdx].mask;
   c.sinkLogits = maskCases()[maskIdx].sinkLogits;
   c.qLen = shapes[shapeIdx][0];
@@ -369,47 +396,45 @@ TEST_P(FlashMaskSweep, MatchesFloat64Reference) {
   c.heads = gqa[(maskIdx + shapeIdx) % 4][0];
   c.kvHeads = gqa[(maskIdx + shapeIdx) % 4][1];
   c.headDim = dims[(maskIdx * 3 + shapeIdx) % 4];
-  // Half the cases per backward scheme: 16-bit with and without atomicDq; fp32 by default (dQ
-  // shares, or atomics beyond 8 key blocks: the lengths 1000 here) and deterministic (dQ shares,
-  // or the separate dQ kernel).
-  c.atomicDq = dtype != kFlashF32 && (maskIdx + shapeIdx) % 2 == 1;
-  c.deterministic = dtype == kFlashF32 && (maskIdx + shapeIdx) % 2 == 1;
-  runCase(c, 1000003ull * (maskIdx * 16 + shapeIdx) + dtype);
+  // Half the cases per backward scheme: 16-bit and TF32 with and without atomicDq; fp32 by
+  // default (dQ shares, or atomics beyond 8 key blocks: the lengths 1000 here) and deterministic
+  // (dQ shares, or the separate dQ kernel).
+  const bool odd = (maskIdx + shapeIdx) % 2 == 1;
+  c.atomicDq = precision != kF32 && odd;
+  c.deterministic = precision == kF32 && odd;
+  runCase(c, 1000003ull * (maskIdx * 16 + shapeIdx) + precision);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMasks, FlashMaskSweep,
-                         ::testing::Combine(::testing::Values(kFlashF32, kFlashBF16, kFlashF16),
-                                            ::testing::Range(0, 8), ::testing::Range(0, 8)),
+                         ::testing::Combine(::testing::Values(kF32, kTF32, kBF16, kF16), ::testing::Range(0, 8),
+                                            ::testing::Range(0, 8)),
                          [](const auto& info) {
-                           const FlashDType t = std::get<0>(info.param);
-                           return std::string(t == kFlashF32 ? "f32" : t == kFlashF16 ? "f16" : "bf16") + "_mask" +
-                                  std::to_string(std::get<1>(info.param)) + "_shape" +
-                                  std::to_string(std::get<2>(info.param));
+                           return precisionName(std::get<0>(info.param)) + "_mask" + std::to_string(std::get<1>(info.param)) +
+                                  "_shape" + std::to_string(std::get<2>(info.param));
                          });
 
-class FlashHeadDims : public ::testing::TestWithParam<std::tuple<FlashDType, int>> {};
+class FlashHeadDims : public ::testing::TestWithParam<std::tuple<int, int>> {};
 TEST_P(FlashHeadDims, MatchesFloat64Reference) {
   REQUIRE_GPU();
   Case c;
-  c.dtype = std::get<0>(GetParam());
+  c.dtype = dtypeOf(std::get<0>(GetParam()));
+  c.tf32 = std::get<0>(GetParam()) == kTF32;
   c.headDim = std::get<1>(GetParam());
   c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 129, c.kLen = 127;
   c.mask = maskOf(1, 1, 50, -1, 2);
   c.sinkLogits = true;
   c.backward = !(c.dtype == kFlashF32 && c.headDim > 128);
   runCase(c, 77 + c.headDim);
-  if (c.dtype != kFlashF32) {  // both backward schemes of the 16-bit types
+  if ((c.dtype != kFlashF32 || c.tf32) && c.backward) {  // both backward schemes of the mma.sync kernels
     c.atomicDq = true;
     runCase(c, 78 + c.headDim);
   }
 }
 INSTANTIATE_TEST_SUITE_P(Dims, FlashHeadDims,
-                         ::testing::Combine(::testing::Values(kFlashF32, kFlashBF16, kFlashF16),
+                         ::testing::Combine(::testing::Values(kF32, kTF32, kBF16, kF16),
                                             ::testing::Values(8, 32, 40, 64, 96, 128, 200, 256)),
                          [](const auto& info) {
-                           const FlashDType t = std::get<0>(info.param);
-                           return std::string(t == kFlashF32 ? "f32" : t == kFlashF16 ? "f16" : "bf16") + "_d" +
-                                  std::to_string(std::get<1>(info.param));
+                           return precisionName(std::get<0>(info.param)) + "_d" + std::to_string(std::get<1>(info.param));
                          });
 
 TEST(FlashAttentionGpu, LongSequence4096AllMasks) {
@@ -426,19 +451,21 @@ TEST(FlashAttentionGpu, LongSequence4096AllMasks) {
     } else {  // fp32 ran the atomic dQ above; the separate dQ kernel here
       c.deterministic = true;
       runCase(c, 4098);
+      c.deterministic = false, c.tf32 = true;  // and on the TF32 tensor cores
+      runCase(c, 4099);
     }
   }
 }
 
 TEST(FlashAttentionGpu, VeryLargeLogitsStayFinite) {
   REQUIRE_GPU();
-  for (FlashDType t : {kFlashF32, kFlashBF16}) {
+  for (int p : {kF32, kTF32, kBF16}) {
     Case c;
-    c.dtype = t, c.heads = 2, c.kvHeads = 2, c.qLen = 130, c.kLen = 300, c.headDim = 64;
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.heads = 2, c.kvHeads = 2, c.qLen = 130, c.kLen = 300, c.headDim = 64;
     c.mask = maskOf(1, 0, 40, -1, 1);
     c.qScale = 30.0;  // logits of order +-200: exp underflows for all but a few keys per row
     c.sinkLogits = true;
-    runCase(c, 99 + t);
+    runCase(c, 99 + p);
   }
 }
 
@@ -560,12 +587,12 @@ TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
 
 TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
   REQUIRE_GPU();
-  for (FlashDType t : {kFlashF32, kFlashBF16}) {
+  for (int p : {kF32, kTF32, kBF16}) {
     Case c;
-    c.dtype = t, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 77, c.kLen = 150, c.headDim = 64;
-    c.mask = maskOf(1, 1, -1, -1, 0);
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 77, c.kLen = 150;
+    c.headDim = 64, c.mask = maskOf(1, 1, -1, -1, 0);
     c.packed = true;
-    runCase(c, 5 + t);
+    runCase(c, 5 + p);
   }
 }
 
@@ -573,31 +600,33 @@ TEST(FlashAttentionGpu, FullyMaskedRowsAreZeroNotNaN) {
   REQUIRE_GPU();
   // Bottom-right causal with qLen > kLen: the first qLen - kLen rows see no key at all; a window
   // with right offset < 0 is impossible, so also use a window that excludes the rows' diagonal.
-  for (FlashDType t : {kFlashF32, kFlashBF16, kFlashF16}) {
+  for (int p : {kF32, kTF32, kBF16, kF16}) {
     Case c;
-    c.dtype = t, c.heads = 2, c.kvHeads = 1, c.qLen = 150, c.kLen = 40, c.headDim = 32;
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.heads = 2, c.kvHeads = 1, c.qLen = 150, c.kLen = 40, c.headDim = 32;
     c.mask = maskOf(1, 1, -1, -1, 0);
-    runCase(c, 31 + t);
+    runCase(c, 31 + p);
     c.kLen = 0;  // no keys at all
     c.qLen = 5;
-    runCase(c, 32 + t);
+    runCase(c, 32 + p);
   }
 }
 
-// With `deterministic`, two backward runs give the same bits: bf16 (never atomics), and fp32 at a
-// length where its default would add dQ with atomics.
+// With `deterministic`, two backward runs give the same bits: bf16 and TF32 (never atomics unless
+// atomicDq), and fp32 at a length where its default would add dQ with atomics.
 TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   FlashAttention& fa = *env().flash;
-  for (const auto& [dtype, len] : {std::pair<FlashDType, int>{kFlashBF16, 300}, {kFlashF32, 1000}}) {
+  for (const auto& [precision, len] : {std::pair<int, int>{kBF16, 300}, {kF32, 1000}, {kTF32, 1000}}) {
+    const FlashDType dtype = dtypeOf(precision);
     FlashAttentionConfig cfg;
     cfg.dtype = dtype, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = len, cfg.kLen = len;
     cfg.headDim = 64, cfg.mask = maskOf(1, 0, -1, -1, 0), cfg.sinkLogits = true, cfg.deterministic = true;
-    SCOPED_TRACE(dtype == kFlashF32 ? "fp32" : "bf16");
+    cfg.tf32 = precision == kTF32;
+    SCOPED_TRACE(precisionName(precision));
     const int sms = env().device->info().multiprocessors;
     EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq);
     cfg.deterministic = false;  // what the flag changes: fp32's default here adds dQ with atomics
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq, dtype == kFlashF32);
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq, precision == kF32);
     cfg.deterministic = true;
     std::mt19937_64 rng(11);
     DevTensor q(dtype, 2, 8, len, 64, false), k(dtype, 2, 2, len, 64, false), v(dtype, 2, 2, len, 64, false);
@@ -657,6 +686,15 @@ TEST(FlashAttentionGpu, InvalidProblemsFailWithClearErrors) {
     EXPECT_NE(std::string(e.what()).find("deterministic"), std::string::npos) << e.what();
   }
   cfg.atomicDq = false;
+  EXPECT_NO_THROW(fa.validate(cfg, true));
+  cfg.tf32 = true;  // TF32 is an option of fp32 inputs only
+  try {
+    fa.validate(cfg, false);
+    FAIL() << "tf32 with bf16 inputs accepted";
+  } catch (const FlashAttentionError& e) {
+    EXPECT_NE(std::string(e.what()).find("tf32 applies to fp32"), std::string::npos) << e.what();
+  }
+  cfg.dtype = kFlashF32;
   EXPECT_NO_THROW(fa.validate(cfg, true));
 }
 

@@ -355,6 +355,17 @@ TEST(TrainOnGpu, Bf16TrainsTheDefaultExample) {
   EXPECT_LE(worst, 1e-2);
 }
 
+// precision: tf32 on the attention example (its MatMuls, FusedLinears and attention on the TF32
+// tensor cores) tracks the CPU's exact fp32 run over its first steps: each product's operands are
+// rounded to 11 significant bits (relative 2^-11 = 4.9e-4), a few such errors per loss.
+TEST(TrainOnGpu, Tf32TracksTheCpuOnTheAttentionExample) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml", {"precision=tf32", "train.steps=10"});
+  const double worst = cpuGpuLossDifference(cfg);
+  std::printf("  sine_attention tf32: largest relative loss difference GPU/CPU over 10 steps %.2e\n", worst);
+  EXPECT_LE(worst, 4 * std::ldexp(1.0, -11));
+}
+
 // The optimizer's options on the GPU against the CPU: gradient clipping that is active on most
 // steps (the norm starts near 1), AdamW's decoupled weight decay, a cosine schedule with warm-up.
 TEST(TrainOnGpu, ClippingWeightDecayAndScheduleMatchTheCpu) {

@@ -99,5 +99,40 @@ TEST(FlashNvrtc, Fp32DqSchemeFollowsLengthAndDeterminism) {
   }
 }
 
+// tf32 moves the fp32 forward, dK/dV and dQ onto the mma.sync kernels with TF32Tag (same tiles
+// rules as the 16-bit types, within shared memory); the other backward kernels and the 16-bit
+// types ignore it; the wgmma kernels are never chosen for it.
+TEST(FlashNvrtc, Tf32RunsTheTensorCoreKernels) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.tf32 = true, cfg.qLen = cfg.kLen = 4096;
+  for (int d : {8, 32, 64, 96, 128, 256})
+    for (bool atomic : {false, true}) {
+      cfg.headDim = d, cfg.atomicDq = atomic;
+      for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+        if (k != FlashKernelKind::kForward && d > 128) continue;
+        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, 132, true);
+        EXPECT_TRUE(s.tf32) << s.name();
+        EXPECT_FALSE(s.wgmma) << s.name();
+        EXPECT_NE(s.name().find("_tf32_"), std::string::npos) << s.name();
+        EXPECT_NE(s.source().find("pa::flash::TF32Tag"), std::string::npos) << s.source();
+        EXPECT_EQ(s.threads(), 32 * s.warps) << s.name();
+        EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
+        if (k == FlashKernelKind::kBwdDkDv) {
+          EXPECT_EQ(s.atomicDq, atomic) << s.name();
+          EXPECT_FALSE(s.dqPartial) << s.name();
+        }
+      }
+      for (FlashKernelKind k : {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdDqConvert}) {
+        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, 132, true);
+        EXPECT_FALSE(s.tf32) << s.name();
+        EXPECT_NE(s.source().find("pa::flash::F32Tag"), std::string::npos) << s.source();
+      }
+    }
+  cfg.atomicDq = false, cfg.headDim = 64, cfg.dtype = kFlashBF16;  // 16-bit inputs: no effect
+  const FlashKernelSpec bf = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 132, false);
+  EXPECT_FALSE(bf.tf32);
+  EXPECT_NE(bf.source().find("pa::flash::BF16Tag"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pa
