@@ -7,6 +7,7 @@
 #include <map>
 #include <fstream>
 #include <set>
+#include <vector>
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/emit.h"
@@ -101,6 +102,21 @@ TEST(Codegen, EveryOpOfTheTrainingGraphsHasKernelsExceptLeaves) {
   }
 }
 
+// The forward, dK/dV and dQ kernels the FlashAttention nodes of `g` emit (not the preprocess and
+// reduce kernels, which have no wgmma or TF32 form).
+std::vector<codegen::Kernel> flashProductKernels(const Graph& g, const codegen::EmitOptions& opt) {
+  std::vector<codegen::Kernel> out;
+  for (NodeId id : g.topoOrder()) {
+    const OpKind op = g.node(id).op;
+    if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad) continue;
+    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
+      if (k.name.find("_fwd_") != std::string::npos || k.name.find("_dkdv_") != std::string::npos ||
+          k.name.find("_dq_") != std::string::npos)
+        out.push_back(k);
+  }
+  return out;
+}
+
 // --dump-kernels on an H100 writes what the launcher runs there: the FlashAttention nodes of a bf16
 // graph (attn_block: head dim 64) emit the wgmma instantiations for sm_90a targets only.
 TEST(Codegen, FlashNodesEmitTheLaunchersWgmmaChoiceOnSm90a) {
@@ -108,23 +124,15 @@ TEST(Codegen, FlashNodesEmitTheLaunchersWgmmaChoiceOnSm90a) {
   for (bool wgmma : {false, true}) {
     codegen::EmitOptions opt;
     opt.wgmma = wgmma;
-    int flash = 0, onWgmma = 0;
-    for (NodeId id : g.topoOrder()) {
-      const OpKind op = g.node(id).op;
-      if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad) continue;
-      for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) {
-        if (k.name.find("_fwd_") == std::string::npos && k.name.find("_dkdv_") == std::string::npos &&
-            k.name.find("_dq_") == std::string::npos)
-          continue;  // preprocess and reduce kernels have no wgmma form
-        ++flash;
-        if (k.name.find("_wg_") != std::string::npos) {
-          ++onWgmma;
-          EXPECT_NE(k.source.find("flash_attention_bwd_wgmma.cuh"), std::string::npos) << k.name;
-        }
-      }
+    const std::vector<codegen::Kernel> flash = flashProductKernels(g, opt);
+    size_t onWgmma = 0;
+    for (const codegen::Kernel& k : flash) {
+      if (k.name.find("_wg_") == std::string::npos) continue;
+      ++onWgmma;
+      EXPECT_NE(k.source.find("flash_attention_bwd_wgmma.cuh"), std::string::npos) << k.name;
     }
-    EXPECT_EQ(flash, 3) << "forward, dK/dV and dQ";
-    EXPECT_EQ(onWgmma, wgmma ? flash : 0) << "wgmma " << wgmma;
+    EXPECT_EQ(flash.size(), 3u) << "forward, dK/dV and dQ";
+    EXPECT_EQ(onWgmma, wgmma ? flash.size() : 0) << "wgmma " << wgmma;
   }
 }
 
@@ -135,23 +143,15 @@ TEST(Codegen, Tf32PutsFp32AttentionOnTensorCores) {
   for (bool tf32 : {false, true}) {
     codegen::EmitOptions opt;
     opt.tf32 = tf32;
-    int products = 0, onTf32 = 0;
-    for (NodeId id : g.topoOrder()) {
-      const OpKind op = g.node(id).op;
-      if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad) continue;
-      for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) {
-        if (k.name.find("_fwd_") == std::string::npos && k.name.find("_dkdv_") == std::string::npos &&
-            k.name.find("_dq_") == std::string::npos)
-          continue;
-        ++products;
-        if (k.name.find("_tf32_") != std::string::npos) {
-          ++onTf32;
-          EXPECT_NE(k.source.find("pa::flash::TF32Tag"), std::string::npos) << k.name;
-        }
-      }
+    const std::vector<codegen::Kernel> flash = flashProductKernels(g, opt);
+    size_t onTf32 = 0;
+    for (const codegen::Kernel& k : flash) {
+      if (k.name.find("_tf32_") == std::string::npos) continue;
+      ++onTf32;
+      EXPECT_NE(k.source.find("pa::flash::TF32Tag"), std::string::npos) << k.name;
     }
-    EXPECT_GE(products, 2) << "forward and dK/dV at least";
-    EXPECT_EQ(onTf32, tf32 ? products : 0) << "tf32 " << tf32;
+    EXPECT_GE(flash.size(), 2u) << "forward and dK/dV at least";
+    EXPECT_EQ(onTf32, tf32 ? flash.size() : 0) << "tf32 " << tf32;
   }
 }
 
