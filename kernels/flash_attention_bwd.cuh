@@ -626,20 +626,45 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
 #pragma unroll
     for (int c = 0; c < DC; ++c) dK[i][c] = dV[i][c] = 0.f;
 
-  loadTile<float, BN, DPAD, LD, THREADS>(sK, slicePtr<float>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim);
-  loadTile<float, BN, DPAD, LD, THREADS>(sV, slicePtr<float>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim);
-  cpAsyncCommit();
-  for (int it = 0; it < group * nQT; ++it) {
-    const int h = hk * group + it / nQT, q0 = (it % nQT) * BQ, q1 = min(q0 + BQ, p.qLen);
-    if (!tm.anyVisible(q0, q1, n0, n1)) continue;
-    __syncthreads();  // the previous step is done with sQ, sdO and the row stats
+  // Items: (query head of the group, query tile); the next visible one is prefetched while this
+  // step's dQ share runs (Q and dO by cp.async, its row stats into registers of threads < BQ).
+  const int nItems = group * nQT;
+  auto nextItem = [&](int it) {
+    while (it < nItems && !tm.anyVisible((it % nQT) * BQ, min((it % nQT) * BQ + BQ, p.qLen), n0, n1)) ++it;
+    return it;
+  };
+  auto loadItem = [&](int it) {
+    const int h = hk * group + it / nQT, q0 = (it % nQT) * BQ;
     loadTile<float, BQ, DPAD, LD, THREADS>(sQ, slicePtr<float>(p.q, b, h), p.q.seqStride, q0, p.qLen, p.headDim);
     loadTile<float, BQ, DPAD, LD, THREADS>(sdO, slicePtr<float>(p.dO, b, h), p.dO.seqStride, q0, p.qLen, p.headDim);
-    cpAsyncCommit();
-    const long long rowBase = ((long long)b * p.heads + h) * p.qLen;
-    loadRowStats<BQ, THREADS>(sLse2, sDelta, (const float*)p.lse + rowBase, (const float*)p.delta + rowBase, q0, p.qLen);
+  };
+  // Raw lse (-inf past qLen, which backwardLse2 maps to +inf) and Delta of row threadIdx.x of an
+  // item: plain loads whose results are first needed at the next step's top.
+  float rawLse = 0.f, rawDelta = 0.f;
+  auto loadStats = [&](int it) {
+    const int h = hk * group + it / nQT, q = (it % nQT) * BQ + (int)threadIdx.x;
+    const long long row = ((long long)b * p.heads + h) * p.qLen + q;
+    rawLse = q < p.qLen ? ((const float*)p.lse)[row] : negInf();
+    rawDelta = q < p.qLen ? ((const float*)p.delta)[row] : 0.f;
+  };
+  static_assert(BQ <= THREADS, "one row statistic per thread");
+
+  int it = nextItem(0);
+  loadTile<float, BN, DPAD, LD, THREADS>(sK, slicePtr<float>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim);
+  loadTile<float, BN, DPAD, LD, THREADS>(sV, slicePtr<float>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim);
+  if (it < nItems) {
+    loadItem(it);
+    if (threadIdx.x < BQ) loadStats(it);
+  }
+  cpAsyncCommit();
+  while (it < nItems) {
+    const int h = hk * group + it / nQT, q0 = (it % nQT) * BQ, q1 = min(q0 + BQ, p.qLen);
+    if (threadIdx.x < BQ) {  // the previous step's last reads of the stats were before its barrier
+      sLse2[threadIdx.x] = backwardLse2(rawLse);
+      sDelta[threadIdx.x] = rawDelta;
+    }
     cpAsyncWait<0>();
-    __syncthreads();
+    __syncthreads();  // Q, dO and the stats of this item are in shared memory
     const bool full = tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ;
 
     float acc[R][8];
@@ -670,8 +695,14 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
     __syncwarp();  // rows of sP / sS are written and read by the same 8 lanes
     ffmaNN<DPAD, LD, LDP, BQ, R>(dV, sP, sdO, ty, tx);
     ffmaNN<DPAD, LD, LDP, BQ, R>(dK, sS, sQ, ty, tx);
+    const int itn = nextItem(it + 1);
+    __syncthreads();  // sQ, sdO and the stats are free; every key row of sS is written
+    if (itn < nItems) {
+      loadItem(itn);
+      if (threadIdx.x < BQ) loadStats(itn);
+    }
+    cpAsyncCommit();
     if constexpr (DQ != kDqSeparate) {
-      __syncthreads();  // every key row of sS is written
       float acc[4][DC];
       dqShareF32<DPAD, LD, LDP>(acc, sS, sK, n1 - n0, ty, tx);
       const long long bhRow = ((long long)b * p.heads + h) * p.qLen;
@@ -691,6 +722,7 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
         }
       }
     }
+    it = itn;
   }
   cpAsyncWait<0>();
 
