@@ -727,7 +727,7 @@ std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   if (dev != "auto" && dev != "cpu" && dev != "cuda")
     throw UserError("--device " + dev + ": valid choices are auto, cpu, cuda");
   const cuda::Driver& driver = cuda::Driver::instance();
-  // fp64 is the CPU's reference path; the GPU trains fp32, tf32 (TF32 tensor-core GEMMs) and
+  // fp64 is the CPU's reference path; the GPU trains fp32, tf32 (TF32 tensor-core GEMMs and attention) and
   // bf16 (bf16 activations, fp32 master weights).
   const bool gpuPrecision = cfg.precision == "fp32" || cfg.precision == "tf32" || cfg.precision == "bf16";
   if (dev == "cuda") {
