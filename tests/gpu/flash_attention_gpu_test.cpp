@@ -662,6 +662,32 @@ TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
   }
 }
 
+// tf32 really rounds: on fp32 inputs that are not TF32 values, its O differs from the exact
+// path's by about the TF32 unit roundoff (far above fp32's 6e-8, below the 8 * 2^-11 bound), so
+// a launcher that dropped the flag would fail here.
+TEST(FlashAttentionGpu, Tf32RoundsWhereTheExactPathDoesNot) {
+  REQUIRE_GPU();
+  FlashAttention& fa = *env().flash;
+  const int heads = 4, len = 300, d = 64;
+  std::mt19937_64 rng(21);
+  DevTensor q(kFlashF32, 1, heads, len, d, false), k(kFlashF32, 1, heads, len, d, false), v(kFlashF32, 1, heads, len, d, false);
+  for (DevTensor* t : {&q, &k, &v}) t->upload(randomVec((size_t)heads * len * d, rng, 1.0, kFlashF32));
+  std::vector<double> out[2];
+  for (int tf32 = 0; tf32 < 2; ++tf32) {
+    FlashAttentionConfig cfg;
+    cfg.dtype = kFlashF32, cfg.heads = cfg.kvHeads = heads, cfg.qLen = cfg.kLen = len, cfg.headDim = d, cfg.tf32 = tf32;
+    DevTensor o(kFlashF32, 1, heads, len, d, false);
+    FloatBuffer lse((size_t)heads * len);
+    fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), 0}, nullptr);
+    env().device->synchronize();
+    out[tf32] = o.download();
+  }
+  const Errors e = compare(out[1], out[0]);
+  EXPECT_EQ(e.nonFinite, 0u);
+  EXPECT_GT(e.relNorm, std::ldexp(1.0, -14)) << "tf32 output equals the exact one: TF32 not used?";
+  EXPECT_LT(e.relNorm, kTf32Bound);
+}
+
 TEST(FlashAttentionGpu, InvalidProblemsFailWithClearErrors) {
   REQUIRE_GPU();
   FlashAttention& fa = *env().flash;
