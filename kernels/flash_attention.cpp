@@ -274,10 +274,27 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
   cfg.tf32 = true;
   for (int d : {32, 64, 96, 128, 256}) {
     cfg.headDim = d;
-    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg));
+    // Each with the smaller blocks of short sequences (one m-tile, or 2 dK/dV warps) beside it.
+    const FlashKernelSpec fwd = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg);
+    specs.push_back(fwd);
+    if (fwd.mtiles == 2) {
+      FlashKernelSpec v = fwd;
+      v.mtiles = 1;
+      specs.push_back(v);
+    }
     if (d > 128) continue;  // the fp32 backward's limit
-    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
-    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg));
+    const FlashKernelSpec dkdv = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg);
+    const FlashKernelSpec dq = FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg);
+    specs.push_back(dkdv);
+    specs.push_back(dq);
+    FlashKernelSpec dkdv2 = dkdv;
+    dkdv2.warps = 2;
+    specs.push_back(dkdv2);
+    if (dq.mtiles == 2) {
+      FlashKernelSpec v = dq;
+      v.mtiles = 1;
+      specs.push_back(v);
+    }
     cfg.atomicDq = true;
     specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
     cfg.atomicDq = false;
@@ -415,6 +432,21 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   if (s.tf32 && kind == FlashKernelKind::kBwdDq) {
     s.tile = 32;
     s.mtiles = s.dpad <= 64 ? 2 : 1;
+  }
+  // TF32 on short sequences: a grid of fewer blocks than multiprocessors leaves most of the GPU
+  // idle, and each block is latency bound; halve the rows of a block there (forward and dQ: one
+  // m-tile; dK/dV: 2 warps = 32 keys, default dQ scheme). Measured in bench/RESULTS_flash.md.
+  if (s.tf32 && multiprocessors > 0) {
+    const bool dkdv = kind == FlashKernelKind::kBwdDkDv;
+    const long long slices = (long long)cfg.batch * (dkdv ? cfg.kvHeads : cfg.heads);
+    if (slices * ceilDiv(dkdv ? cfg.kLen : cfg.qLen, s.rowsPerBlock()) < multiprocessors) {
+      if (!dkdv && s.mtiles == 2) s.mtiles = 1;
+      if (dkdv && !s.atomicDq && s.warps == 4) s.warps = 2;
+    }
+  }
+  if (s.tf32 && kind == FlashKernelKind::kForward)
+    if (const int m = tuningOverride("PA_FLASH_FWD_MT")) s.mtiles = m;
+  if (s.tf32 && kind == FlashKernelKind::kBwdDq) {
     if (const int m = tuningOverride("PA_FLASH_DQ_MT")) s.mtiles = m;
     if (const int t = tuningOverride("PA_FLASH_DQ_TILE")) s.tile = t;
   }

@@ -662,6 +662,29 @@ TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
   }
 }
 
+// TF32 takes smaller blocks when its grid would not fill the GPU (every other TF32 test here is
+// that small); a grid of 160-320 blocks keeps the full ones: 2 m-tiles in the forward and dQ, 4
+// warps in dK/dV.
+TEST(FlashAttentionGpu, Tf32FullBlocksOnALargeGrid) {
+  REQUIRE_GPU();
+  Case c;
+  c.dtype = kFlashF32, c.tf32 = true, c.batch = 4, c.heads = 8, c.kvHeads = 8, c.qLen = 600, c.kLen = 600;
+  c.headDim = 64, c.mask = maskOf(1, 0, -1, -1, 0);
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.tf32 = true, cfg.batch = 4, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 600;
+  cfg.headDim = 64;
+  const int sms = env().device->info().multiprocessors;
+  if (sms <= 160) {  // 160 forward / dQ blocks of 128 rows, 320 dK/dV blocks of 64 keys
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, sms).mtiles, 2);
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg, sms).mtiles, 2);
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).warps, 4);
+  }
+  cfg.batch = 1;  // 40 / 80 blocks: the small ones
+  EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, sms).mtiles, 1);
+  EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).warps, 2);
+  runCase(c, 600);
+}
+
 // tf32 really rounds: on fp32 inputs that are not TF32 values, its O differs from the exact
 // path's by about the TF32 unit roundoff (far above fp32's 6e-8, below the 8 * 2^-11 bound), so
 // a launcher that dropped the flag would fail here.
