@@ -408,47 +408,35 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     if (const int m = tuningOverride("PA_FLASH_FWD_MT")) s.mtiles = m;
   }
   // dQ kernel: the forward's 128-row blocks; S and dP of 2 x 32 keys beside dQ above head dim 64.
+  // TF32 fragments take twice the registers of 16-bit ones, so its backward takes the tiles that
+  // fit 255 registers without spills (ptxas -v): dQ over 32 keys, 2 m-tiles at head dim <= 64 and
+  // 1 above; dK/dV over 64 query rows at head dim <= 64, 32 above and with atomic dQ.
   if (kind == FlashKernelKind::kBwdDq && !ffma) {
     if (const int m = tuningOverride("PA_FLASH_DQ_MT")) s.mtiles = m;
-    else s.mtiles = s.dpad <= 128 ? 2 : 1;
-    if (s.mtiles == 2 && s.dpad > 64) s.tile = 32;
+    else s.mtiles = s.dpad <= (s.tf32 ? 64 : 128) ? 2 : 1;
+    if (s.tf32 || (s.mtiles == 2 && s.dpad > 64)) s.tile = 32;
     if (const int t = tuningOverride("PA_FLASH_DQ_TILE")) s.tile = t;
   }
-  // Backward, FlashAttention-2 scheme: 8 warps x 16 keys share each Q/dO tile (4 at head dim 256,
-  // and with TF32's 4-byte elements above 64, where the key tiles of 128 rows would not fit shared
-  // memory).
+  if (kind == FlashKernelKind::kBwdDkDv && s.tf32) s.tile = cfg.atomicDq || s.dpad > 64 ? 32 : 64;
+  // Backward, FlashAttention-2 scheme: 8 warps x 16 keys share each Q/dO tile; 4 at head dim 256,
+  // where the key tiles of 128 rows would not fit shared memory. TF32: 8 at head dim 64 only (its
+  // 4-byte rows do not fit above; below, the dQ product's column split needs 16 columns a warp).
   if (kind == FlashKernelKind::kBwdDkDv && !ffma && cfg.atomicDq) {
     s.atomicDq = true;
-    s.warps = s.dpad <= (s.tf32 ? 64 : 128) ? 8 : 4;
-  }
-  // TF32 backward: its fragments take twice the registers of 16-bit ones, so the tiles that fit
-  // 255 registers without spills (ptxas -v): dK/dV over 64 query rows at head dim <= 64, 32
-  // above and with atomic dQ (4 warps there except at 64: the dQ product's column split needs 16
-  // columns per warp); dQ over 32 keys, 2 m-tiles at head dim <= 64, 1 above.
-  if (s.tf32 && kind == FlashKernelKind::kBwdDkDv) {
-    s.tile = s.atomicDq || s.dpad > 64 ? 32 : 64;
-    if (s.atomicDq) s.warps = s.dpad == 64 ? 8 : 4;
-  }
-  if (s.tf32 && kind == FlashKernelKind::kBwdDq) {
-    s.tile = 32;
-    s.mtiles = s.dpad <= 64 ? 2 : 1;
+    s.warps = s.tf32 ? (s.dpad == 64 ? 8 : 4) : (s.dpad <= 128 ? 8 : 4);
   }
   // TF32 on short sequences: a grid of fewer blocks than multiprocessors leaves most of the GPU
   // idle, and each block is latency bound; halve the rows of a block there (forward and dQ: one
-  // m-tile; dK/dV: 2 warps = 32 keys, default dQ scheme). Measured in bench/RESULTS_flash.md.
+  // m-tile unless a tuning override set it; dK/dV: 2 warps = 32 keys, default dQ scheme).
+  // Measured in bench/RESULTS_flash.md.
   if (s.tf32 && multiprocessors > 0) {
     const bool dkdv = kind == FlashKernelKind::kBwdDkDv;
     const long long slices = (long long)cfg.batch * (dkdv ? cfg.kvHeads : cfg.heads);
     if (slices * ceilDiv(dkdv ? cfg.kLen : cfg.qLen, s.rowsPerBlock()) < multiprocessors) {
-      if (!dkdv && s.mtiles == 2) s.mtiles = 1;
+      const char* mtKnob = kind == FlashKernelKind::kForward ? "PA_FLASH_FWD_MT" : "PA_FLASH_DQ_MT";
+      if (!dkdv && s.mtiles == 2 && !tuningOverride(mtKnob)) s.mtiles = 1;
       if (dkdv && !s.atomicDq && s.warps == 4) s.warps = 2;
     }
-  }
-  if (s.tf32 && kind == FlashKernelKind::kForward)
-    if (const int m = tuningOverride("PA_FLASH_FWD_MT")) s.mtiles = m;
-  if (s.tf32 && kind == FlashKernelKind::kBwdDq) {
-    if (const int m = tuningOverride("PA_FLASH_DQ_MT")) s.mtiles = m;
-    if (const int t = tuningOverride("PA_FLASH_DQ_TILE")) s.tile = t;
   }
   // sm_90a, 16-bit forward at padded head dims 64 and 128 (head dims 33-64 and 97-128 pad up):
   // wgmma with a producer warpgroup, 128-key tiles in a two-stage ring, and three consumer

@@ -614,11 +614,10 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   float* sDelta = sLse2 + BQ;
 
   const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
-  const int bhk = blockIdx.y, b = bhk / p.kvHeads, hk = bhk % p.kvHeads;
-  const int group = p.heads / p.kvHeads;
-  const int n0 = blockIdx.x * BN, n1 = min(n0 + BN, p.kLen);
-  const TileMask tm{p.mask, p.qLen, p.kLen};
-  const int nQT = ceilDiv(p.qLen, BQ);
+  DkDvBlock blk;  // fp32 has no split-GQA partials: one block per KV head, over its query heads
+  blk.init(p, BN, BQ);
+  const int b = blk.b, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
+  const TileMask& tm = blk.tm;
 
   float dK[R][DC], dV[R][DC];
 #pragma unroll
@@ -626,15 +625,10 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
 #pragma unroll
     for (int c = 0; c < DC; ++c) dK[i][c] = dV[i][c] = 0.f;
 
-  // Items: (query head of the group, query tile); the next visible one is prefetched while this
+  // Items (DkDvBlock): (query head, query tile); the next visible one is prefetched while this
   // step's dQ share runs (Q and dO by cp.async, its row stats into registers of threads < BQ).
-  const int nItems = group * nQT;
-  auto nextItem = [&](int it) {
-    while (it < nItems && !tm.anyVisible((it % nQT) * BQ, min((it % nQT) * BQ + BQ, p.qLen), n0, n1)) ++it;
-    return it;
-  };
   auto loadItem = [&](int it) {
-    const int h = hk * group + it / nQT, q0 = (it % nQT) * BQ;
+    const int h = blk.head(it), q0 = blk.q0(it);
     loadTile<float, BQ, DPAD, LD, THREADS>(sQ, slicePtr<float>(p.q, b, h), p.q.seqStride, q0, p.qLen, p.headDim);
     loadTile<float, BQ, DPAD, LD, THREADS>(sdO, slicePtr<float>(p.dO, b, h), p.dO.seqStride, q0, p.qLen, p.headDim);
   };
@@ -642,14 +636,14 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   // item: plain loads whose results are first needed at the next step's top.
   float rawLse = 0.f, rawDelta = 0.f;
   auto loadStats = [&](int it) {
-    const int h = hk * group + it / nQT, q = (it % nQT) * BQ + (int)threadIdx.x;
+    const int h = blk.head(it), q = blk.q0(it) + (int)threadIdx.x;
     const long long row = ((long long)b * p.heads + h) * p.qLen + q;
     rawLse = q < p.qLen ? ((const float*)p.lse)[row] : negInf();
     rawDelta = q < p.qLen ? ((const float*)p.delta)[row] : 0.f;
   };
   static_assert(BQ <= THREADS, "one row statistic per thread");
 
-  int it = nextItem(0);
+  int it = blk.next(0);
   loadTile<float, BN, DPAD, LD, THREADS>(sK, slicePtr<float>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim);
   loadTile<float, BN, DPAD, LD, THREADS>(sV, slicePtr<float>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim);
   if (it < nItems) {
@@ -658,7 +652,7 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   }
   cpAsyncCommit();
   while (it < nItems) {
-    const int h = hk * group + it / nQT, q0 = (it % nQT) * BQ, q1 = min(q0 + BQ, p.qLen);
+    const int h = blk.head(it), q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
     if (threadIdx.x < BQ) {  // the previous step's last reads of the stats were before its barrier
       sLse2[threadIdx.x] = backwardLse2(rawLse);
       sDelta[threadIdx.x] = rawDelta;
@@ -695,7 +689,7 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
     __syncwarp();  // rows of sP / sS are written and read by the same 8 lanes
     ffmaNN<DPAD, LD, LDP, BQ, R>(dV, sP, sdO, ty, tx);
     ffmaNN<DPAD, LD, LDP, BQ, R>(dK, sS, sQ, ty, tx);
-    const int itn = nextItem(it + 1);
+    const int itn = blk.next(it + 1);
     __syncthreads();  // sQ, sdO and the stats are free; every key row of sS is written
     if (itn < nItems) {
       loadItem(itn);

@@ -194,34 +194,6 @@ __device__ __forceinline__ void ldmatrixX4Trans(u32 (&r)[4], const void* rowPtr)
                : "r"(smemAddr(rowPtr)));
 }
 
-// A fragment of rows [r0, r0+16) x cols [k0, k0+16) of a row-major shared tile.
-__device__ __forceinline__ void loadFragA(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
-  const int lane = threadIdx.x & 31;
-  const int m = lane >> 3;
-  ldmatrixX4(a, tile + (r0 + (m & 1) * 8 + (lane & 7)) * ld + k0 + (m >> 1) * 8);
-}
-// A fragment whose 16x16 block is stored transposed (tile[k][row]): element (row, k) is
-// tile[k0 + k][r0 + row].
-__device__ __forceinline__ void loadFragATrans(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
-  const int lane = threadIdx.x & 31;
-  const int m = lane >> 3;
-  // Matrix m: a0 (rows 0-7, k 0-7), a1 (rows 8-15, k 0-7), a2 (rows 0-7, k 8-15), a3 (rows 8-15, k 8-15).
-  ldmatrixX4Trans(a, tile + (k0 + (m >> 1) * 8 + (lane & 7)) * ld + r0 + (m & 1) * 8);
-}
-// B fragments for two n-tiles [n0, n0+8) and [n0+8, n0+16), k in [k0, k0+16), where the shared
-// tile holds B transposed, i.e. tile[n][k] (a K tile for Q.K^T). b[0],b[1]: n-tile 0; b[2],b[3]: 1.
-__device__ __forceinline__ void loadFragBNK(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
-  const int lane = threadIdx.x & 31;
-  const int m = lane >> 3;
-  ldmatrixX4(b, tile + (n0 + (m >> 1) * 8 + (lane & 7)) * ld + k0 + (m & 1) * 8);
-}
-// Same, where the shared tile holds B as tile[k][n] (a V tile for P.V).
-__device__ __forceinline__ void loadFragBKN(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
-  const int lane = threadIdx.x & 31;
-  const int m = lane >> 3;
-  ldmatrixX4Trans(b, tile + (k0 + (m & 1) * 8 + (lane & 7)) * ld + n0 + (m >> 1) * 8);
-}
-
 // ---------------------------------------------------------------------------------------------
 // One k16 step of a warp's tensor-core product, for any element type: the mma.sync kernels are
 // written against this interface. `A` holds a 16x16 A fragment, `B` the 16(k) x 16(n) B fragment
@@ -242,12 +214,24 @@ template <typename Tag> struct MmaStep16 {  // fp16 / bf16: one m16n8k16 per n-t
   struct B {
     u32 r[4];  // n-tile 0: r[0], r[1]; n-tile 1: r[2], r[3]
   };
-  static __device__ __forceinline__ void loadA(A& a, const T* tile, int ld, int r0, int k0) { loadFragA(a.r, tile, ld, r0, k0); }
-  static __device__ __forceinline__ void loadATrans(A& a, const T* tile, int ld, int r0, int k0) {
-    loadFragATrans(a.r, tile, ld, r0, k0);
+  // Lane l gives the row address of ldmatrix's matrix m = l / 8, row l % 8 (.trans where the tile
+  // is stored k-major).
+  static __device__ __forceinline__ void loadA(A& a, const T* tile, int ld, int r0, int k0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;  // matrices: a0 .. a3 in the order above
+    ldmatrixX4(a.r, tile + (r0 + (m & 1) * 8 + (lane & 7)) * ld + k0 + (m >> 1) * 8);
   }
-  static __device__ __forceinline__ void loadBNK(B& b, const T* tile, int ld, int n0, int k0) { loadFragBNK(b.r, tile, ld, n0, k0); }
-  static __device__ __forceinline__ void loadBKN(B& b, const T* tile, int ld, int n0, int k0) { loadFragBKN(b.r, tile, ld, n0, k0); }
+  static __device__ __forceinline__ void loadATrans(A& a, const T* tile, int ld, int r0, int k0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    ldmatrixX4Trans(a.r, tile + (k0 + (m >> 1) * 8 + (lane & 7)) * ld + r0 + (m & 1) * 8);
+  }
+  static __device__ __forceinline__ void loadBNK(B& b, const T* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    ldmatrixX4(b.r, tile + (n0 + (m >> 1) * 8 + (lane & 7)) * ld + k0 + (m & 1) * 8);
+  }
+  static __device__ __forceinline__ void loadBKN(B& b, const T* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    ldmatrixX4Trans(b.r, tile + (k0 + (m & 1) * 8 + (lane & 7)) * ld + n0 + (m >> 1) * 8);
+  }
   static __device__ __forceinline__ void fromAcc(A& a, const float (&c0)[4], const float (&c1)[4]) {
     a.r[0] = Elem<Tag>::pack(c0[0], c0[1]);
     a.r[1] = Elem<Tag>::pack(c0[2], c0[3]);
