@@ -166,8 +166,8 @@ int run(int argc, char** argv) {
   const ConfigVariant configs[] = {
       {"fp32", GemmTile::Large, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 8, 8, 8, 8>", "(256, 1)", "(256, 1)", 0},
       // wgmma: ring depth.
-      {"bf16", GemmTile::Large, "WgmmaConfig<256, 2, 4>", "WgmmaConfig<256, 2, 3>", "(384, 1)", "(384, 1)", 3 * 384 * 128 + 1024},
-      {"bf16", GemmTile::Medium, "WgmmaConfig<128, 2, 6>", "WgmmaConfig<128, 2, 4>", "(384, 1)", "(384, 1)", 4 * 256 * 128 + 1024},
+      {"bf16", GemmTile::Large, "WgmmaConfig<256, 2, 4>", "WgmmaConfig<256, 2, 3>", "(384, 1)", "(384, 1)", 3 * 384 * 128 + 2 * 64 * 256 + 1024},
+      {"bf16", GemmTile::Medium, "WgmmaConfig<128, 2, 6>", "WgmmaConfig<128, 2, 4>", "(384, 1)", "(384, 1)", 4 * 256 * 128 + 2 * 64 * 256 + 1024},
   };
 
   for (const Shape3& s : shapes()) {

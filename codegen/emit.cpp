@@ -108,6 +108,12 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
       doc += sep + "scratch";
       continue;
     }
+    if (a.kind == KernelArg::InputTensorMap) {
+      const std::string name = "map" + std::to_string(a.index);
+      params += sep + "const __grid_constant__ pa::sm90::TensorMap " + name;
+      doc += sep + name + " = TMA map of " + c.g.value(c.n.inputs[static_cast<size_t>(a.index)]).name + " (bf16)";
+      continue;
+    }
     const bool output = a.kind == KernelArg::Output;
     const std::string name = (output ? "out" : "in") + std::to_string(a.index);
     const Value& v = c.g.value(output ? c.n.outputs[static_cast<size_t>(a.index)] : c.n.inputs[static_cast<size_t>(a.index)]);
@@ -433,6 +439,7 @@ struct ${NAME}_problem {
   static constexpr long long M = ${M}, N = ${N}, K = ${K}, strideA = ${ABATCH}, strideB = ${BBATCH};
   static constexpr bool transA = ${TA}, transB = ${TB};
   static constexpr int splits = ${SPLITS};
+  static constexpr long long batch = ${BATCH};
 };
 struct ${NAME}_epilogue {
 ${EPIMEMBERS}  __device__ __forceinline__ float operator()(float v, long long m, long long n, long long i) const {
@@ -543,8 +550,8 @@ std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t
 }
 
 // The wgmma variants (kernels/gemm_wgmma.cuh): WgmmaConfig<BN, consumer warpgroups, stages>.
-// Large and medium tiles fill an SM's shared memory with their ring (one block an SM); small
-// ones (64×128, 97 KB) leave room for two.
+// Large and medium tiles fill an SM's shared memory with their ring and staging (one block an
+// SM); small ones (64×128, 89 KB with 3 stages) leave room for two.
 struct WgmmaVariant {
   GemmVariant v;
   unsigned sharedBytes;
@@ -552,12 +559,12 @@ struct WgmmaVariant {
 WgmmaVariant wgmmaVariant(GemmTile tile) {
   auto make = [](const char* config, int bm, int bn, int consumers, int stages, int minBlocks) {
     return WgmmaVariant{GemmVariant{config, bm, bn, 128 * (1 + consumers), minBlocks},
-                        static_cast<unsigned>(stages * (bm + bn) * 128 + 1024)};
+                        static_cast<unsigned>(stages * (bm + bn) * 128 + consumers * 64 * 256 + 1024)};
   };
   switch (tile) {
   case GemmTile::Large: return make("WgmmaConfig<256, 2, 4>", 128, 256, 2, 4, 1);
   case GemmTile::Medium: return make("WgmmaConfig<128, 2, 6>", 128, 128, 2, 6, 1);
-  case GemmTile::Small: return make("WgmmaConfig<128, 1, 4>", 64, 128, 1, 4, 2);
+  case GemmTile::Small: return make("WgmmaConfig<128, 1, 3>", 64, 128, 1, 3, 2);
   case GemmTile::Auto: break;
   }
   assert(false && "GemmTile::Auto is resolved by chooseWgmma");
@@ -571,12 +578,12 @@ int64_t tilesOf(int64_t m, int64_t n, int64_t bm, int64_t bn) { return ((m + bm 
 // splits from wgmmaSplitCost(): waves × one block's time (its products at the block's measured
 // rate, plus ~2 µs of pipeline fill and epilogue) + the reduce kernel's traffic (the fp32 partial
 // sums read once, the result written) at ~2.5 TB/s + 3 µs. Block rates measured on the H100
-// (8192×4096×4096, bf16): large 647 TFLOP/s a GPU (one block an SM), medium 477 (one), small
-// 453 (two an SM). Splits keep at least 128 of K.
+// (8192×4096×4096, bf16, the persistent TMA kernel): large 768 TFLOP/s a GPU (one block an SM),
+// medium 582 (one), small 502 (two an SM). Splits keep at least 128 of K.
 double wgmmaSplitCost(GemmTile tile, int64_t m, int64_t n, int64_t k, int64_t splits) {
   const int64_t bm = tile == GemmTile::Small ? 64 : 128, bn = tile == GemmTile::Large ? 256 : 128;
   const double perSm = tile == GemmTile::Small ? 2 : 1;
-  const double gpuRate = tile == GemmTile::Large ? 647e12 : tile == GemmTile::Medium ? 477e12 : 453e12;
+  const double gpuRate = tile == GemmTile::Large ? 768e12 : tile == GemmTile::Medium ? 582e12 : 502e12;
   const double blockRate = gpuRate / (static_cast<double>(kAssumedSms) * perSm);
   const double waves = std::ceil(static_cast<double>(tilesOf(m, n, bm, bn) * splits) / (static_cast<double>(kAssumedSms) * perSm));
   const double sliceK = std::ceil(static_cast<double>(k) / static_cast<double>(splits) / 64.0) * 64.0;
@@ -598,6 +605,22 @@ std::pair<GemmTile, int> chooseWgmma(int64_t batch, int64_t m, int64_t n, int64_
       if (cost < bestCost) bestCost = cost, best = {t, static_cast<int>(s)};
     }
   return best;
+}
+
+// The TMA map of a wgmma GEMM operand (kernels/gemm_wgmma.cuh's note): matrices of `contiguous`
+// × `other` bf16, `batch` of them `stride` elements apart (0: one shared matrix), boxes of 64
+// along the contiguous extent and `boxOther` along the other.
+TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, int64_t stride, int64_t boxOther) {
+  TensorMapSpec t;
+  t.dims[0] = static_cast<uint64_t>(contiguous);
+  t.dims[1] = static_cast<uint64_t>(other);
+  t.dims[2] = static_cast<uint64_t>(stride != 0 ? batch : 1);
+  t.strideBytes[0] = static_cast<uint64_t>(contiguous) * 2;
+  t.strideBytes[1] = static_cast<uint64_t>(stride != 0 ? stride : contiguous * other) * 2;
+  t.box[0] = 64;
+  t.box[1] = static_cast<uint32_t>(boxOther);
+  t.box[2] = 1;
+  return t;
 }
 
 NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
@@ -626,16 +649,22 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   const int64_t tiles = tilesOf(m, n, v.bm, v.bn);
   TemplateVars vars = {{"M", ll(m)}, {"N", ll(n)}, {"K", ll(k)}, {"ABATCH", ll(q.strideA)}, {"BBATCH", ll(q.strideB)},
                        {"TA", q.transA ? "true" : "false"}, {"TB", q.transB ? "true" : "false"},
-                       {"SPLITS", std::to_string(splits)}, {"EPIMEMBERS", members},
+                       {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
                        {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
   NodeKernels nk;
   // Scratch, in floats: [widened A][widened B][split partial sums]. The product reads each
   // operand from the node, or its widened copy.
   int64_t scratchFloats = 0;
-  std::string operand[2] = {wgmma ? "in0.p" : "in0", wgmma ? "in1.p" : "in1"};
+  std::string operand[2] = {wgmma ? "map0" : "in0", wgmma ? "map1" : "in1"};
   std::vector<KernelArg> operandArgs;
-  for (int i = 0; i < 2; ++i) {
-    if (!wide[i] || wgmma) {
+  if (wgmma) {
+    operandArgs.push_back({KernelArg::InputTensorMap, 0,
+                           q.transA ? gemmTensorMap(m, k, q.batch, q.strideA, 64) : gemmTensorMap(k, m, q.batch, q.strideA, v.bm)});
+    operandArgs.push_back({KernelArg::InputTensorMap, 1,
+                           q.transB ? gemmTensorMap(k, n, q.batch, q.strideB, v.bn) : gemmTensorMap(n, k, q.batch, q.strideB, 64)});
+  }
+  for (int i = 0; i < 2 && !wgmma; ++i) {
+    if (!wide[i]) {
       operandArgs.push_back({KernelArg::Input, i});
       continue;
     }
@@ -654,8 +683,11 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
     return a;
   };
   const std::vector<KernelArg> scratchArg{{KernelArg::Scratch, 0}};
-  const std::array<unsigned, 3> grid{static_cast<unsigned>(std::max<int64_t>(tiles, 1)), 1,
-                                     static_cast<unsigned>(splits > 1 ? splits : q.batch)};
+  // The wgmma kernel is persistent: its blocks walk the work items (tiles × batch or splits).
+  const int64_t items = tiles * (splits > 1 ? splits : q.batch);
+  const std::array<unsigned, 3> grid =
+      wgmma ? std::array<unsigned, 3>{static_cast<unsigned>(std::max<int64_t>(std::min<int64_t>(items, int64_t{c.opt->sms} * v.minBlocks), 1)), 1, 1}
+            : std::array<unsigned, 3>{static_cast<unsigned>(std::max<int64_t>(tiles, 1)), 1, static_cast<unsigned>(splits > 1 ? splits : q.batch)};
   auto problem = [&](const std::string& part) {
     TemplateVars pv = vars;
     pv["NAME"] = c.kernelName(part);

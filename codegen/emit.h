@@ -8,13 +8,19 @@
 
 #include "graph/graph.h"
 #include "kernels/flash_attention.h"
+#include "runtime/cuda/tensor_map.h"
 
 namespace pa::codegen {
 
-// A kernel argument: a node input, a node output, or the node's scratch buffer.
+// A kernel argument: a node input's or output's device address, the node's scratch, or a TMA
+// tensor map over a bf16 input (kernels/gemm_wgmma.cuh), which the launcher encodes from the
+// input's address (runtime/cuda/tensor_map.h).
+using cuda::TensorMapSpec;
 struct KernelArg {
-  enum Kind { Input, Output, Scratch } kind;
+  // InputTensorMap: the kernel takes a TensorMap (by value) over input `index` instead of a pointer.
+  enum Kind { Input, Output, Scratch, InputTensorMap } kind;
   int index;
+  TensorMapSpec map{};
 };
 
 struct Kernel {
@@ -22,7 +28,7 @@ struct Kernel {
   std::string source;  // starts with a comment naming the graph node and the launch
   std::array<unsigned, 3> grid{1, 1, 1}, block{1, 1, 1};
   unsigned sharedBytes = 0;
-  std::vector<KernelArg> args;  // pointer arguments, in order
+  std::vector<KernelArg> args;  // arguments, in order
   std::vector<std::string> headers;  // embedded headers it #includes (by include name)
 };
 
@@ -46,6 +52,9 @@ struct EmitOptions {
   // The target has wgmma (sm_90a): GEMMs whose operands are both bf16 run kernels/gemm_wgmma.cuh
   // (dynamic shared memory above 48 KB: the launcher opts in with Kernel::sharedBytes).
   bool wgmma = false;
+  // The device's SM count: the wgmma GEMMs are persistent and start at most this many blocks
+  // (times the blocks an SM holds).
+  int sms = 132;
   // Appended to every kernel name ("_v1"): alternative emissions of one node (the runner's GEMM
   // tile candidates) can then share an NVRTC program.
   std::string kernelSuffix;

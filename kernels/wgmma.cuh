@@ -58,6 +58,27 @@ __device__ __forceinline__ void cpAsyncArriveOnLanding(u32 bar) {
 // waited for the copies executes this before its wgmmas.
 __device__ __forceinline__ void fenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// ---- TMA (the tensor memory accelerator) -----------------------------------------------------
+// A tensor map as the driver encodes it (cuTensorMapEncodeTiled, runtime/cuda/tensor_map.h):
+// 128 opaque bytes, passed to the kernel by value as a __grid_constant__ parameter.
+struct __align__(64) TensorMap {
+  unsigned long long words[16];
+};
+// The next phase of `bar` also waits for `bytes` bytes of asynchronous copies (complete_tx); this
+// thread's arrival counts as one of the expected ones.
+__device__ __forceinline__ void mbarArriveExpectBytes(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box of `map` at coordinates (c0 innermost, c1, c2) into shared memory at `dst`, in the map's
+// swizzle; the bytes are counted on `bar` when they land. Out-of-range elements arrive as zeros
+// and still count.
+__device__ __forceinline__ void tmaLoad3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
 // 16 bytes global -> shared (a shared-window address); zero-filled when !valid.
 __device__ __forceinline__ void cpAsync16To(u32 dst, const void* src, bool valid) {
   asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");

@@ -24,11 +24,10 @@ struct CudaGraphRunner::Launch {
   cuda::CUfunction fn = nullptr;
   codegen::Kernel kernel;
   int program = 0;
-  std::vector<cuda::CUdeviceptr> args;  // resolved once: the buffers never move
-  std::vector<void*> params;            // &args[i]
+  cuda::KernelParams params;  // resolved once: the buffers never move
   void enqueue(cuda::CUstream stream) const {
     PA_CU_CHECK(cuLaunchKernel(fn, kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0], kernel.block[1],
-                               kernel.block[2], kernel.sharedBytes, stream, const_cast<void**>(params.data()), nullptr));
+                               kernel.block[2], kernel.sharedBytes, stream, params.data(), nullptr));
   }
 };
 
@@ -213,14 +212,15 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     const Node& n = g.node(id);
     for (Launch* lp : nodeLaunches(id)) {
       Launch& l = *lp;
+      l.params = cuda::KernelParams(l.kernel.args.size());
       for (const codegen::KernelArg& a : l.kernel.args) {
         switch (a.kind) {
-        case codegen::KernelArg::Input: l.args.push_back(ptr(n.inputs[static_cast<size_t>(a.index)])); break;
-        case codegen::KernelArg::Output: l.args.push_back(ptr(n.outputs[static_cast<size_t>(a.index)])); break;
-        case codegen::KernelArg::Scratch: l.args.push_back(scratch_.at(id).ptr()); break;
+        case codegen::KernelArg::Input: l.params.addPointer(ptr(n.inputs[static_cast<size_t>(a.index)])); break;
+        case codegen::KernelArg::Output: l.params.addPointer(ptr(n.outputs[static_cast<size_t>(a.index)])); break;
+        case codegen::KernelArg::Scratch: l.params.addPointer(scratch_.at(id).ptr()); break;
+        case codegen::KernelArg::InputTensorMap: l.params.addTensorMap(a.map, ptr(n.inputs[static_cast<size_t>(a.index)])); break;
         }
       }
-      for (cuda::CUdeviceptr& p : l.args) l.params.push_back(&p);
     }
   }
 
@@ -669,6 +669,7 @@ codegen::EmitOptions CudaGraphRunner::emitOptionsFor(const cuda::Device& device,
   codegen::EmitOptions emit;
   emit.tf32 = tf32;
   emit.wgmma = device.info().arch() == "sm_90a";
+  emit.sms = device.info().multiprocessors;
   return emit;
 }
 

@@ -78,6 +78,8 @@ Driver::Driver() {
   resolve(handle_, "cuEventRecord", api_.cuEventRecord, missing);
   resolve(handle_, "cuEventSynchronize", api_.cuEventSynchronize, missing);
   resolve(handle_, "cuEventElapsedTime", api_.cuEventElapsedTime, missing);
+  std::string optional;  // a driver without it still runs everything but the TMA kernels
+  resolve(handle_, "cuTensorMapEncodeTiled", api_.cuTensorMapEncodeTiled, optional);
   resolve(handle_, "cuGetErrorName", api_.cuGetErrorName, missing);
   resolve(handle_, "cuGetErrorString", api_.cuGetErrorString, missing);
   if (!missing.empty()) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -138,11 +139,13 @@ struct Bf16Case {
 std::vector<Bf16Case> bf16Cases() {
   using codegen::GemmTile;
   std::vector<Bf16Case> cases;
-  auto add = [&](const std::string& base, const GemmProblem& p, GemmTile tile, bool bf16Out, int splits = 0) {
+  auto add = [&](const std::string& base, const GemmProblem& p, GemmTile tile, bool bf16Out, int splits = 0, int sms = 0) {
     Bf16Case c;
     c.problem = p, c.bf16Out = bf16Out;
     c.opt.wgmma = true, c.opt.gemmTile = tile, c.opt.gemmSplits = splits;
-    c.name = base + "_" + tileName(tile) + (splits ? "_split" + std::to_string(splits) : "") + (bf16Out ? "_bf16out" : "_f32out");
+    if (sms > 0) c.opt.sms = sms;
+    c.name = base + "_" + tileName(tile) + (splits ? "_split" + std::to_string(splits) : "") + (bf16Out ? "_bf16out" : "_f32out") +
+             (sms > 0 ? "_" + std::to_string(sms) + "sms" : "");
     cases.push_back(c);
   };
   const int64_t mnk[][3] = {{8, 8, 8}, {40, 136, 8}, {200, 264, 72}, {1000, 1000, 1000}, {136, 520, 4096}};
@@ -184,6 +187,20 @@ std::vector<Bf16Case> bf16Cases() {
       for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, tile == GemmTile::Large);
       add(base, p, GemmTile::Small, true, 2);  // the epilogue in the split-K reduce
     }
+  // The kernel is persistent: with the grid of a 2-SM device every block walks many work items,
+  // and the ring's stages and phases carry on across tiles, batch entries and K splits.
+  {
+    GemmProblem p;
+    p.a = {1001, 1000}, p.b = {1000, 1000};
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add("MatMul_1001x1000x1000", p, tile, true, 0, 2);
+    GemmProblem dw;  // a weight gradient's shape: transposed A, long K
+    dw.ta = true, dw.a = {4096, 136}, dw.b = {4096, 520};
+    add("MatMul_136x520x4096_tA", dw, GemmTile::Large, false, 4, 2);
+    add("MatMul_136x520x4096_tA", dw, GemmTile::Small, false, 3, 2);
+    GemmProblem b;
+    b.a = {3, 136, 200}, b.b = {3, 264, 136}, b.ta = true, b.tb = true;
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add("MatMulBatched_3x136x200T_3x264x136T", b, tile, true, 0, 2);
+  }
   return cases;
 }
 
@@ -336,21 +353,29 @@ TEST_P(GemmBf16OnGpu, MatchesFloat64Reference) {
     in.push_back(gemmtest::randomValues(numel(g.shape(n.inputs[i])), std::hash<std::string>{}(c.name) + i));
     gemmtest::uploadStored(gpu.inputs[i], in.back(), g.value(n.inputs[i]).type.dtype);
   }
-  for (cuda::DeviceBuffer& o : gpu.outputs) o.fill32(0x7fc07fc0u);  // NaN in fp32 and in bf16: catches unwritten elements
-  gpu.launch();
-  PA_CU_CHECK(cuCtxSynchronize());
   const auto want = gemmtest::reference(g, id, in);
-  for (size_t o = 0; o < n.outputs.size(); ++o) {
-    std::vector<float> got(want[o].size());
-    if (g.value(n.outputs[o]).type.dtype == DType::BF16) {
-      std::vector<uint16_t> bits(got.size());
-      gpu.outputs[o].download(bits.data(), bits.size() * sizeof(uint16_t));
-      for (size_t j = 0; j < bits.size(); ++j) got[j] = bf16Value(bits[j]);
-    } else {
-      gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
+  // Twice, with the outputs poisoned before each: a launch leaves nothing behind that the next
+  // depends on (the persistent blocks' barriers, the split-K partial sums), and the outputs are
+  // bit-identical.
+  std::vector<std::vector<float>> first(n.outputs.size());
+  for (int launch = 0; launch < 2; ++launch) {
+    for (cuda::DeviceBuffer& o : gpu.outputs) o.fill32(0x7fc07fc0u);  // NaN in fp32 and in bf16: catches unwritten elements
+    gpu.launch();
+    PA_CU_CHECK(cuCtxSynchronize());
+    for (size_t o = 0; o < n.outputs.size(); ++o) {
+      std::vector<float> got(want[o].size());
+      if (g.value(n.outputs[o]).type.dtype == DType::BF16) {
+        std::vector<uint16_t> bits(got.size());
+        gpu.outputs[o].download(bits.data(), bits.size() * sizeof(uint16_t));
+        for (size_t j = 0; j < bits.size(); ++j) got[j] = bf16Value(bits[j]);
+      } else {
+        gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
+      }
+      const double bar = g.value(n.outputs[o]).type.dtype == DType::BF16 ? 1e-2 : 1e-3;
+      expectWithin(compare(got, want[o]), bar, o, c.name + (launch ? " (second launch)" : ""), numel(g.shape(n.outputs[0])) >= (1 << 19));
+      if (launch == 0) first[o] = got;
+      else EXPECT_EQ(std::memcmp(got.data(), first[o].data(), got.size() * sizeof(float)), 0) << "output " << o << " differs between launches";
     }
-    const double bar = g.value(n.outputs[o]).type.dtype == DType::BF16 ? 1e-2 : 1e-3;
-    expectWithin(compare(got, want[o]), bar, o, c.name, numel(g.shape(n.outputs[0])) >= (1 << 19));
   }
 }
 

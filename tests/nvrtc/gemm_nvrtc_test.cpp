@@ -160,13 +160,17 @@ std::vector<Variant> wgmmaVariants() {
 }
 
 TEST(GemmNvrtc, Bf16OperandsTakeTheWgmmaKernelWhereTheyCan) {
+  // The product reads both operands through TMA maps; a K split's partial sums go to a reduce
+  // kernel.
   for (const Variant& v : wgmmaVariants()) {
     const bool reduce = v.kernel.name.find("_reduce") != std::string::npos;
     EXPECT_NE(v.kernel.source.find(reduce ? "pa::gemm::splitReduce<" : "pa::gemm::wgmmaGemm<"), std::string::npos) << v.name;
     EXPECT_EQ(v.kernel.headers, std::vector<std::string>{reduce ? "kernels/gemm.cuh" : "kernels/gemm_wgmma.cuh"}) << v.name;
-    if (!reduce) {
-      EXPECT_GT(v.kernel.sharedBytes, 48u * 1024) << v.name;
-    }
+    if (reduce) continue;
+    EXPECT_GT(v.kernel.sharedBytes, 48u * 1024) << v.name;
+    ASSERT_GE(v.kernel.args.size(), 2u) << v.name;
+    EXPECT_EQ(v.kernel.args[0].kind, codegen::KernelArg::InputTensorMap) << v.name;
+    EXPECT_EQ(v.kernel.args[1].kind, codegen::KernelArg::InputTensorMap) << v.name;
   }
   // Without wgmma, or with a contiguous extent that is not a multiple of 8 (K = 129 here), the
   // operands are widened for the TF32 kernel instead.
