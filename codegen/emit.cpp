@@ -108,10 +108,12 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
       doc += sep + "scratch";
       continue;
     }
-    if (a.kind == KernelArg::InputTensorMap) {
+    if (a.kind == KernelArg::InputTensorMap || a.kind == KernelArg::ScratchTensorMap) {
       const std::string name = "map" + std::to_string(a.index);
+      const std::string of = c.g.value(c.n.inputs[static_cast<size_t>(a.index)]).name;
       params += sep + "const __grid_constant__ pa::sm90::TensorMap " + name;
-      doc += sep + name + " = TMA map of " + c.g.value(c.n.inputs[static_cast<size_t>(a.index)]).name + " (bf16)";
+      doc += sep + name + " = TMA map of " + (a.kind == KernelArg::InputTensorMap ? of : of + " transposed, in scratch") +
+             (a.map.elementBytes == 2 ? " (bf16)" : "");
       continue;
     }
     const bool output = a.kind == KernelArg::Output;
@@ -468,6 +470,24 @@ ${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch + ${PARTS}, out0, epi
 }
 )";
 
+// An fp32 operand copied transposed into the node's scratch: for the TF32 wgmma kernel, which reads
+// both operands K-major, and for cuBLASLt's untransposed-B candidate (libraryGemmTransposeB).
+// [copies][R][C] -> [copies][C][R] through 32×32 shared tiles.
+const char* kGemmTranspose = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  __shared__ float tile[32][33];
+  const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
+  const long long r0 = (long long)blockIdx.y * 32, c0 = (long long)blockIdx.x * 32;
+  const float* src = in${INPUT} + (long long)blockIdx.z * ${R} * ${C};
+  float* dst = scratch + ${OFFSET} + (long long)blockIdx.z * ${R} * ${C};
+  for (int i = row; i < 32; i += 8)
+    if (r0 + i < ${R} && c0 + lane < ${C}) tile[i][lane] = src[(r0 + i) * ${C} + c0 + lane];
+  __syncthreads();
+  for (int i = row; i < 32; i += 8)
+    if (c0 + i < ${C} && r0 + lane < ${R}) dst[(c0 + i) * ${R} + r0 + lane] = tile[lane][i];
+}
+)";
+
 // A bf16 operand widened to fp32 in the node's scratch, for the generated GEMM (exact: TF32
 // holds every bf16 value, so the TF32 kernels then compute the bf16 product with fp32 sums).
 const char* kGemmWiden = R"(
@@ -556,15 +576,16 @@ struct WgmmaVariant {
   GemmVariant v;
   unsigned sharedBytes;
 };
-WgmmaVariant wgmmaVariant(GemmTile tile) {
+// TF32 (fp32 operands) uses the same tiles and ring: a slice row is 128 bytes either way.
+WgmmaVariant wgmmaVariant(GemmTile tile, bool tf32) {
   auto make = [](const char* config, int bm, int bn, int consumers, int stages, int minBlocks) {
     return WgmmaVariant{GemmVariant{config, bm, bn, 128 * (1 + consumers), minBlocks},
                         static_cast<unsigned>(stages * (bm + bn) * 128 + consumers * 64 * 256 + 1024)};
   };
   switch (tile) {
-  case GemmTile::Large: return make("WgmmaConfig<256, 2, 4>", 128, 256, 2, 4, 1);
-  case GemmTile::Medium: return make("WgmmaConfig<128, 2, 6>", 128, 128, 2, 6, 1);
-  case GemmTile::Small: return make("WgmmaConfig<128, 1, 3>", 64, 128, 1, 3, 2);
+  case GemmTile::Large: return make(tf32 ? "WgmmaConfig<256, 2, 4, true>" : "WgmmaConfig<256, 2, 4>", 128, 256, 2, 4, 1);
+  case GemmTile::Medium: return make(tf32 ? "WgmmaConfig<128, 2, 6, true>" : "WgmmaConfig<128, 2, 6>", 128, 128, 2, 6, 1);
+  case GemmTile::Small: return make(tf32 ? "WgmmaConfig<128, 1, 3, true>" : "WgmmaConfig<128, 1, 3>", 64, 128, 1, 3, 2);
   case GemmTile::Auto: break;
   }
   assert(false && "GemmTile::Auto is resolved by chooseWgmma");
@@ -608,19 +629,35 @@ std::pair<GemmTile, int> chooseWgmma(int64_t batch, int64_t m, int64_t n, int64_
 }
 
 // The TMA map of a wgmma GEMM operand (kernels/gemm_wgmma.cuh's note): matrices of `contiguous`
-// × `other` bf16, `batch` of them `stride` elements apart (0: one shared matrix), boxes of 64
-// along the contiguous extent and `boxOther` along the other.
-TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, int64_t stride, int64_t boxOther) {
+// × `other` elements of `bytes` each (2: bf16, 4: fp32), `batch` of them `stride` elements apart
+// (0: one shared matrix), boxes of 128 bytes along the contiguous extent and `boxOther` along the
+// other.
+TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, int64_t stride, int64_t boxOther, int bytes = 2) {
   TensorMapSpec t;
+  t.elementBytes = static_cast<uint32_t>(bytes);
   t.dims[0] = static_cast<uint64_t>(contiguous);
   t.dims[1] = static_cast<uint64_t>(other);
   t.dims[2] = static_cast<uint64_t>(stride != 0 ? batch : 1);
-  t.strideBytes[0] = static_cast<uint64_t>(contiguous) * 2;
-  t.strideBytes[1] = static_cast<uint64_t>(stride != 0 ? stride : contiguous * other) * 2;
-  t.box[0] = 64;
+  t.strideBytes[0] = static_cast<uint64_t>(contiguous * bytes);
+  t.strideBytes[1] = static_cast<uint64_t>((stride != 0 ? stride : contiguous * other) * bytes);
+  t.box[0] = static_cast<uint32_t>(128 / bytes);
   t.box[1] = static_cast<uint32_t>(boxOther);
   t.box[2] = 1;
   return t;
+}
+
+// Whether a TF32 product is faster on the wgmma kernel, transposes included, than on the mma.sync
+// TF32 kernel: the products at the rates measured on the H100 (wgmma 365 TFLOP/s on
+// 8192×4096×4096, mma.sync ~110 on the large products), each transposed copy read and written
+// at ~2.5 TB/s plus 3 µs. The long-K weight gradients of narrow layers lose (their activations'
+// copies cost more than the products: 256×1024×8192, 0.064 against 0.055 ms), the rest win.
+bool tf32WgmmaPays(const GemmGeometry& q) {
+  const double flops = 2.0 * static_cast<double>(q.batch * q.m) * static_cast<double>(q.n * q.k);
+  double copies = 0, launches = 0;
+  if (q.transA) copies += static_cast<double>((q.strideA != 0 ? q.batch : 1) * q.m * q.k), ++launches;
+  if (!q.transB) copies += static_cast<double>((q.strideB != 0 ? q.batch : 1) * q.n * q.k), ++launches;
+  const double wgmma = flops / 365e12 + copies * 8.0 / 2.5e12 + launches * 3e-6;
+  return wgmma < flops / 110e12;
 }
 
 NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
@@ -630,8 +667,15 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   // batch strides allow 16-byte copies. Elsewhere they are widened into the scratch buffer first
   // and multiplied on the TF32 path (exact: TF32 holds every bf16 value).
   const bool wide[2] = {c.inType(0) == DType::BF16, c.inType(1) == DType::BF16};
-  const bool wgmma = c.opt->wgmma && wide[0] && wide[1] && (q.transA ? m : k) % 8 == 0 && (q.transB ? k : n) % 8 == 0 &&
-                     q.strideA % 8 == 0 && q.strideB % 8 == 0;
+  const bool wgmmaBf16 = c.opt->wgmma && wide[0] && wide[1] && (q.transA ? m : k) % 8 == 0 &&
+                         (q.transB ? k : n) % 8 == 0 && q.strideA % 8 == 0 && q.strideB % 8 == 0;
+  // fp32 operands with precision tf32 on an sm_90a device: the same kernel on TF32, which reads
+  // both operands K-major: an operand stored the other way is first copied transposed into the
+  // scratch (K a multiple of 4: 16-byte rows for TMA).
+  const bool wgmmaTf32 = c.opt->wgmma && c.opt->tf32 && !wide[0] && !wide[1] && k % 4 == 0 && (k + 31) / 32 <= 65535 &&
+                         q.batch <= 65535 &&  // (the transpose kernels' grid)
+                         (c.opt->gemmTile != GemmTile::Auto || tf32WgmmaPays(q));  // a forced tile: wherever it can
+  const bool wgmma = wgmmaBf16 || wgmmaTf32;
   const bool tf32 = !wgmma && (c.opt->tf32 || wide[0] || wide[1]);
   std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, m, n, k) : chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
@@ -639,7 +683,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   GemmVariant v;
   unsigned sharedBytes = 0;
   if (wgmma) {
-    const WgmmaVariant w = wgmmaVariant(choice.first);
+    const WgmmaVariant w = wgmmaVariant(choice.first, wgmmaTf32);
     v = w.v, sharedBytes = w.sharedBytes;
   } else {
     v = gemmVariant(tf32, choice.first);
@@ -647,17 +691,44 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : "kernels/gemm.cuh";
   const int splits = choice.second;
   const int64_t tiles = tilesOf(m, n, v.bm, v.bn);
-  TemplateVars vars = {{"M", ll(m)}, {"N", ll(n)}, {"K", ll(k)}, {"ABATCH", ll(q.strideA)}, {"BBATCH", ll(q.strideB)},
-                       {"TA", q.transA ? "true" : "false"}, {"TB", q.transB ? "true" : "false"},
+  // The product the kernel computes: TF32 wgmma reads A plain and B transposed, from the node's
+  // operands or from their transposed copies.
+  GemmGeometry pq = q;
+  if (wgmmaTf32) {
+    pq.transA = false, pq.transB = true;
+    pq.strideA = q.strideA != 0 ? m * k : 0, pq.strideB = q.strideB != 0 ? n * k : 0;
+  }
+  TemplateVars vars = {{"M", ll(m)}, {"N", ll(n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
+                       {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
                        {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
                        {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
   NodeKernels nk;
-  // Scratch, in floats: [widened A][widened B][split partial sums]. The product reads each
-  // operand from the node, or its widened copy.
+  // Scratch, in floats: [widened or transposed A][widened or transposed B][split partial sums].
+  // The product reads each operand from the node, or its copy.
   int64_t scratchFloats = 0;
   std::string operand[2] = {wgmma ? "map0" : "in0", wgmma ? "map1" : "in1"};
   std::vector<KernelArg> operandArgs;
-  if (wgmma) {
+  if (wgmmaTf32) {
+    // Operand i as K-major rows: `other` rows of K (M for A, N for B) per batch entry.
+    for (int i = 0; i < 2; ++i) {
+      const bool kMajor = i == 0 ? !q.transA : q.transB;
+      const int64_t other = i == 0 ? m : n, stride = i == 0 ? q.strideA : q.strideB, box = i == 0 ? v.bm : v.bn;
+      const TensorMapSpec map = gemmTensorMap(k, other, q.batch, stride != 0 ? other * k : 0, box, 4);
+      if (kMajor) {
+        operandArgs.push_back({KernelArg::InputTensorMap, i, map});
+        continue;
+      }
+      const int64_t copies = stride != 0 ? q.batch : 1;  // stored [copies][K][other]
+      nk.kernels.push_back(finish(c, std::string("transpose_") + (i == 0 ? "a" : "b"), kGemmTranspose,
+                                  {{"R", ll(k)}, {"C", ll(other)}, {"OFFSET", ll(scratchFloats)}, {"INPUT", std::to_string(i)}},
+                                  {static_cast<unsigned>((other + 31) / 32), static_cast<unsigned>((k + 31) / 32),
+                                   static_cast<unsigned>(copies)},
+                                  kThreads, {{KernelArg::Input, i}, {KernelArg::Scratch, 0}}));
+      operandArgs.push_back({KernelArg::ScratchTensorMap, i, map, static_cast<uint64_t>(scratchFloats) * sizeof(float)});
+      scratchFloats += (copies * k * other + 63) / 64 * 64;  // 256-byte aligned, as TMA wants 16
+    }
+  }
+  if (wgmmaBf16) {
     operandArgs.push_back({KernelArg::InputTensorMap, 0,
                            q.transA ? gemmTensorMap(m, k, q.batch, q.strideA, 64) : gemmTensorMap(k, m, q.batch, q.strideA, v.bm)});
     operandArgs.push_back({KernelArg::InputTensorMap, 1,
@@ -1068,23 +1139,6 @@ NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, boo
   return nk;
 }
 
-namespace {
-
-const char* kTransposeB = R"(
-extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
-  __shared__ float tile[32][33];
-  const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
-  const long long n0 = (long long)blockIdx.y * 32, k0 = (long long)blockIdx.x * 32;
-  for (int i = row; i < 32; i += 8)
-    if (n0 + i < ${N} && k0 + lane < ${K}) tile[i][lane] = in1[(n0 + i) * ${K} + k0 + lane];
-  __syncthreads();
-  for (int i = row; i < 32; i += 8)
-    if (k0 + i < ${K} && n0 + lane < ${N}) scratch[(k0 + i) * ${N} + n0 + lane] = tile[lane][i];
-}
-)";
-
-}  // namespace
-
 NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id) {
   const Node& n = g.node(id);
   const Ctx c{g, n};
@@ -1092,7 +1146,7 @@ NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id) {
   assert(lg.supported && lg.geometry.transB && lg.geometry.batch == 1);
   const int64_t nn = lg.geometry.n, k = lg.geometry.k;
   NodeKernels nk;
-  nk.kernels.push_back(finish(c, "transpose_b", kTransposeB, {{"N", ll(nn)}, {"K", ll(k)}},
+  nk.kernels.push_back(finish(c, "transpose_b", kGemmTranspose, {{"R", ll(nn)}, {"C", ll(k)}, {"OFFSET", "0"}, {"INPUT", "1"}},
                               {static_cast<unsigned>((k + 31) / 32), static_cast<unsigned>((nn + 31) / 32), 1}, kThreads,
                               {{KernelArg::Input, 1}, {KernelArg::Scratch, 0}}));
   nk.scratchBytes = static_cast<size_t>(nn * k) * sizeof(float);

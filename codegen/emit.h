@@ -13,14 +13,16 @@
 namespace pa::codegen {
 
 // A kernel argument: a node input's or output's device address, the node's scratch, or a TMA
-// tensor map over a bf16 input (kernels/gemm_wgmma.cuh), which the launcher encodes from the
-// input's address (runtime/cuda/tensor_map.h).
+// tensor map (kernels/gemm_wgmma.cuh) over an input or over the scratch at `scratchOffsetBytes`,
+// which the launcher encodes from that address (runtime/cuda/tensor_map.h).
 using cuda::TensorMapSpec;
 struct KernelArg {
-  // InputTensorMap: the kernel takes a TensorMap (by value) over input `index` instead of a pointer.
-  enum Kind { Input, Output, Scratch, InputTensorMap } kind;
+  // InputTensorMap: the kernel takes a TensorMap (by value) over input `index` instead of a
+  // pointer; ScratchTensorMap: over the scratch (`index` names the GEMM operand it holds).
+  enum Kind { Input, Output, Scratch, InputTensorMap, ScratchTensorMap } kind;
   int index;
   TensorMapSpec map{};
+  uint64_t scratchOffsetBytes = 0;
 };
 
 struct Kernel {

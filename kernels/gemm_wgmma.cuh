@@ -14,7 +14,7 @@
  * in the current one's epilogue: no block launch or pipeline fill between tiles.
  *
  * Warp specialisation. A block is 1 + CONSUMERS warpgroups (128 threads each). One thread of
- * warpgroup 0 is the producer: for every K slice (BK = 64) it waits until the ring stage is free,
+ * warpgroup 0 is the producer: for every K slice (BK = 64; 32 for TF32) it waits until the ring stage is free,
  * announces the stage's byte count on the stage's full barrier and issues the TMA copies of the A
  * tile (BM = 64·CONSUMERS rows) and the B tile (BN columns); the hardware counts the bytes on the
  * barrier as they land (out-of-range elements arrive as zeros, so ragged M, N and K need no code).
@@ -55,6 +55,12 @@
  * matrix extent, 2 the batch (size 1 for a shared operand); the emitter checks that contiguous
  * extents and batch strides are multiples of 8 (TMA's 16-byte strides), the runner's arena aligns
  * every value to 256 bytes (TMA's 16-byte base).
+ *
+ * TF32 (Cfg::TF32, precision: tf32 with fp32 operands): the same kernel with fp32 elements, 32 of
+ * them in a 128-byte slice row, and wgmma.m64nNk8.tf32 (the hardware reads the top 19 bits of
+ * each fp32 operand). TF32 wgmma takes both operands K-major only, so the emitter gives it A
+ * plain and B transposed; an operand stored the other way is first copied transposed into the
+ * node's scratch by a separate kernel (codegen's gemm()).
  *
  * Accumulator layout (wgmma m64nN, f32): thread (warp q of the warpgroup, lane = 4g + t) holds,
  * for each 8-column group j, rows 16q + g and 16q + g + 8, columns 8j + 2t and 8j + 2t + 1, in
@@ -133,12 +139,15 @@ struct WgmmaOperand {
   }
 };
 
-// BN ∈ {128, 256}; CONSUMERS ∈ {1, 2} (BM = 64·CONSUMERS). Launch: grid (min(work items, SMs ×
-// blocks an SM)), block kThreads, dynamic shared memory kSharedBytes (opt-in above 48 KB).
-template <int BN_, int CONSUMERS_, int STAGES_>
+// BN ∈ {128, 256}; CONSUMERS ∈ {1, 2} (BM = 64·CONSUMERS). TF32: fp32 operands, products on
+// TF32 (see the note). Launch: grid (min(work items, SMs × blocks an SM)), block kThreads,
+// dynamic shared memory kSharedBytes (opt-in above 48 KB).
+template <int BN_, int CONSUMERS_, int STAGES_, bool TF32_ = false>
 struct WgmmaConfig {
   static constexpr int BN = BN_, CONSUMERS = CONSUMERS_, STAGES = STAGES_;
-  static constexpr int BM = 64 * CONSUMERS, BK = 64;
+  static constexpr bool TF32 = TF32_;
+  static constexpr int kElemBytes = TF32 ? 4 : 2;
+  static constexpr int BM = 64 * CONSUMERS, BK = 128 / kElemBytes;  // a slice row is 128 bytes either way
   static constexpr int kThreads = 128 * (1 + CONSUMERS);
   static constexpr int kStageBytes = (BM + BN) * 128;
   static constexpr int kStagingBytes = 64 * 256;  // a consumer's epilogue staging (see the note)
@@ -159,8 +168,12 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
   constexpr long long kItems = kTiles * (P::splits > 1 ? P::splits : P::batch);
   typedef WgmmaOperand<BM, !P::transA> OpA;
   typedef WgmmaOperand<BN, P::transB> OpB;
-  static_assert((P::transA ? M : K) % 8 == 0 && (P::transB ? K : N) % 8 == 0 && P::strideA % 8 == 0 && P::strideB % 8 == 0,
-                "TMA needs contiguous extents and batch strides that are multiples of 8 bf16");
+  constexpr long long kAlign = 16 / Cfg::kElemBytes;
+  static_assert((P::transA ? M : K) % kAlign == 0 && (P::transB ? K : N) % kAlign == 0 && P::strideA % kAlign == 0 &&
+                    P::strideB % kAlign == 0,
+                "TMA needs contiguous extents and batch strides of whole 16-byte chunks");
+  static_assert(!Cfg::TF32 || (!P::transA && P::transB), "TF32 wgmma reads both operands K-major");
+  constexpr int IN = Cfg::TF32 ? sm90::kInTf32 : sm90::kInBf16;
   static_assert(M < (1ll << 31) && N < (1ll << 31) && K < (1ll << 31), "TMA coordinates are 32-bit");
 
   extern __shared__ unsigned char sharedRaw[];
@@ -232,8 +245,8 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
       fenceRegisters(acc);
       wgmmaFence();
 #pragma unroll
-      for (int j = 0; j < BK / 16; ++j)
-        sm90::WgmmaSS<BN, sm90::kInBf16, P::transA ? 1 : 0, P::transB ? 0 : 1>::run(acc, OpA::descriptor(a, consumer, j),
+      for (int j = 0; j < 4; ++j)  // k16 (bf16) or k8 (TF32) steps: 32 bytes of each 128-byte row
+        sm90::WgmmaSS<BN, IN, P::transA ? 1 : 0, P::transB ? 0 : 1>::run(acc, OpA::descriptor(a, consumer, j),
                                                                            OpB::descriptor(bt, 0, j), 1);
       wgmmaCommit();
       wgmmaWait<1>();  // the previous slice's products are done: its stage can be refilled

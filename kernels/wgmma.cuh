@@ -177,8 +177,9 @@ __device__ __forceinline__ u64 smemDescriptor(u32 address, u32 leadingBytes, u32
     }                                                                                                          \
   };
 
-// Input element types of the wrappers.
-enum WgmmaInput { kInBf16 = 0, kInF16 = 1 };
+// Input element types of the wrappers. TF32 (fp32 in memory, k8 steps) reads both operands
+// K-major only: wgmma's transpose immediates exist for the 16-bit types alone.
+enum WgmmaInput { kInBf16 = 0, kInF16 = 1, kInTf32 = 2 };
 
 template <int N, int IN, int TA, int TB>
 struct WgmmaSS;
@@ -190,12 +191,27 @@ PA_WGMMA_SS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
 PA_WGMMA_SS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
 PA_WGMMA_SS(256, bf16, kInBf16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132)
+// TF32: m64nNk8, both operands K-major (no transpose immediates).
+#define PA_WGMMA_SS_TF32(N, REGS, ACCS, DA, DB, ACC)                                                          \
+  template <>                                                                                                \
+  struct WgmmaSS<N, kInTf32, 0, 0> {                                                                         \
+    static __device__ __forceinline__ void run(float (&d)[N / 2], u64 da, u64 db, int acc) {                 \
+      asm volatile("{ .reg .pred p; setp.ne.b32 p, %" PA_WG_STR(ACC) ", 0; "                                  \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, %" PA_WG_STR(DA)      \
+                   ", %" PA_WG_STR(DB) ", p, 1, 1; }"                                                         \
+                   : ACCS                                                                                    \
+                   : "l"(da), "l"(db), "r"(acc));                                                            \
+    }                                                                                                        \
+  };
+PA_WGMMA_SS_TF32(128, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66)
+PA_WGMMA_SS_TF32(256, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130)
 PA_WGMMA_RS(64, bf16, kInBf16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36, 37, 38)
 PA_WGMMA_RS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36, 37, 38)
 PA_WGMMA_RS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69, 70)
 PA_WGMMA_RS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69, 70)
 
 #undef PA_WGMMA_RS
+#undef PA_WGMMA_SS_TF32
 #undef PA_WGMMA_SS
 #undef PA_WG_STR
 #undef PA_WG_ACC128

@@ -219,6 +219,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
         case codegen::KernelArg::Output: l.params.addPointer(ptr(n.outputs[static_cast<size_t>(a.index)])); break;
         case codegen::KernelArg::Scratch: l.params.addPointer(scratch_.at(id).ptr()); break;
         case codegen::KernelArg::InputTensorMap: l.params.addTensorMap(a.map, ptr(n.inputs[static_cast<size_t>(a.index)])); break;
+        case codegen::KernelArg::ScratchTensorMap: l.params.addTensorMap(a.map, scratch_.at(id).ptr() + a.scratchOffsetBytes); break;
         }
       }
     }

@@ -6,6 +6,7 @@ namespace cuda {
 
 namespace {
 // The driver's enum values (cuda.h, CUDA 12 and later).
+constexpr int kTensorMapFloat32 = 7;       // CU_TENSOR_MAP_DATA_TYPE_FLOAT32
 constexpr int kTensorMapBfloat16 = 9;      // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 constexpr int kTensorMapInterleaveNone = 0;
 constexpr int kTensorMapSwizzle128B = 3;   // CU_TENSOR_MAP_SWIZZLE_128B
@@ -21,7 +22,7 @@ TensorMap encodeTensorMap(const TensorMapSpec& spec, CUdeviceptr base) {
                     kErrorNotSupported);
   TensorMap map{};
   const uint32_t elementStrides[3] = {1, 1, 1};
-  PA_CU_CHECK(cuTensorMapEncodeTiled(&map, kTensorMapBfloat16, 3, reinterpret_cast<void*>(base), spec.dims, spec.strideBytes,
+  PA_CU_CHECK(cuTensorMapEncodeTiled(&map, spec.elementBytes == 4 ? kTensorMapFloat32 : kTensorMapBfloat16, 3, reinterpret_cast<void*>(base), spec.dims, spec.strideBytes,
                                      spec.box, elementStrides, kTensorMapInterleaveNone, kTensorMapSwizzle128B,
                                      kTensorMapL2Promotion256B, kTensorMapOobFillZero));
   return map;

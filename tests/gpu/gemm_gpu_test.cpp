@@ -122,6 +122,17 @@ std::vector<GemmCase> allCases() {
     p.a = {8192, 1024}, p.b = {8192, 1024}, p.ta = true;
     add("MatMul_1024x1024x8192_tA", p, tf32, GemmTile::Auto);
   }
+  // Every TF32 case again with EmitOptions::wgmma (an sm_90a device): the wgmma kernel on TF32
+  // where K is a multiple of 4 (operands stored M/N-major copied transposed first), the mma.sync
+  // TF32 kernel elsewhere.
+  const size_t count = cases.size();
+  for (size_t i = 0; i < count; ++i) {
+    if (!cases[i].opt.tf32) continue;
+    GemmCase c = cases[i];
+    c.opt.wgmma = true;
+    c.name += "_wgmma";
+    cases.push_back(c);
+  }
   return cases;
 }
 
@@ -217,12 +228,13 @@ public:
   void SetUp() override {
     if (!cuda::Driver::instance().available()) return;
     std::vector<std::string> sources;
+    const std::string arch = device().info().arch();
     for (const GemmCase& c : allCases()) {
+      if (c.opt.wgmma && arch != "sm_90a") continue;
       Graph g;
       const NodeId id = gemmtest::buildGraph(g, c.problem);
       for (const codegen::Kernel& k : codegen::emitNode(g, id, c.opt).kernels) sources.push_back(codegen::selfContainedSource(k));
     }
-    const std::string arch = device().info().arch();
     if (arch == "sm_90a")
       for (const Bf16Case& c : bf16Cases()) {
         Graph g;
@@ -306,9 +318,17 @@ class GemmOnGpu : public ::testing::TestWithParam<GemmCase> {};
 TEST_P(GemmOnGpu, MatchesFloat64Reference) {
   PA_REQUIRE_GPU();
   const GemmCase& c = GetParam();
+  if (c.opt.wgmma && device().info().arch() != "sm_90a") GTEST_SKIP() << "the wgmma kernel needs an sm_90a device";
   Graph g;
   const NodeId id = gemmtest::buildGraph(g, c.problem);
   gemmtest::NodeOnGpu gpu(g, id, c.opt, device());
+  if (c.opt.wgmma) {  // K a multiple of 4: the TF32 wgmma kernel, else the mma.sync one
+    const Shape& a = g.shape(g.node(id).inputs[0]);
+    const int64_t k = c.problem.ta ? a[a.size() - 2] : a.back();
+    bool wgmma = false;
+    for (const codegen::Kernel& kk : gpu.kernels().kernels) wgmma |= kk.source.find("pa::gemm::wgmmaGemm<") != std::string::npos;
+    EXPECT_EQ(wgmma, k % 4 == 0) << "K = " << k;
+  }
   const Node& n = g.node(id);
   std::vector<std::vector<float>> in;
   for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -430,7 +450,7 @@ TEST_P(GemmOnCublasLt, MatchesFloat64Reference) {
 std::vector<GemmCase> cublasLtCases() {
   std::vector<GemmCase> out;
   for (GemmCase c : allCases())
-    if (c.opt.gemmTile == codegen::GemmTile::Large && c.opt.gemmSplits == 0) {
+    if (c.opt.gemmTile == codegen::GemmTile::Large && c.opt.gemmSplits == 0 && !c.opt.wgmma) {
       c.name = c.name.substr(0, c.name.rfind("_large"));
       out.push_back(c);
     }

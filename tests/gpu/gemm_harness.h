@@ -172,6 +172,7 @@ private:
         case codegen::KernelArg::Output: params.addPointer(outputs[static_cast<size_t>(a.index)].ptr()); break;
         case codegen::KernelArg::Scratch: params.addPointer(scratch.ptr()); break;
         case codegen::KernelArg::InputTensorMap: params.addTensorMap(a.map, in[static_cast<size_t>(a.index)].ptr()); break;
+        case codegen::KernelArg::ScratchTensorMap: params.addTensorMap(a.map, scratch.ptr() + a.scratchOffsetBytes); break;
         }
       }
       all.push_back(std::move(params));

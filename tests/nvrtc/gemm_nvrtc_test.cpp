@@ -206,6 +206,49 @@ TEST(GemmNvrtc, CompilesEveryWgmmaVariantSm90a) {
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
+// fp32 operands with EmitOptions::tf32 and ::wgmma: the wgmma kernel on TF32 for every tile,
+// transpose (operands stored M/N-major get a transpose kernel first), batch, split and epilogue.
+TEST(GemmNvrtc, CompilesEveryTf32WgmmaVariantSm90a) {
+  if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << codegen::Nvrtc::instance().unavailableReason();
+  std::vector<test::CompileUnit> units;
+  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, int splits) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    codegen::EmitOptions opt;
+    opt.wgmma = opt.tf32 = true;
+    opt.gemmTile = tile;
+    opt.gemmSplits = splits;
+    int transposes = 0;
+    bool wgmma = false;
+    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) {
+      units.push_back({name + "_" + std::to_string(static_cast<int>(tile)) + "_" + k.name, k.name, k.source});
+      transposes += k.name.find("_transpose_") != std::string::npos;
+      wgmma |= k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos && k.source.find(", true>") != std::string::npos;
+    }
+    EXPECT_TRUE(wgmma) << name;
+    EXPECT_EQ(transposes, (p.ta ? 1 : 0) + (p.tb ? 0 : 1)) << name;  // the operands stored M/N-major
+  };
+  for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) {
+    for (int t = 0; t < 4; ++t) {
+      GemmProblem p;
+      p.ta = t & 1, p.tb = t & 2;
+      p.a = p.ta ? Shape{136, 40} : Shape{40, 136};
+      p.b = p.tb ? Shape{100, 136} : Shape{136, 100};
+      add("MatMul_t" + std::to_string(t), p, tile, 0);
+      if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, 3);
+    }
+    GemmProblem batched;
+    batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
+    add("MatMul_batched", batched, tile, 0);
+    GemmProblem fused;
+    fused.fused = true, fused.act = "gelu", fused.bias = true;
+    fused.a = {4, 7, 32}, fused.b = {32, 40};
+    add("FusedLinear_gelu", fused, tile, 0);
+  }
+  const std::vector<std::string> failures = test::compileInParallel(units, "sm_90a", /*rejectWarnings=*/true);
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
 TEST(GemmNvrtc, EmbedsTheTemplate) {
   bool found = false;
   for (const auto& f : codegen::embeddedKernelFiles()) found |= std::string(f.name) == "kernels/gemm.cuh";
