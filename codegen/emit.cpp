@@ -1232,6 +1232,21 @@ NodeKernels emitNode(const Graph& g, NodeId id, const EmitOptions& opt) {
   return kEmit[static_cast<int>(c.n.op)](c);
 }
 
+cuda::KernelParams launchParams(const Kernel& k, const std::function<cuda::CUdeviceptr(int)>& input,
+                                const std::function<cuda::CUdeviceptr(int)>& output, cuda::CUdeviceptr scratch) {
+  cuda::KernelParams params(k.args.size());
+  for (const KernelArg& a : k.args) {
+    switch (a.kind) {
+    case KernelArg::Input: params.addPointer(input(a.index)); break;
+    case KernelArg::Output: params.addPointer(output(a.index)); break;
+    case KernelArg::Scratch: params.addPointer(scratch); break;
+    case KernelArg::InputTensorMap: params.addTensorMap(a.map, input(a.index)); break;
+    case KernelArg::ScratchTensorMap: params.addTensorMap(a.map, scratch + a.scratchOffsetBytes); break;
+    }
+  }
+  return params;
+}
+
 std::string selfContainedSource(const Kernel& k) {
   // Paste each embedded header at its first #include (headers include one another, so repeat
   // until nothing is left) and drop later #includes of the same file.

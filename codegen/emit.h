@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct Kernel {
   std::vector<KernelArg> args;  // arguments, in order
   std::vector<std::string> headers;  // embedded headers it #includes (by include name)
 };
+
+// cuLaunchKernel's parameters for `k`: the device addresses of the node's inputs and outputs (by
+// index, asked only for the ones `k` takes) and of its scratch; tensor maps are encoded here.
+cuda::KernelParams launchParams(const Kernel& k, const std::function<cuda::CUdeviceptr(int)>& input,
+                                const std::function<cuda::CUdeviceptr(int)>& output, cuda::CUdeviceptr scratch);
 
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order

@@ -207,21 +207,15 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   planLibraryGemms(opt);
   compile();
 
-  // Arguments are resolved once; the vectors are never resized afterwards, so &args[i] holds.
+  // Arguments are resolved once (the buffers never move); KernelParams keeps their addresses.
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     for (Launch* lp : nodeLaunches(id)) {
       Launch& l = *lp;
-      l.params = cuda::KernelParams(l.kernel.args.size());
-      for (const codegen::KernelArg& a : l.kernel.args) {
-        switch (a.kind) {
-        case codegen::KernelArg::Input: l.params.addPointer(ptr(n.inputs[static_cast<size_t>(a.index)])); break;
-        case codegen::KernelArg::Output: l.params.addPointer(ptr(n.outputs[static_cast<size_t>(a.index)])); break;
-        case codegen::KernelArg::Scratch: l.params.addPointer(scratch_.at(id).ptr()); break;
-        case codegen::KernelArg::InputTensorMap: l.params.addTensorMap(a.map, ptr(n.inputs[static_cast<size_t>(a.index)])); break;
-        case codegen::KernelArg::ScratchTensorMap: l.params.addTensorMap(a.map, scratch_.at(id).ptr() + a.scratchOffsetBytes); break;
-        }
-      }
+      auto sc = scratch_.find(id);  // every node whose kernels take a scratch has one
+      l.params = codegen::launchParams(
+          l.kernel, [&](int i) { return ptr(n.inputs[static_cast<size_t>(i)]); },
+          [&](int i) { return ptr(n.outputs[static_cast<size_t>(i)]); }, sc != scratch_.end() ? sc->second.ptr() : 0);
     }
   }
 

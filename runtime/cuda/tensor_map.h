@@ -53,7 +53,6 @@ class KernelParams {
   }
   // cuLaunchKernel's kernelParams (which it only reads).
   void** data() const { return const_cast<void**>(params_.data()); }
-  size_t size() const { return params_.size(); }
 
  private:
   // Reserved up front and never grown past `count`, so the addresses in params_ stay valid.

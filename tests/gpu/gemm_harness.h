@@ -164,19 +164,10 @@ private:
     auto it = params_.find(key);
     if (it != params_.end()) return it->second;
     std::vector<cuda::KernelParams> all;
-    for (const codegen::Kernel& k : kernels_.kernels) {
-      cuda::KernelParams params(k.args.size());
-      for (const codegen::KernelArg& a : k.args) {
-        switch (a.kind) {
-        case codegen::KernelArg::Input: params.addPointer(in[static_cast<size_t>(a.index)].ptr()); break;
-        case codegen::KernelArg::Output: params.addPointer(outputs[static_cast<size_t>(a.index)].ptr()); break;
-        case codegen::KernelArg::Scratch: params.addPointer(scratch.ptr()); break;
-        case codegen::KernelArg::InputTensorMap: params.addTensorMap(a.map, in[static_cast<size_t>(a.index)].ptr()); break;
-        case codegen::KernelArg::ScratchTensorMap: params.addTensorMap(a.map, scratch.ptr() + a.scratchOffsetBytes); break;
-        }
-      }
-      all.push_back(std::move(params));
-    }
+    for (const codegen::Kernel& k : kernels_.kernels)
+      all.push_back(codegen::launchParams(
+          k, [&](int i) { return in[static_cast<size_t>(i)].ptr(); }, [&](int i) { return outputs[static_cast<size_t>(i)].ptr(); },
+          scratch.ptr()));
     return params_.emplace(std::move(key), std::move(all)).first->second;
   }
 
