@@ -164,7 +164,8 @@ int run(int argc, char** argv) {
   std::printf("%-15s %-5s %-26s %10s %9s\n", "shape", "prec", "variant", "ms", "TFLOP/s");
   // The emitter's earlier fp32 large config (BK = 8, chunks of 8 slices), kept as a yardstick.
   const ConfigVariant configs[] = {
-      {"fp32", GemmTile::Large, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 8, 8, 8, 8>", "(256, 1)", "(256, 1)", 0},
+      {"fp32", GemmTile::Large, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 8, 8, 8, 8>", "(256, 1)", "(256, 1)",
+       2 * 8 * (132 + 132) * 4},
       // wgmma: ring depth.
       {"bf16", GemmTile::Large, "WgmmaConfig<256, 2, 4>", "WgmmaConfig<256, 2, 3>", "(384, 1)", "(384, 1)", 3 * 384 * 128 + 2 * 64 * 256 + 1024},
       {"bf16", GemmTile::Medium, "WgmmaConfig<128, 2, 6>", "WgmmaConfig<128, 2, 4>", "(384, 1)", "(384, 1)", 4 * 256 * 128 + 2 * 64 * 256 + 1024},
@@ -221,7 +222,11 @@ int run(int argc, char** argv) {
         codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
         if (nk.kernels[0].source.find(cv.from) == std::string::npos) continue;
         replaceAll(nk.kernels[0].source, cv.from, cv.to);
-        if (cv.sharedBytes) nk.kernels[0].sharedBytes = cv.sharedBytes;
+        if (cv.sharedBytes) {  // (and in the fp32 kernel's check of it)
+          replaceAll(nk.kernels[0].source, "kDynamicShared == " + std::to_string(nk.kernels[0].sharedBytes),
+                     "kDynamicShared == " + std::to_string(cv.sharedBytes));
+          nk.kernels[0].sharedBytes = cv.sharedBytes;
+        }
         replaceAll(nk.kernels[0].source, std::string("__launch_bounds__") + cv.boundsFrom,
                    std::string("__launch_bounds__") + cv.boundsTo);
         gemmtest::NodeOnGpu gpu(g, id, std::move(nk), device());

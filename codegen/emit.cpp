@@ -450,14 +450,14 @@ ${EPILOGUE}    return v;
 };
 )";
 
-const char* kGemm = R"(${PROBLEM}
+const char* kGemm = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   ${NAME}_epilogue epilogue;
 ${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, out0, epilogue);
 }
 )";
 
-const char* kGemmSplit = R"(${PROBLEM}
+const char* kGemmSplit = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, scratch + ${PARTS}, pa::gemm::Identity());
 }
@@ -498,25 +498,32 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 )";
 
 struct GemmVariant {
-  const char* config;  // the kernels/gemm.cuh config type
+  std::string config;  // the kernels/gemm.cuh config type
   int bm, bn, threads, minBlocks;  // minBlocks: __launch_bounds__'s blocks per SM
+  unsigned sharedBytes = 0;  // dynamic shared memory (fp32: the config's kDynamicShared, checked in the kernel)
 };
 
+// SimtConfig<BM, BN, BK, TM, TN, slices per blocked-sum chunk (chunks of 64 products)>, with its
+// dynamic shared memory as SimtConfig::kDynamicShared computes it.
+GemmVariant simtVariant(int bm, int bn, int bk, int tm, int tn, int minBlocks) {
+  const std::string config = "SimtConfig<" + std::to_string(bm) + ", " + std::to_string(bn) + ", " + std::to_string(bk) + ", " +
+                             std::to_string(tm) + ", " + std::to_string(tn) + ", " + std::to_string(64 / bk) + ">";
+  return GemmVariant{config, bm, bn, (bm / tm) * (bn / tn), minBlocks, static_cast<unsigned>(2 * bk * (bm + 4 + bn + 4) * 4)};
+}
+
 GemmVariant gemmVariant(bool tf32, GemmTile tile) {
-  // fp32: SimtConfig<BM, BN, BK, TM, TN, slices per blocked-sum chunk> (chunks of 64 products).
   // tf32: Tf32Config<BM, BN, BK, warps along M, warps along N, pipeline stages>.
   switch (tile) {
   case GemmTile::Large:
-    // fp32: BK = 16 measured 5% faster than 8 on the H100 (fewer barriers). TF32: two blocks an
-    // SM (≤ 128 registers) overlap one's barrier with the other's products (+25% measured).
-    return tf32 ? GemmVariant{"Tf32Config<128, 128, 16, 2, 4, 2>", 128, 128, 256, 2}
-                : GemmVariant{"SimtConfig<128, 128, 16, 8, 8, 4>", 128, 128, 256, 1};
+    // fp32: BK = 16 measured 5% faster than 8 on the H100 (fewer barriers); 16×8 micro-tiles
+    // (128 threads, two blocks an SM, running sums in shared memory) measured no faster overall
+    // (issue 6). TF32: two blocks an SM (≤ 128 registers) overlap one's barrier with the other's
+    // products (+25% measured).
+    return tf32 ? GemmVariant{"Tf32Config<128, 128, 16, 2, 4, 2>", 128, 128, 256, 2} : simtVariant(128, 128, 16, 8, 8, 1);
   case GemmTile::Medium:
-    return tf32 ? GemmVariant{"Tf32Config<64, 64, 16, 2, 2, 4>", 64, 64, 128, 1}
-                : GemmVariant{"SimtConfig<64, 64, 16, 4, 4, 4>", 64, 64, 256, 1};
+    return tf32 ? GemmVariant{"Tf32Config<64, 64, 16, 2, 2, 4>", 64, 64, 128, 1} : simtVariant(64, 64, 16, 4, 4, 1);
   case GemmTile::Small:
-    return tf32 ? GemmVariant{"Tf32Config<32, 32, 16, 1, 2, 2>", 32, 32, 64, 1}
-                : GemmVariant{"SimtConfig<32, 32, 16, 4, 4, 4>", 32, 32, 64, 1};
+    return tf32 ? GemmVariant{"Tf32Config<32, 32, 16, 1, 2, 2>", 32, 32, 64, 1} : simtVariant(32, 32, 16, 4, 4, 1);
   case GemmTile::Auto: break;
   }
   assert(false && "GemmTile::Auto is resolved by chooseGemm");
@@ -527,7 +534,7 @@ constexpr int64_t kAssumedSms = 132;  // an H100 SXM; the choice only needs the 
 
 int64_t tilesOf(int64_t m, int64_t n, int64_t t) { return ((m + t - 1) / t) * ((n + t - 1) / t); }
 
-// Tile variant and K splits from the shape. A large block wants the whole SM (fp32: ~200
+// Tile variant and K splits from the shape. A large block wants the whole SM (fp32: ~230
 // registers a thread) or half of it (TF32). Large tiles from ~90% of a wave. A single product
 // with K ≥ 1024 that large tiles cannot fill is split along K, with the tile and the number of
 // splits from splitCost() below; otherwise medium tiles while they give half a wave, else small
@@ -681,13 +688,13 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
   if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
   GemmVariant v;
-  unsigned sharedBytes = 0;
   if (wgmma) {
     const WgmmaVariant w = wgmmaVariant(choice.first, wgmmaTf32);
-    v = w.v, sharedBytes = w.sharedBytes;
+    v = w.v, v.sharedBytes = w.sharedBytes;
   } else {
     v = gemmVariant(tf32, choice.first);
   }
+  const unsigned sharedBytes = v.sharedBytes;
   const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : "kernels/gemm.cuh";
   const int splits = choice.second;
   const int64_t tiles = tilesOf(m, n, v.bm, v.bn);
@@ -767,7 +774,11 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   };
   const TemplateVars kernelVars = {{"THREADS", std::to_string(v.threads)}, {"MINBLOCKS", std::to_string(v.minBlocks)},
                                    {"ALGO", wgmma ? "wgmmaGemm" : tf32 ? "tf32Gemm" : "simtGemm"}, {"CONFIG", v.config},
-                                   {"APTR", operand[0]}, {"BPTR", operand[1]}};
+                                   {"APTR", operand[0]}, {"BPTR", operand[1]},
+                                   {"SHAREDCHECK", wgmma || tf32 ? std::string()
+                                                                 : "static_assert(pa::gemm::" + v.config + "::kDynamicShared == " +
+                                                                       std::to_string(v.sharedBytes) +
+                                                                       ", \"the launch's dynamic shared memory is the config's\");\n"}};
   if (splits == 1) {
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
