@@ -105,7 +105,6 @@ __device__ __forceinline__ void tileOf(long long pid, long long& tm, long long& 
 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
 
-
 // ---------------------------------------------------------------------------------------------
 // One operand's R×BK tile (R = BM for A, BN for B). Element (r, k) of the operand lives at
 // base[r·LD + k] when KCONTIG, else at base[k·LD + r]; EXT is the operand's extent along r.
@@ -320,7 +319,8 @@ __device__ __forceinline__ void simtGemm(const float* __restrict__ A, const floa
 #pragma unroll
     for (int j = 0; j < TN; ++j) acc[i][j] = part[i][j] = 0.0f;
   const SimtSlices<Cfg, OpA, OpB> loop{A, B, simtDynamicShared, m0, n0, sBegin, sEnd, vecA, vecB, tid, tx, ty, opA, opB, acc, part};
-  if (vecA && vecB && K % BK == 0 && m0 + BM <= M && n0 + BN <= N)  // the tile lies wholly inside A and B
+  // The tile lies wholly inside A and B (and the split's slices exist: an empty one reads nothing).
+  if (vecA && vecB && K % BK == 0 && m0 + BM <= M && n0 + BN <= N && sBegin < sEnd)
     loop.template run<true>();
   else
     loop.template run<false>();

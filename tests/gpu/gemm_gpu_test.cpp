@@ -78,6 +78,7 @@ std::vector<GemmCase> allCases() {
         for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tf32, tile);
         if (k >= 33) add(base, p, tf32, GemmTile::Large, 3);  // split-K, uneven shares
         if (k == 7) add(base, p, tf32, GemmTile::Large, 5);   // more splits than K slices
+        if (k == 96) add(base, p, tf32, GemmTile::Large, 8);  // the same beside interior tiles (6 slices of 16)
       }
     }
   }
