@@ -498,9 +498,11 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 )";
 
 struct GemmVariant {
-  std::string config;  // the kernels/gemm.cuh config type
+  std::string config;  // the kernels/gemm.cuh (or gemm_wgmma.cuh) config type
   int bm, bn, threads, minBlocks;  // minBlocks: __launch_bounds__'s blocks per SM
-  unsigned sharedBytes = 0;  // dynamic shared memory (fp32: the config's kDynamicShared, checked in the kernel)
+  // Dynamic shared memory: fp32, the config's kDynamicShared (checked in the kernel); wgmma, its
+  // ring and staging; TF32 mma.sync, none (static tiles).
+  unsigned sharedBytes = 0;
 };
 
 // SimtConfig<BM, BN, BK, TM, TN, slices per blocked-sum chunk (chunks of 64 products)>, with its
@@ -579,15 +581,11 @@ std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t
 // The wgmma variants (kernels/gemm_wgmma.cuh): WgmmaConfig<BN, consumer warpgroups, stages>.
 // Large and medium tiles fill an SM's shared memory with their ring and staging (one block an
 // SM); small ones (64×128, 89 KB with 3 stages) leave room for two.
-struct WgmmaVariant {
-  GemmVariant v;
-  unsigned sharedBytes;
-};
 // TF32 (fp32 operands) uses the same tiles and ring: a slice row is 128 bytes either way.
-WgmmaVariant wgmmaVariant(GemmTile tile, bool tf32) {
+GemmVariant wgmmaVariant(GemmTile tile, bool tf32) {
   auto make = [](const char* config, int bm, int bn, int consumers, int stages, int minBlocks) {
-    return WgmmaVariant{GemmVariant{config, bm, bn, 128 * (1 + consumers), minBlocks},
-                        static_cast<unsigned>(stages * (bm + bn) * 128 + consumers * 64 * 256 + 1024)};
+    return GemmVariant{config, bm, bn, 128 * (1 + consumers), minBlocks,
+                       static_cast<unsigned>(stages * (bm + bn) * 128 + consumers * 64 * 256 + 1024)};
   };
   switch (tile) {
   case GemmTile::Large: return make(tf32 ? "WgmmaConfig<256, 2, 4, true>" : "WgmmaConfig<256, 2, 4>", 128, 256, 2, 4, 1);
@@ -687,14 +685,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, m, n, k) : chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
   if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
-  GemmVariant v;
-  if (wgmma) {
-    const WgmmaVariant w = wgmmaVariant(choice.first, wgmmaTf32);
-    v = w.v, v.sharedBytes = w.sharedBytes;
-  } else {
-    v = gemmVariant(tf32, choice.first);
-  }
-  const unsigned sharedBytes = v.sharedBytes;
+  const GemmVariant v = wgmma ? wgmmaVariant(choice.first, wgmmaTf32) : gemmVariant(tf32, choice.first);
   const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : "kernels/gemm.cuh";
   const int splits = choice.second;
   const int64_t tiles = tilesOf(m, n, v.bm, v.bn);
@@ -784,7 +775,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
     kv["PROBLEM"] = problem("");
     kv["EPIINIT"] = init;
     const std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
-    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {header}, sharedBytes));
+    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {header}, v.sharedBytes));
     nk.scratchBytes = static_cast<size_t>(scratchFloats) * sizeof(float);
     return nk;
   }
@@ -792,7 +783,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   kv["PROBLEM"] = problem("split");
   kv["PARTS"] = ll(scratchFloats);
   nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), join(operandArgs, scratchArg),
-                              {header}, sharedBytes));
+                              {header}, v.sharedBytes));
   TemplateVars rv = {{"PROBLEM", problem("reduce")}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}};
   nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
                               {"kernels/gemm.cuh"}));
