@@ -30,11 +30,7 @@ struct Shape3 {
 std::vector<Shape3> shapes() {
   std::vector<Shape3> s;
   auto mm = [&](const std::string& name, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
-    GemmProblem p;
-    p.a = ta ? Shape{k, m} : Shape{m, k};
-    p.b = tb ? Shape{n, k} : Shape{k, n};
-    p.ta = ta, p.tb = tb;
-    s.push_back({name, p, m, n, k});
+    s.push_back({name, gemmtest::matmulProblem(m, n, k, ta, tb), m, n, k});
   };
   auto fwd = [&](const std::string& name, int64_t m, int64_t n, int64_t k) {
     GemmProblem p;

@@ -68,10 +68,7 @@ std::vector<GemmCase> allCases() {
     const int64_t m = s[0], n = s[1], k = s[2];
     for (int t = 0; t < 4; ++t) {
       const bool ta = t & 1, tb = t & 2;
-      GemmProblem p;
-      p.a = ta ? Shape{k, m} : Shape{m, k};
-      p.b = tb ? Shape{n, k} : Shape{k, n};
-      p.ta = ta, p.tb = tb;
+      const GemmProblem p = gemmtest::matmulProblem(m, n, k, ta, tb);
       const std::string base = "MatMul_" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
                                (ta ? "_tA" : "") + (tb ? "_tB" : "");
       for (bool tf32 : {false, true}) {
@@ -168,10 +165,7 @@ std::vector<Bf16Case> bf16Cases() {
       const bool ta = t & 1, tb = t & 2;
       // The non-contiguous extent of each operand made awkward where the shape allows.
       const int64_t m = ta ? s[0] : s[0] + 1, n = tb ? s[1] + 1 : s[1], k = s[2];
-      GemmProblem p;
-      p.a = ta ? Shape{k, m} : Shape{m, k};
-      p.b = tb ? Shape{n, k} : Shape{k, n};
-      p.ta = ta, p.tb = tb;
+      const GemmProblem p = gemmtest::matmulProblem(m, n, k, ta, tb);
       const std::string base = "MatMul_" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? "_tA" : "") +
                                (tb ? "_tB" : "");
       for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, t != 3);

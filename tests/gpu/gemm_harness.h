@@ -28,6 +28,16 @@ struct GemmProblem {
   bool bias = false;
 };
 
+// MatMul C[m, n] = op(A)·op(B) with A stored [k, m] when `ta` (else [m, k]) and B stored [n, k]
+// when `tb` (else [k, n]).
+inline GemmProblem matmulProblem(int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+  GemmProblem p;
+  p.a = ta ? Shape{k, m} : Shape{m, k};
+  p.b = tb ? Shape{n, k} : Shape{k, n};
+  p.ta = ta, p.tb = tb;
+  return p;
+}
+
 // The one-node graph; returns the node's id.
 inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
   AttrMap attrs;

@@ -38,10 +38,7 @@ std::vector<Variant> allVariants() {
   for (bool tf32 : {false, true})
     for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) {
       for (int t = 0; t < 4; ++t) {
-        GemmProblem p;
-        p.ta = t & 1, p.tb = t & 2;
-        p.a = p.ta ? Shape{129, 33} : Shape{33, 129};
-        p.b = p.tb ? Shape{100, 129} : Shape{129, 100};
+        const GemmProblem p = gemmtest::matmulProblem(33, 100, 129, t & 1, t & 2);
         add("MatMul_t" + std::to_string(t), p, tf32, tile);
         if (tile == GemmTile::Large) add("MatMul_split_t" + std::to_string(t), p, tf32, tile, 3);
       }
@@ -139,10 +136,7 @@ std::vector<Variant> wgmmaVariants() {
   for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small})
     for (bool bf16Out : {true, false}) {
       for (int t = 0; t < 4; ++t) {
-        GemmProblem p;
-        p.ta = t & 1, p.tb = t & 2;
-        p.a = p.ta ? Shape{136, 40} : Shape{40, 136};
-        p.b = p.tb ? Shape{104, 136} : Shape{136, 104};
+        const GemmProblem p = gemmtest::matmulProblem(40, 104, 136, t & 1, t & 2);
         add("MatMul_t" + std::to_string(t), p, tile, bf16Out);
         if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, bf16Out, 3);
       }
@@ -230,10 +224,7 @@ TEST(GemmNvrtc, CompilesEveryTf32WgmmaVariantSm90a) {
   };
   for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) {
     for (int t = 0; t < 4; ++t) {
-      GemmProblem p;
-      p.ta = t & 1, p.tb = t & 2;
-      p.a = p.ta ? Shape{136, 40} : Shape{40, 136};
-      p.b = p.tb ? Shape{100, 136} : Shape{136, 100};
+      const GemmProblem p = gemmtest::matmulProblem(40, 100, 136, t & 1, t & 2);
       add("MatMul_t" + std::to_string(t), p, tile, 0);
       if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, 3);
     }
