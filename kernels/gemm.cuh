@@ -36,8 +36,8 @@
  * keeps them there when the operands' layouts differ (A plain, B plain: the forward products)
  * but sinks them two thirds of the way down the loop when both are k-contiguous or both
  * row-contiguous (dX = dY·Wᵀ, dW = Xᵀ·dY), where they then stall the stores: those products ran
- * 3-7% slower. For those layouts slice s + 2's loads are issued just before slice s's barrier,
- * which they cannot move past; doing the same for the mixed layouts was 3-4% slower there
+ * 2-7% slower. For those layouts slice s + 2's loads are issued just before slice s's barrier,
+ * which they cannot move past; doing the same for the mixed layouts was 1-4% slower there
  * (the barrier is then followed directly by the first fragment reads and their products).
  *
  * FFMA order (fp32 path). The micro-tile's products run column by column, down one column and up
