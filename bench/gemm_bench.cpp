@@ -158,10 +158,13 @@ int run(int argc, char** argv) {
   }
   std::fprintf(csv, "name,precision,variant,m,n,k,ta,tb,fused,ms,tflops\n");
   std::printf("%-15s %-5s %-26s %10s %9s\n", "shape", "prec", "variant", "ms", "TFLOP/s");
-  // The emitter's earlier fp32 large config (BK = 8, chunks of 8 slices), kept as a yardstick.
+  // fp32 large tile yardsticks: the emitter's earlier config (BK = 8, chunks of 8 slices), and
+  // slices twice as deep (BK = 32, chunks of 2: half the barriers; 66 KB of shared memory).
   const ConfigVariant configs[] = {
       {"fp32", GemmTile::Large, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 8, 8, 8, 8>", "(256, 1)", "(256, 1)",
        2 * 8 * (132 + 132) * 4},
+      {"fp32", GemmTile::Large, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 32, 8, 8, 2>", "(256, 1)", "(256, 1)",
+       2 * 32 * (132 + 132) * 4},
       // wgmma: ring depth.
       {"bf16", GemmTile::Large, "WgmmaConfig<256, 2, 4>", "WgmmaConfig<256, 2, 3>", "(384, 1)", "(384, 1)", 3 * 384 * 128 + 2 * 64 * 256 + 1024},
       {"bf16", GemmTile::Medium, "WgmmaConfig<128, 2, 6>", "WgmmaConfig<128, 2, 4>", "(384, 1)", "(384, 1)", 4 * 256 * 128 + 2 * 64 * 256 + 1024},
