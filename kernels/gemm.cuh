@@ -32,17 +32,21 @@
  * the issue slots at 8192×4096×4096 (Nsight Compute, H100).
  *
  * Load placement (fp32 path). A slice's global loads must be in flight during a whole slice of
- * products. Issued at the top of slice s for slice s + 1 (their stores at its end), ptxas 13.0
- * keeps them there when the operands' layouts differ (A plain, B plain: the forward products)
- * but sinks them two thirds of the way down the loop when both are k-contiguous or both
- * row-contiguous (dX = dY·Wᵀ, dW = Xᵀ·dY), where they then stall the stores: those products ran
- * 2-7% slower. For those layouts slice s + 2's loads are issued just before slice s's barrier,
- * which they cannot move past; doing the same for the mixed layouts was 1-4% slower there
- * (the barrier is then followed directly by the first fragment reads and their products).
+ * products. Written at the top of slice s for slice s + 1 (their stores at its end), they are
+ * where ptxas 13.0 chooses: it kept them near the top for some layouts and sank them two thirds
+ * of the way down the loop for others (dX = dY·Wᵀ, dW = Xᵀ·dY), where they then stalled the
+ * stores (2-7% slower, H100). So slice s + 2's loads are issued just before slice s's barrier,
+ * which they cannot move past, and stored at the end of slice s + 1.
+ *
+ * Across the barrier (fp32 path). Right after a barrier every warp reads its first fragments of
+ * the new slice, and with two warps a scheduler nothing hid that latency. A slice's last k row
+ * therefore has its products after the barrier, from operands read before it, while the next
+ * slice's first fragments load. The summation order is unchanged (that row still ends its
+ * slice's products before the chunk's blocked sum).
  *
  * FFMA order (fp32 path). The micro-tile's products run column by column, down one column and up
  * the next, so that consecutive FFMAs share an operand through the operand reuse cache: in SASS
- * the FFMAs that read three registers from the register file fell from ~23% to ~5%, and the
+ * the FFMAs that read three registers from the register file fell from ~23% to 5-8%, and the
  * products ran 1-3% faster (H100, 2026-11-23).
  *
  * Blocked summation (fp32 path). Each thread sums kChunk = BK·kSlicesPerChunk products into
@@ -127,7 +131,6 @@ struct TileOperand {
   static constexpr int kVecs = R * BK / 4 / THREADS;  // float4 groups per thread and slice
   static_assert(R * BK % (4 * THREADS) == 0, "a slice must split evenly into float4 groups");
   static constexpr int kPadded = R + 4;  // shared row length (k-major shared layout)
-  static constexpr bool kKContig = KCONTIG;
 
   float4 reg[kVecs];
 
@@ -247,6 +250,30 @@ struct SimtSlices {
     }
   }
 
+  // One k row's products into `part`, column by column, down one column and up the next (see
+  // "FFMA order" in the note).
+  __device__ __forceinline__ void products(const float (&a)[Cfg::TM], const float (&b)[Cfg::TN]) const {
+#pragma unroll
+    for (int j = 0; j < Cfg::TN; ++j)
+#pragma unroll
+      for (int i0 = 0; i0 < Cfg::TM; ++i0) {
+        const int i = j & 1 ? Cfg::TM - 1 - i0 : i0;
+        part[i][j] = fmaf(a[i], b[j], part[i][j]);
+      }
+  }
+
+  // After slice s's products: the blocked summation's chunk boundary.
+  __device__ __forceinline__ void endSlice(long long s) const {
+    if ((s - sBegin) % Cfg::kSlicesPerChunk != Cfg::kSlicesPerChunk - 1) return;
+#pragma unroll
+    for (int i = 0; i < Cfg::TM; ++i)
+#pragma unroll
+      for (int j = 0; j < Cfg::TN; ++j) {
+        acc[i][j] += part[i][j];
+        part[i][j] = 0.0f;
+      }
+  }
+
   template <bool INTERIOR>
   __device__ __forceinline__ void run() const {
     constexpr int BK = Cfg::BK, TM = Cfg::TM, TN = Cfg::TN;
@@ -260,49 +287,45 @@ struct SimtSlices {
         opA.load(A, m0, s * BK, vecA, tid), opB.load(B, n0, s * BK, vecB, tid);
       }
     };
-    // Where the global loads go (see "Load placement" in the note): slice s + 1's at the top of
-    // slice s, or, when both operands have the same layout, slice s + 2's before slice s's barrier.
-    constexpr bool kAheadTwo = OpA::kKContig == OpB::kKContig;
+    // Slice s + 2's global loads are issued before slice s's barrier (see "Load placement").
     // (An empty split range, possible when there are more splits than slices, loads zeros.)
     load(sBegin);
     opA.store(sharedA(0), tid);
     opB.store(sharedB(0), tid);
-    if (kAheadTwo && sBegin + 1 < sEnd) load(sBegin + 1);
+    if (sBegin + 1 < sEnd) load(sBegin + 1);
     __syncthreads();
 
+    // Operands of two k rows: row kk + 1's are read while row kk's products run. A slice's last
+    // row (in a[1], bv[1]) has its products after the barrier, while the next slice's first
+    // fragments are read (see "Across the barrier" in the note).
+    static_assert(BK % 2 == 0, "the last k row's operands are in a[1], bv[1]");
+    float a[2][TM], bv[2][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) a[1][i] = 0.0f;  // (before the first slice: products of zeros, exact)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) bv[1][j] = 0.0f;
     for (long long s = sBegin; s < sEnd; ++s) {
       const int cur = (int)((s - sBegin) & 1);
-      if (!kAheadTwo && s + 1 < sEnd) load(s + 1);
       const float* as = sharedA(cur);
       const float* bs = sharedB(cur);
-      float a[2][TM], bv[2][TN];  // k row kk + 1's operands are read while row kk's products run
       fragments(as, bs, 0, a[0], bv[0]);
+      products(a[1], bv[1]);
+      if (s > sBegin) endSlice(s - 1);
 #pragma unroll
-      for (int kk = 0; kk < BK; ++kk) {
-        if (kk + 1 < BK) fragments(as, bs, kk + 1, a[(kk + 1) & 1], bv[(kk + 1) & 1]);
-#pragma unroll
-        for (int j = 0; j < TN; ++j)  // column by column, down and up (see "FFMA order" in the note)
-#pragma unroll
-          for (int i0 = 0; i0 < TM; ++i0) {
-            const int i = j & 1 ? TM - 1 - i0 : i0;
-            part[i][j] = fmaf(a[kk & 1][i], bv[kk & 1][j], part[i][j]);
-          }
-      }
-      if ((s - sBegin) % Cfg::kSlicesPerChunk == Cfg::kSlicesPerChunk - 1) {  // blocked summation
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-          for (int j = 0; j < TN; ++j) {
-            acc[i][j] += part[i][j];
-            part[i][j] = 0.0f;
-          }
+      for (int kk = 0; kk + 1 < BK; ++kk) {
+        fragments(as, bs, kk + 1, a[(kk + 1) & 1], bv[(kk + 1) & 1]);
+        products(a[kk & 1], bv[kk & 1]);
       }
       if (s + 1 < sEnd) {  // into the tiles that slice s - 1 used
         opA.store(sharedA(cur ^ 1), tid);
         opB.store(sharedB(cur ^ 1), tid);
       }
-      if (kAheadTwo && s + 2 < sEnd) load(s + 2);
+      if (s + 2 < sEnd) load(s + 2);
       __syncthreads();
+    }
+    if (sBegin < sEnd) {
+      products(a[1], bv[1]);
+      endSlice(sEnd - 1);
     }
   }
 };
