@@ -536,7 +536,7 @@ constexpr int64_t kAssumedSms = 132;  // an H100 SXM; the choice only needs the 
 
 int64_t tilesOf(int64_t m, int64_t n, int64_t t) { return ((m + t - 1) / t) * ((n + t - 1) / t); }
 
-// Tile variant and K splits from the shape. A large block wants the whole SM (fp32: ~230
+// Tile variant and K splits from the shape. A large block wants the whole SM (fp32: ~210
 // registers a thread) or half of it (TF32). Large tiles from ~90% of a wave. A single product
 // with K ≥ 1024 that large tiles cannot fill is split along K, with the tile and the number of
 // splits from splitCost() below; otherwise medium tiles while they give half a wave, else small
