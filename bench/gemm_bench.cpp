@@ -4,8 +4,10 @@
 // that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
 //   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16]
 //     --sweep also times every tile variant and the config variants kept here until one wins
-//     (STYLE.md 6). bf16: operands stored in bf16 as lower-bf16 stores them, outputs in bf16
-//     except the weight gradients (dW rows: fp32), the wgmma kernel on an sm_90a device.
+//     (STYLE.md 6), and TF32 weight gradients on the wgmma kernel with every tile and 4-32 K
+//     splits. TF32 rows "mma.sync": the mma.sync kernel (where auto may pick the wgmma one).
+//     bf16: operands stored in bf16 as lower-bf16 stores them, outputs in bf16 except the
+//     weight gradients (dW rows: fp32), the wgmma kernel on an sm_90a device.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -211,8 +213,24 @@ int run(int argc, char** argv) {
         gemmtest::NodeOnGpu gpu(g, id, opt, device());
         report(gpu, t.first);
       }
+      if (tf32 && deviceOpt.wgmma) {  // the TF32 mma.sync kernel beside the auto choice
+        codegen::EmitOptions opt = deviceOpt;
+        opt.wgmma = false;
+        gemmtest::NodeOnGpu gpu(g, id, opt, device());
+        report(gpu, "mma.sync");
+      }
       if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), precision, "cublaslt");
       if (!sweep) continue;
+      if (tf32 && deviceOpt.wgmma && weightGradient) {  // the wgmma kernel on every tile and split
+        for (const auto& t : {std::make_pair("large", GemmTile::Large), std::make_pair("medium", GemmTile::Medium),
+                              std::make_pair("small", GemmTile::Small)})
+          for (int splits : {4, 8, 16, 32}) {
+            codegen::EmitOptions opt = deviceOpt;
+            opt.gemmTile = t.second, opt.gemmSplits = splits;
+            gemmtest::NodeOnGpu gpu(g, id, opt, device());
+            report(gpu, std::string("wgmma_") + t.first + "_s" + std::to_string(splits));
+          }
+      }
       for (const ConfigVariant& cv : configs) {
         if (std::strcmp(cv.precision, precision) != 0) continue;
         codegen::EmitOptions opt = deviceOpt;

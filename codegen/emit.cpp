@@ -439,7 +439,7 @@ const char* kGemmProblem = R"(
 // NVRTC warns about unused internal ones. The kernel's name makes them unique in a program.
 struct ${NAME}_problem {
   static constexpr long long M = ${M}, N = ${N}, K = ${K}, strideA = ${ABATCH}, strideB = ${BBATCH};
-  static constexpr bool transA = ${TA}, transB = ${TB};
+  static constexpr bool transA = ${TA}, transB = ${TB}, transC = ${TC};
   static constexpr int splits = ${SPLITS};
   static constexpr long long batch = ${BATCH};
 };
@@ -651,18 +651,53 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
   return t;
 }
 
-// Whether a TF32 product is faster on the wgmma kernel, transposes included, than on the mma.sync
+// How a TF32 product runs on the wgmma kernel (kernels/gemm_wgmma.cuh), which reads B K-major
+// and A either K-major (from shared memory) or M-major (from registers, whose rows need 16-byte
+// multiples). `product` is the kernel's geometry: with `swap`, the transposed product Cᵀ = Bᵀ·Aᵀ
+// (written transposed, back as C), chosen for a weight gradient Aᵀ·B (both operands stored
+// M/N-major) whose A is the narrower: then A, not B, is the operand copied transposed. Kernel
+// operand i is node input `input[i]`; `copy[i]`: copied transposed into the node's scratch first.
+struct Tf32Plan {
+  GemmGeometry product;
+  bool swap = false;
+  int input[2] = {0, 1};
+  bool copy[2] = {false, false};
+};
+
+Tf32Plan tf32Plan(const GemmGeometry& q) {
+  Tf32Plan p;
+  p.swap = q.transA && !q.transB && q.batch == 1 && q.m < q.n && q.n % 4 == 0;
+  GemmGeometry& g = p.product;
+  g = q;
+  if (p.swap) {
+    g.m = q.n, g.n = q.m;
+    g.transA = !q.transB, g.transB = !q.transA;  // Bᵀ as stored is M-major; Aᵀ K-major iff A is M-major
+    p.input[0] = 1, p.input[1] = 0;
+  }
+  if (g.transA && (g.m % 4 != 0 || g.strideA % 4 != 0)) p.copy[0] = true, g.transA = false;
+  if (!g.transB) p.copy[1] = true, g.transB = true;
+  const int64_t rows[2] = {g.m, g.n};
+  for (int i = 0; i < 2; ++i)  // a copy is dense: [copies][rows][K]
+    if (p.copy[i]) (i == 0 ? g.strideA : g.strideB) = (i == 0 ? g.strideA : g.strideB) != 0 ? rows[i] * g.k : 0;
+  return p;
+}
+
+// Whether a TF32 product is faster on the wgmma kernel, its copy included, than on the mma.sync
 // TF32 kernel: the products at the rates measured on the H100 (wgmma 365 TFLOP/s on
-// 8192×4096×4096, mma.sync ~110 on the large products), each transposed copy read and written
-// at ~2.5 TB/s plus 3 µs. The long-K weight gradients of narrow layers lose (their activations'
-// copies cost more than the products: 256×1024×8192, 0.064 against 0.055 ms), the rest win.
+// 8192×4096×4096; mma.sync ~110 where large tiles fill the GPU, 40-77 on the split weight
+// gradients: 256×256×8192 40, 256×1024×8192 77, taken as 45), each transposed copy read and
+// written at ~2.5 TB/s plus 3 µs. Measured (2026-11-23): 256×256×8192 0.025 ms on wgmma, 0.027
+// on mma.sync. Tiny products keep mma.sync (the copy's launch dominates).
 bool tf32WgmmaPays(const GemmGeometry& q) {
+  const Tf32Plan p = tf32Plan(q);
   const double flops = 2.0 * static_cast<double>(q.batch * q.m) * static_cast<double>(q.n * q.k);
   double copies = 0, launches = 0;
-  if (q.transA) copies += static_cast<double>((q.strideA != 0 ? q.batch : 1) * q.m * q.k), ++launches;
-  if (!q.transB) copies += static_cast<double>((q.strideB != 0 ? q.batch : 1) * q.n * q.k), ++launches;
+  const int64_t rows[2] = {p.product.m, p.product.n}, strides[2] = {p.product.strideA, p.product.strideB};
+  for (int i = 0; i < 2; ++i)
+    if (p.copy[i]) copies += static_cast<double>((strides[i] != 0 ? q.batch : 1) * rows[i] * q.k), ++launches;
   const double wgmma = flops / 365e12 + copies * 8.0 / 2.5e12 + launches * 3e-6;
-  return wgmma < flops / 110e12;
+  const bool fills = q.batch * tilesOf(q.m, q.n, 128) >= kAssumedSms * 9 / 10;
+  return wgmma < flops / (fills ? 110e12 : 45e12);
 }
 
 NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
@@ -674,30 +709,27 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   const bool wide[2] = {c.inType(0) == DType::BF16, c.inType(1) == DType::BF16};
   const bool wgmmaBf16 = c.opt->wgmma && wide[0] && wide[1] && (q.transA ? m : k) % 8 == 0 &&
                          (q.transB ? k : n) % 8 == 0 && q.strideA % 8 == 0 && q.strideB % 8 == 0;
-  // fp32 operands with precision tf32 on an sm_90a device: the same kernel on TF32, which reads
-  // both operands K-major: an operand stored the other way is first copied transposed into the
-  // scratch (K a multiple of 4: 16-byte rows for TMA).
+  // fp32 operands with precision tf32 on an sm_90a device: the same kernel on TF32, which reads B
+  // K-major and A K-major or, from registers, M-major: tf32Plan says which operand is first
+  // copied transposed into the scratch (K a multiple of 4: 16-byte rows for TMA).
   const bool wgmmaTf32 = c.opt->wgmma && c.opt->tf32 && !wide[0] && !wide[1] && k % 4 == 0 && (k + 31) / 32 <= 65535 &&
                          q.batch <= 65535 &&  // (the transpose kernels' grid)
                          (c.opt->gemmTile != GemmTile::Auto || tf32WgmmaPays(q));  // a forced tile: wherever it can
   const bool wgmma = wgmmaBf16 || wgmmaTf32;
   const bool tf32 = !wgmma && (c.opt->tf32 || wide[0] || wide[1]);
-  std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, m, n, k) : chooseGemm(tf32, q.batch, m, n, k);
+  // The product the kernel computes: TF32 wgmma's from tf32Plan, the node's elsewhere.
+  const Tf32Plan plan = wgmmaTf32 ? tf32Plan(q) : Tf32Plan{q};
+  const GemmGeometry& pq = plan.product;
+  std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, pq.m, pq.n, k) : chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
   if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
   const GemmVariant v = wgmma ? wgmmaVariant(choice.first, wgmmaTf32) : gemmVariant(tf32, choice.first);
   const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : "kernels/gemm.cuh";
   const int splits = choice.second;
-  const int64_t tiles = tilesOf(m, n, v.bm, v.bn);
-  // The product the kernel computes: TF32 wgmma reads A plain and B transposed, from the node's
-  // operands or from their transposed copies.
-  GemmGeometry pq = q;
-  if (wgmmaTf32) {
-    pq.transA = false, pq.transB = true;
-    pq.strideA = q.strideA != 0 ? m * k : 0, pq.strideB = q.strideB != 0 ? n * k : 0;
-  }
-  TemplateVars vars = {{"M", ll(m)}, {"N", ll(n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
+  const int64_t tiles = tilesOf(pq.m, pq.n, v.bm, v.bn);
+  TemplateVars vars = {{"M", ll(pq.m)}, {"N", ll(pq.n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
                        {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
+                       {"TC", plan.swap ? "true" : "false"},
                        {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
                        {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
   NodeKernels nk;
@@ -707,22 +739,29 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   std::string operand[2] = {wgmma ? "map0" : "in0", wgmma ? "map1" : "in1"};
   std::vector<KernelArg> operandArgs;
   if (wgmmaTf32) {
-    // Operand i as K-major rows: `other` rows of K (M for A, N for B) per batch entry.
+    // Kernel operand i (node input plan.input[i]): K-major rows, `other` rows of K (the product's
+    // M for A, N for B) per batch entry; or A M-major (K rows of M, boxes of 32 × 32, read into
+    // registers); or a K-major copy.
     for (int i = 0; i < 2; ++i) {
-      const bool kMajor = i == 0 ? !q.transA : q.transB;
-      const int64_t other = i == 0 ? m : n, stride = i == 0 ? q.strideA : q.strideB, box = i == 0 ? v.bm : v.bn;
-      const TensorMapSpec map = gemmTensorMap(k, other, q.batch, stride != 0 ? other * k : 0, box, 4);
-      if (kMajor) {
-        operandArgs.push_back({KernelArg::InputTensorMap, i, map});
+      const int input = plan.input[i];
+      operand[i] = "map" + std::to_string(input);  // (a map's parameter is named after the input it holds)
+      const int64_t other = i == 0 ? pq.m : pq.n, stride = i == 0 ? pq.strideA : pq.strideB, box = i == 0 ? v.bm : v.bn;
+      if (i == 0 && pq.transA) {
+        operandArgs.push_back({KernelArg::InputTensorMap, input, gemmTensorMap(other, k, q.batch, stride, 32, 4)});
+        continue;
+      }
+      const TensorMapSpec map = gemmTensorMap(k, other, q.batch, stride, box, 4);
+      if (!plan.copy[i]) {
+        operandArgs.push_back({KernelArg::InputTensorMap, input, map});
         continue;
       }
       const int64_t copies = stride != 0 ? q.batch : 1;  // stored [copies][K][other]
-      nk.kernels.push_back(finish(c, std::string("transpose_") + (i == 0 ? "a" : "b"), kGemmTranspose,
-                                  {{"R", ll(k)}, {"C", ll(other)}, {"OFFSET", ll(scratchFloats)}, {"INPUT", std::to_string(i)}},
+      nk.kernels.push_back(finish(c, std::string("transpose_") + (input == 0 ? "a" : "b"), kGemmTranspose,
+                                  {{"R", ll(k)}, {"C", ll(other)}, {"OFFSET", ll(scratchFloats)}, {"INPUT", std::to_string(input)}},
                                   {static_cast<unsigned>((other + 31) / 32), static_cast<unsigned>((k + 31) / 32),
                                    static_cast<unsigned>(copies)},
-                                  kThreads, {{KernelArg::Input, i}, {KernelArg::Scratch, 0}}));
-      operandArgs.push_back({KernelArg::ScratchTensorMap, i, map, static_cast<uint64_t>(scratchFloats) * sizeof(float)});
+                                  kThreads, {{KernelArg::Input, input}, {KernelArg::Scratch, 0}}));
+      operandArgs.push_back({KernelArg::ScratchTensorMap, input, map, static_cast<uint64_t>(scratchFloats) * sizeof(float)});
       scratchFloats += (copies * k * other + 63) / 64 * 64;  // 256-byte aligned, as TMA wants 16
     }
   }
@@ -761,6 +800,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
     TemplateVars pv = vars;
     pv["NAME"] = c.kernelName(part);
     pv["HEADER"] = part == "reduce" ? "kernels/gemm.cuh" : header;
+    if (part == "reduce") pv["M"] = ll(m), pv["N"] = ll(n), pv["TC"] = "false";  // the partial sums are laid out as C
     return fillTemplate(kGemmProblem, pv);
   };
   const TemplateVars kernelVars = {{"THREADS", std::to_string(v.threads)}, {"MINBLOCKS", std::to_string(v.minBlocks)},

@@ -58,9 +58,24 @@
  *
  * TF32 (Cfg::TF32, precision: tf32 with fp32 operands): the same kernel with fp32 elements, 32 of
  * them in a 128-byte slice row, and wgmma.m64nNk8.tf32 (the hardware reads the top 19 bits of
- * each fp32 operand). TF32 wgmma takes both operands K-major only, so the emitter gives it A
- * plain and B transposed; an operand stored the other way is first copied transposed into the
- * node's scratch by a separate kernel (codegen's gemm()).
+ * each fp32 operand). TF32 wgmma reads shared-memory operands K-major only (the transpose
+ * immediates exist for 16-bit types alone), so B must be K-major: the emitter first copies a B
+ * stored N-major transposed into the node's scratch (codegen's tf32Plan). An A stored M-major
+ * (P::transA) is read from registers instead, wgmma's RS form: TMA brings its slice in blocks
+ * of 32 M indices × 32 k rows (4 KB, 16-byte chunk c of k row r at c ^ (r mod 8)), and each
+ * consumer thread loads its four fragments of a k8 step (mma.sync's m16n8k8 TF32 A layout) with
+ * 32-bit shared loads, two-way bank conflicts. ptxas serializes every wgmma (C7513) whose A
+ * registers are written while any wgmma is in flight, so this path waits for a slice's products
+ * before loading the next slice's fragments; the other consumer warpgroup fills the gap. Its large
+ * tile needs more than the 168 registers 384 threads get: setmaxnreg moves them from the
+ * producer warpgroup (40) to the consumers (232).
+ *
+ * Transposed output (P::transC): the kernel computes Cᵀ = Bᵀ·Aᵀ (the emitter's choice for a
+ * TF32 weight gradient Aᵀ·B with M < N: the narrower A is then the copied operand) and the
+ * epilogue writes it back as C, the functor getting C's coordinates: 64 kernel columns a pass,
+ * staged as 64 rows of C (the 16-byte chunks of staged row i XOR-ed with i mod 16, so the scalar
+ * writes of a warp hit distinct banks), out as 16-byte segments of C's rows. Split products write
+ * their partial sums the same way, laid out as C.
  *
  * Accumulator layout (wgmma m64nN, f32): thread (warp q of the warpgroup, lane = 4g + t) holds,
  * for each 8-column group j, rows 16q + g and 16q + g + 8, columns 8j + 2t and 8j + 2t + 1, in
@@ -118,10 +133,13 @@ struct CElement<pa_bf16_out> {
   }
 };
 
-// ---- one operand's R×64 slice in shared memory (see the note) --------------------------------
-template <int R, bool KCONTIG>
+// ---- one operand's R-row slice in shared memory (see the note) -------------------------------
+// BYTES: the element size (2: bf16, 4: fp32 for TF32); a slice is 128 bytes of K either way.
+template <int R, bool KCONTIG, int BYTES = 2>
 struct WgmmaOperand {
   static constexpr int kBytes = R * 128;
+  static constexpr int kBlock = 128 / BYTES;        // MN-major: M/N indices in one 128-byte row
+  static constexpr int kBlockBytes = kBlock * 128;  // MN-major: one block, the slice's K rows of 128 bytes
   static_assert(R % 64 == 0 && R <= 256, "operand tiles are whole 64-row swizzle blocks, one TMA box high at most");
 
   // The TMA copies of slice k0 of the tile whose first row (M or N index) is r0, batch entry b.
@@ -130,7 +148,7 @@ struct WgmmaOperand {
       tmaLoad3d(dst, map, k0, r0, b, bar);
     } else {
 #pragma unroll
-      for (int q = 0; q < R / 64; ++q) tmaLoad3d(dst + q * 8192, map, r0 + 64 * q, k0, b, bar);
+      for (int q = 0; q < R / kBlock; ++q) tmaLoad3d(dst + q * kBlockBytes, map, r0 + kBlock * q, k0, b, bar);
     }
   }
   // Descriptor of the 64-row block `block` of the tile at `tile`, k16 step j.
@@ -166,13 +184,18 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
   constexpr long long kSlices = (K + BK - 1) / BK;
   constexpr long long kPerSplit = (kSlices + P::splits - 1) / P::splits;
   constexpr long long kItems = kTiles * (P::splits > 1 ? P::splits : P::batch);
-  typedef WgmmaOperand<BM, !P::transA> OpA;
-  typedef WgmmaOperand<BN, P::transB> OpB;
+  typedef WgmmaOperand<BM, !P::transA, Cfg::kElemBytes> OpA;
+  typedef WgmmaOperand<BN, P::transB, Cfg::kElemBytes> OpB;
   constexpr long long kAlign = 16 / Cfg::kElemBytes;
   static_assert((P::transA ? M : K) % kAlign == 0 && (P::transB ? K : N) % kAlign == 0 && P::strideA % kAlign == 0 &&
                     P::strideB % kAlign == 0,
                 "TMA needs contiguous extents and batch strides of whole 16-byte chunks");
-  static_assert(!Cfg::TF32 || (!P::transA && P::transB), "TF32 wgmma reads both operands K-major");
+  static_assert(!Cfg::TF32 || P::transB, "TF32 wgmma reads B K-major");
+  // TF32 with A stored M-major: A from registers (see the note); the large tile's consumers then
+  // need more registers than 384 threads get, and take them from the producer warpgroup.
+  constexpr bool kRsA = Cfg::TF32 && P::transA;
+  constexpr bool kSplitRegs = kRsA && Cfg::CONSUMERS == 2;
+  typedef sm90::RegisterSplit<Cfg::CONSUMERS, 40> Registers;
   constexpr int IN = Cfg::TF32 ? sm90::kInTf32 : sm90::kInBf16;
   static_assert(M < (1ll << 31) && N < (1ll << 31) && K < (1ll << 31), "TMA coordinates are 32-bit");
 
@@ -207,6 +230,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
   __syncthreads();
 
   if (warpgroup == 0) {  // the producer: one thread
+    if (kSplitRegs) Registers::enterProducer();
     if (tid != 0) return;
     int it = 0;  // slices issued so far, over every item: the ring position
     for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
@@ -225,42 +249,134 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
     return;
   }
 
+  if (kSplitRegs) Registers::enterConsumer();
   const int consumer = warpgroup - 1;
   typedef CElement<CPtr> E;
+  static_assert(!P::transC || E::kBytes == 4, "a transposed output is fp32");
   constexpr int kChunkCols = 256 / E::kBytes, kPasses = (BN + kChunkCols - 1) / kChunkCols;
   constexpr int kPerChunk = 16 / E::kBytes;
   unsigned char* const staged =
       sharedRaw + (ring - smemAddress(sharedRaw)) + STAGES * Cfg::kStageBytes + consumer * Cfg::kStagingBytes;
   const int lane = tid % 32, g = lane / 4, t = lane % 4;
+  // A from registers: where this thread's fragments of k8 step 0 lie in a stage's A tile (step j
+  // is 8 rows, 1024 bytes, further). Fragment h + 2e is row m = 64·consumer + 16·warp + g + 8h,
+  // k = t + 4e: block m / 32, row k, 16-byte chunk (m mod 32) / 4 XOR-ed with k mod 8.
+  u32 aAt[4] = {0, 0, 0, 0};
+  if (kRsA) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const u32 m = 64 * consumer + 16 * (tid / 32) + g + 8 * h, k = t + 4 * e;
+        aAt[h + 2 * e] = (m / 32) * 4096 + k * 128 + ((((m % 32) / 4) ^ k) << 4) + (m % 4) * 4;
+      }
+  }
+  // A from registers: ptxas serializes every wgmma (C7513) when registers a wgmma reads are written
+  // while any wgmma is in flight, so each slice's products complete before the next slice's
+  // fragments load (the other consumer warpgroup keeps the tensor cores busy meanwhile).
+  u32 frag[4][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) frag[j][r] = 0u;
   int it = 0;
   float acc[BN / 2];
-  for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
-    const Item item(w);
+  auto slice = [&](int s) {
+    const int st = it % STAGES;
+    mbarWait(full + 8 * st, (it / STAGES) & 1);
+    const u32 a = ring + st * Cfg::kStageBytes, bt = a + OpA::kBytes;
+    if constexpr (kRsA) {
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-    for (int s = 0; s < item.count; ++s, ++it) {
-      const int st = it % STAGES;
-      mbarWait(full + 8 * st, (it / STAGES) & 1);
-      const u32 a = ring + st * Cfg::kStageBytes, bt = a + OpA::kBytes;
-      fenceRegisters(acc);
-      wgmmaFence();
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)  // k16 (bf16) or k8 (TF32) steps: 32 bytes of each 128-byte row
+        for (int r = 0; r < 4; ++r) frag[j][r] = sm90::ldShared32(a + aAt[r] + 1024 * j);
+    }
+    fenceRegisters(acc);
+    wgmmaFence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // k16 (bf16) or k8 (TF32) steps: 32 bytes of each 128-byte row
+      if constexpr (kRsA) {
+        sm90::WgmmaRS<BN, sm90::kInTf32, 0>::run(acc, frag[j], OpB::descriptor(bt, 0, j), 1);
+      } else {
         sm90::WgmmaSS<BN, IN, P::transA ? 1 : 0, P::transB ? 0 : 1>::run(acc, OpA::descriptor(a, consumer, j),
                                                                            OpB::descriptor(bt, 0, j), 1);
-      wgmmaCommit();
+      }
+    }
+    wgmmaCommit();
+    if constexpr (kRsA) {
+      wgmmaWait<0>();  // this slice's products are done: its stage and the fragments are free
+      fenceRegisters(acc);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) fenceRegisters(frag[j]);
+      mbarArrive(empty + 8 * st);
+    } else {
       wgmmaWait<1>();  // the previous slice's products are done: its stage can be refilled
       fenceRegisters(acc);
       if (s > 0) mbarArrive(empty + 8 * ((it - 1) % STAGES));
     }
-    wgmmaWait<0>();
-    fenceRegisters(acc);
-    if (item.count > 0) mbarArrive(empty + 8 * ((it - 1) % STAGES));
+    ++it;
+  };
+  // The transposed output (P::transC, see the note): the kernel's row index is C's column and its
+  // column C's row (C is N × M). 64 kernel columns a pass, staged as rows of C (64 kernel rows,
+  // 256 bytes, chunk c of staged row i at c ^ (i mod 16)), out as 16-byte segments of C's rows.
+  auto transposedEpilogue = [&](long long tileRow, long long n0, long long b, unsigned char* out, unsigned char* staged) {
+    const bool vec = M % 4 == 0 && aligned16(out);
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (tid / 32) * 16 + g + 8 * h;
+        const long long km = tileRow + r;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = p * 8 + jj;
+          if (j >= BN / 8) break;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = 8 * jj + 2 * t + e;
+            const long long kn = n0 + p * 64 + col;
+            float o = 0.0f;  // the functor runs exactly once for every element of C
+            if (km < M && kn < N) o = epi(acc[4 * j + 2 * h + e], kn, km, b * M * N + kn * M + km);
+            *reinterpret_cast<float*>(staged + col * 256 + ((((r >> 2) ^ col) & 15) << 4) + (r & 3) * 4) = o;
+          }
+        }
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+#pragma unroll 4
+      for (int f = tid; f < 64 * 16; f += 128) {
+        const int col = f / 16, c = f % 16;
+        const long long kn = n0 + p * 64 + col, km = tileRow + 4 * c;
+        if (kn >= N || km >= M || p * 64 + col >= BN) continue;
+        const float* src = reinterpret_cast<const float*>(staged + col * 256 + ((c ^ (col & 15)) << 4));
+        float* dst = reinterpret_cast<float*>(out) + kn * M + km;
+        if (vec) {
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+          for (int e = 0; e < 4 && km + e < M; ++e) dst[e] = src[e];
+        }
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");  // the staging is free again
+    }
+  };
+  for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
+    const Item item(w);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+    for (int s = 0; s < item.count; ++s) slice(s);
+    if constexpr (!kRsA) {
+      wgmmaWait<0>();
+      fenceRegisters(acc);
+      if (item.count > 0) mbarArrive(empty + 8 * ((it - 1) % STAGES));
+    }
 
     // Epilogue (see the note): the functor on the accumulators, staged 256 bytes of each row at
     // a time, out as 16-byte row segments.
     const long long tileRow = item.m0 + consumer * 64, n0 = item.n0, b = item.b;
     unsigned char* const out = E::bytes(C) + (item.b + item.split) * M * N * E::kBytes;
+    if constexpr (P::transC) {
+      transposedEpilogue(tileRow, n0, b, out, staged);
+      continue;
+    }
     const bool vec = N % kPerChunk == 0 && aligned16(out);
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {

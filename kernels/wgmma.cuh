@@ -1,7 +1,7 @@
 // Hopper (sm_90a) building blocks shared by the wgmma GEMM and the wgmma flash attention forward:
 // mbarriers, cp.async that lands on an mbarrier, the async-proxy fence, shared-memory matrix
 // descriptors with 128-byte swizzle, and wgmma.mma_async with operands from shared memory (SS) or
-// with A from registers (RS), fp32 accumulators, bf16 or fp16 inputs.
+// with A from registers (RS), fp32 accumulators, bf16, fp16 or TF32 inputs.
 /*
  * Note on the wgmma wrappers.
  *
@@ -100,6 +100,13 @@ template <int R>
 __device__ __forceinline__ void fenceRegisters(u32 (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// 4 bytes from shared memory (a shared-window address).
+__device__ __forceinline__ u32 ldShared32(u32 address) {
+  u32 v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(address));
+  return v;
 }
 
 // The launchers size dynamic shared memory from the same formula as the kernel: a smaller launch
@@ -205,11 +212,27 @@ PA_WGMMA_SS(256, bf16, kInBf16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131,
   };
 PA_WGMMA_SS_TF32(128, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66)
 PA_WGMMA_SS_TF32(256, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130)
+// TF32 with A from four registers a thread (mma.sync's m16n8k8 TF32 A layout: a[h + 2e] is row
+// g + 8h, column t + 4e of warp q's rows 16q .. 16q + 15), B K-major through a descriptor.
+#define PA_WGMMA_RS_TF32(N, REGS, ACCS, A0, A1, A2, A3, DB, ACC)                                                \
+  template <>                                                                                                \
+  struct WgmmaRS<N, kInTf32, 0> {                                                                            \
+    static __device__ __forceinline__ void run(float (&d)[N / 2], const u32 (&a)[4], u64 db, int acc) {      \
+      asm volatile("{ .reg .pred p; setp.ne.b32 p, %" PA_WG_STR(ACC) ", 0; "                                  \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, {%" PA_WG_STR(A0)     \
+                   ", %" PA_WG_STR(A1) ", %" PA_WG_STR(A2) ", %" PA_WG_STR(A3) "}, %" PA_WG_STR(DB) ", p, 1, 1; }" \
+                   : ACCS                                                                                    \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));                         \
+    }                                                                                                        \
+  };
+PA_WGMMA_RS_TF32(128, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69)
+PA_WGMMA_RS_TF32(256, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132, 133)
 PA_WGMMA_RS(64, bf16, kInBf16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36, 37, 38)
 PA_WGMMA_RS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36, 37, 38)
 PA_WGMMA_RS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69, 70)
 PA_WGMMA_RS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69, 70)
 
+#undef PA_WGMMA_RS_TF32
 #undef PA_WGMMA_RS
 #undef PA_WGMMA_SS_TF32
 #undef PA_WGMMA_SS

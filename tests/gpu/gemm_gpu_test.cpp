@@ -60,10 +60,12 @@ std::vector<GemmCase> allCases() {
   // (M, N, K): every awkward size in every position, K = 1, and sizes whose leading dimensions
   // are multiples of 4 (the float4 / 16-byte cp.async paths) next to ones that are not. The last
   // two give every tile interior blocks (the fp32 path's unchecked loads: tile inside both
-  // operands, K a multiple of the slice), alone and beside edge blocks.
+  // operands, K a multiple of the slice), alone and beside edge blocks. 130×516×200: Aᵀ·B with
+  // M < N, which TF32 wgmma computes transposed, over several tiles (and A·B, A·Bᵀ, Aᵀ·Bᵀ with an
+  // M-major A whose rows are not whole 16-byte chunks).
   const int64_t mnk[][3] = {{1, 1, 1},       {7, 33, 1},     {33, 7, 127},   {127, 129, 255}, {129, 255, 33},
                             {255, 1000, 7},  {1000, 127, 129}, {1, 1000, 255}, {1000, 1, 1000}, {132, 260, 36},
-                            {256, 64, 64},   {1000, 1000, 1000}, {384, 256, 96}, {300, 260, 80}};
+                            {256, 64, 64},   {1000, 1000, 1000}, {384, 256, 96}, {300, 260, 80}, {130, 516, 200}};
   for (const auto& s : mnk) {
     const int64_t m = s[0], n = s[1], k = s[2];
     for (int t = 0; t < 4; ++t) {

@@ -201,11 +201,13 @@ TEST(GemmNvrtc, CompilesEveryWgmmaVariantSm90a) {
 }
 
 // fp32 operands with EmitOptions::tf32 and ::wgmma: the wgmma kernel on TF32 for every tile,
-// transpose (operands stored M/N-major get a transpose kernel first), batch, split and epilogue.
+// transpose, batch, split and epilogue. B stored N-major gets a transpose kernel first; A stored
+// M-major is read into registers when its rows are whole 16-byte chunks (else copied too); a
+// single Aᵀ·B with M < N runs transposed (Bᵀ from registers, Aᵀ copied, C written transposed).
 TEST(GemmNvrtc, CompilesEveryTf32WgmmaVariantSm90a) {
   if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << codegen::Nvrtc::instance().unavailableReason();
   std::vector<test::CompileUnit> units;
-  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, int splits) {
+  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, int splits, int expectTransposes, bool expectSwap) {
     Graph g;
     const NodeId id = gemmtest::buildGraph(g, p);
     codegen::EmitOptions opt;
@@ -213,28 +215,41 @@ TEST(GemmNvrtc, CompilesEveryTf32WgmmaVariantSm90a) {
     opt.gemmTile = tile;
     opt.gemmSplits = splits;
     int transposes = 0;
-    bool wgmma = false;
+    bool wgmma = false, swapped = false;
     for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) {
       units.push_back({name + "_" + std::to_string(static_cast<int>(tile)) + "_" + k.name, k.name, k.source});
       transposes += k.name.find("_transpose_") != std::string::npos;
-      wgmma |= k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos && k.source.find(", true>") != std::string::npos;
+      const bool product = k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos && k.source.find(", true>") != std::string::npos;
+      wgmma |= product;
+      swapped |= product && k.source.find("transC = true") != std::string::npos;
+      if (product) {  // the kernel's A is node input 1 when swapped (its map is named after the input)
+        EXPECT_NE(k.source.find(expectSwap ? ">>(map1, map0," : ">>(map0, map1,"), std::string::npos) << name;
+      }
     }
     EXPECT_TRUE(wgmma) << name;
-    EXPECT_EQ(transposes, (p.ta ? 1 : 0) + (p.tb ? 0 : 1)) << name;  // the operands stored M/N-major
+    EXPECT_EQ(transposes, expectTransposes) << name;
+    EXPECT_EQ(swapped, expectSwap) << name;
   };
   for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) {
     for (int t = 0; t < 4; ++t) {
-      const GemmProblem p = gemmtest::matmulProblem(40, 100, 136, t & 1, t & 2);
-      add("MatMul_t" + std::to_string(t), p, tile, 0);
-      if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, 3);
+      const bool ta = t & 1, tb = t & 2;
+      const GemmProblem p = gemmtest::matmulProblem(40, 100, 136, ta, tb);
+      add("MatMul_t" + std::to_string(t), p, tile, 0, tb ? 0 : 1, ta && !tb);
+      if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, 3, tb ? 0 : 1, ta && !tb);
     }
+    // M-major A whose rows are not whole 16-byte chunks (M = 30): copied; Aᵀ·B with M > N: not swapped.
+    add("MatMul_tA_tB_m30", gemmtest::matmulProblem(30, 100, 136, true, true), tile, 0, 1, false);
+    add("MatMul_tA_m100", gemmtest::matmulProblem(100, 40, 136, true, false), tile, 0, 1, false);
     GemmProblem batched;
     batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
-    add("MatMul_batched", batched, tile, 0);
+    add("MatMul_batched", batched, tile, 0, 1, false);
+    GemmProblem batchedT;  // a batch of Aᵀ·B: never swapped
+    batchedT.a = {3, 128, 64}, batchedT.b = {3, 128, 96}, batchedT.ta = true;
+    add("MatMul_batched_tA", batchedT, tile, 0, 1, false);
     GemmProblem fused;
     fused.fused = true, fused.act = "gelu", fused.bias = true;
     fused.a = {4, 7, 32}, fused.b = {32, 40};
-    add("FusedLinear_gelu", fused, tile, 0);
+    add("FusedLinear_gelu", fused, tile, 0, 1, false);
   }
   const std::vector<std::string> failures = test::compileInParallel(units, "sm_90a", /*rejectWarnings=*/true);
   for (const auto& f : failures) ADD_FAILURE() << f;
