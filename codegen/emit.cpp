@@ -676,9 +676,9 @@ Tf32Plan tf32Plan(const GemmGeometry& q) {
   }
   if (g.transA && (g.m % 4 != 0 || g.strideA % 4 != 0)) p.copy[0] = true, g.transA = false;
   if (!g.transB) p.copy[1] = true, g.transB = true;
-  const int64_t rows[2] = {g.m, g.n};
-  for (int i = 0; i < 2; ++i)  // a copy is dense: [copies][rows][K]
-    if (p.copy[i]) (i == 0 ? g.strideA : g.strideB) = (i == 0 ? g.strideA : g.strideB) != 0 ? rows[i] * g.k : 0;
+  // A copy is dense: [copies][rows][K].
+  if (p.copy[0] && g.strideA != 0) g.strideA = g.m * g.k;
+  if (p.copy[1] && g.strideB != 0) g.strideB = g.n * g.k;
   return p;
 }
 

@@ -268,7 +268,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const u32 m = 64 * consumer + 16 * (tid / 32) + g + 8 * h, k = t + 4 * e;
-        aAt[h + 2 * e] = (m / 32) * 4096 + k * 128 + ((((m % 32) / 4) ^ k) << 4) + (m % 4) * 4;
+        aAt[h + 2 * e] = (m / OpA::kBlock) * OpA::kBlockBytes + k * 128 + ((((m % OpA::kBlock) / 4) ^ k) << 4) + (m % 4) * 4;
       }
   }
   // A from registers: ptxas serializes every wgmma (C7513) when registers a wgmma reads are written
