@@ -5,7 +5,9 @@
 //   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16]
 //     --sweep also times every tile variant and the config variants kept here until one wins
 //     (STYLE.md 6), and TF32 weight gradients on the wgmma kernel with every tile and 4-32 K
-//     splits. TF32 rows "mma.sync": the mma.sync kernel (where auto may pick the wgmma one).
+//     splits. TF32 rows "mma.sync": the mma.sync kernel (where auto may pick the wgmma one);
+//     "wgmma_bcopy" / "wgmma_bkernel": the wgmma kernel with a B stored N-major copied transposed
+//     first / transposed by the product kernel as it loads it (EmitOptions::tf32BLoad).
 //     bf16: operands stored in bf16 as lower-bf16 stores them, outputs in bf16 except the
 //     weight gradients (dW rows: fp32), the wgmma kernel on an sm_90a device.
 #include <algorithm>
@@ -218,6 +220,16 @@ int run(int argc, char** argv) {
         opt.wgmma = false;
         gemmtest::NodeOnGpu gpu(g, id, opt, device());
         report(gpu, "mma.sync");
+      }
+      if (tf32 && deviceOpt.wgmma && !s.p.tb) {  // an N-major B: copied first, or transposed as loaded
+        for (const auto& b : {std::make_pair("wgmma_bcopy", codegen::Tf32BLoad::Copy),
+                              std::make_pair("wgmma_bkernel", codegen::Tf32BLoad::InKernel)}) {
+          codegen::EmitOptions opt = deviceOpt;
+          opt.tf32BLoad = b.second;
+          opt.gemmTile = GemmTile::Auto;
+          gemmtest::NodeOnGpu gpu(g, id, opt, device());
+          report(gpu, b.first);
+        }
       }
       if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), precision, "cublaslt");
       if (!sweep) continue;

@@ -657,14 +657,23 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 // (written transposed, back as C), chosen for a weight gradient Aᵀ·B (both operands stored
 // M/N-major) whose A is the narrower: then A, not B, is the operand copied transposed. Kernel
 // operand i is node input `input[i]`; `copy[i]`: copied transposed into the node's scratch first.
+// `transposeB`: B is stored N-major and the product kernel's producer warpgroup transposes it as
+// it loads it instead (EmitOptions::tf32BLoad; Auto: whichever tf32WgmmaTime() says is faster).
 struct Tf32Plan {
   GemmGeometry product;
   bool swap = false;
   int input[2] = {0, 1};
   bool copy[2] = {false, false};
+  bool transposeB = false;
 };
 
-Tf32Plan tf32Plan(const GemmGeometry& q) {
+double tf32WgmmaTime(const GemmGeometry& q, const Tf32Plan& p);
+
+Tf32Plan tf32Plan(const GemmGeometry& q, Tf32BLoad bLoad) {
+  if (bLoad == Tf32BLoad::Auto) {
+    const Tf32Plan copied = tf32Plan(q, Tf32BLoad::Copy), loaded = tf32Plan(q, Tf32BLoad::InKernel);
+    return tf32WgmmaTime(q, loaded) < tf32WgmmaTime(q, copied) ? loaded : copied;
+  }
   Tf32Plan p;
   p.swap = q.transA && !q.transB && q.batch == 1 && q.m < q.n && q.n % 4 == 0;
   GemmGeometry& g = p.product;
@@ -675,29 +684,38 @@ Tf32Plan tf32Plan(const GemmGeometry& q) {
     p.input[0] = 1, p.input[1] = 0;
   }
   if (g.transA && (g.m % 4 != 0 || g.strideA % 4 != 0)) p.copy[0] = true, g.transA = false;
-  if (!g.transB) p.copy[1] = true, g.transB = true;
+  if (!g.transB) (bLoad == Tf32BLoad::Copy ? p.copy[1] : p.transposeB) = true;
+  if (p.copy[1]) g.transB = true;
   // A copy is dense: [copies][rows][K].
   if (p.copy[0] && g.strideA != 0) g.strideA = g.m * g.k;
   if (p.copy[1] && g.strideB != 0) g.strideB = g.n * g.k;
   return p;
 }
 
-// Whether a TF32 product is faster on the wgmma kernel, its copy included, than on the mma.sync
-// TF32 kernel: the products at the rates measured on the H100 (wgmma 365 TFLOP/s on
-// 8192×4096×4096; mma.sync ~110 where large tiles fill the GPU, 40-77 on the split weight
-// gradients: 256×256×8192 40, 256×1024×8192 77, taken as 45), each transposed copy read and
-// written at ~2.5 TB/s plus 3 µs. Measured (2026-11-23): 256×256×8192 0.025 ms on wgmma, 0.027
-// on mma.sync. Tiny products keep mma.sync (the copy's launch dominates).
-bool tf32WgmmaPays(const GemmGeometry& q) {
-  const Tf32Plan p = tf32Plan(q);
+// The estimated time of a TF32 product on the wgmma kernel with plan p, copies included: the
+// products at the rates measured on the H100 (365 TFLOP/s on 8192×4096×4096 with both operands
+// read by TMA; 150-166 where the producer transposes B with 4-byte copies, which then bind: taken
+// as 160), each transposed copy read and written at ~2.5 TB/s plus 3 µs. Measured (2026-11-23,
+// ms, B copied / transposed by the kernel): 8192×4096×4096 0.763 / 1.657, 256×256×8192 dW
+// 0.0240 / 0.0196 (memory-bound: the copy's traffic is what the kernel saves).
+double tf32WgmmaTime(const GemmGeometry& q, const Tf32Plan& p) {
   const double flops = 2.0 * static_cast<double>(q.batch * q.m) * static_cast<double>(q.n * q.k);
   double copies = 0, launches = 0;
   const int64_t rows[2] = {p.product.m, p.product.n}, strides[2] = {p.product.strideA, p.product.strideB};
   for (int i = 0; i < 2; ++i)
     if (p.copy[i]) copies += static_cast<double>((strides[i] != 0 ? q.batch : 1) * rows[i] * q.k), ++launches;
-  const double wgmma = flops / 365e12 + copies * 8.0 / 2.5e12 + launches * 3e-6;
+  return flops / (p.transposeB ? 160e12 : 365e12) + copies * 8.0 / 2.5e12 + launches * 3e-6;
+}
+
+// Whether a TF32 product is faster on the wgmma kernel (tf32WgmmaTime) than on the mma.sync TF32
+// kernel: ~110 TFLOP/s where large tiles fill the GPU, 40-77 on the split weight gradients
+// (256×256×8192 40, 256×1024×8192 77, taken as 45). Measured (2026-11-23): 256×256×8192 0.025 ms
+// on wgmma with B copied, 0.027 on mma.sync. Tiny products keep mma.sync where a copy's launch
+// dominates.
+bool tf32WgmmaPays(const GemmGeometry& q, Tf32BLoad bLoad) {
+  const double flops = 2.0 * static_cast<double>(q.batch * q.m) * static_cast<double>(q.n * q.k);
   const bool fills = q.batch * tilesOf(q.m, q.n, 128) >= kAssumedSms * 9 / 10;
-  return wgmma < flops / (fills ? 110e12 : 45e12);
+  return tf32WgmmaTime(q, tf32Plan(q, bLoad)) < flops / (fills ? 110e12 : 45e12);
 }
 
 NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
@@ -714,11 +732,12 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   // copied transposed into the scratch (K a multiple of 4: 16-byte rows for TMA).
   const bool wgmmaTf32 = c.opt->wgmma && c.opt->tf32 && !wide[0] && !wide[1] && k % 4 == 0 && (k + 31) / 32 <= 65535 &&
                          q.batch <= 65535 &&  // (the transpose kernels' grid)
-                         (c.opt->gemmTile != GemmTile::Auto || tf32WgmmaPays(q));  // a forced tile: wherever it can
+                         (c.opt->gemmTile != GemmTile::Auto || c.opt->tf32BLoad != Tf32BLoad::Auto ||  // forced: wherever it can
+                          tf32WgmmaPays(q, c.opt->tf32BLoad));
   const bool wgmma = wgmmaBf16 || wgmmaTf32;
   const bool tf32 = !wgmma && (c.opt->tf32 || wide[0] || wide[1]);
   // The product the kernel computes: TF32 wgmma's from tf32Plan, the node's elsewhere.
-  const Tf32Plan plan = wgmmaTf32 ? tf32Plan(q) : Tf32Plan{q};
+  const Tf32Plan plan = wgmmaTf32 ? tf32Plan(q, c.opt->tf32BLoad) : Tf32Plan{q};
   const GemmGeometry& pq = plan.product;
   std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, pq.m, pq.n, k) : chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
@@ -748,6 +767,11 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
       const int64_t other = i == 0 ? pq.m : pq.n, stride = i == 0 ? pq.strideA : pq.strideB, box = i == 0 ? v.bm : v.bn;
       if (i == 0 && pq.transA) {
         operandArgs.push_back({KernelArg::InputTensorMap, input, gemmTensorMap(other, k, q.batch, stride, 32, 4)});
+        continue;
+      }
+      if (i == 1 && plan.transposeB) {  // the pointer, whose type picks the transposing producer
+        operand[i] = "static_cast<const float*>(in" + std::to_string(input) + ")";
+        operandArgs.push_back({KernelArg::Input, input});
         continue;
       }
       const TensorMapSpec map = gemmTensorMap(k, other, q.batch, stride, box, 4);

@@ -52,11 +52,18 @@ struct NodeKernels {
 // Tests and benchmarks force the others.
 enum class GemmTile { Auto, Large, Medium, Small };
 
+// How a TF32 wgmma GEMM gets an N-major B into the K-major layout it reads (EmitOptions::tf32BLoad).
+enum class Tf32BLoad { Auto, Copy, InKernel };
+
 // Code generation choices. Only the GEMM emitters (MatMul, FusedLinear) read them.
 struct EmitOptions {
   bool tf32 = false;  // GEMMs on the tensor cores with TF32 operands (fp32 accumulation)
   GemmTile gemmTile = GemmTile::Auto;
   int gemmSplits = 0;  // K splits of a single (unbatched) GEMM; 0: from the shape
+  // A TF32 wgmma GEMM whose B is stored N-major (the kernel reads it K-major): copied transposed
+  // into the node's scratch by a kernel of its own, or transposed by the product kernel's
+  // producer warpgroup as it loads it; Auto: from the shape (codegen's tf32Plan).
+  Tf32BLoad tf32BLoad = Tf32BLoad::Auto;
   // The target has wgmma (sm_90a): GEMMs whose operands are both bf16 run kernels/gemm_wgmma.cuh
   // (dynamic shared memory above 48 KB: the launcher opts in with Kernel::sharedBytes).
   bool wgmma = false;

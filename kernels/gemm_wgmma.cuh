@@ -60,7 +60,11 @@
  * them in a 128-byte slice row, and wgmma.m64nNk8.tf32 (the hardware reads the top 19 bits of
  * each fp32 operand). TF32 wgmma reads shared-memory operands K-major only (the transpose
  * immediates exist for 16-bit types alone), so B must be K-major: the emitter first copies a B
- * stored N-major transposed into the node's scratch (codegen's tf32Plan). An A stored M-major
+ * stored N-major transposed into the node's scratch, or the kernel transposes it as it loads it
+ * (codegen's tf32Plan): then the whole producer warpgroup copies B's slices with 4-byte cp.async
+ * into the K-major swizzled rows (zero-filling out-of-range elements) and arrives on the stage's
+ * full barrier when they land, beside thread 0's TMA copy of A; the consumers fence the async
+ * proxy after the wait, as the stores came through the generic one. An A stored M-major
  * (P::transA) is read from registers instead, wgmma's RS form: TMA brings its slice in blocks
  * of 32 M indices × 32 k rows (4 KB, 16-byte chunk c of k row r at c ^ (r mod 8)), and each
  * consumer thread loads its four fragments of a k8 step (mma.sync's m16n8k8 TF32 A layout) with
@@ -176,21 +180,36 @@ struct WgmmaConfig {
   static_assert(STAGES >= 2, "the ring needs a stage to fill while another is read");
 };
 
-template <class P, class Cfg, class Epi, class CPtr>
-__device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap& mapB, CPtr C, const Epi& epi) {
+// B as the kernel reads it: a TMA map (stored K-major, or MN-major for bf16), or, TF32 only, the
+// fp32 matrix stored N-major, which the producer warpgroup transposes into the ring (see the note).
+template <class BOperand>
+struct TransposesB {
+  static constexpr bool value = false;
+};
+template <>
+struct TransposesB<const float*> {
+  static constexpr bool value = true;
+};
+
+template <class P, class Cfg, class Epi, class CPtr, class BOperand>
+__device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand& opB, CPtr C, const Epi& epi) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   constexpr long long M = P::M, N = P::N, K = P::K;
   constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN, kTiles = TilesM * TilesN;
   constexpr long long kSlices = (K + BK - 1) / BK;
   constexpr long long kPerSplit = (kSlices + P::splits - 1) / P::splits;
   constexpr long long kItems = kTiles * (P::splits > 1 ? P::splits : P::batch);
+  // B transposed by the producer warpgroup as it loads (TF32, B stored N-major): K-major in the ring.
+  constexpr bool kLoadBT = TransposesB<BOperand>::value;
+  constexpr bool kBKmajor = P::transB || kLoadBT;
   typedef WgmmaOperand<BM, !P::transA, Cfg::kElemBytes> OpA;
-  typedef WgmmaOperand<BN, P::transB, Cfg::kElemBytes> OpB;
+  typedef WgmmaOperand<BN, kBKmajor, Cfg::kElemBytes> OpB;
   constexpr long long kAlign = 16 / Cfg::kElemBytes;
-  static_assert((P::transA ? M : K) % kAlign == 0 && (P::transB ? K : N) % kAlign == 0 && P::strideA % kAlign == 0 &&
-                    P::strideB % kAlign == 0,
+  static_assert((P::transA ? M : K) % kAlign == 0 && (kLoadBT || (P::transB ? K : N) % kAlign == 0) && P::strideA % kAlign == 0 &&
+                    (kLoadBT || P::strideB % kAlign == 0),
                 "TMA needs contiguous extents and batch strides of whole 16-byte chunks");
-  static_assert(!Cfg::TF32 || P::transB, "TF32 wgmma reads B K-major");
+  static_assert(!Cfg::TF32 || P::transB || kLoadBT, "TF32 wgmma reads B K-major");
+  static_assert(!kLoadBT || (Cfg::TF32 && !P::transB), "the producer transposes an N-major fp32 B, for TF32");
   // TF32 with A stored M-major: A from registers (see the note); the large tile's consumers then
   // need more registers than 384 threads get, and take them from the producer warpgroup.
   constexpr bool kRsA = Cfg::TF32 && P::transA;
@@ -221,16 +240,62 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
     }
   };
 
+  // The producer warpgroup when it transposes B (kLoadBT): thread 0 issues A's TMA copy of each
+  // slice; every thread copies its share of B's slice, 4 bytes at a time (cp.async), from N-major
+  // global memory into the K-major swizzled rows wgmma reads, and arrives on the stage's full
+  // barrier once they land. A warp copies 8 consecutive n of 4 consecutive k at a time: four
+  // 32-byte global segments, and (k-chunk XOR n mod 8) puts its 32 stores in 32 banks. Warp w
+  // takes k rows 8w .. 8w+7 of the slice, every n. Out-of-range elements are zero-filled.
+  auto produceTransposedB = [&](int tid) {
+    if constexpr (kLoadBT) {
+      const int lane = tid % 32, warp = tid / 32, nl = lane % 8, kl = lane / 8;
+      const float* const B = opB;
+      int it = 0;
+      for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
+        const Item item(w);
+        const int ba = P::strideA ? (int)item.b : 0;
+        const float* const Bb = B + (P::strideB ? item.b * P::strideB : 0);
+        for (int s = 0; s < item.count; ++s, ++it) {
+          const int st = it % STAGES;
+          mbarWait(empty + 8 * st, ((it / STAGES) & 1) ^ 1);
+          const u32 a = ring + st * Cfg::kStageBytes, bar = full + 8 * st;
+          const long long k0 = (item.sBegin + s) * BK;
+          if (tid == 0) {
+            mbarArriveExpectBytes(bar, OpA::kBytes);
+            OpA::load(a, mapA, (int)item.m0, (int)k0, ba, bar);
+          }
+  #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int kk = 8 * warp + 4 * h + kl;  // the slice's k row; 16-byte chunk kk / 4 of each n row
+            const long long k = k0 + kk, n = item.n0 + nl;
+            const float* src = Bb + k * N + n;
+            const u32 dst = a + OpA::kBytes + nl * 128 + (((kk / 4) ^ nl) << 4) + (kk % 4) * 4;
+  #pragma unroll 8
+            for (int q = 0; q < BN / 8; ++q) {
+              const bool valid = k < K && n + 8 * q < N;
+              sm90::cpAsync4To(dst + q * 1024, valid ? src + 8 * q : B, valid);
+            }
+          }
+          sm90::cpAsyncArriveOnLanding(bar);
+        }
+      }
+    }
+  };
+
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
-    mbarInitRange(full, STAGES, 1);
+    mbarInitRange(full, STAGES, kLoadBT ? 1 + 128 : 1);  // B transposed: every producer thread's copies too
     mbarInitRange(empty, STAGES, 128 * Cfg::CONSUMERS);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA unit
   }
   __syncthreads();
 
-  if (warpgroup == 0) {  // the producer: one thread
+  if (warpgroup == 0) {  // the producer: one thread (the whole warpgroup when it transposes B)
     if (kSplitRegs) Registers::enterProducer();
+    if constexpr (kLoadBT) {
+      produceTransposedB(tid);
+      return;
+    }
     if (tid != 0) return;
     int it = 0;  // slices issued so far, over every item: the ring position
     for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
@@ -243,7 +308,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
         mbarArriveExpectBytes(bar, Cfg::kStageBytes);
         const int k0 = (int)((item.sBegin + s) * BK);
         OpA::load(a, mapA, (int)item.m0, k0, ba, bar);
-        OpB::load(a + OpA::kBytes, mapB, (int)item.n0, k0, bb, bar);
+        if constexpr (!kLoadBT) OpB::load(a + OpA::kBytes, opB, (int)item.n0, k0, bb, bar);
       }
     }
     return;
@@ -284,6 +349,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
   auto slice = [&](int s) {
     const int st = it % STAGES;
     mbarWait(full + 8 * st, (it / STAGES) & 1);
+    if constexpr (kLoadBT) sm90::fenceProxyAsync();  // B's stores came through the generic proxy
     const u32 a = ring + st * Cfg::kStageBytes, bt = a + OpA::kBytes;
     if constexpr (kRsA) {
 #pragma unroll
@@ -298,7 +364,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const TensorMap
       if constexpr (kRsA) {
         sm90::WgmmaRS<BN, sm90::kInTf32, 0>::run(acc, frag[j], OpB::descriptor(bt, 0, j), 1);
       } else {
-        sm90::WgmmaSS<BN, IN, P::transA ? 1 : 0, P::transB ? 0 : 1>::run(acc, OpA::descriptor(a, consumer, j),
+        sm90::WgmmaSS<BN, IN, P::transA ? 1 : 0, kBKmajor ? 0 : 1>::run(acc, OpA::descriptor(a, consumer, j),
                                                                            OpB::descriptor(bt, 0, j), 1);
       }
     }

@@ -83,6 +83,10 @@ __device__ __forceinline__ void tmaLoad3d(u32 dst, const TensorMap& map, int c0,
 __device__ __forceinline__ void cpAsync16To(u32 dst, const void* src, bool valid) {
   asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// 4 bytes global -> shared (a shared-window address); zero-filled when !valid.
+__device__ __forceinline__ void cpAsync4To(u32 dst, const void* src, bool valid) {
+  asm volatile("{ cp.async.ca.shared.global [%0], [%1], 4, %2; }" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
 
 __device__ __forceinline__ void wgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

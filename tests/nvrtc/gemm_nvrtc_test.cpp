@@ -201,55 +201,64 @@ TEST(GemmNvrtc, CompilesEveryWgmmaVariantSm90a) {
 }
 
 // fp32 operands with EmitOptions::tf32 and ::wgmma: the wgmma kernel on TF32 for every tile,
-// transpose, batch, split and epilogue. B stored N-major gets a transpose kernel first; A stored
-// M-major is read into registers when its rows are whole 16-byte chunks (else copied too); a
-// single Aᵀ·B with M < N runs transposed (Bᵀ from registers, Aᵀ copied, C written transposed).
+// transpose, batch, split and epilogue. B stored N-major gets a transpose kernel first, or is
+// transposed by the product kernel as it loads it (EmitOptions::tf32BLoad); A stored M-major is
+// read into registers when its rows are whole 16-byte chunks (else copied); a single Aᵀ·B with
+// M < N runs transposed (Bᵀ from registers, Aᵀ the N-major operand, C written transposed).
 TEST(GemmNvrtc, CompilesEveryTf32WgmmaVariantSm90a) {
   if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << codegen::Nvrtc::instance().unavailableReason();
+  using codegen::Tf32BLoad;
   std::vector<test::CompileUnit> units;
-  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, int splits, int expectTransposes, bool expectSwap) {
-    Graph g;
-    const NodeId id = gemmtest::buildGraph(g, p);
-    codegen::EmitOptions opt;
-    opt.wgmma = opt.tf32 = true;
-    opt.gemmTile = tile;
-    opt.gemmSplits = splits;
-    int transposes = 0;
-    bool wgmma = false, swapped = false;
-    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) {
-      units.push_back({name + "_" + std::to_string(static_cast<int>(tile)) + "_" + k.name, k.name, k.source});
-      transposes += k.name.find("_transpose_") != std::string::npos;
-      const bool product = k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos && k.source.find(", true>") != std::string::npos;
-      wgmma |= product;
-      swapped |= product && k.source.find("transC = true") != std::string::npos;
-      if (product) {  // the kernel's A is node input 1 when swapped (its map is named after the input)
-        EXPECT_NE(k.source.find(expectSwap ? ">>(map1, map0," : ">>(map0, map1,"), std::string::npos) << name;
+  // copyA: the kernel's A is copied; nMajorB: its B is stored N-major (copied, or loaded transposed).
+  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, int splits, bool copyA, bool nMajorB, bool expectSwap) {
+    for (Tf32BLoad bLoad : {Tf32BLoad::Copy, Tf32BLoad::InKernel}) {
+      const std::string variant = name + (bLoad == Tf32BLoad::Copy ? "_bcopy" : "_bkernel");
+      Graph g;
+      const NodeId id = gemmtest::buildGraph(g, p);
+      codegen::EmitOptions opt;
+      opt.wgmma = opt.tf32 = true;
+      opt.gemmTile = tile;
+      opt.gemmSplits = splits;
+      opt.tf32BLoad = bLoad;
+      int transposes = 0;
+      bool wgmma = false, swapped = false;
+      for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) {
+        units.push_back({variant + "_" + std::to_string(static_cast<int>(tile)) + "_" + k.name, k.name, k.source});
+        transposes += k.name.find("_transpose_") != std::string::npos;
+        const bool product = k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos && k.source.find(", true>") != std::string::npos;
+        wgmma |= product;
+        swapped |= product && k.source.find("transC = true") != std::string::npos;
+        if (product) {  // the kernel's A is node input 1 when swapped (its map is named after the input)
+          const std::string a = expectSwap ? "1" : "0", b = expectSwap ? "0" : "1";
+          const std::string bArg = nMajorB && bLoad == Tf32BLoad::InKernel ? "static_cast<const float*>(in" + b + ")" : "map" + b;
+          EXPECT_NE(k.source.find(">>(map" + a + ", " + bArg + ","), std::string::npos) << variant;
+        }
       }
+      EXPECT_TRUE(wgmma) << variant;
+      EXPECT_EQ(transposes, (copyA ? 1 : 0) + (nMajorB && bLoad == Tf32BLoad::Copy ? 1 : 0)) << variant;
+      EXPECT_EQ(swapped, expectSwap) << variant;
     }
-    EXPECT_TRUE(wgmma) << name;
-    EXPECT_EQ(transposes, expectTransposes) << name;
-    EXPECT_EQ(swapped, expectSwap) << name;
   };
   for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) {
     for (int t = 0; t < 4; ++t) {
       const bool ta = t & 1, tb = t & 2;
       const GemmProblem p = gemmtest::matmulProblem(40, 100, 136, ta, tb);
-      add("MatMul_t" + std::to_string(t), p, tile, 0, tb ? 0 : 1, ta && !tb);
-      if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, 3, tb ? 0 : 1, ta && !tb);
+      add("MatMul_t" + std::to_string(t), p, tile, 0, false, !tb, ta && !tb);
+      if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, 3, false, !tb, ta && !tb);
     }
     // M-major A whose rows are not whole 16-byte chunks (M = 30): copied; Aᵀ·B with M > N: not swapped.
-    add("MatMul_tA_tB_m30", gemmtest::matmulProblem(30, 100, 136, true, true), tile, 0, 1, false);
-    add("MatMul_tA_m100", gemmtest::matmulProblem(100, 40, 136, true, false), tile, 0, 1, false);
+    add("MatMul_tA_tB_m30", gemmtest::matmulProblem(30, 100, 136, true, true), tile, 0, true, false, false);
+    add("MatMul_tA_m100", gemmtest::matmulProblem(100, 40, 136, true, false), tile, 0, false, true, false);
     GemmProblem batched;
     batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
-    add("MatMul_batched", batched, tile, 0, 1, false);
+    add("MatMul_batched", batched, tile, 0, false, true, false);
     GemmProblem batchedT;  // a batch of Aᵀ·B: never swapped
     batchedT.a = {3, 128, 64}, batchedT.b = {3, 128, 96}, batchedT.ta = true;
-    add("MatMul_batched_tA", batchedT, tile, 0, 1, false);
+    add("MatMul_batched_tA", batchedT, tile, 0, false, true, false);
     GemmProblem fused;
     fused.fused = true, fused.act = "gelu", fused.bias = true;
     fused.a = {4, 7, 32}, fused.b = {32, 40};
-    add("FusedLinear_gelu", fused, tile, 0, 1, false);
+    add("FusedLinear_gelu", fused, tile, 0, false, true, false);
   }
   const std::vector<std::string> failures = test::compileInParallel(units, "sm_90a", /*rejectWarnings=*/true);
   for (const auto& f : failures) ADD_FAILURE() << f;
