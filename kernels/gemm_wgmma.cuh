@@ -240,43 +240,25 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
     }
   };
 
-  // The producer warpgroup when it transposes B (kLoadBT): thread 0 issues A's TMA copy of each
-  // slice; every thread copies its share of B's slice, 4 bytes at a time (cp.async), from N-major
-  // global memory into the K-major swizzled rows wgmma reads, and arrives on the stage's full
-  // barrier once they land. A warp copies 8 consecutive n of 4 consecutive k at a time: four
-  // 32-byte global segments, and (k-chunk XOR n mod 8) puts its 32 stores in 32 banks. Warp w
-  // takes k rows 8w .. 8w+7 of the slice, every n. Out-of-range elements are zero-filled.
-  auto produceTransposedB = [&](int tid) {
+  // B's slice at k0 of the tile from n0 (batch entry's matrix Bb), transposed by the producer
+  // warpgroup (kLoadBT) into the stage's B tile at dst: each thread copies its share 4 bytes at a
+  // time (cp.async) from N-major global memory into the K-major swizzled rows wgmma reads. A warp
+  // copies 8 consecutive n of 4 consecutive k at a time: four 32-byte global segments, and
+  // (k-chunk XOR n mod 8) puts its 32 stores in 32 banks. Warp w takes k rows 8w .. 8w+7 of the
+  // slice, every n. Out-of-range elements are zero-filled.
+  auto copyTransposedB = [&](u32 dst, const float* Bb, long long n0, long long k0, int tid) {
     if constexpr (kLoadBT) {
       const int lane = tid % 32, warp = tid / 32, nl = lane % 8, kl = lane / 8;
-      const float* const B = opB;
-      int it = 0;
-      for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
-        const Item item(w);
-        const int ba = P::strideA ? (int)item.b : 0;
-        const float* const Bb = B + (P::strideB ? item.b * P::strideB : 0);
-        for (int s = 0; s < item.count; ++s, ++it) {
-          const int st = it % STAGES;
-          mbarWait(empty + 8 * st, ((it / STAGES) & 1) ^ 1);
-          const u32 a = ring + st * Cfg::kStageBytes, bar = full + 8 * st;
-          const long long k0 = (item.sBegin + s) * BK;
-          if (tid == 0) {
-            mbarArriveExpectBytes(bar, OpA::kBytes);
-            OpA::load(a, mapA, (int)item.m0, (int)k0, ba, bar);
-          }
-  #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int kk = 8 * warp + 4 * h + kl;  // the slice's k row; 16-byte chunk kk / 4 of each n row
-            const long long k = k0 + kk, n = item.n0 + nl;
-            const float* src = Bb + k * N + n;
-            const u32 dst = a + OpA::kBytes + nl * 128 + (((kk / 4) ^ nl) << 4) + (kk % 4) * 4;
-  #pragma unroll 8
-            for (int q = 0; q < BN / 8; ++q) {
-              const bool valid = k < K && n + 8 * q < N;
-              sm90::cpAsync4To(dst + q * 1024, valid ? src + 8 * q : B, valid);
-            }
-          }
-          sm90::cpAsyncArriveOnLanding(bar);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int kk = 8 * warp + 4 * h + kl;  // the slice's k row; 16-byte chunk kk / 4 of each n row
+        const long long k = k0 + kk, n = n0 + nl;
+        const float* src = Bb + k * N + n;
+        const u32 at = dst + nl * 128 + (((kk / 4) ^ nl) << 4) + (kk % 4) * 4;
+#pragma unroll 8
+        for (int q = 0; q < BN / 8; ++q) {
+          const bool valid = k < K && n + 8 * q < N;
+          sm90::cpAsync4To(at + q * 1024, valid ? src + 8 * q : Bb, valid);
         }
       }
     }
@@ -290,13 +272,11 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   }
   __syncthreads();
 
-  if (warpgroup == 0) {  // the producer: one thread (the whole warpgroup when it transposes B)
+  // The producer: thread 0 issues the TMA copies; when it transposes B (kLoadBT) the whole
+  // warpgroup also copies B's slice and arrives on the stage's full barrier once it lands.
+  if (warpgroup == 0) {
     if (kSplitRegs) Registers::enterProducer();
-    if constexpr (kLoadBT) {
-      produceTransposedB(tid);
-      return;
-    }
-    if (tid != 0) return;
+    if (!kLoadBT && tid != 0) return;
     int it = 0;  // slices issued so far, over every item: the ring position
     for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
       const Item item(w);
@@ -305,10 +285,16 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
         const int st = it % STAGES;
         mbarWait(empty + 8 * st, ((it / STAGES) & 1) ^ 1);
         const u32 a = ring + st * Cfg::kStageBytes, bar = full + 8 * st;
-        mbarArriveExpectBytes(bar, Cfg::kStageBytes);
         const int k0 = (int)((item.sBegin + s) * BK);
-        OpA::load(a, mapA, (int)item.m0, k0, ba, bar);
-        if constexpr (!kLoadBT) OpB::load(a + OpA::kBytes, opB, (int)item.n0, k0, bb, bar);
+        if (tid == 0) {
+          mbarArriveExpectBytes(bar, kLoadBT ? OpA::kBytes : Cfg::kStageBytes);
+          OpA::load(a, mapA, (int)item.m0, k0, ba, bar);
+          if constexpr (!kLoadBT) OpB::load(a + OpA::kBytes, opB, (int)item.n0, k0, bb, bar);
+        }
+        if constexpr (kLoadBT) {
+          copyTransposedB(a + OpA::kBytes, opB + (long long)bb * P::strideB, item.n0, k0, tid);
+          sm90::cpAsyncArriveOnLanding(bar);
+        }
       }
     }
     return;

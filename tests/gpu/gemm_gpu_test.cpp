@@ -125,16 +125,17 @@ std::vector<GemmCase> allCases() {
     add("MatMul_1024x1024x8192_tA", p, tf32, GemmTile::Auto);
   }
   // Every TF32 case again with EmitOptions::wgmma (an sm_90a device): the wgmma kernel on TF32
-  // where K is a multiple of 4 (a B stored N-major transposed by the product kernel as it loads
-  // it, an M-major A read into registers or copied transposed first), the mma.sync TF32 kernel
-  // elsewhere. Those whose B is stored N-major once more with B copied transposed first instead
-  // (EmitOptions::tf32BLoad).
+  // where K is a multiple of 4 (an M-major A read into registers or copied transposed first), the
+  // mma.sync TF32 kernel elsewhere. A B stored N-major is transposed by the product kernel as it
+  // loads it (EmitOptions::tf32BLoad; the cost model's choice where the tile is too), and those
+  // cases run once more with B copied transposed first instead.
   const size_t count = cases.size();
   for (size_t i = 0; i < count; ++i) {
     if (!cases[i].opt.tf32) continue;
     GemmCase c = cases[i];
     c.opt.wgmma = true;
     c.name += "_wgmma";
+    if (!c.problem.tb && c.opt.gemmTile != GemmTile::Auto) c.opt.tf32BLoad = codegen::Tf32BLoad::InKernel;
     cases.push_back(c);
     if (c.problem.tb) continue;
     c.opt.tf32BLoad = codegen::Tf32BLoad::Copy;
