@@ -2,12 +2,16 @@
 // with CUDA events: the issue-6 square product and mlp_wide's and attn_block's forward, dX and dW
 // GEMMs; and the same nodes on the cuBLASLt provider (variant "cublaslt"). Writes a CSV
 // that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
-//   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16]
+//   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16] [--shapes NAME,...]
+//     --shapes: only these shapes (the names in the first column, e.g. square_NN)
 //     --sweep also times every tile variant and the config variants kept here until one wins
 //     (STYLE.md 6), and TF32 weight gradients on the wgmma kernel with every tile and 4-32 K
 //     splits. TF32 rows "mma.sync": the mma.sync kernel (where auto may pick the wgmma one);
 //     "wgmma_bcopy" / "wgmma_bkernel": the wgmma kernel with a B stored N-major copied transposed
 //     first / transposed by the product kernel as it loads it (EmitOptions::tf32BLoad).
+//     fp32 products whose auto choice splits the last wave's tiles along K (a tail split,
+//     EmitOptions::gemmTailSplits): "large_notail" without it, and with --sweep "large_tailS"
+//     for S = 2 to 9.
 //     bf16: operands stored in bf16 as lower-bf16 stores them, outputs in bf16 except the
 //     weight gradients (dW rows: fp32), the wgmma kernel on an sm_90a device.
 #include <algorithm>
@@ -132,14 +136,15 @@ void replaceAll(std::string& s, const std::string& from, const std::string& to) 
 }
 
 int run(int argc, char** argv) {
-  std::string csvPath = "gemm_bench.csv", precisions = "fp32,tf32,bf16";
+  std::string csvPath = "gemm_bench.csv", precisions = "fp32,tf32,bf16", only;
   bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csvPath = argv[++i];
     else if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     else if (!std::strcmp(argv[i], "--precisions") && i + 1 < argc) precisions = argv[++i];
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16]\n");
+      std::fprintf(stderr, "usage: gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16] [--shapes NAME,...]\n");
       return 2;
     }
   }
@@ -175,6 +180,7 @@ int run(int argc, char** argv) {
   };
 
   for (const Shape3& s : shapes()) {
+    if (!only.empty() && ("," + only + ",").find("," + s.name + ",") == std::string::npos) continue;
     const double flops = 2.0 * static_cast<double>(s.m) * s.n * s.k;
     auto reportMs = [&](double ms, const char* precision, const std::string& variant) {
       const double tflops = flops / (ms * 1e-3) / 1e12;
@@ -215,6 +221,18 @@ int run(int argc, char** argv) {
         gemmtest::NodeOnGpu gpu(g, id, opt, device());
         report(gpu, t.first);
       }
+      const bool autoTail = !tf32 && !bf16 &&
+                            codegen::emitNode(g, id, deviceOpt).kernels[0].source.find("simtGemmTail<") != std::string::npos;
+      if (autoTail) {  // fp32 with a tail split: the product without it, and (--sweep) with every split
+        std::vector<int> tails = {1};
+        if (sweep) tails.insert(tails.end(), {2, 3, 4, 5, 6, 7, 8, 9});
+        for (int tail : tails) {
+          codegen::EmitOptions opt = deviceOpt;
+          opt.gemmTile = GemmTile::Large, opt.gemmTailSplits = tail;
+          gemmtest::NodeOnGpu gpu(g, id, opt, device());
+          report(gpu, tail == 1 ? "large_notail" : "large_tail" + std::to_string(tail));
+        }
+      }
       if (tf32 && deviceOpt.wgmma) {  // the TF32 mma.sync kernel beside the auto choice
         codegen::EmitOptions opt = deviceOpt;
         opt.wgmma = false;
@@ -247,7 +265,7 @@ int run(int argc, char** argv) {
         if (std::strcmp(cv.precision, precision) != 0) continue;
         codegen::EmitOptions opt = deviceOpt;
         opt.gemmTile = cv.tile;
-        opt.gemmSplits = 1;
+        opt.gemmSplits = 1, opt.gemmTailSplits = 1;
         codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
         if (nk.kernels[0].source.find(cv.from) == std::string::npos) continue;
         replaceAll(nk.kernels[0].source, cv.from, cv.to);

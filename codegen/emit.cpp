@@ -430,6 +430,7 @@ ${FINISH}}
 //           weight gradients Xᵀ·dY of a batch-8192 layer: 64 blocks on 132 SMs for 1024×1024):
 //           S·M·N partial sums in the node's scratch buffer, then a reduce kernel adds them in a
 //           fixed order (deterministic) and applies the epilogue;
+//   tail    large tiles whose last, partial wave is split along K (fp32; see "tail split");
 //   medium  64×64 tiles: 4× the blocks, for batched products too small for large tiles;
 //   small   32×32 tiles of 64 threads: tiny models (a 3×5 output gets one 64-thread block).
 const char* kGemmProblem = R"(
@@ -441,6 +442,8 @@ struct ${NAME}_problem {
   static constexpr long long M = ${M}, N = ${N}, K = ${K}, strideA = ${ABATCH}, strideB = ${BBATCH};
   static constexpr bool transA = ${TA}, transB = ${TB}, transC = ${TC};
   static constexpr int splits = ${SPLITS};
+  static constexpr long long tailTiles = ${TAILTILES};
+  static constexpr int tailSplits = ${TAILSPLITS};
   static constexpr long long batch = ${BATCH};
 };
 struct ${NAME}_epilogue {
@@ -460,6 +463,20 @@ ${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${B
 const char* kGemmSplit = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, scratch + ${PARTS}, pa::gemm::Identity());
+}
+)";
+
+const char* kGemmTail = R"(${PROBLEM}${SHAREDCHECK}
+extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
+  ${NAME}_epilogue epilogue;
+${EPIINIT}  pa::gemm::simtGemmTail<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, out0, scratch + ${PARTS}, epilogue);
+}
+)";
+
+const char* kGemmTailReduce = R"(${PROBLEM}
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  ${NAME}_epilogue epilogue;
+${EPIINIT}  pa::gemm::simtTailReduce<${NAME}_problem, pa::gemm::${CONFIG}>(scratch + ${PARTS}, out0, epilogue);
 }
 )";
 
@@ -503,6 +520,7 @@ struct GemmVariant {
   // Dynamic shared memory: fp32, the config's kDynamicShared (checked in the kernel); wgmma, its
   // ring and staging; TF32 mma.sync, none (static tiles).
   unsigned sharedBytes = 0;
+  int chunkK = 64;  // fp32: K of one blocked-sum chunk (every SimtConfig below: 64)
 };
 
 // SimtConfig<BM, BN, BK, TM, TN, slices per blocked-sum chunk (chunks of 64 products)>, with its
@@ -576,6 +594,54 @@ std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t
   }
   if (batch * tilesOf(m, n, 64) >= kAssumedSms / 2) return {GemmTile::Medium, 1};
   return {GemmTile::Small, 1};
+}
+
+// Note on the tail split. A large fp32 block fills an SM (its registers), so T tiles run as
+// ⌈T/SMs⌉ waves of equal blocks, and the last wave is partial: 8192×4096 has 2048 tiles, 15 waves
+// on 132 SMs and a 16th of 68 tiles during which half the GPU idles (1/16 of the product). Split
+// along K S ways, that wave's r tiles become S·r pieces of 1/S of a tile each, which run in
+// ⌈S·r/SMs⌉ rounds after the whole tiles in the same launch; a second kernel adds each tail
+// tile's S partial sums in split order (deterministic) and applies the epilogue. tailTime
+// models the last wave's time: rounds × (a piece's products + ~3 µs to start and store it) + the
+// reduce's traffic and launch. The split is taken where it saves at least 1% of the product.
+// Pieces are whole blocked-sum chunks (tailPieceK). Measured on the H100, 8192×4096×4096 fp32:
+// 6.00-6.01 ms without; S = 2 6.00 (136 pieces: still two rounds of half a tile), 3 5.88, 4 5.91,
+// 5 5.86 (the model's pick: 3 rounds of 0.2), 6-9 5.87-5.88. Pieces cut at any slice ran S = 6,
+// 7 and 9 (43, 37 and 29 slices a piece) at 5.98-6.01 ms, as if without the split; not
+// understood, and whole chunks avoid it.
+struct TailSplit {
+  int64_t tiles = 0;  // the last `tiles` tiles (tileOf order) ...
+  int splits = 1;     // ... split this many ways along K; 1: none
+};
+
+// Pieces are whole chunks of the blocked summation (`chunkK` of K, 64 for the large fp32 tile),
+// so S splits give ⌈K / piece⌉ pieces a tile, which may be fewer than S.
+int64_t tailPieceK(int64_t k, int64_t splits, int64_t chunkK) { return ((k + splits - 1) / splits + chunkK - 1) / chunkK * chunkK; }
+
+double tailTime(int64_t tailTiles, int64_t k, int64_t bm, int64_t bn, int64_t chunkK, int64_t slots, int64_t splits) {
+  const double tile = 2.0 * static_cast<double>(bm * bn * k) / (45e12 / static_cast<double>(kAssumedSms));
+  if (splits == 1) return tile;
+  const int64_t pieceK = tailPieceK(k, splits, chunkK), pieces = (k + pieceK - 1) / pieceK;
+  const double rounds = std::ceil(static_cast<double>(tailTiles * pieces) / static_cast<double>(slots));
+  const double reduce = static_cast<double>((pieces + 1) * tailTiles * bm * bn) * 4.0 / 2.5e12 + 3e-6;
+  return rounds * (tile * static_cast<double>(pieceK) / static_cast<double>(k) + 3e-6) + reduce;
+}
+
+// `slots`: blocks resident at once (SMs × blocks an SM); `forced`: EmitOptions::gemmTailSplits.
+TailSplit chooseTailSplit(int64_t tiles, int64_t k, int64_t bm, int64_t bn, int64_t chunkK, int64_t slots, int forced) {
+  const int64_t rest = tiles % slots;
+  if (forced == 1 || tiles == 0) return {};
+  if (forced > 1) return {rest > 0 ? rest : std::min(tiles, slots), forced};
+  if (tiles < slots || rest == 0) return {};
+  const double whole = tailTime(rest, k, bm, bn, chunkK, slots, 1);
+  const double product = static_cast<double>(tiles / slots + 1) * whole;
+  TailSplit best;
+  double bestTime = whole;
+  for (int64_t s = 2; s <= 16 && tailPieceK(k, s, chunkK) * (s - 1) < k; ++s) {  // (every piece non-empty)
+    const double t = tailTime(rest, k, bm, bn, chunkK, slots, s);
+    if (t < bestTime) bestTime = t, best = {rest, static_cast<int>(s)};
+  }
+  return whole - bestTime >= 0.01 * product ? best : TailSplit{};
 }
 
 // The wgmma variants (kernels/gemm_wgmma.cuh): WgmmaConfig<BN, consumer warpgroups, stages>.
@@ -746,7 +812,11 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : "kernels/gemm.cuh";
   const int splits = choice.second;
   const int64_t tiles = tilesOf(pq.m, pq.n, v.bm, v.bn);
-  TemplateVars vars = {{"M", ll(pq.m)}, {"N", ll(pq.n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
+  const TailSplit tail = !wgmma && !tf32 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
+                             ? chooseTailSplit(tiles, k, v.bm, v.bn, v.chunkK, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
+                             : TailSplit{};
+  TemplateVars vars = {{"TAILTILES", ll(tail.tiles)}, {"TAILSPLITS", std::to_string(tail.splits)},
+                       {"M", ll(pq.m)}, {"N", ll(pq.n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
                        {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
                        {"TC", plan.swap ? "true" : "false"},
                        {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
@@ -834,6 +904,22 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
                                                                  : "static_assert(pa::gemm::" + v.config + "::kDynamicShared == " +
                                                                        std::to_string(v.sharedBytes) +
                                                                        ", \"the launch's dynamic shared memory is the config's\");\n"}};
+  if (tail.splits > 1) {
+    TemplateVars kv = kernelVars;
+    kv["PROBLEM"] = problem("");
+    kv["EPIINIT"] = init;
+    kv["PARTS"] = ll(scratchFloats);
+    kv.erase("ALGO");  // (simtGemmTail)
+    const int64_t blocks = tiles - tail.tiles + tail.tiles * tail.splits;
+    nk.kernels.push_back(finish(c, "", kGemmTail, kv, {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(v.threads),
+                                join(join(operandArgs, epilogueArgs), scratchArg), {header}, v.sharedBytes));
+    const int64_t count = tail.tiles * v.bm * v.bn;
+    TemplateVars rv = {{"PROBLEM", problem("reduce")}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"CONFIG", v.config}};
+    nk.kernels.push_back(finish(c, "reduce", kGemmTailReduce, rv, {gridFor(count), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
+                                {"kernels/gemm.cuh"}));
+    nk.scratchBytes = static_cast<size_t>(scratchFloats + tail.splits * count) * sizeof(float);
+    return nk;
+  }
   if (splits == 1) {
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");

@@ -60,6 +60,9 @@ struct EmitOptions {
   bool tf32 = false;  // GEMMs on the tensor cores with TF32 operands (fp32 accumulation)
   GemmTile gemmTile = GemmTile::Auto;
   int gemmSplits = 0;  // K splits of a single (unbatched) GEMM; 0: from the shape
+  // fp32 GEMMs on large tiles (one unbatched product): K splits of the tiles of the last, partial
+  // wave ("tail split" in emit.cpp); 0: from the shape, 1: none.
+  int gemmTailSplits = 0;
   // A TF32 wgmma GEMM whose B is stored N-major (the kernel reads it K-major): copied transposed
   // into the node's scratch by a kernel of its own, or transposed by the product kernel's
   // producer warpgroup as it loads it; Auto: from the shape (codegen's tf32Plan).

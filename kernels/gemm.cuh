@@ -77,7 +77,8 @@
  * without raising the limit), which caps the TF32 ring at 2 stages of BK = 16 or 4 of BK = 8.
  *
  * Grid: blockIdx.x enumerates the output tiles in groups of kGroupM tile rows (consecutive blocks
- * share B column panels and a few A row panels in L2); blockIdx.z is the batch.
+ * share B column panels and a few A row panels in L2); blockIdx.z is the batch. With a tail split
+ * (simtGemmTail), blockIdx.x goes on past the tiles computed whole to the tail tiles' K pieces.
  */
 #pragma once
 
@@ -330,13 +331,16 @@ struct SimtSlices {
   }
 };
 
+// One block's work in simtGemm and simtGemmTail: tile `pid` (tileOf order) over K slices
+// [sBegin, sEnd) of operands A and B (already offset to their batch entry). The sums go through
+// `epi` to C ([M, N]; `i0` is the entry's offset in the epilogue's element index) or, where `piece`
+// is not null, raw into piece (the tile's BM×BN sums, row-major: a tail split's share).
 template <class P, class Cfg, class Epi, class CPtr>
-__device__ __forceinline__ void simtGemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
+__device__ __forceinline__ void simtTile(const float* __restrict__ A, const float* __restrict__ B, CPtr C, float* __restrict__ piece,
+                                         const Epi& epi, long long pid, long long i0, long long sBegin, long long sEnd) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, TM = Cfg::TM, TN = Cfg::TN, kThreads = Cfg::kThreads;
   constexpr long long M = P::M, N = P::N, K = P::K;
   constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN;
-  constexpr long long kSlices = (K + BK - 1) / BK;
-  constexpr long long kPerSplit = (kSlices + P::splits - 1) / P::splits;
   // A k-contiguous when plain ([M, K]); B k-contiguous when transposed ([N, K]).
   typedef TileOperand<BM, BK, kThreads, !P::transA, M, K, (P::transA ? M : K)> OpA;
   typedef TileOperand<BN, BK, kThreads, P::transB, N, K, (P::transB ? K : N)> OpB;
@@ -348,13 +352,8 @@ __device__ __forceinline__ void simtGemm(const float* __restrict__ A, const floa
   const int tid = threadIdx.x;
   const int tx = tid % Cfg::kThreadsN, ty = tid / Cfg::kThreadsN;
   long long tm, tn;
-  tileOf<TilesM, TilesN>(blockIdx.x, tm, tn);
+  tileOf<TilesM, TilesN>(pid, tm, tn);
   const long long m0 = tm * BM, n0 = tn * BN;
-  const long long b = P::splits > 1 ? 0 : blockIdx.z, split = P::splits > 1 ? blockIdx.z : 0;
-  const long long sBegin = split * kPerSplit, sEnd = sBegin + kPerSplit < kSlices ? sBegin + kPerSplit : kSlices;
-  A += b * P::strideA;
-  B += b * P::strideB;
-  C += (b + split) * M * N;
   const bool vecA = kVecA && aligned16(A), vecB = kVecB && aligned16(B);
 
   OpA opA;
@@ -381,24 +380,90 @@ __device__ __forceinline__ void simtGemm(const float* __restrict__ A, const floa
 #pragma unroll
       for (int d = 0; d < TN / 4; ++d) {
         const long long n = n0 + tx * 4 + d * Cfg::kThreadsN * 4;
-        const long long at = m * N + n;
         float v[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) v[j] = acc[c * 4 + i][d * 4 + j] + part[c * 4 + i][d * 4 + j];
+        if (piece) {  // (BN is a multiple of 4: the piece's rows are 16-byte aligned)
+          const long long at = (m - m0) * BN + (n - n0);
+          if (n + 3 < N) {
+            *reinterpret_cast<float4*>(piece + at) = make_float4(v[0], v[1], v[2], v[3]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              if (n + j < N) piece[at + j] = v[j];
+          }
+          continue;
+        }
+        const long long at = m * N + n;
         if (vecC && n + 3 < N) {
           float4 o;
-          o.x = epi(v[0], m, n + 0, b * M * N + at + 0);
-          o.y = epi(v[1], m, n + 1, b * M * N + at + 1);
-          o.z = epi(v[2], m, n + 2, b * M * N + at + 2);
-          o.w = epi(v[3], m, n + 3, b * M * N + at + 3);
+          o.x = epi(v[0], m, n + 0, i0 + at + 0);
+          o.y = epi(v[1], m, n + 1, i0 + at + 1);
+          o.z = epi(v[2], m, n + 2, i0 + at + 2);
+          o.w = epi(v[3], m, n + 3, i0 + at + 3);
           storeC4(C, at, o);
         } else {
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            if (n + j < N) C[at + j] = epi(v[j], m, n + j, b * M * N + at + j);
+            if (n + j < N) C[at + j] = epi(v[j], m, n + j, i0 + at + j);
         }
       }
     }
+}
+
+// The fp32 SIMT GEMM: block (x, z) computes tile x of batch entry z, or with P::splits > 1 of
+// split z (its raw sums to C + z·M·N, for splitReduce).
+template <class P, class Cfg, class Epi, class CPtr>
+__device__ __forceinline__ void simtGemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
+  constexpr long long kSlices = (P::K + Cfg::BK - 1) / Cfg::BK;
+  constexpr long long kPerSplit = (kSlices + P::splits - 1) / P::splits;
+  const long long b = P::splits > 1 ? 0 : blockIdx.z, split = P::splits > 1 ? blockIdx.z : 0;
+  const long long sBegin = split * kPerSplit, sEnd = sBegin + kPerSplit < kSlices ? sBegin + kPerSplit : kSlices;
+  C += (b + split) * P::M * P::N;
+  simtTile<P, Cfg>(A + b * P::strideA, B + b * P::strideB, C, static_cast<float*>(nullptr), epi, blockIdx.x, b * P::M * P::N,
+                   sBegin, sEnd);
+}
+
+// Tail split (one unbatched product; see "tail split" in codegen/emit.cpp). The last
+// P::tailTiles tiles (tileOf order) are split along K, P::tailSplits ways: blocks below the other
+// tiles' count compute their tile whole, through the epilogue; the rest compute piece
+// z·tailTiles + t (split z of tail tile t, split-major, so that concurrent blocks share K ranges
+// in L2) into parts (tailSplits·tailTiles pieces of BM·BN floats). simtTailReduce then adds each
+// tail tile's pieces in split order (deterministic) and applies the epilogue.
+template <class P, class Cfg, class Epi, class CPtr>
+__device__ __forceinline__ void simtGemmTail(const float* __restrict__ A, const float* __restrict__ B, CPtr C,
+                                             float* __restrict__ parts, const Epi& epi) {
+  constexpr long long kTiles = ((P::M + Cfg::BM - 1) / Cfg::BM) * ((P::N + Cfg::BN - 1) / Cfg::BN);
+  constexpr long long kWhole = kTiles - P::tailTiles, kSlices = (P::K + Cfg::BK - 1) / Cfg::BK;
+  // Pieces of whole blocked-sum chunks (codegen's tailTime assumes the same).
+  constexpr long long kChunk = Cfg::kSlicesPerChunk;
+  constexpr long long kPerSplit = ((kSlices + P::tailSplits - 1) / P::tailSplits + kChunk - 1) / kChunk * kChunk;
+  static_assert(P::tailTiles > 0 && P::tailTiles <= kTiles && P::tailSplits > 1, "a tail of existing tiles, split");
+  // (One call for both kinds of block: the main loop is instantiated once.)
+  const long long x = blockIdx.x, piece = x - kWhole, split = piece / P::tailTiles, t = piece % P::tailTiles;
+  const bool whole = x < kWhole;
+  const long long sBegin = whole ? 0 : split * kPerSplit;
+  const long long sEnd = whole || sBegin + kPerSplit > kSlices ? kSlices : sBegin + kPerSplit;
+  simtTile<P, Cfg>(A, B, C, whole ? static_cast<float*>(nullptr) : parts + piece * (Cfg::BM * Cfg::BN), epi, whole ? x : kWhole + t,
+                   0, sBegin, sEnd);
+}
+
+template <class P, class Cfg, class Epi, class CPtr>
+__device__ __forceinline__ void simtTailReduce(const float* __restrict__ parts, CPtr C, const Epi& epi) {
+  constexpr long long BM = Cfg::BM, BN = Cfg::BN, M = P::M, N = P::N;
+  constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN;
+  constexpr long long kWhole = TilesM * TilesN - P::tailTiles, kCount = P::tailTiles * BM * BN;
+  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < kCount; e += (long long)gridDim.x * blockDim.x) {
+    const long long t = e / (BM * BN), r = e % (BM * BN) / BN, col = e % BN;
+    long long tm, tn;
+    tileOf<TilesM, TilesN>(kWhole + t, tm, tn);
+    const long long m = tm * BM + r, n = tn * BN + col;
+    if (m >= M || n >= N) continue;  // (never written by the pieces)
+    float v = parts[e];
+#pragma unroll
+    for (int z = 1; z < P::tailSplits; ++z) v += parts[z * kCount + e];
+    C[m * N + n] = epi(v, m, n, m * N + n);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

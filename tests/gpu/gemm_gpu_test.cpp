@@ -57,6 +57,17 @@ std::vector<GemmCase> allCases() {
     c.name = base + "_" + (tf32 ? "tf32" : "fp32") + "_" + tileName(tile) + (splits ? "_split" + std::to_string(splits) : "");
     cases.push_back(c);
   };
+  // fp32 large tiles with a tail split of `tail` ways, as on a device of `sms` SMs: the last
+  // (tiles mod sms) tiles are split along K, or the last `sms` tiles where the waves are whole.
+  auto addTail = [&](const std::string& base, const GemmProblem& p, int tail, int sms) {
+    GemmCase c;
+    c.problem = p;
+    c.opt.gemmTile = GemmTile::Large;
+    c.opt.gemmTailSplits = tail;
+    c.opt.sms = sms;
+    c.name = base + "_fp32_large_tail" + std::to_string(tail) + "_sms" + std::to_string(sms);
+    cases.push_back(c);
+  };
   // (M, N, K): every awkward size in every position, K = 1, and sizes whose leading dimensions
   // are multiples of 4 (the float4 / 16-byte cp.async paths) next to ones that are not. The last
   // two give every tile interior blocks (the fp32 path's unchecked loads: tile inside both
@@ -79,6 +90,12 @@ std::vector<GemmCase> allCases() {
         if (k == 7) add(base, p, tf32, GemmTile::Large, 5);   // more splits than K slices
         if (k == 96) add(base, p, tf32, GemmTile::Large, 8);  // the same beside interior tiles (6 slices of 16)
       }
+      // Tail splits: uneven shares, and more splits than K slices (k = 1, 7, 33: 1 to 3 slices).
+      // On 2 SMs a product of an odd number of tiles splits its last one, of an even number its
+      // last two (of one tile: that tile alone); on 5 SMs 1000×1000 computes 60 tiles whole and
+      // splits 4.
+      addTail(base, p, 3, 2);
+      if (m * n >= 1000 * 127) addTail(base, p, 5, 5);
     }
   }
   // Batches: both batched (strides), batched A with a shared B (one taller GEMM, or strided when
@@ -116,6 +133,7 @@ std::vector<GemmCase> allCases() {
             for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tf32, tile);
             add(base, p, tf32, GemmTile::Large, 2);  // the epilogue in the split-K reduce
           }
+          addTail(base, p, 2, 3);  // the epilogue in the tail split's reduce and in whole tiles
         }
   // The large case: a weight gradient of a batch-8192 layer (Xᵀ·dY, K = 8192), tiles and K
   // splits from the shape (split-K).
@@ -456,7 +474,7 @@ TEST_P(GemmOnCublasLt, MatchesFloat64Reference) {
 std::vector<GemmCase> cublasLtCases() {
   std::vector<GemmCase> out;
   for (GemmCase c : allCases())
-    if (c.opt.gemmTile == codegen::GemmTile::Large && c.opt.gemmSplits == 0 && !c.opt.wgmma) {
+    if (c.opt.gemmTile == codegen::GemmTile::Large && c.opt.gemmSplits == 0 && c.opt.gemmTailSplits == 0 && !c.opt.wgmma) {
       c.name = c.name.substr(0, c.name.rfind("_large"));
       out.push_back(c);
     }

@@ -25,13 +25,16 @@ struct Variant {
 
 std::vector<Variant> allVariants() {
   std::vector<Variant> out;
-  auto add = [&](const std::string& name, const GemmProblem& p, bool tf32, GemmTile tile, int splits = 0) {
+  // tail: a tail split of that many ways, on a device of 2 SMs (so that the problems below have
+  // tiles computed whole beside split ones).
+  auto add = [&](const std::string& name, const GemmProblem& p, bool tf32, GemmTile tile, int splits = 0, int tail = 0) {
     Graph g;
     const NodeId id = gemmtest::buildGraph(g, p);
     codegen::EmitOptions opt;
     opt.tf32 = tf32;
     opt.gemmTile = tile;
     opt.gemmSplits = splits;
+    if (tail > 0) opt.gemmTailSplits = tail, opt.sms = 2;
     for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
       out.push_back({name + (tf32 ? "_tf32" : "_fp32") + "_" + std::to_string(static_cast<int>(tile)) + "_" + k.name, k});
   };
@@ -41,6 +44,7 @@ std::vector<Variant> allVariants() {
         const GemmProblem p = gemmtest::matmulProblem(33, 100, 129, t & 1, t & 2);
         add("MatMul_t" + std::to_string(t), p, tf32, tile);
         if (tile == GemmTile::Large) add("MatMul_split_t" + std::to_string(t), p, tf32, tile, 3);
+        if (tile == GemmTile::Large && !tf32) add("MatMul_tail_t" + std::to_string(t), p, tf32, tile, 0, 3);
       }
       GemmProblem batched;
       batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
@@ -56,6 +60,7 @@ std::vector<Variant> allVariants() {
             const std::string name = std::string("FusedLinear_") + act + (bias ? "_bias" : "") + (tw ? "_tW" : "");
             add(name, p, tf32, tile);
             if (tile == GemmTile::Large) add(name + "_split", p, tf32, tile, 2);
+            if (tile == GemmTile::Large && !tf32) add(name + "_tail", p, tf32, tile, 0, 2);
           }
     }
   return out;
@@ -272,13 +277,48 @@ TEST(GemmNvrtc, EmbedsTheTemplate) {
 
 TEST(GemmNvrtc, OptionsPickThePath) {
   for (const Variant& v : allVariants()) {
-    const bool tf32 = v.name.find("_tf32") != std::string::npos;
+    const bool tf32 = v.name.find("_tf32") != std::string::npos, tail = v.name.find("_tail") != std::string::npos;
     const bool reduce = v.kernel.name.find("_reduce") != std::string::npos;
-    EXPECT_NE(v.kernel.source.find(reduce ? "pa::gemm::splitReduce<" : tf32 ? "pa::gemm::tf32Gemm<" : "pa::gemm::simtGemm<"),
-              std::string::npos)
-        << v.name;
+    const char* expected = reduce ? (tail ? "pa::gemm::simtTailReduce<" : "pa::gemm::splitReduce<")
+                           : tf32 ? "pa::gemm::tf32Gemm<"
+                           : tail ? "pa::gemm::simtGemmTail<"
+                                  : "pa::gemm::simtGemm<";
+    EXPECT_NE(v.kernel.source.find(expected), std::string::npos) << v.name;
     EXPECT_EQ(v.kernel.headers, std::vector<std::string>{"kernels/gemm.cuh"}) << v.name;
   }
+}
+
+// The tail split from the shape (fp32, large tiles, 132 SMs): where the last wave is a small part
+// of a long product; not where it is nearly full, nor for batches, TF32 or K splits.
+TEST(GemmNvrtc, TailSplitWhereTheLastWaveIsPartial) {
+  auto emit = [](const GemmProblem& p, bool tf32) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    codegen::EmitOptions opt;
+    opt.tf32 = tf32;
+    return codegen::emitNode(g, id, opt);
+  };
+  auto tailOf = [](const codegen::NodeKernels& nk) {
+    return nk.kernels[0].source.find("pa::gemm::simtGemmTail<") != std::string::npos;
+  };
+  // 8192×4096×4096: 2048 tiles, 15 waves and 68 tiles; split 5 ways (pieces of 832 of K: 340
+  // pieces, 3 rounds of 0.2 of a tile).
+  const codegen::NodeKernels square = emit(gemmtest::matmulProblem(8192, 4096, 4096, false, false), false);
+  ASSERT_EQ(square.kernels.size(), 2u);
+  EXPECT_TRUE(tailOf(square));
+  EXPECT_NE(square.kernels[0].source.find("tailTiles = 68LL;"), std::string::npos);
+  EXPECT_NE(square.kernels[0].source.find("tailSplits = 5;"), std::string::npos);
+  EXPECT_EQ(square.kernels[0].grid[0], 2048u - 68 + 68 * 5);
+  EXPECT_NE(square.kernels[1].source.find("pa::gemm::simtTailReduce<"), std::string::npos);
+  EXPECT_EQ(square.scratchBytes, size_t{68} * 5 * 128 * 128 * sizeof(float));
+  // 8192×1024×1024: 512 tiles, the fourth wave 116 of 132: nothing to gain.
+  EXPECT_FALSE(tailOf(emit(gemmtest::matmulProblem(8192, 1024, 1024, false, false), false)));
+  EXPECT_EQ(emit(gemmtest::matmulProblem(8192, 1024, 1024, false, false), false).kernels.size(), 1u);
+  // TF32 (mma.sync: two blocks an SM) and batches keep the plain kernel.
+  EXPECT_FALSE(tailOf(emit(gemmtest::matmulProblem(8192, 4096, 4096, false, false), true)));
+  GemmProblem batched;
+  batched.a = {2, 4096, 4096}, batched.b = {2, 4096, 4096};
+  EXPECT_FALSE(tailOf(emit(batched, false)));
 }
 
 void compileAll(const std::string& arch) {
@@ -291,8 +331,9 @@ void compileAll(const std::string& arch) {
   const std::vector<std::string> failures = test::compileInParallel(units, arch, /*rejectWarnings=*/true);
   for (const auto& f : failures) ADD_FAILURE() << f;
   // Per precision: 3 tiles × (4 transposes + batched), 4 split products (2 kernels each), 2
-  // tiles × 12 FusedLinear epilogues and 12 split ones (2 kernels each).
-  EXPECT_EQ(generated, 2u * (3 * 5 + 4 * 2 + 2 * 12 + 12 * 2));
+  // tiles × 12 FusedLinear epilogues and 12 split ones (2 kernels each); fp32 also 4 tail-split
+  // products and 12 tail-split FusedLinear (2 kernels each).
+  EXPECT_EQ(generated, 2u * (3 * 5 + 4 * 2 + 2 * 12 + 12 * 2) + (4 + 12) * 2);
   EXPECT_GT(variants.size(), generated);
 }
 
