@@ -520,14 +520,17 @@ struct GemmVariant {
   // Dynamic shared memory: fp32, the config's kDynamicShared (checked in the kernel); wgmma, its
   // ring and staging; TF32 mma.sync, none (static tiles).
   unsigned sharedBytes = 0;
-  int chunkK = 64;  // fp32: K of one blocked-sum chunk (every SimtConfig below: 64)
 };
+
+// K of one blocked-summation chunk in every fp32 SIMT config (kernels/gemm.cuh, "Blocked
+// summation"): SimtConfig's slices per chunk are this over BK.
+constexpr int64_t kBlockedSumK = 64;
 
 // SimtConfig<BM, BN, BK, TM, TN, slices per blocked-sum chunk (chunks of 64 products)>, with its
 // dynamic shared memory as SimtConfig::kDynamicShared computes it.
 GemmVariant simtVariant(int bm, int bn, int bk, int tm, int tn, int minBlocks) {
   const std::string config = "SimtConfig<" + std::to_string(bm) + ", " + std::to_string(bn) + ", " + std::to_string(bk) + ", " +
-                             std::to_string(tm) + ", " + std::to_string(tn) + ", " + std::to_string(64 / bk) + ">";
+                             std::to_string(tm) + ", " + std::to_string(tn) + ", " + std::to_string(kBlockedSumK / bk) + ">";
   return GemmVariant{config, bm, bn, (bm / tm) * (bn / tn), minBlocks, static_cast<unsigned>(2 * bk * (bm + 4 + bn + 4) * 4)};
 }
 
@@ -614,31 +617,33 @@ struct TailSplit {
   int splits = 1;     // ... split this many ways along K; 1: none
 };
 
-// Pieces are whole chunks of the blocked summation (`chunkK` of K, 64 for the large fp32 tile),
-// so S splits give ⌈K / piece⌉ pieces a tile, which may be fewer than S.
-int64_t tailPieceK(int64_t k, int64_t splits, int64_t chunkK) { return ((k + splits - 1) / splits + chunkK - 1) / chunkK * chunkK; }
+// Pieces are whole chunks of the blocked summation (as simtGemmTail cuts them), so S splits give
+// ⌈K / piece⌉ pieces a tile, which may be fewer than S.
+int64_t tailPieceK(int64_t k, int64_t splits) {
+  return ((k + splits - 1) / splits + kBlockedSumK - 1) / kBlockedSumK * kBlockedSumK;
+}
 
-double tailTime(int64_t tailTiles, int64_t k, int64_t bm, int64_t bn, int64_t chunkK, int64_t slots, int64_t splits) {
+double tailTime(int64_t tailTiles, int64_t k, int64_t bm, int64_t bn, int64_t slots, int64_t splits) {
   const double tile = 2.0 * static_cast<double>(bm * bn * k) / (45e12 / static_cast<double>(kAssumedSms));
   if (splits == 1) return tile;
-  const int64_t pieceK = tailPieceK(k, splits, chunkK), pieces = (k + pieceK - 1) / pieceK;
+  const int64_t pieceK = tailPieceK(k, splits), pieces = (k + pieceK - 1) / pieceK;
   const double rounds = std::ceil(static_cast<double>(tailTiles * pieces) / static_cast<double>(slots));
   const double reduce = static_cast<double>((pieces + 1) * tailTiles * bm * bn) * 4.0 / 2.5e12 + 3e-6;
   return rounds * (tile * static_cast<double>(pieceK) / static_cast<double>(k) + 3e-6) + reduce;
 }
 
 // `slots`: blocks resident at once (SMs × blocks an SM); `forced`: EmitOptions::gemmTailSplits.
-TailSplit chooseTailSplit(int64_t tiles, int64_t k, int64_t bm, int64_t bn, int64_t chunkK, int64_t slots, int forced) {
+TailSplit chooseTailSplit(int64_t tiles, int64_t k, int64_t bm, int64_t bn, int64_t slots, int forced) {
   const int64_t rest = tiles % slots;
   if (forced == 1 || tiles == 0) return {};
   if (forced > 1) return {rest > 0 ? rest : std::min(tiles, slots), forced};
   if (tiles < slots || rest == 0) return {};
-  const double whole = tailTime(rest, k, bm, bn, chunkK, slots, 1);
+  const double whole = tailTime(rest, k, bm, bn, slots, 1);
   const double product = static_cast<double>(tiles / slots + 1) * whole;
   TailSplit best;
   double bestTime = whole;
-  for (int64_t s = 2; s <= 16 && tailPieceK(k, s, chunkK) * (s - 1) < k; ++s) {  // (every piece non-empty)
-    const double t = tailTime(rest, k, bm, bn, chunkK, slots, s);
+  for (int64_t s = 2; s <= 16 && tailPieceK(k, s) * (s - 1) < k; ++s) {  // (every piece non-empty)
+    const double t = tailTime(rest, k, bm, bn, slots, s);
     if (t < bestTime) bestTime = t, best = {rest, static_cast<int>(s)};
   }
   return whole - bestTime >= 0.01 * product ? best : TailSplit{};
@@ -813,7 +818,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   const int splits = choice.second;
   const int64_t tiles = tilesOf(pq.m, pq.n, v.bm, v.bn);
   const TailSplit tail = !wgmma && !tf32 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
-                             ? chooseTailSplit(tiles, k, v.bm, v.bn, v.chunkK, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
+                             ? chooseTailSplit(tiles, k, v.bm, v.bn, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
                              : TailSplit{};
   TemplateVars vars = {{"TAILTILES", ll(tail.tiles)}, {"TAILSPLITS", std::to_string(tail.splits)},
                        {"M", ll(pq.m)}, {"N", ll(pq.n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
