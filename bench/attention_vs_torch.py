@@ -195,7 +195,7 @@ def fp32_seed(fl, lines):
     lines.append("| S | ours fwd | SDPA default fwd | speedup | ours f+b | SDPA default f+b | speedup f+b | "
                  "ours f+b deterministic | speedup det. | max abs err O | max abs err dQ |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
-    tf32_lines = []
+    optin_lines = {"tf32": [], "fp64mma": []}
     for s in (128, 512, 1024, 4096):
         q, k, v = (torch.randn(1, 8, s, 64, device="cuda", dtype=torch.float32) for _ in range(3))
         ours = Ours(fl, q, k, v)
@@ -226,25 +226,28 @@ def fp32_seed(fl, lines):
                      f"{t_tfb * 1e3:.1f} | {t_tfb / t_ofb:.2f} | {t_ofb_det * 1e3:.1f} | {t_tfb / t_ofb_det:.2f} | "
                      f"{err:.1e} | {err_dq:.1e} |")
         print(lines[-1], flush=True)
-        # The TF32 opt-in (FlashAttentionConfig::tf32) on the same inputs, against the same SDPA times.
-        os.environ["PA_FLASH_TF32"] = "1"
-        ours_tf = Ours(fl, q, k, v)
-        ours_tf.do.copy_(ours.do)
-        t_xf, t_xfb = bench(ours_tf.fwd), bench(ours_tf.fwd_bwd)
-        ours_tf.fwd_bwd()  # the launcher reads the switch at every call
-        del os.environ["PA_FLASH_TF32"]
-        rel_o = rel_err(ours_tf.o, ref.detach())
-        rel_dq = rel_err(ours_tf.dq, qd.grad)
-        tf32_lines.append(f"| {s} | {t_xf * 1e3:.1f} | {t_tf * 1e3:.1f} | {t_tf / t_xf:.2f} | {t_xfb * 1e3:.1f} | "
-                          f"{t_tfb * 1e3:.1f} | {t_tfb / t_xfb:.2f} | "
-                          f"{(ours_tf.o.double() - ref.detach()).abs().max().item():.1e} | {rel_o:.1e} | {rel_dq:.1e} |")
-        print(tf32_lines[-1], flush=True)
-    lines.append("\n## fp32 inputs with the TF32 opt-in (tf32 = true), same shapes and SDPA times, µs; "
-                 "ratio = SDPA default / ours\n")
-    lines.append("| S | ours tf32 fwd | SDPA default fwd | speedup | ours tf32 f+b | SDPA default f+b | speedup f+b | "
-                 "max abs err O | rel err O | rel err dQ |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    lines.extend(tf32_lines)
+        # The opt-ins on the same inputs, against the same SDPA times: TF32 (FlashAttentionConfig::tf32)
+        # and the FP64 tensor cores (::fp64Mma). The launcher reads the switches at every call.
+        for name, switch in (("tf32", "PA_FLASH_TF32"), ("fp64mma", "PA_FLASH_FP64MMA")):
+            os.environ[switch] = "1"
+            ours_x = Ours(fl, q, k, v)
+            ours_x.do.copy_(ours.do)
+            t_xf, t_xfb = bench(ours_x.fwd), bench(ours_x.fwd_bwd)
+            ours_x.fwd_bwd()
+            del os.environ[switch]
+            rel_o = rel_err(ours_x.o, ref.detach())
+            rel_dq = rel_err(ours_x.dq, qd.grad)
+            optin_lines[name].append(
+                f"| {s} | {t_xf * 1e3:.1f} | {t_tf * 1e3:.1f} | {t_tf / t_xf:.2f} | {t_xfb * 1e3:.1f} | "
+                f"{t_tfb * 1e3:.1f} | {t_tfb / t_xfb:.2f} | {(ours_x.o.double() - ref.detach()).abs().max().item():.1e} | "
+                f"{(ours_x.dq.double() - qd.grad).abs().max().item():.1e} | {rel_o:.1e} | {rel_dq:.1e} |")
+            print(name, optin_lines[name][-1], flush=True)
+    for name, what in (("tf32", "the TF32 opt-in (tf32 = true)"), ("fp64mma", "the FP64 tensor cores (fp64Mma = true)")):
+        lines.append(f"\n## fp32 inputs on {what}, same shapes and SDPA times, µs; ratio = SDPA default / ours\n")
+        lines.append(f"| S | ours {name} fwd | SDPA default fwd | speedup | ours {name} f+b | SDPA default f+b | "
+                     "speedup f+b | max abs err O | max abs err dQ | rel err O | rel err dQ |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.extend(optin_lines[name])
 
 
 def main():

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device-machine pass over the flash attention work: GPU tests, compute-sanitizer on a small
 # configuration, forward tile sweep and the side-by-side benchmark. Logs go to $OUT (or ./out).
-# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
+# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [fp64mma] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
+#   fp64mma: the fp64Mma path's first pass: the throughput probe, its tests (every *f64mma* case
+#   and the tests that loop over precisions), memcheck on one case, the fp32 seeds' benchmark.
 set -u
 B=${1:-build}; shift
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -18,6 +20,18 @@ if want sanitize; then
   F='AllMasks/FlashMaskSweep.*/bf16_mask6_shape2:AllMasks/FlashMaskSweep.*/f32_mask6_shape2:AllMasks/FlashMaskSweep.*/f16_mask4_shape4'
   timeout 120 compute-sanitizer --tool memcheck "$T" --gtest_filter="$F" > "$OUT/memcheck.log" 2>&1; tail -2 "$OUT/memcheck.log"
   timeout 150 compute-sanitizer --tool racecheck "$T" --gtest_filter="$F" > "$OUT/racecheck.log" 2>&1; tail -2 "$OUT/racecheck.log"
+fi
+if want fp64mma; then
+  timeout 60 "$B/bench/fp64_mma_probe" > "$OUT/fp64_probe.log" 2>&1; cat "$OUT/fp64_probe.log"
+  F='*f64mma*:FlashAttentionGpu.*'
+  timeout 300 "$T" --gtest_filter="$F" > "$OUT/gpu_fp64mma.log" 2>&1
+  grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/gpu_fp64mma.log" | head -30
+  grep -E "Failure" -A4 "$OUT/gpu_fp64mma.log" | head -30
+  timeout 120 compute-sanitizer --tool memcheck "$T" --gtest_filter='AllMasks/FlashMaskSweep.*/f64mma_mask6_shape2' \
+    > "$OUT/memcheck_fp64mma.log" 2>&1; tail -2 "$OUT/memcheck_fp64mma.log"
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp32 --out "$OUT/bench_fp32.md" \
+    > "$OUT/bench_fp32.log" 2>&1
+  cat "$OUT/bench_fp32.md"
 fi
 if want tune; then
   for cfg in "32 2" "64 2" "64 1"; do

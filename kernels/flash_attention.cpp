@@ -85,16 +85,16 @@ int FlashKernelSpec::threads() const {
     case FlashKernelKind::kBwdSinkReduce: return 256;
     case FlashKernelKind::kForward:
     case FlashKernelKind::kBwdDkDv:
-    case FlashKernelKind::kBwdDq: return dtype == kFlashF32 && !tf32 ? 128 : 32 * warps + (wgmma ? 128 : 0);
+    case FlashKernelKind::kBwdDq: return ffma() ? 128 : 32 * warps + (wgmma ? 128 : 0);
   }
   return 0;
 }
 
 int FlashKernelSpec::sharedBytes() const {
   // Must match the shared-memory carve-up at the top of each kernel in flash_attention_{fwd,bwd}.cuh.
-  const bool f32 = dtype == kFlashF32 && !tf32;  // the FFMA kernels
+  const bool f32 = ffma();  // the FFMA kernels
   // mma.sync kernels: bytes of a shared row of head dim (16 bytes of padding) and of a dS^T row.
-  const int row = tf32 ? (dpad + 4) * 4 : (dpad + 8) * 2, dsRow = tf32 ? (tile + 4) * 4 : (tile + 8) * 2;
+  const int row = f32Mma() ? (dpad + 4) * 4 : (dpad + 8) * 2, dsRow = f32Mma() ? (tile + 4) * 4 : (tile + 8) * 2;
   switch (kind) {
     case FlashKernelKind::kBwdDqConvert:
     case FlashKernelKind::kBwdDkDvReduce:
@@ -134,12 +134,12 @@ std::string FlashKernelSpec::name() const {
     case FlashKernelKind::kBwdDkDvReduce: os << "bwd_dkdvsum"; break;
     case FlashKernelKind::kBwdDqReduce: os << "bwd_dqsum_" << dtypeName(dtype) << "_m" << mtiles; return os.str();
   }
-  os << "_" << (tf32 ? "tf32" : dtypeName(dtype));
+  os << "_" << (tf32 ? "tf32" : f64 ? "f64mma" : dtypeName(dtype));
   if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdDqConvert ||
       kind == FlashKernelKind::kBwdDkDvReduce)
     return os.str();
   os << "_d" << dpad;
-  if (dtype != kFlashF32 || tf32) os << "_w" << warps << "_t" << tile;
+  if (!ffma()) os << "_w" << warps << "_t" << tile;
   if (mtiles != 1) os << "_m" << mtiles;
   if (atomicDq) os << "_adq";
   if (wgmma) os << "_wg_s" << stages;
@@ -148,15 +148,15 @@ std::string FlashKernelSpec::name() const {
 }
 
 int FlashKernelSpec::rowsPerBlock() const {
-  if (dtype == kFlashF32 && !tf32) return 16 * mtiles;  // R rows (or keys) per thread, 16 R per block
+  if (ffma()) return 16 * mtiles;  // R rows (or keys) per thread, 16 R per block
   return 16 * warps * (kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDq ? mtiles : 1);
 }
 
 std::string FlashKernelSpec::source() const {
   std::string call;
   const std::string d = std::to_string(dpad), w = std::to_string(warps), t = std::to_string(tile);
-  const bool f32 = dtype == kFlashF32 && !tf32;  // the FFMA kernels
-  const std::string tag = tf32 ? "pa::flash::TF32Tag" : dtypeTag(dtype);  // of the mma.sync kernels
+  const bool f32 = ffma();  // the FFMA kernels
+  const std::string tag = tf32 ? "pa::flash::TF32Tag" : f64 ? "pa::flash::F64Tag" : dtypeTag(dtype);  // of the mma.sync kernels
   switch (kind) {
     case FlashKernelKind::kForward:
       if (wgmma) {
@@ -300,6 +300,22 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
     cfg.atomicDq = false;
   }
   cfg.tf32 = false;
+  // fp32 on the FP64 tensor cores (head dims <= 64): forward, dK/dV with atomic dQ, and for the
+  // deterministic backward dK/dV without it (4 warps, and the 2 of short sequences) and dQ.
+  cfg.fp64Mma = true;
+  for (int d : {32, 64}) {
+    cfg.headDim = d;
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg));
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
+    cfg.deterministic = true;
+    FlashKernelSpec dkdv = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg);
+    specs.push_back(dkdv);
+    dkdv.warps = 2;
+    specs.push_back(dkdv);
+    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg));
+    cfg.deterministic = false;
+  }
+  cfg.fp64Mma = false;
   // sm_90a forwards: the launcher's choice and the tile / warpgroup variants its overrides reach.
   for (FlashDType dt : {kFlashF16, kFlashBF16}) {
     cfg.dtype = dt;
@@ -342,11 +358,13 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   s.kind = kind;
   s.dtype = cfg.dtype;
   s.dpad = padHeadDim(cfg.headDim);
-  // fp32 products run on the exact FFMA kernels, or with tf32 on the mma.sync kernels of the
-  // 16-bit types (same tiles; the wgmma kernels stay 16-bit).
-  const bool ffma = cfg.dtype == kFlashF32 && !cfg.tf32;
-  s.tf32 = cfg.dtype == kFlashF32 && cfg.tf32 &&
-           (kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq);
+  // fp32 products run on the exact FFMA kernels, or with tf32 / fp64Mma on the mma.sync kernels
+  // of the 16-bit types (the wgmma kernels stay 16-bit).
+  const bool ffma = cfg.dtype == kFlashF32 && !cfg.tf32 && !cfg.fp64Mma;
+  const bool products =
+      kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq;
+  s.tf32 = cfg.dtype == kFlashF32 && cfg.tf32 && products;
+  s.f64 = cfg.dtype == kFlashF32 && cfg.fp64Mma && !cfg.tf32 && products;
   // Tile sizes per head dim (tunable; bench/RESULTS_flash.md has the measurements behind them).
   s.warps = 4;
   s.tile = 64;
@@ -403,6 +421,18 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     s.mtiles = chooseSpec(FlashKernelKind::kBwdDkDv, cfg, multiprocessors).mtiles;
     s.dpad = 0;
   }
+  // FP64 fragments take twice TF32's registers: at head dims <= 64 (validate() allows no more)
+  // the tiles that fit 255 registers without spills (ptxas -v on sm_90) are one m-tile of 64-key
+  // tiles in the forward (168 registers), 4 warps over 32-row query tiles in dK/dV (atomic dQ 254,
+  // without 214) and one m-tile over 32 keys in dQ (216; set below). Its dK/dV kernel adds dQ with atomics
+  // (5 products a tile pair, as the fp32 FFMA path beyond a few key blocks) unless the backward
+  // must be deterministic.
+  if (s.f64 && kind != FlashKernelKind::kBwdDq) {
+    s.mtiles = 1;
+    s.warps = 4;
+    s.tile = kind == FlashKernelKind::kForward ? 64 : 32;
+    if (kind == FlashKernelKind::kBwdDkDv) s.atomicDq = cfg.atomicDq || !cfg.deterministic;
+  }
   if (kind == FlashKernelKind::kForward && !ffma) {
     if (const int t = tuningOverride("PA_FLASH_FWD_TILE")) s.tile = t;
     if (const int m = tuningOverride("PA_FLASH_FWD_MT")) s.mtiles = m;
@@ -413,15 +443,15 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // 1 above; dK/dV over 64 query rows at head dim <= 64, 32 above and with atomic dQ.
   if (kind == FlashKernelKind::kBwdDq && !ffma) {
     if (const int m = tuningOverride("PA_FLASH_DQ_MT")) s.mtiles = m;
-    else s.mtiles = s.dpad <= (s.tf32 ? 64 : 128) ? 2 : 1;
-    if (s.tf32 || (s.mtiles == 2 && s.dpad > 64)) s.tile = 32;
+    else s.mtiles = !s.f64 && s.dpad <= (s.tf32 ? 64 : 128) ? 2 : 1;
+    if (s.f32Mma() || (s.mtiles == 2 && s.dpad > 64)) s.tile = 32;
     if (const int t = tuningOverride("PA_FLASH_DQ_TILE")) s.tile = t;
   }
   if (kind == FlashKernelKind::kBwdDkDv && s.tf32) s.tile = cfg.atomicDq || s.dpad > 64 ? 32 : 64;
   // Backward, FlashAttention-2 scheme: 8 warps x 16 keys share each Q/dO tile; 4 at head dim 256,
   // where the key tiles of 128 rows would not fit shared memory. TF32: 8 at head dim 64 only (its
   // 4-byte rows do not fit above; below, the dQ product's column split needs 16 columns a warp).
-  if (kind == FlashKernelKind::kBwdDkDv && !ffma && cfg.atomicDq) {
+  if (kind == FlashKernelKind::kBwdDkDv && !ffma && !s.f64 && cfg.atomicDq) {
     s.atomicDq = true;
     s.warps = s.tf32 ? (s.dpad == 64 ? 8 : 4) : (s.dpad <= 128 ? 8 : 4);
   }
@@ -429,7 +459,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // idle, and each block is latency bound; halve the rows of a block there (forward and dQ: one
   // m-tile unless a tuning override set it; dK/dV: 2 warps = 32 keys, default dQ scheme).
   // Measured in bench/RESULTS_flash.md.
-  if (s.tf32 && multiprocessors > 0) {
+  if (s.f32Mma() && multiprocessors > 0) {
     const bool dkdv = kind == FlashKernelKind::kBwdDkDv;
     const long long slices = (long long)cfg.batch * (dkdv ? cfg.kvHeads : cfg.heads);
     if (slices * ceilDiv(dkdv ? cfg.kLen : cfg.qLen, s.rowsPerBlock()) < multiprocessors) {
@@ -494,6 +524,12 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
   if (c.tf32 && c.dtype != kFlashF32)
     fail(std::string("tf32 applies to fp32 inputs only; these are ") + dtypeName(c.dtype) +
          " (their products already run on the tensor cores)");
+  if (c.fp64Mma && c.dtype != kFlashF32)
+    fail(std::string("fp64Mma applies to fp32 inputs only; these are ") + dtypeName(c.dtype));
+  if (c.fp64Mma && c.tf32) fail("tf32 and fp64Mma both set: choose one way to run fp32 on the tensor cores");
+  if (c.fp64Mma && c.headDim > 64)
+    fail("fp64Mma supports head dim <= 64 (got " + std::to_string(c.headDim) +
+         "): above, its fp64 fragments spill registers; use the default FFMA kernels or tf32");
   if (backward && c.dtype == kFlashF32 && c.headDim > 128)
     fail("fp32 backward supports head dim <= 128 (its tiles of " + std::to_string(padHeadDim(c.headDim)) +
          " do not fit shared memory); use bf16/fp16");
@@ -541,7 +577,7 @@ const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) 
   key = (key * 1024 + spec.dpad) * 64 + spec.warps;
   key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
   key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
-  key = key * 2 + spec.tf32;
+  key = (key * 2 + spec.tf32) * 2 + spec.f64;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = loaded_.find(key);
   if (it != loaded_.end()) return it->second;

@@ -58,6 +58,12 @@ struct FlashAttentionConfig {
   // fp32 accumulation; the mma.sync kernels of the 16-bit types), as torch.backends.cuda.matmul.
   // allow_tf32 does for matmuls. Off: the exact FFMA kernels. Errors for fp16/bf16 inputs.
   bool tf32 = false;
+  // fp32 only, experimental: the products on the FP64 tensor cores (DMMA, the mma.sync kernels
+  // with MmaStep<F64Tag>): operands widened exactly, each 16-term partial product summed in fp64
+  // and added to the fp32 accumulator with one rounding, so no less accurate than the FFMA path.
+  // Not yet measured against it on a GPU (bench/RESULTS_flash.md); off by default. The dK/dV
+  // kernel adds dQ with atomics unless `deterministic` (then the separate dQ kernel runs).
+  bool fp64Mma = false;
 };
 
 struct FlashForwardArgs {
@@ -106,6 +112,11 @@ struct FlashKernelSpec {
   // fp32 on the tensor cores (FlashAttentionConfig::tf32): the forward / dK,dV / dQ kernels are
   // the 16-bit types' mma.sync kernels with TF32 operands; `warps`, `tile`, `mtiles` as there.
   bool tf32 = false;
+  // fp32 on the FP64 tensor cores (FlashAttentionConfig::fp64Mma): the same mma.sync kernels with
+  // fp64 fragments (MmaStep<F64Tag>); the tiles are chosen to fit their registers.
+  bool f64 = false;
+  bool f32Mma() const { return tf32 || f64; }  // fp32 inputs on an mma.sync kernel
+  bool ffma() const { return dtype == kFlashF32 && !f32Mma(); }  // the exact FFMA kernels
   int rowsPerBlock() const;
   std::string name() const;      // C identifier of the generated kernel
   std::string source() const;    // generated NVRTC translation unit

@@ -37,6 +37,9 @@ struct BF16Tag {};
 // fp32 in memory, products on the tensor cores with operands rounded to TF32 (the opt-in
 // FlashAttentionConfig::tf32): the mma.sync kernels, instantiated with MmaStep<TF32Tag>.
 struct TF32Tag {};
+// fp32 in memory, products on the FP64 tensor cores (the opt-in FlashAttentionConfig::fp64Mma):
+// the same mma.sync kernels with MmaStep<F64Tag>; operands and sums exact in fp64 (DMMA).
+struct F64Tag {};
 
 template <typename Tag> struct Elem;
 template <> struct Elem<F32Tag> {
@@ -47,6 +50,7 @@ template <> struct Elem<F32Tag> {
   static __device__ __forceinline__ void storePair(float* dst, float lo, float hi) { *(float2*)dst = make_float2(lo, hi); }
 };
 template <> struct Elem<TF32Tag> : Elem<F32Tag> {};
+template <> struct Elem<F64Tag> : Elem<F32Tag> {};
 template <> struct Elem<F16Tag> {
   typedef u16 Storage;
   static constexpr int kBytes = 2;
@@ -246,7 +250,10 @@ template <typename Tag> struct MmaStep;
 template <> struct MmaStep<BF16Tag> : MmaStep16<BF16Tag> {};
 template <> struct MmaStep<F16Tag> : MmaStep16<F16Tag> {};
 
-// TF32: two m16n8k8 per n-tile and k16 step. Their register layouts (lane = 4g + t):
+// fp32 operands on the tensor cores, two ways: TF32 (two m16n8k8 per n-tile and k16 step) and
+// FP64 (four m16n8k4). Both place the same fp32 elements in the same fragment slots and differ
+// only in what an element becomes (`W::widen`) and in the MMAs (`W::mma`). The TF32 layouts
+// (lane = 4g + t):
 //   A (16x8): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4);  B (8x8): b0 = (t, g), b1 = (t+4, g).
 // ldmatrix moves 32-bit elements too (an 8x8 b16 matrix is 8 rows of 4 floats, lane 4g + t gets
 // row g, float t), which gives A and the K tile's B exactly. For the operands whose k runs along
@@ -256,7 +263,69 @@ template <> struct MmaStep<F16Tag> : MmaStep16<F16Tag> {};
 // 2t and 2t+1 are read by scalar loads from distinct banks (8t + g with LD = 4 mod 32). A sum
 // over k is the same whatever the order of its terms, so both operands of a product only have to
 // agree: loadA with loadBNK (natural k), fromAcc and loadATrans with loadBKN (permuted k).
-// Operands are rounded to TF32 with cvt.rna (nearest, ties away: relative error <= 2^-11).
+// FP64's m16n8k4 takes A (16x4) as a0 = (g, t), a1 = (g+8, t) and B (4x8) as b0 = (t, g): the
+// TF32 slice's a0/a1 and b0 are one k4 slice, its a2/a3 and b1 the next.
+template <class W>
+struct MmaStepF32 {
+  typedef float T;
+  typedef typename W::E E;
+  static constexpr int kPad = 4;
+  struct A {
+    E r[8];  // k slice h (of 2): r[4h .. 4h+3] = a0..a3
+  };
+  struct B {
+    E r[8];  // n-tile n, k slice h: r[4n + 2h] = b0, r[4n + 2h + 1] = b1
+  };
+  static __device__ __forceinline__ void loadA(A& a, const T* tile, int ld, int r0, int k0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      u32 q[4];
+      ldmatrixX4(q, tile + (r0 + (m & 1) * 8 + (lane & 7)) * ld + k0 + 8 * h + (m >> 1) * 4);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a.r[4 * h + i] = W::widen(__uint_as_float(q[i]));
+    }
+  }
+  static __device__ __forceinline__ void loadATrans(A& a, const T* tile, int ld, int r0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const T* row = tile + (k0 + 8 * h + 2 * t) * ld + r0 + g;
+      a.r[4 * h + 0] = W::widen(row[0]);
+      a.r[4 * h + 1] = W::widen(row[8]);
+      a.r[4 * h + 2] = W::widen(row[ld]);
+      a.r[4 * h + 3] = W::widen(row[ld + 8]);
+    }
+  }
+  static __device__ __forceinline__ void loadBNK(B& b, const T* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      u32 q[4];
+      ldmatrixX4(q, tile + (n0 + 8 * n + (lane & 7)) * ld + k0 + 4 * (lane >> 3));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b.r[4 * n + i] = W::widen(__uint_as_float(q[i]));
+    }
+  }
+  static __device__ __forceinline__ void loadBKN(B& b, const T* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const T* p = tile + (k0 + 8 * h + 2 * t) * ld + n0 + 8 * n + g;
+        b.r[4 * n + 2 * h] = W::widen(p[0]);
+        b.r[4 * n + 2 * h + 1] = W::widen(p[ld]);
+      }
+  }
+  static __device__ __forceinline__ void fromAcc(A& a, const float (&c0)[4], const float (&c1)[4]) {
+    a.r[0] = W::widen(c0[0]), a.r[1] = W::widen(c0[2]), a.r[2] = W::widen(c0[1]), a.r[3] = W::widen(c0[3]);
+    a.r[4] = W::widen(c1[0]), a.r[5] = W::widen(c1[2]), a.r[6] = W::widen(c1[1]), a.r[7] = W::widen(c1[3]);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n) { W::mma(c, a.r, b.r + 4 * n); }
+};
+
+// Operands rounded to TF32 with cvt.rna (nearest, ties away: relative error <= 2^-11).
 __device__ __forceinline__ u32 toTf32(float x) {
   u32 r;
   asm("{ cvt.rna.tf32.f32 %0, %1; }" : "=r"(r) : "f"(x));
@@ -269,67 +338,48 @@ __device__ __forceinline__ void mmaTf32(float (&c)[4], u32 a0, u32 a1, u32 a2, u
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-template <> struct MmaStep<TF32Tag> {
-  typedef float T;
-  static constexpr int kPad = 4;
-  struct A {
-    u32 r[8];  // k slice h (of 2): r[4h .. 4h+3] = a0..a3
-  };
-  struct B {
-    u32 r[8];  // n-tile n, k slice h: r[4n + 2h] = b0, r[4n + 2h + 1] = b1
-  };
-  static __device__ __forceinline__ void loadA(A& a, const T* tile, int ld, int r0, int k0) {
-    const int lane = threadIdx.x & 31, m = lane >> 3;
+struct Tf32Widen {
+  typedef u32 E;
+  static __device__ __forceinline__ u32 widen(float x) { return toTf32(x); }
+  static __device__ __forceinline__ void mma(float (&c)[4], const u32* a, const u32* b) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      u32 q[4];
-      ldmatrixX4(q, tile + (r0 + (m & 1) * 8 + (lane & 7)) * ld + k0 + 8 * h + (m >> 1) * 4);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a.r[4 * h + i] = toTf32(__uint_as_float(q[i]));
-    }
-  }
-  static __device__ __forceinline__ void loadATrans(A& a, const T* tile, int ld, int r0, int k0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const T* row = tile + (k0 + 8 * h + 2 * t) * ld + r0 + g;
-      a.r[4 * h + 0] = toTf32(row[0]);
-      a.r[4 * h + 1] = toTf32(row[8]);
-      a.r[4 * h + 2] = toTf32(row[ld]);
-      a.r[4 * h + 3] = toTf32(row[ld + 8]);
-    }
-  }
-  static __device__ __forceinline__ void loadBNK(B& b, const T* tile, int ld, int n0, int k0) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      u32 q[4];
-      ldmatrixX4(q, tile + (n0 + 8 * n + (lane & 7)) * ld + k0 + 4 * (lane >> 3));
-#pragma unroll
-      for (int i = 0; i < 4; ++i) b.r[4 * n + i] = toTf32(__uint_as_float(q[i]));
-    }
-  }
-  static __device__ __forceinline__ void loadBKN(B& b, const T* tile, int ld, int n0, int k0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const T* p = tile + (k0 + 8 * h + 2 * t) * ld + n0 + 8 * n + g;
-        b.r[4 * n + 2 * h] = toTf32(p[0]);
-        b.r[4 * n + 2 * h + 1] = toTf32(p[ld]);
-      }
-  }
-  static __device__ __forceinline__ void fromAcc(A& a, const float (&c0)[4], const float (&c1)[4]) {
-    a.r[0] = toTf32(c0[0]), a.r[1] = toTf32(c0[2]), a.r[2] = toTf32(c0[1]), a.r[3] = toTf32(c0[3]);
-    a.r[4] = toTf32(c1[0]), a.r[5] = toTf32(c1[2]), a.r[6] = toTf32(c1[1]), a.r[7] = toTf32(c1[3]);
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      mmaTf32(c, a.r[4 * h], a.r[4 * h + 1], a.r[4 * h + 2], a.r[4 * h + 3], b.r[4 * n + 2 * h], b.r[4 * n + 2 * h + 1]);
+    for (int h = 0; h < 2; ++h) mmaTf32(c, a[4 * h], a[4 * h + 1], a[4 * h + 2], a[4 * h + 3], b[2 * h], b[2 * h + 1]);
   }
 };
+template <> struct MmaStep<TF32Tag> : MmaStepF32<Tf32Widen> {};
+
+// d += A.B for one 16x8x4 fp64 tile (m16n8k4 on sm_90; two m8n8k4, rows g and g + 8, below).
+__device__ __forceinline__ void mmaF64(double (&d)[4], double a0, double a1, double b0) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("{ mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3}; }"
+               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+               : "d"(a0), "d"(a1), "d"(b0));
+#else
+  asm volatile("{ mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1}; }"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a0), "d"(b0));
+  asm volatile("{ mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1}; }"
+               : "+d"(d[2]), "+d"(d[3])
+               : "d"(a1), "d"(b0));
+#endif
+}
+// Operands widened exactly to fp64; the k16 step's 16 products and the accumulator summed in
+// fp64 (each product exact), rounded to fp32 once: no less accurate than 16 FFMAs.
+struct F64Widen {
+  typedef double E;
+  static __device__ __forceinline__ double widen(float x) { return (double)x; }
+  static __device__ __forceinline__ void mma(float (&c)[4], const double* a, const double* b) {
+    double d[4] = {c[0], c[1], c[2], c[3]};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mmaF64(d, a[4 * h], a[4 * h + 1], b[2 * h]);
+      mmaF64(d, a[4 * h + 2], a[4 * h + 3], b[2 * h + 1]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] = (float)d[i];
+  }
+};
+template <> struct MmaStep<F64Tag> : MmaStepF32<F64Widen> {};
 
 // ---------------------------------------------------------------------------------------------
 // The mask at tile granularity. Rows [m0, m1) and keys [n0, n1) (both clipped to the lengths).

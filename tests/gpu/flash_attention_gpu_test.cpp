@@ -180,9 +180,10 @@ struct Case {
   bool atomicDq = false;       // FlashAttention-2's atomic dQ scheme at any length
   bool deterministic = false;  // fp32: the separate dQ kernel where atomics would run
   bool tf32 = false;           // fp32 on the TF32 tensor cores
+  bool fp64Mma = false;        // fp32 on the FP64 tensor cores (held to the exact path's bound)
   std::string name() const {
     std::ostringstream os;
-    os << (tf32 ? "tf32" : dtype == kFlashF32 ? "f32" : dtype == kFlashF16 ? "f16" : "bf16") << "_b" << batch << "_h" << heads
+    os << (tf32 ? "tf32" : fp64Mma ? "f64mma" : dtype == kFlashF32 ? "f32" : dtype == kFlashF16 ? "f16" : "bf16") << "_b" << batch << "_h" << heads
        << "x" << kvHeads << "_q" << qLen << "_k" << kLen << "_d" << headDim << "_c" << mask.causal
        << (mask.alignBottomRight ? "br" : "tl") << "_w" << mask.windowLeft << "," << mask.windowRight << "_s"
        << mask.sinks << (sinkLogits ? "_sl" : "") << (qScale != 1.0 ? "_big" : "") << (packed ? "_packed" : "") << (atomicDq ? "_atomicdq" : "") << (deterministic ? "_det" : "");
@@ -275,6 +276,7 @@ void runCase(const Case& c, uint64_t seed) {
   cfg.atomicDq = c.atomicDq;
   cfg.deterministic = c.deterministic;
   cfg.tf32 = c.tf32;
+  cfg.fp64Mma = c.fp64Mma;
 
   DevTensor dq(c.dtype, c.batch, c.heads, c.qLen, c.headDim, c.packed);
   DevTensor dk(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, c.packed);
@@ -370,10 +372,13 @@ const std::vector<MaskCase>& maskCases() {
   return m;
 }
 
-// The precisions the sweeps run: fp32 exact, fp32 on TF32 tensor cores, bf16, fp16.
-enum Precision { kF32, kTF32, kBF16, kF16 };
+// The precisions the sweeps run: fp32 exact, fp32 on TF32 tensor cores, bf16, fp16, and fp32 on
+// the FP64 tensor cores (fp64Mma: head dims <= 64; the exact path's bound).
+enum Precision { kF32, kTF32, kBF16, kF16, kF64Mma };
 FlashDType dtypeOf(int p) { return p == kBF16 ? kFlashBF16 : p == kF16 ? kFlashF16 : kFlashF32; }
-std::string precisionName(int p) { return p == kF32 ? "f32" : p == kTF32 ? "tf32" : p == kBF16 ? "bf16" : "f16"; }
+std::string precisionName(int p) {
+  return p == kF32 ? "f32" : p == kTF32 ? "tf32" : p == kBF16 ? "bf16" : p == kF16 ? "f16" : "f64mma";
+}
 
 class FlashMaskSweep : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 
@@ -396,17 +401,20 @@ TEST_P(FlashMaskSweep, MatchesFloat64Reference) {
   c.heads = gqa[(maskIdx + shapeIdx) % 4][0];
   c.kvHeads = gqa[(maskIdx + shapeIdx) % 4][1];
   c.headDim = dims[(maskIdx * 3 + shapeIdx) % 4];
-  // Half the cases per backward scheme: 16-bit and TF32 with and without atomicDq; fp32 by
-  // default (dQ shares, or atomics beyond 8 key blocks: the lengths 1000 here) and deterministic
-  // (dQ shares, or the separate dQ kernel).
+  c.fp64Mma = precision == kF64Mma;
+  if (c.fp64Mma && c.headDim > 64) c.headDim /= 2;  // its limit: 128 -> 64, 96 -> 48 (padded to 64)
+  // Half the cases per backward scheme: 16-bit and TF32 with and without atomicDq; fp32 (and
+  // fp64Mma) by default (FFMA: dQ shares, or atomics beyond 8 key blocks: the lengths 1000 here;
+  // fp64Mma: atomics) and deterministic (dQ shares, or the separate dQ kernel).
   const bool odd = (maskIdx + shapeIdx) % 2 == 1;
-  c.atomicDq = precision != kF32 && odd;
-  c.deterministic = precision == kF32 && odd;
+  const bool fp32Schemes = precision == kF32 || precision == kF64Mma;
+  c.atomicDq = !fp32Schemes && odd;
+  c.deterministic = fp32Schemes && odd;
   runCase(c, 1000003ull * (maskIdx * 16 + shapeIdx) + precision);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMasks, FlashMaskSweep,
-                         ::testing::Combine(::testing::Values(kF32, kTF32, kBF16, kF16), ::testing::Range(0, 8),
+                         ::testing::Combine(::testing::Values(kF32, kTF32, kBF16, kF16, kF64Mma), ::testing::Range(0, 8),
                                             ::testing::Range(0, 8)),
                          [](const auto& info) {
                            return precisionName(std::get<0>(info.param)) + "_mask" + std::to_string(std::get<1>(info.param)) +
@@ -419,19 +427,35 @@ TEST_P(FlashHeadDims, MatchesFloat64Reference) {
   Case c;
   c.dtype = dtypeOf(std::get<0>(GetParam()));
   c.tf32 = std::get<0>(GetParam()) == kTF32;
+  c.fp64Mma = std::get<0>(GetParam()) == kF64Mma;
   c.headDim = std::get<1>(GetParam());
   c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 129, c.kLen = 127;
   c.mask = maskOf(1, 1, 50, -1, 2);
   c.sinkLogits = true;
   c.backward = !(c.dtype == kFlashF32 && c.headDim > 128);
+  if (c.fp64Mma && c.headDim > 64) {  // beyond its limit: a clear error, not a spilling kernel
+    FlashAttentionConfig cfg;
+    cfg.dtype = kFlashF32, cfg.fp64Mma = true, cfg.headDim = c.headDim, cfg.qLen = cfg.kLen = 8;
+    try {
+      env().flash->validate(cfg, false);
+      ADD_FAILURE() << "fp64Mma at head dim " << c.headDim << " was accepted";
+    } catch (const FlashAttentionError& e) {
+      EXPECT_NE(std::string(e.what()).find("fp64Mma supports head dim <= 64"), std::string::npos) << e.what();
+    }
+    return;
+  }
   runCase(c, 77 + c.headDim);
   if ((c.dtype != kFlashF32 || c.tf32) && c.backward) {  // both backward schemes of the mma.sync kernels
     c.atomicDq = true;
     runCase(c, 78 + c.headDim);
   }
+  if (c.fp64Mma) {  // its default ran atomics; the deterministic scheme here
+    c.deterministic = true;
+    runCase(c, 79 + c.headDim);
+  }
 }
 INSTANTIATE_TEST_SUITE_P(Dims, FlashHeadDims,
-                         ::testing::Combine(::testing::Values(kF32, kTF32, kBF16, kF16),
+                         ::testing::Combine(::testing::Values(kF32, kTF32, kBF16, kF16, kF64Mma),
                                             ::testing::Values(8, 32, 40, 64, 96, 128, 200, 256)),
                          [](const auto& info) {
                            return precisionName(std::get<0>(info.param)) + "_d" + std::to_string(std::get<1>(info.param));
@@ -453,15 +477,18 @@ TEST(FlashAttentionGpu, LongSequence4096AllMasks) {
       runCase(c, 4098);
       c.deterministic = false, c.tf32 = true;  // and on the TF32 tensor cores
       runCase(c, 4099);
+      c.tf32 = false, c.fp64Mma = true;  // and on the FP64 ones
+      runCase(c, 4100);
     }
   }
 }
 
 TEST(FlashAttentionGpu, VeryLargeLogitsStayFinite) {
   REQUIRE_GPU();
-  for (int p : {kF32, kTF32, kBF16}) {
+  for (int p : {kF32, kTF32, kBF16, kF64Mma}) {
     Case c;
-    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.heads = 2, c.kvHeads = 2, c.qLen = 130, c.kLen = 300, c.headDim = 64;
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = p == kF64Mma, c.heads = 2, c.kvHeads = 2, c.qLen = 130,
+    c.kLen = 300, c.headDim = 64;
     c.mask = maskOf(1, 0, 40, -1, 1);
     c.qScale = 30.0;  // logits of order +-200: exp underflows for all but a few keys per row
     c.sinkLogits = true;
@@ -587,9 +614,10 @@ TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
 
 TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
   REQUIRE_GPU();
-  for (int p : {kF32, kTF32, kBF16}) {
+  for (int p : {kF32, kTF32, kBF16, kF64Mma}) {
     Case c;
-    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 77, c.kLen = 150;
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = p == kF64Mma, c.batch = 2, c.heads = 4, c.kvHeads = 2;
+    c.qLen = 77, c.kLen = 150;
     c.headDim = 64, c.mask = maskOf(1, 1, -1, -1, 0);
     c.packed = true;
     runCase(c, 5 + p);
@@ -600,9 +628,10 @@ TEST(FlashAttentionGpu, FullyMaskedRowsAreZeroNotNaN) {
   REQUIRE_GPU();
   // Bottom-right causal with qLen > kLen: the first qLen - kLen rows see no key at all; a window
   // with right offset < 0 is impossible, so also use a window that excludes the rows' diagonal.
-  for (int p : {kF32, kTF32, kBF16, kF16}) {
+  for (int p : {kF32, kTF32, kBF16, kF16, kF64Mma}) {
     Case c;
-    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.heads = 2, c.kvHeads = 1, c.qLen = 150, c.kLen = 40, c.headDim = 32;
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = p == kF64Mma, c.heads = 2, c.kvHeads = 1, c.qLen = 150;
+    c.kLen = 40, c.headDim = 32;
     c.mask = maskOf(1, 1, -1, -1, 0);
     runCase(c, 31 + p);
     c.kLen = 0;  // no keys at all
@@ -612,21 +641,25 @@ TEST(FlashAttentionGpu, FullyMaskedRowsAreZeroNotNaN) {
 }
 
 // With `deterministic`, two backward runs give the same bits: bf16 and TF32 (never atomics unless
-// atomicDq), and fp32 at a length where its default would add dQ with atomics.
+// atomicDq), and fp32 (FFMA at a length where its default would add dQ with atomics; fp64Mma,
+// whose default always does).
 TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   FlashAttention& fa = *env().flash;
-  for (const auto& [precision, len] : {std::pair<int, int>{kBF16, 300}, {kF32, 1000}, {kTF32, 1000}}) {
+  for (const auto& [precision, len] :
+       {std::pair<int, int>{kBF16, 300}, {kF32, 1000}, {kTF32, 1000}, {kF64Mma, 300}}) {
     const FlashDType dtype = dtypeOf(precision);
     FlashAttentionConfig cfg;
     cfg.dtype = dtype, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = len, cfg.kLen = len;
     cfg.headDim = 64, cfg.mask = maskOf(1, 0, -1, -1, 0), cfg.sinkLogits = true, cfg.deterministic = true;
     cfg.tf32 = precision == kTF32;
+    cfg.fp64Mma = precision == kF64Mma;
     SCOPED_TRACE(precisionName(precision));
     const int sms = env().device->info().multiprocessors;
     EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq);
     cfg.deterministic = false;  // what the flag changes: fp32's default here adds dQ with atomics
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq, precision == kF32);
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq,
+              precision == kF32 || precision == kF64Mma);
     cfg.deterministic = true;
     std::mt19937_64 rng(11);
     DevTensor q(dtype, 2, 8, len, 64, false), k(dtype, 2, 2, len, 64, false), v(dtype, 2, 2, len, 64, false);
@@ -745,6 +778,22 @@ TEST(FlashAttentionGpu, InvalidProblemsFailWithClearErrors) {
   }
   cfg.dtype = kFlashF32;
   EXPECT_NO_THROW(fa.validate(cfg, true));
+  cfg.fp64Mma = true;  // one way to the tensor cores at a time
+  try {
+    fa.validate(cfg, false);
+    FAIL() << "tf32 with fp64Mma accepted";
+  } catch (const FlashAttentionError& e) {
+    EXPECT_NE(std::string(e.what()).find("tf32 and fp64Mma"), std::string::npos) << e.what();
+  }
+  cfg.tf32 = false;
+  EXPECT_NO_THROW(fa.validate(cfg, true));
+  cfg.dtype = kFlashBF16;
+  try {
+    fa.validate(cfg, false);
+    FAIL() << "fp64Mma with bf16 inputs accepted";
+  } catch (const FlashAttentionError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp64Mma applies to fp32"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -134,5 +134,51 @@ TEST(FlashNvrtc, Tf32RunsTheTensorCoreKernels) {
   EXPECT_NE(bf.source().find("pa::flash::BF16Tag"), std::string::npos);
 }
 
+// fp64Mma runs the mma.sync kernels with FP64 fragments in the tiles that fit their registers
+// (one m-tile, 4 warps, 64-key forward tiles, 32-row backward tiles); dK/dV adds dQ with atomics
+// unless the backward is deterministic, then the dQ kernel runs; the small kernels stay fp32.
+TEST(FlashNvrtc, Fp64MmaRunsTheTensorCoreKernelsInTilesThatFit) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.fp64Mma = true, cfg.batch = 4, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 4096;
+  for (int d : {8, 32, 40, 64})
+    for (bool det : {false, true}) {
+      cfg.headDim = d, cfg.deterministic = det;
+      for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+        for (bool wgmma : {false, true}) {
+          const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, 132, wgmma);
+          EXPECT_TRUE(s.f64) << s.name();
+          EXPECT_FALSE(s.tf32 || s.wgmma || s.ffma()) << s.name();
+          EXPECT_NE(s.name().find("_f64mma_"), std::string::npos) << s.name();
+          EXPECT_NE(s.source().find("pa::flash::F64Tag"), std::string::npos) << s.source();
+          EXPECT_EQ(s.mtiles, 1) << s.name();
+          EXPECT_EQ(s.warps, 4) << s.name();
+          EXPECT_EQ(s.tile, k == FlashKernelKind::kForward ? 64 : 32) << s.name();
+          EXPECT_EQ(s.threads(), 128) << s.name();
+          EXPECT_EQ(s.rowsPerBlock(), 64) << s.name();
+          EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
+          if (k == FlashKernelKind::kBwdDkDv) {
+            EXPECT_EQ(s.atomicDq, !det) << s.name();
+            EXPECT_FALSE(s.dqPartial) << s.name();
+          }
+        }
+      }
+      for (FlashKernelKind k : {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdDqConvert}) {
+        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, 132, true);
+        EXPECT_FALSE(s.f64) << s.name();
+        EXPECT_NE(s.source().find("pa::flash::F32Tag"), std::string::npos) << s.source();
+      }
+    }
+  // Every one of these is among the instantiations the compile tests above build.
+  std::set<std::string> all;
+  for (const FlashKernelSpec& s : allFlashKernelSpecs()) all.insert(s.name());
+  for (int d : {32, 64})
+    for (bool det : {false, true}) {
+      cfg.headDim = d, cfg.deterministic = det;
+      for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+        EXPECT_TRUE(all.count(FlashAttention::chooseSpec(k, cfg, 132, false).name()))
+            << FlashAttention::chooseSpec(k, cfg, 132, false).name();
+    }
+}
+
 }  // namespace
 }  // namespace pa
