@@ -283,6 +283,20 @@ def main():
                       f"f+b {tfb:.3f} ms {3.5 * fl_f / tfb / 1e9:.0f} TFLOP/s", flush=True)
         del os.environ["PA_FLASH_TF32"]
         return
+    if "fp64tune" in a.only:  # fp32 seeds' S = 4096 on the FP64 tensor cores, for its knobs (PA_FLASH_F64_FWD_WARPS, ...)
+        q, k, v = (torch.randn(1, 8, 4096, 64, device="cuda", dtype=torch.float32) for _ in range(3))
+        ours = Ours(fl, q, k, v)
+        t_ff, t_ffb = bench(ours.fwd), bench(ours.fwd_bwd)  # the exact FFMA kernels, same inputs
+        os.environ["PA_FLASH_FP64MMA"] = "1"
+        ours_x = Ours(fl, q, k, v)
+        ours_x.do.copy_(ours.do)
+        t_xf, t_xfb = bench(ours_x.fwd), bench(ours_x.fwd_bwd)
+        del os.environ["PA_FLASH_FP64MMA"]
+        knobs = " ".join(f"{n}={os.environ[n]}" for n in ("PA_FLASH_F64_FWD_WARPS", "PA_FLASH_FWD_TILE",
+                                                          "PA_FLASH_DETERMINISTIC") if n in os.environ)
+        print(f"fp64tune S=4096 {knobs}: fwd {t_xf * 1e3:.1f} us (FFMA {t_ff * 1e3:.1f}), "
+              f"f+b {t_xfb * 1e3:.1f} us (FFMA {t_ffb * 1e3:.1f})", flush=True)
+        return
     if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), PA_FLASH_ATOMIC_DQ=0/1
         for d in (64, 128):
             for causal in (False, True):

@@ -32,6 +32,9 @@ if want fp64mma; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp32 --out "$OUT/bench_fp32.md" \
     > "$OUT/bench_fp32.log" 2>&1
   cat "$OUT/bench_fp32.md"
+  for w in 4 8; do
+    PA_FLASH_F64_FWD_WARPS=$w timeout 60 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp64tune 2>&1 | grep fp64tune
+  done
 fi
 if want tune; then
   for cfg in "32 2" "64 2" "64 1"; do

@@ -305,7 +305,10 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
   cfg.fp64Mma = true;
   for (int d : {32, 64}) {
     cfg.headDim = d;
-    specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg));
+    FlashKernelSpec fwd = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg);
+    specs.push_back(fwd);
+    fwd.warps = 8;  // PA_FLASH_F64_FWD_WARPS=8
+    specs.push_back(fwd);
     specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg));
     cfg.deterministic = true;
     FlashKernelSpec dkdv = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg);
@@ -432,6 +435,9 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     s.warps = 4;
     s.tile = kind == FlashKernelKind::kForward ? 64 : 32;
     if (kind == FlashKernelKind::kBwdDkDv) s.atomicDq = cfg.atomicDq || !cfg.deterministic;
+    // 8 warps (128 rows, 175 registers) make half the blocks, one an SM: a tuning knob until
+    // measured (S = 4096, B 1, H 8: 512 blocks of 64 rows fill 1.3 waves of 3 blocks an SM).
+    if (const int w = tuningOverride("PA_FLASH_F64_FWD_WARPS"); w && kind == FlashKernelKind::kForward) s.warps = w;
   }
   if (kind == FlashKernelKind::kForward && !ffma) {
     if (const int t = tuningOverride("PA_FLASH_FWD_TILE")) s.tile = t;
