@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device-machine pass over the flash attention work: GPU tests, compute-sanitizer on a small
 # configuration, forward tile sweep and the side-by-side benchmark. Logs go to $OUT (or ./out).
-# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [fp64mma] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
+# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [fp64mma] [fp64bench] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
 #   fp64mma: the fp64Mma path's first pass: the throughput probe, its tests (every *f64mma* case
-#   and the tests that loop over precisions), memcheck on one case, the fp32 seeds' benchmark.
+#   and the tests that loop over precisions), memcheck on one case. fp64bench: the fp32 seeds'
+#   benchmark (with the fp64mma table) and S = 4096 with 4- and 8-warp fp64Mma forward blocks.
+#   (Each fits one device call of 600 s; run them as two calls.)
 set -u
 B=${1:-build}; shift
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -29,6 +31,8 @@ if want fp64mma; then
   grep -E "Failure" -A4 "$OUT/gpu_fp64mma.log" | head -30
   timeout 120 compute-sanitizer --tool memcheck "$T" --gtest_filter='AllMasks/FlashMaskSweep.*/f64mma_mask6_shape2' \
     > "$OUT/memcheck_fp64mma.log" 2>&1; tail -2 "$OUT/memcheck_fp64mma.log"
+fi
+if want fp64bench; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp32 --out "$OUT/bench_fp32.md" \
     > "$OUT/bench_fp32.log" 2>&1
   cat "$OUT/bench_fp32.md"
