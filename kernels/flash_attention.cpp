@@ -426,7 +426,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   }
   // FP64 fragments take twice TF32's registers: at head dims <= 64 (validate() allows no more)
   // the tiles that fit 255 registers without spills (ptxas -v on sm_90) are one m-tile of 64-key
-  // tiles in the forward (168 registers), 4 warps over 32-row query tiles in dK/dV (atomic dQ 254,
+  // tiles in the forward (228 registers with its fp64 S and O), 4 warps over 32-row query tiles in dK/dV (atomic dQ 254,
   // without 214) and one m-tile over 32 keys in dQ (216; set below). Its dK/dV kernel adds dQ with atomics
   // (5 products a tile pair, as the fp32 FFMA path beyond a few key blocks) unless the backward
   // must be deterministic.
@@ -435,8 +435,8 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     s.warps = 4;
     s.tile = kind == FlashKernelKind::kForward ? 64 : 32;
     if (kind == FlashKernelKind::kBwdDkDv) s.atomicDq = cfg.atomicDq || !cfg.deterministic;
-    // 8 warps (128 rows, 175 registers) make half the blocks, one an SM: a tuning knob until
-    // measured (S = 4096, B 1, H 8: 512 blocks of 64 rows fill 1.3 waves of 3 blocks an SM).
+    // 8 warps (128 rows, 230 registers) make half the blocks, one an SM: a tuning knob until
+    // measured (S = 4096, B 1, H 8: 512 blocks of 64 rows, 2 an SM, or 256 of 128, one an SM).
     if (const int w = tuningOverride("PA_FLASH_F64_FWD_WARPS"); w && kind == FlashKernelKind::kForward) s.warps = w;
   }
   if (kind == FlashKernelKind::kForward && !ffma) {

@@ -211,6 +211,7 @@ __device__ __forceinline__ void ldmatrixX4Trans(u32 (&r)[4], const void* rowPtr)
 //   fromAcc(a, c0, c1)               A = the two 16x8 accumulators c0 | c1 (P or dS, k = their n)
 template <typename Tag> struct MmaStep16 {  // fp16 / bf16: one m16n8k16 per n-tile
   typedef u16 T;
+  typedef float Acc;  // the forward's S and O accumulators
   static constexpr int kPad = 8;
   struct A {
     u32 r[4];
@@ -269,6 +270,7 @@ template <class W>
 struct MmaStepF32 {
   typedef float T;
   typedef typename W::E E;
+  typedef typename W::Acc Acc;  // the forward's S and O accumulators (fromAcc and mma take both)
   static constexpr int kPad = 4;
   struct A {
     E r[8];  // k slice h (of 2): r[4h .. 4h+3] = a0..a3
@@ -318,11 +320,13 @@ struct MmaStepF32 {
         b.r[4 * n + 2 * h + 1] = W::widen(p[ld]);
       }
   }
-  static __device__ __forceinline__ void fromAcc(A& a, const float (&c0)[4], const float (&c1)[4]) {
+  template <typename C>
+  static __device__ __forceinline__ void fromAcc(A& a, const C (&c0)[4], const C (&c1)[4]) {
     a.r[0] = W::widen(c0[0]), a.r[1] = W::widen(c0[2]), a.r[2] = W::widen(c0[1]), a.r[3] = W::widen(c0[3]);
     a.r[4] = W::widen(c1[0]), a.r[5] = W::widen(c1[2]), a.r[6] = W::widen(c1[1]), a.r[7] = W::widen(c1[3]);
   }
-  static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n) { W::mma(c, a.r, b.r + 4 * n); }
+  template <typename C>
+  static __device__ __forceinline__ void mma(C (&c)[4], const A& a, const B& b, int n) { W::mma(c, a.r, b.r + 4 * n); }
 };
 
 // Operands rounded to TF32 with cvt.rna (nearest, ties away: relative error <= 2^-11).
@@ -340,6 +344,7 @@ __device__ __forceinline__ void mmaTf32(float (&c)[4], u32 a0, u32 a1, u32 a2, u
 }
 struct Tf32Widen {
   typedef u32 E;
+  typedef float Acc;
   static __device__ __forceinline__ u32 widen(float x) { return toTf32(x); }
   static __device__ __forceinline__ void mma(float (&c)[4], const u32* a, const u32* b) {
 #pragma unroll
@@ -363,18 +368,27 @@ __device__ __forceinline__ void mmaF64(double (&d)[4], double a0, double a1, dou
                : "d"(a1), "d"(b0));
 #endif
 }
-// Operands widened exactly to fp64; the k16 step's 16 products and the accumulator summed in
-// fp64 (each product exact), rounded to fp32 once: no less accurate than 16 FFMAs.
+// Operands widened exactly to fp64, products exact. With fp32 accumulators (the backward
+// kernels) the k16 step's 16 products and the accumulator are summed in fp64 and rounded to fp32
+// once: no less accurate than 16 FFMAs. The forward keeps S and O in fp64 (Acc), which saves
+// the accumulators' round trip through fp32 at every k16 step (8 of its ~3 conversions per
+// m16n8k4 a k16 step: 3.1 -> 1.5 conversions per m16n8k4 in the forward's PTX at head dim 64,
+// for 228 registers instead of 168, see chooseSpec).
 struct F64Widen {
   typedef double E;
+  typedef double Acc;
   static __device__ __forceinline__ double widen(float x) { return (double)x; }
-  static __device__ __forceinline__ void mma(float (&c)[4], const double* a, const double* b) {
-    double d[4] = {c[0], c[1], c[2], c[3]};
+  static __device__ __forceinline__ double widen(double x) { return x; }
+  static __device__ __forceinline__ void mma(double (&d)[4], const double* a, const double* b) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mmaF64(d, a[4 * h], a[4 * h + 1], b[2 * h]);
       mmaF64(d, a[4 * h + 2], a[4 * h + 3], b[2 * h + 1]);
     }
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const double* a, const double* b) {
+    double d[4] = {c[0], c[1], c[2], c[3]};
+    mma(d, a, b);
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[i] = (float)d[i];
   }

@@ -71,6 +71,7 @@ template <typename Tag, int DPAD, int WARPS, int BN, int MT>
 __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
   typedef MmaStep<Tag> F;
   typedef typename F::T T;
+  typedef typename F::Acc Acc;  // S and O: fp32, or fp64 for F64Tag
   constexpr int BM = 16 * MT * WARPS;
   constexpr int THREADS = 32 * WARPS;
   constexpr int LD = DPAD + F::kPad;  // +16 bytes per row: ldmatrix rows land in distinct banks
@@ -93,7 +94,7 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
   const int nTiles = tiles.nTiles;
   auto nextTile = [&](int j) { return tiles.next(j); };
 
-  float o[MT][DT][4];
+  Acc o[MT][DT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -121,7 +122,7 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
     loadTile<T, BN, DPAD, LD, THREADS>(sV, gV, p.v.seqStride, n0, p.kLen, p.headDim);
     cpAsyncCommit();
 
-    float s[MT][NT][4];
+    Acc s[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -166,7 +167,8 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
       for (int r = 0; r < 2; ++r) {
         float tileMax = negInf();
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) tileMax = fmaxf(tileMax, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        for (int nt = 0; nt < NT; ++nt)
+          tileMax = fmaxf(tileMax, fmaxf((float)s[mt][nt][2 * r], (float)s[mt][nt][2 * r + 1]));
         tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
         tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
         const float newMax = fmaxf(rowMax[mt][r], tileMax * p.scaleLog2);
@@ -196,7 +198,7 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float pe = fastExp2(fmaf(s[mt][nt][e], p.scaleLog2, -base[mt][e >> 1]));
+          const float pe = fastExp2(fmaf((float)s[mt][nt][e], p.scaleLog2, -base[mt][e >> 1]));
           s[mt][nt][e] = pe;
           rowSum[mt][e >> 1] += pe;
         }
@@ -246,7 +248,8 @@ __device__ __forceinline__ void flashForwardMma(const FlashKernelParams& p) {
         for (int dt = 0; dt < DT; ++dt) {
           const int col = dt * 8 + 2 * t;
           if (col < p.headDim)
-            Elem<Tag>::storePair(dst + col, o[mt][dt][2 * r] * fin.outScale, o[mt][dt][2 * r + 1] * fin.outScale);
+            Elem<Tag>::storePair(dst + col, (float)(o[mt][dt][2 * r] * fin.outScale),
+                                 (float)(o[mt][dt][2 * r + 1] * fin.outScale));
         }
         if (t == 0) gLse[q] = fin.lse;
       }
