@@ -362,12 +362,12 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   s.dtype = cfg.dtype;
   s.dpad = padHeadDim(cfg.headDim);
   // fp32 products run on the exact FFMA kernels, or with tf32 / fp64Mma on the mma.sync kernels
-  // of the 16-bit types (the wgmma kernels stay 16-bit).
-  const bool ffma = cfg.dtype == kFlashF32 && !cfg.tf32 && !cfg.fp64Mma;
+  // of the 16-bit types (the wgmma kernels stay 16-bit). `ffma` is read for product kernels only.
   const bool products =
       kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq;
   s.tf32 = cfg.dtype == kFlashF32 && cfg.tf32 && products;
   s.f64 = cfg.dtype == kFlashF32 && cfg.fp64Mma && !cfg.tf32 && products;
+  const bool ffma = s.ffma();
   // Tile sizes per head dim (tunable; bench/RESULTS_flash.md has the measurements behind them).
   s.warps = 4;
   s.tile = 64;

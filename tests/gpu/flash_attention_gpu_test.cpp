@@ -421,6 +421,16 @@ INSTANTIATE_TEST_SUITE_P(AllMasks, FlashMaskSweep,
                                   "_shape" + std::to_string(std::get<2>(info.param));
                          });
 
+// validate(cfg, backward) must reject the problem with a FlashAttentionError naming `want`.
+void expectInvalid(const FlashAttentionConfig& cfg, bool backward, const std::string& want) {
+  try {
+    env().flash->validate(cfg, backward);
+    ADD_FAILURE() << "accepted; expected an error containing \"" << want << "\"";
+  } catch (const FlashAttentionError& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
 class FlashHeadDims : public ::testing::TestWithParam<std::tuple<int, int>> {};
 TEST_P(FlashHeadDims, MatchesFloat64Reference) {
   REQUIRE_GPU();
@@ -436,12 +446,7 @@ TEST_P(FlashHeadDims, MatchesFloat64Reference) {
   if (c.fp64Mma && c.headDim > 64) {  // beyond its limit: a clear error, not a spilling kernel
     FlashAttentionConfig cfg;
     cfg.dtype = kFlashF32, cfg.fp64Mma = true, cfg.headDim = c.headDim, cfg.qLen = cfg.kLen = 8;
-    try {
-      env().flash->validate(cfg, false);
-      ADD_FAILURE() << "fp64Mma at head dim " << c.headDim << " was accepted";
-    } catch (const FlashAttentionError& e) {
-      EXPECT_NE(std::string(e.what()).find("fp64Mma supports head dim <= 64"), std::string::npos) << e.what();
-    }
+    expectInvalid(cfg, false, "fp64Mma supports head dim <= 64");
     return;
   }
   runCase(c, 77 + c.headDim);
@@ -749,51 +754,26 @@ TEST(FlashAttentionGpu, InvalidProblemsFailWithClearErrors) {
   FlashAttention& fa = *env().flash;
   FlashAttentionConfig cfg;
   cfg.heads = 6, cfg.kvHeads = 4, cfg.qLen = 8, cfg.kLen = 8, cfg.headDim = 64;
-  try {
-    fa.validate(cfg, false);
-    FAIL() << "heads % kvHeads != 0 accepted";
-  } catch (const FlashAttentionError& e) {
-    EXPECT_NE(std::string(e.what()).find("multiple of kv heads"), std::string::npos) << e.what();
-  }
+  expectInvalid(cfg, false, "multiple of kv heads");
   cfg.kvHeads = 2, cfg.headDim = 60;
   EXPECT_THROW(fa.validate(cfg, false), FlashAttentionError);
   cfg.headDim = 256, cfg.dtype = kFlashF32;
   EXPECT_NO_THROW(fa.validate(cfg, false));
   EXPECT_THROW(fa.validate(cfg, true), FlashAttentionError);
   cfg.headDim = 64, cfg.dtype = kFlashBF16, cfg.deterministic = true, cfg.atomicDq = true;
-  try {
-    fa.validate(cfg, true);
-    FAIL() << "deterministic + atomicDq accepted";
-  } catch (const FlashAttentionError& e) {
-    EXPECT_NE(std::string(e.what()).find("deterministic"), std::string::npos) << e.what();
-  }
+  expectInvalid(cfg, true, "deterministic");
   cfg.atomicDq = false;
   EXPECT_NO_THROW(fa.validate(cfg, true));
   cfg.tf32 = true;  // TF32 is an option of fp32 inputs only
-  try {
-    fa.validate(cfg, false);
-    FAIL() << "tf32 with bf16 inputs accepted";
-  } catch (const FlashAttentionError& e) {
-    EXPECT_NE(std::string(e.what()).find("tf32 applies to fp32"), std::string::npos) << e.what();
-  }
+  expectInvalid(cfg, false, "tf32 applies to fp32");
   cfg.dtype = kFlashF32;
   EXPECT_NO_THROW(fa.validate(cfg, true));
   cfg.fp64Mma = true;  // one way to the tensor cores at a time
-  try {
-    fa.validate(cfg, false);
-    FAIL() << "tf32 with fp64Mma accepted";
-  } catch (const FlashAttentionError& e) {
-    EXPECT_NE(std::string(e.what()).find("tf32 and fp64Mma"), std::string::npos) << e.what();
-  }
+  expectInvalid(cfg, false, "tf32 and fp64Mma");
   cfg.tf32 = false;
   EXPECT_NO_THROW(fa.validate(cfg, true));
   cfg.dtype = kFlashBF16;
-  try {
-    fa.validate(cfg, false);
-    FAIL() << "fp64Mma with bf16 inputs accepted";
-  } catch (const FlashAttentionError& e) {
-    EXPECT_NE(std::string(e.what()).find("fp64Mma applies to fp32"), std::string::npos) << e.what();
-  }
+  expectInvalid(cfg, false, "fp64Mma applies to fp32");
 }
 
 }  // namespace
