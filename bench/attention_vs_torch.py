@@ -191,11 +191,18 @@ def gqa_masks(fl, lines):
 
 
 def fp32_seed(fl, lines):
-    lines.append("\n## fp32 B=1 H=8 D=64, not causal, µs; ratio = SDPA default / ours (>1: ours faster)\n")
+    lines.append("\n## fp32 B=1 H=8 D=64, not causal, µs, the default kernels (on the H100: the forward on the FP64 "
+                 "tensor cores from 32 blocks, the backward on FFMA); ratio = SDPA default / ours (>1: ours faster)\n")
     lines.append("| S | ours fwd | SDPA default fwd | speedup | ours f+b | SDPA default f+b | speedup f+b | "
                  "ours f+b deterministic | speedup det. | max abs err O | max abs err dQ |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
-    optin_lines = {"tf32": [], "fp64mma": []}
+    # The other ways to run fp32, on the same inputs against the same SDPA times: the exact FFMA
+    # kernels throughout (fp64Mma = kOff), TF32 (FlashAttentionConfig::tf32) and the FP64 tensor
+    # cores for forward and backward (fp64Mma = kOn). The launcher reads the switches at every call.
+    variants = (("ffma", "PA_FLASH_FP64MMA", "0", "the FFMA kernels throughout (fp64Mma = kOff)"),
+                ("tf32", "PA_FLASH_TF32", "1", "the TF32 opt-in (tf32 = true)"),
+                ("fp64mma", "PA_FLASH_FP64MMA", "1", "the FP64 tensor cores, forward and backward (fp64Mma = kOn)"))
+    optin_lines = {name: [] for name, *_ in variants}
     for s in (128, 512, 1024, 4096):
         q, k, v = (torch.randn(1, 8, s, 64, device="cuda", dtype=torch.float32) for _ in range(3))
         ours = Ours(fl, q, k, v)
@@ -226,10 +233,8 @@ def fp32_seed(fl, lines):
                      f"{t_tfb * 1e3:.1f} | {t_tfb / t_ofb:.2f} | {t_ofb_det * 1e3:.1f} | {t_tfb / t_ofb_det:.2f} | "
                      f"{err:.1e} | {err_dq:.1e} |")
         print(lines[-1], flush=True)
-        # The opt-ins on the same inputs, against the same SDPA times: TF32 (FlashAttentionConfig::tf32)
-        # and the FP64 tensor cores (::fp64Mma). The launcher reads the switches at every call.
-        for name, switch in (("tf32", "PA_FLASH_TF32"), ("fp64mma", "PA_FLASH_FP64MMA")):
-            os.environ[switch] = "1"
+        for name, switch, value, _ in variants:
+            os.environ[switch] = value
             ours_x = Ours(fl, q, k, v)
             ours_x.do.copy_(ours.do)
             t_xf, t_xfb = bench(ours_x.fwd), bench(ours_x.fwd_bwd)
@@ -242,7 +247,7 @@ def fp32_seed(fl, lines):
                 f"{t_tfb * 1e3:.1f} | {t_tfb / t_xfb:.2f} | {(ours_x.o.double() - ref.detach()).abs().max().item():.1e} | "
                 f"{(ours_x.dq.double() - qd.grad).abs().max().item():.1e} | {rel_o:.1e} | {rel_dq:.1e} |")
             print(name, optin_lines[name][-1], flush=True)
-    for name, what in (("tf32", "the TF32 opt-in (tf32 = true)"), ("fp64mma", "the FP64 tensor cores (fp64Mma = true)")):
+    for name, _, _, what in variants:
         lines.append(f"\n## fp32 inputs on {what}, same shapes and SDPA times, µs; ratio = SDPA default / ours\n")
         lines.append(f"| S | ours {name} fwd | SDPA default fwd | speedup | ours {name} f+b | SDPA default f+b | "
                      "speedup f+b | max abs err O | max abs err dQ | rel err O | rel err dQ |")
@@ -286,6 +291,7 @@ def main():
     if "fp64tune" in a.only:  # fp32 seeds' S = 4096 on the FP64 tensor cores, for its knobs (PA_FLASH_F64_FWD_WARPS, ...)
         q, k, v = (torch.randn(1, 8, 4096, 64, device="cuda", dtype=torch.float32) for _ in range(3))
         ours = Ours(fl, q, k, v)
+        os.environ["PA_FLASH_FP64MMA"] = "0"
         t_ff, t_ffb = bench(ours.fwd), bench(ours.fwd_bwd)  # the exact FFMA kernels, same inputs
         os.environ["PA_FLASH_FP64MMA"] = "1"
         ours_x = Ours(fl, q, k, v)
@@ -296,6 +302,20 @@ def main():
                                                           "PA_FLASH_DETERMINISTIC") if n in os.environ)
         print(f"fp64tune S=4096 {knobs}: fwd {t_xf * 1e3:.1f} us (FFMA {t_ff * 1e3:.1f}), "
               f"f+b {t_xfb * 1e3:.1f} us (FFMA {t_ffb * 1e3:.1f})", flush=True)
+        return
+    if "fp64sweep" in a.only:  # fp32 forward, FFMA against the FP64 tensor cores, for kAuto's grid rule
+        for d in (32, 64):
+            for b, h in ((1, 8), (2, 8), (4, 16)):
+                for s in (64, 128, 192, 256, 320, 384, 512, 768):
+                    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float32) for _ in range(3))
+                    t = {}
+                    for mode in ("0", "1"):
+                        os.environ["PA_FLASH_FP64MMA"] = mode
+                        t[mode] = bench(Ours(fl, q, k, v).fwd)
+                    del os.environ["PA_FLASH_FP64MMA"]
+                    print(f"fp64sweep d={d} b={b} h={h} s={s} blocks64={b * h * ((s + 63) // 64)}: "
+                          f"ffma {t['0'] * 1e3:.1f} us, dmma {t['1'] * 1e3:.1f} us, ffma/dmma {t['0'] / t['1']:.2f}",
+                          flush=True)
         return
     if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), PA_FLASH_ATOMIC_DQ=0/1
         for d in (64, 128):

@@ -34,8 +34,11 @@ pa::FlashAttentionConfig config(int dtype, int b, int hq, int hkv, int sq, int s
   c.atomicDq = atomic && atomic[0] == '1';
   const char* tf32 = std::getenv("PA_FLASH_TF32");  // fp32 inputs on the TF32 tensor cores
   c.tf32 = tf32 && tf32[0] == '1' && c.dtype == pa::kFlashF32;
-  const char* f64 = std::getenv("PA_FLASH_FP64MMA");  // fp32 inputs on the FP64 tensor cores
-  c.fp64Mma = f64 && f64[0] == '1' && c.dtype == pa::kFlashF32 && !c.tf32;
+  // fp32 on the FP64 tensor cores: unset = the default (kAuto), 0 = FFMA throughout, 1 = forward
+  // and backward on DMMA.
+  const char* f64 = std::getenv("PA_FLASH_FP64MMA");
+  if (f64 && f64[0] == '0') c.fp64Mma = pa::FlashFp64Mma::kOff;
+  if (f64 && f64[0] == '1' && c.dtype == pa::kFlashF32 && !c.tf32) c.fp64Mma = pa::FlashFp64Mma::kOn;
   return c;
 }
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One device-machine pass over the flash attention work: GPU tests, compute-sanitizer on a small
 # configuration, forward tile sweep and the side-by-side benchmark. Logs go to $OUT (or ./out).
-# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [fp64mma] [fp64bench] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
+# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [fp64mma] [fp64bench] [fp32default] [fp32bench] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
 #   fp64mma: the fp64Mma path's first pass: the throughput probe, its tests (every *f64mma* case
 #   and the tests that loop over precisions), memcheck on one case. fp64bench: the fp32 seeds'
 #   benchmark (with the fp64mma table) and S = 4096 with 4- and 8-warp fp64Mma forward blocks.
 #   (Each fits one device call of 600 s; run them as two calls.)
+#   fp32default: the fp32 default (forward on the FP64 tensor cores, backward on FFMA): the probe,
+#   every flash GPU test and the graph's attention GPU tests. fp32bench: the fp32 seeds' benchmark
+#   (default, FFMA, TF32 and fp64Mma tables) and the forward sweep behind kAuto's grid rule.
 set -u
 B=${1:-build}; shift
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -39,6 +42,20 @@ if want fp64bench; then
   for w in 4 8; do
     PA_FLASH_F64_FWD_WARPS=$w timeout 60 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp64tune 2>&1 | grep fp64tune
   done
+fi
+if want fp32default; then
+  timeout 60 "$B/bench/fp64_mma_probe" > "$OUT/fp64_probe.log" 2>&1; cat "$OUT/fp64_probe.log"
+  timeout 330 "$T" > "$OUT/gpu.log" 2>&1
+  grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/gpu.log" | head -30
+  grep -E "Failure" -A4 "$OUT/gpu.log" | head -30
+  timeout 150 "$B/tests/gpu/graph_gpu_tests" --gtest_filter='*Attention*:*Flash*:*Trains*:*Tracks*' > "$OUT/graph_gpu.log" 2>&1
+  grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/graph_gpu.log" | head -30
+fi
+if want fp32bench; then
+  PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp32 --out "$OUT/bench_fp32.md" \
+    > "$OUT/bench_fp32.log" 2>&1
+  cat "$OUT/bench_fp32.md"
+  PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp64sweep 2>&1 | tee "$OUT/fp64sweep.log" | grep fp64sweep
 fi
 if want tune; then
   for cfg in "32 2" "64 2" "64 1"; do

@@ -186,6 +186,15 @@ int main(int argc, char** argv) {
         void* args[] = {&o, &c, &n};
         cuda::Event start(true), stop(true);
         std::vector<double> perClock, wall;
+        // A block too large for the kernel's registers (DMMA kernels at 16 warps) is skipped.
+        constexpr cuda::CUresult kOutOfResources = 701;  // CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+        const cuda::CUresult first = cuda::Driver::instance().api().cuLaunchKernel(
+            fn, sms, 1, 1, 32 * warps, 1, 1, 0, nullptr, args, nullptr);
+        if (first == kOutOfResources) {
+          std::printf("%-10s %-6d %-26s %14s %14s\n", pr.name + 6, warps, pr.unit, "too many regs", "-");
+          continue;
+        }
+        if (first != cuda::kCudaSuccess) cuda::throwCudaError(first, "cuLaunchKernel", __FILE__, __LINE__);
         for (int rep = 0; rep < 6; ++rep) {  // the first is a warm-up
           start.record(nullptr);
           PA_CU_CHECK(cuLaunchKernel(fn, sms, 1, 1, 32 * warps, 1, 1, 0, nullptr, args, nullptr));

@@ -1337,6 +1337,13 @@ namespace {
 // wgmma ones for sm_90a targets; the fp32 rows-per-thread rule, which needs the device's SM count,
 // takes its default here).
 
+FlashTarget flashTargetOf(const EmitOptions& opt) {
+  FlashTarget t;
+  t.wgmma = opt.wgmma;
+  t.fullRateFp64 = opt.fullRateFp64;
+  return t;
+}
+
 NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds) {
   NodeKernels nk;
   nk.external = true;
@@ -1344,7 +1351,7 @@ NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds
   for (FlashKernelKind kind : kinds) {
     FlashKernelSpec spec;
     try {
-      spec = FlashAttention::chooseSpec(kind, cfg, 0, c.opt->wgmma);
+      spec = FlashAttention::chooseSpec(kind, cfg, flashTargetOf(*c.opt));
     } catch (const std::exception&) {
       continue;  // a kind this configuration does not use
     }
@@ -1362,7 +1369,8 @@ NodeKernels emitFlashAttention(const Ctx& c) { return flashKernels(c, {FlashKern
 NodeKernels emitFlashAttentionGrad(const Ctx& c) {
   // dQ from the dK/dV kernel's per-key-block shares (fp32, short keys), from its atomics (fp32
   // beyond; the default, non-deterministic backward), or from its own kernel.
-  const FlashKernelSpec dkdv = FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n, c.opt->tf32), 0, c.opt->wgmma);
+  const FlashKernelSpec dkdv =
+      FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n, c.opt->tf32), flashTargetOf(*c.opt));
   std::vector<FlashKernelKind> kinds = {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdSinkReduce,
                                         FlashKernelKind::kBwdDkDv};
   if (dkdv.dqPartial)

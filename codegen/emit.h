@@ -55,7 +55,8 @@ enum class GemmTile { Auto, Large, Medium, Small };
 // How a TF32 wgmma GEMM gets an N-major B into the K-major layout it reads (EmitOptions::tf32BLoad).
 enum class Tf32BLoad { Auto, Copy, InKernel };
 
-// Code generation choices. Only the GEMM emitters (MatMul, FusedLinear) read them.
+// Code generation choices. The GEMM emitters (MatMul, FusedLinear) read them, and the flash-
+// attention nodes' dumps (wgmma, fullRateFp64).
 struct EmitOptions {
   bool tf32 = false;  // GEMMs on the tensor cores with TF32 operands (fp32 accumulation)
   GemmTile gemmTile = GemmTile::Auto;
@@ -70,6 +71,9 @@ struct EmitOptions {
   // The target has wgmma (sm_90a): GEMMs whose operands are both bf16 run kernels/gemm_wgmma.cuh
   // (dynamic shared memory above 48 KB: the launcher opts in with Kernel::sharedBytes).
   bool wgmma = false;
+  // The target runs FP64 at full rate (FlashTarget::fullRateFp64): fp32 flash-attention forwards
+  // there run on the FP64 tensor cores where FlashFp64Mma::kAuto picks them.
+  bool fullRateFp64 = false;
   // The device's SM count: the wgmma GEMMs are persistent and start at most this many blocks
   // (times the blocks an SM holds).
   int sms = 132;

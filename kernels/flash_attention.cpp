@@ -56,6 +56,21 @@ bool splitKvHeads(const FlashAttentionConfig& c) {
 // choice, so tests can compare both kernels in one process.
 bool wgmmaSwitchedOff() { return !envSwitch("PA_FLASH_WGMMA", true); }
 
+// Whether an fp32 product kernel runs on the FP64 tensor cores (FlashFp64Mma). kAuto: the
+// forward where DMMA runs at full rate, at head dims <= 64 (its limit) and on grids of at least
+// kFp64MmaForwardMinBlocks 64-row blocks; the backward stays on FFMA, which measured faster there
+// (bench/RESULTS_flash.md: at S = 4096 the FFMA backward 2.7 ms, DMMA's 2.8 ms).
+bool usesFp64Mma(FlashKernelKind kind, const FlashAttentionConfig& c, const FlashTarget& target) {
+  switch (c.fp64Mma) {
+    case FlashFp64Mma::kOn: return !c.tf32;  // with tf32, validate() refuses the problem
+    case FlashFp64Mma::kOff: return false;
+    case FlashFp64Mma::kAuto:
+      return kind == FlashKernelKind::kForward && !c.tf32 && target.fullRateFp64 && c.headDim <= 64 &&
+             (long long)c.batch * c.heads * ceilDiv(c.qLen, 64) >= kFp64MmaForwardMinBlocks;
+  }
+  return false;
+}
+
 // The largest wgmma forward the variant list holds (an H100 allows 227 KB a block).
 constexpr int kMaxWgmmaSharedBytes = 227 * 1024;
 
@@ -302,7 +317,7 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
   cfg.tf32 = false;
   // fp32 on the FP64 tensor cores (head dims <= 64): forward, dK/dV with atomic dQ, and for the
   // deterministic backward dK/dV without it (4 warps, and the 2 of short sequences) and dQ.
-  cfg.fp64Mma = true;
+  cfg.fp64Mma = FlashFp64Mma::kOn;
   for (int d : {32, 64}) {
     cfg.headDim = d;
     FlashKernelSpec fwd = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg);
@@ -318,7 +333,7 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
     specs.push_back(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg));
     cfg.deterministic = false;
   }
-  cfg.fp64Mma = false;
+  cfg.fp64Mma = FlashFp64Mma::kAuto;
   // sm_90a forwards: the launcher's choice and the tile / warpgroup variants its overrides reach.
   for (FlashDType dt : {kFlashF16, kFlashBF16}) {
     cfg.dtype = dt;
@@ -326,11 +341,11 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
       cfg.headDim = d;
       for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
         for (int tile : {64, 128}) {
-          FlashKernelSpec v = FlashAttention::chooseSpec(k, cfg, 0, true);
+          FlashKernelSpec v = FlashAttention::chooseSpec(k, cfg, {0, true});
           v.tile = tile;
           if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
         }
-      const FlashKernelSpec chosen = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 0, true);
+      const FlashKernelSpec chosen = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, {0, true});
       for (int tile : {64, 128})
         for (int consumers : {1, 2, 3})
           for (int stages : {2, 3}) {
@@ -348,15 +363,26 @@ std::vector<FlashKernelSpec> allFlashKernelSpecs() {
 // ---------------------------------------------------------------------------------------------
 
 FlashAttention::FlashAttention(const cuda::Device& device)
-    : device_(device), wgmma_(device.info().arch() == "sm_90a") {}
+    : device_(device), target_(FlashTarget::of(device.info())) {}
+
+FlashTarget FlashTarget::of(const cuda::DeviceInfo& info) {
+  FlashTarget t;
+  t.multiprocessors = info.multiprocessors;
+  t.wgmma = info.arch() == "sm_90a";
+  // The data-centre parts of Ampere and Hopper (A100, H100, H200: compute capability 8.0 / 9.0)
+  // run FP64 FMAs at the FP32 rate; the others at 1/64 or less (and Blackwell's DMMA at half).
+  t.fullRateFp64 = info.minor == 0 && (info.major == 8 || info.major == 9);
+  return t;
+}
 
 FlashAttention::~FlashAttention() {
   for (auto& kv : loaded_)
     if (kv.second.module) cuda::Driver::instance().api().cuModuleUnload(kv.second.module);
 }
 
-FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors,
-                                           bool wgmma) {
+FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg,
+                                           const FlashTarget& target) {
+  const int multiprocessors = target.multiprocessors;
   FlashKernelSpec s;
   s.kind = kind;
   s.dtype = cfg.dtype;
@@ -366,7 +392,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   const bool products =
       kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq;
   s.tf32 = cfg.dtype == kFlashF32 && cfg.tf32 && products;
-  s.f64 = cfg.dtype == kFlashF32 && cfg.fp64Mma && !cfg.tf32 && products;
+  s.f64 = cfg.dtype == kFlashF32 && products && usesFp64Mma(kind, cfg, target);
   const bool ffma = s.ffma();
   // Tile sizes per head dim (tunable; bench/RESULTS_flash.md has the measurements behind them).
   s.warps = 4;
@@ -421,7 +447,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
     s.atomicDq = cfg.atomicDq || (!s.dqPartial && !cfg.deterministic);
   }
   if (kind == FlashKernelKind::kBwdDqReduce) {  // the dK/dV kernel's key blocks decide it
-    s.mtiles = chooseSpec(FlashKernelKind::kBwdDkDv, cfg, multiprocessors).mtiles;
+    s.mtiles = chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).mtiles;
     s.dpad = 0;
   }
   // FP64 fragments take twice TF32's registers: at head dims <= 64 (validate() allows no more)
@@ -480,7 +506,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // fastest of the sweeps in bench/RESULTS_flash.md (shorter sequences waste more of a 192-row
   // block on the partial last tile and on causal imbalance). PA_FLASH_WGMMA=0 keeps the mma.sync kernel; PA_FLASH_FWD_TILE,
   // PA_FLASH_FWD_WG and PA_FLASH_FWD_STAGES override tile, consumer warpgroups and stages.
-  if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32 && wgmma && (s.dpad == 64 || s.dpad == 128) &&
+  if (kind == FlashKernelKind::kForward && cfg.dtype != kFlashF32 && target.wgmma && (s.dpad == 64 || s.dpad == 128) &&
       !wgmmaSwitchedOff()) {
     s.wgmma = true;
     s.mtiles = 1;
@@ -496,7 +522,7 @@ FlashKernelSpec FlashAttention::chooseSpec(FlashKernelKind kind, const FlashAtte
   // streamed tiles of 128 rows at head dim 64, 64 at 128 (128 spills heavily there), two stages:
   // the fastest of the sweep in bench/RESULTS_flash.md. PA_FLASH_BWD_TILE / PA_FLASH_BWD_WG
   // override tile and warpgroups for tuning runs.
-  if ((kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq) && cfg.dtype != kFlashF32 && wgmma &&
+  if ((kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq) && cfg.dtype != kFlashF32 && target.wgmma &&
       !cfg.atomicDq && (s.dpad == 64 || s.dpad == 128) && !wgmmaSwitchedOff()) {
     s.wgmma = true;
     s.mtiles = 1;
@@ -530,10 +556,11 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
   if (c.tf32 && c.dtype != kFlashF32)
     fail(std::string("tf32 applies to fp32 inputs only; these are ") + dtypeName(c.dtype) +
          " (their products already run on the tensor cores)");
-  if (c.fp64Mma && c.dtype != kFlashF32)
+  const bool fp64MmaOn = c.fp64Mma == FlashFp64Mma::kOn;  // kAuto falls back to FFMA where DMMA cannot run
+  if (fp64MmaOn && c.dtype != kFlashF32)
     fail(std::string("fp64Mma applies to fp32 inputs only; these are ") + dtypeName(c.dtype));
-  if (c.fp64Mma && c.tf32) fail("tf32 and fp64Mma both set: choose one way to run fp32 on the tensor cores");
-  if (c.fp64Mma && c.headDim > 64)
+  if (fp64MmaOn && c.tf32) fail("tf32 and fp64Mma both set: choose one way to run fp32 on the tensor cores");
+  if (fp64MmaOn && c.headDim > 64)
     fail("fp64Mma supports head dim <= 64 (got " + std::to_string(c.headDim) +
          "): above, its fp64 fragments spill registers; use the default FFMA kernels or tf32");
   if (backward && c.dtype == kFlashF32 && c.headDim > 128)
@@ -554,7 +581,7 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
 }
 
 FlashKernelSpec FlashAttention::specFor(FlashKernelKind kind, const FlashAttentionConfig& c) const {
-  return chooseSpec(kind, c, device_.info().multiprocessors, wgmma_);
+  return chooseSpec(kind, c, target_);
 }
 
 FlashKernelParams FlashAttention::baseParams(const FlashAttentionConfig& c) const {
@@ -676,7 +703,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   if (dkdv.atomicDq) {
     launch(chooseSpec(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream);
   } else if (dkdv.dqPartial) {
-    launch(chooseSpec(FlashKernelKind::kBwdDqReduce, c, device_.info().multiprocessors), ceilDiv(c.qLen, 64),
+    launch(chooseSpec(FlashKernelKind::kBwdDqReduce, c, target_), ceilDiv(c.qLen, 64),
            c.batch * c.heads, p, stream);
   } else {
     const FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);

@@ -33,6 +33,17 @@ struct FlashTensor {
   }
 };
 
+// Where fp32 attention runs on the FP64 tensor cores (FlashAttentionConfig::fp64Mma).
+enum class FlashFp64Mma {
+  // The forward, where the device runs FP64 at full rate (FlashTarget::fullRateFp64: sm_80 and
+  // sm_90, A100 / H100 / H200), the head dim is at most 64 and the grid is large enough
+  // (kFp64MmaForwardMinBlocks); the backward on the FFMA kernels, which measured faster on the
+  // H100 (bench/RESULTS_flash.md). Everywhere else the FFMA kernels.
+  kAuto,
+  kOff,  // the exact FFMA kernels throughout
+  kOn,   // forward and backward (head dim <= 64; an error otherwise, or with tf32)
+};
+
 // What is computed; shared by forward and backward.
 struct FlashAttentionConfig {
   FlashDType dtype = kFlashBF16;
@@ -58,12 +69,12 @@ struct FlashAttentionConfig {
   // fp32 accumulation; the mma.sync kernels of the 16-bit types), as torch.backends.cuda.matmul.
   // allow_tf32 does for matmuls. Off: the exact FFMA kernels. Errors for fp16/bf16 inputs.
   bool tf32 = false;
-  // fp32 only, experimental: the products on the FP64 tensor cores (DMMA, the mma.sync kernels
-  // with MmaStep<F64Tag>): operands widened exactly, each 16-term partial product summed in fp64
-  // and added to the fp32 accumulator with one rounding, so no less accurate than the FFMA path.
-  // Not yet measured against it on a GPU (bench/RESULTS_flash.md); off by default. The dK/dV
-  // kernel adds dQ with atomics unless `deterministic` (then the separate dQ kernel runs).
-  bool fp64Mma = false;
+  // fp32 only: where the products run on the FP64 tensor cores (DMMA: the mma.sync kernels with
+  // MmaStep<F64Tag>). Operands widen to fp64 exactly and the sums are fp64 (the forward keeps S and
+  // O in fp64; the backward adds each 16-term partial product to fp32 accumulators), so the
+  // result is no less accurate than the FFMA path's. See FlashFp64Mma; ignored where tf32 is set
+  // unless kOn (then an error).
+  FlashFp64Mma fp64Mma = FlashFp64Mma::kAuto;
 };
 
 struct FlashForwardArgs {
@@ -130,6 +141,22 @@ struct FlashKernelSpec {
 // with `deterministic`, the separate dQ kernel runs).
 constexpr int kMaxDqPartialBlocks = 8;
 
+// kAuto runs the fp32 forward on the FP64 tensor cores from this many blocks of 64 query rows
+// (batch x heads x ceil(qLen / 64)). Forward sweep on the H100 (bench/RESULTS_flash.md; head dims
+// 32 and 64, 8-768 queries, 8-512 blocks): from 24 blocks DMMA was faster or within 3% (0.97-2.16x
+// FFMA's speed); at 8-16 blocks FFMA's smaller blocks fill more of the GPU and won 4 of 6 (DMMA
+// 0.89-1.02x).
+constexpr long long kFp64MmaForwardMinBlocks = 24;
+
+// What the launcher's choices depend on in the device.
+struct FlashTarget {
+  int multiprocessors = 0;    // 0: unknown (the fp32 blocks then take their default sizes)
+  bool wgmma = false;         // sm_90a code: the 16-bit forward and default backward at padded head
+                              // dims 64 and 128 use flash_attention_{fwd,bwd}_wgmma.cuh unless PA_FLASH_WGMMA=0
+  bool fullRateFp64 = false;  // FP64 at the FP32 rate (sm_80, sm_90): FlashFp64Mma::kAuto may use DMMA
+  static FlashTarget of(const cuda::DeviceInfo& info);
+};
+
 // Every instantiation the launcher can choose (the NVRTC CI test compiles them all).
 std::vector<FlashKernelSpec> allFlashKernelSpecs();
 
@@ -148,12 +175,10 @@ class FlashAttention {
   size_t backwardWorkspaceBytes(const FlashAttentionConfig& cfg) const;
   void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream);
 
-  // Spec chosen for a problem (exposed for tests and the benchmark's report).
-  // `multiprocessors` (0: unknown) lets the fp32 forward size its blocks to fill the device.
-  // `wgmma`: the device runs sm_90a code (the 16-bit forward and the default backward at padded
-  // head dims 64 and 128 then use flash_attention_{fwd,bwd}_wgmma.cuh unless PA_FLASH_WGMMA=0).
-  static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, int multiprocessors = 0,
-                                    bool wgmma = false);
+  // Spec chosen for a problem on a target (exposed for tests, codegen's dumps and the benchmark's
+  // report); the default target is an sm_80-class device of unknown size without full-rate FP64.
+  static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg,
+                                    const FlashTarget& target = {});
   // Kernel launches made so far (forward and backward), for per-step launch counts.
   int64_t launches() const { return launches_; }
 
@@ -169,7 +194,7 @@ class FlashAttention {
   FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
 
   const cuda::Device& device_;
-  const bool wgmma_;  // the device runs sm_90a code (decided once: specFor runs at every launch)
+  const FlashTarget target_;  // decided once: specFor runs at every launch
   std::mutex mutex_;
   std::unordered_map<unsigned long long, Loaded> loaded_;  // by spec, see load()
   int64_t launches_ = 0;

@@ -180,10 +180,19 @@ struct Case {
   bool atomicDq = false;       // FlashAttention-2's atomic dQ scheme at any length
   bool deterministic = false;  // fp32: the separate dQ kernel where atomics would run
   bool tf32 = false;           // fp32 on the TF32 tensor cores
-  bool fp64Mma = false;        // fp32 on the FP64 tensor cores (held to the exact path's bound)
+  // fp32: FFMA (kOff), the FP64 tensor cores (kOn) or the launcher's default (kAuto); all held to
+  // the exact path's bound. The sweeps pin kOff so that the FFMA kernels stay tested on devices
+  // where the default would run DMMA.
+  FlashFp64Mma fp64Mma = FlashFp64Mma::kOff;
   std::string name() const {
     std::ostringstream os;
-    os << (tf32 ? "tf32" : fp64Mma ? "f64mma" : dtype == kFlashF32 ? "f32" : dtype == kFlashF16 ? "f16" : "bf16") << "_b" << batch << "_h" << heads
+    const bool auto64 = fp64Mma == FlashFp64Mma::kAuto;
+    os << (tf32                            ? "tf32"
+           : dtype == kFlashF16            ? "f16"
+           : dtype == kFlashBF16           ? "bf16"
+           : fp64Mma == FlashFp64Mma::kOn ? "f64mma"
+           : auto64                        ? "f32auto"
+                                           : "f32") << "_b" << batch << "_h" << heads
        << "x" << kvHeads << "_q" << qLen << "_k" << kLen << "_d" << headDim << "_c" << mask.causal
        << (mask.alignBottomRight ? "br" : "tl") << "_w" << mask.windowLeft << "," << mask.windowRight << "_s"
        << mask.sinks << (sinkLogits ? "_sl" : "") << (qScale != 1.0 ? "_big" : "") << (packed ? "_packed" : "") << (atomicDq ? "_atomicdq" : "") << (deterministic ? "_det" : "");
@@ -376,6 +385,7 @@ const std::vector<MaskCase>& maskCases() {
 // the FP64 tensor cores (fp64Mma: head dims <= 64; the exact path's bound).
 enum Precision { kF32, kTF32, kBF16, kF16, kF64Mma };
 FlashDType dtypeOf(int p) { return p == kBF16 ? kFlashBF16 : p == kF16 ? kFlashF16 : kFlashF32; }
+FlashFp64Mma fp64MmaOf(int p) { return p == kF64Mma ? FlashFp64Mma::kOn : FlashFp64Mma::kOff; }
 std::string precisionName(int p) {
   return p == kF32 ? "f32" : p == kTF32 ? "tf32" : p == kBF16 ? "bf16" : p == kF16 ? "f16" : "f64mma";
 }
@@ -401,8 +411,8 @@ TEST_P(FlashMaskSweep, MatchesFloat64Reference) {
   c.heads = gqa[(maskIdx + shapeIdx) % 4][0];
   c.kvHeads = gqa[(maskIdx + shapeIdx) % 4][1];
   c.headDim = dims[(maskIdx * 3 + shapeIdx) % 4];
-  c.fp64Mma = precision == kF64Mma;
-  if (c.fp64Mma && c.headDim > 64) c.headDim /= 2;  // its limit: 128 -> 64, 96 -> 48 (padded to 64)
+  c.fp64Mma = fp64MmaOf(precision);
+  if (precision == kF64Mma && c.headDim > 64) c.headDim /= 2;  // its limit: 128 -> 64, 96 -> 48 (padded to 64)
   // Half the cases per backward scheme: 16-bit and TF32 with and without atomicDq; fp32 (and
   // fp64Mma) by default (FFMA: dQ shares, or atomics beyond 8 key blocks: the lengths 1000 here;
   // fp64Mma: atomics) and deterministic (dQ shares, or the separate dQ kernel).
@@ -437,15 +447,15 @@ TEST_P(FlashHeadDims, MatchesFloat64Reference) {
   Case c;
   c.dtype = dtypeOf(std::get<0>(GetParam()));
   c.tf32 = std::get<0>(GetParam()) == kTF32;
-  c.fp64Mma = std::get<0>(GetParam()) == kF64Mma;
+  c.fp64Mma = fp64MmaOf(std::get<0>(GetParam()));
   c.headDim = std::get<1>(GetParam());
   c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 129, c.kLen = 127;
   c.mask = maskOf(1, 1, 50, -1, 2);
   c.sinkLogits = true;
   c.backward = !(c.dtype == kFlashF32 && c.headDim > 128);
-  if (c.fp64Mma && c.headDim > 64) {  // beyond its limit: a clear error, not a spilling kernel
+  if (c.fp64Mma == FlashFp64Mma::kOn && c.headDim > 64) {  // beyond its limit: a clear error, not a spilling kernel
     FlashAttentionConfig cfg;
-    cfg.dtype = kFlashF32, cfg.fp64Mma = true, cfg.headDim = c.headDim, cfg.qLen = cfg.kLen = 8;
+    cfg.dtype = kFlashF32, cfg.fp64Mma = FlashFp64Mma::kOn, cfg.headDim = c.headDim, cfg.qLen = cfg.kLen = 8;
     expectInvalid(cfg, false, "fp64Mma supports head dim <= 64");
     return;
   }
@@ -454,7 +464,7 @@ TEST_P(FlashHeadDims, MatchesFloat64Reference) {
     c.atomicDq = true;
     runCase(c, 78 + c.headDim);
   }
-  if (c.fp64Mma) {  // its default ran atomics; the deterministic scheme here
+  if (c.fp64Mma == FlashFp64Mma::kOn) {  // its default ran atomics; the deterministic scheme here
     c.deterministic = true;
     runCase(c, 79 + c.headDim);
   }
@@ -482,9 +492,45 @@ TEST(FlashAttentionGpu, LongSequence4096AllMasks) {
       runCase(c, 4098);
       c.deterministic = false, c.tf32 = true;  // and on the TF32 tensor cores
       runCase(c, 4099);
-      c.tf32 = false, c.fp64Mma = true;  // and on the FP64 ones
+      c.tf32 = false, c.fp64Mma = FlashFp64Mma::kOn;  // and on the FP64 ones
       runCase(c, 4100);
     }
+  }
+}
+
+// The fp32 default (FlashFp64Mma::kAuto): on a device with full-rate FP64 the forward runs on the
+// FP64 tensor cores from kFp64MmaForwardMinBlocks blocks at head dims <= 64 and the backward on
+// the FFMA kernels, from the forward's O and log-sum-exp; elsewhere FFMA throughout. Each case
+// checks the choice and the results (the exact path's bound).
+TEST(FlashAttentionGpu, Fp32DefaultForwardOnTheFp64TensorCoresWhereFullRate) {
+  REQUIRE_GPU();
+  const FlashTarget target = FlashTarget::of(env().device->info());
+  struct Shape {
+    int batch, heads, kvHeads, qLen, kLen, headDim;
+    AttentionMaskSpec mask;
+    bool sinkLogits, deterministic;
+  };
+  const Shape shapes[] = {
+      {2, 8, 2, 300, 300, 64, maskOf(1, 0, -1, -1, 0), true, false},     // 80 blocks: DMMA
+      {1, 16, 4, 1000, 1000, 32, maskOf(1, 1, 200, -1, 4), false, false}, // 256 blocks, d 32
+      {1, 8, 8, 1000, 700, 40, maskOf(0, 0, 90, 30, 2), true, true},     // 128 blocks, d 40, deterministic
+      {1, 4, 4, 129, 127, 48, maskOf(1, 1, -1, -1, 0), false, false},    // 12 blocks: FFMA
+      {1, 8, 4, 600, 600, 96, maskOf(1, 0, -1, -1, 0), false, false},    // head dim 96: FFMA
+  };
+  for (const Shape& sh : shapes) {
+    Case c;
+    c.dtype = kFlashF32, c.fp64Mma = FlashFp64Mma::kAuto;
+    c.batch = sh.batch, c.heads = sh.heads, c.kvHeads = sh.kvHeads, c.qLen = sh.qLen, c.kLen = sh.kLen;
+    c.headDim = sh.headDim, c.mask = sh.mask, c.sinkLogits = sh.sinkLogits, c.deterministic = sh.deterministic;
+    FlashAttentionConfig cfg;
+    cfg.dtype = kFlashF32, cfg.batch = c.batch, cfg.heads = c.heads, cfg.kvHeads = c.kvHeads;
+    cfg.qLen = c.qLen, cfg.kLen = c.kLen, cfg.headDim = c.headDim, cfg.deterministic = c.deterministic;
+    const bool wantDmma = target.fullRateFp64 && c.headDim <= 64 &&
+                          (long long)c.batch * c.heads * ((c.qLen + 63) / 64) >= kFp64MmaForwardMinBlocks;
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, target).f64, wantDmma) << c.name();
+    EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).f64) << c.name();
+    EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg, target).f64) << c.name();
+    runCase(c, 5000 + c.qLen + c.headDim);
   }
 }
 
@@ -492,7 +538,7 @@ TEST(FlashAttentionGpu, VeryLargeLogitsStayFinite) {
   REQUIRE_GPU();
   for (int p : {kF32, kTF32, kBF16, kF64Mma}) {
     Case c;
-    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = p == kF64Mma, c.heads = 2, c.kvHeads = 2, c.qLen = 130,
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = fp64MmaOf(p), c.heads = 2, c.kvHeads = 2, c.qLen = 130,
     c.kLen = 300, c.headDim = 64;
     c.mask = maskOf(1, 0, 40, -1, 1);
     c.qScale = 30.0;  // logits of order +-200: exp underflows for all but a few keys per row
@@ -621,7 +667,7 @@ TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
   REQUIRE_GPU();
   for (int p : {kF32, kTF32, kBF16, kF64Mma}) {
     Case c;
-    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = p == kF64Mma, c.batch = 2, c.heads = 4, c.kvHeads = 2;
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = fp64MmaOf(p), c.batch = 2, c.heads = 4, c.kvHeads = 2;
     c.qLen = 77, c.kLen = 150;
     c.headDim = 64, c.mask = maskOf(1, 1, -1, -1, 0);
     c.packed = true;
@@ -635,7 +681,7 @@ TEST(FlashAttentionGpu, FullyMaskedRowsAreZeroNotNaN) {
   // with right offset < 0 is impossible, so also use a window that excludes the rows' diagonal.
   for (int p : {kF32, kTF32, kBF16, kF16, kF64Mma}) {
     Case c;
-    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = p == kF64Mma, c.heads = 2, c.kvHeads = 1, c.qLen = 150;
+    c.dtype = dtypeOf(p), c.tf32 = p == kTF32, c.fp64Mma = fp64MmaOf(p), c.heads = 2, c.kvHeads = 1, c.qLen = 150;
     c.kLen = 40, c.headDim = 32;
     c.mask = maskOf(1, 1, -1, -1, 0);
     runCase(c, 31 + p);
@@ -658,12 +704,12 @@ TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
     cfg.dtype = dtype, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = len, cfg.kLen = len;
     cfg.headDim = 64, cfg.mask = maskOf(1, 0, -1, -1, 0), cfg.sinkLogits = true, cfg.deterministic = true;
     cfg.tf32 = precision == kTF32;
-    cfg.fp64Mma = precision == kF64Mma;
+    cfg.fp64Mma = fp64MmaOf(precision);
     SCOPED_TRACE(precisionName(precision));
-    const int sms = env().device->info().multiprocessors;
-    EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq);
+    const FlashTarget target = FlashTarget::of(env().device->info());
+    EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq);
     cfg.deterministic = false;  // what the flag changes: fp32's default here adds dQ with atomics
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).atomicDq,
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq,
               precision == kF32 || precision == kF64Mma);
     cfg.deterministic = true;
     std::mt19937_64 rng(11);
@@ -711,15 +757,15 @@ TEST(FlashAttentionGpu, Tf32FullBlocksOnALargeGrid) {
   FlashAttentionConfig cfg;
   cfg.dtype = kFlashF32, cfg.tf32 = true, cfg.batch = 4, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 600;
   cfg.headDim = 64;
-  const int sms = env().device->info().multiprocessors;
-  if (sms <= 160) {  // 160 forward / dQ blocks of 128 rows, 320 dK/dV blocks of 64 keys
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, sms).mtiles, 2);
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg, sms).mtiles, 2);
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).warps, 4);
+  const FlashTarget target = FlashTarget::of(env().device->info());
+  if (target.multiprocessors <= 160) {  // 160 forward / dQ blocks of 128 rows, 320 dK/dV blocks of 64 keys
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, target).mtiles, 2);
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg, target).mtiles, 2);
+    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).warps, 4);
   }
   cfg.batch = 1;  // 40 / 80 blocks: the small ones
-  EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, sms).mtiles, 1);
-  EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, sms).warps, 2);
+  EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, target).mtiles, 1);
+  EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).warps, 2);
   runCase(c, 600);
 }
 
@@ -768,7 +814,7 @@ TEST(FlashAttentionGpu, InvalidProblemsFailWithClearErrors) {
   expectInvalid(cfg, false, "tf32 applies to fp32");
   cfg.dtype = kFlashF32;
   EXPECT_NO_THROW(fa.validate(cfg, true));
-  cfg.fp64Mma = true;  // one way to the tensor cores at a time
+  cfg.fp64Mma = FlashFp64Mma::kOn;  // one way to the tensor cores at a time
   expectInvalid(cfg, false, "tf32 and fp64Mma");
   cfg.tf32 = false;
   EXPECT_NO_THROW(fa.validate(cfg, true));

@@ -65,13 +65,13 @@ TEST(FlashNvrtc, Sm90aKernelsUseWgmmaWhereTheyApply) {
       cfg.dtype = dt;
       cfg.headDim = d;
       const bool want = dt != kFlashF32 && ((d > 32 && d <= 64) || (d > 96 && d <= 128));
-      EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 132, true).wgmma, want) << dt << " d" << d;
-      EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 132, false).wgmma) << dt << " d" << d;
+      EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, {132, true}).wgmma, want) << dt << " d" << d;
+      EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, {132, false}).wgmma) << dt << " d" << d;
       for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
         cfg.atomicDq = false;
-        EXPECT_EQ(FlashAttention::chooseSpec(k, cfg, 132, true).wgmma, want) << dt << " d" << d;
+        EXPECT_EQ(FlashAttention::chooseSpec(k, cfg, {132, true}).wgmma, want) << dt << " d" << d;
         cfg.atomicDq = dt != kFlashF32;  // the atomic scheme stays on mma.sync
-        EXPECT_FALSE(FlashAttention::chooseSpec(k, cfg, 132, true).wgmma) << dt << " d" << d;
+        EXPECT_FALSE(FlashAttention::chooseSpec(k, cfg, {132, true}).wgmma) << dt << " d" << d;
         cfg.atomicDq = false;
       }
     }
@@ -110,7 +110,7 @@ TEST(FlashNvrtc, Tf32RunsTheTensorCoreKernels) {
       cfg.headDim = d, cfg.atomicDq = atomic;
       for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
         if (k != FlashKernelKind::kForward && d > 128) continue;
-        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, 132, true);
+        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, {132, true});
         EXPECT_TRUE(s.tf32) << s.name();
         EXPECT_FALSE(s.wgmma) << s.name();
         EXPECT_NE(s.name().find("_tf32_"), std::string::npos) << s.name();
@@ -123,13 +123,13 @@ TEST(FlashNvrtc, Tf32RunsTheTensorCoreKernels) {
         }
       }
       for (FlashKernelKind k : {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdDqConvert}) {
-        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, 132, true);
+        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, {132, true});
         EXPECT_FALSE(s.tf32) << s.name();
         EXPECT_NE(s.source().find("pa::flash::F32Tag"), std::string::npos) << s.source();
       }
     }
   cfg.atomicDq = false, cfg.headDim = 64, cfg.dtype = kFlashBF16;  // 16-bit inputs: no effect
-  const FlashKernelSpec bf = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, 132, false);
+  const FlashKernelSpec bf = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, {132, false});
   EXPECT_FALSE(bf.tf32);
   EXPECT_NE(bf.source().find("pa::flash::BF16Tag"), std::string::npos);
 }
@@ -139,13 +139,13 @@ TEST(FlashNvrtc, Tf32RunsTheTensorCoreKernels) {
 // unless the backward is deterministic, then the dQ kernel runs; the small kernels stay fp32.
 TEST(FlashNvrtc, Fp64MmaRunsTheTensorCoreKernelsInTilesThatFit) {
   FlashAttentionConfig cfg;
-  cfg.dtype = kFlashF32, cfg.fp64Mma = true, cfg.batch = 4, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 4096;
+  cfg.dtype = kFlashF32, cfg.fp64Mma = FlashFp64Mma::kOn, cfg.batch = 4, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 4096;
   for (int d : {8, 32, 40, 64})
     for (bool det : {false, true}) {
       cfg.headDim = d, cfg.deterministic = det;
       for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
         for (bool wgmma : {false, true}) {
-          const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, 132, wgmma);
+          const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, {132, wgmma});
           EXPECT_TRUE(s.f64) << s.name();
           EXPECT_FALSE(s.tf32 || s.wgmma || s.ffma()) << s.name();
           EXPECT_NE(s.name().find("_f64mma_"), std::string::npos) << s.name();
@@ -163,7 +163,7 @@ TEST(FlashNvrtc, Fp64MmaRunsTheTensorCoreKernelsInTilesThatFit) {
         }
       }
       for (FlashKernelKind k : {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdDqConvert}) {
-        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, 132, true);
+        const FlashKernelSpec s = FlashAttention::chooseSpec(k, cfg, {132, true});
         EXPECT_FALSE(s.f64) << s.name();
         EXPECT_NE(s.source().find("pa::flash::F32Tag"), std::string::npos) << s.source();
       }
@@ -175,9 +175,49 @@ TEST(FlashNvrtc, Fp64MmaRunsTheTensorCoreKernelsInTilesThatFit) {
     for (bool det : {false, true}) {
       cfg.headDim = d, cfg.deterministic = det;
       for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
-        EXPECT_TRUE(all.count(FlashAttention::chooseSpec(k, cfg, 132, false).name()))
-            << FlashAttention::chooseSpec(k, cfg, 132, false).name();
+        EXPECT_TRUE(all.count(FlashAttention::chooseSpec(k, cfg, {132, false}).name()))
+            << FlashAttention::chooseSpec(k, cfg, {132, false}).name();
     }
+}
+
+// The fp32 default (FlashFp64Mma::kAuto): the forward on the FP64 tensor cores only on a target
+// with full-rate FP64, at head dims <= 64, from kFp64MmaForwardMinBlocks blocks of 64 query rows;
+// never the backward, never with tf32, and the same instantiation as kOn's forward (compiled by
+// the tests above). kOff and the other targets keep the FFMA kernels.
+TEST(FlashNvrtc, Fp32DefaultPutsTheForwardOnTheFp64TensorCoresWhereFullRate) {
+  std::set<std::string> all;
+  for (const FlashKernelSpec& s : allFlashKernelSpecs()) all.insert(s.name());
+  const FlashTarget h100{132, true, true}, a100{108, false, true}, l40{142, false, false};
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.batch = 1, cfg.heads = cfg.kvHeads = 8;
+  for (int d : {8, 32, 64, 96, 128})
+    for (int len : {1, 128, 129, 192, 193, 4096}) {  // 8, 16, 24, 24, 32, 512 blocks
+      cfg.headDim = d, cfg.qLen = cfg.kLen = len;
+      const long long blocks = 8LL * ((len + 63) / 64);
+      const bool fits = d <= 64 && blocks >= kFp64MmaForwardMinBlocks;
+      for (const FlashTarget& t : {h100, a100, l40}) {
+        const FlashKernelSpec fwd = FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, t);
+        EXPECT_EQ(fwd.f64, fits && t.fullRateFp64) << fwd.name() << " len " << len;
+        if (fwd.f64) {
+          FlashAttentionConfig on = cfg;
+          on.fp64Mma = FlashFp64Mma::kOn;
+          EXPECT_EQ(fwd.name(), FlashAttention::chooseSpec(FlashKernelKind::kForward, on, t).name());
+          EXPECT_TRUE(all.count(fwd.name())) << fwd.name();
+        }
+        for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+          EXPECT_TRUE(FlashAttention::chooseSpec(k, cfg, t).ffma()) << d << " " << len;
+        FlashAttentionConfig other = cfg;
+        other.fp64Mma = FlashFp64Mma::kOff;
+        EXPECT_TRUE(FlashAttention::chooseSpec(FlashKernelKind::kForward, other, t).ffma());
+        other = cfg;
+        other.tf32 = true;
+        EXPECT_TRUE(FlashAttention::chooseSpec(FlashKernelKind::kForward, other, t).tf32);
+        EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kForward, other, t).f64);
+      }
+    }
+  // The 16-bit types never take it.
+  cfg.dtype = kFlashBF16, cfg.headDim = 64, cfg.qLen = cfg.kLen = 4096;
+  EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, h100).f64);
 }
 
 }  // namespace
