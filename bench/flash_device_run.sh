@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine pass over the flash attention work: GPU tests, compute-sanitizer on a small
 # configuration, forward tile sweep and the side-by-side benchmark. Logs go to $OUT (or ./out).
-# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [fp64mma] [fp64bench] [fp32default] [fp32bench] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
+# usage: bench/flash_device_run.sh BUILD_DIR [tests] [sanitize] [fp64mma] [fp64bench] [fp32default] [fp32bench] [f64ncu] [tune] [f32tune] [f32bwdtune] [bwdtune] [bench] [quick] | all
 #   fp64mma: the fp64Mma path's first pass: the throughput probe, its tests (every *f64mma* case
 #   and the tests that loop over precisions), memcheck on one case. fp64bench: the fp32 seeds'
 #   benchmark (with the fp64mma table) and S = 4096 with 4- and 8-warp fp64Mma forward blocks.
@@ -9,6 +9,7 @@
 #   fp32default: the fp32 default (forward on the FP64 tensor cores, backward on FFMA): the probe,
 #   every flash GPU test and the graph's attention GPU tests. fp32bench: the fp32 seeds' benchmark
 #   (default, FFMA, TF32 and fp64Mma tables) and the forward sweep behind kAuto's grid rule.
+#   f64ncu: Nsight Compute on the fp64Mma forward and dK/dV kernels.
 set -u
 B=${1:-build}; shift
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -56,6 +57,14 @@ if want fp32bench; then
     > "$OUT/bench_fp32.log" 2>&1
   cat "$OUT/bench_fp32.md"
   PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention_vs_torch.py --lib "$LIB" --only fp64sweep 2>&1 | tee "$OUT/fp64sweep.log" | grep fp64sweep
+fi
+if want f64ncu; then  # Nsight Compute on the fp64Mma forward and dK/dV kernels (b4 h16 s4096 d64)
+  PA_FLASH_FP64MMA=1 timeout 240 ncu --clock-control none --kernel-name regex:f64mma --launch-count 2 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section InstructionStats --section SchedulerStats --section Occupancy \
+    --section LaunchStats python3 bench/attention_vs_torch.py --lib "$LIB" --only probe > "$OUT/ncu_f64mma.txt" 2>&1
+  grep -E "f64mma|Duration|Compute \(SM\) Throughput|Issue Slots Busy|Pipe|Stall|No Eligible|Registers|Achieved Occupancy" \
+    "$OUT/ncu_f64mma.txt" | head -60
 fi
 if want tune; then
   for cfg in "32 2" "64 2" "64 1"; do

@@ -26,7 +26,7 @@ struct DebugSwitches {
 //   PA_FLASH_SPLIT_KV=0|1                  fp16/bf16 GQA dK/dV per KV head (0) or per query head (1, default)
 //   PA_FLASH_DQ_TILE, PA_FLASH_DQ_MT       fp16/bf16 dQ kernel: keys per tile, m-tiles per warp
 //   PA_FLASH_F32_FWD_R, PA_FLASH_F32_BWD_R fp32 forward / backward: rows (keys) per thread
-//   PA_FLASH_F64_FWD_WARPS                 fp32 forward with fp64Mma: warps per block (4; 8)
+//   PA_FLASH_F64_FWD_WARPS                 fp32 forward on the FP64 tensor cores: warps per block (4; 8)
 inline int tuningOverride(const char* name) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : 0;
