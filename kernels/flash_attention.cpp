@@ -61,11 +61,12 @@ bool wgmmaSwitchedOff() { return !envSwitch("PA_FLASH_WGMMA", true); }
 // kFp64MmaForwardMinBlocks 64-row blocks; the backward stays on FFMA, which measured faster there
 // (bench/RESULTS_flash.md: at S = 4096 the FFMA backward 2.7 ms, DMMA's 2.8 ms).
 bool usesFp64Mma(FlashKernelKind kind, const FlashAttentionConfig& c, const FlashTarget& target) {
+  if (c.tf32) return false;  // TF32 wins (with kOn, validate() refuses the problem)
   switch (c.fp64Mma) {
-    case FlashFp64Mma::kOn: return !c.tf32;  // with tf32, validate() refuses the problem
+    case FlashFp64Mma::kOn: return true;
     case FlashFp64Mma::kOff: return false;
     case FlashFp64Mma::kAuto:
-      return kind == FlashKernelKind::kForward && !c.tf32 && target.fullRateFp64 && c.headDim <= 64 &&
+      return kind == FlashKernelKind::kForward && target.fullRateFp64 && c.headDim <= 64 &&
              (long long)c.batch * c.heads * ceilDiv(c.qLen, 64) >= kFp64MmaForwardMinBlocks;
   }
   return false;

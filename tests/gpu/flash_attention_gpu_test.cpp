@@ -186,13 +186,12 @@ struct Case {
   FlashFp64Mma fp64Mma = FlashFp64Mma::kOff;
   std::string name() const {
     std::ostringstream os;
-    const bool auto64 = fp64Mma == FlashFp64Mma::kAuto;
-    os << (tf32                            ? "tf32"
-           : dtype == kFlashF16            ? "f16"
-           : dtype == kFlashBF16           ? "bf16"
-           : fp64Mma == FlashFp64Mma::kOn ? "f64mma"
-           : auto64                        ? "f32auto"
-                                           : "f32") << "_b" << batch << "_h" << heads
+    os << (tf32                              ? "tf32"
+           : dtype == kFlashF16              ? "f16"
+           : dtype == kFlashBF16             ? "bf16"
+           : fp64Mma == FlashFp64Mma::kOn   ? "f64mma"
+           : fp64Mma == FlashFp64Mma::kAuto ? "f32auto"
+                                             : "f32") << "_b" << batch << "_h" << heads
        << "x" << kvHeads << "_q" << qLen << "_k" << kLen << "_d" << headDim << "_c" << mask.causal
        << (mask.alignBottomRight ? "br" : "tl") << "_w" << mask.windowLeft << "," << mask.windowRight << "_s"
        << mask.sinks << (sinkLogits ? "_sl" : "") << (qScale != 1.0 ? "_big" : "") << (packed ? "_packed" : "") << (atomicDq ? "_atomicdq" : "") << (deterministic ? "_det" : "");
@@ -261,6 +260,19 @@ std::vector<double> randomVec(size_t n, std::mt19937_64& rng, double scale, Flas
   return v;
 }
 
+// The launcher's problem for a test case.
+FlashAttentionConfig configOf(const Case& c) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = c.dtype, cfg.batch = c.batch, cfg.heads = c.heads, cfg.kvHeads = c.kvHeads;
+  cfg.qLen = c.qLen, cfg.kLen = c.kLen, cfg.headDim = c.headDim, cfg.mask = c.mask;
+  cfg.sinkLogits = c.sinkLogits;
+  cfg.atomicDq = c.atomicDq;
+  cfg.deterministic = c.deterministic;
+  cfg.tf32 = c.tf32;
+  cfg.fp64Mma = c.fp64Mma;
+  return cfg;
+}
+
 void runCase(const Case& c, uint64_t seed) {
   SCOPED_TRACE(c.name());
   FlashAttention& fa = *env().flash;
@@ -278,14 +290,7 @@ void runCase(const Case& c, uint64_t seed) {
   pr.batch = c.batch, pr.heads = c.heads, pr.kvHeads = c.kvHeads, pr.qLen = c.qLen, pr.kLen = c.kLen;
   pr.headDim = c.headDim, pr.mask = c.mask, pr.sinkLogits = c.sinkLogits;
 
-  FlashAttentionConfig cfg;
-  cfg.dtype = c.dtype, cfg.batch = c.batch, cfg.heads = c.heads, cfg.kvHeads = c.kvHeads;
-  cfg.qLen = c.qLen, cfg.kLen = c.kLen, cfg.headDim = c.headDim, cfg.mask = c.mask;
-  cfg.sinkLogits = c.sinkLogits;
-  cfg.atomicDq = c.atomicDq;
-  cfg.deterministic = c.deterministic;
-  cfg.tf32 = c.tf32;
-  cfg.fp64Mma = c.fp64Mma;
+  const FlashAttentionConfig cfg = configOf(c);
 
   DevTensor dq(c.dtype, c.batch, c.heads, c.qLen, c.headDim, c.packed);
   DevTensor dk(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, c.packed);
@@ -522,9 +527,7 @@ TEST(FlashAttentionGpu, Fp32DefaultForwardOnTheFp64TensorCoresWhereFullRate) {
     c.dtype = kFlashF32, c.fp64Mma = FlashFp64Mma::kAuto;
     c.batch = sh.batch, c.heads = sh.heads, c.kvHeads = sh.kvHeads, c.qLen = sh.qLen, c.kLen = sh.kLen;
     c.headDim = sh.headDim, c.mask = sh.mask, c.sinkLogits = sh.sinkLogits, c.deterministic = sh.deterministic;
-    FlashAttentionConfig cfg;
-    cfg.dtype = kFlashF32, cfg.batch = c.batch, cfg.heads = c.heads, cfg.kvHeads = c.kvHeads;
-    cfg.qLen = c.qLen, cfg.kLen = c.kLen, cfg.headDim = c.headDim, cfg.deterministic = c.deterministic;
+    const FlashAttentionConfig cfg = configOf(c);
     const bool wantDmma = target.fullRateFp64 && c.headDim <= 64 &&
                           (long long)c.batch * c.heads * ((c.qLen + 63) / 64) >= kFp64MmaForwardMinBlocks;
     EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, target).f64, wantDmma) << c.name();
