@@ -116,6 +116,7 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
     std::fprintf(out, "  %-18s nodes %4zu -> %4zu", ps.pass.c_str(), ps.nodesBefore, ps.nodesAfter);
     for (const auto& kv : ps.counters) std::fprintf(out, ", %s %lld", kv.first.c_str(), (long long)kv.second);
     std::fprintf(out, "\n");
+    for (const std::string& note : ps.notes) std::fprintf(out, "    %s\n", note.c_str());
   }
   std::fprintf(out, "%-28s %16s %16s\n", "", "fused", "unfused");
   std::fprintf(out, "%-28s %16.3f %16.3f   (%s)\n", "time per step (ms)", r.fused.secondsPerStep * 1e3,

@@ -96,6 +96,12 @@ double scheduledLr(const TrainConfig& t, int64_t step, int64_t total) {
   return base;
 }
 
+PassTarget passTargetOf(const Config& cfg) {
+  PassTarget t;
+  t.attention16Bit = cfg.precision == "bf16";
+  return t;
+}
+
 TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, const std::vector<int64_t>& sampleX,
                                    const std::vector<int64_t>& sampleY, int64_t batch) {
   TrainingGraph tg;
@@ -104,6 +110,7 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
   PipelineOptions popt;
   popt.dumpDir = opt.dumpGraphDir;
   popt.title = cfg.name;
+  popt.target = passTargetOf(cfg);
   if (!opt.dumpGraphDir.empty()) dumpGraph(g, opt.dumpGraphDir, "00-frontend", cfg.name + " as lowered");
   const Pipeline pipeline = trainPipeline(cfg, opt.noFuse);
   tg.stats = runPipeline(g, pipeline.forward, popt);
@@ -275,7 +282,9 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
   const int64_t nVal = data_.validation.count;
   evalBatch_ = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
   evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
-  runPipeline(evalModel_.graph, tg.forwardPasses, PipelineOptions{});
+  PipelineOptions evalOpt;
+  evalOpt.target = passTargetOf(cfg);
+  runPipeline(evalModel_.graph, tg.forwardPasses, evalOpt);
 
   if (!opt.dumpKernelsDir.empty()) {
     const int n = codegen::dumpKernels(g, opt.dumpKernelsDir);
@@ -324,6 +333,7 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
         std::printf("  pass %-10s nodes %zu -> %zu", s.pass.c_str(), s.nodesBefore, s.nodesAfter);
         for (const auto& kv : s.counters) std::printf(", %s %lld", kv.first.c_str(), (long long)kv.second);
         std::printf("\n");
+        for (const std::string& note : s.notes) std::printf("    %s\n", note.c_str());
       }
     std::fflush(stdout);
   }
@@ -479,7 +489,9 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
   const int64_t nVal = data_.validation.count;
   evalBatch_ = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
   evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
-  runPipeline(evalModel_.graph, tg.forwardPasses, PipelineOptions{});
+  PipelineOptions evalOpt;
+  evalOpt.target = passTargetOf(cfg);
+  runPipeline(evalModel_.graph, tg.forwardPasses, evalOpt);
   if (!opt.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
     const int n =
         codegen::dumpKernels(model_.graph, opt.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), cfg.precision == "tf32"));

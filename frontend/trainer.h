@@ -52,6 +52,8 @@ struct TrainingGraph {
   std::vector<PassStats> stats;
   std::vector<std::string> forwardPasses;  // also run on the validation graph
 };
+// What the passes may assume of the targets (the precision's attention inputs).
+PassTarget passTargetOf(const Config& cfg);
 TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, const std::vector<int64_t>& sampleX,
                                    const std::vector<int64_t>& sampleY, int64_t batch);
 

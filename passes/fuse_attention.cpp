@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "kernels/attention_mask.h"  // the mask predicate is semantics, shared by every path
+#include "kernels/flash_attention_limits.h"
 #include "passes/fusion.h"
 
 namespace pa {
@@ -121,6 +122,7 @@ bool maskFromConstant(const Graph& g, ValueId c, int64_t q, int64_t k, AttrMap& 
 
 class FuseAttentionPattern final : public RewritePattern {
 public:
+  FuseAttentionPattern(const PassTarget& target, std::vector<std::string>* notes) : target_(target), notes_(notes) {}
   const char* name() const override { return "attention"; }
 
   bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
@@ -212,9 +214,17 @@ public:
       k = rk->inputs[0];
       v = rv->inputs[0];
     }
-    const Shape& qs = g.shape(q);
-    const Shape& ks = g.shape(k);
+    const Shape qs = g.shape(q), ks = g.shape(k);
     if (qs.size() != 4 || ks.size() != 4 || g.shape(v) != ks || ks[1] == 0 || qs[1] % ks[1] != 0) return false;
+    // Every target must run the node: the CPU runs any shape, the CUDA kernels these.
+    const std::string cannot = flashCudaCannotRun(qs[0], qs[1], qs[3], !target_.attention16Bit);
+    if (!cannot.empty()) {
+      const std::string note =
+          "attention at '" + sm.name + "' left unfused: the CUDA FlashAttention kernels cannot run it (" +
+          cannot + ")";
+      if (notes_ && std::find(notes_->begin(), notes_->end(), note) == notes_->end()) notes_->push_back(note);
+      return false;
+    }
 
     // Sink logits: one per head, in any broadcastable layout.
     ValueId sink = kNoValue;
@@ -238,6 +248,10 @@ public:
     ctx.replace(pv.outputs[0], o, dead);
     return true;
   }
+
+private:
+  PassTarget target_;
+  std::vector<std::string>* notes_;
 };
 
 class FoldAttentionLayoutPattern : public RewritePattern {
@@ -284,7 +298,9 @@ public:
 
 }  // namespace
 
-std::unique_ptr<RewritePattern> makeFuseAttentionPattern() { return std::make_unique<FuseAttentionPattern>(); }
+std::unique_ptr<RewritePattern> makeFuseAttentionPattern(const PassTarget& target, std::vector<std::string>* notes) {
+  return std::make_unique<FuseAttentionPattern>(target, notes);
+}
 std::unique_ptr<RewritePattern> makeFoldAttentionLayoutPattern() { return std::make_unique<FoldAttentionLayoutPattern>(); }
 
 }  // namespace pa

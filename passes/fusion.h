@@ -10,7 +10,10 @@ namespace pa {
 
 std::unique_ptr<RewritePattern> makeFuseLinearPattern();
 std::unique_ptr<RewritePattern> makeFuseLinearGradPattern();
-std::unique_ptr<RewritePattern> makeFuseAttentionPattern();
+// Builds a FlashAttention node only where every target runs it (kernels/flash_attention_limits.h);
+// a subgraph left unfused for that reason gets a line in `notes`, when given.
+std::unique_ptr<RewritePattern> makeFuseAttentionPattern(const PassTarget& target = {},
+                                                         std::vector<std::string>* notes = nullptr);
 // Permute([0, 2, 1, 3]) around a FlashAttention folded into its layout attribute ("bshd").
 std::unique_ptr<RewritePattern> makeFoldAttentionLayoutPattern();
 

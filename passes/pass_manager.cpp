@@ -21,14 +21,14 @@ namespace pa {
 namespace {
 
 void registerBuiltins(PassRegistry& r) {
-  r.add({"verify", "check ordering, dangling inputs and types", {}, {}, [](Graph& g, PassStats&) { verifyGraph(g); }});
-  r.add({"dce", "remove nodes no graph output depends on", {}, {}, [](Graph& g, PassStats& s) {
+  r.add({"verify", "check ordering, dangling inputs and types", {}, {}, [](Graph& g, PassStats&, const PassTarget&) { verifyGraph(g); }});
+  r.add({"dce", "remove nodes no graph output depends on", {}, {}, [](Graph& g, PassStats& s, const PassTarget&) {
            s.counters["nodes removed"] = eliminateDeadCode(g);
          }});
   // Fused ops carry their own gradients, so fusing the forward graph happens before autodiff;
   // fuse-elementwise and cse may run on either side of it.
   auto greedy = [](std::unique_ptr<RewritePattern> (*make)()) {
-    return [make](Graph& g, PassStats& s) {
+    return [make](Graph& g, PassStats& s, const PassTarget&) {
       std::vector<std::unique_ptr<RewritePattern>> ps;
       ps.push_back(make());
       s.counters["patterns matched"] = applyPatternsGreedily(g, ps);
@@ -40,27 +40,27 @@ void registerBuiltins(PassRegistry& r) {
          {"fuse-elementwise"}, greedy(&makeFuseLinearGradPattern)});
   r.add({"fuse-attention",
          "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention, reading the heads' permutes in place", {},
-         {"autodiff"}, [](Graph& g, PassStats& s) {
+         {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget& target) {
            std::vector<std::unique_ptr<RewritePattern>> ps;
-           ps.push_back(makeFuseAttentionPattern());
+           ps.push_back(makeFuseAttentionPattern(target, &s.notes));
            s.counters["patterns matched"] = applyPatternsGreedily(g, ps);
            ps.clear();
            ps.push_back(makeFoldAttentionLayoutPattern());
            s.counters["layouts folded"] = applyPatternsGreedily(g, ps);
          }});
   r.add({"fuse-elementwise", "chains of elementwise and broadcast ops become one FusedElementwise", {}, {},
-         [](Graph& g, PassStats& s) {
+         [](Graph& g, PassStats& s, const PassTarget&) {
            int64_t absorbed = 0;
            s.counters["patterns matched"] = fuseElementwise(g, absorbed);
            s.counters["ops absorbed"] = absorbed;
          }});
   r.add({"lower-bf16", "bf16 storage for activations and their gradients, casts before the GEMMs and attention (last: after fusion)",
-         {}, {}, [](Graph& g, PassStats& s) { s.counters["casts inserted"] = lowerToBf16(g); }});
-  r.add({"cse", "merge nodes computing the same op on the same inputs", {}, {}, [](Graph& g, PassStats& s) {
+         {}, {}, [](Graph& g, PassStats& s, const PassTarget&) { s.counters["casts inserted"] = lowerToBf16(g); }});
+  r.add({"cse", "merge nodes computing the same op on the same inputs", {}, {}, [](Graph& g, PassStats& s, const PassTarget&) {
            s.counters["nodes removed"] = eliminateCommonSubexpressions(g);
          }});
   r.add({"autodiff", "append the backward graph of output 'loss' for every parameter", {}, {},
-         [](Graph& g, PassStats& s) {
+         [](Graph& g, PassStats& s, const PassTarget&) {
            const size_t before = g.liveNodeCount();
            appendBackward(g, g.output("loss"), g.params());
            s.counters["backward nodes"] = static_cast<int64_t>(g.liveNodeCount() - before);
@@ -133,7 +133,7 @@ std::vector<PassStats> runPipeline(Graph& g, const std::vector<std::string>& nam
     PassStats s;
     s.pass = name;
     s.nodesBefore = g.liveNodeCount();
-    PassRegistry::builtin().find(name)->run(g, s);
+    PassRegistry::builtin().find(name)->run(g, s, opt.target);
     s.nodesAfter = g.liveNodeCount();
     if (opt.verifyEach && debugSwitches().verifyEachPass) verifyGraph(g);
     if (debugSwitches().printAfterEachPass)

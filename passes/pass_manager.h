@@ -15,6 +15,13 @@ struct PassStats {
   std::string pass;
   size_t nodesBefore = 0, nodesAfter = 0;
   std::map<std::string, int64_t> counters;  // e.g. "patterns matched"
+  std::vector<std::string> notes;           // e.g. why a subgraph was left unfused (--verbose)
+};
+
+// What the passes know of the targets the graph may be placed on (the CPU and, where a GPU is
+// found, the CUDA device: one graph serves both, so a fused node must run on both).
+struct PassTarget {
+  bool attention16Bit = false;  // attention runs on 16-bit inputs (precision bf16), else fp32
 };
 
 struct PassInfo {
@@ -22,7 +29,7 @@ struct PassInfo {
   std::string description;  // one line, for --help and errors
   std::vector<std::string> requires;     // passes that must appear earlier in the pipeline
   std::vector<std::string> mustPrecede;  // passes that, when present, must come later
-  std::function<void(Graph&, PassStats&)> run;
+  std::function<void(Graph&, PassStats&, const PassTarget&)> run;
 };
 
 class PassRegistry {
@@ -43,6 +50,7 @@ struct PipelineOptions {
   std::string dumpDir;      // when set, write NN-<pass>.txt/.dot after every pass
   std::string title = "model";
   int firstDumpIndex = 0;   // number of the first dump file
+  PassTarget target;
 };
 
 // Checks the names and their ordering constraints; throws UserError listing valid names.

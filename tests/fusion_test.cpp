@@ -3,7 +3,13 @@
 // gradients (float64) on random inputs. Hand-written spellings come from explicit YAML nodes.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <set>
 
@@ -220,8 +226,9 @@ struct LayerSpelling {
 class FuseAttentionLayer : public ::testing::TestWithParam<LayerSpelling> {};
 
 TEST_P(FuseAttentionLayer, LayerSugarBecomesOneFlashAttention) {
-  const BuiltModel m = build("  input: [6, 8]\n  layers:\n    - attention: {" + GetParam().yaml + "}\n    - linear: {units: 1}\n",
-                             {6, 8}, {6, 1});
+  // Width 32: head dims 16 and 8, which every target's kernels run.
+  const BuiltModel m = build("  input: [6, 32]\n  layers:\n    - attention: {" + GetParam().yaml + "}\n    - linear: {units: 1}\n",
+                             {6, 32}, {6, 1});
   const Graph g = runAndCompare(m, {"fuse-attention"});
   auto c = countOps(g);
   EXPECT_EQ(c[OpKind::FlashAttention], 1);
@@ -244,9 +251,9 @@ INSTANTIATE_TEST_SUITE_P(Masks, FuseAttentionLayer,
                                            LayerSpelling{"everything", "heads: 4, kv_heads: 1, causal: true, window: 2, sinks: 2, sink_logits: true, residual: true"}),
                          [](const ::testing::TestParamInfo<LayerSpelling>& i) { return i.param.name; });
 
-// Hand-written attention over q, k, v taken from `input` [batch, 2 heads, 5, 4] via explicit nodes.
+// Hand-written attention over q, k, v taken from `input` [batch, 2 heads, 5, 8] via explicit nodes.
 std::string handWritten(const std::string& core) {
-  return "  input: [2, 5, 4]\n  params: {wk: {shape: [4, 4]}, wv: {shape: [4, 4]}}\n  nodes:\n"
+  return "  input: [2, 5, 8]\n  params: {wk: {shape: [8, 8]}, wv: {shape: [8, 8]}}\n  nodes:\n"
          "    - {op: matmul, inputs: [input, wk], output: k}\n"
          "    - {op: matmul, inputs: [input, wv], output: v}\n" +
          core;
@@ -260,7 +267,7 @@ struct HandCase {
 class FuseAttentionHandWritten : public ::testing::TestWithParam<HandCase> {};
 
 TEST_P(FuseAttentionHandWritten, FusesExactlyTheValidSpellings) {
-  const BuiltModel m = build(handWritten(GetParam().core), {2, 5, 4}, {2, 5, 4});
+  const BuiltModel m = build(handWritten(GetParam().core), {2, 5, 8}, {2, 5, 8});
   const Graph g = runAndCompare(m, {"fuse-attention"});
   EXPECT_EQ(countOps(g)[OpKind::FlashAttention], GetParam().fuses ? 1 : 0);
   if (GetParam().fuses) {
@@ -360,6 +367,55 @@ INSTANTIATE_TEST_SUITE_P(
                  "    - {op: matmul, inputs: [p, v], output: y}\n",
                  false}),
     [](const ::testing::TestParamInfo<HandCase>& i) { return i.param.name; });
+
+// A FlashAttention node is built only where every target runs it: the CUDA kernels need a head
+// dim that is a multiple of 8 in [8, 256] (fp32 training: at most 128), so such attention stays
+// unfused on the CPU too (one graph for every target), and --verbose says why.
+TEST(FuseAttentionTarget, LeavesAttentionTheCudaKernelsCannotRunUnfused) {
+  struct Case {
+    int64_t width, heads;
+    bool attention16Bit, fuses;
+  };
+  for (const Case& c : {Case{8, 2, false, false}, Case{12, 1, false, false}, Case{32, 2, false, true}, Case{8, 1, false, true},
+                        Case{192, 1, false, false}, Case{192, 1, true, true}, Case{520, 2, true, false}}) {
+    SCOPED_TRACE("width " + std::to_string(c.width) + ", heads " + std::to_string(c.heads) +
+                 (c.attention16Bit ? ", bf16" : ", fp32"));
+    const std::string yaml = "  input: [3, " + std::to_string(c.width) + "]\n  layers:\n    - attention: {heads: " +
+                             std::to_string(c.heads) + ", causal: true}\n    - linear: {units: 1}\n";
+    BuiltModel m = build(yaml, {3, c.width}, {3, 1});
+    PipelineOptions opt;
+    opt.target.attention16Bit = c.attention16Bit;
+    const std::vector<PassStats> stats = runPipeline(m.graph, {"fuse-attention"}, opt);
+    EXPECT_EQ(countOps(m.graph)[OpKind::FlashAttention], c.fuses ? 1 : 0);
+    ASSERT_EQ(stats.size(), 1u);
+    if (c.fuses) {
+      EXPECT_TRUE(stats[0].notes.empty());
+    } else {
+      ASSERT_EQ(stats[0].notes.size(), 1u);  // once, however many sweeps the driver makes
+      EXPECT_NE(stats[0].notes[0].find("left unfused"), std::string::npos) << stats[0].notes[0];
+      EXPECT_NE(stats[0].notes[0].find("head dim " + std::to_string(c.width / c.heads)), std::string::npos)
+          << stats[0].notes[0];
+    }
+  }
+}
+
+// The same through `train --verbose`: a head dim of 4 trains unfused and says so.
+TEST(FuseAttentionTarget, VerboseTrainSaysWhyAttentionIsLeftUnfused) {
+  const std::string dir = ::testing::TempDir() + "/pa_fuse_target_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string cfg = dir + "/hd4.yaml";
+  std::ofstream(cfg) << "name: hd4\ndata: {kind: sine, window: 8, samples: 64, target: sequence}\n"
+                        "model: {input: [8, 1], layers: [{linear: {units: 8}}, {attention: {heads: 2, causal: true, "
+                        "residual: true}}, {linear: {units: 1}}]}\ntrain: {batch_size: 4, steps: 2}\ncompiler: {fuse: true}\n";
+  const std::string out = dir + "/out.txt";
+  const std::string cmd = std::string(PA_TRAIN_BINARY) + " --device cpu --progress none -v -c " + cfg + " > " + out + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::stringstream text;
+  text << std::ifstream(out).rdbuf();
+  EXPECT_NE(text.str().find("left unfused: the CUDA FlashAttention kernels cannot run it (head dim 4"), std::string::npos)
+      << text.str();
+  std::filesystem::remove_all(dir);
+}
 
 // ---- fuse-elementwise and cse ------------------------------------------------------------
 

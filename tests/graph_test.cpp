@@ -103,8 +103,8 @@ TEST(Passes, RegistryRejectsUnknownNamesAndBadOrder) {
     EXPECT_NE(std::string(e.what()).find("valid passes:"), std::string::npos);
   }
   PassRegistry r;
-  r.add({"x", "", {}, {}, [](Graph&, PassStats&) {}});
-  EXPECT_THROW(r.add({"x", "", {}, {}, [](Graph&, PassStats&) {}}), std::logic_error);
+  r.add({"x", "", {}, {}, [](Graph&, PassStats&, const PassTarget&) {}});
+  EXPECT_THROW(r.add({"x", "", {}, {}, [](Graph&, PassStats&, const PassTarget&) {}}), std::logic_error);
 }
 
 TEST(Passes, PipelineRecordsStatistics) {

@@ -1,0 +1,31 @@
+// The shapes the CUDA FlashAttention kernels run. The launcher validates against these, and
+// fuse-attention builds a FlashAttention node only where every target the graph may be placed
+// on runs it (the CPU kernel runs any shape), so a config that trains on the CPU trains on the GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pa {
+
+constexpr int64_t kFlashMinHeadDim = 8, kFlashMaxHeadDim = 256, kFlashHeadDimStep = 8;
+constexpr int64_t kFlashMaxFp32BackwardHeadDim = 128;  // its tiles of larger head dims do not fit shared memory
+constexpr int64_t kFlashMaxBatchTimesHeads = 65535;    // grid y
+
+constexpr bool flashHeadDimRuns(int64_t d) {
+  return d >= kFlashMinHeadDim && d <= kFlashMaxHeadDim && d % kFlashHeadDimStep == 0;
+}
+
+// Why the CUDA kernels cannot run attention of this shape (training: forward and backward), or
+// "" when they can. `fp32` for fp32 inputs (precision fp32 and tf32), else 16-bit.
+inline std::string flashCudaCannotRun(int64_t batch, int64_t heads, int64_t headDim, bool fp32) {
+  if (!flashHeadDimRuns(headDim))
+    return "head dim " + std::to_string(headDim) + " is not a multiple of 8 in [8, 256]";
+  if (fp32 && headDim > kFlashMaxFp32BackwardHeadDim)
+    return "head dim " + std::to_string(headDim) + " is over 128, the fp32 backward's limit";
+  if (batch * heads > kFlashMaxBatchTimesHeads)
+    return "batch x heads = " + std::to_string(batch * heads) + " is over 65535";
+  return "";
+}
+
+}  // namespace pa
