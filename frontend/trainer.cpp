@@ -152,6 +152,16 @@ std::string gemmSummary(const std::string& mode, const CudaGraphRunner& train, c
   return s;
 }
 
+// --verbose: each pass's statistics, and its notes (e.g. what was left unfused and why).
+void printPassStats(const std::vector<PassStats>& stats) {
+  for (const PassStats& s : stats) {
+    std::printf("  pass %-10s nodes %zu -> %zu", s.pass.c_str(), s.nodesBefore, s.nodesAfter);
+    for (const auto& kv : s.counters) std::printf(", %s %lld", kv.first.c_str(), (long long)kv.second);
+    std::printf("\n");
+    for (const std::string& note : s.notes) std::printf("    %s\n", note.c_str());
+  }
+}
+
 std::string humanCount(int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
@@ -328,13 +338,7 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
                 opt.noFuse ? " (unfused)" : "", device.c_str(), cfg.precision.c_str());
     std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", data_.description.c_str(),
                 (long long)data_.train.count, (long long)nVal, (long long)batch, (long long)steps_);
-    if (opt.verbose)
-      for (const PassStats& s : stats) {
-        std::printf("  pass %-10s nodes %zu -> %zu", s.pass.c_str(), s.nodesBefore, s.nodesAfter);
-        for (const auto& kv : s.counters) std::printf(", %s %lld", kv.first.c_str(), (long long)kv.second);
-        std::printf("\n");
-        for (const std::string& note : s.notes) std::printf("    %s\n", note.c_str());
-      }
+    if (opt.verbose) printPassStats(stats);
     std::fflush(stdout);
   }
 }
@@ -599,6 +603,7 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
     std::printf("%s\n", res_.gemm.c_str());
     std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", data_.description.c_str(),
                 (long long)data_.train.count, (long long)nVal, (long long)batch, (long long)steps_);
+    if (opt.verbose) printPassStats(tg.stats);
     std::fflush(stdout);
   }
 }
