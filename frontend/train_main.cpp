@@ -45,7 +45,9 @@ int main(int argc, char** argv) {
   try {
     const pa::Config cfg = pa::loadConfig(configPath, sets);
     if (compare) return pa::compareFusedUnfused(cfg, opt, stdout).agree ? 0 : 1;
-    pa::train(cfg, opt);
+    opt.catchInterrupts = true;
+    const pa::TrainResult r = pa::train(cfg, opt);
+    if (r.interruptedBy) return 128 + r.interruptedBy;  // the shell's convention: 130 for Ctrl-C
   } catch (const pa::UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

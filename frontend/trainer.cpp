@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "codegen/training_kernels.h"
 #include "graph/debug.h"
 #include "frontend/datasets.h"
+#include "frontend/interrupt.h"
 #include "frontend/metrics.h"
 #include "frontend/model_builder.h"
 #include "frontend/rng.h"
@@ -771,7 +773,10 @@ std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) {
 
 TrainResult train(const Config& cfg, const RunOptions& opt) {
   std::unique_ptr<Session> session = makeSession(cfg, opt);
-  const int64_t steps = session->totalSteps();
+  std::unique_ptr<InterruptGuard> interrupts;
+  if (opt.catchInterrupts) interrupts = std::make_unique<InterruptGuard>();
+  int64_t steps = session->totalSteps();
+  const int64_t plannedSteps = steps;
   const int64_t logEvery = cfg.train.logEvery;
   std::unique_ptr<MetricsWriter> metrics;
   if (!opt.metricsPath.empty()) metrics = std::make_unique<MetricsWriter>(opt.metricsPath);
@@ -810,6 +815,21 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
     return ms;
   };
   for (int64_t step = 1; step <= steps; ++step) {
+    if (interrupts && interrupts->interrupted()) {
+      // The steps queued so far finish; this one is the last, and is reported as the end.
+      steps = step - 1;
+      if (steps == 0) break;
+      const size_t before = res.losses.size();
+      const double ms = collect(true);
+      lastVal = session->validate();
+      if (lastVal >= 0) res.validation.emplace_back(steps, lastVal);
+      if (res.losses.size() > before) {  // the last step is not reported yet: report it with its validation
+        const double lr = scheduledLr(cfg.train, steps, plannedSteps);
+        progress.step(steps, res.losses.back(), lastVal, lr);
+        if (metrics) metrics->write(steps, res.losses.back(), lastVal, lr, ms);
+      }
+      break;
+    }
     session->enqueueStep(step);
     if (step % logEvery == 0 || step == steps) {
       const double ms = collect(true);
@@ -829,7 +849,11 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
   res.finalValidation = lastVal;
   res.secondsPerStep = steps ? stepSeconds / static_cast<double>(steps) : 0.0;
   res.finalParams = session->params();
+  if (interrupts && interrupts->interrupted()) res.interruptedBy = interrupts->signal();
   if (opt.printSummary) {
+    if (res.interruptedBy)
+      std::printf("interrupted (%s) after step %lld of %lld\n", res.interruptedBy == SIGINT ? "Ctrl-C" : "SIGTERM",
+                  (long long)steps, (long long)plannedSteps);
     std::printf("done: %lld steps in %s (%.3f ms/step)", (long long)steps, formatDuration(progress.elapsedSeconds()).c_str(),
                 res.secondsPerStep * 1e3);
     if (!res.losses.empty()) std::printf("; final loss %.6e", res.losses.back());

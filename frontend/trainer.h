@@ -26,6 +26,9 @@ struct RunOptions {
   bool noFuse = false;             // --no-fuse: leave the fusion passes out of the pipeline
   bool printSummary = true;        // the header and closing summary on stdout
   bool cudaGraph = true;           // GPU: replay the step as a CUDA graph (also off with PA_CUDA_GRAPH=0)
+  // `train`: Ctrl-C (SIGINT) or SIGTERM stops after the step in flight, with a summary
+  // (TrainResult::interruptedBy); off for library callers, whose signals stay theirs.
+  bool catchInterrupts = false;
   // Initial parameter values by name (tests, golden runs); others are initialised from the seed.
   std::map<std::string, std::vector<double>> initialParams;
 };
@@ -39,6 +42,7 @@ struct TrainResult {
   size_t forwardNodes = 0, trainNodes = 0;  // live nodes: forward graph, whole training step
   size_t activationBytes = 0;               // peak activation memory of the step (memory plan)
   std::vector<PassStats> passes;            // statistics of every pass the training graph went through
+  int interruptedBy = 0;  // the signal that stopped training early (catchInterrupts), else 0
   std::string device;
   std::string gemm;  // GPU: who runs the GEMMs ("GEMMs (compiler.gemm auto): 7 on cuBLASLt, 2 generated; ...")
   std::map<std::string, std::vector<double>> finalParams;

@@ -2,7 +2,16 @@
 // metrics and graph dumps.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iterator>
 #include <cstring>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -191,6 +200,56 @@ TEST(Compare, FusedAttentionNeedsLessActivationMemory) {
   const size_t scores = 2 * 4 * 256 * 256 * sizeof(float);  // one [B, H, S, S] float tensor
   EXPECT_GE(r.unfused.activationBytes, 2 * scores);
   EXPECT_LT(r.fused.activationBytes, scores);
+}
+
+// Ctrl-C: `train` finishes the step in flight, prints a summary and exits 130; the metrics file
+// holds every step taken, each once, and nothing half-written.
+TEST(Interrupt, CtrlCFinishesTheStepSummarisesAndExits130) {
+  const fs::path dir = tempDir("interrupt");
+  const fs::path metrics = dir / "m.csv", out = dir / "out.txt";
+  const std::string config = std::string(PA_SOURCE_DIR) + "/configs/sine_mlp.yaml";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(PA_TRAIN_BINARY, PA_TRAIN_BINARY, "-c", config.c_str(), "--device", "cpu", "--steps", "100000000",
+          "--progress", "lines", "--metrics", metrics.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait until it is training (the metrics file has rows), then interrupt it.
+  auto rowsWritten = [&] {
+    std::ifstream f(metrics);
+    return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (rowsWritten() > 20) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string text = readFile(out);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << text;
+  const size_t at = text.find("interrupted (Ctrl-C) after step ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const long long last = std::stoll(text.substr(at + std::strlen("interrupted (Ctrl-C) after step ")));
+  EXPECT_NE(text.find("done: " + std::to_string(last) + " steps"), std::string::npos) << text;
+  // One header and one complete row per step, in order.
+  std::ifstream rows(metrics);
+  std::string line;
+  std::getline(rows, line);
+  long long expect = 1;
+  while (std::getline(rows, line)) {
+    ASSERT_EQ(std::stoll(line.substr(0, line.find(','))), expect) << line;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 4) << line;
+    ++expect;
+  }
+  EXPECT_EQ(expect - 1, last);
+  fs::remove_all(dir);
 }
 
 TEST(Precision, Fp64AndFp32TrajectoriesAgree) {
