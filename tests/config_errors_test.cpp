@@ -159,6 +159,103 @@ TEST(ConfigErrors, SetOverridesAreCheckedAndNamed) {
   EXPECT_NE(errorOf(kGood, {"nonsense"}).find("expected key.path=value"), std::string::npos);
 }
 
+TEST(ConfigErrors, MapOrListAsAKeyIsAUserError) {
+  // yaml-cpp's own conversion threw "bad conversion" without the file (exit 1).
+  std::string e = errorOf("? [a, b]\n: 3\n" + std::string(kGood));
+  EXPECT_NE(e.find("model.yaml:1:3: a key must be a name, got a list as a key"), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "steps: 2", "{x: 1}: 2"));
+  EXPECT_NE(e.find("model.yaml:9:"), std::string::npos) << e;
+  EXPECT_NE(e.find("train: a key must be a name, got a map as a key"), std::string::npos) << e;
+  e = errorOf(kGood, {"train={[a]: 1}"});
+  EXPECT_NE(e.find("--set train={[a]: 1}: train: a key must be a name"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, DuplicateKeyNamesBothPlaces) {
+  std::string e = errorOf(std::string(kGood) + "name: u\n");
+  EXPECT_NE(e.find("model.yaml:10:1: name: duplicate key 'name': it is also at model.yaml:1:1"), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "steps: 2", "steps: 2, steps: 3"));
+  EXPECT_NE(e.find("model.yaml:9:34: train.steps: duplicate key 'steps': it is also at model.yaml:9:24"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, ASecondYamlDocumentIsAnError) {
+  const std::string e = errorOf(std::string(kGood) + "---\nname: u\n");
+  EXPECT_NE(e.find("model.yaml:11:1: a second YAML document"), std::string::npos) << e;
+  EXPECT_NE(errorOf(std::string(kGood) + "---\n").find("a second YAML document"), std::string::npos);
+}
+
+TEST(ConfigErrors, UnknownPassIsLocatedAndSuggests) {
+  std::string e = errorOf(std::string(kGood) + "compiler: {passes: [cse, dcee]}\n");
+  EXPECT_NE(e.find("model.yaml:10:26: compiler.passes[1]: unknown pass 'dcee'; did you mean 'dce'? Valid passes: "),
+            std::string::npos) << e;
+  e = errorOf(kGood, {"compiler.passes=[autodiff]"});  // ran twice: "a value of this name already exists"
+  EXPECT_NE(e.find("--set compiler.passes=[autodiff]: compiler.passes[0]: pass 'autodiff' is run by the trainer"),
+            std::string::npos) << e;
+  EXPECT_NE(errorOf(kGood, {"compiler.passes=[lower-bf16]"}).find("precision: bf16"), std::string::npos);
+  EXPECT_EQ(errorOf(kGood, {"compiler.passes=[cse, dce, verify]"}), "");
+}
+
+TEST(ConfigErrors, SetErrorsNameTheFlagNotTheFile) {
+  std::string e = errorOf(kGood, {"train.stepz=3"});  // was "model.yaml: train: unknown key 'stepz'"
+  EXPECT_EQ(e.find("model.yaml"), std::string::npos) << e;
+  EXPECT_NE(e.find("--set train.stepz=3: train.stepz: unknown key 'stepz'; did you mean 'steps'?"), std::string::npos) << e;
+  e = errorOf(kGood, {"compiler={fuse: maybe}"});
+  EXPECT_NE(e.find("--set compiler={fuse: maybe}: compiler.fuse:"), std::string::npos) << e;
+  // A mistake found on a map names the --set that changed a key under it, beside the map's place.
+  e = errorOf(kGood, {"model.layers.1.attention.heads=3"});
+  EXPECT_NE(e.find("(with --set model.layers[1].attention.heads=3)"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, StepsAndEpochsAreNotBothSet) {
+  const std::string e = errorOf(replaced(kGood, "steps: 2", "steps: 2, epochs: 1"));
+  EXPECT_NE(e.find("model.yaml:9:42: train.epochs: give train.steps or train.epochs, not both (train.steps is set at "
+                   "model.yaml:9:31)"),
+            std::string::npos) << e;
+  // A --set of one replaces the file's other one.
+  Config c = parseConfig(kGood, "model.yaml", {"train.epochs=3"});
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_EQ(c.train.steps, TrainConfig().steps);
+  c = parseConfig(replaced(kGood, "steps: 2", "epochs: 2"), "model.yaml", {"train.steps=7"});
+  EXPECT_EQ(c.train.epochs, 0);
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_NE(errorOf(kGood, {"train.epochs=3", "train.steps=4"}).find("not both"), std::string::npos);
+  EXPECT_EQ(errorOf(replaced(kGood, "steps: 2", "steps: 2, epochs: 0")), "");  // 0 is off
+}
+
+TEST(ConfigErrors, AdamEpsMustBePositive) {
+  const std::string e = errorOf(kGood, {"train.optimizer.eps=0"});
+  EXPECT_NE(e.find("train.optimizer.eps: must be greater than 0 and at most 1, got 0"), std::string::npos) << e;
+  EXPECT_EQ(errorOf(kGood, {"train.optimizer.eps=1e-12"}), "");
+}
+
+TEST(ConfigErrors, NumbersAtTheEdgesOfDouble) {
+  // 1e-320 is a denormal: strtod flags the underflow, but it is a number (stod threw).
+  const Config c = parseConfig(kGood, "model.yaml", {"train.optimizer.lr=1e-320"});
+  EXPECT_GT(c.train.optimizer.lr, 0.0);
+  EXPECT_LT(c.train.optimizer.lr, 1e-300);
+  EXPECT_NE(errorOf(kGood, {"train.optimizer.lr=1e400"}).find("'1e400' is too large"), std::string::npos);
+  EXPECT_NE(errorOf(kGood, {"train.optimizer.lr=2000"}).find("lr: must be between 0 and 1000, got 2000"), std::string::npos);
+  EXPECT_NE(errorOf(kGood, {"train.steps=1e3"}).find("expected an integer, got '1e3' (write it without"), std::string::npos);
+  EXPECT_NE(errorOf(kGood, {"train.steps=99999999999999999999"}).find("is out of range"), std::string::npos);
+}
+
+TEST(ConfigErrors, MessagesWithoutASuggestionArePunctuated) {
+  std::string e = errorOf(replaced(kGood, "kind: sine", "kind: xyzzy"));
+  EXPECT_NE(e.find("'xyzzy' is not valid. Valid choices: sine, function, csv"), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "steps: 2", "qqqqqqq: 2"));
+  EXPECT_NE(e.find("unknown key 'qqqqqqq'. Valid keys: "), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "    - linear: {units: 1}\n", "    - qqqqqqq: {units: 1}\n"));
+  EXPECT_NE(e.find("unknown layer 'qqqqqqq'. Valid layers: linear, attention"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, ConfigThatIsADirectory) {
+  try {
+    loadConfig(fs::temp_directory_path().string(), {});
+    FAIL() << "a directory was read as a config";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+}
+
 class CsvErrors : public ::testing::Test {
 protected:
   void SetUp() override {
