@@ -247,6 +247,14 @@ TEST(ConfigErrors, MessagesWithoutASuggestionArePunctuated) {
   EXPECT_NE(e.find("unknown layer 'qqqqqqq'. Valid layers: linear, attention"), std::string::npos) << e;
 }
 
+TEST(ConfigErrors, FunctionDataBeyondFloat32) {
+  const std::string base = "name: t\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {steps: 1}\n";
+  std::string e = errorOf(base + "data: {kind: function, range: [-1e39, 1]}\n");
+  EXPECT_NE(e.find("model.yaml:4:32: data.range[0]: -1e+39 is beyond float32"), std::string::npos) << e;
+  e = errorOf(base + "data: {kind: function, fn: cubic, range: [-1e13, 1e13]}\n");
+  EXPECT_NE(e.find("model.yaml:4:42: data.range: the target cubic(x) reaches"), std::string::npos) << e;
+}
+
 TEST(ConfigErrors, ConfigThatIsADirectory) {
   try {
     loadConfig(fs::temp_directory_path().string(), {});
@@ -254,6 +262,22 @@ TEST(ConfigErrors, ConfigThatIsADirectory) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
   }
+}
+
+TEST(ConfigErrors, MistakesFoundByMutatingTheExamples) {
+  // Each was exit 1 (std::bad_alloc, yaml-cpp's "invalid node") or accepted in silence.
+  std::string e = errorOf(kGood, {"data.samples=99999999999"});
+  EXPECT_NE(e.find("--set data.samples=99999999999: data.samples: 99999999999 samples of 16 values each are"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("the limit is 2^32 values"), std::string::npos) << e;
+  e = errorOf(kGood, {"model.input=[]"});
+  EXPECT_NE(e.find("model.input: an empty list"), std::string::npos) << e;
+  e = errorOf(std::string(kGood) + "compiler: {fuse: [linear, attention, linear]}\n");
+  EXPECT_NE(e.find("model.yaml:10:38: compiler.fuse[2]: 'linear' is listed twice"), std::string::npos) << e;
+  e = errorOf("name: t\ndata: {kind: function}\nmodel:\n  params: {w: {shape: [1, 1]}}\n"
+              "  nodes: [{op: matmul, inputs: {a: 1}, output: y}]\n");
+  EXPECT_NE(e.find("model.yaml:5:32: model.nodes[0].inputs: expected a value name or a list of them, got a map"),
+            std::string::npos) << e;
 }
 
 class CsvErrors : public ::testing::Test {
@@ -302,6 +326,66 @@ TEST_F(CsvErrors, RaggedRowAndUnknownColumn) {
   const std::string e = errorOf("name: t\ndata: {kind: csv, path: " + (dir_ / "d.csv").string() +
                                 ", targets: [z]}\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {batch_size: 1}\n");
   EXPECT_NE(e.find("no column 'z'"), std::string::npos) << e;
+}
+
+TEST_F(CsvErrors, CellErrorsNameTheDataPathKey) {
+  const std::string e = run("a,b,y\n1,2,3\n4,five,6\n");
+  EXPECT_NE(e.find("d.csv:3:3: column 'b': 'five' is not a number (the CSV file of data.path, model.yaml:2:"),
+            std::string::npos) << e;
+}
+
+TEST_F(CsvErrors, ColumnNumbersCountTheSpaces) {
+  const std::string e = run("a, b, y\n1, 2, 3\n4,   five , 6\n");
+  EXPECT_NE(e.find("d.csv:3:6: column 'b': 'five' is not a number"), std::string::npos) << e;
+  EXPECT_NE(run("a,b,y\n1,2,3\n4,\"x\",6\n").find("d.csv:3:3: column 'b': 'x' is not a number"), std::string::npos);
+}
+
+TEST_F(CsvErrors, ValueBeyondFloat32) {
+  const std::string e = run("a,b,y\n1,2,3\n4,1e39,6\n");
+  EXPECT_NE(e.find("d.csv:3:3: column 'b': 1e39 is beyond float32"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.path, model.yaml:2:"), std::string::npos) << e;
+  EXPECT_NE(run("a,y\n1,2\n1e400,3\n").find("d.csv:3:1: column 'a': 1e400 is beyond float32"), std::string::npos);
+}
+
+TEST_F(CsvErrors, DenormalCellIsANumber) { EXPECT_EQ(run("a,y\n1,2\n1e-320,3\n"), ""); }
+
+TEST_F(CsvErrors, ByteOrderMarkIsNotPartOfTheFirstName) {
+  std::ofstream(dir_ / "d.csv") << "\xEF\xBB\xBF" "a,b,y\n1,2,3\n4,5,6\n";
+  EXPECT_EQ(errorOf("name: t\ndata: {kind: csv, path: " + (dir_ / "d.csv").string() +
+                    ", features: [a]}\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {batch_size: 1}\n"),
+            "");
+}
+
+TEST_F(CsvErrors, DirectoryAndEmptyFileAreNamedAsSuch) {
+  fs::create_directories(dir_ / "dir.csv");
+  std::string e = errorOf("name: t\ndata: {kind: csv, path: " + (dir_ / "dir.csv").string() +
+                          "}\nmodel: {layers: [{linear: {units: 1}}]}\n");
+  EXPECT_NE(e.find("model.yaml:2:25: data.path: '" + (dir_ / "dir.csv").string() + "' is a directory, not a CSV file"),
+            std::string::npos) << e;
+  e = run("");
+  EXPECT_NE(e.find("data.path: the CSV file '" + (dir_ / "d.csv").string() + "' is empty"), std::string::npos) << e;
+  EXPECT_NE(run("a,y\n").find("d.csv:1: no data rows below the header"), std::string::npos);
+}
+
+TEST_F(CsvErrors, FeaturesAndTargetsDoNotOverlap) {
+  std::ofstream(dir_ / "d.csv") << "a,b,y\n1,2,3\n4,5,6\n";
+  const std::string head = "name: t\ndata: {kind: csv, path: " + (dir_ / "d.csv").string();
+  const std::string tail = "}\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {batch_size: 1}\n";
+  std::string e = errorOf(head + ", features: [a, b], targets: [y, b]" + tail);
+  EXPECT_NE(e.find("data.targets[1]: column 'b' is both a feature (data.features, model.yaml:2:"), std::string::npos) << e;
+  e = errorOf(head + ", features: [a, y]" + tail);  // y: the default target
+  EXPECT_NE(e.find("data.features: column 'y' is also the target"), std::string::npos) << e;
+  EXPECT_NE(errorOf(head + ", features: [a, a]" + tail).find("column 'a' is listed twice"), std::string::npos);
+  EXPECT_NE(errorOf(head + ", features: []" + tail).find("data.features: an empty list"), std::string::npos);
+}
+
+TEST_F(CsvErrors, UnknownColumnIsLocatedAtItsKey) {
+  std::ofstream(dir_ / "d.csv") << "alpha,y\n1,2\n";
+  const std::string e = errorOf("name: t\ndata: {kind: csv, path: " + (dir_ / "d.csv").string() +
+                                ", features: [alpah]}\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {batch_size: 1}\n");
+  EXPECT_NE(e.find("model.yaml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.features: no column 'alpah'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'alpha'?"), std::string::npos) << e;
 }
 
 int runTrain(const std::string& args) {
