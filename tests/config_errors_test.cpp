@@ -194,6 +194,16 @@ TEST(ConfigErrors, UnknownPassIsLocatedAndSuggests) {
   EXPECT_EQ(errorOf(kGood, {"compiler.passes=[cse, dce, verify]"}), "");
 }
 
+TEST(ConfigErrors, BatchLargerThanTheTrainingSamplesIsLocated) {
+  std::string e = errorOf(replaced(kGood, "batch_size: 4", "batch_size: 60"));  // 64 samples, 10% held out
+  EXPECT_NE(e.find("model.yaml:9:21: train.batch_size: 60 is larger than the 58 training samples"), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "batch_size: 4, ", ""));  // the default, 64
+  EXPECT_NE(e.find("model.yaml: train.batch_size: 64 is larger than the 58 training samples"), std::string::npos) << e;
+  EXPECT_NE(e.find("this is its default"), std::string::npos) << e;
+  e = errorOf(kGood, {"train.batch_size=59"});
+  EXPECT_NE(e.find("--set train.batch_size=59: train.batch_size: 59 is larger"), std::string::npos) << e;
+}
+
 TEST(ConfigErrors, SetErrorsNameTheFlagNotTheFile) {
   std::string e = errorOf(kGood, {"train.stepz=3"});  // was "model.yaml: train: unknown key 'stepz'"
   EXPECT_EQ(e.find("model.yaml"), std::string::npos) << e;
@@ -262,6 +272,31 @@ TEST(ConfigErrors, ConfigThatIsADirectory) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
   }
+}
+
+TEST(ConfigErrors, NonFiniteValidationLossStopsTraining) {
+  // Unshuffled, the first 2 of 4 rows are the validation split; 3e38 overflows the squared
+  // error, so only the validation loss is not finite. `lastVal >= 0` once let it pass as "none".
+  const fs::path dir = fs::temp_directory_path() / ("pa_valnan_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "d.csv") << "x,y\n3e38,-3e38\n3e38,-3e38\n0.5,1\n0.25,0.5\n";
+  Config c = parseConfig("name: t\ndata: {kind: csv, path: " + (dir / "d.csv").string() +
+                             ", validation: 0.5, shuffle: false}\nmodel: {layers: [{linear: {units: 1}}]}\n"
+                             "train: {batch_size: 1, steps: 2, log_every: 1}\n",
+                         "model.yaml", {});
+  RunOptions o;
+  o.device = "cpu";
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  try {
+    train(c, o);
+    ADD_FAILURE() << "trained through a non-finite validation loss";
+  } catch (const UserError& e) {
+    ADD_FAILURE() << "a diverged run is not a user mistake: " << e.what();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("the validation loss is inf at step 1"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 TEST(ConfigErrors, MistakesFoundByMutatingTheExamples) {
@@ -406,6 +441,51 @@ TEST(Cli, UserMistakesExitWithCodeTwo) {
   }
   EXPECT_EQ(runTrain("--config " + (dir / "good.yaml").string() + " --bogus-flag"), 2);
   EXPECT_EQ(runTrain("--config " + (dir / "good.yaml").string() + " --steps 2 --progress none"), 0);
+  fs::remove_all(dir);
+}
+
+// Runs `train` with `args`; returns the exit code and leaves stderr in `err`.
+int runTrainErr(const std::string& args, std::string& err) {
+  const fs::path log = fs::temp_directory_path() / ("pa_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(PA_TRAIN_BINARY) + " " + args + " >/dev/null 2>" + log.string();
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(log);
+  err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  fs::remove(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(Cli, OutputPathsAndStepsAreCheckedWithTheirFlag) {
+  const fs::path dir = fs::temp_directory_path() / ("pa_cli_out_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string config = "--config " + (dir / "good.yaml").string() + " --progress none ";
+  const std::string good = config + "--steps 1 ";
+  std::ofstream(dir / "good.yaml") << kGood;
+  std::string err;
+  // CLI11's NonNegativeNumber printed "Value abc not in range 0 to 1.797693e+308".
+  EXPECT_EQ(runTrainErr(config + "--steps abc", err), 2);
+  EXPECT_NE(err.find("--steps abc: expected a whole number of steps, 0 or more"), std::string::npos) << err;
+  EXPECT_EQ(err.find("1.79"), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(config + "--steps -3", err), 2);
+  // A file where a folder should be, and a folder below a file: a raw filesystem error, exit 1.
+  EXPECT_EQ(runTrainErr(good + "--dump-graph " + (dir / "good.yaml").string(), err), 2);
+  EXPECT_NE(err.find("--dump-graph " + (dir / "good.yaml").string() + ": is a file; expected a folder"), std::string::npos)
+      << err;
+  EXPECT_EQ(runTrainErr(good + "--dump-kernels " + (dir / "good.yaml" / "k").string(), err), 2);
+  EXPECT_NE(err.find("--dump-kernels " + (dir / "good.yaml" / "k").string() + ": cannot create the folder"),
+            std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--dump-graph /proc/pa-no-such-folder", err), 2);
+  EXPECT_NE(err.find("--dump-graph /proc/pa-no-such-folder: "), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--metrics " + dir.string(), err), 2);
+  EXPECT_NE(err.find("--metrics " + dir.string() + ": is a folder"), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--metrics " + (dir / "none" / "m.csv").string(), err), 2);
+  EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--metrics /proc/pa-m.csv", err), 2);
+  EXPECT_NE(err.find("--metrics /proc/pa-m.csv: "), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr("--config " + dir.string(), err), 2);
+  EXPECT_NE(err.find("is a directory; --config takes a YAML file"), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--dump-graph " + (dir / "g").string(), err), 0) << err;
+  EXPECT_TRUE(fs::exists(dir / "g" / "00-frontend.txt"));
   fs::remove_all(dir);
 }
 
