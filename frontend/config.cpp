@@ -217,6 +217,7 @@ LayerConfig parseLayer(const CfgNode& item) {
         l.windowLeft = w.asInt();
         if (l.windowLeft < 0) w.fail("must be >= 0 (a window is an inclusive offset), got " + std::to_string(l.windowLeft));
       } else {
+        if (!w.isMap()) w.fail("expected a number L or a map {left: L, right: R}, got " + std::string(w.isSequence() ? "a list" : "nothing"));
         w.checkKeys({"left", "right"});
         l.windowLeft = w.getInt("left", -1);
         l.windowRight = w.getInt("right", -1);

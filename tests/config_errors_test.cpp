@@ -110,6 +110,9 @@ TEST(ConfigErrors, NegativeWindowAndSinks) {
             std::string::npos);
   EXPECT_NE(errorOf(replaced(kGood, "causal: true", "window: -1")).find("must be >= 0"), std::string::npos);
   EXPECT_NE(errorOf(replaced(kGood, "causal: true", "sinks: -1")).find("sinks: must be >= 0, got -1"), std::string::npos);
+  // A number is as valid as a map here; the message said only "expected a map with keys left, right".
+  EXPECT_NE(errorOf(replaced(kGood, "causal: true", "window: [1]")).find("window: expected a number L or a map {left: L, right: R}, got a list"),
+            std::string::npos);
 }
 
 TEST(ConfigErrors, UnknownLayerSuggests) {
