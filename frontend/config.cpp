@@ -457,6 +457,7 @@ Config parseConfig(const std::string& yamlText, const std::string& file, const s
 }
 
 Config loadConfig(const std::string& file, const std::vector<std::string>& overrides) {
+  if (file.empty()) throw UserError("--config: expected the path of a YAML file, got an empty string");
   std::error_code ec;
   if (std::filesystem::is_directory(file, ec))
     throw ConfigError(file, "", "is a directory; --config takes a YAML file");

@@ -151,8 +151,9 @@ int64_t CfgNode::asInt() const {
     return v;
   }
   double d = 0;
-  if (parseNumber(s, d) == NumberParse::Ok)
-    fail("expected an integer, got '" + s + "'" + (d == std::floor(d) && std::fabs(d) < 9e18 ? " (write it without a decimal point or exponent)" : ""));
+  const bool decimal = s.find_first_of("xX") == std::string::npos && s.find_first_of(".eE") != std::string::npos;
+  if (decimal && parseNumber(s, d) == NumberParse::Ok && d == std::floor(d) && std::fabs(d) < 9e18)
+    fail("expected an integer, got '" + s + "' (write it without a decimal point or exponent)");
   fail("expected an integer, got '" + s + "'");
 }
 

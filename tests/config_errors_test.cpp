@@ -249,6 +249,9 @@ TEST(ConfigErrors, NumbersAtTheEdgesOfDouble) {
   EXPECT_NE(errorOf(kGood, {"train.optimizer.lr=2000"}).find("lr: must be between 0 and 1000, got 2000"), std::string::npos);
   EXPECT_NE(errorOf(kGood, {"train.steps=1e3"}).find("expected an integer, got '1e3' (write it without"), std::string::npos);
   EXPECT_NE(errorOf(kGood, {"train.steps=99999999999999999999"}).find("is out of range"), std::string::npos);
+  const std::string hex = errorOf(kGood, {"train.steps=0x10"});
+  EXPECT_NE(hex.find("expected an integer, got '0x10'"), std::string::npos) << hex;
+  EXPECT_EQ(hex.find("decimal point"), std::string::npos) << hex;
 }
 
 TEST(ConfigErrors, MessagesWithoutASuggestionArePunctuated) {
@@ -266,6 +269,15 @@ TEST(ConfigErrors, FunctionDataBeyondFloat32) {
   EXPECT_NE(e.find("model.yaml:4:32: data.range[0]: -1e+39 is beyond float32"), std::string::npos) << e;
   e = errorOf(base + "data: {kind: function, fn: cubic, range: [-1e13, 1e13]}\n");
   EXPECT_NE(e.find("model.yaml:4:42: data.range: the target cubic(x) reaches"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, ConfigPathThatIsEmpty) {
+  try {
+    loadConfig("", {});
+    FAIL() << "an empty path was read as a config";
+  } catch (const UserError& e) {  // was ": cannot read the config file"
+    EXPECT_EQ(std::string(e.what()), "--config: expected the path of a YAML file, got an empty string");
+  }
 }
 
 TEST(ConfigErrors, ConfigThatIsADirectory) {
