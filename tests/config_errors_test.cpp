@@ -271,6 +271,28 @@ TEST(ConfigErrors, FunctionDataBeyondFloat32) {
   EXPECT_NE(e.find("model.yaml:4:42: data.range: the target cubic(x) reaches"), std::string::npos) << e;
 }
 
+TEST(ConfigErrors, CudaDeviceWithoutAGpuIsLocated) {
+  if (cuda::Driver::instance().available()) GTEST_SKIP() << "a GPU is present";
+  Config c = parseConfig(std::string(kGood) + "device: cuda\n", "model.yaml", {});
+  RunOptions o;
+  o.printSummary = false;
+  o.progress = ProgressMode::Quiet;
+  try {
+    train(c, o);
+    FAIL() << "trained on a GPU that is not there";
+  } catch (const UserError& e) {  // was "device 'cuda' was asked for, but ..." without the key
+    EXPECT_NE(std::string(e.what()).find("model.yaml:10:9: device: cuda, but there is no GPU to train on"), std::string::npos)
+        << e.what();
+  }
+  o.device = "cuda";
+  try {
+    train(c, o);
+    FAIL() << "trained on a GPU that is not there";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cuda: no GPU to train on"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ConfigErrors, ConfigPathThatIsEmpty) {
   try {
     loadConfig("", {});
