@@ -5,7 +5,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include "passes/pass_manager.h"
@@ -340,9 +339,9 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
   if (n.has("passes")) {
     const CfgNode p = n.child("passes");
     if (!p.isSequence()) p.fail("expected a list of pass names");
+    const std::vector<std::string> valid = forwardPassNames();
     for (size_t i = 0; i < p.size(); ++i) {
       const std::string name = p.item(i).asString();
-      const std::vector<std::string> valid = forwardPassNames();
       if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
         const bool later = PassRegistry::builtin().find(name) != nullptr;
         p.item(i).fail(later ? "pass '" + name + "' is run by the trainer itself, on the whole training step" +

@@ -2,6 +2,7 @@
 #include "frontend/config_node.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -132,8 +133,8 @@ double CfgNode::asDouble() const {
   switch (parseNumber(s, v)) {
   case NumberParse::Ok: return v;
   case NumberParse::Overflow: fail("'" + s + "' is too large: beyond the range of a double (about 1.8e308)");
-  case NumberParse::NotFinite: fail("expected a finite number, got '" + s + "'");
-  case NumberParse::NotANumber: fail("expected a finite number, got '" + s + "'");
+  case NumberParse::NotFinite:
+  case NumberParse::NotANumber: break;
   }
   fail("expected a finite number, got '" + s + "'");
 }
@@ -141,8 +142,8 @@ double CfgNode::asDouble() const {
 int64_t CfgNode::asInt() const {
   if (!node_.IsScalar()) fail("expected an integer, got " + describe(node_));
   const std::string& s = node_.Scalar();
-  const size_t digits = s.find_first_not_of("+-") == 1 ? 1 : 0;
-  if (!s.empty() && s.size() > digits && s.find_first_not_of("0123456789", digits) == std::string::npos) {
+  const size_t sign = s.find_first_not_of("+-") == 1 ? 1 : 0;  // one leading sign at most
+  if (s.size() > sign && s.find_first_not_of("0123456789", sign) == std::string::npos) {
     errno = 0;
     const long long v = std::strtoll(s.c_str(), nullptr, 10);
     if (errno == ERANGE)
