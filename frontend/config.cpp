@@ -1,10 +1,58 @@
 // Config parsing and validation. Each section lists its valid keys once, in checkKeys.
 #include "frontend/config.h"
 
+#include <cfloat>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "passes/pass_manager.h"
+
 namespace pa {
+
+std::string ConfigLocator::location(const std::string& keyPath) const {
+  bool present = false;
+  return locate(keyPath, present);
+}
+
+std::string ConfigLocator::locate(const std::string& keyPath, bool& present) const {
+  present = false;
+  if (!root_) return "";
+  // Walk "a.b[2].c" as far as the tree goes; a key left at its default is located at the file.
+  // (YAML::Node's assignment writes through to the tree, so the walk rebinds with reset.)
+  YAML::Node n;
+  n.reset(root_->yaml());
+  size_t i = 0;
+  while (i < keyPath.size()) {
+    YAML::Node next;
+    if (keyPath[i] == '[') {
+      const size_t close = keyPath.find(']', i);
+      const size_t idx = std::stoul(keyPath.substr(i + 1, close - i - 1));
+      i = close + 1;
+      if (!n.IsSequence() || idx >= n.size()) return root_->with(YAML::Node(), keyPath).location();
+      next.reset(n[idx]);
+    } else {
+      if (keyPath[i] == '.') ++i;
+      const size_t end = std::min(keyPath.find_first_of(".[", i), keyPath.size());
+      const std::string key = keyPath.substr(i, end - i);
+      i = end;
+      const YAML::Node& cn = n;  // const lookup: never inserts
+      if (!n.IsMap() || !cn[key]) return root_->with(YAML::Node(), keyPath).location();
+      next.reset(cn[key]);
+    }
+    n.reset(next);
+  }
+  present = true;
+  return root_->with(n, keyPath).location();
+}
+
+void ConfigLocator::fail(const std::string& keyPath, const std::string& message) const {
+  bool present = false;
+  const std::string at = locate(keyPath, present);
+  if (at.empty()) throw UserError(keyPath + ": " + message);
+  throw ConfigError(at, keyPath, message + (present ? "" : " (the key is not set: this is its default)"));
+}
 
 namespace {
 
@@ -59,6 +107,9 @@ void applyOverride(YAML::Node& root, const std::string& text, ConfigSource& src)
   src.overrides[keyPath] = value;
 }
 
+// The largest magnitude a float32 holds: data is stored in float32.
+constexpr double kFloatMax = FLT_MAX;
+
 void parseData(const CfgNode& n, DataConfig& d) {
   d.kind = n.getChoice("kind", d.kind, {"sine", "function", "csv"});
   const std::vector<std::string> common = {"kind", "validation", "shuffle"};
@@ -95,23 +146,39 @@ void parseData(const CfgNode& n, DataConfig& d) {
       const CfgNode r = n.child("range");
       const std::vector<double> v = r.asDoubles();
       if (v.size() != 2 || !(v[0] < v[1])) r.fail("expected [low, high] with low < high");
+      for (size_t i = 0; i < 2; ++i)
+        if (std::fabs(v[i]) > kFloatMax)
+          r.item(i).fail(formatNumber(v[i]) + " is beyond float32 (data is stored in float32: |x| <= 3.4e38)");
       d.rangeLo = v[0];
       d.rangeHi = v[1];
     }
   } else {
     d.path = n.child("path").asString();
+    if (d.path.empty()) n.child("path").fail("expected the CSV file's path, got an empty string");
     d.header = n.getBool("header", d.header);
     auto names = [&](const char* key) {
       std::vector<std::string> r;
       if (!n.has(key)) return r;
       const CfgNode c = n.child(key);
       if (c.isScalar()) return std::vector<std::string>{c.asString()};
-      if (!c.isSequence()) c.fail("expected a column name or a list of them");
-      for (size_t i = 0; i < c.size(); ++i) r.push_back(c.item(i).asString());
+      if (!c.isSequence()) c.fail("expected a column name or a list of them, got " + std::string(c.isMap() ? "a map" : "nothing"));
+      if (c.size() == 0) c.fail("an empty list; leave the key out for the default");
+      for (size_t i = 0; i < c.size(); ++i) {
+        r.push_back(c.item(i).asString());
+        if (std::find(r.begin(), r.end() - 1, r.back()) != r.end() - 1)
+          c.item(i).fail("column '" + r.back() + "' is listed twice");
+      }
       return r;
     };
     d.features = names("features");
     d.targets = names("targets");
+    for (size_t i = 0; i < d.targets.size(); ++i)
+      if (std::find(d.features.begin(), d.features.end(), d.targets[i]) != d.features.end()) {
+        const CfgNode t = n.child("targets");
+        (t.isSequence() ? t.item(i) : t)
+            .fail("column '" + d.targets[i] + "' is both a feature (data.features, " + n.child("features").location() +
+                  ") and a target; a model would see its own answer");
+      }
   }
 }
 
@@ -123,9 +190,7 @@ LayerConfig parseLayer(const CfgNode& item) {
   l.path = item.path();
   l.location = item.location();
   if (type != "linear" && type != "attention") {
-    const std::string near = closestMatch(type, {"linear", "attention"});
-    item.at(item.yaml().begin()->first).fail("unknown layer '" + type + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
-              " Valid layers: linear, attention");
+    item.at(item.yaml().begin()->first).fail("unknown layer '" + type + "'" + suggestion(type, {"linear", "attention"}, "layers"));
   }
   const CfgNode n = item.child(type);
   if (type == "linear") {
@@ -151,6 +216,7 @@ LayerConfig parseLayer(const CfgNode& item) {
         l.windowLeft = w.asInt();
         if (l.windowLeft < 0) w.fail("must be >= 0 (a window is an inclusive offset), got " + std::to_string(l.windowLeft));
       } else {
+        if (!w.isMap()) w.fail("expected a number L or a map {left: L, right: R}, got " + std::string(w.isSequence() ? "a list" : "nothing"));
         w.checkKeys({"left", "right"});
         l.windowLeft = w.getInt("left", -1);
         l.windowRight = w.getInt("right", -1);
@@ -171,6 +237,7 @@ void parseModel(const CfgNode& n, ModelConfig& m) {
   n.checkKeys({"input", "layers", "params", "nodes", "output"});
   if (n.has("input")) {
     m.input = n.child("input").asInts();
+    if (m.input.empty()) n.child("input").fail("an empty list; leave the key out for the data's sample shape");
     for (int64_t d : m.input)
       if (d < 1) n.child("input").fail("every extent must be at least 1");
   }
@@ -211,6 +278,7 @@ void parseModel(const CfgNode& n, ModelConfig& m) {
     if (it.has("inputs")) {  // constants have none
       const CfgNode ins = it.child("inputs");
       if (ins.isScalar()) e.inputs.push_back(ins.asString());
+      else if (!ins.isSequence()) ins.fail("expected a value name or a list of them, got " + std::string(ins.isMap() ? "a map" : "nothing"));
       else
         for (size_t j = 0; j < ins.size(); ++j) e.inputs.push_back(ins.item(j).asString());
     }
@@ -236,13 +304,24 @@ void parseTrain(const CfgNode& n, TrainConfig& t) {
       t.optimizer.beta1 = v[0];
       t.optimizer.beta2 = v[1];
     }
-    t.optimizer.eps = o.getDoubleIn("eps", t.optimizer.eps, 0.0, 1.0);
+    // eps = 0 divides by zero where a parameter's gradient has always been 0 (NaN weights).
+    t.optimizer.eps = o.getPositive("eps", t.optimizer.eps, 1.0);
     t.optimizer.weightDecay = o.getDoubleIn("weight_decay", t.optimizer.weightDecay, 0.0, 1e3);
     t.optimizer.clipGradNorm = o.getDoubleIn("clip_grad_norm", t.optimizer.clipGradNorm, 0.0, 1e12);
   }
   t.batchSize = n.getIntIn("batch_size", t.batchSize, 1, 1 << 24);
   t.steps = n.getIntIn("steps", t.steps, 0, INT64_MAX);
   t.epochs = n.getIntIn("epochs", t.epochs, 0, 1 << 30);
+  // Both in one place is ambiguous; a --set of either replaces the file's other one.
+  if (t.epochs > 0 && n.has("steps")) {
+    const bool stepsSet = n.child("steps").location().rfind("--set ", 0) == 0;
+    const bool epochsSet = n.child("epochs").location().rfind("--set ", 0) == 0;
+    if (stepsSet == epochsSet)
+      n.child("epochs").fail("give train.steps or train.epochs, not both (train.steps is set at " +
+                             n.child("steps").location() + ")");
+    if (epochsSet) t.steps = TrainConfig().steps;
+    else t.epochs = 0;
+  }
   t.logEvery = n.getIntIn("log_every", t.logEvery, 1, INT64_MAX);
   t.lrSchedule = n.getChoice("lr_schedule", t.lrSchedule, {"constant", "cosine"});
   t.warmupSteps = n.getIntIn("warmup_steps", t.warmupSteps, 0, INT64_MAX);
@@ -260,7 +339,19 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
   if (n.has("passes")) {
     const CfgNode p = n.child("passes");
     if (!p.isSequence()) p.fail("expected a list of pass names");
-    for (size_t i = 0; i < p.size(); ++i) c.passes.push_back(p.item(i).asString());
+    const std::vector<std::string> valid = forwardPassNames();
+    for (size_t i = 0; i < p.size(); ++i) {
+      const std::string name = p.item(i).asString();
+      if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
+        const bool later = PassRegistry::builtin().find(name) != nullptr;
+        p.item(i).fail(later ? "pass '" + name + "' is run by the trainer itself, on the whole training step" +
+                                   (name == "lower-bf16" ? " with precision: bf16" : "") +
+                                   " (README, \"Passes\"); compiler.passes is for the forward graph. Valid passes here: " +
+                                   joinChoices(valid)
+                             : "unknown pass '" + name + "'" + suggestion(name, valid, "passes"));
+      }
+      c.passes.push_back(name);
+    }
   }
   if (n.has("fuse")) {
     const CfgNode f = n.child("fuse");
@@ -272,7 +363,8 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
       for (size_t i = 0; i < f.size(); ++i) {
         const std::string k = f.item(i).asString();
         if (k != "linear" && k != "attention" && k != "elementwise")
-          f.item(i).fail("'" + k + "' is not a fusion; valid: linear, attention, elementwise");
+          f.item(i).fail("'" + k + "' is not a fusion" + suggestion(k, {"linear", "attention", "elementwise"}, "fusions"));
+        if (std::find(kinds.begin(), kinds.end(), k) != kinds.end()) f.item(i).fail("'" + k + "' is listed twice");
         kinds.push_back(k);
       }
     }
@@ -288,24 +380,56 @@ Config parseRoot(YAML::Node root, std::shared_ptr<ConfigSource> src) {
   n.checkKeys({"name", "seed", "device", "precision", "data", "model", "train", "compiler"});
   Config c;
   c.file = src->file;
+  c.where = ConfigLocator(n);
   c.name = n.getString("name", c.name);
   c.seed = static_cast<uint64_t>(n.getIntIn("seed", 0, 0, INT64_MAX));
   c.device = n.getChoice("device", c.device, {"auto", "cpu", "cuda"});
   c.precision = n.getChoice("precision", c.precision, {"fp32", "fp64", "tf32", "bf16"});
   parseData(n.child("data"), c.data);
+  c.data.where = c.where;
   parseModel(n.child("model"), c.model);
   if (n.has("train")) parseTrain(n.child("train"), c.train);
   if (n.has("compiler")) parseCompiler(n.child("compiler"), c.compiler);
   return c;
 }
 
-YAML::Node loadYaml(const std::string& text, const std::string& file) {
-  try {
-    return YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1), "",
-                      "malformed YAML: " + e.msg);
+std::string markText(const std::string& file, const YAML::Mark& m) {
+  return m.is_null() ? file : file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+// yaml-cpp accepts what a config must not hold: a key given twice (a lookup finds the first, so
+// the second would be ignored in silence), and a map or list used as a key (its conversion to a
+// string throws without a position). Checked over the whole tree, with key paths.
+void checkTree(const CfgNode& n, int depth) {
+  if (depth > 64) n.fail("nested more than 64 levels deep (an alias inside its own anchor?)");
+  if (n.isSequence())
+    for (size_t i = 0; i < n.size(); ++i) checkTree(n.item(i), depth + 1);
+  if (!n.isMap()) return;
+  std::map<std::string, YAML::Mark> seen;
+  for (const auto& kv : n.yaml()) {
+    const std::string key = n.scalarKey(kv.first);
+    const std::string path = n.path().empty() ? key : n.path() + "." + key;
+    auto [it, fresh] = seen.emplace(key, kv.first.Mark());
+    if (!fresh)
+      n.with(kv.first, path)
+          .fail("duplicate key '" + key + "': it is also at " + markText(n.source().file, it->second) +
+                " (keep one of them)");
+    checkTree(n.with(kv.second, path), depth + 1);
   }
+}
+
+YAML::Node loadYaml(const std::string& text, const std::string& file) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(markText(file, e.mark), "", "malformed YAML: " + e.msg);
+  }
+  if (docs.size() > 1)
+    throw ConfigError(markText(file, docs[1].Mark()), "",
+                      "a second YAML document (after '---'): a config is one document; remove the '---' and what follows, "
+                      "or merge it into the first");
+  return docs.empty() ? YAML::Node() : docs[0];
 }
 
 }  // namespace
@@ -315,6 +439,7 @@ Config parseConfig(const std::string& yamlText, const std::string& file, const s
   src->file = file;
   YAML::Node root = loadYaml(yamlText, file);
   if (!root || root.IsNull()) throw ConfigError(file, "", "the config is empty");
+  checkTree(CfgNode(root, "", src), 0);
   for (const std::string& o : overrides) {
     try {
       applyOverride(root, o, *src);
@@ -322,10 +447,19 @@ Config parseConfig(const std::string& yamlText, const std::string& file, const s
       throw ConfigError("--set " + o, "", "malformed value: " + e.msg);
     }
   }
-  return parseRoot(root, src);
+  checkTree(CfgNode(root, "", src), 0);  // again: a --set value is YAML too
+  try {
+    return parseRoot(root, src);
+  } catch (const YAML::Exception& e) {  // a yaml-cpp conversion the checks above did not foresee
+    throw ConfigError(markText(file, e.mark), "", "cannot read this part of the config: " + e.msg);
+  }
 }
 
 Config loadConfig(const std::string& file, const std::vector<std::string>& overrides) {
+  if (file.empty()) throw UserError("--config: expected the path of a YAML file, got an empty string");
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec))
+    throw ConfigError(file, "", "is a directory; --config takes a YAML file");
   std::ifstream in(file);
   if (!in) throw ConfigError(file, "", "cannot read the config file");
   std::stringstream ss;

@@ -10,6 +10,23 @@
 
 namespace pa {
 
+// Where the keys of a config were set, for mistakes found after parsing (a data file, the batch
+// size against the data): a key's file:line:col, its --set flag, or the file alone for a key
+// left at its default. A default-constructed one (configs built in code) names the key only.
+class ConfigLocator {
+public:
+  ConfigLocator() = default;
+  explicit ConfigLocator(const CfgNode& root) : root_(std::make_shared<CfgNode>(root)) {}
+  // "model.yaml:9:21", "--set train.batch_size=9" or "model.yaml"; "" without a file.
+  std::string location(const std::string& keyPath) const;
+  // Throws ConfigError "<location>: <keyPath>: <message>".
+  [[noreturn]] void fail(const std::string& keyPath, const std::string& message) const;
+
+private:
+  std::string locate(const std::string& keyPath, bool& present) const;
+  std::shared_ptr<const CfgNode> root_;
+};
+
 struct DataConfig {
   std::string kind = "sine";  // sine | function | csv
   int64_t samples = 4096;     // sine, function
@@ -28,6 +45,7 @@ struct DataConfig {
   std::string path;  // relative to the config file's folder
   std::vector<std::string> features, targets;
   bool header = true;
+  ConfigLocator where;  // the config's keys, for data errors found when loading
 };
 
 struct LayerConfig {
@@ -79,7 +97,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   int64_t batchSize = 64;
   int64_t steps = 1000;
-  int64_t epochs = 0;  // > 0 overrides steps: epochs * (train samples / batch)
+  int64_t epochs = 0;  // > 0 replaces steps: epochs * (train samples / batch); not both in one file
   int64_t logEvery = 100;
   std::string lrSchedule = "constant";  // constant | cosine
   int64_t warmupSteps = 0;
@@ -101,6 +119,7 @@ struct Config {
   ModelConfig model;
   TrainConfig train;
   CompilerConfig compiler;
+  ConfigLocator where;  // the config's keys, for mistakes found after parsing
 };
 
 // Loads and validates a config; `overrides` are "key.path=value" strings from --set.

@@ -2,7 +2,11 @@
 #include "frontend/config_node.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 namespace pa {
 
@@ -48,14 +52,30 @@ std::string joinChoices(const std::vector<std::string>& choices) {
   return r;
 }
 
+std::string suggestion(const std::string& word, const std::vector<std::string>& choices, const std::string& what) {
+  const std::string near = closestMatch(word, choices);
+  return (near.empty() ? "." : "; did you mean '" + near + "'?") + " Valid " + what + ": " + joinChoices(choices);
+}
+
+namespace {
+// True when `path` is `prefix` or lies under it ("a.b" is under "a"; "a[0]" too).
+bool under(const std::string& path, const std::string& prefix) {
+  return path == prefix || path.rfind(prefix + ".", 0) == 0 || path.rfind(prefix + "[", 0) == 0;
+}
+}  // namespace
+
 std::string CfgNode::location() const {
   // A key replaced by --set has no position in the file; name the flag instead.
   for (const auto& kv : src_->overrides)
-    if (path_ == kv.first || path_.rfind(kv.first + ".", 0) == 0 || path_.rfind(kv.first + "[", 0) == 0)
-      return "--set " + kv.first + "=" + kv.second;
+    if (under(path_, kv.first)) return "--set " + kv.first + "=" + kv.second;
   const YAML::Mark m = node_ ? node_.Mark() : YAML::Mark::null_mark();
-  if (m.is_null()) return src_->file;
-  return src_->file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+  std::string at = src_->file;
+  if (!m.is_null()) at += ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+  // A mistake found on a map (a layer, say) may come from a key set under it by --set.
+  if (!path_.empty())
+    for (const auto& kv : src_->overrides)
+      if (under(kv.first, path_)) at += " (with --set " + kv.first + "=" + kv.second + ")";
+  return at;
 }
 
 void CfgNode::fail(const std::string& message) const { throw ConfigError(location(), path_, message); }
@@ -63,12 +83,17 @@ void CfgNode::fail(const std::string& message) const { throw ConfigError(locatio
 void CfgNode::checkKeys(const std::vector<std::string>& allowed) const {
   if (!node_.IsMap()) fail("expected a map with keys " + joinChoices(allowed) + ", got " + describe(node_));
   for (const auto& kv : node_) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = scalarKey(kv.first);
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
-    const std::string near = closestMatch(key, allowed);
-    at(kv.first).fail("unknown key '" + key + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
-            " Valid keys: " + joinChoices(allowed));
+    // Reported under the key's own path, so that a key added by --set names the flag.
+    with(kv.first, path_.empty() ? key : path_ + "." + key)
+        .fail("unknown key '" + key + "'" + suggestion(key, allowed, "keys"));
   }
+}
+
+std::string CfgNode::scalarKey(const YAML::Node& key) const {
+  if (!key.IsScalar()) at(key).fail("a key must be a name, got " + describe(key) + " as a key");
+  return key.Scalar();
 }
 
 CfgNode CfgNode::child(const std::string& key) const {
@@ -84,18 +109,32 @@ CfgNode CfgNode::item(size_t i) const { return CfgNode(node_[i], path_ + "[" + s
 std::vector<std::string> CfgNode::keys() const {
   std::vector<std::string> r;
   if (node_.IsMap())
-    for (const auto& kv : node_) r.push_back(kv.first.as<std::string>());
+    for (const auto& kv : node_) r.push_back(scalarKey(kv.first));
   return r;
+}
+
+NumberParse parseNumber(const std::string& s, double& v) {
+  // strtod, not stod: stod throws on underflow, so 1e-320 (a denormal) would be "not a number".
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return NumberParse::NotANumber;
+  const char* begin = s.c_str();
+  char* end = nullptr;
+  errno = 0;
+  v = std::strtod(begin, &end);
+  if (end != begin + s.size()) return NumberParse::NotANumber;
+  if (std::isnan(v)) return NumberParse::NotFinite;
+  if (std::isinf(v)) return errno == ERANGE ? NumberParse::Overflow : NumberParse::NotFinite;
+  return NumberParse::Ok;  // underflow to 0 or a denormal is a number
 }
 
 double CfgNode::asDouble() const {
   if (!node_.IsScalar()) fail("expected a number, got " + describe(node_));
   const std::string& s = node_.Scalar();
-  try {
-    size_t used = 0;
-    const double v = std::stod(s, &used);
-    if (used == s.size() && std::isfinite(v)) return v;
-  } catch (const std::exception&) {
+  double v = 0;
+  switch (parseNumber(s, v)) {
+  case NumberParse::Ok: return v;
+  case NumberParse::Overflow: fail("'" + s + "' is too large: beyond the range of a double (about 1.8e308)");
+  case NumberParse::NotFinite:
+  case NumberParse::NotANumber: break;
   }
   fail("expected a finite number, got '" + s + "'");
 }
@@ -103,12 +142,19 @@ double CfgNode::asDouble() const {
 int64_t CfgNode::asInt() const {
   if (!node_.IsScalar()) fail("expected an integer, got " + describe(node_));
   const std::string& s = node_.Scalar();
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(s, &used);
-    if (used == s.size()) return v;
-  } catch (const std::exception&) {
+  const size_t sign = s.find_first_not_of("+-") == 1 ? 1 : 0;  // one leading sign at most
+  if (s.size() > sign && s.find_first_not_of("0123456789", sign) == std::string::npos) {
+    errno = 0;
+    const long long v = std::strtoll(s.c_str(), nullptr, 10);
+    if (errno == ERANGE)
+      fail("'" + s + "' is out of range: an integer here is between " + std::to_string(INT64_MIN) + " and " +
+           std::to_string(INT64_MAX));
+    return v;
   }
+  double d = 0;
+  const bool decimal = s.find_first_of("xX") == std::string::npos && s.find_first_of(".eE") != std::string::npos;
+  if (decimal && parseNumber(s, d) == NumberParse::Ok && d == std::floor(d) && std::fabs(d) < 9e18)
+    fail("expected an integer, got '" + s + "' (write it without a decimal point or exponent)");
   fail("expected an integer, got '" + s + "'");
 }
 
@@ -145,12 +191,23 @@ std::string CfgNode::getChoice(const std::string& key, const std::string& dflt,
   if (!has(key)) return dflt;
   const CfgNode c = child(key);
   const std::string v = c.asString();
-  if (std::find(choices.begin(), choices.end(), v) == choices.end()) {
-    const std::string near = closestMatch(v, choices);
-    c.fail("'" + v + "' is not valid" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
-           " Valid choices: " + joinChoices(choices));
-  }
+  if (std::find(choices.begin(), choices.end(), v) == choices.end())
+    c.fail("'" + v + "' is not valid" + suggestion(v, choices, "choices"));
   return v;
+}
+
+double CfgNode::getPositive(const std::string& key, double dflt, double hi) const {
+  if (!has(key)) return dflt;
+  const CfgNode c = child(key);
+  const double v = c.asDouble();
+  if (!(v > 0) || v > hi) c.fail("must be greater than 0 and at most " + formatNumber(hi) + ", got " + c.asString());
+  return v;
+}
+
+std::string formatNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 int64_t CfgNode::getIntIn(const std::string& key, int64_t dflt, int64_t lo, int64_t hi) const {
@@ -168,7 +225,7 @@ double CfgNode::getDoubleIn(const std::string& key, double dflt, double lo, doub
   if (!has(key)) return dflt;
   const CfgNode c = child(key);
   const double v = c.asDouble();
-  if (v < lo || v > hi) c.fail("must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + c.asString());
+  if (v < lo || v > hi) c.fail("must be between " + formatNumber(lo) + " and " + formatNumber(hi) + ", got " + c.asString());
   return v;
 }
 

@@ -32,11 +32,22 @@ struct ConfigSource {
 // The closest of `choices` to `word` by edit distance, or "" when none is close.
 std::string closestMatch(const std::string& word, const std::vector<std::string>& choices);
 std::string joinChoices(const std::vector<std::string>& choices);
+// "; did you mean 'x'? Valid <what>: a, b, c" (or ". Valid <what>: ..." when nothing is close).
+std::string suggestion(const std::string& word, const std::vector<std::string>& choices, const std::string& what);
+// A number as a person writes it: 1000, 1e+12, 0.9.
+std::string formatNumber(double v);
+
+// Reads a decimal number as strtod does, whole string only.
+enum class NumberParse { Ok, NotANumber, NotFinite, Overflow };
+NumberParse parseNumber(const std::string& text, double& value);
 
 class CfgNode {
 public:
   CfgNode(YAML::Node node, std::string path, std::shared_ptr<const ConfigSource> src)
       : node_(std::move(node)), path_(std::move(path)), src_(std::move(src)) {}
+  CfgNode(const CfgNode&) = default;
+  // YAML::Node's assignment writes into the tree it refers to; a CfgNode is never reassigned.
+  CfgNode& operator=(const CfgNode&) = delete;
 
   const std::string& path() const { return path_; }
   const YAML::Node& yaml() const { return node_; }
@@ -51,6 +62,8 @@ public:
   CfgNode item(size_t i) const;                 // sequence element
   // Another YAML node (e.g. a map key) reported under this node's path, for messages.
   CfgNode at(const YAML::Node& n) const { return CfgNode(n, path_, src_); }
+  // Another YAML node of the same config under its own key path.
+  CfgNode with(const YAML::Node& n, const std::string& path) const { return CfgNode(n, path, src_); }
   size_t size() const { return node_.size(); }
   std::vector<std::string> keys() const;        // map keys in file order
 
@@ -74,6 +87,11 @@ public:
   // Integer within [lo, hi].
   int64_t getIntIn(const std::string& key, int64_t dflt, int64_t lo, int64_t hi) const;
   double getDoubleIn(const std::string& key, double dflt, double lo, double hi) const;
+  // A number in (0, hi].
+  double getPositive(const std::string& key, double dflt, double hi) const;
+
+  // A map key as a string; a map or list used as a key is a mistake reported at the key.
+  std::string scalarKey(const YAML::Node& key) const;
 
   [[noreturn]] void fail(const std::string& message) const;
   std::string location() const;

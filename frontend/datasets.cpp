@@ -2,6 +2,7 @@
 #include "frontend/datasets.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -19,8 +20,21 @@ namespace {
 
 // Sample i of a sine task: channel c is sin((c+1)·(2π t / period) + phase_c) plus noise on the
 // inputs; the target is channel 0's clean signal `horizon` steps ahead.
+// Generated data is held in memory as float32; a size beyond kMaxDataValues is refused before
+// allocating (it was std::bad_alloc, exit 1). Sample indices are 32-bit on the GPU.
+constexpr double kMaxDataValues = 4294967296.0;  // 2^32 floats: 16 GiB
+
+void checkDataSize(const DataConfig& d, double valuesPerSample) {
+  const double values = static_cast<double>(d.samples) * valuesPerSample;
+  if (values > kMaxDataValues || d.samples > INT32_MAX)
+    d.where.fail("data.samples", std::to_string(d.samples) + " samples of " + formatNumber(valuesPerSample) +
+                                     " values each are " + formatNumber(values * 4.0 / 1073741824.0) +
+                                     " GiB of float32; the limit is 2^32 values (16 GiB) and 2^31 - 1 samples");
+}
+
 void makeSine(const DataConfig& d, uint64_t seed, Dataset& all) {
   const int64_t w = d.window, h = d.horizon, ch = d.channels;
+  checkDataSize(d, static_cast<double>(w) * static_cast<double>(ch) + static_cast<double>(d.target == "next" ? h : w));
   all.count = d.samples;
   all.xShape = {w, ch};
   all.yShape = d.target == "next" ? std::vector<int64_t>{h} : std::vector<int64_t>{w, 1};
@@ -55,6 +69,7 @@ double applyFn(const std::string& fn, double x) {
 
 // y = mean over inputs of fn(x_i), x uniform in the range; noise on the target.
 void makeFunction(const DataConfig& d, uint64_t seed, Dataset& all) {
+  checkDataSize(d, static_cast<double>(d.inputs) + 1.0);
   all.count = d.samples;
   all.xShape = {d.inputs};
   all.yShape = {1};
@@ -68,25 +83,41 @@ void makeFunction(const DataConfig& d, uint64_t seed, Dataset& all) {
       all.x[static_cast<size_t>(i * d.inputs + j)] = static_cast<float>(x);
       acc += applyFn(d.fn, x);
     }
-    all.y[static_cast<size_t>(i)] = static_cast<float>(acc / static_cast<double>(d.inputs) + d.noise * rng.normal());
+    const double y = acc / static_cast<double>(d.inputs) + d.noise * rng.normal();
+    if (!(std::fabs(y) <= FLT_MAX))  // cubic on a wide range
+      d.where.fail("data.range", "the target " + d.fn + "(x) reaches " + formatNumber(y) +
+                                     ", beyond float32 (data is stored in float32: |y| <= 3.4e38); narrow the range");
+    all.y[static_cast<size_t>(i)] = static_cast<float>(y);
   }
 }
 
-std::vector<std::string> splitCsvLine(const std::string& line) {
-  std::vector<std::string> cells;
-  std::string cur;
-  bool quoted = false;
-  for (char c : line) {
-    if (c == '"') quoted = !quoted;
-    else if (c == ',' && !quoted) {
+struct CsvCell {
+  std::string text;  // without surrounding blanks and quotes
+  size_t column;     // 1-based column of its first character in the line
+};
+
+// One CSV line into cells; a quoted cell may hold commas. Columns count the bytes of the line as
+// read (after a byte-order mark), so they point at the cell as an editor shows it.
+std::vector<CsvCell> splitCsvLine(const std::string& line) {
+  std::vector<CsvCell> cells;
+  CsvCell cur{"", 0};
+  bool quoted = false, blankSoFar = true;
+  for (size_t i = 0; i <= line.size(); ++i) {
+    const char c = i < line.size() ? line[i] : ',';
+    if (c == ',' && !quoted) {
+      if (cur.column == 0) cur.column = i + 1;
+      const size_t e = cur.text.find_last_not_of(" \t");
+      cur.text.erase(e == std::string::npos ? 0 : e + 1);
       cells.push_back(cur);
-      cur.clear();
-    } else if (c != '\r') cur += c;
-  }
-  cells.push_back(cur);
-  for (std::string& s : cells) {
-    const size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
-    s = b == std::string::npos ? "" : s.substr(b, e - b + 1);
+      cur = CsvCell{"", 0};
+      blankSoFar = true;
+      continue;
+    }
+    if (c == '\r' || ((c == ' ' || c == '\t') && blankSoFar && !quoted)) continue;
+    if (cur.column == 0) cur.column = i + 1;
+    blankSoFar = false;
+    if (c == '"') quoted = !quoted;
+    else cur.text += c;
   }
   return cells;
 }
@@ -94,64 +125,72 @@ std::vector<std::string> splitCsvLine(const std::string& line) {
 void makeCsv(const DataConfig& d, const std::string& baseDir, Dataset& all) {
   namespace fs = std::filesystem;
   const fs::path path = fs::path(d.path).is_absolute() ? fs::path(d.path) : fs::path(baseDir) / d.path;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) d.where.fail("data.path", "'" + path.string() + "' is a directory, not a CSV file");
   std::ifstream in(path);
-  if (!in) throw UserError("data.path: cannot read CSV file '" + path.string() + "'");
+  if (!in) d.where.fail("data.path", "cannot read CSV file '" + path.string() + "'");
+  // Errors inside the file name the cell and the key that named the file.
+  const std::string pathKey = d.where.location("data.path");
+  const std::string byKey = " (the CSV file of data.path" + (pathKey.empty() ? "" : ", " + pathKey) + ")";
+  auto fail = [&](int64_t lineNo, size_t col, const std::string& message) {
+    throw UserError(path.string() + ":" + std::to_string(lineNo) + (col ? ":" + std::to_string(col) : "") + ": " + message +
+                    byKey);
+  };
   std::string line;
   int64_t lineNo = 0;
   std::vector<std::string> header;
   std::vector<std::vector<double>> rows;
   while (std::getline(in, line)) {
     ++lineNo;
+    if (lineNo == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte-order mark
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    std::vector<std::string> cells = splitCsvLine(line);
+    const std::vector<CsvCell> cells = splitCsvLine(line);
     if (d.header && header.empty()) {
-      header = cells;
+      for (const CsvCell& c : cells) header.push_back(c.text);
       continue;
     }
     if (header.empty())
       for (size_t i = 0; i < cells.size(); ++i) header.push_back("column" + std::to_string(i));
     if (cells.size() != header.size())
-      throw UserError(path.string() + ":" + std::to_string(lineNo) + ": expected " + std::to_string(header.size()) +
-                      " cells, got " + std::to_string(cells.size()));
+      fail(lineNo, 0, "expected " + std::to_string(header.size()) + " cells, got " + std::to_string(cells.size()));
     std::vector<double> row;
-    size_t col = 1;
     for (size_t i = 0; i < cells.size(); ++i) {
-      const std::string& s = cells[i];
+      const std::string& s = cells[i].text;
       double v = 0;
-      size_t used = 0;
-      bool ok = !s.empty();
-      try {
-        v = std::stod(s, &used);
-      } catch (const std::exception&) {
-        ok = false;
-      }
-      if (!ok || used != s.size())
-        throw UserError(path.string() + ":" + std::to_string(lineNo) + ":" + std::to_string(col) + ": column '" +
-                        header[i] + "': '" + s + "' is not a number");
-      if (!std::isfinite(v))
-        throw UserError(path.string() + ":" + std::to_string(lineNo) + ":" + std::to_string(col) + ": column '" +
-                        header[i] + "': " + s + " (NaN or infinite values cannot be trained on)");
+      const NumberParse parsed = parseNumber(s, v);
+      const std::string where = "column '" + header[i] + "': ";
+      if (parsed == NumberParse::NotANumber) fail(lineNo, cells[i].column, where + "'" + s + "' is not a number");
+      if (parsed == NumberParse::NotFinite)
+        fail(lineNo, cells[i].column, where + s + " (NaN or infinite values cannot be trained on)");
+      if (parsed == NumberParse::Overflow || std::fabs(v) > FLT_MAX)
+        fail(lineNo, cells[i].column, where + s + " is beyond float32 (data is stored in float32: |x| <= 3.4e38)");
       row.push_back(v);
-      col += s.size() + 1;
     }
     rows.push_back(std::move(row));
   }
-  if (rows.empty()) throw UserError(path.string() + ": no data rows");
+  if (lineNo == 0) d.where.fail("data.path", "the CSV file '" + path.string() + "' is empty");
+  if (rows.empty()) fail(lineNo, 0, "no data rows" + std::string(d.header ? " below the header" : ""));
   auto indexOf = [&](const std::string& name, const char* key) {
     auto it = std::find(header.begin(), header.end(), name);
     if (it == header.end())
-      throw UserError(std::string("data.") + key + ": no column '" + name + "' in " + path.string() +
-                      "; columns: " + joinChoices(header));
+      d.where.fail(std::string("data.") + key, "no column '" + name + "' in " + path.string() + suggestion(name, header, "columns"));
+    if (std::find(it + 1, header.end(), name) != header.end())
+      d.where.fail(std::string("data.") + key, "column '" + name + "' appears twice in the header of " + path.string());
     return static_cast<size_t>(it - header.begin());
   };
   std::vector<size_t> tgt, feat;
   for (const std::string& t : d.targets) tgt.push_back(indexOf(t, "targets"));
   if (tgt.empty()) tgt.push_back(header.size() - 1);
-  for (const std::string& f : d.features) feat.push_back(indexOf(f, "features"));
+  for (const std::string& f : d.features) {
+    feat.push_back(indexOf(f, "features"));
+    if (std::find(tgt.begin(), tgt.end(), feat.back()) != tgt.end())  // the default target, the last column
+      d.where.fail("data.features", "column '" + f + "' is also the target (data.targets defaults to the last column, '" +
+                                        header.back() + "'); a model would see its own answer");
+  }
   if (feat.empty())
     for (size_t i = 0; i < header.size(); ++i)
       if (std::find(tgt.begin(), tgt.end(), i) == tgt.end()) feat.push_back(i);
-  if (feat.empty()) throw UserError("data: the CSV file " + path.string() + " has no feature columns left");
+  if (feat.empty()) d.where.fail("data.targets", "the CSV file " + path.string() + " has no feature columns left");
   all.count = static_cast<int64_t>(rows.size());
   all.xShape = {static_cast<int64_t>(feat.size())};
   all.yShape = {static_cast<int64_t>(tgt.size())};
@@ -199,7 +238,7 @@ DataSplit loadData(const DataConfig& cfg, uint64_t seed, const std::string& base
     for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[rng.below(i)]);
   }
   const size_t nVal = static_cast<size_t>(std::floor(cfg.validation * static_cast<double>(all.count)));
-  if (all.count - static_cast<int64_t>(nVal) < 1) throw UserError("data: no training samples left after the validation split");
+  if (all.count - static_cast<int64_t>(nVal) < 1) cfg.where.fail("data.validation", "no training samples left after the validation split");
   split.validation = take(all, idx, 0, nVal);
   split.train = take(all, idx, nVal, idx.size());
   return split;

@@ -23,7 +23,8 @@ struct DataSplit {
 };
 
 // Builds the data of `cfg` with the run's seed; CSV paths are relative to `baseDir`.
-// Throws UserError for a missing or unreadable file, non-numeric cells, NaN, unknown columns.
+// Throws UserError for a missing or unreadable file, non-numeric cells, NaN, values beyond
+// float32, unknown columns: located at the CSV cell and at the data.* key of the config.
 DataSplit loadData(const DataConfig& cfg, uint64_t seed, const std::string& baseDir);
 
 }  // namespace pa

@@ -1,24 +1,69 @@
 // `train`: the command-line entry point. User mistakes exit 2 with one clear message.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 
 #include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/trainer.h"
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// --steps N: a count, with a message for people (CLI11's own check prints the range of a double).
+int64_t parseSteps(const std::string& text) {
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  errno = 0;
+  const long long v = digits ? std::strtoll(text.c_str(), nullptr, 10) : -1;
+  if (!digits || errno == ERANGE)
+    throw pa::UserError("--steps " + text + ": expected a whole number of steps, 0 or more" +
+                        (digits ? " and at most " + std::to_string(INT64_MAX) : ""));
+  return v;
+}
+
+// The output folders and files are checked before the (possibly long) compile, so that a typo
+// there fails at once and names its flag.
+void checkOutputDir(const std::string& flag, const std::string& dir) {
+  if (dir.empty()) return;
+  const std::string what = flag + " " + dir;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) throw pa::UserError(what + ": is a file; expected a folder");
+  fs::create_directories(dir, ec);
+  if (ec) throw pa::UserError(what + ": cannot create the folder: " + ec.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw pa::UserError(what + ": cannot write in the folder: " + std::strerror(errno));
+}
+
+void checkOutputFile(const std::string& flag, const std::string& file) {
+  if (file.empty()) return;
+  const std::string what = flag + " " + file;
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) throw pa::UserError(what + ": is a folder; expected a file name");
+  const fs::path parent = fs::path(file).has_parent_path() ? fs::path(file).parent_path() : fs::path(".");
+  if (!fs::is_directory(parent, ec)) throw pa::UserError(what + ": the folder " + parent.string() + " does not exist");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0 || (fs::exists(file, ec) && ::access(file.c_str(), W_OK) != 0))
+    throw pa::UserError(what + ": cannot write the file: " + std::strerror(errno));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"PureAttention: train a model described in YAML (see README for every key)"};
-  std::string configPath, progress = "auto";
+  std::string configPath, progress = "auto", steps;
   std::vector<std::string> sets;
   pa::RunOptions opt;
   app.add_option("--config,-c", configPath, "the model's YAML file")->required();
   app.add_option("--set", sets, "override a config key: key.path=value (repeatable; list items by index)");
   app.add_option("--device", opt.device, "auto | cpu | cuda (overrides the config's device)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--steps", opt.steps, "train this many steps (overrides train.steps and train.epochs)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", steps, "train this many steps (overrides train.steps and train.epochs)");
   app.add_option("--metrics", opt.metricsPath, "write per-step metrics to FILE (.csv, .jsonl or .json)");
   app.add_option("--dump-graph", opt.dumpGraphDir, "write the graph after each stage to DIR (.txt, .dot, .svg)");
   app.add_option("--dump-kernels", opt.dumpKernelsDir,
@@ -43,7 +88,11 @@ int main(int argc, char** argv) {
                  : progress == "none" ? pa::ProgressMode::Quiet
                                       : pa::ProgressMode::Auto;
   try {
+    if (!steps.empty()) opt.steps = parseSteps(steps);
     const pa::Config cfg = pa::loadConfig(configPath, sets);
+    checkOutputFile("--metrics", opt.metricsPath);
+    checkOutputDir("--dump-graph", opt.dumpGraphDir);
+    checkOutputDir("--dump-kernels", opt.dumpKernelsDir);
     if (compare) return pa::compareFusedUnfused(cfg, opt, stdout).agree ? 0 : 1;
     opt.catchInterrupts = true;
     const pa::TrainResult r = pa::train(cfg, opt);

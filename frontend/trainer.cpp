@@ -203,8 +203,10 @@ DataSplit loadTrainingData(const Config& cfg) {
   const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
   DataSplit data = loadData(cfg.data, cfg.seed, baseDir);
   if (data.train.count < cfg.train.batchSize)
-    throw UserError("train.batch_size " + std::to_string(cfg.train.batchSize) + " is larger than the " +
-                    std::to_string(data.train.count) + " training samples");
+    cfg.where.fail("train.batch_size", std::to_string(cfg.train.batchSize) + " is larger than the " +
+                                           std::to_string(data.train.count) + " training samples (" +
+                                           std::to_string(data.train.count + data.validation.count) +
+                                           " samples less data.validation's share)");
   return data;
 }
 
@@ -518,8 +520,7 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
               : cfg.compiler.gemm == "cublaslt" ? GemmProvider::Cublaslt
                                                  : GemmProvider::Auto;
   if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
-    throw UserError(cfg.file + ": compiler.gemm is cublaslt, but cuBLASLt is unavailable: " +
-                    cuda::CublasLt::instance().unavailableReason());
+    cfg.where.fail("compiler.gemm", "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());
   runner_ = std::make_unique<CudaGraphRunner>(model_.graph, device(), ropt);
   ropt.shareParamsWith = runner_.get();
   evalRunner_ = std::make_unique<CudaGraphRunner>(evalModel_.graph, device(), ropt);
@@ -750,9 +751,12 @@ std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   // bf16 (bf16 activations, fp32 master weights).
   const bool gpuPrecision = cfg.precision == "fp32" || cfg.precision == "tf32" || cfg.precision == "bf16";
   if (dev == "cuda") {
-    if (!driver.available()) throw UserError("device 'cuda' was asked for, but " + driver.unavailableReason());
+    if (!driver.available()) {
+      if (!opt.device.empty()) throw UserError("--device cuda: no GPU to train on: " + driver.unavailableReason());
+      cfg.where.fail("device", "cuda, but there is no GPU to train on: " + driver.unavailableReason() + " (use auto or cpu)");
+    }
     if (!gpuPrecision)
-      throw UserError(cfg.file + ": precision " + cfg.precision + " is not implemented on the CUDA device (fp32, tf32 and bf16 are)");
+      cfg.where.fail("precision", cfg.precision + " is not implemented on the CUDA device (fp32, tf32 and bf16 are)");
     return "cuda";
   }
   if (dev == "auto" && driver.available() && gpuPrecision) return "cuda";
@@ -834,6 +838,11 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
     if (step % logEvery == 0 || step == steps) {
       const double ms = collect(true);
       lastVal = session->validate();
+      if (!std::isfinite(lastVal)) {  // NaN compares false with everything: never let it pass as "no validation"
+        progress.finish();
+        throw std::runtime_error("training diverged: the validation loss is " + std::to_string(lastVal) + " at step " +
+                                 std::to_string(step) + " (try a lower train.optimizer.lr or clip_grad_norm)");
+      }
       if (lastVal >= 0) res.validation.emplace_back(step, lastVal);
       const double lr = scheduledLr(cfg.train, step, steps);
       progress.step(step, res.losses.back(), lastVal, lr);
@@ -846,6 +855,8 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
   progress.finish();
   if (debugSwitches().profile) session->printProfile(stderr, 40);
   if (steps == 0) lastVal = session->validate();
+  if (!std::isfinite(lastVal))
+    throw std::runtime_error("the validation loss of the initial weights is " + std::to_string(lastVal));
   res.finalValidation = lastVal;
   res.secondsPerStep = steps ? stepSeconds / static_cast<double>(steps) : 0.0;
   res.finalParams = session->params();

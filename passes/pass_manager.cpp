@@ -94,6 +94,17 @@ std::vector<std::string> PassRegistry::names() const {
   return r;
 }
 
+std::vector<std::string> forwardPassNames() {
+  const PassRegistry& reg = PassRegistry::builtin();
+  std::vector<std::string> r;
+  for (const std::string& n : reg.names()) {
+    const std::vector<std::string>& req = reg.find(n)->requires;
+    if (n == "autodiff" || n == "lower-bf16" || std::find(req.begin(), req.end(), "autodiff") != req.end()) continue;
+    r.push_back(n);
+  }
+  return r;
+}
+
 void validatePipeline(const std::vector<std::string>& names) {
   const PassRegistry& reg = PassRegistry::builtin();
   for (size_t i = 0; i < names.size(); ++i) {
@@ -101,6 +112,7 @@ void validatePipeline(const std::vector<std::string>& names) {
     if (!p) {
       std::string valid;
       for (const std::string& n : reg.names()) valid += (valid.empty() ? "" : ", ") + n;
+      // compiler.passes is checked with its location and a suggestion when the config is read.
       throw UserError("unknown pass '" + names[i] + "'; valid passes: " + valid);
     }
     for (const std::string& req : p->requires)

@@ -53,6 +53,9 @@ struct PipelineOptions {
   PassTarget target;
 };
 
+// The passes a config may list for the forward graph (compiler.passes): every pass but those the
+// trainer runs itself after it (autodiff, the passes that need autodiff before them, lower-bf16).
+std::vector<std::string> forwardPassNames();
 // Checks the names and their ordering constraints; throws UserError listing valid names.
 void validatePipeline(const std::vector<std::string>& names);
 // Runs the passes in order; returns one PassStats per pass.

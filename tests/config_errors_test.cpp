@@ -110,6 +110,9 @@ TEST(ConfigErrors, NegativeWindowAndSinks) {
             std::string::npos);
   EXPECT_NE(errorOf(replaced(kGood, "causal: true", "window: -1")).find("must be >= 0"), std::string::npos);
   EXPECT_NE(errorOf(replaced(kGood, "causal: true", "sinks: -1")).find("sinks: must be >= 0, got -1"), std::string::npos);
+  // A number is as valid as a map here; the message said only "expected a map with keys left, right".
+  EXPECT_NE(errorOf(replaced(kGood, "causal: true", "window: [1]")).find("window: expected a number L or a map {left: L, right: R}, got a list"),
+            std::string::npos);
 }
 
 TEST(ConfigErrors, UnknownLayerSuggests) {
@@ -157,6 +160,196 @@ TEST(ConfigErrors, SetOverridesAreCheckedAndNamed) {
   EXPECT_NE(errorOf(kGood, {"train.stepz=3"}).find("did you mean 'steps'"), std::string::npos);
   EXPECT_NE(errorOf(kGood, {"model.layers.9.linear.units=3"}).find("past the end"), std::string::npos);
   EXPECT_NE(errorOf(kGood, {"nonsense"}).find("expected key.path=value"), std::string::npos);
+}
+
+TEST(ConfigErrors, MapOrListAsAKeyIsAUserError) {
+  // yaml-cpp's own conversion threw "bad conversion" without the file (exit 1).
+  std::string e = errorOf("? [a, b]\n: 3\n" + std::string(kGood));
+  EXPECT_NE(e.find("model.yaml:1:3: a key must be a name, got a list as a key"), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "steps: 2", "{x: 1}: 2"));
+  EXPECT_NE(e.find("model.yaml:9:"), std::string::npos) << e;
+  EXPECT_NE(e.find("train: a key must be a name, got a map as a key"), std::string::npos) << e;
+  e = errorOf(kGood, {"train={[a]: 1}"});
+  EXPECT_NE(e.find("--set train={[a]: 1}: train: a key must be a name"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, DuplicateKeyNamesBothPlaces) {
+  std::string e = errorOf(std::string(kGood) + "name: u\n");
+  EXPECT_NE(e.find("model.yaml:10:1: name: duplicate key 'name': it is also at model.yaml:1:1"), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "steps: 2", "steps: 2, steps: 3"));
+  EXPECT_NE(e.find("model.yaml:9:34: train.steps: duplicate key 'steps': it is also at model.yaml:9:24"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, ASecondYamlDocumentIsAnError) {
+  const std::string e = errorOf(std::string(kGood) + "---\nname: u\n");
+  EXPECT_NE(e.find("model.yaml:11:1: a second YAML document"), std::string::npos) << e;
+  EXPECT_NE(errorOf(std::string(kGood) + "---\n").find("a second YAML document"), std::string::npos);
+}
+
+TEST(ConfigErrors, UnknownPassIsLocatedAndSuggests) {
+  std::string e = errorOf(std::string(kGood) + "compiler: {passes: [cse, dcee]}\n");
+  EXPECT_NE(e.find("model.yaml:10:26: compiler.passes[1]: unknown pass 'dcee'; did you mean 'dce'? Valid passes: "),
+            std::string::npos) << e;
+  e = errorOf(kGood, {"compiler.passes=[autodiff]"});  // ran twice: "a value of this name already exists"
+  EXPECT_NE(e.find("--set compiler.passes=[autodiff]: compiler.passes[0]: pass 'autodiff' is run by the trainer"),
+            std::string::npos) << e;
+  EXPECT_NE(errorOf(kGood, {"compiler.passes=[lower-bf16]"}).find("precision: bf16"), std::string::npos);
+  EXPECT_EQ(errorOf(kGood, {"compiler.passes=[cse, dce, verify]"}), "");
+}
+
+TEST(ConfigErrors, BatchLargerThanTheTrainingSamplesIsLocated) {
+  std::string e = errorOf(replaced(kGood, "batch_size: 4", "batch_size: 60"));  // 64 samples, 10% held out
+  EXPECT_NE(e.find("model.yaml:9:21: train.batch_size: 60 is larger than the 58 training samples"), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "batch_size: 4, ", ""));  // the default, 64
+  EXPECT_NE(e.find("model.yaml: train.batch_size: 64 is larger than the 58 training samples"), std::string::npos) << e;
+  EXPECT_NE(e.find("this is its default"), std::string::npos) << e;
+  e = errorOf(kGood, {"train.batch_size=59"});
+  EXPECT_NE(e.find("--set train.batch_size=59: train.batch_size: 59 is larger"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, SetErrorsNameTheFlagNotTheFile) {
+  std::string e = errorOf(kGood, {"train.stepz=3"});  // was "model.yaml: train: unknown key 'stepz'"
+  EXPECT_EQ(e.find("model.yaml"), std::string::npos) << e;
+  EXPECT_NE(e.find("--set train.stepz=3: train.stepz: unknown key 'stepz'; did you mean 'steps'?"), std::string::npos) << e;
+  e = errorOf(kGood, {"compiler={fuse: maybe}"});
+  EXPECT_NE(e.find("--set compiler={fuse: maybe}: compiler.fuse:"), std::string::npos) << e;
+  // A mistake found on a map names the --set that changed a key under it, beside the map's place.
+  e = errorOf(kGood, {"model.layers.1.attention.heads=3"});
+  EXPECT_NE(e.find("(with --set model.layers[1].attention.heads=3)"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, StepsAndEpochsAreNotBothSet) {
+  const std::string e = errorOf(replaced(kGood, "steps: 2", "steps: 2, epochs: 1"));
+  EXPECT_NE(e.find("model.yaml:9:42: train.epochs: give train.steps or train.epochs, not both (train.steps is set at "
+                   "model.yaml:9:31)"),
+            std::string::npos) << e;
+  // A --set of one replaces the file's other one.
+  Config c = parseConfig(kGood, "model.yaml", {"train.epochs=3"});
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_EQ(c.train.steps, TrainConfig().steps);
+  c = parseConfig(replaced(kGood, "steps: 2", "epochs: 2"), "model.yaml", {"train.steps=7"});
+  EXPECT_EQ(c.train.epochs, 0);
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_NE(errorOf(kGood, {"train.epochs=3", "train.steps=4"}).find("not both"), std::string::npos);
+  EXPECT_EQ(errorOf(replaced(kGood, "steps: 2", "steps: 2, epochs: 0")), "");  // 0 is off
+}
+
+TEST(ConfigErrors, AdamEpsMustBePositive) {
+  const std::string e = errorOf(kGood, {"train.optimizer.eps=0"});
+  EXPECT_NE(e.find("train.optimizer.eps: must be greater than 0 and at most 1, got 0"), std::string::npos) << e;
+  EXPECT_EQ(errorOf(kGood, {"train.optimizer.eps=1e-12"}), "");
+}
+
+TEST(ConfigErrors, NumbersAtTheEdgesOfDouble) {
+  // 1e-320 is a denormal: strtod flags the underflow, but it is a number (stod threw).
+  const Config c = parseConfig(kGood, "model.yaml", {"train.optimizer.lr=1e-320"});
+  EXPECT_GT(c.train.optimizer.lr, 0.0);
+  EXPECT_LT(c.train.optimizer.lr, 1e-300);
+  EXPECT_NE(errorOf(kGood, {"train.optimizer.lr=1e400"}).find("'1e400' is too large"), std::string::npos);
+  EXPECT_NE(errorOf(kGood, {"train.optimizer.lr=2000"}).find("lr: must be between 0 and 1000, got 2000"), std::string::npos);
+  EXPECT_NE(errorOf(kGood, {"train.steps=1e3"}).find("expected an integer, got '1e3' (write it without"), std::string::npos);
+  EXPECT_NE(errorOf(kGood, {"train.steps=99999999999999999999"}).find("is out of range"), std::string::npos);
+  const std::string hex = errorOf(kGood, {"train.steps=0x10"});
+  EXPECT_NE(hex.find("expected an integer, got '0x10'"), std::string::npos) << hex;
+  EXPECT_EQ(hex.find("decimal point"), std::string::npos) << hex;
+}
+
+TEST(ConfigErrors, MessagesWithoutASuggestionArePunctuated) {
+  std::string e = errorOf(replaced(kGood, "kind: sine", "kind: xyzzy"));
+  EXPECT_NE(e.find("'xyzzy' is not valid. Valid choices: sine, function, csv"), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "steps: 2", "qqqqqqq: 2"));
+  EXPECT_NE(e.find("unknown key 'qqqqqqq'. Valid keys: "), std::string::npos) << e;
+  e = errorOf(replaced(kGood, "    - linear: {units: 1}\n", "    - qqqqqqq: {units: 1}\n"));
+  EXPECT_NE(e.find("unknown layer 'qqqqqqq'. Valid layers: linear, attention"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, FunctionDataBeyondFloat32) {
+  const std::string base = "name: t\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {steps: 1}\n";
+  std::string e = errorOf(base + "data: {kind: function, range: [-1e39, 1]}\n");
+  EXPECT_NE(e.find("model.yaml:4:32: data.range[0]: -1e+39 is beyond float32"), std::string::npos) << e;
+  e = errorOf(base + "data: {kind: function, fn: cubic, range: [-1e13, 1e13]}\n");
+  EXPECT_NE(e.find("model.yaml:4:42: data.range: the target cubic(x) reaches"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, CudaDeviceWithoutAGpuIsLocated) {
+  if (cuda::Driver::instance().available()) GTEST_SKIP() << "a GPU is present";
+  Config c = parseConfig(std::string(kGood) + "device: cuda\n", "model.yaml", {});
+  RunOptions o;
+  o.printSummary = false;
+  o.progress = ProgressMode::Quiet;
+  try {
+    train(c, o);
+    FAIL() << "trained on a GPU that is not there";
+  } catch (const UserError& e) {  // was "device 'cuda' was asked for, but ..." without the key
+    EXPECT_NE(std::string(e.what()).find("model.yaml:10:9: device: cuda, but there is no GPU to train on"), std::string::npos)
+        << e.what();
+  }
+  o.device = "cuda";
+  try {
+    train(c, o);
+    FAIL() << "trained on a GPU that is not there";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cuda: no GPU to train on"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigErrors, ConfigPathThatIsEmpty) {
+  try {
+    loadConfig("", {});
+    FAIL() << "an empty path was read as a config";
+  } catch (const UserError& e) {  // was ": cannot read the config file"
+    EXPECT_EQ(std::string(e.what()), "--config: expected the path of a YAML file, got an empty string");
+  }
+}
+
+TEST(ConfigErrors, ConfigThatIsADirectory) {
+  try {
+    loadConfig(fs::temp_directory_path().string(), {});
+    FAIL() << "a directory was read as a config";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigErrors, NonFiniteValidationLossStopsTraining) {
+  // Unshuffled, the first 2 of 4 rows are the validation split; 3e38 overflows the squared
+  // error, so only the validation loss is not finite. `lastVal >= 0` once let it pass as "none".
+  const fs::path dir = fs::temp_directory_path() / ("pa_valnan_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "d.csv") << "x,y\n3e38,-3e38\n3e38,-3e38\n0.5,1\n0.25,0.5\n";
+  Config c = parseConfig("name: t\ndata: {kind: csv, path: " + (dir / "d.csv").string() +
+                             ", validation: 0.5, shuffle: false}\nmodel: {layers: [{linear: {units: 1}}]}\n"
+                             "train: {batch_size: 1, steps: 2, log_every: 1}\n",
+                         "model.yaml", {});
+  RunOptions o;
+  o.device = "cpu";
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  try {
+    train(c, o);
+    ADD_FAILURE() << "trained through a non-finite validation loss";
+  } catch (const UserError& e) {
+    ADD_FAILURE() << "a diverged run is not a user mistake: " << e.what();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("the validation loss is inf at step 1"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ConfigErrors, MistakesFoundByMutatingTheExamples) {
+  // Each was exit 1 (std::bad_alloc, yaml-cpp's "invalid node") or accepted in silence.
+  std::string e = errorOf(kGood, {"data.samples=99999999999"});
+  EXPECT_NE(e.find("--set data.samples=99999999999: data.samples: 99999999999 samples of 16 values each are"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("the limit is 2^32 values"), std::string::npos) << e;
+  e = errorOf(kGood, {"model.input=[]"});
+  EXPECT_NE(e.find("model.input: an empty list"), std::string::npos) << e;
+  e = errorOf(std::string(kGood) + "compiler: {fuse: [linear, attention, linear]}\n");
+  EXPECT_NE(e.find("model.yaml:10:38: compiler.fuse[2]: 'linear' is listed twice"), std::string::npos) << e;
+  e = errorOf("name: t\ndata: {kind: function}\nmodel:\n  params: {w: {shape: [1, 1]}}\n"
+              "  nodes: [{op: matmul, inputs: {a: 1}, output: y}]\n");
+  EXPECT_NE(e.find("model.yaml:5:32: model.nodes[0].inputs: expected a value name or a list of them, got a map"),
+            std::string::npos) << e;
 }
 
 class CsvErrors : public ::testing::Test {
@@ -207,6 +400,66 @@ TEST_F(CsvErrors, RaggedRowAndUnknownColumn) {
   EXPECT_NE(e.find("no column 'z'"), std::string::npos) << e;
 }
 
+TEST_F(CsvErrors, CellErrorsNameTheDataPathKey) {
+  const std::string e = run("a,b,y\n1,2,3\n4,five,6\n");
+  EXPECT_NE(e.find("d.csv:3:3: column 'b': 'five' is not a number (the CSV file of data.path, model.yaml:2:"),
+            std::string::npos) << e;
+}
+
+TEST_F(CsvErrors, ColumnNumbersCountTheSpaces) {
+  const std::string e = run("a, b, y\n1, 2, 3\n4,   five , 6\n");
+  EXPECT_NE(e.find("d.csv:3:6: column 'b': 'five' is not a number"), std::string::npos) << e;
+  EXPECT_NE(run("a,b,y\n1,2,3\n4,\"x\",6\n").find("d.csv:3:3: column 'b': 'x' is not a number"), std::string::npos);
+}
+
+TEST_F(CsvErrors, ValueBeyondFloat32) {
+  const std::string e = run("a,b,y\n1,2,3\n4,1e39,6\n");
+  EXPECT_NE(e.find("d.csv:3:3: column 'b': 1e39 is beyond float32"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.path, model.yaml:2:"), std::string::npos) << e;
+  EXPECT_NE(run("a,y\n1,2\n1e400,3\n").find("d.csv:3:1: column 'a': 1e400 is beyond float32"), std::string::npos);
+}
+
+TEST_F(CsvErrors, DenormalCellIsANumber) { EXPECT_EQ(run("a,y\n1,2\n1e-320,3\n"), ""); }
+
+TEST_F(CsvErrors, ByteOrderMarkIsNotPartOfTheFirstName) {
+  std::ofstream(dir_ / "d.csv") << "\xEF\xBB\xBF" "a,b,y\n1,2,3\n4,5,6\n";
+  EXPECT_EQ(errorOf("name: t\ndata: {kind: csv, path: " + (dir_ / "d.csv").string() +
+                    ", features: [a]}\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {batch_size: 1}\n"),
+            "");
+}
+
+TEST_F(CsvErrors, DirectoryAndEmptyFileAreNamedAsSuch) {
+  fs::create_directories(dir_ / "dir.csv");
+  std::string e = errorOf("name: t\ndata: {kind: csv, path: " + (dir_ / "dir.csv").string() +
+                          "}\nmodel: {layers: [{linear: {units: 1}}]}\n");
+  EXPECT_NE(e.find("model.yaml:2:25: data.path: '" + (dir_ / "dir.csv").string() + "' is a directory, not a CSV file"),
+            std::string::npos) << e;
+  e = run("");
+  EXPECT_NE(e.find("data.path: the CSV file '" + (dir_ / "d.csv").string() + "' is empty"), std::string::npos) << e;
+  EXPECT_NE(run("a,y\n").find("d.csv:1: no data rows below the header"), std::string::npos);
+}
+
+TEST_F(CsvErrors, FeaturesAndTargetsDoNotOverlap) {
+  std::ofstream(dir_ / "d.csv") << "a,b,y\n1,2,3\n4,5,6\n";
+  const std::string head = "name: t\ndata: {kind: csv, path: " + (dir_ / "d.csv").string();
+  const std::string tail = "}\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {batch_size: 1}\n";
+  std::string e = errorOf(head + ", features: [a, b], targets: [y, b]" + tail);
+  EXPECT_NE(e.find("data.targets[1]: column 'b' is both a feature (data.features, model.yaml:2:"), std::string::npos) << e;
+  e = errorOf(head + ", features: [a, y]" + tail);  // y: the default target
+  EXPECT_NE(e.find("data.features: column 'y' is also the target"), std::string::npos) << e;
+  EXPECT_NE(errorOf(head + ", features: [a, a]" + tail).find("column 'a' is listed twice"), std::string::npos);
+  EXPECT_NE(errorOf(head + ", features: []" + tail).find("data.features: an empty list"), std::string::npos);
+}
+
+TEST_F(CsvErrors, UnknownColumnIsLocatedAtItsKey) {
+  std::ofstream(dir_ / "d.csv") << "alpha,y\n1,2\n";
+  const std::string e = errorOf("name: t\ndata: {kind: csv, path: " + (dir_ / "d.csv").string() +
+                                ", features: [alpah]}\nmodel: {layers: [{linear: {units: 1}}]}\ntrain: {batch_size: 1}\n");
+  EXPECT_NE(e.find("model.yaml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.features: no column 'alpah'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'alpha'?"), std::string::npos) << e;
+}
+
 int runTrain(const std::string& args) {
   const std::string cmd = std::string(PA_TRAIN_BINARY) + " " + args + " >/dev/null 2>&1";
   const int status = std::system(cmd.c_str());
@@ -225,6 +478,51 @@ TEST(Cli, UserMistakesExitWithCodeTwo) {
   }
   EXPECT_EQ(runTrain("--config " + (dir / "good.yaml").string() + " --bogus-flag"), 2);
   EXPECT_EQ(runTrain("--config " + (dir / "good.yaml").string() + " --steps 2 --progress none"), 0);
+  fs::remove_all(dir);
+}
+
+// Runs `train` with `args`; returns the exit code and leaves stderr in `err`.
+int runTrainErr(const std::string& args, std::string& err) {
+  const fs::path log = fs::temp_directory_path() / ("pa_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(PA_TRAIN_BINARY) + " " + args + " >/dev/null 2>" + log.string();
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(log);
+  err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  fs::remove(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(Cli, OutputPathsAndStepsAreCheckedWithTheirFlag) {
+  const fs::path dir = fs::temp_directory_path() / ("pa_cli_out_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string config = "--config " + (dir / "good.yaml").string() + " --progress none ";
+  const std::string good = config + "--steps 1 ";
+  std::ofstream(dir / "good.yaml") << kGood;
+  std::string err;
+  // CLI11's NonNegativeNumber printed "Value abc not in range 0 to 1.797693e+308".
+  EXPECT_EQ(runTrainErr(config + "--steps abc", err), 2);
+  EXPECT_NE(err.find("--steps abc: expected a whole number of steps, 0 or more"), std::string::npos) << err;
+  EXPECT_EQ(err.find("1.79"), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(config + "--steps -3", err), 2);
+  // A file where a folder should be, and a folder below a file: a raw filesystem error, exit 1.
+  EXPECT_EQ(runTrainErr(good + "--dump-graph " + (dir / "good.yaml").string(), err), 2);
+  EXPECT_NE(err.find("--dump-graph " + (dir / "good.yaml").string() + ": is a file; expected a folder"), std::string::npos)
+      << err;
+  EXPECT_EQ(runTrainErr(good + "--dump-kernels " + (dir / "good.yaml" / "k").string(), err), 2);
+  EXPECT_NE(err.find("--dump-kernels " + (dir / "good.yaml" / "k").string() + ": cannot create the folder"),
+            std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--dump-graph /proc/pa-no-such-folder", err), 2);
+  EXPECT_NE(err.find("--dump-graph /proc/pa-no-such-folder: "), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--metrics " + dir.string(), err), 2);
+  EXPECT_NE(err.find("--metrics " + dir.string() + ": is a folder"), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--metrics " + (dir / "none" / "m.csv").string(), err), 2);
+  EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--metrics /proc/pa-m.csv", err), 2);
+  EXPECT_NE(err.find("--metrics /proc/pa-m.csv: "), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr("--config " + dir.string(), err), 2);
+  EXPECT_NE(err.find("is a directory; --config takes a YAML file"), std::string::npos) << err;
+  EXPECT_EQ(runTrainErr(good + "--dump-graph " + (dir / "g").string(), err), 0) << err;
+  EXPECT_TRUE(fs::exists(dir / "g" / "00-frontend.txt"));
   fs::remove_all(dir);
 }
 
