@@ -119,6 +119,7 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
   tg.forwardNodes = g.liveNodeCount();
   popt.firstDumpIndex = static_cast<int>(pipeline.forward.size());
   for (PassStats& s : runPipeline(g, pipeline.training, popt)) tg.stats.push_back(std::move(s));
+  if (opt.testGraphHook) opt.testGraphHook(g);
   tg.forwardPasses = pipeline.forward;
   if (cfg.precision == "bf16") tg.forwardPasses.push_back("lower-bf16");
   return tg;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@ struct RunOptions {
   // `train`: Ctrl-C (SIGINT) or SIGTERM stops after the step in flight, with a summary
   // (TrainResult::interruptedBy); off for library callers, whose signals stay theirs.
   bool catchInterrupts = false;
+  // Tests only: edits the finished training graph (e.g. injects a bug that --compare must catch).
+  // compareFusedUnfused applies it to the fused graph alone.
+  std::function<void(Graph&)> testGraphHook;
   // Initial parameter values by name (tests, golden runs); others are initialised from the seed.
   std::map<std::string, std::vector<double>> initialParams;
 };

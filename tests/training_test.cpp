@@ -189,6 +189,38 @@ TEST(Compare, FusedAndUnfusedAgreeOnTheExamples) {
   }
 }
 
+// bf16: each graph against the unfused fp32 graph (see the note in frontend/compare.h). The
+// attention example agrees (with GELU for its ReLU, so its gradients decide too, and as it is);
+// the same with a bug injected into the fused graph (FlashAttention's window narrowed from 16 to
+// 2, forward and backward) does not.
+TEST(Compare, Bf16JudgesEachGraphAgainstFp32AndCatchesAWrongFusedNode) {
+  const std::string path = std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml";
+  const std::vector<std::string> gelu = {"train.steps=3", "precision=bf16", "model.layers.2.linear.activation=gelu",
+                                         "data.samples=256"};
+  std::FILE* sink = std::tmpfile();
+  const CompareResult ok = compareFusedUnfused(loadConfig(path, gelu), quiet(), sink);
+  EXPECT_TRUE(ok.againstFp32);
+  EXPECT_TRUE(ok.gradientsGated);
+  EXPECT_TRUE(ok.agree) << "loss ratio " << ok.lossErrRatio << ", gradient ratio " << ok.gradErrRatio;
+  const CompareResult relu =
+      compareFusedUnfused(loadConfig(path, {"train.steps=3", "precision=bf16", "data.samples=256"}), quiet(), sink);
+  EXPECT_FALSE(relu.gradientsGated);
+  EXPECT_TRUE(relu.agree) << "loss ratio " << relu.lossErrRatio;
+  RunOptions broken = quiet();
+  int edited = 0;
+  broken.testGraphHook = [&](Graph& g) {
+    for (const Node& n : g.nodes())
+      if (!n.erased && (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad)) {
+        g.node(n.id).attrs.set("window_left", int64_t{2});
+        ++edited;
+      }
+  };
+  const CompareResult bad = compareFusedUnfused(loadConfig(path, gelu), broken, sink);
+  std::fclose(sink);
+  EXPECT_EQ(edited, 2);
+  EXPECT_FALSE(bad.agree) << "loss ratio " << bad.lossErrRatio << ", gradient ratio " << bad.gradErrRatio;
+}
+
 TEST(Compare, FusedAttentionNeedsLessActivationMemory) {
   // At S = 256 the unfused step keeps several [batch, heads, S, S] tensors; the fused one none.
   const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml",
