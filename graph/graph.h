@@ -1,6 +1,7 @@
 // The graph IR: nodes of primitive (later fused) ops over typed values, in SSA form.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,9 +40,14 @@ struct Node {
   llvm::SmallVector<ValueId, 2> outputs;
   AttrMap attrs;
   std::string name;
-  bool erased = false;  // passes mark nodes dead; compact() drops them
+  bool erased = false;  // passes mark nodes dead; they stay in storage (ids are indices)
 };
 
+// Note on reference stability: nodes and values live in std::deques, whose push_back never moves
+// an existing element, so a `const Node&`, `const Value&` or `const Shape&` taken from the graph
+// stays valid while the graph grows (Graph::add). Gradient rules and rewrite patterns hold such
+// references across the nodes they add; with a vector each add could reallocate under them.
+// Nothing is ever removed from either deque (passes mark nodes `erased`), so ids stay indices.
 class Graph {
 public:
   // Adds a node, infers its output types (throws ShapeError naming the node) and returns its
@@ -58,8 +64,8 @@ public:
   const Shape& shape(ValueId v) const { return values_[v].type.shape; }
   size_t numValues() const { return values_.size(); }
   size_t numNodes() const { return nodes_.size(); }
-  const std::vector<Node>& nodes() const { return nodes_; }
-  const std::vector<Value>& values() const { return values_; }
+  const std::deque<Node>& nodes() const { return nodes_; }
+  const std::deque<Value>& values() const { return values_; }
 
   // Named results of the graph ("prediction", "loss", gradient outputs "grad/<param>").
   void setOutput(const std::string& name, ValueId v) { outputs_[name] = v; }
@@ -89,8 +95,8 @@ public:
 private:
   bool storageTypes_ = false;
   std::string uniqueName(const std::string& base);
-  std::vector<Value> values_;
-  std::vector<Node> nodes_;
+  std::deque<Value> values_;  // deques: see the note on reference stability above
+  std::deque<Node> nodes_;
   std::map<std::string, ValueId> outputs_;
   std::map<std::string, int> nameCount_;
   std::map<std::string, ValueId> names_;  // every value name ever given; names are never reused
