@@ -1,6 +1,7 @@
 // Graph construction and queries.
 #include "graph/graph.h"
 
+#include <algorithm>
 #include <cassert>
 #include <functional>
 #include <queue>
@@ -41,7 +42,21 @@ ValueId Graph::add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs, std
     if (names_.count(name)) throw ShapeError(name, "a value of this name already exists");
     nameCount_[name]++;
   }
+  for (const auto& kv : n.attrs.all()) {  // the getters shape inference calls assume these types
+    AttrKind kind;
+    if (attrKindOf(kv.first, kind) && !attrHolds(kind, kv.second))
+      throw ShapeError(n.name, "attribute '" + kv.first + "' must be " + attrKindDescription(kind) + ", got " +
+                                   attrString(kv.second));
+  }
   llvm::SmallVector<TensorType, 2> types = inferTypes(*this, n);
+  for (const TensorType& t : types) {
+    int64_t elements;
+    if (std::any_of(t.shape.begin(), t.shape.end(), [](int64_t d) { return d < 0; }))
+      throw ShapeError(n.name, "output " + shapeString(t.shape) + " has a negative extent");
+    if (!checkedNumel(t.shape, elements))
+      throw ShapeError(n.name, "output " + shapeString(t.shape) + " holds more than 2^48 elements (" +
+                                   elementCountString(t.shape) + "); no machine holds a tensor that large");
+  }
   for (size_t i = 0; i < types.size(); ++i) {
     Value v;
     v.id = static_cast<ValueId>(values_.size());

@@ -40,6 +40,9 @@ struct Node {
   llvm::SmallVector<ValueId, 2> outputs;
   AttrMap attrs;
   std::string name;
+  // Where the user wrote what this node stands for ("cfg.yaml:5:7: model.layers.0.linear.units
+  // = 64"), set by the frontend on parameters for messages about them; empty elsewhere.
+  std::string origin;
   bool erased = false;  // passes mark nodes dead; they stay in storage (ids are indices)
 };
 
@@ -50,8 +53,8 @@ struct Node {
 // Nothing is ever removed from either deque (passes mark nodes `erased`), so ids stay indices.
 class Graph {
 public:
-  // Adds a node, infers its output types (throws ShapeError naming the node) and returns its
-  // first output. `name` must be unique; an empty one is replaced by "<op>_<id>".
+  // Adds a node, checks its attributes' types, infers its output types and checks that each
+  // holds at most kMaxElements (throws ShapeError naming the node), and returns its first output. `name` must be unique; an empty one is replaced by "<op>_<id>".
   ValueId add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs = {}, std::string name = {});
   ValueId addInput(const std::string& name, llvm::ArrayRef<int64_t> shape);
   ValueId addParam(const std::string& name, llvm::ArrayRef<int64_t> shape, const std::string& init);

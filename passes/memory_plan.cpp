@@ -2,7 +2,11 @@
 #include "passes/memory_plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
+#include <string>
+
+#include "graph/errors.h"
 
 namespace pa {
 
@@ -42,12 +46,23 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
   std::vector<Item> items;
   MemoryPlan plan;
   plan.offset.assign(nv, -1);
+  // Each value holds at most kMaxElements (Graph::add), so one size cannot overflow; their sum
+  // bounds every offset and the arena, so once it is known to fit, nothing below can overflow.
+  constexpr int64_t kMaxTotal = int64_t{1} << 62;
+  int64_t total = 0;
   for (size_t v = 0; v < nv; ++v) {
     if (!planned[v]) continue;
     int64_t n = numel(g.shape(static_cast<ValueId>(v)));
     if (storageSizes) n = (n * static_cast<int64_t>(dtypeSize(g.value(static_cast<ValueId>(v)).type.dtype)) + 3) / 4;
-    items.push_back({static_cast<ValueId>(v), (n + align - 1) / align * align});
+    const int64_t size = (n + align - 1) / align * align;
+    items.push_back({static_cast<ValueId>(v), size});
+    total += size;
     plan.naiveElements += n;
+    if (total > kMaxTotal) {
+      plan.arenaElements = plan.naiveElements = std::numeric_limits<int64_t>::max();
+      plan.offset.assign(nv, -1);
+      return plan;
+    }
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.size > b.size; });
   std::vector<Item> placed;
@@ -69,6 +84,102 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
   for (size_t v = 0; v < nv; ++v)
     if (root[v] != static_cast<ValueId>(v)) plan.offset[v] = plan.offset[root[v]];
   return plan;
+}
+
+}  // namespace pa
+
+namespace pa {
+
+namespace {
+
+int64_t saturatingMul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
+int64_t saturatingAdd(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
+
+}  // namespace
+
+std::string byteString(int64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+MemoryNeed memoryNeed(const Graph& g, const MemoryLayout& layout, const MemoryPlan* given) {
+  MemoryNeed need;
+  const MemoryPlan plan = given ? *given : planMemory(g, layout.alignElements, layout.aliasReshapes, layout.storageSizes);
+  const int64_t unit = layout.storageSizes ? 4 : layout.elementBytes;
+  need.activationBytes = saturatingMul(plan.arenaElements, unit);
+  for (size_t v = 0; v < g.numValues(); ++v) {
+    if (plan.offset[v] < 0 || g.producer(static_cast<ValueId>(v)).erased) continue;
+    int64_t bytes = numel(g.shape(static_cast<ValueId>(v)));
+    bytes = layout.storageSizes ? bytes * static_cast<int64_t>(dtypeSize(g.value(static_cast<ValueId>(v)).type.dtype))
+                                : bytes * unit;
+    if (bytes > need.largestActivationBytes) {
+      need.largestActivationBytes = bytes;
+      need.largestActivation = static_cast<ValueId>(v);
+    }
+  }
+  if (plan.arenaElements == std::numeric_limits<int64_t>::max()) {  // planMemory gave up: find the largest anyway
+    for (const Node& n : g.nodes()) {
+      if (n.erased || n.op == OpKind::Param) continue;
+      for (ValueId v : n.outputs) {
+        const int64_t bytes = numel(g.shape(v)) * unit;
+        if (bytes > need.largestActivationBytes) {
+          need.largestActivationBytes = bytes;
+          need.largestActivation = v;
+        }
+      }
+    }
+  }
+  for (ValueId p : g.params()) {
+    const int64_t bytes = numel(g.shape(p)) * layout.paramBytes;  // <= 2^51: exact
+    need.parameterBytes = saturatingAdd(need.parameterBytes, saturatingMul(bytes, layout.paramCopies));
+    if (bytes > need.largestParamBytes) {
+      need.largestParamBytes = bytes;
+      need.largestParam = p;
+    }
+  }
+  need.totalBytes = saturatingAdd(need.activationBytes, need.parameterBytes);
+  return need;
+}
+
+void checkFitsMemory(const Graph& g, int64_t availableBytes, const std::string& device, const MemoryLayout& layout,
+                     const MemoryPlan* plan) {
+  const MemoryNeed need = memoryNeed(g, layout, plan);
+  if (need.totalBytes <= availableBytes) return;
+  const std::string total = need.totalBytes == std::numeric_limits<int64_t>::max() ? "more than 8 EiB"
+                                                                                  : byteString(need.totalBytes);
+  const std::string tail = "; the training step needs " + total + " in all (" + byteString(need.parameterBytes) +
+                           " for parameters and their optimizer state, " +
+                           (need.activationBytes == std::numeric_limits<int64_t>::max()
+                                ? std::string("more than 8 EiB")
+                                : byteString(need.activationBytes)) +
+                           " for activations) and " + device + " has " + byteString(availableBytes);
+  if (need.largestParam != kNoValue && need.parameterBytes >= need.activationBytes) {
+    const Node& p = g.producer(need.largestParam);
+    const std::string what = "parameter '" + p.name + "' " + shapeString(g.shape(need.largestParam));
+    throw UserError((p.origin.empty() ? what : p.origin) + " needs " + byteString(need.largestParamBytes) +
+                    " of weights (" + what + ")" + tail);
+  }
+  std::string largest;
+  if (need.largestActivation != kNoValue)
+    largest = " (the largest, '" + g.value(need.largestActivation).name + "' " +
+              shapeString(g.shape(need.largestActivation)) + ", takes " + byteString(need.largestActivationBytes) +
+              "; train.batch_size and the model's widths set these sizes)";
+  throw UserError("the model's activations do not fit" + largest + tail);
 }
 
 }  // namespace pa

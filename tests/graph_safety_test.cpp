@@ -12,6 +12,7 @@
 #include "frontend/trainer.h"
 #include "graph/errors.h"
 #include "graph/graph.h"
+#include "passes/memory_plan.h"
 
 namespace pa {
 namespace {
@@ -24,6 +25,21 @@ RunOptions quiet(int64_t steps) {
   o.steps = steps;
   return o;
 }
+
+// Trains `yaml` for one step; returns the UserError's message, or "" when it trains. Any other
+// exception fails the test (gtest reports it), as a crash does.
+std::string errorOf(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    train(parseConfig(yaml, "cfg.yaml", sets), quiet(1));
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+#define EXPECT_HAS(s, part) EXPECT_TRUE(contains(s, part)) << "message: " << (s) << "\nexpected to contain: " << (part)
 
 // --- Reference stability --------------------------------------------------------------------
 
@@ -65,6 +81,220 @@ TEST(GraphStorage, GqaAttentionWithSinkLogitsTrains) {
   ASSERT_EQ(r.losses.size(), 3u);
   for (double l : r.losses) EXPECT_TRUE(std::isfinite(l)) << l;
   EXPECT_EQ(r.parameterCount, (1 * 8 + 8) + (8 * 8 + 8) + 2 * (8 * 4 + 4) + (8 * 8 + 8) + 2 + (8 * 1 + 1));
+}
+
+// --- Sizes: checked products, memory checked before allocating -----------------------------
+
+TEST(ShapeSizes, CheckedNumelRejectsOverflowNegativeAndHuge) {
+  int64_t n = -1;
+  EXPECT_TRUE(checkedNumel({2, 3, 4}, n));
+  EXPECT_EQ(n, 24);
+  EXPECT_TRUE(checkedNumel({}, n));
+  EXPECT_EQ(n, 1);
+  EXPECT_TRUE(checkedNumel({kMaxElements}, n));
+  EXPECT_FALSE(checkedNumel({kMaxElements + 1}, n));
+  EXPECT_FALSE(checkedNumel({int64_t{1} << 32, int64_t{1} << 32}, n));      // 2^64: wraps to 0 unchecked
+  EXPECT_FALSE(checkedNumel({int64_t{3} << 61, 4}, n));                     // overflows int64
+  EXPECT_FALSE(checkedNumel({-1, 8}, n));
+  EXPECT_TRUE(checkedNumel({0, int64_t{1} << 62}, n));  // a zero extent: no elements, nothing to overflow
+  EXPECT_EQ(n, 0);
+}
+
+// Every way a value can get a huge shape is refused by Graph::add as a ShapeError naming the node.
+TEST(ShapeSizes, GraphRefusesValuesBeyondTwoToTheFortyEight) {
+  const int64_t big = int64_t{1} << 40;
+  Graph g;
+  EXPECT_THROW(g.addParam("w", {big, big}, "zeros"), ShapeError);
+  EXPECT_THROW(g.addInput("x", {int64_t{1} << 32, int64_t{1} << 32}), ShapeError);  // 2^64 wraps to 0 unchecked
+  EXPECT_THROW(g.addConstant(1.0, {-2, -3}), ShapeError);                         // (-2)(-3) = 6 unchecked
+  const ValueId x = g.addInput("x", {4, 2, 8, 16});
+  AttrMap rep;
+  rep.set("axis", int64_t{1});
+  rep.set("repeats", int64_t{1} << 62);
+  EXPECT_THROW(g.add(OpKind::RepeatHeads, {x}, rep), ShapeError);
+  AttrMap bt;
+  bt.set("shape", std::vector<int64_t>{big, 4, 2, 8, 16});
+  EXPECT_THROW(g.add(OpKind::BroadcastTo, {x}, bt), ShapeError);
+  AttrMap rs;
+  rs.set("shape", std::vector<int64_t>{int64_t{1} << 62, int64_t{1} << 62, 0, -1});  // known product wraps to 0
+  EXPECT_THROW(g.add(OpKind::Reshape, {x}, rs), ShapeError);
+  const ValueId col = g.addParam("col", {int64_t{1} << 30, 1}, "zeros");
+  const ValueId row = g.addParam("row", {1, int64_t{1} << 30}, "zeros");
+  try {
+    g.add(OpKind::MatMul, {col, row}, {}, "outer");
+    ADD_FAILURE() << "a [2^30, 2^30] product was accepted";
+  } catch (const ShapeError& e) {
+    EXPECT_EQ(e.node(), "outer");
+    EXPECT_HAS(std::string(e.what()), "more than 2^48 elements");
+  }
+}
+
+// The memory check names the parameter that takes the most, with its origin, both sizes and
+// the memory available; it passes where the need fits.
+TEST(MemoryCheck, NamesTheLargestParameterItsOriginAndTheSizes) {
+  Graph g;
+  const ValueId x = g.addInput("input", {8, 1000});
+  const ValueId w = g.addParam("w", {1000, 1000}, "xavier");
+  g.node(g.value(w).producer).origin = "cfg.yaml:3:5: model.params.w.shape = [1000, 1000]";
+  g.setOutput("prediction", g.add(OpKind::MatMul, {x, w}));
+  MemoryLayout layout;  // fp32, weights + Adam moments
+  const MemoryNeed need = memoryNeed(g, layout);
+  EXPECT_EQ(need.largestParam, w);
+  EXPECT_EQ(need.parameterBytes, 3 * 4 * 1000 * 1000);
+  EXPECT_EQ(need.activationBytes, 4 * (8 * 1000 + 8 * 1000));  // input and output, both live throughout
+  EXPECT_EQ(need.totalBytes, need.parameterBytes + need.activationBytes);
+  EXPECT_NO_THROW(checkFitsMemory(g, need.totalBytes, "this machine", layout));
+  try {
+    checkFitsMemory(g, need.totalBytes - 1, "GPU 0 (test)", layout);
+    ADD_FAILURE() << "no error one byte short";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_HAS(m, "cfg.yaml:3:5: model.params.w.shape = [1000, 1000] needs 3.8 MiB of weights");
+    EXPECT_HAS(m, "GPU 0 (test) has 11.5 MiB");
+  }
+}
+
+TEST(MemoryCheck, NamesTheLargestActivationWhenActivationsDominate) {
+  Graph g;
+  const ValueId x = g.addInput("input", {1 << 20, 64});
+  const ValueId b = g.addParam("b", {64}, "zeros");
+  g.setOutput("prediction", g.add(OpKind::Add, {x, b}, {}, "shifted"));
+  try {
+    checkFitsMemory(g, 1 << 20, "this machine", MemoryLayout{});
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_HAS(std::string(e.what()), "activations do not fit");
+    EXPECT_HAS(std::string(e.what()), "'input' [1048576, 64], takes 256.0 MiB");
+  }
+}
+
+const char* kSineMlp =
+    "name: t\n"
+    "data: {kind: sine, window: 8, samples: 64}\n"
+    "model:\n"
+    "  input: [8]\n"
+    "  layers:\n"
+    "    - linear: {units: 16, activation: relu}\n"
+    "    - linear: {units: 1}\n"
+    "train: {batch_size: 4}\n";
+
+// Issue 24: units = 10^12 segfaulted (or threw std::bad_alloc). It now fails before anything is
+// allocated, naming the key, its value and both sizes.
+TEST(MemoryCheck, HugeUnitsAreRefusedBeforeAllocatingWithTheKey) {
+  const std::string m = errorOf(kSineMlp, {"model.layers.0.linear.units=1000000000000"});
+  EXPECT_HAS(m, "cfg.yaml:6:7: model.layers[0].linear.units = 1000000000000 needs 29.1 TiB of weights");
+  EXPECT_HAS(m, "this machine has");
+  // Larger still: the weight alone would exceed 2^48 elements; refused while the graph is built.
+  const std::string m2 = errorOf(kSineMlp, {"model.layers.0.linear.units=100000000000000"});
+  EXPECT_HAS(m2, "cfg.yaml:6:7: model.layers[0].linear: ");
+  EXPECT_HAS(m2, "[8, 100000000000000] holds more than 2^48 elements");
+}
+
+const std::string kExplicit = "name: t\ndata: {kind: function, inputs: 3}\nmodel:\n";
+
+TEST(MemoryCheck, HugeExplicitShapesAreLocated) {
+  EXPECT_HAS(errorOf(kExplicit + "  params: {w: {shape: [100000000, 100000000, 100000000]}}\n  nodes:\n"
+                                 "    - {op: matmul, inputs: [input, w], output: y}\n"),
+             "cfg.yaml: model.params.w.shape: node 'w': attribute 'shape' [100000000, 100000000, 100000000] holds more "
+             "than 2^48 elements (about 1.00e+24)");
+  const std::string rep = errorOf(kExplicit + "  input: [1, 3, 1]\n  nodes:\n"
+                                              "    - {op: repeat-heads, inputs: [input], output: r, axis: 1, repeats: 4611686018427387904}\n"
+                                              "    - {op: sum, inputs: [r], output: y, axes: [1, 2]}\n");
+  EXPECT_HAS(rep, "cfg.yaml:6:7: model.nodes[0]: repeat-heads: node 'r': repeating axis 1");
+  const std::string bc = errorOf(kExplicit + "  nodes:\n"
+                                             "    - {op: broadcast-to, inputs: [input], output: b, shape: [1000000000, 1000000000, 64, 3]}\n"
+                                             "    - {op: sum, inputs: [b], output: y, axes: [0, 1]}\n");
+  EXPECT_HAS(bc, "cfg.yaml:5:7: model.nodes[0]: broadcast-to: node 'b': attribute 'shape'");
+  EXPECT_HAS(errorOf(kExplicit + "  input: [3000000000, 3000000000, 3000000000]\n  nodes:\n"
+                                 "    - {op: sum, inputs: [input], output: y, axes: [1, 2, 3]}\n"),
+             "cfg.yaml: model.input: [3000000000, 3000000000, 3000000000] holds about 2.70e+28 elements");
+}
+
+// --- Located mistakes in explicit graphs and layers -----------------------------------------
+
+// Shape errors of hand-written nodes name the YAML node (file:line:col, key path, op), not only
+// the graph's node.
+TEST(LocatedErrors, ExplicitShapeErrorsNameTheYamlNode) {
+  const std::string base = kExplicit + "  params: {w: {shape: [2, 4]}}\n  nodes:\n";
+  const std::string mm = errorOf(base + "    - {op: relu, inputs: [input], output: r}\n"
+                                        "    - {op: matmul, inputs: [r, w], output: y}\n");
+  EXPECT_HAS(mm, "cfg.yaml:7:7: model.nodes[1]: matmul: node 'y': matmul inner dimensions differ: [64, 3] · [2, 4]");
+  EXPECT_HAS(errorOf(base + "    - {op: add, inputs: [input], output: y}\n"),
+             "cfg.yaml:6:7: model.nodes[0]: add: node 'y': op 'add' takes 2 inputs, got 1");
+  EXPECT_HAS(errorOf(base + "    - {op: reshape, inputs: [input], output: y, shape: [64, 5]}\n"),
+             "cfg.yaml:6:7: model.nodes[0]: reshape: node 'y': cannot reshape [64, 3] (192 elements) to [64, 5]");
+  EXPECT_HAS(errorOf(base + "    - {op: permute, inputs: [input], output: y, perm: [0, 0]}\n"),
+             "cfg.yaml:6:7: model.nodes[0]: permute: node 'y': perm [0, 0] is not a permutation");
+  EXPECT_HAS(errorOf(base + "    - {op: add, inputs: [input, w], output: y}\n"),
+             "cfg.yaml:6:7: model.nodes[0]: add: node 'y': cannot broadcast [64, 3] with [2, 4]");
+}
+
+// An attribute of the wrong type threw std::bad_variant_access ("std::get: wrong index for
+// variant", exit 1); it is now refused at the attribute with the type it needs.
+TEST(LocatedErrors, AttributeOfTheWrongTypeNamesTheAttribute) {
+  const std::string base = kExplicit + "  nodes:\n";
+  EXPECT_HAS(errorOf(base + "    - {op: permute, inputs: [input], output: y, perm: first}\n"),
+             "model.nodes[0].perm: attribute 'perm' of op 'permute' must be a list of integers, got \"first\"");
+  EXPECT_HAS(errorOf(base + "    - {op: reshape, inputs: [input], output: y, shape: [64, 1.5, 2]}\n"),
+             "must be a list of integers");
+  EXPECT_HAS(errorOf(base + "    - {op: softmax, inputs: [input], output: y, axis: last}\n"),
+             "attribute 'axis' of op 'softmax' must be an integer, got \"last\"");
+  EXPECT_HAS(errorOf(base + "    - {op: scale, inputs: [input], output: y, value: half}\n"), "must be a number");
+  // The graph checks the same for nodes built in code (a pass, a test): no bad_variant_access.
+  Graph g;
+  const ValueId x = g.addInput("x", {2, 3});
+  AttrMap a;
+  a.set("perm", std::string("10"));
+  EXPECT_THROW(g.add(OpKind::Permute, {x}, a), ShapeError);
+}
+
+// relu-grad and the other backward-only ops were accepted, then refused by autodiff (exit 1).
+TEST(LocatedErrors, BackwardOnlyOpsAreRefusedAtTheNode) {
+  const std::string m = errorOf(kExplicit + "  nodes:\n"
+                                            "    - {op: relu, inputs: [input], output: r}\n"
+                                            "    - {op: relu-grad, inputs: [r, input], output: y}\n");
+  EXPECT_HAS(m, "cfg.yaml:6:7: model.nodes[1].op: op 'relu-grad' is backward-only");
+  EXPECT_HAS(m, "Valid ops: ");
+  EXPECT_FALSE(contains(m.substr(m.find("Valid ops: ")), "relu-grad")) << m;
+  EXPECT_HAS(errorOf(kExplicit + "  nodes:\n    - {op: flash-attention-grad, inputs: [input], output: y}\n"),
+             "is backward-only");
+}
+
+TEST(LocatedErrors, UndefinedModelOutputListsTheDefinedValues) {
+  const std::string m = errorOf(kExplicit + "  output: yy\n  nodes:\n"
+                                            "    - {op: sum, inputs: [input], output: y, axes: [1], keepdims: true}\n");
+  EXPECT_HAS(m, "cfg.yaml: model.output: no value named 'yy'; did you mean 'y'? Defined values: input, y");
+}
+
+// Names the trainer gives its own values ("target", "loss", "grad_seed", ...) collided after
+// the model was built, with a message naming an internal node.
+TEST(LocatedErrors, ReservedValueNamesAreRefusedWhereTheyAreWritten) {
+  for (const char* name : {"target", "loss", "grad_seed", "grad/w", "w.bf16", "y:1"}) {
+    const std::string m = errorOf(kExplicit + "  nodes:\n    - {op: sum, inputs: [input], output: '" + name +
+                                  "', axes: [1], keepdims: true}\n");
+    EXPECT_HAS(m, "cfg.yaml:5:7: model.nodes[0].output: '" + std::string(name) + "' is a name the trainer gives");
+  }
+  EXPECT_HAS(errorOf(kExplicit + "  params: {loss: {shape: [3, 1]}}\n  nodes:\n"
+                                 "    - {op: matmul, inputs: [input, loss], output: y}\n"),
+             "cfg.yaml: model.params.loss: 'loss' is a name the trainer gives");
+}
+
+TEST(LocatedErrors, PredictionTargetMismatchNamesTheLastLayerOrNode) {
+  EXPECT_HAS(errorOf(kSineMlp, {"model.layers.1.linear.units=3"}),
+             "cfg.yaml:7:7: model.layers[1].linear.units: the model's prediction [4, 3] does not match the target [4, 1]");
+  EXPECT_HAS(errorOf(kExplicit + "  nodes:\n    - {op: relu, inputs: [input], output: y}\n"),
+             "cfg.yaml:5:7: model.nodes[0]: the model's prediction [64, 3] does not match the target [64, 1]");
+}
+
+TEST(LocatedErrors, CastOnlyToTheDocumentedDtypes) {
+  for (const char* t : {"f16", "f64", "int8"})
+    EXPECT_HAS(errorOf(kExplicit + "  nodes:\n    - {op: cast, inputs: [input], output: c, dtype: " + t +
+                       "}\n    - {op: sum, inputs: [c], output: y, axes: [1], keepdims: true}\n"),
+               "cfg.yaml:5:7: model.nodes[0]: cast: node 'c': cast needs a 'dtype' attribute: f32 or bf16, got '" +
+                   std::string(t) + "'");
+  EXPECT_EQ(errorOf(kExplicit + "  nodes:\n    - {op: cast, inputs: [input], output: c, dtype: f32}\n"
+                                "    - {op: sum, inputs: [c], output: y, axes: [1], keepdims: true}\n"),
+            "");
 }
 
 }  // namespace
