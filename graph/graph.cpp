@@ -158,12 +158,40 @@ std::vector<std::vector<NodeId>> Graph::users() const {
   return u;
 }
 
+void Graph::setOutput(const std::string& name, ValueId v) {
+  auto it = outputs_.find(name);
+  if (it != outputs_.end()) {
+    std::vector<std::string>& names = outputNames_[it->second];
+    names.erase(std::find(names.begin(), names.end(), name));
+    if (names.empty()) outputNames_.erase(it->second);
+  }
+  outputs_[name] = v;
+  outputNames_[v].push_back(name);
+}
+
+void Graph::renameOutputs(ValueId from, ValueId to) {
+  auto it = outputNames_.find(from);
+  if (it == outputNames_.end() || from == to) return;
+  const std::vector<std::string> names = std::move(it->second);
+  outputNames_.erase(it);
+  for (const std::string& name : names) {
+    outputs_[name] = to;
+    outputNames_[to].push_back(name);
+  }
+}
+
 void Graph::replaceAllUses(ValueId from, ValueId to) {
   for (Node& n : nodes_)
     for (ValueId& v : n.inputs)
       if (v == from) v = to;
-  for (auto& kv : outputs_)
-    if (kv.second == from) kv.second = to;
+  renameOutputs(from, to);
+}
+
+void Graph::replaceUses(ValueId from, ValueId to, llvm::ArrayRef<NodeId> users) {
+  for (NodeId id : users)
+    for (ValueId& v : nodes_[id].inputs)
+      if (v == from) v = to;
+  renameOutputs(from, to);
 }
 
 size_t Graph::liveNodeCount() const {

@@ -71,7 +71,7 @@ public:
   const std::deque<Value>& values() const { return values_; }
 
   // Named results of the graph ("prediction", "loss", gradient outputs "grad/<param>").
-  void setOutput(const std::string& name, ValueId v) { outputs_[name] = v; }
+  void setOutput(const std::string& name, ValueId v);
   ValueId output(const std::string& name) const;
   bool hasOutput(const std::string& name) const { return outputs_.count(name) != 0; }
   const std::map<std::string, ValueId>& outputs() const { return outputs_; }
@@ -83,8 +83,14 @@ public:
   ValueId findValue(const std::string& name) const;  // kNoValue when absent or erased
   // Users of every value (live nodes only), indexed by ValueId.
   std::vector<std::vector<NodeId>> users() const;
-  // Replaces every use of `from` (node inputs and graph outputs) with `to`.
+  // Replaces every use of `from` (node inputs and graph outputs) with `to`; scans every node.
   void replaceAllUses(ValueId from, ValueId to);
+  // The same where the caller knows the nodes that read `from` (`users`, e.g. from users()):
+  // only those nodes and the graph outputs naming `from` change, so a pass rewriting n times
+  // does O(n) work rather than O(n × nodes).
+  void replaceUses(ValueId from, ValueId to, llvm::ArrayRef<NodeId> users);
+  // Whether `v` is a graph output (under any name).
+  bool isOutput(ValueId v) const { return outputNames_.count(v) != 0; }
   size_t liveNodeCount() const;
 
   // Set by the lower-bf16 pass: each value's dtype is the type it is stored in, chosen per value
@@ -101,6 +107,8 @@ private:
   std::deque<Value> values_;  // deques: see the note on reference stability above
   std::deque<Node> nodes_;
   std::map<std::string, ValueId> outputs_;
+  std::map<ValueId, std::vector<std::string>> outputNames_;  // outputs_ inverted
+  void renameOutputs(ValueId from, ValueId to);
   std::map<std::string, int> nameCount_;
   std::map<std::string, ValueId> names_;  // every value name ever given; names are never reused
 };

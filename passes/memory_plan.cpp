@@ -4,11 +4,117 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <set>
 #include <string>
 
 #include "graph/errors.h"
 
 namespace pa {
+
+namespace {
+
+struct Item {
+  ValueId v;
+  int64_t size;
+};
+
+// Greedy by size (largest first), each value at the lowest offset clear of every placed value
+// live at the same time: tight plans, but each placement scans the values placed before it, so
+// the work is quadratic in the number of values.
+void placeGreedyBySize(std::vector<Item>& items, const std::vector<int64_t>& first, const std::vector<int64_t>& last,
+                       MemoryPlan& plan) {
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.size > b.size; });
+  std::vector<Item> placed;
+  for (const Item& it : items) {
+    // Intervals already taken by values alive at the same time, sorted by offset.
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (const Item& p : placed) {
+      ++plan.placementSteps;
+      if (!(last[p.v] < first[it.v] || last[it.v] < first[p.v])) busy.emplace_back(plan.offset[p.v], plan.offset[p.v] + p.size);
+    }
+    std::sort(busy.begin(), busy.end());
+    int64_t at = 0;
+    for (const auto& b : busy) {
+      if (at + it.size <= b.first) break;
+      at = std::max(at, b.second);
+    }
+    plan.offset[it.v] = at;
+    plan.arenaElements = std::max(plan.arenaElements, at + it.size);
+    placed.push_back(it);
+  }
+}
+
+// In execution order, as an allocator would: at each position the values born there take the
+// best-fitting free block (the smallest that holds them, lowest offset among equals; else the
+// top of the arena, grown), then the values whose last use is there give their blocks back,
+// merged with free neighbours. O(n log n) in the number of values.
+void placeInOrder(const std::vector<Item>& items, const std::vector<int64_t>& first, const std::vector<int64_t>& last,
+                  int64_t end, MemoryPlan& plan) {
+  // Positions run from -1 (inputs and constants, live before the first node) to `end`.
+  std::vector<std::vector<size_t>> born(static_cast<size_t>(end + 2)), dies(static_cast<size_t>(end + 2));
+  for (size_t i = 0; i < items.size(); ++i) {
+    born[static_cast<size_t>(first[items[i].v] + 1)].push_back(i);
+    dies[static_cast<size_t>(last[items[i].v] + 1)].push_back(i);
+  }
+  std::map<int64_t, int64_t> freeByOffset;          // offset -> size
+  std::set<std::pair<int64_t, int64_t>> freeBySize;  // (size, offset)
+  int64_t top = 0;
+  auto take = [&](int64_t at) {
+    const int64_t size = freeByOffset.at(at);
+    freeByOffset.erase(at);
+    freeBySize.erase({size, at});
+  };
+  auto give = [&](int64_t at, int64_t size) {
+    auto next = freeByOffset.find(at + size);
+    if (next != freeByOffset.end()) {
+      const int64_t nextSize = next->second;
+      take(next->first);
+      size += nextSize;
+    }
+    auto prev = freeByOffset.lower_bound(at);
+    if (prev != freeByOffset.begin() && (--prev, prev->first + prev->second == at)) {
+      const int64_t prevAt = prev->first;
+      size += prev->second;
+      take(prevAt);
+      at = prevAt;
+    }
+    if (at + size == top) {  // the top of the arena: shrink it instead
+      top = at;
+      return;
+    }
+    freeByOffset[at] = size;
+    freeBySize.insert({size, at});
+  };
+  for (size_t pos = 0; pos < born.size(); ++pos) {
+    for (size_t i : born[pos]) {
+      const Item& it = items[i];
+      ++plan.placementSteps;
+      auto fit = freeBySize.lower_bound({it.size, std::numeric_limits<int64_t>::min()});
+      int64_t at;
+      if (fit != freeBySize.end()) {
+        at = fit->second;
+        const int64_t size = fit->first;
+        take(at);
+        if (size > it.size) {
+          freeByOffset[at + it.size] = size - it.size;
+          freeBySize.insert({size - it.size, at + it.size});
+        }
+      } else {
+        at = top;
+        top += it.size;
+      }
+      plan.offset[it.v] = at;
+      plan.arenaElements = std::max(plan.arenaElements, top);
+    }
+    for (size_t i : dies[pos]) {
+      ++plan.placementSteps;
+      give(plan.offset[items[i].v], items[i].size);
+    }
+  }
+}
+
+}  // namespace
 
 MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool storageSizes) {
   const std::vector<NodeId> order = g.topoOrder();
@@ -39,10 +145,6 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
   }
   for (const auto& kv : g.outputs()) last[root[kv.second]] = end;
 
-  struct Item {
-    ValueId v;
-    int64_t size;
-  };
   std::vector<Item> items;
   MemoryPlan plan;
   plan.offset.assign(nv, -1);
@@ -64,23 +166,8 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
       return plan;
     }
   }
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.size > b.size; });
-  std::vector<Item> placed;
-  for (const Item& it : items) {
-    // Intervals already taken by values alive at the same time, sorted by offset.
-    std::vector<std::pair<int64_t, int64_t>> busy;
-    for (const Item& p : placed)
-      if (!(last[p.v] < first[it.v] || last[it.v] < first[p.v])) busy.emplace_back(plan.offset[p.v], plan.offset[p.v] + p.size);
-    std::sort(busy.begin(), busy.end());
-    int64_t at = 0;
-    for (const auto& b : busy) {
-      if (at + it.size <= b.first) break;
-      at = std::max(at, b.second);
-    }
-    plan.offset[it.v] = at;
-    plan.arenaElements = std::max(plan.arenaElements, at + it.size);
-    placed.push_back(it);
-  }
+  if (items.size() <= kGreedyBySizeLimit) placeGreedyBySize(items, first, last, plan);
+  else placeInOrder(items, first, last, end, plan);
   for (size_t v = 0; v < nv; ++v)
     if (root[v] != static_cast<ValueId>(v)) plan.offset[v] = plan.offset[root[v]];
   return plan;

@@ -13,12 +13,19 @@ struct MemoryPlan {
   std::vector<int64_t> offset;  // per ValueId, in elements (or 4-byte units); -1 for values not in the arena
   int64_t arenaElements = 0;    // the arena's size: the peak of simultaneously live activations
   int64_t naiveElements = 0;    // what one buffer per value would need
+  int64_t placementSteps = 0;   // work done placing values (comparisons, free-list operations), for tests
 };
+
+// Graphs with up to this many values to place are planned greedy by size (tight, quadratic
+// time); larger ones in execution order with a best-fit free list (O(n log n)): a model of
+// thousands of layers would otherwise spend most of its start-up here.
+constexpr size_t kGreedyBySizeLimit = 4096;
 
 // Inputs, constants and graph outputs live for the whole run (inputs are written before it,
 // outputs read after it); parameters are bound from outside and get no offset. Every other
 // value lives from its producer to its last user. Placement is greedy by size (largest first),
-// each value at the lowest offset that overlaps no placed value with an overlapping lifetime.
+// each value at the lowest offset that overlaps no placed value with an overlapping lifetime;
+// above kGreedyBySizeLimit values, in execution order into best-fitting free blocks.
 // With `aliasReshapes`, a Reshape's output shares its input's bytes (tensors are contiguous,
 // so a reshape changes no byte): the two are planned as one value living from the first's
 // producer to the last user of either, and the executor need not copy (the GPU runner skips
