@@ -127,6 +127,7 @@ Attr attrFromYaml(const std::string& key, const CfgNode& n) {
   if (!n.isScalar()) n.fail("attribute '" + key + "' must be a number, a string, a boolean or a list of integers");
   const std::string s = n.asString();
   if (s == "true" || s == "false") return s == "true";
+  if (s == ".inf" || s == "+.inf" || s == "-.inf") return s[0] == '-' ? -HUGE_VAL : HUGE_VAL;  // YAML's infinities
   try {
     size_t used = 0;
     const long long i = std::stoll(s, &used);

@@ -243,6 +243,9 @@ TEST(LocatedErrors, AttributeOfTheWrongTypeNamesTheAttribute) {
   EXPECT_HAS(errorOf(base + "    - {op: softmax, inputs: [input], output: y, axis: last}\n"),
              "attribute 'axis' of op 'softmax' must be an integer, got \"last\"");
   EXPECT_HAS(errorOf(base + "    - {op: scale, inputs: [input], output: y, value: half}\n"), "must be a number");
+  // YAML's infinities are numbers (a mask's fill), as they are in lists.
+  EXPECT_HAS(errorOf(base + "    - {op: attention-mask, inputs: [input], output: y, causal: true, fill: -.inf}\n"),
+             "model.nodes[0]: the model's prediction [64, 3] does not match");
   // The graph checks the same for nodes built in code (a pass, a test): no bad_variant_access.
   Graph g;
   const ValueId x = g.addInput("x", {2, 3});
