@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <map>
+#include <utility>
 
 namespace pa {
 
@@ -26,9 +27,12 @@ AttrMap attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
 struct LayerLowering {
   Graph& g;
   std::string prefix;  // "layers.<i>"
+  std::string origin;  // where the layer is written, given to its parameters for messages
 
   ValueId param(const std::string& what, Shape shape, const std::string& init) {
-    return g.addParam(prefix + "." + what, shape, init);
+    const ValueId v = g.addParam(prefix + "." + what, shape, init);
+    g.node(g.value(v).producer).origin = origin;
+    return v;
   }
   // x [..., in] -> [..., units], bias and activation as configured.
   ValueId linear(ValueId x, int64_t units, const std::string& activation, bool bias, const std::string& what) {
@@ -123,6 +127,7 @@ Attr attrFromYaml(const std::string& key, const CfgNode& n) {
   if (!n.isScalar()) n.fail("attribute '" + key + "' must be a number, a string, a boolean or a list of integers");
   const std::string s = n.asString();
   if (s == "true" || s == "false") return s == "true";
+  if (s == ".inf" || s == "+.inf" || s == "-.inf") return s[0] == '-' ? -HUGE_VAL : HUGE_VAL;  // YAML's infinities
   try {
     size_t used = 0;
     const long long i = std::stoll(s, &used);
@@ -138,21 +143,62 @@ Attr attrFromYaml(const std::string& key, const CfgNode& n) {
   return s;
 }
 
+// Why `name` cannot name a value of an explicit graph, or "" when it can: the builder, autodiff
+// and lower-bf16 give values names of their own, and a user value of such a name would collide
+// with one of them after the model is built.
+std::string reservedNameReason(const std::string& name) {
+  const char* kReserved = "reserved names: input, target, loss, grad_seed; names starting with 'grad/' or "
+                          "'zero_grad/', ending in '.bf16' or '.f32', or holding ':'";
+  auto startsWith = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  auto endsWith = [&](const std::string& x) {
+    return name.size() >= x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0;
+  };
+  if (name == "input" || name == "target" || name == "loss" || name == "grad_seed" || startsWith("grad/") ||
+      startsWith("zero_grad/") || endsWith(".bf16") || endsWith(".f32") || name.find(':') != std::string::npos)
+    return "'" + name + "' is a name the trainer gives values of its own (" + kReserved + ")";
+  if (name.empty()) return "a value needs a name";
+  return "";
+}
+
+// The ops a model may write: every op but the graph's own inputs and parameters (declared
+// under `params`) and the backward-only ops autodiff emits (they have no gradient of their own,
+// so a model using one could not be trained). Constants and fused ops are writable.
+bool writableOp(OpKind k) {
+  return k != OpKind::Input && k != OpKind::Param && opInfo(k).grad != GradKind::BackwardOnly;
+}
+
 ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x, const std::string& file) {
   std::map<std::string, ValueId> named{{"input", x}};
-  for (const ExplicitParam& p : m.params) named[p.name] = g.addParam(p.name, Shape(p.shape.begin(), p.shape.end()), p.init);
+  for (const ExplicitParam& p : m.params) {
+    const std::string key = "model.params." + p.name;
+    const std::string reserved = reservedNameReason(p.name);
+    if (!reserved.empty()) throw ConfigError(file, key, reserved);
+    try {
+      named[p.name] = g.addParam(p.name, Shape(p.shape.begin(), p.shape.end()), p.init);
+    } catch (const ShapeError& e) {
+      throw ConfigError(file, key + ".shape", e.what());
+    }
+    g.node(g.value(named[p.name]).producer).origin = file + ": " + key + ".shape = " + shapeString(p.shape);
+  }
   for (const ExplicitNode& e : m.nodes) {
     OpKind op;
-    // Every op but the graph's own inputs and parameters (declared under `params`) may be
-    // written by hand, constants and fused ops included.
-    auto writable = [](OpKind k) { return k != OpKind::Input && k != OpKind::Param; };
-    if (!opFromName(e.op, op) || !writable(op)) {
+    const bool known = opFromName(e.op, op);
+    if (!known || !writableOp(op)) {
       std::vector<std::string> valid;
       for (int k = 0; k < kNumOps; ++k)
-        if (writable(static_cast<OpKind>(k))) valid.push_back(opInfo(static_cast<OpKind>(k)).name);
-      const std::string near = closestMatch(e.op, valid);
-      throw ConfigError(e.location, e.path + ".op", "unknown op '" + e.op + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
-                                                    " Valid ops: " + joinChoices(valid));
+        if (writableOp(static_cast<OpKind>(k))) valid.push_back(opInfo(static_cast<OpKind>(k)).name);
+      std::string why;
+      if (!known) {
+        const std::string near = closestMatch(e.op, valid);
+        why = "unknown op '" + e.op + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?");
+      } else if (op == OpKind::Input || op == OpKind::Param) {
+        why = "op '" + e.op + "' cannot be written as a node (the graph's input is 'input'; parameters are declared "
+              "under model.params).";
+      } else {
+        why = "op '" + e.op + "' is backward-only: autodiff emits it, and it has no gradient of its own, so a model "
+              "using it cannot be trained.";
+      }
+      throw ConfigError(e.location, e.path + ".op", why + " Valid ops: " + joinChoices(valid));
     }
     std::vector<ValueId> ins;
     for (const std::string& name : e.inputs) {
@@ -176,14 +222,45 @@ ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x, const std::stri
         kv.second.fail("op '" + e.op + "' has no attribute '" + kv.first + "'" +
                        (valid.empty() ? " (it takes none)" : "; valid: " + joinChoices(valid)));
       }
-      a.set(kv.first, attrFromYaml(kv.first, kv.second));
+      Attr value = attrFromYaml(kv.first, kv.second);
+      AttrKind kind;
+      if (attrKindOf(kv.first, kind) && !attrHolds(kind, value))
+        kv.second.fail("attribute '" + kv.first + "' of op '" + e.op + "' must be " + attrKindDescription(kind) +
+                       ", got " + attrString(value));
+      a.set(kv.first, std::move(value));
     }
     if (named.count(e.output)) throw ConfigError(e.location, e.path + ".output", "a value named '" + e.output + "' already exists");
-    named[e.output] = g.add(op, ins, a, e.output);
+    const std::string reserved = reservedNameReason(e.output);
+    if (!reserved.empty()) throw ConfigError(e.location, e.path + ".output", reserved);
+    try {
+      named[e.output] = g.add(op, ins, a, e.output);
+    } catch (const ShapeError& err) {  // arity, shapes, attribute values: name the YAML node
+      throw ConfigError(e.location, e.path, e.op + ": " + err.what());
+    }
   }
   auto it = named.find(m.output);
-  if (it == named.end()) throw ConfigError(file, "model.output", "no value named '" + m.output + "'");
+  if (it == named.end()) {
+    std::vector<std::string> defined;
+    for (const auto& kv : named) defined.push_back(kv.first);
+    const std::string near = closestMatch(m.output, defined);
+    throw ConfigError(file, "model.output", "no value named '" + m.output + "'" +
+                                                (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                                                " Defined values: " + joinChoices(defined));
+  }
   return it->second;
+}
+
+// Where the prediction comes from, for messages about its shape: the last layer, or the node
+// (else model.output) that defines model.output.
+std::pair<std::string, std::string> predictionSource(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  if (!m.explicitGraph()) {
+    const LayerConfig& l = m.layers.back();
+    return {l.location, l.path + (l.type == "linear" ? ".linear.units" : "." + l.type)};
+  }
+  for (const ExplicitNode& e : m.nodes)
+    if (e.output == m.output) return {e.location, e.path};
+  return {cfg.file, "model.output"};
 }
 
 }  // namespace
@@ -194,26 +271,54 @@ BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, co
   Graph& g = bm.graph;
   const ModelConfig& m = cfg.model;
   std::vector<int64_t> inShape = m.input.empty() ? sampleX : m.input;
-  if (numel(inShape) != numel(sampleX))
-    throw ConfigError(cfg.file, "model.input", shapeString(inShape) + " holds " + std::to_string(numel(inShape)) +
+  int64_t inCount = 0, sampleCount = 0, targetCount = 0;
+  if (!checkedNumel(inShape, inCount))
+    throw ConfigError(cfg.file, "model.input", shapeString(inShape) + " holds " + elementCountString(inShape) +
+                                                   " elements, more than 2^48; no machine holds a tensor that large");
+  if (!checkedNumel(sampleX, sampleCount) || !checkedNumel(sampleY, targetCount))
+    throw ConfigError(cfg.file, "data", "a sample " + shapeString(sampleX) + " -> " + shapeString(sampleY) +
+                                            " holds more than 2^48 elements");
+  if (inCount != sampleCount)
+    throw ConfigError(cfg.file, "model.input", shapeString(inShape) + " holds " + std::to_string(inCount) +
                                                    " elements but one data sample " + shapeString(sampleX) + " holds " +
-                                                   std::to_string(numel(sampleX)));
-  bm.x = g.addInput("input", withBatch(batch, inShape));
+                                                   std::to_string(sampleCount));
+  try {
+    bm.x = g.addInput("input", withBatch(batch, inShape));
+  } catch (const ShapeError& e) {
+    throw ConfigError(cfg.file, "train.batch_size", std::to_string(batch) + " samples of " + shapeString(inShape) +
+                                                        " make an input batch of " +
+                                                        elementCountString(withBatch(batch, inShape)) +
+                                                        " elements, more than 2^48; no machine holds a tensor that large");
+  }
   ValueId h = bm.x;
   if (m.explicitGraph()) {
     h = buildExplicit(g, m, bm.x, cfg.file);
   } else {
     for (size_t i = 0; i < m.layers.size(); ++i) {
       const LayerConfig& l = m.layers[i];
-      LayerLowering L{g, "layers." + std::to_string(i)};
-      if (l.type == "linear") h = L.linear(h, l.units, l.activation, l.bias, "");
-      else h = lowerAttention(L, l, h);
+      LayerLowering L{g, "layers." + std::to_string(i), ""};
+      try {
+        if (l.type == "linear") {
+          L.origin = l.location + ": " + l.path + ".linear.units = " + std::to_string(l.units);
+          h = L.linear(h, l.units, l.activation, l.bias, "");
+        } else {
+          L.origin = l.location + ": " + l.path + ".attention";
+          h = lowerAttention(L, l, h);
+        }
+      } catch (const ShapeError& e) {  // sizes too large, shapes that do not fit: name the layer
+        throw ConfigError(l.location, l.path + "." + l.type, e.what());
+      }
     }
   }
-  const Shape& ps = g.shape(h);
-  if (ps.empty() || ps[0] != batch || numel(ps) != batch * numel(sampleY))
-    throw ShapeError(g.value(h).name, "the model's prediction " + shapeString(ps) + " does not match the target " +
-                                          shapeString(withBatch(batch, sampleY)) + " (batch first)");
+  const Shape ps = g.shape(h);
+  int64_t expected = 0;
+  if (ps.empty() || ps[0] != batch || !checkedMul(batch, targetCount, expected) || numel(ps) != expected) {
+    const auto [location, key] = predictionSource(cfg);
+    throw ConfigError(location, key, "the model's prediction " + shapeString(ps) + " does not match the target " +
+                                         shapeString(withBatch(batch, sampleY)) +
+                                         " (batch first; a sample's prediction must hold as many elements as its "
+                                         "target, " + std::to_string(targetCount) + ")");
+  }
   bm.y = g.addInput("target", ps);  // the target is reshaped to the prediction's shape
   g.setOutput("prediction", h);
   g.setOutput("loss", g.add(OpKind::MseLoss, {h, bm.y}, {}, "loss"));

@@ -11,6 +11,37 @@ namespace pa {
 
 using Attr = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>>;
 
+// The type an attribute holds, as the getters below read it.
+enum class AttrKind { Int, Float, Bool, String, Ints, Floats };
+
+// Whether the getter of kind `k` can read `a` (getInt takes an integer or a boolean, getFloat
+// an integer or a double, getBool a boolean or an integer, getDoubles either kind of list).
+inline bool attrHolds(AttrKind k, const Attr& a) {
+  switch (k) {
+  case AttrKind::Int: return std::holds_alternative<int64_t>(a) || std::holds_alternative<bool>(a);
+  case AttrKind::Float: return std::holds_alternative<int64_t>(a) || std::holds_alternative<double>(a);
+  case AttrKind::Bool: return std::holds_alternative<bool>(a) || std::holds_alternative<int64_t>(a);
+  case AttrKind::String: return std::holds_alternative<std::string>(a);
+  case AttrKind::Ints: return std::holds_alternative<std::vector<int64_t>>(a);
+  case AttrKind::Floats:
+    return std::holds_alternative<std::vector<int64_t>>(a) || std::holds_alternative<std::vector<double>>(a);
+  }
+  return false;
+}
+
+// "an integer", "a number", "a boolean", "a string", "a list of integers", "a list of numbers".
+inline const char* attrKindDescription(AttrKind k) {
+  switch (k) {
+  case AttrKind::Int: return "an integer";
+  case AttrKind::Float: return "a number";
+  case AttrKind::Bool: return "a boolean";
+  case AttrKind::String: return "a string";
+  case AttrKind::Ints: return "a list of integers";
+  case AttrKind::Floats: return "a list of numbers";
+  }
+  return "?";
+}
+
 class AttrMap {
 public:
   void set(const std::string& k, Attr v) { map_[k] = std::move(v); }

@@ -1,6 +1,7 @@
 // Graph construction and queries.
 #include "graph/graph.h"
 
+#include <algorithm>
 #include <cassert>
 #include <functional>
 #include <queue>
@@ -41,7 +42,21 @@ ValueId Graph::add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs, std
     if (names_.count(name)) throw ShapeError(name, "a value of this name already exists");
     nameCount_[name]++;
   }
+  for (const auto& kv : n.attrs.all()) {  // the getters shape inference calls assume these types
+    AttrKind kind;
+    if (attrKindOf(kv.first, kind) && !attrHolds(kind, kv.second))
+      throw ShapeError(n.name, "attribute '" + kv.first + "' must be " + attrKindDescription(kind) + ", got " +
+                                   attrString(kv.second));
+  }
   llvm::SmallVector<TensorType, 2> types = inferTypes(*this, n);
+  for (const TensorType& t : types) {
+    int64_t elements;
+    if (std::any_of(t.shape.begin(), t.shape.end(), [](int64_t d) { return d < 0; }))
+      throw ShapeError(n.name, "output " + shapeString(t.shape) + " has a negative extent");
+    if (!checkedNumel(t.shape, elements))
+      throw ShapeError(n.name, "output " + shapeString(t.shape) + " holds more than 2^48 elements (" +
+                                   elementCountString(t.shape) + "); no machine holds a tensor that large");
+  }
   for (size_t i = 0; i < types.size(); ++i) {
     Value v;
     v.id = static_cast<ValueId>(values_.size());
@@ -143,12 +158,40 @@ std::vector<std::vector<NodeId>> Graph::users() const {
   return u;
 }
 
+void Graph::setOutput(const std::string& name, ValueId v) {
+  auto it = outputs_.find(name);
+  if (it != outputs_.end()) {
+    std::vector<std::string>& names = outputNames_[it->second];
+    names.erase(std::find(names.begin(), names.end(), name));
+    if (names.empty()) outputNames_.erase(it->second);
+  }
+  outputs_[name] = v;
+  outputNames_[v].push_back(name);
+}
+
+void Graph::renameOutputs(ValueId from, ValueId to) {
+  auto it = outputNames_.find(from);
+  if (it == outputNames_.end() || from == to) return;
+  const std::vector<std::string> names = std::move(it->second);
+  outputNames_.erase(it);
+  for (const std::string& name : names) {
+    outputs_[name] = to;
+    outputNames_[to].push_back(name);
+  }
+}
+
 void Graph::replaceAllUses(ValueId from, ValueId to) {
   for (Node& n : nodes_)
     for (ValueId& v : n.inputs)
       if (v == from) v = to;
-  for (auto& kv : outputs_)
-    if (kv.second == from) kv.second = to;
+  renameOutputs(from, to);
+}
+
+void Graph::replaceUses(ValueId from, ValueId to, llvm::ArrayRef<NodeId> users) {
+  for (NodeId id : users)
+    for (ValueId& v : nodes_[id].inputs)
+      if (v == from) v = to;
+  renameOutputs(from, to);
 }
 
 size_t Graph::liveNodeCount() const {

@@ -1,6 +1,7 @@
 // The graph IR: nodes of primitive (later fused) ops over typed values, in SSA form.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,13 +40,21 @@ struct Node {
   llvm::SmallVector<ValueId, 2> outputs;
   AttrMap attrs;
   std::string name;
-  bool erased = false;  // passes mark nodes dead; compact() drops them
+  // Where the user wrote what this node stands for ("cfg.yaml:5:7: model.layers.0.linear.units
+  // = 64"), set by the frontend on parameters for messages about them; empty elsewhere.
+  std::string origin;
+  bool erased = false;  // passes mark nodes dead; they stay in storage (ids are indices)
 };
 
+// Note on reference stability: nodes and values live in std::deques, whose push_back never moves
+// an existing element, so a `const Node&`, `const Value&` or `const Shape&` taken from the graph
+// stays valid while the graph grows (Graph::add). Gradient rules and rewrite patterns hold such
+// references across the nodes they add; with a vector each add could reallocate under them.
+// Nothing is ever removed from either deque (passes mark nodes `erased`), so ids stay indices.
 class Graph {
 public:
-  // Adds a node, infers its output types (throws ShapeError naming the node) and returns its
-  // first output. `name` must be unique; an empty one is replaced by "<op>_<id>".
+  // Adds a node, checks its attributes' types, infers its output types and checks that each
+  // holds at most kMaxElements (throws ShapeError naming the node), and returns its first output. `name` must be unique; an empty one is replaced by "<op>_<id>".
   ValueId add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs = {}, std::string name = {});
   ValueId addInput(const std::string& name, llvm::ArrayRef<int64_t> shape);
   ValueId addParam(const std::string& name, llvm::ArrayRef<int64_t> shape, const std::string& init);
@@ -58,11 +67,11 @@ public:
   const Shape& shape(ValueId v) const { return values_[v].type.shape; }
   size_t numValues() const { return values_.size(); }
   size_t numNodes() const { return nodes_.size(); }
-  const std::vector<Node>& nodes() const { return nodes_; }
-  const std::vector<Value>& values() const { return values_; }
+  const std::deque<Node>& nodes() const { return nodes_; }
+  const std::deque<Value>& values() const { return values_; }
 
   // Named results of the graph ("prediction", "loss", gradient outputs "grad/<param>").
-  void setOutput(const std::string& name, ValueId v) { outputs_[name] = v; }
+  void setOutput(const std::string& name, ValueId v);
   ValueId output(const std::string& name) const;
   bool hasOutput(const std::string& name) const { return outputs_.count(name) != 0; }
   const std::map<std::string, ValueId>& outputs() const { return outputs_; }
@@ -74,8 +83,14 @@ public:
   ValueId findValue(const std::string& name) const;  // kNoValue when absent or erased
   // Users of every value (live nodes only), indexed by ValueId.
   std::vector<std::vector<NodeId>> users() const;
-  // Replaces every use of `from` (node inputs and graph outputs) with `to`.
+  // Replaces every use of `from` (node inputs and graph outputs) with `to`; scans every node.
   void replaceAllUses(ValueId from, ValueId to);
+  // The same where the caller knows the nodes that read `from` (`users`, e.g. from users()):
+  // only those nodes and the graph outputs naming `from` change, so a pass rewriting n times
+  // does O(n) work rather than O(n × nodes).
+  void replaceUses(ValueId from, ValueId to, llvm::ArrayRef<NodeId> users);
+  // Whether `v` is a graph output (under any name).
+  bool isOutput(ValueId v) const { return outputNames_.count(v) != 0; }
   size_t liveNodeCount() const;
 
   // Set by the lower-bf16 pass: each value's dtype is the type it is stored in, chosen per value
@@ -89,9 +104,11 @@ public:
 private:
   bool storageTypes_ = false;
   std::string uniqueName(const std::string& base);
-  std::vector<Value> values_;
-  std::vector<Node> nodes_;
+  std::deque<Value> values_;  // deques: see the note on reference stability above
+  std::deque<Node> nodes_;
   std::map<std::string, ValueId> outputs_;
+  std::map<ValueId, std::vector<std::string>> outputNames_;  // outputs_ inverted
+  void renameOutputs(ValueId from, ValueId to);
   std::map<std::string, int> nameCount_;
   std::map<std::string, ValueId> names_;  // every value name ever given; names are never reused
 };

@@ -2,6 +2,7 @@
 #include "graph/op.h"
 
 #include <cstring>
+#include <utility>
 
 namespace pa {
 
@@ -41,6 +42,25 @@ bool opFromName(const std::string& name, OpKind& out) {
 bool opHasAttr(OpKind k, const std::string& attr) {
   const std::string list = std::string(" ") + opInfo(k).attrs + " ";
   return !attr.empty() && list.find(" " + attr + " ") != std::string::npos;
+}
+
+bool attrKindOf(const std::string& attr, AttrKind& out) {
+  static const std::pair<const char*, AttrKind> kKinds[] = {
+      {"shape", AttrKind::Ints},       {"init", AttrKind::String},         {"value", AttrKind::Float},
+      {"data", AttrKind::Floats},      {"transpose_a", AttrKind::Bool},    {"transpose_b", AttrKind::Bool},
+      {"axis", AttrKind::Int},         {"perm", AttrKind::Ints},           {"axes", AttrKind::Ints},
+      {"keepdims", AttrKind::Bool},    {"causal", AttrKind::Bool},         {"align", AttrKind::String},
+      {"window_left", AttrKind::Int},  {"window_right", AttrKind::Int},    {"sinks", AttrKind::Int},
+      {"fill", AttrKind::Float},       {"repeats", AttrKind::Int},         {"dtype", AttrKind::String},
+      {"activation", AttrKind::String}, {"transpose_w", AttrKind::Bool},   {"scale", AttrKind::Float},
+      {"layout", AttrKind::String},    {"expr", AttrKind::String},
+  };
+  for (const auto& k : kKinds)
+    if (attr == k.first) {
+      out = k.second;
+      return true;
+    }
+  return false;
 }
 
 std::string allOpNames() {

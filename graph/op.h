@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "graph/attrs.h"
+
 namespace pa {
 
 enum class OpKind {
@@ -37,5 +39,9 @@ bool opFromName(const std::string& name, OpKind& out);
 bool opHasAttr(OpKind k, const std::string& attr);
 // Every op's name, for error messages that list the valid choices.
 std::string allOpNames();
+
+// The type attribute `attr` holds (a name means the same thing on every op that takes it);
+// false for a name no op takes.
+bool attrKindOf(const std::string& attr, AttrKind& out);
 
 }  // namespace pa

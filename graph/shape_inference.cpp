@@ -25,9 +25,19 @@ Shape shapeAttr(const Node& n, const char* key) {
   return Shape(s.begin(), s.end());
 }
 
+// A shape attribute that is also a tensor's shape: no negative extent, at most kMaxElements.
+Shape sizeAttr(const Node& n, const char* key) {
+  Shape s = shapeAttr(n, key);
+  int64_t count;
+  if (!checkedNumel(s, count))
+    fail(n, std::string("attribute '") + key + "' " + shapeString(s) + " holds more than 2^48 elements (" +
+                elementCountString(s) + "); no machine holds a tensor that large");
+  return s;
+}
+
 Types leaf(const Graph&, const Node& n) {
   if (!n.attrs.has("shape")) fail(n, "needs a 'shape' attribute");
-  return one(shapeAttr(n, "shape"), DType::F32);
+  return one(sizeAttr(n, "shape"), DType::F32);
 }
 
 Types inferInput(const Graph& g, const Node& n) { return leaf(g, n); }
@@ -92,7 +102,11 @@ Types inferScale(const Graph& g, const Node& n) {
 }
 Types inferCast(const Graph& g, const Node& n) {
   DType t;
-  if (!dtypeFromName(n.attrs.getString("dtype", ""), t)) fail(n, "cast needs a 'dtype' attribute: f32, f64, bf16 or f16");
+  // Only the storage types the executors keep (README, "Ops"): f64 and f16 values would have no
+  // kernel that reads them as such.
+  const std::string name = n.attrs.getString("dtype", "");
+  if (!dtypeFromName(name, t) || (t != DType::F32 && t != DType::BF16))
+    fail(n, "cast needs a 'dtype' attribute: f32 or bf16" + (name.empty() ? std::string() : ", got '" + name + "'"));
   return one(in(g, n, 0), t);
 }
 Types inferRelu(const Graph& g, const Node& n) { return unary(g, n); }
@@ -150,19 +164,20 @@ Types inferReshape(const Graph& g, const Node& n) {
       wild = static_cast<int>(i);
     } else if (s[i] < 0) {
       fail(n, "reshape target " + shapeString(s) + " has a negative extent");
-    } else {
-      known *= s[i];
+    } else if (!checkedMul(known, s[i], known)) {
+      fail(n, "reshape target " + shapeString(s) + " holds more than 2^48 elements (" + elementCountString(s) +
+                  "), the input " + shapeString(x) + " holds " + std::to_string(numel(x)));
     }
   }
   if (wild >= 0 && known > 0 && numel(x) % known == 0) s[wild] = numel(x) / known;
-  if (numel(s) != numel(x))
+  if (wild >= 0 ? s[wild] == -1 || known * s[wild] != numel(x) : known != numel(x))
     fail(n, "cannot reshape " + shapeString(x) + " (" + std::to_string(numel(x)) + " elements) to " +
                 shapeString(n.attrs.getInts("shape")));
   return one(Shape(s.begin(), s.end()), dt(g, n));
 }
 
 Types inferBroadcastTo(const Graph& g, const Node& n) {
-  const Shape target = shapeAttr(n, "shape");
+  const Shape target = sizeAttr(n, "shape");
   Shape b;
   if (!broadcastShapes(in(g, n, 0), target, b) || b != target)
     fail(n, "cannot broadcast " + shapeString(in(g, n, 0)) + " to " + shapeString(target));
@@ -190,7 +205,7 @@ Types inferSum(const Graph& g, const Node& n) { return reduction(g, n); }
 Types inferMean(const Graph& g, const Node& n) { return reduction(g, n); }
 
 Types inferSumTo(const Graph& g, const Node& n) {
-  const Shape target = shapeAttr(n, "shape");
+  const Shape target = sizeAttr(n, "shape");
   Shape b;
   if (!broadcastShapes(target, in(g, n, 0), b) || b != in(g, n, 0))
     fail(n, "cannot sum " + shapeString(in(g, n, 0)) + " down to " + shapeString(target));
@@ -216,7 +231,10 @@ Types inferRepeatHeads(const Graph& g, const Node& n) {
   if (axis < 0) fail(n, "axis " + std::to_string(axisAttr) + " is out of range for " + shapeString(x));
   const int64_t r = n.attrs.getInt("repeats", 1);
   if (r < 1) fail(n, "repeats must be >= 1, got " + std::to_string(r));
-  x[axis] *= r;
+  int64_t count;
+  if (!checkedMul(x[axis], r, x[axis]) || !checkedNumel(x, count))
+    fail(n, "repeating axis " + std::to_string(axis) + " of " + shapeString(in(g, n, 0)) + " " + std::to_string(r) +
+                " times gives more than 2^48 elements; no machine holds a tensor that large");
   return one(x, dt(g, n));
 }
 
@@ -296,7 +314,7 @@ Types inferFlashAttentionGrad(const Graph& g, const Node& n) {
 }
 
 Types inferFusedElementwise(const Graph& g, const Node& n) {
-  const Shape out = shapeAttr(n, "shape");
+  const Shape out = sizeAttr(n, "shape");
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     Shape b;
     if (!broadcastShapes(in(g, n, static_cast<int>(i)), out, b) || b != out)

@@ -241,7 +241,8 @@ const GradFn kGrad[] = {
 // values.
 void backprop(Graph& g, const std::vector<NodeId>& order, std::vector<ValueId>& grad, std::vector<char>& needs) {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    // The node vector may grow while rules add nodes, so copy what we read.
+    // A copy, not a reference: rules read `n` while adding nodes (stable storage makes a
+    // reference safe too, but a copy keeps the rules independent of that guarantee).
     const Node n = g.node(*it);
     const ValueId dy = grad[n.outputs[0]];
     if (dy == kNoValue || !needs[n.outputs[0]] || opInfo(n.op).grad == GradKind::Leaf) continue;

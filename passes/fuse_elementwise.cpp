@@ -47,7 +47,9 @@ struct GroupBuilder {
 }  // namespace
 
 int64_t fuseElementwise(Graph& g, int64_t& absorbed) {
-  const std::vector<std::vector<NodeId>> users = g.users();
+  // Kept up to date as groups fuse (a fused node reads its inputs), so each replacement edits
+  // only the nodes reading the value: linear in the graph, not quadratic.
+  std::vector<std::vector<NodeId>> users = g.users();
   std::set<ValueId> outputs;
   for (const auto& kv : g.outputs()) outputs.insert(kv.second);
   const std::vector<NodeId> order = g.topoOrder();
@@ -78,7 +80,10 @@ int64_t fuseElementwise(Graph& g, int64_t& absorbed) {
     a.set("expr", exprToString(b.expr));
     a.set("shape", std::vector<int64_t>(out.begin(), out.end()));
     const ValueId f = g.add(OpKind::FusedElementwise, b.inputs, a);
-    g.replaceAllUses(rootNode.outputs[0], f);
+    users.resize(g.numValues());
+    for (ValueId in : b.inputs) users[static_cast<size_t>(in)].push_back(g.value(f).producer);
+    g.replaceUses(rootNode.outputs[0], f, users[static_cast<size_t>(rootNode.outputs[0])]);
+    users[static_cast<size_t>(f)] = users[static_cast<size_t>(rootNode.outputs[0])];
     for (NodeId id : members) {
       g.node(id).erased = true;
       taken[id] = 1;
@@ -91,6 +96,9 @@ int64_t fuseElementwise(Graph& g, int64_t& absorbed) {
 }
 
 int64_t eliminateCommonSubexpressions(Graph& g) {
+  // A duplicate's readers come after it in topological order and are original nodes, so the
+  // use lists taken here stay right while duplicates are replaced one by one.
+  const std::vector<std::vector<NodeId>> users = g.users();
   std::map<std::string, NodeId> seen;
   int64_t removed = 0;
   for (NodeId id : g.topoOrder()) {
@@ -106,7 +114,8 @@ int64_t eliminateCommonSubexpressions(Graph& g) {
       continue;
     }
     const Node& keep = g.node(it->second);
-    for (size_t i = 0; i < n.outputs.size(); ++i) g.replaceAllUses(n.outputs[i], keep.outputs[i]);
+    for (size_t i = 0; i < n.outputs.size(); ++i)
+      g.replaceUses(n.outputs[i], keep.outputs[i], users[static_cast<size_t>(n.outputs[i])]);
     g.node(id).erased = true;
     ++removed;
   }

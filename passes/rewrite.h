@@ -18,19 +18,24 @@ public:
   explicit RewriteContext(Graph& g) : g_(g) { refresh(); }
   Graph& graph() { return g_; }
   // Live users of v; a graph output counts as a user too.
-  size_t useCount(ValueId v) const { return users_[v].size() + (isOutput(v) ? 1 : 0); }
+  size_t useCount(ValueId v) const { return users(v).size() + (isOutput(v) ? 1 : 0); }
   bool hasSingleUse(ValueId v) const { return useCount(v) == 1; }
-  const std::vector<NodeId>& users(ValueId v) const { return users_[v]; }
+  const std::vector<NodeId>& users(ValueId v) const;
   bool isOutput(ValueId v) const;
   // Producer of v when it is a live node of kind `op`; null otherwise.
   const Node* producerIf(ValueId v, OpKind op) const;
   // Replaces `from` with `to` everywhere and erases `dead` (nodes that must now be unused).
+  // Updates the use lists in place: O(users touched), not O(graph), so a sweep of n rewrites
+  // stays linear in the graph.
   void replace(ValueId from, ValueId to, const std::vector<NodeId>& dead);
   void refresh();
 
 private:
+  // Adds the nodes patterns appended since the last call to the use lists.
+  void catchUp();
   Graph& g_;
   std::vector<std::vector<NodeId>> users_;
+  size_t knownNodes_ = 0;  // nodes [0, knownNodes_) are in users_
 };
 
 class RewritePattern {

@@ -7,6 +7,8 @@
 #include <deque>
 #include <limits>
 
+#include <unistd.h>
+
 #include "graph/elementwise_expr.h"
 #include "graph/node_attrs.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -397,9 +399,20 @@ const ExecFn<T> kExec[] = {
 
 }  // namespace
 
+int64_t hostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGE_SIZE);
+  int64_t bytes;
+  if (pages <= 0 || pageSize <= 0 || __builtin_mul_overflow(static_cast<int64_t>(pages), static_cast<int64_t>(pageSize), &bytes))
+    return std::numeric_limits<int64_t>::max();
+  return bytes;
+}
+
 template <class T>
 CpuExecutor<T>::CpuExecutor(const Graph& g) : g_(g), order_(g.topoOrder()) {
+  MemoryLayout layout;
+  layout.elementBytes = layout.paramBytes = static_cast<int64_t>(sizeof(T));
   const MemoryPlan plan = planMemory(g);
+  checkFitsMemory(g, hostMemoryBytes(), "this machine", layout, &plan);
   arena_.assign(static_cast<size_t>(plan.arenaElements), T(0));
   naiveBytes_ = static_cast<size_t>(plan.naiveElements) * sizeof(T);
   ptr_.assign(g.numValues(), nullptr);

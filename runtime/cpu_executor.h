@@ -1,6 +1,7 @@
 // Runs a graph on the CPU in float (training) or double (the reference), node by node.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "graph/elementwise_expr.h"
@@ -9,10 +10,16 @@
 
 namespace pa {
 
+// Physical memory of this machine in bytes (sysconf), what checkFitsMemory compares CPU graphs
+// with; INT64_MAX where the system does not say.
+int64_t hostMemoryBytes();
+
 template <class T>
 class CpuExecutor {
 public:
-  // Allocates a buffer for every value and fills constants. The graph must outlive the executor.
+  // Checks that the step fits this machine's memory (checkFitsMemory: the arena and each
+  // parameter with its Adam moments, in T; throws UserError otherwise), then allocates a buffer
+  // for every value and fills constants. The graph must outlive the executor.
   explicit CpuExecutor(const Graph& g);
 
   // Makes value `v` read (and, for parameters, be updated) from external storage of
