@@ -134,6 +134,16 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     : g_(g), device_(device), order_(g.topoOrder()), deterministic_(opt.deterministic), tf32_(opt.tf32) {
   device_.makeCurrent();
   const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true);
+  // Refuse a step that cannot fit the device before allocating anything (a user mistake: exit 2).
+  MemoryLayout layout;
+  layout.storageSizes = true;
+  layout.aliasReshapes = true;
+  layout.alignElements = kArenaAlignFloats;
+  layout.paramBytes = 4;                              // fp32 master weights
+  layout.paramCopies = opt.shareParamsWith ? 0 : 3;   // weights and Adam's m and v (CudaSession's)
+  const cuda::DeviceInfo& info = device_.info();
+  checkFitsMemory(g, static_cast<int64_t>(info.totalMemory), "GPU " + std::to_string(info.ordinal) + " (" + info.name + ")",
+                  layout, &plan);
   offset_ = plan.offset;
   arenaBytes_ = static_cast<size_t>(plan.arenaElements) * sizeof(float);
   arena_ = cuda::DeviceBuffer(std::max<size_t>(arenaBytes_, 16));

@@ -185,11 +185,13 @@ const char* kSineMlp =
 // allocated, naming the key, its value and both sizes.
 TEST(MemoryCheck, HugeUnitsAreRefusedBeforeAllocatingWithTheKey) {
   const std::string m = errorOf(kSineMlp, {"model.layers.0.linear.units=1000000000000"});
-  EXPECT_HAS(m, "cfg.yaml:6:7: model.layers[0].linear.units = 1000000000000 needs 29.1 TiB of weights");
+  // The layer's place in the file, and the flag that set the value.
+  EXPECT_HAS(m, "cfg.yaml:6:7 (with --set model.layers[0].linear.units=1000000000000): "
+                "model.layers[0].linear.units = 1000000000000 needs 29.1 TiB of weights");
   EXPECT_HAS(m, "this machine has");
   // Larger still: the weight alone would exceed 2^48 elements; refused while the graph is built.
   const std::string m2 = errorOf(kSineMlp, {"model.layers.0.linear.units=100000000000000"});
-  EXPECT_HAS(m2, "cfg.yaml:6:7: model.layers[0].linear: ");
+  EXPECT_HAS(m2, "cfg.yaml:6:7 (with --set model.layers[0].linear.units=100000000000000): model.layers[0].linear: ");
   EXPECT_HAS(m2, "[8, 100000000000000] holds more than 2^48 elements");
 }
 
@@ -287,7 +289,8 @@ TEST(LocatedErrors, ReservedValueNamesAreRefusedWhereTheyAreWritten) {
 
 TEST(LocatedErrors, PredictionTargetMismatchNamesTheLastLayerOrNode) {
   EXPECT_HAS(errorOf(kSineMlp, {"model.layers.1.linear.units=3"}),
-             "cfg.yaml:7:7: model.layers[1].linear.units: the model's prediction [4, 3] does not match the target [4, 1]");
+             "cfg.yaml:7:7 (with --set model.layers[1].linear.units=3): model.layers[1].linear.units: the model's "
+             "prediction [4, 3] does not match the target [4, 1]");
   EXPECT_HAS(errorOf(kExplicit + "  nodes:\n    - {op: relu, inputs: [input], output: y}\n"),
              "cfg.yaml:5:7: model.nodes[0]: the model's prediction [64, 3] does not match the target [64, 1]");
 }
