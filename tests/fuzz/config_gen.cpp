@@ -2,11 +2,11 @@
 #include "tests/fuzz/config_gen.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <sstream>
 
 namespace pa::fuzz {
