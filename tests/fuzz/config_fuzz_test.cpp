@@ -131,8 +131,8 @@ std::string nonFiniteLoss(const std::string& out) {
   return "";
 }
 
-// About a minute on two idle cores (5 ms a config); the sanitizer build runs the first 2,000 of
-// the same cases, at 30-60 ms each.
+// 73-128 s on the 2-core build machine (6-10 ms a config); the sanitizer build runs the first
+// 2,000 of the same cases, at about 50 ms each (100 s).
 #ifdef PA_SANITIZE
 constexpr int64_t kDefaultCases = 2000;
 #else
