@@ -343,7 +343,9 @@ YNode trainSection(Rng& r, int64_t trainSamples) {
   int64_t batch = r.pick<int64_t>({1, 2, 4, 8, 16});
   batch = std::max<int64_t>(1, std::min(batch, trainSamples));
   t.set("batch_size", I(batch));
-  t.set("steps", I(2));
+  // train.steps or train.epochs, not both (README: both in one file are refused).
+  if (r.percent(10)) t.set("epochs", I(r.range(0, 2)));
+  else t.set("steps", I(2));
   if (r.percent(50)) t.set("log_every", I(r.range(1, 2)));
   if (r.percent(60)) {
     YNode o = YNode::map();
@@ -360,7 +362,6 @@ YNode trainSection(Rng& r, int64_t trainSamples) {
   if (r.percent(20)) t.set("lr_schedule", S(r.percent(50) ? "cosine" : "constant"));
   if (r.percent(20)) t.set("warmup_steps", I(r.range(0, 3)));
   if (r.percent(10)) t.set("loss", S("mse"));
-  if (r.percent(10)) t.set("epochs", I(r.range(0, 2)));
   return t;
 }
 
