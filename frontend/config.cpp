@@ -65,11 +65,20 @@ void applyOverride(YAML::Node& root, const std::string& text, ConfigSource& src)
   std::vector<std::string> parts;
   std::stringstream ss(path);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  if (path.back() == '.') parts.push_back("");  // getline drops a trailing empty segment
+  for (const std::string& p : parts)
+    if (p.empty())
+      throw ConfigError("--set " + text, "",
+                        "'" + path + "' has an empty key (a leading, trailing or doubled dot); expected key.path=value, e.g. train.batch_size=32");
   YAML::Node cur = root;
   std::string walked;
+  // Messages use the dotted path with [i] for list indices, as the parser builds it; a numeric
+  // key of a map (a new key '99', say) stays a key, so that a mistake about it names this flag.
+  std::string keyPath;
   for (size_t i = 0; i < parts.size(); ++i) {
     const std::string& p = parts[i];
     const bool last = i + 1 == parts.size();
+    keyPath += cur.IsSequence() ? "[" + p + "]" : (keyPath.empty() ? "" : ".") + p;
     YAML::Node next;
     if (cur.IsSequence()) {
       size_t idx = 0;
@@ -97,12 +106,6 @@ void applyOverride(YAML::Node& root, const std::string& text, ConfigSource& src)
     }
     walked += (walked.empty() ? "" : ".") + p;
     cur.reset(next);
-  }
-  // Messages use the dotted path with [i] for list indices, as the parser builds it.
-  std::string keyPath;
-  for (const std::string& p : parts) {
-    const bool index = !p.empty() && p.find_first_not_of("0123456789") == std::string::npos;
-    keyPath += index ? "[" + p + "]" : (keyPath.empty() ? "" : ".") + p;
   }
   src.overrides[keyPath] = value;
 }

@@ -207,6 +207,29 @@ TEST(ConfigErrors, BatchLargerThanTheTrainingSamplesIsLocated) {
   EXPECT_NE(e.find("--set train.batch_size=59: train.batch_size: 59 is larger"), std::string::npos) << e;
 }
 
+// A numeric segment was taken for a list index in the key path the flag was recorded under, so
+// a new map key '99' was reported at the file ("model.yaml: train.optimizer.99: unknown key").
+TEST(ConfigErrors, SetCreatingANumericKeyNamesTheFlag) {
+  std::string e = errorOf(kGood, {"train.optimizer.99=31"});
+  EXPECT_NE(e.find("--set train.optimizer.99=31: train.optimizer.99: unknown key '99'"), std::string::npos) << e;
+  e = errorOf(kGood, {"train.99=[2, 1]"});
+  EXPECT_NE(e.find("--set train.99=[2, 1]: train.99: unknown key '99'"), std::string::npos) << e;
+  // A list index still reads as one.
+  e = errorOf(kGood, {"model.layers.1.attention.heads=3"});
+  EXPECT_NE(e.find("(with --set model.layers[1].attention.heads=3): model.layers[1].attention.heads: 3 heads"),
+            std::string::npos) << e;
+}
+
+// ".a=1" created the key '' and was reported as "model.yaml: unknown key ''".
+TEST(ConfigErrors, SetWithAnEmptyKeyIsMalformed) {
+  for (const char* set : {".a=1", "a.=1", "train..steps=3", "train.=3"}) {
+    const std::string e = errorOf(kGood, {set});
+    EXPECT_EQ(e.rfind("--set " + std::string(set) + ": ", 0), 0u) << e;
+    EXPECT_NE(e.find("has an empty key (a leading, trailing or doubled dot); expected key.path=value"), std::string::npos)
+        << e;
+  }
+}
+
 TEST(ConfigErrors, SetErrorsNameTheFlagNotTheFile) {
   std::string e = errorOf(kGood, {"train.stepz=3"});  // was "model.yaml: train: unknown key 'stepz'"
   EXPECT_EQ(e.find("model.yaml"), std::string::npos) << e;
