@@ -133,11 +133,11 @@ void makeCsv(const DataConfig& d, const std::string& baseDir, Dataset& all) {
   const std::string pathKey = d.where.location("data.path");
   const std::string byKey = " (the CSV file of data.path" + (pathKey.empty() ? "" : ", " + pathKey) + ")";
   auto fail = [&](int64_t lineNo, size_t col, const std::string& message) {
-    throw UserError(path.string() + ":" + std::to_string(lineNo) + (col ? ":" + std::to_string(col) : "") + ": " + message +
+    throw UserError(path.string() + ":" + std::to_string(lineNo) + ":" + std::to_string(col) + ": " + message +
                     byKey);
   };
   std::string line;
-  int64_t lineNo = 0;
+  int64_t lineNo = 0, headerLine = 0;
   std::vector<std::string> header;
   std::vector<std::vector<double>> rows;
   while (std::getline(in, line)) {
@@ -146,13 +146,18 @@ void makeCsv(const DataConfig& d, const std::string& baseDir, Dataset& all) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::vector<CsvCell> cells = splitCsvLine(line);
     if (d.header && header.empty()) {
+      headerLine = lineNo;
       for (const CsvCell& c : cells) header.push_back(c.text);
       continue;
     }
     if (header.empty())
       for (size_t i = 0; i < cells.size(); ++i) header.push_back("column" + std::to_string(i));
+    // A short row is located where its next cell would start (just past the line's last
+    // character), a long one at its first extra cell.
     if (cells.size() != header.size())
-      fail(lineNo, 0, "expected " + std::to_string(header.size()) + " cells, got " + std::to_string(cells.size()));
+      fail(lineNo,
+           cells.size() > header.size() ? cells[header.size()].column : line.find_last_not_of(" \t\r") + 2,
+           "expected " + std::to_string(header.size()) + " cells, got " + std::to_string(cells.size()));
     std::vector<double> row;
     for (size_t i = 0; i < cells.size(); ++i) {
       const std::string& s = cells[i].text;
@@ -169,7 +174,8 @@ void makeCsv(const DataConfig& d, const std::string& baseDir, Dataset& all) {
     rows.push_back(std::move(row));
   }
   if (lineNo == 0) d.where.fail("data.path", "the CSV file '" + path.string() + "' is empty");
-  if (rows.empty()) fail(lineNo, 0, "no data rows" + std::string(d.header ? " below the header" : ""));
+  if (rows.empty())  // at the header, or at the last (blank) line of a file without one
+    fail(headerLine ? headerLine : lineNo, 1, "no data rows" + std::string(headerLine ? " below the header" : ""));
   auto indexOf = [&](const std::string& name, const char* key) {
     auto it = std::find(header.begin(), header.end(), name);
     if (it == header.end())

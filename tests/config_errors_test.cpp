@@ -423,6 +423,14 @@ TEST_F(CsvErrors, RaggedRowAndUnknownColumn) {
   EXPECT_NE(e.find("no column 'z'"), std::string::npos) << e;
 }
 
+// A row of the wrong length was located by line alone ("d.csv:3: expected 3 cells, got 2").
+TEST_F(CsvErrors, RaggedRowNamesLineAndColumn) {
+  std::string e = run("a,b,y\n1,2,3\n4,5 \r\n");  // short: where the missing cell would start
+  EXPECT_NE(e.find("d.csv:3:4: expected 3 cells, got 2"), std::string::npos) << e;
+  e = run("a,b,y\n1,2,3\n4,5,6,77\n");  // long: the first extra cell
+  EXPECT_NE(e.find("d.csv:3:7: expected 3 cells, got 4"), std::string::npos) << e;
+}
+
 TEST_F(CsvErrors, CellErrorsNameTheDataPathKey) {
   const std::string e = run("a,b,y\n1,2,3\n4,five,6\n");
   EXPECT_NE(e.find("d.csv:3:3: column 'b': 'five' is not a number (the CSV file of data.path, model.yaml:2:"),
@@ -459,7 +467,8 @@ TEST_F(CsvErrors, DirectoryAndEmptyFileAreNamedAsSuch) {
             std::string::npos) << e;
   e = run("");
   EXPECT_NE(e.find("data.path: the CSV file '" + (dir_ / "d.csv").string() + "' is empty"), std::string::npos) << e;
-  EXPECT_NE(run("a,y\n").find("d.csv:1: no data rows below the header"), std::string::npos);
+  EXPECT_NE(run("a,y\n").find("d.csv:1:1: no data rows below the header"), std::string::npos);
+  EXPECT_NE(run("\na,y\n\n").find("d.csv:2:1: no data rows below the header"), std::string::npos);
 }
 
 TEST_F(CsvErrors, FeaturesAndTargetsDoNotOverlap) {
