@@ -47,6 +47,12 @@ std::string ConfigLocator::locate(const std::string& keyPath, bool& present) con
   return root_->with(n, keyPath).location();
 }
 
+bool ConfigLocator::isSet(const std::string& keyPath) const {
+  bool present = false;
+  locate(keyPath, present);
+  return present;
+}
+
 void ConfigLocator::fail(const std::string& keyPath, const std::string& message) const {
   bool present = false;
   const std::string at = locate(keyPath, present);

@@ -19,7 +19,9 @@ public:
   explicit ConfigLocator(const CfgNode& root) : root_(std::make_shared<CfgNode>(root)) {}
   // "model.yaml:9:21", "--set train.batch_size=9" or "model.yaml"; "" without a file.
   std::string location(const std::string& keyPath) const;
-  // Throws ConfigError "<location>: <keyPath>: <message>".
+  // Whether the file or a --set flag gives the key (false for a config built in code).
+  bool isSet(const std::string& keyPath) const;
+  // Throws ConfigError "<location>: <keyPath>: <message>"; "" is the config as a whole.
   [[noreturn]] void fail(const std::string& keyPath, const std::string& message) const;
 
 private:

@@ -203,12 +203,24 @@ DataSplit loadTrainingData(const Config& cfg) {
   namespace fs = std::filesystem;
   const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
   DataSplit data = loadData(cfg.data, cfg.seed, baseDir);
-  if (data.train.count < cfg.train.batchSize)
-    cfg.where.fail("train.batch_size", std::to_string(cfg.train.batchSize) + " is larger than the " +
-                                           std::to_string(data.train.count) + " training samples (" +
-                                           std::to_string(data.train.count + data.validation.count) +
+  if (data.train.count >= cfg.train.batchSize) return data;
+  const std::string batch = std::to_string(cfg.train.batchSize), train = std::to_string(data.train.count),
+                    all = std::to_string(data.train.count + data.validation.count);
+  if (cfg.where.isSet("train.batch_size") || cfg.where.location("train.batch_size").empty())
+    cfg.where.fail("train.batch_size", batch + " is larger than the " + train + " training samples (" + all +
                                            " samples less data.validation's share)");
-  return data;
+  // The batch size is its default: the mistake is in the key that made the samples too few.
+  const std::string fewer = ", fewer than train.batch_size " + batch + " (its default; set it, or give more samples)";
+  if (cfg.data.kind == "csv")
+    cfg.where.fail("data.path", "the CSV file '" + cfg.data.path + "' holds " + all + " rows, " + train +
+                                    " for training after data.validation's share" + fewer);
+  if (cfg.where.isSet("data.samples"))
+    cfg.where.fail("data.samples", all + " samples leave " + train + " for training after data.validation's share" + fewer);
+  if (cfg.where.isSet("data.validation"))
+    cfg.where.fail("data.validation", formatNumber(cfg.data.validation) + " of the " + all + " samples leaves " + train +
+                                          " for training" + fewer);
+  cfg.where.fail("", "data.samples and data.validation (both at their defaults) leave " + train +
+                         " training samples" + fewer);
 }
 
 // A parameter's starting values: given by the caller (tests, --compare) or drawn from the seed.

@@ -200,11 +200,24 @@ TEST(ConfigErrors, UnknownPassIsLocatedAndSuggests) {
 TEST(ConfigErrors, BatchLargerThanTheTrainingSamplesIsLocated) {
   std::string e = errorOf(replaced(kGood, "batch_size: 4", "batch_size: 60"));  // 64 samples, 10% held out
   EXPECT_NE(e.find("model.yaml:9:21: train.batch_size: 60 is larger than the 58 training samples"), std::string::npos) << e;
-  e = errorOf(replaced(kGood, "batch_size: 4, ", ""));  // the default, 64
-  EXPECT_NE(e.find("model.yaml: train.batch_size: 64 is larger than the 58 training samples"), std::string::npos) << e;
-  EXPECT_NE(e.find("this is its default"), std::string::npos) << e;
   e = errorOf(kGood, {"train.batch_size=59"});
   EXPECT_NE(e.find("--set train.batch_size=59: train.batch_size: 59 is larger"), std::string::npos) << e;
+}
+
+// The batch size at its default (64) is not written anywhere: the mistake is located at the key
+// that made the training samples too few (it was "model.yaml: train.batch_size: ...", no line).
+TEST(ConfigErrors, DefaultBatchLargerThanTheSamplesNamesTheKeyThatIsSet) {
+  const std::string noBatch = replaced(kGood, "batch_size: 4, ", "");
+  std::string e = errorOf(noBatch);  // samples: 64, 10% held out
+  EXPECT_NE(e.find("model.yaml:2:40: data.samples: 64 samples leave 58 for training after data.validation's share, "
+                   "fewer than train.batch_size 64 (its default"),
+            std::string::npos) << e;
+  e = errorOf(noBatch, {"data.samples=70"});
+  EXPECT_NE(e.find("--set data.samples=70: data.samples: 70 samples leave 63 for training"), std::string::npos) << e;
+  const std::string mostHeldOut = replaced(noBatch, "samples: 64", "validation: 0.9");
+  EXPECT_EQ(errorOf(mostHeldOut), "");  // 4096 samples, 410 for training
+  e = errorOf(mostHeldOut, {"data.samples=600"});
+  EXPECT_NE(e.find("--set data.samples=600: data.samples: 600 samples leave 60 for training"), std::string::npos) << e;
 }
 
 // A numeric segment was taken for a list index in the key path the flag was recorded under, so
@@ -429,6 +442,16 @@ TEST_F(CsvErrors, RaggedRowNamesLineAndColumn) {
   EXPECT_NE(e.find("d.csv:3:4: expected 3 cells, got 2"), std::string::npos) << e;
   e = run("a,b,y\n1,2,3\n4,5,6,77\n");  // long: the first extra cell
   EXPECT_NE(e.find("d.csv:3:7: expected 3 cells, got 4"), std::string::npos) << e;
+}
+
+// With train.batch_size at its default, a CSV with too few rows is the mistake: named at data.path.
+TEST_F(CsvErrors, TooFewRowsForTheDefaultBatchNameTheFile) {
+  std::ofstream(dir_ / "d.csv") << "a,y\n1,2\n3,4\n";
+  const std::string e = errorOf("name: t\ndata: {kind: csv, path: " + (dir_ / "d.csv").string() +
+                                "}\nmodel: {layers: [{linear: {units: 1}}]}\n");
+  EXPECT_NE(e.find("model.yaml:2:25: data.path: the CSV file '" + (dir_ / "d.csv").string() +
+                   "' holds 2 rows, 2 for training after data.validation's share, fewer than train.batch_size 64"),
+            std::string::npos) << e;
 }
 
 TEST_F(CsvErrors, CellErrorsNameTheDataPathKey) {
