@@ -244,7 +244,9 @@ LayerConfig parseLayer(const CfgNode& item) {
 
 void parseModel(const CfgNode& n, ModelConfig& m) {
   n.checkKeys({"input", "layers", "params", "nodes", "output"});
+  m.inputLocation = m.outputLocation = n.source().file;
   if (n.has("input")) {
+    m.inputLocation = n.child("input").location();
     m.input = n.child("input").asInts();
     if (m.input.empty()) n.child("input").fail("an empty list; leave the key out for the data's sample shape");
     for (int64_t d : m.input)
@@ -262,11 +264,14 @@ void parseModel(const CfgNode& n, ModelConfig& m) {
   if (n.has("params")) {
     const CfgNode ps = n.child("params");
     if (!ps.isMap()) ps.fail("expected a map of parameter name -> {shape, init}");
-    for (const std::string& name : ps.keys()) {
+    for (const auto& kv : ps.yaml()) {
+      const std::string name = ps.scalarKey(kv.first);
       const CfgNode p = ps.child(name);
       p.checkKeys({"shape", "init"});
       ExplicitParam e;
       e.name = name;
+      e.nameLocation = ps.with(kv.first, p.path()).location();
+      e.location = p.child("shape").location();
       e.shape = p.child("shape").asInts();
       for (int64_t d : e.shape)
         if (d < 1) p.child("shape").fail("every extent must be at least 1");
@@ -296,6 +301,8 @@ void parseModel(const CfgNode& n, ModelConfig& m) {
     m.nodes.push_back(std::move(e));
   }
   m.output = n.getString("output", m.nodes.back().output);
+  // Left out, the output is the last node's: a mistake about it is that node's.
+  m.outputLocation = n.has("output") ? n.child("output").location() : m.nodes.back().location;
 }
 
 void parseTrain(const CfgNode& n, TrainConfig& t) {

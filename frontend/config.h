@@ -71,6 +71,8 @@ struct ExplicitParam {
   std::string name;
   std::vector<int64_t> shape;
   std::string init = "xavier";
+  // file:line:col (or the --set flag) of its shape and of its name (the key), for messages
+  std::string location, nameLocation;
 };
 
 struct ExplicitNode {
@@ -85,6 +87,9 @@ struct ModelConfig {
   std::vector<ExplicitParam> params;
   std::vector<ExplicitNode> nodes;
   std::string output;  // explicit form: the value that is the prediction (default: last node)
+  // file:line:col (or the --set flag) of model.input and model.output, for messages; the
+  // file alone (or "" for a config built in code) where the key is not set.
+  std::string inputLocation, outputLocation;
   bool explicitGraph() const { return !nodes.empty(); }
 };
 

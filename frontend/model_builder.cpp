@@ -167,18 +167,18 @@ bool writableOp(OpKind k) {
   return k != OpKind::Input && k != OpKind::Param && opInfo(k).grad != GradKind::BackwardOnly;
 }
 
-ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x, const std::string& file) {
+ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x) {
   std::map<std::string, ValueId> named{{"input", x}};
   for (const ExplicitParam& p : m.params) {
     const std::string key = "model.params." + p.name;
     const std::string reserved = reservedNameReason(p.name);
-    if (!reserved.empty()) throw ConfigError(file, key, reserved);
+    if (!reserved.empty()) throw ConfigError(p.nameLocation, key, reserved);
     try {
       named[p.name] = g.addParam(p.name, Shape(p.shape.begin(), p.shape.end()), p.init);
     } catch (const ShapeError& e) {
-      throw ConfigError(file, key + ".shape", e.what());
+      throw ConfigError(p.location, key + ".shape", e.what());
     }
-    g.node(g.value(named[p.name]).producer).origin = file + ": " + key + ".shape = " + shapeString(p.shape);
+    g.node(g.value(named[p.name]).producer).origin = p.location + ": " + key + ".shape = " + shapeString(p.shape);
   }
   for (const ExplicitNode& e : m.nodes) {
     OpKind op;
@@ -243,7 +243,7 @@ ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x, const std::stri
     std::vector<std::string> defined;
     for (const auto& kv : named) defined.push_back(kv.first);
     const std::string near = closestMatch(m.output, defined);
-    throw ConfigError(file, "model.output", "no value named '" + m.output + "'" +
+    throw ConfigError(m.outputLocation, "model.output", "no value named '" + m.output + "'" +
                                                 (near.empty() ? "" : "; did you mean '" + near + "'?") +
                                                 " Defined values: " + joinChoices(defined));
   }
@@ -260,7 +260,7 @@ std::pair<std::string, std::string> predictionSource(const Config& cfg) {
   }
   for (const ExplicitNode& e : m.nodes)
     if (e.output == m.output) return {e.location, e.path};
-  return {cfg.file, "model.output"};
+  return {m.outputLocation, "model.output"};
 }
 
 }  // namespace
@@ -272,27 +272,26 @@ BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, co
   const ModelConfig& m = cfg.model;
   std::vector<int64_t> inShape = m.input.empty() ? sampleX : m.input;
   int64_t inCount = 0, sampleCount = 0, targetCount = 0;
-  if (!checkedNumel(inShape, inCount))
-    throw ConfigError(cfg.file, "model.input", shapeString(inShape) + " holds " + elementCountString(inShape) +
-                                                   " elements, more than 2^48; no machine holds a tensor that large");
   if (!checkedNumel(sampleX, sampleCount) || !checkedNumel(sampleY, targetCount))
-    throw ConfigError(cfg.file, "data", "a sample " + shapeString(sampleX) + " -> " + shapeString(sampleY) +
-                                            " holds more than 2^48 elements");
+    cfg.where.fail("data", "a sample " + shapeString(sampleX) + " -> " + shapeString(sampleY) +
+                               " holds more than 2^48 elements");
+  if (!checkedNumel(inShape, inCount))
+    throw ConfigError(m.inputLocation, "model.input", shapeString(inShape) + " holds " + elementCountString(inShape) +
+                                                          " elements, more than 2^48; no machine holds a tensor that large");
   if (inCount != sampleCount)
-    throw ConfigError(cfg.file, "model.input", shapeString(inShape) + " holds " + std::to_string(inCount) +
-                                                   " elements but one data sample " + shapeString(sampleX) + " holds " +
-                                                   std::to_string(sampleCount));
+    throw ConfigError(m.inputLocation, "model.input", shapeString(inShape) + " holds " + std::to_string(inCount) +
+                                                          " elements but one data sample " + shapeString(sampleX) +
+                                                          " holds " + std::to_string(sampleCount));
   try {
     bm.x = g.addInput("input", withBatch(batch, inShape));
-  } catch (const ShapeError& e) {
-    throw ConfigError(cfg.file, "train.batch_size", std::to_string(batch) + " samples of " + shapeString(inShape) +
-                                                        " make an input batch of " +
-                                                        elementCountString(withBatch(batch, inShape)) +
-                                                        " elements, more than 2^48; no machine holds a tensor that large");
+  } catch (const ShapeError&) {
+    cfg.where.fail("train.batch_size", std::to_string(batch) + " samples of " + shapeString(inShape) +
+                                           " make an input batch of " + elementCountString(withBatch(batch, inShape)) +
+                                           " elements, more than 2^48; no machine holds a tensor that large");
   }
   ValueId h = bm.x;
   if (m.explicitGraph()) {
-    h = buildExplicit(g, m, bm.x, cfg.file);
+    h = buildExplicit(g, m, bm.x);
   } else {
     for (size_t i = 0; i < m.layers.size(); ++i) {
       const LayerConfig& l = m.layers[i];

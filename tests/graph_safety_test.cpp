@@ -200,7 +200,7 @@ const std::string kExplicit = "name: t\ndata: {kind: function, inputs: 3}\nmodel
 TEST(MemoryCheck, HugeExplicitShapesAreLocated) {
   EXPECT_HAS(errorOf(kExplicit + "  params: {w: {shape: [100000000, 100000000, 100000000]}}\n  nodes:\n"
                                  "    - {op: matmul, inputs: [input, w], output: y}\n"),
-             "cfg.yaml: model.params.w.shape: node 'w': attribute 'shape' [100000000, 100000000, 100000000] holds more "
+             "cfg.yaml:4:23: model.params.w.shape: node 'w': attribute 'shape' [100000000, 100000000, 100000000] holds more "
              "than 2^48 elements (about 1.00e+24)");
   const std::string rep = errorOf(kExplicit + "  input: [1, 3, 1]\n  nodes:\n"
                                               "    - {op: repeat-heads, inputs: [input], output: r, axis: 1, repeats: 4611686018427387904}\n"
@@ -212,7 +212,15 @@ TEST(MemoryCheck, HugeExplicitShapesAreLocated) {
   EXPECT_HAS(bc, "cfg.yaml:5:7: model.nodes[0]: broadcast-to: node 'b': attribute 'shape'");
   EXPECT_HAS(errorOf(kExplicit + "  input: [3000000000, 3000000000, 3000000000]\n  nodes:\n"
                                  "    - {op: sum, inputs: [input], output: y, axes: [1, 2, 3]}\n"),
-             "cfg.yaml: model.input: [3000000000, 3000000000, 3000000000] holds about 2.70e+28 elements");
+             "cfg.yaml:4:10: model.input: [3000000000, 3000000000, 3000000000] holds about 2.70e+28 elements");
+  // Set by --set, they name the flag.
+  EXPECT_HAS(errorOf(kExplicit + "  input: [3]\n  nodes:\n    - {op: sum, inputs: [input], output: y, axes: [1]}\n",
+                     {"model.input.0=9000000000000000000"}),
+             "cfg.yaml:4:10 (with --set model.input[0]=9000000000000000000): model.input: [9000000000000000000] holds");
+  EXPECT_HAS(errorOf(kExplicit + "  params: {w: {shape: [3, 1]}}\n  nodes:\n"
+                                 "    - {op: matmul, inputs: [input, w], output: y}\n",
+                     {"model.params.w.shape=[9223372036854775807, 8]"}),
+             "--set model.params.w.shape=[9223372036854775807, 8]: model.params.w.shape: node 'w'");
 }
 
 // --- Located mistakes in explicit graphs and layers -----------------------------------------
@@ -271,7 +279,14 @@ TEST(LocatedErrors, BackwardOnlyOpsAreRefusedAtTheNode) {
 TEST(LocatedErrors, UndefinedModelOutputListsTheDefinedValues) {
   const std::string m = errorOf(kExplicit + "  output: yy\n  nodes:\n"
                                             "    - {op: sum, inputs: [input], output: y, axes: [1], keepdims: true}\n");
-  EXPECT_HAS(m, "cfg.yaml: model.output: no value named 'yy'; did you mean 'y'? Defined values: input, y");
+  EXPECT_HAS(m, "cfg.yaml:4:11: model.output: no value named 'yy'; did you mean 'y'? Defined values: input, y");
+  const std::string sum = "  nodes:\n    - {op: sum, inputs: [input], output: y, axes: [1], keepdims: true}\n";
+  EXPECT_HAS(errorOf(kExplicit + sum, {"model.output=z"}), "--set model.output=z: model.output: no value named 'z'");
+  // Left out, the output is the last node's: renaming that node's output keeps it so.
+  EXPECT_EQ(errorOf(kExplicit + sum, {"model.nodes.0.output=z"}), "");
+  // The input's extents disagree with the data's sample: located at model.input.
+  EXPECT_HAS(errorOf(kExplicit + "  input: [2]\n" + sum),
+             "cfg.yaml:4:10: model.input: [2] holds 2 elements but one data sample [3] holds 3");
 }
 
 // Names the trainer gives its own values ("target", "loss", "grad_seed", ...) collided after
@@ -284,7 +299,7 @@ TEST(LocatedErrors, ReservedValueNamesAreRefusedWhereTheyAreWritten) {
   }
   EXPECT_HAS(errorOf(kExplicit + "  params: {loss: {shape: [3, 1]}}\n  nodes:\n"
                                  "    - {op: matmul, inputs: [input, loss], output: y}\n"),
-             "cfg.yaml: model.params.loss: 'loss' is a name the trainer gives");
+             "cfg.yaml:4:12: model.params.loss: 'loss' is a name the trainer gives");
 }
 
 TEST(LocatedErrors, PredictionTargetMismatchNamesTheLastLayerOrNode) {
