@@ -237,6 +237,7 @@ ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x) {
     } catch (const ShapeError& err) {  // arity, shapes, attribute values: name the YAML node
       throw ConfigError(e.location, e.path, e.op + ": " + err.what());
     }
+    g.node(g.value(named[e.output]).producer).origin = e.location + ": " + e.path + " (op " + e.op + ")";
   }
   auto it = named.find(m.output);
   if (it == named.end()) {
@@ -289,6 +290,10 @@ BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, co
                                            " make an input batch of " + elementCountString(withBatch(batch, inShape)) +
                                            " elements, more than 2^48; no machine holds a tensor that large");
   }
+  {
+    const std::string at = cfg.where.location("train.batch_size");
+    g.node(g.value(bm.x).producer).origin = (at.empty() ? "" : at + ": ") + "train.batch_size = " + std::to_string(batch);
+  }
   ValueId h = bm.x;
   if (m.explicitGraph()) {
     h = buildExplicit(g, m, bm.x);
@@ -296,6 +301,7 @@ BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, co
     for (size_t i = 0; i < m.layers.size(); ++i) {
       const LayerConfig& l = m.layers[i];
       LayerLowering L{g, "layers." + std::to_string(i), ""};
+      const size_t firstNode = g.numNodes();
       try {
         if (l.type == "linear") {
           L.origin = l.location + ": " + l.path + ".linear.units = " + std::to_string(l.units);
@@ -307,6 +313,9 @@ BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, co
       } catch (const ShapeError& e) {  // sizes too large, shapes that do not fit: name the layer
         throw ConfigError(l.location, l.path + "." + l.type, e.what());
       }
+      // Every node of the layer, not only its parameters: a message about an activation (it
+      // does not fit in memory, say) names the layer that made it.
+      for (size_t id = firstNode; id < g.numNodes(); ++id) g.node(static_cast<NodeId>(id)).origin = L.origin;
     }
   }
   const Shape ps = g.shape(h);

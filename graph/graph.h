@@ -41,7 +41,9 @@ struct Node {
   AttrMap attrs;
   std::string name;
   // Where the user wrote what this node stands for ("cfg.yaml:5:7: model.layers.0.linear.units
-  // = 64"), set by the frontend on parameters for messages about them; empty elsewhere.
+  // = 64"), for messages about it (a parameter or an activation that does not fit in memory).
+  // The frontend sets it on the nodes it builds; rewrites give it to the nodes they create.
+  // Empty on nodes autodiff adds: a message looks upstream for the nearest origin.
   std::string origin;
   bool erased = false;  // passes mark nodes dead; they stay in storage (ids are indices)
 };

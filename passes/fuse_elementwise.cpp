@@ -80,6 +80,7 @@ int64_t fuseElementwise(Graph& g, int64_t& absorbed) {
     a.set("expr", exprToString(b.expr));
     a.set("shape", std::vector<int64_t>(out.begin(), out.end()));
     const ValueId f = g.add(OpKind::FusedElementwise, b.inputs, a);
+    g.node(g.value(f).producer).origin = rootNode.origin;
     users.resize(g.numValues());
     for (ValueId in : b.inputs) users[static_cast<size_t>(in)].push_back(g.value(f).producer);
     g.replaceUses(rootNode.outputs[0], f, users[static_cast<size_t>(rootNode.outputs[0])]);

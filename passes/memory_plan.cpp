@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <limits>
 #include <map>
 #include <set>
@@ -188,6 +189,27 @@ int64_t saturatingAdd(int64_t a, int64_t b) {
   return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
 }
 
+// Where the user wrote what made `v`: its producer's origin, else the nearest one upstream
+// (autodiff's nodes have none; their inputs lead back to the layer, and the graph's input is
+// located at train.batch_size). "" when no node on the way has one (a graph built in code).
+std::string nearestOrigin(const Graph& g, ValueId v) {
+  std::vector<char> seen(g.numNodes(), 0);
+  std::deque<NodeId> queue{g.value(v).producer};
+  while (!queue.empty()) {
+    const Node& n = g.node(queue.front());
+    queue.pop_front();
+    if (!n.origin.empty()) return n.origin;
+    for (ValueId in : n.inputs) {
+      const NodeId p = g.value(in).producer;
+      if (!seen[static_cast<size_t>(p)]) {
+        seen[static_cast<size_t>(p)] = 1;
+        queue.push_back(p);
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string byteString(int64_t bytes) {
@@ -261,12 +283,14 @@ void checkFitsMemory(const Graph& g, int64_t availableBytes, const std::string& 
     throw UserError((p.origin.empty() ? what : p.origin) + " needs " + byteString(need.largestParamBytes) +
                     " of weights (" + what + ")" + tail);
   }
-  std::string largest;
-  if (need.largestActivation != kNoValue)
+  std::string largest, origin;
+  if (need.largestActivation != kNoValue) {
     largest = " (the largest, '" + g.value(need.largestActivation).name + "' " +
               shapeString(g.shape(need.largestActivation)) + ", takes " + byteString(need.largestActivationBytes) +
               "; train.batch_size and the model's widths set these sizes)";
-  throw UserError("the model's activations do not fit" + largest + tail);
+    origin = nearestOrigin(g, need.largestActivation);
+  }
+  throw UserError((origin.empty() ? "" : origin + ": ") + "the model's activations do not fit" + largest + tail);
 }
 
 }  // namespace pa

@@ -69,8 +69,14 @@ int64_t applyPatternsGreedily(Graph& g, const std::vector<std::unique_ptr<Rewrit
     bool changed = false;
     for (NodeId id : g.topoOrder()) {
       if (g.node(id).erased) continue;
+      const size_t firstNew = g.numNodes();
       for (const auto& p : patterns) {
         if (p->matchAndRewrite(ctx, id)) {
+          // The nodes a rewrite makes stand for what the user wrote at the root (an erased
+          // node stays in storage, so the root's origin is still there to read).
+          for (size_t n = firstNew; n < g.numNodes(); ++n)
+            if (g.node(static_cast<NodeId>(n)).origin.empty())
+              g.node(static_cast<NodeId>(n)).origin = g.node(id).origin;
           ++rewrites;
           changed = true;
           break;

@@ -171,6 +171,23 @@ TEST(MemoryCheck, NamesTheLargestActivationWhenActivationsDominate) {
   }
 }
 
+// A node without an origin (autodiff's) is located by the nearest origin upstream.
+TEST(MemoryCheck, LargestActivationWithoutOriginIsLocatedUpstream) {
+  Graph g;
+  const ValueId x = g.addInput("input", {1 << 20, 64});
+  g.node(g.value(x).producer).origin = "cfg.yaml:8:8: train.batch_size = 1048576";
+  const ValueId w = g.addParam("w", {64, 128}, "xavier");
+  g.setOutput("prediction", g.add(OpKind::MatMul, {x, w}, {}, "wide"));
+  try {
+    checkFitsMemory(g, 1 << 20, "this machine", MemoryLayout{});
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("cfg.yaml:8:8: train.batch_size = 1048576: the model's activations do not fit", 0), 0u) << m;
+    EXPECT_HAS(m, "'wide' [1048576, 128], takes 512.0 MiB");
+  }
+}
+
 const char* kSineMlp =
     "name: t\n"
     "data: {kind: sine, window: 8, samples: 64}\n"
@@ -193,6 +210,17 @@ TEST(MemoryCheck, HugeUnitsAreRefusedBeforeAllocatingWithTheKey) {
   const std::string m2 = errorOf(kSineMlp, {"model.layers.0.linear.units=100000000000000"});
   EXPECT_HAS(m2, "cfg.yaml:6:7 (with --set model.layers[0].linear.units=100000000000000): model.layers[0].linear: ");
   EXPECT_HAS(m2, "[8, 100000000000000] holds more than 2^48 elements");
+}
+
+// The activation case was not located ("the model's activations do not fit (the largest,
+// 'fused-linear_5' ..."): it names the layer that made the largest, fused or not.
+TEST(MemoryCheck, LargestActivationNamesItsLayer) {
+  for (const char* fuse : {"false", "true"}) {
+    const std::string m = errorOf(std::string(kSineMlp) + "compiler: {fuse: " + fuse + "}\n",
+                                  {"model.layers.0.linear.units=1000000000000", "train.batch_size=32"});
+    EXPECT_HAS(m, "cfg.yaml:6:7 (with --set model.layers[0].linear.units=1000000000000): "
+                  "model.layers[0].linear.units = 1000000000000: the model's activations do not fit (the largest, '");
+  }
 }
 
 const std::string kExplicit = "name: t\ndata: {kind: function, inputs: 3}\nmodel:\n";
