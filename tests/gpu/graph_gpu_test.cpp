@@ -135,6 +135,20 @@ void compareOnGpu(const Graph& g, uint64_t seed, double paramRange, Metric metri
   }
 }
 
+// bf16: `g` with the generated GEMMs forced, then with cuBLASLt forced where it loads; returns
+// how many GEMM nodes cuBLASLt took (0 without it).
+int compareOnForcedProviders(const Graph& g, uint64_t seed, const std::set<std::string>& skip) {
+  CudaRunnerOptions generated;
+  generated.gemm = GemmProvider::Generated;
+  compareOnGpu(g, seed, 1.0, Metric::Bf16, generated, nullptr, skip);
+  if (!cuda::CublasLt::instance().available()) return 0;
+  CudaRunnerOptions lt;
+  lt.gemm = GemmProvider::Cublaslt;
+  CudaGraphRunner::GemmStats st;
+  compareOnGpu(g, seed, 1.0, Metric::Bf16, lt, &st, skip);
+  return st.library;
+}
+
 class OpOnGpu : public ::testing::TestWithParam<test::OpCase> {};
 
 TEST_P(OpOnGpu, MatchesTheFloat64CpuExecutor) {
@@ -170,15 +184,9 @@ TEST_P(OpOnGpu, Bf16MatchesTheRoundingFloat64CpuExecutor) {
   bool gemm = false;
   for (const Node& n : g.nodes()) gemm |= !n.erased && codegen::libraryGemmOf(g, n.id).supported;
   if (!gemm) return;
-  CudaRunnerOptions generated;
-  generated.gemm = GemmProvider::Generated;
-  compareOnGpu(g, seed, 1.0, Metric::Bf16, generated, nullptr, skip);
+  const int library = compareOnForcedProviders(g, seed, skip);
   if (cuda::CublasLt::instance().available()) {
-    CudaRunnerOptions lt;
-    lt.gemm = GemmProvider::Cublaslt;
-    CudaGraphRunner::GemmStats st;
-    compareOnGpu(g, seed, 1.0, Metric::Bf16, lt, &st, skip);
-    EXPECT_GE(st.library, 1);
+    EXPECT_GE(library, 1);
   }
 }
 
@@ -212,16 +220,7 @@ TEST(OpOnGpu, Bf16NarrowFusedLinearsOnEveryProvider) {
       const std::set<std::string> skip = {"loss"};
       const uint64_t seed = static_cast<uint64_t>(s.k * 131 + s.n);
       compareOnGpu(g, seed, 1.0, Metric::Bf16, {}, nullptr, skip);
-      CudaRunnerOptions generated;
-      generated.gemm = GemmProvider::Generated;
-      compareOnGpu(g, seed, 1.0, Metric::Bf16, generated, nullptr, skip);
-      if (cuda::CublasLt::instance().available()) {
-        CudaRunnerOptions lt;
-        lt.gemm = GemmProvider::Cublaslt;
-        CudaGraphRunner::GemmStats st;
-        compareOnGpu(g, seed, 1.0, Metric::Bf16, lt, &st, skip);
-        libraryNodes += st.library;
-      }
+      libraryNodes += compareOnForcedProviders(g, seed, skip);
     }
   }
   if (cuda::CublasLt::instance().available()) {
