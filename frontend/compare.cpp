@@ -72,10 +72,11 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
   CompareResult r;
   r.tolerance = compareTolerance(cfg);
   r.againstFp32 = cfg.precision == "bf16";
-  std::unique_ptr<Session> reference;  // bf16: the unfused graph in fp32, in lockstep
+  // bf16: the unfused graph in fp32, in lockstep.
+  Config refCfg = cfg;
+  refCfg.precision = "fp32";
+  std::unique_ptr<Session> reference;
   if (r.againstFp32) {
-    Config refCfg = cfg;
-    refCfg.precision = "fp32";
     RunOptions ropt = opt;
     ropt.printSummary = false;
     reference = makeSession(refCfg, ropt);

@@ -281,7 +281,7 @@ public:
 
 private:
   double runStep(int64_t step);
-  const Config& cfg_;
+  const Config cfg_;  // a copy: a session may outlive the config it was made from
   DataSplit data_;
   BuiltModel model_, evalModel_;
   std::vector<double> pending_;  // losses not yet taken
@@ -481,7 +481,7 @@ private:
     static cuda::Device d(0);
     return d;
   }
-  const Config& cfg_;
+  const Config cfg_;  // a copy: a session may outlive the config it was made from
   DataSplit data_;
   BuiltModel model_, evalModel_;
   std::unique_ptr<cuda::Stream> stream_;
