@@ -282,7 +282,7 @@ public:
     const std::vector<ValueId> oldIns(n.inputs.begin(), n.inputs.end());
     const ValueId oldLse = n.outputs[1];
     const std::vector<NodeId> outPermutes = ctx.users(o);
-    const ValueId newO = g.add(OpKind::FlashAttention, ins, a);  // `n` may dangle from here on
+    const ValueId newO = g.add(OpKind::FlashAttention, ins, a);
     const ValueId newLse = g.producer(newO).outputs[1];
     for (NodeId u : outPermutes) ctx.replace(g.node(u).outputs[0], newO, {u});
     std::vector<NodeId> dead{old};
