@@ -549,9 +549,9 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
     fail("query heads (" + std::to_string(c.heads) + ") must be a multiple of kv heads (" +
          std::to_string(c.kvHeads) + ")");
   if (c.qLen < 0 || c.kLen < 0) fail("sequence lengths must be >= 0");
-  if (!flashHeadDimRuns(c.headDim))
-    fail("head dim must be a multiple of 8 in [8, 256], got " + std::to_string(c.headDim));
-  if ((long long)c.batch * c.heads > kFlashMaxBatchTimesHeads) fail("batch * heads must be <= 65535 (grid y)");
+  // The shape limits fuse-attention also reads (kernels/flash_attention_limits.h).
+  const std::string cannot = flashCudaCannotRun(c.batch, c.heads, c.headDim, backward && c.dtype == kFlashF32);
+  if (!cannot.empty()) fail(cannot);
   if (c.mask.windowLeft < -1 || c.mask.windowRight < -1 || c.mask.sinks < 0)
     fail("window offsets must be >= -1 (-1 = unbounded) and sinks >= 0");
   if (!(c.scale >= 0.f) || !std::isfinite(c.scale)) fail("scale must be finite and >= 0 (0 = 1/sqrt(head dim))");
@@ -565,9 +565,6 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
   if (fp64MmaOn && c.headDim > 64)
     fail("fp64Mma supports head dim <= 64 (got " + std::to_string(c.headDim) +
          "): above, its fp64 fragments spill registers; use the default FFMA kernels or tf32");
-  if (backward && c.dtype == kFlashF32 && c.headDim > kFlashMaxFp32BackwardHeadDim)
-    fail("fp32 backward supports head dim <= 128 (its tiles of " + std::to_string(padHeadDim(c.headDim)) +
-         " do not fit shared memory); use bf16/fp16");
   if (backward && c.deterministic && c.atomicDq)
     fail("deterministic and atomicDq both set: fp32 atomics make dQ's summation order vary from run to "
          "run, so a deterministic backward cannot use them; drop atomicDq");

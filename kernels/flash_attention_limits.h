@@ -16,13 +16,14 @@ constexpr bool flashHeadDimRuns(int64_t d) {
   return d >= kFlashMinHeadDim && d <= kFlashMaxHeadDim && d % kFlashHeadDimStep == 0;
 }
 
-// Why the CUDA kernels cannot run attention of this shape (training: forward and backward), or
-// "" when they can. `fp32` for fp32 inputs (precision fp32 and tf32), else 16-bit.
-inline std::string flashCudaCannotRun(int64_t batch, int64_t heads, int64_t headDim, bool fp32) {
+// Why the CUDA kernels cannot run attention of this shape, or "" when they can.
+// `fp32Backward`: the fp32 backward runs too (training with fp32 inputs: precision fp32, tf32).
+inline std::string flashCudaCannotRun(int64_t batch, int64_t heads, int64_t headDim, bool fp32Backward) {
   if (!flashHeadDimRuns(headDim))
     return "head dim " + std::to_string(headDim) + " is not a multiple of 8 in [8, 256]";
-  if (fp32 && headDim > kFlashMaxFp32BackwardHeadDim)
-    return "head dim " + std::to_string(headDim) + " is over 128, the fp32 backward's limit";
+  if (fp32Backward && headDim > kFlashMaxFp32BackwardHeadDim)
+    return "head dim " + std::to_string(headDim) +
+           " is over 128, the fp32 backward's limit (its tiles do not fit shared memory; bf16 runs it)";
   if (batch * heads > kFlashMaxBatchTimesHeads)
     return "batch x heads = " + std::to_string(batch * heads) + " is over 65535";
   return "";
