@@ -85,6 +85,13 @@ Pipeline trainPipeline(const Config& cfg, bool noFuse) {
   return p;
 }
 
+// What the passes may assume of the targets: the precision's attention inputs.
+PassTarget passTargetOf(const Config& cfg) {
+  PassTarget t;
+  t.attention16Bit = cfg.precision == "bf16";
+  return t;
+}
+
 }  // namespace
 
 double scheduledLr(const TrainConfig& t, int64_t step, int64_t total) {
@@ -98,10 +105,13 @@ double scheduledLr(const TrainConfig& t, int64_t step, int64_t total) {
   return base;
 }
 
-PassTarget passTargetOf(const Config& cfg) {
-  PassTarget t;
-  t.attention16Bit = cfg.precision == "bf16";
-  return t;
+BuiltModel compileValidationGraph(const Config& cfg, const TrainingGraph& tg, const std::vector<int64_t>& sampleX,
+                                  const std::vector<int64_t>& sampleY, int64_t batch) {
+  BuiltModel m = buildModel(cfg, sampleX, sampleY, batch);
+  PipelineOptions popt;
+  popt.target = passTargetOf(cfg);
+  runPipeline(m.graph, tg.forwardPasses, popt);
+  return m;
 }
 
 TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, const std::vector<int64_t>& sampleX,
@@ -308,10 +318,7 @@ CpuSession<T>::CpuSession(const Config& cfg, const RunOptions& opt, const std::s
   // The validation graph: the same model and passes, forward only.
   const int64_t nVal = data_.validation.count;
   evalBatch_ = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
-  evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
-  PipelineOptions evalOpt;
-  evalOpt.target = passTargetOf(cfg);
-  runPipeline(evalModel_.graph, tg.forwardPasses, evalOpt);
+  evalModel_ = compileValidationGraph(cfg, tg, data_.train.xShape, data_.train.yShape, evalBatch_);
 
   if (!opt.dumpKernelsDir.empty()) {
     const int n = codegen::dumpKernels(g, opt.dumpKernelsDir);
@@ -509,10 +516,7 @@ CudaSession::CudaSession(const Config& cfg, const RunOptions& opt, const std::st
   model_ = std::move(tg.model);
   const int64_t nVal = data_.validation.count;
   evalBatch_ = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
-  evalModel_ = buildModel(cfg, data_.train.xShape, data_.train.yShape, evalBatch_);
-  PipelineOptions evalOpt;
-  evalOpt.target = passTargetOf(cfg);
-  runPipeline(evalModel_.graph, tg.forwardPasses, evalOpt);
+  evalModel_ = compileValidationGraph(cfg, tg, data_.train.xShape, data_.train.yShape, evalBatch_);
   if (!opt.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
     const int n =
         codegen::dumpKernels(model_.graph, opt.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), cfg.precision == "tf32"));
@@ -831,39 +835,35 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
     }
     return ms;
   };
+  // At every log step, the last, and an interrupted run's end: takes the losses so far, validates,
+  // and reports step `at` with its validation loss (unless a synchronous session reported it
+  // already: an interrupted CPU run).
+  auto logStep = [&](int64_t at) {
+    const size_t before = res.losses.size();
+    const double ms = collect(true);
+    lastVal = session->validate();
+    if (!std::isfinite(lastVal)) {  // NaN compares false with everything: never let it pass as "no validation"
+      progress.finish();
+      throw std::runtime_error("training diverged: the validation loss is " + std::to_string(lastVal) + " at step " +
+                               std::to_string(at) + " (try a lower train.optimizer.lr or clip_grad_norm)");
+    }
+    if (lastVal >= 0) res.validation.emplace_back(at, lastVal);
+    if (res.losses.size() > before) {
+      const double lr = scheduledLr(cfg.train, at, plannedSteps);
+      progress.step(at, res.losses.back(), lastVal, lr);
+      if (metrics) metrics->write(at, res.losses.back(), lastVal, lr, ms);
+    }
+    since = Clock::now();
+  };
   for (int64_t step = 1; step <= steps; ++step) {
-    if (interrupts && interrupts->interrupted()) {
-      // The steps queued so far finish; this one is the last, and is reported as the end.
+    if (interrupts && interrupts->interrupted()) {  // the steps queued so far finish; the last is the end
       steps = step - 1;
-      if (steps == 0) break;
-      const size_t before = res.losses.size();
-      const double ms = collect(true);
-      lastVal = session->validate();
-      if (lastVal >= 0) res.validation.emplace_back(steps, lastVal);
-      if (res.losses.size() > before) {  // the last step is not reported yet: report it with its validation
-        const double lr = scheduledLr(cfg.train, steps, plannedSteps);
-        progress.step(steps, res.losses.back(), lastVal, lr);
-        if (metrics) metrics->write(steps, res.losses.back(), lastVal, lr, ms);
-      }
+      if (steps > 0) logStep(steps);
       break;
     }
     session->enqueueStep(step);
-    if (step % logEvery == 0 || step == steps) {
-      const double ms = collect(true);
-      lastVal = session->validate();
-      if (!std::isfinite(lastVal)) {  // NaN compares false with everything: never let it pass as "no validation"
-        progress.finish();
-        throw std::runtime_error("training diverged: the validation loss is " + std::to_string(lastVal) + " at step " +
-                                 std::to_string(step) + " (try a lower train.optimizer.lr or clip_grad_norm)");
-      }
-      if (lastVal >= 0) res.validation.emplace_back(step, lastVal);
-      const double lr = scheduledLr(cfg.train, step, steps);
-      progress.step(step, res.losses.back(), lastVal, lr);
-      if (metrics) metrics->write(step, res.losses.back(), lastVal, lr, ms);
-      since = Clock::now();
-    } else if (!session->asynchronous() || Clock::now() - since > std::chrono::milliseconds(250)) {
-      collect(false);
-    }
+    if (step % logEvery == 0 || step == steps) logStep(step);
+    else if (!session->asynchronous() || Clock::now() - since > std::chrono::milliseconds(250)) collect(false);
   }
   progress.finish();
   if (debugSwitches().profile) session->printProfile(stderr, 40);

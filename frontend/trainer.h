@@ -60,10 +60,11 @@ struct TrainingGraph {
   std::vector<PassStats> stats;
   std::vector<std::string> forwardPasses;  // also run on the validation graph
 };
-// What the passes may assume of the targets (the precision's attention inputs).
-PassTarget passTargetOf(const Config& cfg);
 TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, const std::vector<int64_t>& sampleX,
                                    const std::vector<int64_t>& sampleY, int64_t batch);
+// The validation graph for `batch`: the same model and the forward passes of `tg`, no backward.
+BuiltModel compileValidationGraph(const Config& cfg, const TrainingGraph& tg, const std::vector<int64_t>& sampleX,
+                                  const std::vector<int64_t>& sampleY, int64_t batch);
 
 // A compiled model with its data, parameters and optimizer state, ready to take steps.
 class Session {
