@@ -43,6 +43,19 @@ double largestElement(const Gradients& g) {
   return largest;
 }
 
+// ‖a − ref‖₂ / ‖ref‖₂ over every parameter together (‖a − ref‖₂ where ref is all zero).
+double normDiff(const Gradients& a, const Gradients& ref) {
+  double num = 0, den = 0;
+  for (const auto& kv : ref) {
+    const std::vector<double>& x = a.at(kv.first);
+    for (size_t i = 0; i < x.size(); ++i) {
+      num += (x[i] - kv.second[i]) * (x[i] - kv.second[i]);
+      den += kv.second[i] * kv.second[i];
+    }
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 // max |a − ref| / max(max |ref|, 1% of the model's largest gradient) for one parameter.
 double gradDiff(const std::vector<double>& a, const std::vector<double>& ref, double largest) {
   double diff = 0, own = 0;
@@ -72,14 +85,11 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
   CompareResult r;
   r.tolerance = compareTolerance(cfg);
   r.againstFp32 = cfg.precision == "bf16";
-  // bf16: the unfused graph in fp32, in lockstep.
-  Config refCfg = cfg;
-  refCfg.precision = "fp32";
-  std::unique_ptr<Session> reference;
+  std::unique_ptr<Session> reference;  // bf16: the unfused graph in fp32, in lockstep
   if (r.againstFp32) {
-    RunOptions ropt = opt;
-    ropt.printSummary = false;
-    reference = makeSession(refCfg, ropt);
+    Config refCfg = cfg;  // the session keeps its own copy
+    refCfg.precision = "fp32";
+    reference = makeSession(refCfg, opt);
   }
 
   const int64_t steps = fused->totalSteps();
@@ -121,33 +131,20 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
     if (reference) {
       const Gradients gr = reference->gradients();
       const double largestRef = largestElement(gr);
-      double dF = 0, dU = 0, ref2 = 0;  // ‖g_fused − g_fp32‖², ‖g_unfused − g_fp32‖², ‖g_fp32‖²
-      for (const auto& kv : gr) {
-        const std::vector<double>&f = gf.at(kv.first), &u = gu.at(kv.first);
-        if (step == 1) r.gradErrVsFp32[kv.first] = {gradDiff(f, kv.second, largestRef), gradDiff(u, kv.second, largestRef)};
-        for (size_t i = 0; i < f.size(); ++i) {
-          dF += (f[i] - kv.second[i]) * (f[i] - kv.second[i]);
-          dU += (u[i] - kv.second[i]) * (u[i] - kv.second[i]);
-          ref2 += kv.second[i] * kv.second[i];
-        }
-      }
-      const double eF = std::sqrt(dF / std::max(ref2, 1e-300)), eU = std::sqrt(dU / std::max(ref2, 1e-300));
+      if (step == 1)
+        for (const auto& kv : gr)
+          r.gradErrVsFp32[kv.first] = {gradDiff(gf.at(kv.first), kv.second, largestRef),
+                                       gradDiff(gu.at(kv.first), kv.second, largestRef)};
+      const double eF = normDiff(gf, gr), eU = normDiff(gu, gr);
       if (step == 1) r.gradErrFp32 = {eF, eU};
       gradRatios.push_back(std::isfinite(eF) ? eF / std::max(2.0 * eU, r.tolerance) : INFINITY);
     }
     // Per step: ‖g_fused − g_unfused‖₂ / ‖g_unfused‖₂ over all parameters together. Per
     // parameter it is ill-conditioned: a bias whose gradient is a near-cancelling sum, or a
     // ReLU input within rounding distance of 0, turns 1e-7 noise into large ratios.
-    double num = 0, den = 0;
-    for (const auto& kv : gu) {
-      const std::vector<double>& a = gf.at(kv.first);
-      for (size_t i = 0; i < a.size(); ++i) {
-        num += (a[i] - kv.second[i]) * (a[i] - kv.second[i]);
-        den += kv.second[i] * kv.second[i];
-      }
-      if (step == 1) r.gradRelDiff[kv.first] = gradDiff(a, kv.second, largest);
-    }
-    const double gradStep = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    if (step == 1)
+      for (const auto& kv : gu) r.gradRelDiff[kv.first] = gradDiff(gf.at(kv.first), kv.second, largest);
+    const double gradStep = normDiff(gf, gu);
     r.maxGradRelDiff = std::max(r.maxGradRelDiff, gradStep);
     if (step == 1 || step % cfg.train.logEvery == 0 || step == steps)
       std::fprintf(out, "%8lld  %14.8e  %14.8e  %10.2e  %10.2e  %14.8e  %10.2e\n", (long long)step, lf, lu, d, gradStep,
