@@ -27,12 +27,9 @@ AttrMap attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
 struct LayerLowering {
   Graph& g;
   std::string prefix;  // "layers.<i>"
-  std::string origin;  // where the layer is written, given to its parameters for messages
 
   ValueId param(const std::string& what, Shape shape, const std::string& init) {
-    const ValueId v = g.addParam(prefix + "." + what, shape, init);
-    g.node(g.value(v).producer).origin = origin;
-    return v;
+    return g.addParam(prefix + "." + what, shape, init);
   }
   // x [..., in] -> [..., units], bias and activation as configured.
   ValueId linear(ValueId x, int64_t units, const std::string& activation, bool bias, const std::string& what) {
@@ -300,22 +297,19 @@ BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, co
   } else {
     for (size_t i = 0; i < m.layers.size(); ++i) {
       const LayerConfig& l = m.layers[i];
-      LayerLowering L{g, "layers." + std::to_string(i), ""};
+      LayerLowering L{g, "layers." + std::to_string(i)};
       const size_t firstNode = g.numNodes();
       try {
-        if (l.type == "linear") {
-          L.origin = l.location + ": " + l.path + ".linear.units = " + std::to_string(l.units);
-          h = L.linear(h, l.units, l.activation, l.bias, "");
-        } else {
-          L.origin = l.location + ": " + l.path + ".attention";
-          h = lowerAttention(L, l, h);
-        }
+        if (l.type == "linear") h = L.linear(h, l.units, l.activation, l.bias, "");
+        else h = lowerAttention(L, l, h);
       } catch (const ShapeError& e) {  // sizes too large, shapes that do not fit: name the layer
         throw ConfigError(l.location, l.path + "." + l.type, e.what());
       }
-      // Every node of the layer, not only its parameters: a message about an activation (it
-      // does not fit in memory, say) names the layer that made it.
-      for (size_t id = firstNode; id < g.numNodes(); ++id) g.node(static_cast<NodeId>(id)).origin = L.origin;
+      // Every node of the layer, its parameters too: a message about a size (a weight or an
+      // activation that does not fit in memory) names the layer that made it.
+      const std::string origin = l.location + ": " + l.path +
+                                 (l.type == "linear" ? ".linear.units = " + std::to_string(l.units) : "." + l.type);
+      for (size_t id = firstNode; id < g.numNodes(); ++id) g.node(static_cast<NodeId>(id)).origin = origin;
     }
   }
   const Shape ps = g.shape(h);

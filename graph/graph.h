@@ -56,7 +56,8 @@ struct Node {
 class Graph {
 public:
   // Adds a node, checks its attributes' types, infers its output types and checks that each
-  // holds at most kMaxElements (throws ShapeError naming the node), and returns its first output. `name` must be unique; an empty one is replaced by "<op>_<id>".
+  // holds at most kMaxElements (throws ShapeError naming the node), and returns its first
+  // output. `name` must be unique; an empty one is replaced by "<op>_<id>".
   ValueId add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs = {}, std::string name = {});
   ValueId addInput(const std::string& name, llvm::ArrayRef<int64_t> shape);
   ValueId addParam(const std::string& name, llvm::ArrayRef<int64_t> shape, const std::string& init);

@@ -174,10 +174,6 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
   return plan;
 }
 
-}  // namespace pa
-
-namespace pa {
-
 namespace {
 
 int64_t saturatingMul(int64_t a, int64_t b) {
@@ -231,25 +227,16 @@ MemoryNeed memoryNeed(const Graph& g, const MemoryLayout& layout, const MemoryPl
   const MemoryPlan plan = given ? *given : planMemory(g, layout.alignElements, layout.aliasReshapes, layout.storageSizes);
   const int64_t unit = layout.storageSizes ? 4 : layout.elementBytes;
   need.activationBytes = saturatingMul(plan.arenaElements, unit);
-  for (size_t v = 0; v < g.numValues(); ++v) {
-    if (plan.offset[v] < 0 || g.producer(static_cast<ValueId>(v)).erased) continue;
-    int64_t bytes = numel(g.shape(static_cast<ValueId>(v)));
-    bytes = layout.storageSizes ? bytes * static_cast<int64_t>(dtypeSize(g.value(static_cast<ValueId>(v)).type.dtype))
-                                : bytes * unit;
-    if (bytes > need.largestActivationBytes) {
-      need.largestActivationBytes = bytes;
-      need.largestActivation = static_cast<ValueId>(v);
-    }
-  }
-  if (plan.arenaElements == std::numeric_limits<int64_t>::max()) {  // planMemory gave up: find the largest anyway
-    for (const Node& n : g.nodes()) {
-      if (n.erased || n.op == OpKind::Param) continue;
-      for (ValueId v : n.outputs) {
-        const int64_t bytes = numel(g.shape(v)) * unit;
-        if (bytes > need.largestActivationBytes) {
-          need.largestActivationBytes = bytes;
-          need.largestActivation = v;
-        }
+  // The largest activation: every live value but the parameters (whether or not planMemory
+  // placed it: it gives up on graphs too large to place).
+  for (const Node& n : g.nodes()) {
+    if (n.erased || n.op == OpKind::Param) continue;
+    for (ValueId v : n.outputs) {
+      const int64_t elementBytes = layout.storageSizes ? static_cast<int64_t>(dtypeSize(g.value(v).type.dtype)) : unit;
+      const int64_t bytes = numel(g.shape(v)) * elementBytes;  // <= 2^51: exact
+      if (bytes > need.largestActivationBytes) {
+        need.largestActivationBytes = bytes;
+        need.largestActivation = v;
       }
     }
   }
