@@ -25,7 +25,7 @@ set_target_properties(pa_cuda_driver PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
 # Kernel templates embedded as string constants (cmake/embed_kernels.cmake).
 set(PA_EMBEDDED_KERNELS
-  kernels/attention_mask.h
+  common/attention_mask.h
   kernels/flash_attention_params.h
   kernels/flash_attention_common.cuh
   kernels/flash_attention_fwd.cuh

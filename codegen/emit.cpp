@@ -3,7 +3,7 @@
 //   gather       Permute, Reshape, RepeatHeads (an output index mapped to one input offset);
 //   reduce       Sum, Mean, SumTo (a thread per output element, double accumulation);
 //   rows         Softmax and its gradients (a thread per row);
-//   mask         AttentionMask (the shared predicate of kernels/attention_mask.h);
+//   mask         AttentionMask (the shared predicate of common/attention_mask.h);
 //   gemm         MatMul and FusedLinear (kernels/gemm.cuh: fp32 SIMT or TF32 mma.sync, tiles
 //                from the shape, bias/activation epilogue functor);
 //   mse          MseLoss (one block, a fixed-order tree: deterministic);
@@ -1096,7 +1096,7 @@ NodeKernels emitSumTo(const Ctx& c) {
 }
 
 const char* kMask = R"(
-#include "kernels/attention_mask.h"
+#include "common/attention_mask.h"
 
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::AttentionMaskSpec m;
@@ -1125,7 +1125,7 @@ NodeKernels emitAttentionMask(const Ctx& c) {
                                {"SINKS", std::to_string(a.getInt("sinks", 0))}, {"COUNT", ll(count)},
                                {"QLEN", ll(x[x.size() - 2])}, {"KLEN", ll(x[x.size() - 1])},
                                {"FILL", num(a.getFloat("fill", -INFINITY))}},
-                              {gridFor(count), 1, 1}, kThreads, allArgs(c.n), {"kernels/attention_mask.h"}));
+                              {gridFor(count), 1, 1}, kThreads, allArgs(c.n), {"common/attention_mask.h"}));
   return nk;
 }
 

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "graph/debug.h"
+#include "common/debug.h"
 
 namespace pa::codegen {
 

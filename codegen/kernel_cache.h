@@ -28,7 +28,7 @@ struct KernelCacheStats {
 class KernelCache {
 public:
   // Directory: PA_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/pureattention/kernels, else
-  // ~/.cache/pureattention/kernels. PA_KERNEL_CACHE=0 turns the disk cache off (graph/debug.h).
+  // ~/.cache/pureattention/kernels. PA_KERNEL_CACHE=0 turns the disk cache off (common/debug.h).
   static KernelCache& instance();
   // A cache over `dir` (empty: memory only); tests use their own.
   explicit KernelCache(std::string dir);

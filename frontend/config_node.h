@@ -8,7 +8,7 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "graph/errors.h"
+#include "common/errors.h"
 
 namespace pa {
 

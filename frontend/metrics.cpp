@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "graph/errors.h"
+#include "common/errors.h"
 
 namespace pa {
 

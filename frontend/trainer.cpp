@@ -16,7 +16,7 @@
 #include "codegen/emit.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/training_kernels.h"
-#include "graph/debug.h"
+#include "common/debug.h"
 #include "frontend/datasets.h"
 #include "frontend/interrupt.h"
 #include "frontend/metrics.h"

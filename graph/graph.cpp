@@ -7,7 +7,7 @@
 #include <queue>
 #include <stdexcept>
 
-#include "graph/errors.h"
+#include "common/errors.h"
 
 namespace pa {
 

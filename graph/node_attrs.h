@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "graph/graph.h"
-#include "kernels/attention_mask.h"  // the mask predicate is IR semantics, shared by every path
+#include "common/attention_mask.h"  // the mask predicate is IR semantics, shared by every path
 
 namespace pa {
 

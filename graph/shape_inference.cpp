@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "graph/elementwise_expr.h"
-#include "graph/errors.h"
+#include "common/errors.h"
 #include "graph/graph.h"
 
 namespace pa {

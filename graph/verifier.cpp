@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "graph/errors.h"
+#include "common/errors.h"
 
 namespace pa {
 

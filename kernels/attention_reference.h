@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "kernels/attention_mask.h"
+#include "common/attention_mask.h"
 
 namespace pa {
 

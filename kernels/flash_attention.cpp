@@ -7,8 +7,8 @@
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/nvrtc_compiler.h"
-#include "graph/debug.h"
-#include "kernels/flash_attention_limits.h"
+#include "common/debug.h"
+#include "common/flash_attention_limits.h"
 
 namespace pa {
 
@@ -48,7 +48,7 @@ int padHeadDim(int d) {
 int ceilDiv(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 // GQA with 16-bit types: dK/dV blocks per query head (partials + reduce) instead of per KV head.
-// PA_FLASH_SPLIT_KV=0 turns it off (tuning runs and tests; graph/debug.h).
+// PA_FLASH_SPLIT_KV=0 turns it off (tuning runs and tests; common/debug.h).
 bool splitKvHeads(const FlashAttentionConfig& c) {
   return c.dtype != kFlashF32 && c.heads != c.kvHeads && envSwitch("PA_FLASH_SPLIT_KV", true);
 }
@@ -549,7 +549,7 @@ void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) cons
     fail("query heads (" + std::to_string(c.heads) + ") must be a multiple of kv heads (" +
          std::to_string(c.kvHeads) + ")");
   if (c.qLen < 0 || c.kLen < 0) fail("sequence lengths must be >= 0");
-  // The shape limits fuse-attention also reads (kernels/flash_attention_limits.h).
+  // The shape limits fuse-attention also reads (common/flash_attention_limits.h).
   const std::string cannot = flashCudaCannotRun(c.batch, c.heads, c.headDim, backward && c.dtype == kFlashF32);
   if (!cannot.empty()) fail(cannot);
   if (c.mask.windowLeft < -1 || c.mask.windowRight < -1 || c.mask.sinks < 0)

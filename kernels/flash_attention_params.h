@@ -1,7 +1,7 @@
 // Plain-data launch parameters shared by the host launcher and the flash attention templates.
 #pragma once
 
-#include "kernels/attention_mask.h"
+#include "common/attention_mask.h"
 
 namespace pa {
 

@@ -20,8 +20,8 @@
 #include <cmath>
 #include <optional>
 
-#include "kernels/attention_mask.h"  // the mask predicate is semantics, shared by every path
-#include "kernels/flash_attention_limits.h"
+#include "common/attention_mask.h"  // the mask predicate is semantics, shared by every path
+#include "common/flash_attention_limits.h"
 #include "passes/fusion.h"
 
 namespace pa {

@@ -10,7 +10,7 @@ namespace pa {
 
 std::unique_ptr<RewritePattern> makeFuseLinearPattern();
 std::unique_ptr<RewritePattern> makeFuseLinearGradPattern();
-// Builds a FlashAttention node only where every target runs it (kernels/flash_attention_limits.h);
+// Builds a FlashAttention node only where every target runs it (common/flash_attention_limits.h);
 // a subgraph left unfused for that reason gets a line in `notes`, when given.
 std::unique_ptr<RewritePattern> makeFuseAttentionPattern(const PassTarget& target = {},
                                                          std::vector<std::string>* notes = nullptr);

@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "graph/errors.h"
+#include "common/errors.h"
 
 namespace pa {
 

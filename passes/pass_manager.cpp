@@ -8,8 +8,8 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "graph/debug.h"
-#include "graph/errors.h"
+#include "common/debug.h"
+#include "common/errors.h"
 #include "graph/printer.h"
 #include "graph/verifier.h"
 #include "passes/autodiff.h"

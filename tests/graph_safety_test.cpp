@@ -12,7 +12,7 @@
 #include "frontend/config.h"
 #include "frontend/model_builder.h"
 #include "frontend/trainer.h"
-#include "graph/errors.h"
+#include "common/errors.h"
 #include "graph/graph.h"
 #include "graph/verifier.h"
 #include "passes/memory_plan.h"

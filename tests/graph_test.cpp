@@ -1,7 +1,7 @@
 // The graph IR, verifier, printers and pass driver.
 #include <gtest/gtest.h>
 
-#include "graph/errors.h"
+#include "common/errors.h"
 #include "graph/printer.h"
 #include "graph/verifier.h"
 #include "passes/dce.h"

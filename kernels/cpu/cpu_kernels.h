@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "kernels/attention_mask.h"
+#include "common/attention_mask.h"
 
 namespace pa::cpu {
 

@@ -8,7 +8,7 @@
 // 454 -> 36 ms against one dot product per (row, key) (bench/RESULTS.md).
 //
 // Note on the visible keys of a block. Each row sees the union of two intervals: the band
-// [lo, hi] around its aligned diagonal and the sinks [0, sinkHi] (kernels/attention_mask.h).
+// [lo, hi] around its aligned diagonal and the sinks [0, sinkHi] (common/attention_mask.h).
 // A block walks the tiles of the union of its rows' intervals, so tiles that every row of the
 // block hides are never touched and the cost follows the visible area; inside a walked tile,
 // keys a row does not see get probability 0.

@@ -15,7 +15,7 @@ namespace {
 TEST(FlashNvrtc, EmbedsEveryTemplate) {
   std::set<std::string> names;
   for (const auto& f : codegen::embeddedKernelFiles()) names.insert(f.name);
-  for (const char* want : {"kernels/attention_mask.h", "kernels/flash_attention_params.h",
+  for (const char* want : {"common/attention_mask.h", "kernels/flash_attention_params.h",
                            "kernels/flash_attention_common.cuh", "kernels/flash_attention_fwd.cuh",
                            "kernels/flash_attention_bwd.cuh", "kernels/flash_attention_fwd_wgmma.cuh",
                            "kernels/flash_attention_bwd_wgmma.cuh", "kernels/wgmma.cuh"})
