@@ -17,6 +17,7 @@
 #include "codegen/nvrtc_compiler.h"
 #include "passes/memory_plan.h"
 #include "runtime/cuda/cublaslt.h"
+#include "runtime/kernel_params.h"
 
 namespace pa {
 
@@ -223,7 +224,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     for (Launch* lp : nodeLaunches(id)) {
       Launch& l = *lp;
       auto sc = scratch_.find(id);  // every node whose kernels take a scratch has one
-      l.params = codegen::launchParams(
+      l.params = launchParams(
           l.kernel, [&](int i) { return ptr(n.inputs[static_cast<size_t>(i)]); },
           [&](int i) { return ptr(n.outputs[static_cast<size_t>(i)]); }, sc != scratch_.end() ? sc->second.ptr() : 0);
     }

@@ -164,7 +164,7 @@ TEST(GemmNvrtc, Bf16OperandsTakeTheWgmmaKernelWhereTheyCan) {
   for (const Variant& v : wgmmaVariants()) {
     const bool reduce = v.kernel.name.find("_reduce") != std::string::npos;
     EXPECT_NE(v.kernel.source.find(reduce ? "pa::gemm::splitReduce<" : "pa::gemm::wgmmaGemm<"), std::string::npos) << v.name;
-    EXPECT_EQ(v.kernel.headers, std::vector<std::string>{reduce ? "kernels/gemm.cuh" : "kernels/gemm_wgmma.cuh"}) << v.name;
+    EXPECT_EQ(v.kernel.headers, std::vector<std::string>{reduce ? "kernels/gemm_common.cuh" : "kernels/gemm_wgmma.cuh"}) << v.name;
     if (reduce) continue;
     EXPECT_GT(v.kernel.sharedBytes, 48u * 1024) << v.name;
     ASSERT_GE(v.kernel.args.size(), 2u) << v.name;
@@ -269,10 +269,13 @@ TEST(GemmNvrtc, CompilesEveryTf32WgmmaVariantSm90a) {
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
-TEST(GemmNvrtc, EmbedsTheTemplate) {
-  bool found = false;
-  for (const auto& f : codegen::embeddedKernelFiles()) found |= std::string(f.name) == "kernels/gemm.cuh";
-  EXPECT_TRUE(found);
+TEST(GemmNvrtc, EmbedsTheTemplates) {
+  for (const char* name : {"kernels/gemm_common.cuh", "kernels/gemm_ptx.cuh", "kernels/gemm_simt.cuh", "kernels/gemm_tf32.cuh",
+                           "kernels/gemm_wgmma.cuh"}) {
+    bool found = false;
+    for (const auto& f : codegen::embeddedKernelFiles()) found |= std::string(f.name) == name;
+    EXPECT_TRUE(found) << name;
+  }
 }
 
 TEST(GemmNvrtc, OptionsPickThePath) {
@@ -284,7 +287,9 @@ TEST(GemmNvrtc, OptionsPickThePath) {
                            : tail ? "pa::gemm::simtGemmTail<"
                                   : "pa::gemm::simtGemm<";
     EXPECT_NE(v.kernel.source.find(expected), std::string::npos) << v.name;
-    EXPECT_EQ(v.kernel.headers, std::vector<std::string>{"kernels/gemm.cuh"}) << v.name;
+    // Each kernel includes its family's header only: split-K's reduce the shared one.
+    const char* header = reduce && !tail ? "kernels/gemm_common.cuh" : tf32 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";
+    EXPECT_EQ(v.kernel.headers, std::vector<std::string>{header}) << v.name;
   }
 }
 
