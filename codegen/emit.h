@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph.h"
 #include "codegen/gemm_plan.h"
 #include "codegen/tensor_map_spec.h"
+#include "graph/graph.h"
 #include "kernels/flash_attention.h"
 
 namespace pa::codegen {
