@@ -33,7 +33,10 @@ set(PA_EMBEDDED_KERNELS
   kernels/flash_attention_fwd_wgmma.cuh
   kernels/flash_attention_bwd_wgmma.cuh
   kernels/wgmma.cuh
-  kernels/gemm.cuh
+  kernels/gemm_common.cuh
+  kernels/gemm_ptx.cuh
+  kernels/gemm_simt.cuh
+  kernels/gemm_tf32.cuh
   kernels/storage.cuh
   kernels/gemm_wgmma.cuh)
 set(PA_EMBEDDED_DEPENDS "")

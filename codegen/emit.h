@@ -3,20 +3,19 @@
 #pragma once
 
 #include <array>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "codegen/gemm_plan.h"
+#include "codegen/tensor_map_spec.h"
 #include "graph/graph.h"
 #include "kernels/flash_attention.h"
-#include "runtime/cuda/tensor_map.h"
 
 namespace pa::codegen {
 
 // A kernel argument: a node input's or output's device address, the node's scratch, or a TMA
 // tensor map (kernels/gemm_wgmma.cuh) over an input or over the scratch at `scratchOffsetBytes`,
-// which the launcher encodes from that address (runtime/cuda/tensor_map.h).
-using cuda::TensorMapSpec;
+// which the launcher encodes from that address (runtime/kernel_params.h).
 struct KernelArg {
   // InputTensorMap: the kernel takes a TensorMap (by value) over input `index` instead of a
   // pointer; ScratchTensorMap: over the scratch (`index` names the GEMM operand it holds).
@@ -35,11 +34,6 @@ struct Kernel {
   std::vector<std::string> headers;  // embedded headers it #includes (by include name)
 };
 
-// cuLaunchKernel's parameters for `k`: the device addresses of the node's inputs and outputs (by
-// index, asked only for the ones `k` takes) and of its scratch; tensor maps are encoded here.
-cuda::KernelParams launchParams(const Kernel& k, const std::function<cuda::CUdeviceptr(int)>& input,
-                                const std::function<cuda::CUdeviceptr(int)>& output, cuda::CUdeviceptr scratch);
-
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order
   size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed
@@ -48,12 +42,7 @@ struct NodeKernels {
   bool external = false;
 };
 
-// The tile variant of a generated GEMM (MatMul, FusedLinear); Auto picks one from the shape.
-// Tests and benchmarks force the others.
-enum class GemmTile { Auto, Large, Medium, Small };
-
-// How a TF32 wgmma GEMM gets an N-major B into the K-major layout it reads (EmitOptions::tf32BLoad).
-enum class Tf32BLoad { Auto, Copy, InKernel };
+// GemmTile, Tf32BLoad and GemmGeometry: codegen/gemm_plan.h.
 
 // Code generation choices. The GEMM emitters (MatMul, FusedLinear) read them, and the flash-
 // attention nodes' dumps (wgmma, fullRateFp64).
@@ -62,7 +51,7 @@ struct EmitOptions {
   GemmTile gemmTile = GemmTile::Auto;
   int gemmSplits = 0;  // K splits of a single (unbatched) GEMM; 0: from the shape
   // fp32 GEMMs on large tiles (one unbatched product): K splits of the tiles of the last, partial
-  // wave ("tail split" in emit.cpp); 0: from the shape, 1: none.
+  // wave ("tail split" in gemm_plan.cpp); 0: from the shape, 1: none.
   int gemmTailSplits = 0;
   // A TF32 wgmma GEMM whose B is stored N-major (the kernel reads it K-major): copied transposed
   // into the node's scratch by a kernel of its own, or transposed by the product kernel's
@@ -82,13 +71,6 @@ struct EmitOptions {
   std::string kernelSuffix;
 };
 
-// A GEMM node's product in row-major terms: C[b] = op(A[b])·op(B[b]), M×N over K, where A is the
-// node's input 0 and B its input 1; a stride of 0 shares one matrix across the batch.
-struct GemmGeometry {
-  int64_t batch = 1, m = 0, n = 0, k = 0, strideA = 0, strideB = 0;
-  bool transA = false, transB = false;
-};
-
 // How a GEMM node (MatMul, FusedLinear, MatMulActGrad) maps onto a library GEMM (cuBLASLt):
 // the product, the bias (input 2) and ReLU it may apply, and the output it writes (FusedLinear
 // with GELU: the pre-activation, out1). `supported` is false for every other node.
@@ -104,7 +86,7 @@ LibraryGemm libraryGemmOf(const Graph& g, NodeId id);
 NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, bool libraryRelu);
 // For an unbatched GEMM node with transposed B: one kernel copying B ([N, K]) to the node's
 // scratch as [K, N], so that the library can run the product without the transpose (a candidate
-// the autotuner times: on the H100 it won attn_block's 8192×256×256 dX, 0.029 against 0.034 ms).
+// the autotuner times; bench/RESULTS.md, "The GEMM plan's constants").
 NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id);
 
 // fp32 kernels for node `id` (Input, Param and Constant need none: constants are uploaded).

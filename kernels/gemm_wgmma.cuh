@@ -3,9 +3,9 @@
 /*
  * Note on the kernel.
  *
- * Same problem struct P, epilogue functor, raster (tileOf) and split-K contract as the kernels of
- * kernels/gemm.cuh; A and B are bf16 matrices read through TMA tensor maps, products are summed
- * in fp32 by the tensor cores, the epilogue gets fp32.
+ * Same problem struct P, epilogue functor, raster (tileOf) and split-K contract as the other GEMM
+ * kernels (kernels/gemm_common.cuh); A and B are bf16 matrices read through TMA tensor maps,
+ * products are summed in fp32 by the tensor cores, the epilogue gets fp32.
  *
  * Persistent blocks. The launcher starts at most one block per SM (two for the small tile); block
  * b takes work items b, b + gridDim.x, ... where an item is one output tile of one batch entry or
@@ -94,7 +94,8 @@
 #error "kernels/gemm_wgmma.cuh needs the sm_90a target (wgmma)"
 #endif
 
-#include "kernels/gemm.cuh"
+#include "kernels/gemm_common.cuh"
+#include "kernels/gemm_ptx.cuh"
 #include "kernels/wgmma.cuh"
 
 namespace pa {

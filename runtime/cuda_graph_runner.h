@@ -109,6 +109,7 @@ private:
   void planLibraryGemms(const CudaRunnerOptions& opt);
   void chooseGemmProviders(const CudaRunnerOptions& opt);
   void chooseGemmTiles();
+  size_t addTileVariants(NodeId id, const codegen::NodeKernels& chosen, const codegen::EmitOptions& emit);
   // The autotuner's tools: fresh random values in the arena and the parameters (once), and the
   // median time of `enqueue` replayed from a CUDA graph.
   void fillForTuning(cuda::Stream& stream);

@@ -195,7 +195,7 @@ TEST(Codegen, DumpedKernelsAreSelfContained) {
   std::filesystem::remove_all(dir);
 }
 
-// bf16 kernels include kernels/storage.cuh (or kernels/gemm.cuh, which includes it): one kernel
+// bf16 kernels include kernels/storage.cuh (or a kernels/gemm_*.cuh, which includes it): one kernel
 // of each op of the bf16 graphs compiles on its own with the header pasted in.
 TEST(Codegen, DumpedBf16KernelsAreSelfContained) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();

@@ -4,20 +4,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "codegen/tensor_map_spec.h"
 #include "runtime/cuda/cuda_driver.h"
 
 namespace pa {
 namespace cuda {
 
-// A bf16 (elementBytes 2) or fp32 (4) tensor as a kernel's TMA copies see it: three dimensions,
-// innermost first, the byte strides of dimensions 1 and 2, and the box one copy moves. Maps are
-// encoded with 128-byte swizzle and zero fill out of range (what kernels/gemm_wgmma.cuh expects).
-struct TensorMapSpec {
-  uint64_t dims[3] = {1, 1, 1};
-  uint64_t strideBytes[2] = {16, 16};
-  uint32_t box[3] = {1, 1, 1};
-  uint32_t elementBytes = 2;
-};
+// What a map describes (codegen emits it with the kernel that takes the map).
+using codegen::TensorMapSpec;
 
 // The driver's opaque 128-byte descriptor (CUtensorMap), passed to kernels by value.
 struct alignas(64) TensorMap {

@@ -16,6 +16,7 @@
 #include "graph/graph.h"
 #include "graph/node_attrs.h"
 #include "runtime/cuda_graph_runner.h"
+#include "runtime/kernel_params.h"
 
 namespace pa::gemmtest {
 
@@ -175,7 +176,7 @@ private:
     if (it != params_.end()) return it->second;
     std::vector<cuda::KernelParams> all;
     for (const codegen::Kernel& k : kernels_.kernels)
-      all.push_back(codegen::launchParams(
+      all.push_back(launchParams(
           k, [&](int i) { return in[static_cast<size_t>(i)].ptr(); }, [&](int i) { return outputs[static_cast<size_t>(i)].ptr(); },
           scratch.ptr()));
     return params_.emplace(std::move(key), std::move(all)).first->second;

@@ -1,24 +1,8 @@
-// GEMM templates behind the generated MatMul and FusedLinear kernels: an exact fp32 SIMT path and
-// a TF32 tensor-core path (mma.sync), both with a per-node epilogue functor.
+// The exact fp32 GEMM on the CUDA cores (SIMT) behind the generated MatMul and FusedLinear kernels:
+// register micro-tiles, double-buffered shared tiles, blocked summation; split-K and the tail split.
 /*
- * Note on the problem, the layouts and the traps.
  *
- * C[b] = op(A[b]) · op(B[b]) for b < batch, row-major, with op = identity or transpose. The
- * generated kernel describes its node with a problem struct P (all compile-time constants):
- *
- *   struct P { static constexpr long long M, N, K, strideA, strideB;   // batch strides, 0 = shared
- *              static constexpr bool transA, transB;
- *              static constexpr int splits; };   // split-K (batch 1 only), see splitReduce
- *
- * A is [M, K] (transA: [K, M]), B is [K, N] (transB: [N, K]), C is [batch, M, N]. An operand whose
- * contiguous dimension is K ("k-contiguous": A plain, B transposed) and one whose contiguous
- * dimension is M or N ("row-contiguous") are loaded differently; TileOperand hides that.
- *
- * The epilogue is a functor with  float operator()(float v, long long m, long long n, long long i)
- * returning the value stored at C[i] (i = b·M·N + m·N + n); it may also write side outputs
- * (FusedLinear's pre-activation). It is called exactly once for every element of C.
- *
- * fp32 SIMT path (simtGemm): a BM×BN block tile, BK-deep K slices staged global -> registers ->
+ * Note on the fp32 SIMT path (simtGemm): a BM×BN block tile, BK-deep K slices staged global -> registers ->
  * shared memory (double-buffered shared tiles in the dynamic shared memory, one barrier per
  * slice), shared tiles stored k-major (As[k][m], Bs[k][n]) so that every thread reads its TM×TN
  * micro-tile's operands as float4s, those of k row kk + 1 while row kk's products run. Thread
@@ -28,15 +12,14 @@
  * shared memory; rows are padded by 4 floats so that those scalar stores are conflict-free for
  * BK = 8 (2-way for BK = 16, immaterial). A block whose tile lies wholly inside both operands
  * (all but the edge tiles) loads without bounds checks, from one pointer per operand advanced by
- * a constant per slice: the checks and 64-bit index arithmetic of the general loads took ~7% of
- * the issue slots at 8192×4096×4096 (Nsight Compute, H100).
+ * a constant per slice: the general loads' checks and 64-bit index arithmetic cost issue slots
+ * (bench/RESULTS.md, "The GEMM kernels' notes").
  *
  * Load placement (fp32 path). A slice's global loads must be in flight during a whole slice of
  * products. Written at the top of slice s for slice s + 1 (their stores at its end), they are
- * where ptxas 13.0 chooses: it kept them near the top for some layouts and sank them two thirds
- * of the way down the loop for others (dX = dY·Wᵀ, dW = Xᵀ·dY), where they then stalled the
- * stores (2-7% slower, H100). So slice s + 2's loads are issued just before slice s's barrier,
- * which they cannot move past, and stored at the end of slice s + 1.
+ * where ptxas chooses to put them, which for some layouts (dX = dY·Wᵀ, dW = Xᵀ·dY) is two thirds
+ * of the way down the loop, where they then stall the stores. So slice s + 2's loads are issued
+ * just before slice s's barrier, which they cannot move past, and stored at the end of slice s + 1.
  *
  * Across the barrier (fp32 path). Right after a barrier every warp reads its first fragments of
  * the new slice, and with two warps a scheduler nothing hid that latency. A slice's last k row
@@ -45,9 +28,8 @@
  * slice's products before the chunk's blocked sum).
  *
  * FFMA order (fp32 path). The micro-tile's products run column by column, down one column and up
- * the next, so that consecutive FFMAs share an operand through the operand reuse cache: in SASS
- * the FFMAs that read three registers from the register file fell from ~23% to 5-8%, and the
- * products ran 1-3% faster (H100, 2026-11-23).
+ * the next, so that consecutive FFMAs share an operand through the operand reuse cache and few
+ * FFMAs read three registers from the register file.
  *
  * Blocked summation (fp32 path). Each thread sums kChunk = BK·kSlicesPerChunk products into
  * `part` and only then adds `part` into `acc`. A plain running sum over K = 8192 (the weight
@@ -56,75 +38,16 @@
  * which the whole-training-step GPU tests measure us against. It costs one FADD per output per
  * kChunk products (1.6% of the FFMAs at kChunk = 64) and TM·TN registers.
  *
- * Vector access. A float4 load of 4 consecutive elements needs the contiguous dimension (the
- * leading dimension, since tensors are dense) and the batch stride to be multiples of 4 (known at
- * compile time) and the base pointer 16-byte aligned (checked once per block); otherwise, and at
- * the edges of the matrices, elements are loaded one by one with bounds checks and zero-filled.
- * Because the leading dimension is the contiguous extent itself, a 4-aligned group of 4 is then
- * either wholly inside or wholly outside the matrix.
- *
- * TF32 path (tf32Gemm): mma.sync.m16n8k8 (sm_80+) on warp tiles of (BM/WARPS_M)×(BN/WARPS_N),
- * operands rounded to TF32 with cvt.rna (round to nearest, ties away) as they leave shared memory,
- * fp32 accumulation in the tensor cores across the whole K (no blocked sum: the TF32 rounding of
- * the operands, ~2^-11 relative, dominates every accumulation error). Shared tiles keep the
- * global orientation, so global -> shared is cp.async (16 bytes where aligned, 4 otherwise, with
- * zero-fill past the edges) in a STAGES-deep ring. Padding (4 floats for k-contiguous rows, 8 for
- * row-contiguous ones) makes the fragment reads conflict-free: lane (g = lane/4, t = lane%4)
- * reads word g·S + t (k-contiguous, S = BK + 4 ≡ 4 mod 8, so g·S/4 = g·odd covers 0..7 mod 8)
- * or t·S + g (row-contiguous, S = R + 8 ≡ 8 mod 32 for R a multiple of 32).
- *
- * Shared memory stays within the 48 KB a block gets without an opt-in (the graph runner launches
- * without raising the limit), which caps the TF32 ring at 2 stages of BK = 16 or 4 of BK = 8.
- *
- * Grid: blockIdx.x enumerates the output tiles in groups of kGroupM tile rows (consecutive blocks
- * share B column panels and a few A row panels in L2); blockIdx.z is the batch. With a tail split
- * (simtGemmTail), blockIdx.x goes on past the tiles computed whole to the tail tiles' K pieces.
+ * Shared memory is dynamic (SimtConfig::kDynamicShared, the launch's), the rest is in
+ * kernels/gemm_common.cuh ("Note on the problem").
  */
 #pragma once
 
-#include "kernels/storage.cuh"
+#include "kernels/gemm_common.cuh"
 
 namespace pa {
 namespace gemm {
 
-typedef unsigned int u32;
-
-// C is `float*`, or pa_bf16_out for a bf16 output (precision: bf16): these store 4 or 2
-// consecutive results with one vector store where C is fp32, one rounded value at a time where not.
-__device__ __forceinline__ void storeC4(float* C, long long at, float4 o) { *reinterpret_cast<float4*>(C + at) = o; }
-__device__ __forceinline__ void storeC4(pa_bf16_out C, long long at, float4 o) {
-  C[at] = o.x, C[at + 1] = o.y, C[at + 2] = o.z, C[at + 3] = o.w;
-}
-__device__ __forceinline__ void storeC2(float* C, long long at, float2 o) { *reinterpret_cast<float2*>(C + at) = o; }
-// (at is even wherever the kernels store pairs: N is even there, so the pair is one 4-byte word.)
-__device__ __forceinline__ void storeC2(pa_bf16_out C, long long at, float2 o) {
-  *reinterpret_cast<unsigned*>(C.p + at) = pa::storage::packBf16x2(o.x, o.y);
-}
-__device__ __forceinline__ bool alignedC(const float* C) { return (reinterpret_cast<unsigned long long>(C) & 15) == 0; }
-__device__ __forceinline__ bool alignedC(pa_bf16_out) { return true; }
-
-// The epilogue of a plain product.
-struct Identity {
-  __device__ __forceinline__ float operator()(float v, long long, long long, long long) const { return v; }
-};
-
-// ---------------------------------------------------------------------------------------------
-// Block-tile raster: output tile (tm, tn) of block `pid`, grouped by kGroupM tile rows.
-constexpr int kGroupM = 8;
-
-template <long long TilesM, long long TilesN>
-__device__ __forceinline__ void tileOf(long long pid, long long& tm, long long& tn) {
-  const long long perGroup = (long long)kGroupM * TilesN;
-  const long long group = pid / perGroup, first = group * kGroupM;
-  const long long rows = TilesM - first < kGroupM ? TilesM - first : kGroupM;
-  const long long inGroup = pid % perGroup;
-  tm = first + inGroup % rows;
-  tn = inGroup / rows;
-}
-
-__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
-
-// ---------------------------------------------------------------------------------------------
 // One operand's R×BK tile (R = BM for A, BN for B). Element (r, k) of the operand lives at
 // base[r·LD + k] when KCONTIG, else at base[k·LD + r]; EXT is the operand's extent along r.
 template <int R, int BK, int THREADS, bool KCONTIG, long long EXT, long long K, long long LD>
@@ -424,7 +347,7 @@ __device__ __forceinline__ void simtGemm(const float* __restrict__ A, const floa
                    sBegin, sEnd);
 }
 
-// Tail split (one unbatched product; see "tail split" in codegen/emit.cpp). The last
+// Tail split (one unbatched product; see "tail split" in codegen/gemm_plan.cpp). The last
 // P::tailTiles tiles (tileOf order) are split along K, P::tailSplits ways: blocks below the other
 // tiles' count compute their tile whole, through the epilogue; the rest compute piece
 // z·tailTiles + t (split z of tail tile t, split-major, so that concurrent blocks share K ranges
@@ -463,224 +386,6 @@ __device__ __forceinline__ void simtTailReduce(const float* __restrict__ parts, 
 #pragma unroll
     for (int z = 1; z < P::tailSplits; ++z) v += parts[z * kCount + e];
     C[m * N + n] = epi(v, m, n, m * N + n);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// TF32 tensor-core GEMM.
-
-__device__ __forceinline__ u32 smemAddress(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-// 16 bytes global -> shared; zero-filled when !valid (src must still be a mapped address).
-__device__ __forceinline__ void cpAsync16(void* dst, const void* src, bool valid) {
-  asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(smemAddress(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-// 4 bytes global -> shared; zero-filled when !valid.
-__device__ __forceinline__ void cpAsync4(void* dst, const void* src, bool valid) {
-  asm volatile("{ cp.async.ca.shared.global [%0], [%1], 4, %2; }" ::"r"(smemAddress(dst)), "l"(src), "r"(valid ? 4 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ u32 toTf32(float x) {
-  u32 r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// d += a·b for one m16n8k8 tile (row-major A fragment, column-major B fragment).
-__device__ __forceinline__ void mmaTf32(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-  asm volatile(
-      "{ mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3}; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// One operand's R×BK shared tile in its global orientation: [R][BK + 4] when k-contiguous, else
-// [BK][R + 8] (see the note for why these pads).
-template <int R, int BK, int THREADS, bool KCONTIG, long long EXT, long long K, long long LD>
-struct Tf32Operand {
-  static constexpr int kFloats = KCONTIG ? R * (BK + 4) : BK * (R + 8);
-  static constexpr int kGroups = R * BK / 4 / THREADS;
-  static_assert(R * BK % (4 * THREADS) == 0, "a slice must split evenly into 4-float groups");
-
-  static __device__ __forceinline__ int at(int r, int k) { return KCONTIG ? r * (BK + 4) + k : k * (R + 8) + r; }
-
-  // Issues the cp.asyncs of slice k0 of the tile whose first row is r0.
-  static __device__ __forceinline__ void load(float* sm, const float* __restrict__ base, long long r0, long long k0, bool vec,
-                                              int tid) {
-#pragma unroll
-    for (int v = 0; v < kGroups; ++v) {
-      const int f = tid + v * THREADS;
-      int rr, kk;
-      if (KCONTIG) {
-        rr = f / (BK / 4), kk = (f % (BK / 4)) * 4;
-      } else {
-        kk = f / (R / 4), rr = (f % (R / 4)) * 4;
-      }
-      const long long r = r0 + rr, k = k0 + kk;
-      float* dst = sm + at(rr, kk);
-      if (vec) {  // a 4-group lies wholly inside or wholly outside (see the note)
-        const bool in = r < EXT && k < K;
-        cpAsync16(dst, in ? base + (KCONTIG ? r * LD + k : k * LD + r) : base, in);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const long long rj = KCONTIG ? r : r + j, kj = KCONTIG ? k + j : k;
-          const bool in = rj < EXT && kj < K;
-          cpAsync4(dst + j, in ? base + (KCONTIG ? rj * LD + kj : kj * LD + rj) : base, in);
-        }
-      }
-    }
-  }
-};
-
-// Launch: grid (TilesM·TilesN, 1, batch), block kThreads, no dynamic shared memory.
-template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_>
-struct Tf32Config {
-  static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, STAGES = STAGES_;
-  static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // warp tile
-  static constexpr int MT = WM / 16, NT = WN / 8;             // mma tiles per warp
-  static constexpr int kThreads = 32 * WARPS_M * WARPS_N;
-  static_assert(WM % 16 == 0 && WN % 8 == 0 && BK % 8 == 0, "warp tiles are made of m16n8k8 tiles");
-  static_assert(STAGES >= 2, "the ring needs a stage to fill while another is read");
-};
-
-template <class P, class Cfg, class Epi, class CPtr>
-__device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, MT = Cfg::MT, NT = Cfg::NT, STAGES = Cfg::STAGES;
-  constexpr int kThreads = Cfg::kThreads;
-  constexpr long long M = P::M, N = P::N, K = P::K;
-  constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN;
-  constexpr long long kSlices = (K + BK - 1) / BK;
-  constexpr long long kPerSplit = (kSlices + P::splits - 1) / P::splits;
-  typedef Tf32Operand<BM, BK, kThreads, !P::transA, M, K, (P::transA ? M : K)> OpA;
-  typedef Tf32Operand<BN, BK, kThreads, P::transB, N, K, (P::transB ? K : N)> OpB;
-  constexpr bool kVecA = (P::transA ? M : K) % 4 == 0 && P::strideA % 4 == 0;
-  constexpr bool kVecB = (P::transB ? K : N) % 4 == 0 && P::strideB % 4 == 0;
-  constexpr bool kVecC = N % 2 == 0;
-
-  __shared__ __align__(16) float As[STAGES][OpA::kFloats];
-  __shared__ __align__(16) float Bs[STAGES][OpB::kFloats];
-
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int g = lane / 4, t = lane % 4;
-  const int wm0 = (warp / Cfg::WARPS_N) * Cfg::WM, wn0 = (warp % Cfg::WARPS_N) * Cfg::WN;
-  long long tm, tn;
-  tileOf<TilesM, TilesN>(blockIdx.x, tm, tn);
-  const long long m0 = tm * BM, n0 = tn * BN;
-  const long long b = P::splits > 1 ? 0 : blockIdx.z, split = P::splits > 1 ? blockIdx.z : 0;
-  const long long sBegin = split * kPerSplit, sEnd = sBegin + kPerSplit < kSlices ? sBegin + kPerSplit : kSlices;
-  const long long count = sEnd > sBegin ? sEnd - sBegin : 0;  // slices of this block's split
-  A += b * P::strideA;
-  B += b * P::strideB;
-  C += (b + split) * M * N;
-  const bool vecA = kVecA && aligned16(A), vecB = kVecB && aligned16(B);
-
-  float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-
-  // Prologue: slices 0 .. STAGES-2 in flight (a group is committed even when empty, so that
-  // wait_group's count always names the slice about to be read).
-#pragma unroll
-  // Local slice s (global sBegin + s) lives in stage s % STAGES.
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < count) {
-      OpA::load(As[s], A, m0, (sBegin + s) * BK, vecA, tid);
-      OpB::load(Bs[s], B, n0, (sBegin + s) * BK, vecB, tid);
-    }
-    cpAsyncCommit();
-  }
-
-  for (long long s = 0; s < count; ++s) {
-    cpAsyncWait<STAGES - 2>();
-    __syncthreads();  // slice s has landed for every thread; stage (s-1) % STAGES is free again
-    {
-      const long long next = s + STAGES - 1;
-      if (next < count) {
-        const int st = (int)(next % STAGES);
-        OpA::load(As[st], A, m0, (sBegin + next) * BK, vecA, tid);
-        OpB::load(Bs[st], B, n0, (sBegin + next) * BK, vecB, tid);
-      }
-      cpAsyncCommit();
-    }
-    const float* as = As[s % STAGES];
-    const float* bs = Bs[s % STAGES];
-#pragma unroll
-    for (int k8 = 0; k8 < BK; k8 += 8) {
-      u32 af[MT][4], bf[NT][2];
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        const int r = wm0 + i * 16 + g;
-        af[i][0] = toTf32(as[OpA::at(r, k8 + t)]);
-        af[i][1] = toTf32(as[OpA::at(r + 8, k8 + t)]);
-        af[i][2] = toTf32(as[OpA::at(r, k8 + t + 4)]);
-        af[i][3] = toTf32(as[OpA::at(r + 8, k8 + t + 4)]);
-      }
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int c = wn0 + j * 8 + g;
-        bf[j][0] = toTf32(bs[OpB::at(c, k8 + t)]);
-        bf[j][1] = toTf32(bs[OpB::at(c, k8 + t + 4)]);
-      }
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) mmaTf32(acc[i][j], af[i], bf[j]);
-    }
-  }
-  cpAsyncWait<0>();  // nothing is left in flight at exit (only empty groups, but be explicit)
-
-  const bool vecC = kVecC && alignedC(C);
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const long long m = m0 + wm0 + i * 16 + g + h * 8;
-      if (m >= M) continue;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const long long n = n0 + wn0 + j * 8 + 2 * t;
-        const long long at = m * N + n;
-        const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-        if (vecC && n + 1 < N) {
-          float2 o;
-          o.x = epi(v0, m, n, b * M * N + at);
-          o.y = epi(v1, m, n + 1, b * M * N + at + 1);
-          storeC2(C, at, o);
-        } else {
-          if (n < N) C[at] = epi(v0, m, n, b * M * N + at);
-          if (n + 1 < N) C[at + 1] = epi(v1, m, n + 1, b * M * N + at + 1);
-        }
-      }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Split-K: the GEMM kernels above, given P::splits = S > 1, treat blockIdx.z as the split and
-// write the raw sum over their share of K to parts[split] (S·M·N floats, no epilogue); this
-// adds the S partial sums in split order (deterministic) and applies the epilogue.
-template <class P, class Epi, class CPtr>
-__device__ __forceinline__ void splitReduce(const float* __restrict__ parts, CPtr C, const Epi& epi) {
-  constexpr long long MN = P::M * P::N, N = P::N;
-  constexpr int S = P::splits;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < MN; i += (long long)gridDim.x * blockDim.x) {
-    float v = parts[i];
-#pragma unroll
-    for (int z = 1; z < S; ++z) v += parts[z * MN + i];
-    C[i] = epi(v, i / N, i % N, i);
   }
 }
 

@@ -1,0 +1,355 @@
+// Emitters of the GEMM nodes (MatMul, FusedLinear, MatMulActGrad): the generated GEMM kernels
+// with their epilogues, TMA maps and operand copies, and the mapping of a node onto a library GEMM
+// (cuBLASLt) with what remains of its epilogue. The choice of kernel, tiles and splits is
+// codegen/gemm_plan.h's.
+#include <algorithm>
+#include <cassert>
+
+#include "codegen/emit_internal.h"
+#include "codegen/gemm_plan.h"
+#include "codegen/templates/gemm.h"
+#include "graph/node_attrs.h"
+
+namespace pa::codegen {
+
+namespace detail {
+
+using namespace templates;
+
+namespace {
+
+// The TMA map of a wgmma GEMM operand (kernels/gemm_wgmma.cuh's note): matrices of `contiguous`
+// × `other` elements of `bytes` each (2: bf16, 4: fp32), `batch` of them `stride` elements apart
+// (0: one shared matrix), boxes of 128 bytes along the contiguous extent and `boxOther` along the
+// other.
+TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, int64_t stride, int64_t boxOther, int bytes = 2) {
+  TensorMapSpec t;
+  t.elementBytes = static_cast<uint32_t>(bytes);
+  t.dims[0] = static_cast<uint64_t>(contiguous);
+  t.dims[1] = static_cast<uint64_t>(other);
+  t.dims[2] = static_cast<uint64_t>(stride != 0 ? batch : 1);
+  t.strideBytes[0] = static_cast<uint64_t>(contiguous * bytes);
+  t.strideBytes[1] = static_cast<uint64_t>((stride != 0 ? stride : contiguous * other) * bytes);
+  t.box[0] = static_cast<uint32_t>(128 / bytes);
+  t.box[1] = static_cast<uint32_t>(boxOther);
+  t.box[2] = 1;
+  return t;
+}
+
+// Note on the GEMM kernels. The algorithms live in kernels/gemm_simt.cuh (fp32 SIMT with blocked
+// summation), kernels/gemm_tf32.cuh (TF32 mma.sync) and kernels/gemm_wgmma.cuh (bf16 or TF32
+// wgmma, sm_90a); a generated kernel only names its problem (shape, transposes, batch strides, K
+// splits: compile-time constants), its epilogue (bias, activation, FusedLinear's saved
+// pre-activation) and one tile variant (codegen/gemm_plan.h). Variants, from the shape:
+//   large   128×128 tiles: the efficient one, but only ⌈M/128⌉·⌈N/128⌉ blocks;
+//   split   large tiles with K split S ways when that leaves the GPU idle and K is long (the
+//           weight gradients Xᵀ·dY of a batch-8192 layer: 64 blocks on 132 SMs for 1024×1024):
+//           S·M·N partial sums in the node's scratch buffer, then a reduce kernel adds them in a
+//           fixed order (deterministic) and applies the epilogue;
+//   tail    large tiles whose last, partial wave is split along K (fp32; see "tail split");
+//   medium  64×64 tiles: 4× the blocks, for batched products too small for large tiles;
+//   small   32×32 tiles of 64 threads: tiny models (a 3×5 output gets one 64-thread block).
+NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
+                 const std::string& init) {
+  const int64_t m = q.m, n = q.n, k = q.k;
+  // bf16 operands on an sm_90a device go to the wgmma kernel when their contiguous extents and
+  // batch strides allow 16-byte copies. Elsewhere they are widened into the scratch buffer first
+  // and multiplied on the TF32 path (exact: TF32 holds every bf16 value).
+  const bool wide[2] = {c.inType(0) == DType::BF16, c.inType(1) == DType::BF16};
+  const bool wgmmaBf16 = c.opt->wgmma && wide[0] && wide[1] && (q.transA ? m : k) % 8 == 0 &&
+                         (q.transB ? k : n) % 8 == 0 && q.strideA % 8 == 0 && q.strideB % 8 == 0;
+  // fp32 operands with precision tf32 on an sm_90a device: the same kernel on TF32, which reads B
+  // K-major and A K-major or, from registers, M-major: tf32Plan says which operand is first
+  // copied transposed into the scratch (K a multiple of 4: 16-byte rows for TMA).
+  const bool wgmmaTf32 = c.opt->wgmma && c.opt->tf32 && !wide[0] && !wide[1] && k % 4 == 0 && (k + 31) / 32 <= 65535 &&
+                         q.batch <= 65535 &&  // (the transpose kernels' grid)
+                         (c.opt->gemmTile != GemmTile::Auto || c.opt->tf32BLoad != Tf32BLoad::Auto ||  // forced: wherever it can
+                          tf32WgmmaPays(q, c.opt->tf32BLoad));
+  const bool wgmma = wgmmaBf16 || wgmmaTf32;
+  const bool tf32 = !wgmma && (c.opt->tf32 || wide[0] || wide[1]);
+  // The product the kernel computes: TF32 wgmma's from tf32Plan, the node's elsewhere.
+  const Tf32Plan plan = wgmmaTf32 ? tf32Plan(q, c.opt->tf32BLoad) : Tf32Plan{q};
+  const GemmGeometry& pq = plan.product;
+  std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, pq.m, pq.n, k) : chooseGemm(tf32, q.batch, m, n, k);
+  if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
+  if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
+  const GemmVariant v = wgmma ? wgmmaVariant(choice.first, wgmmaTf32) : gemmVariant(tf32, choice.first);
+  // The product kernel's header; a tail split's reduce is the SIMT one's, split-K's is shared.
+  const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : tf32 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";
+  const std::string tailReduceHeader = "kernels/gemm_simt.cuh", splitReduceHeader = "kernels/gemm_common.cuh";
+  const int splits = choice.second;
+  const int64_t tiles = tilesOf(pq.m, pq.n, v.bm, v.bn);
+  const TailSplit tail = !wgmma && !tf32 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
+                             ? chooseTailSplit(tiles, k, v.bm, v.bn, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
+                             : TailSplit{};
+  TemplateVars vars = {{"TAILTILES", ll(tail.tiles)}, {"TAILSPLITS", std::to_string(tail.splits)},
+                       {"M", ll(pq.m)}, {"N", ll(pq.n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
+                       {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
+                       {"TC", plan.swap ? "true" : "false"},
+                       {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
+                       {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
+  NodeKernels nk;
+  // Scratch, in floats: [widened or transposed A][widened or transposed B][split partial sums].
+  // The product reads each operand from the node, or its copy.
+  int64_t scratchFloats = 0;
+  std::string operand[2] = {wgmma ? "map0" : "in0", wgmma ? "map1" : "in1"};
+  std::vector<KernelArg> operandArgs;
+  if (wgmmaTf32) {
+    // Kernel operand i (node input plan.input[i]): K-major rows, `other` rows of K (the product's
+    // M for A, N for B) per batch entry; or A M-major (K rows of M, boxes of 32 × 32, read into
+    // registers); or a K-major copy.
+    for (int i = 0; i < 2; ++i) {
+      const int input = plan.input[i];
+      operand[i] = "map" + std::to_string(input);  // (a map's parameter is named after the input it holds)
+      const int64_t other = i == 0 ? pq.m : pq.n, stride = i == 0 ? pq.strideA : pq.strideB, box = i == 0 ? v.bm : v.bn;
+      if (i == 0 && pq.transA) {
+        operandArgs.push_back({KernelArg::InputTensorMap, input, gemmTensorMap(other, k, q.batch, stride, 32, 4)});
+        continue;
+      }
+      if (i == 1 && plan.transposeB) {  // the pointer, whose type picks the transposing producer
+        operand[i] = "static_cast<const float*>(in" + std::to_string(input) + ")";
+        operandArgs.push_back({KernelArg::Input, input});
+        continue;
+      }
+      const TensorMapSpec map = gemmTensorMap(k, other, q.batch, stride, box, 4);
+      if (!plan.copy[i]) {
+        operandArgs.push_back({KernelArg::InputTensorMap, input, map});
+        continue;
+      }
+      const int64_t copies = stride != 0 ? q.batch : 1;  // stored [copies][K][other]
+      nk.kernels.push_back(finish(c, std::string("transpose_") + (input == 0 ? "a" : "b"), kGemmTranspose,
+                                  {{"R", ll(k)}, {"C", ll(other)}, {"OFFSET", ll(scratchFloats)}, {"INPUT", std::to_string(input)}},
+                                  {static_cast<unsigned>((other + 31) / 32), static_cast<unsigned>((k + 31) / 32),
+                                   static_cast<unsigned>(copies)},
+                                  kThreads, {{KernelArg::Input, input}, {KernelArg::Scratch, 0}}));
+      operandArgs.push_back({KernelArg::ScratchTensorMap, input, map, static_cast<uint64_t>(scratchFloats) * sizeof(float)});
+      scratchFloats += (copies * k * other + 63) / 64 * 64;  // 256-byte aligned, as TMA wants 16
+    }
+  }
+  if (wgmmaBf16) {
+    operandArgs.push_back({KernelArg::InputTensorMap, 0,
+                           q.transA ? gemmTensorMap(m, k, q.batch, q.strideA, 64) : gemmTensorMap(k, m, q.batch, q.strideA, v.bm)});
+    operandArgs.push_back({KernelArg::InputTensorMap, 1,
+                           q.transB ? gemmTensorMap(k, n, q.batch, q.strideB, v.bn) : gemmTensorMap(n, k, q.batch, q.strideB, 64)});
+  }
+  for (int i = 0; i < 2 && !wgmma; ++i) {
+    if (!wide[i]) {
+      operandArgs.push_back({KernelArg::Input, i});
+      continue;
+    }
+    const int64_t count = numel(c.in(i));
+    nk.kernels.push_back(finish(c, std::string("widen_") + (i == 0 ? "a" : "b"), kGemmWiden,
+                                {{"COUNT", ll(count)}, {"OFFSET", ll(scratchFloats)}, {"INPUT", std::to_string(i)}},
+                                {gridFor(count), 1, 1}, kThreads, {{KernelArg::Input, i}, {KernelArg::Scratch, 0}}));
+    operand[i] = "scratch + " + ll(scratchFloats);
+    scratchFloats += (count + 63) / 64 * 64;  // 256-byte aligned: the vector loads want 16
+  }
+  std::vector<KernelArg> epilogueArgs;  // the epilogue's inputs (bias, saved activation) and the outputs
+  for (const KernelArg& a : allArgs(c.n))
+    if (a.kind != KernelArg::Input || a.index >= 2) epilogueArgs.push_back(a);
+  auto join = [](std::vector<KernelArg> a, const std::vector<KernelArg>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<KernelArg> scratchArg{{KernelArg::Scratch, 0}};
+  // The wgmma kernel is persistent: its blocks walk the work items (tiles × batch or splits).
+  const int64_t items = tiles * (splits > 1 ? splits : q.batch);
+  const std::array<unsigned, 3> grid =
+      wgmma ? std::array<unsigned, 3>{static_cast<unsigned>(std::max<int64_t>(std::min<int64_t>(items, int64_t{c.opt->sms} * v.minBlocks), 1)), 1, 1}
+            : std::array<unsigned, 3>{static_cast<unsigned>(std::max<int64_t>(tiles, 1)), 1, static_cast<unsigned>(splits > 1 ? splits : q.batch)};
+  auto problem = [&](const std::string& part, const std::string& reduceHeader = std::string()) {
+    TemplateVars pv = vars;
+    pv["NAME"] = c.kernelName(part);
+    pv["HEADER"] = part == "reduce" ? reduceHeader : header;
+    if (part == "reduce") pv["M"] = ll(m), pv["N"] = ll(n), pv["TC"] = "false";  // the partial sums are laid out as C
+    return fillTemplate(kGemmProblem, pv);
+  };
+  const TemplateVars kernelVars = {{"THREADS", std::to_string(v.threads)}, {"MINBLOCKS", std::to_string(v.minBlocks)},
+                                   {"ALGO", wgmma ? "wgmmaGemm" : tf32 ? "tf32Gemm" : "simtGemm"}, {"CONFIG", v.config},
+                                   {"APTR", operand[0]}, {"BPTR", operand[1]},
+                                   {"SHAREDCHECK", wgmma || tf32 ? std::string()
+                                                                 : "static_assert(pa::gemm::" + v.config + "::kDynamicShared == " +
+                                                                       std::to_string(v.sharedBytes) +
+                                                                       ", \"the launch's dynamic shared memory is the config's\");\n"}};
+  if (tail.splits > 1) {
+    TemplateVars kv = kernelVars;
+    kv["PROBLEM"] = problem("");
+    kv["EPIINIT"] = init;
+    kv["PARTS"] = ll(scratchFloats);
+    kv.erase("ALGO");  // (simtGemmTail)
+    const int64_t blocks = tiles - tail.tiles + tail.tiles * tail.splits;
+    nk.kernels.push_back(finish(c, "", kGemmTail, kv, {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(v.threads),
+                                join(join(operandArgs, epilogueArgs), scratchArg), {header}, v.sharedBytes));
+    const int64_t count = tail.tiles * v.bm * v.bn;
+    TemplateVars rv = {{"PROBLEM", problem("reduce", tailReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"CONFIG", v.config}};
+    nk.kernels.push_back(finish(c, "reduce", kGemmTailReduce, rv, {gridFor(count), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
+                                {tailReduceHeader}));
+    nk.scratchBytes = static_cast<size_t>(scratchFloats + tail.splits * count) * sizeof(float);
+    return nk;
+  }
+  if (splits == 1) {
+    TemplateVars kv = kernelVars;
+    kv["PROBLEM"] = problem("");
+    kv["EPIINIT"] = init;
+    const std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
+    nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {header}, v.sharedBytes));
+    nk.scratchBytes = static_cast<size_t>(scratchFloats) * sizeof(float);
+    return nk;
+  }
+  TemplateVars kv = kernelVars;
+  kv["PROBLEM"] = problem("split");
+  kv["PARTS"] = ll(scratchFloats);
+  nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), join(operandArgs, scratchArg),
+                              {header}, v.sharedBytes));
+  TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}};
+  nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
+                              {splitReduceHeader}));
+  nk.scratchBytes = static_cast<size_t>(scratchFloats + splits * m * n) * sizeof(float);
+  return nk;
+}
+
+// A MatMul-shaped node (transpose_a/transpose_b, batched or shared operands) as one GEMM.
+GemmGeometry matmulGeometry(const Ctx& c) {
+  const Shape& a = c.in(0);
+  const Shape& b = c.in(1);
+  GemmGeometry q;
+  q.transA = c.n.attrs.getBool("transpose_a", false);
+  q.transB = c.n.attrs.getBool("transpose_b", false);
+  q.m = q.transA ? a[a.size() - 1] : a[a.size() - 2];
+  q.k = q.transA ? a[a.size() - 2] : a[a.size() - 1];
+  q.n = q.transB ? b[b.size() - 2] : b[b.size() - 1];
+  const int64_t batchA = numel(llvm::ArrayRef<int64_t>(a.data(), a.size() - 2));
+  const int64_t batchB = numel(llvm::ArrayRef<int64_t>(b.data(), b.size() - 2));
+  if (a.size() > 2 && b.size() == 2 && !q.transA) {  // a batch of row blocks times one shared matrix: one taller GEMM
+    q.m *= batchA;
+    return q;
+  }
+  q.batch = std::max(batchA, batchB);
+  q.strideA = a.size() > 2 ? q.m * q.k : 0;
+  q.strideB = b.size() > 2 ? q.k * q.n : 0;
+  return q;
+}
+
+GemmGeometry fusedLinearGeometry(const Ctx& c) {
+  const Shape& x = c.in(0);
+  const Shape& w = c.in(1);
+  GemmGeometry q;
+  q.transB = c.n.attrs.getBool("transpose_w", false);
+  q.k = x.back();
+  q.n = q.transB ? w[0] : w[1];
+  q.m = numel(x) / std::max<int64_t>(q.k, 1);
+  return q;
+}
+
+}  // namespace
+
+NodeKernels emitMatMul(const Ctx& c) { return gemm(c, matmulGeometry(c), "", "", ""); }
+
+// The matmul with ReluGrad/GeluGrad's formula as its epilogue (x: the saved activation input).
+NodeKernels emitMatMulActGrad(const Ctx& c) {
+  const std::string members = "  " + argType(c.inType(2), false) + " x;\n", init = "  epilogue.x = in2;\n";
+  const std::string epi =
+      "    { const float s = x[i];\n      v = " + activationGradOf(c.n.attrs.getString("activation", "relu"), "v", "s") + "; }\n";
+  return gemm(c, matmulGeometry(c), epi, members, init);
+}
+
+NodeKernels emitFusedLinear(const Ctx& c) {
+  const GemmGeometry q = fusedLinearGeometry(c);
+  const std::string act = c.n.attrs.getString("activation", "none");
+  // The epilogue functor: bias by column, GELU's input saved to out1 (its gradient reads it).
+  std::string epi, members, init;
+  if (c.n.inputs.size() == 3) {
+    members += "  " + argType(c.inType(2), false) + " bias;\n";
+    init += "  epilogue.bias = in2;\n";
+    epi += "    v += bias[n];\n";
+  }
+  if (act == "gelu") {
+    members += "  " + argType(c.outType(1), true) + " pre;\n";
+    init += "  epilogue.pre = out1;\n";
+    epi += "    pre[i] = v;\n    v = " + geluOf("v") + ";\n";
+  }
+  if (act == "relu") epi += "    v = fmaxf(v, 0.0f);\n";
+  return gemm(c, q, epi, members, init);
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+// Note on library GEMMs. cuBLASLt computes the product and, where it can, the bias and ReLU;
+// its GELU is the tanh approximation, not the erf form the graph means, so GELU and the
+// activation derivatives of matmul-act-grad run here as one elementwise pass over its result.
+LibraryGemm libraryGemmOf(const Graph& g, NodeId id) {
+  const Node& n = g.node(id);
+  const Ctx c{g, n};
+  LibraryGemm lg;
+  switch (n.op) {
+  case OpKind::MatMul:
+  case OpKind::MatMulActGrad: lg.geometry = matmulGeometry(c); break;
+  case OpKind::FusedLinear: {
+    lg.geometry = fusedLinearGeometry(c);
+    lg.bias = n.inputs.size() == 3;
+    const std::string act = n.attrs.getString("activation", "none");
+    lg.relu = act == "relu";
+    lg.output = act == "gelu" ? 1 : 0;  // the saved pre-activation; out0 = GELU(out1) afterwards
+    break;
+  }
+  default: return lg;
+  }
+  lg.supported = true;
+  return lg;
+}
+
+NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, bool libraryRelu) {
+  const Node& n = g.node(id);
+  const Ctx c{g, n};
+  const LibraryGemm lg = libraryGemmOf(g, id);
+  assert(lg.supported);
+  const int64_t count = numel(c.out(0));
+  std::string body;
+  std::vector<KernelArg> args;
+  if (n.op == OpKind::MatMulActGrad) {
+    body = "    const float s = in2[i];\n    out0[i] = " + activationGradOf(n.attrs.getString("activation", "relu"), "v", "s") + ";\n";
+    args = {{KernelArg::Input, 2}, {KernelArg::Output, 0}};
+  } else if (n.op == OpKind::FusedLinear) {
+    const bool gelu = lg.output == 1;
+    const bool addBias = lg.bias && !libraryBias, relu = lg.relu && !libraryRelu;
+    if (!gelu && !addBias && !relu) return {};
+    if (addBias) {
+      body += "    v += in2[i % " + ll(lg.geometry.n) + "];\n";
+      args.push_back({KernelArg::Input, 2});
+    }
+    if (gelu) {
+      if (addBias) body += "    out1[i] = v;\n";
+      body += "    out0[i] = " + geluOf("v") + ";\n";
+      args.push_back({KernelArg::Output, 0});
+      args.push_back({KernelArg::Output, 1});
+    } else {
+      body += relu ? "    out0[i] = fmaxf(v, 0.0f);\n" : "    out0[i] = v;\n";
+      args.push_back({KernelArg::Output, 0});
+    }
+  } else {
+    return {};  // MatMul: the product is the result
+  }
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "epilogue", kLibraryEpilogue,
+                              {{"COUNT", ll(count)}, {"SOURCE", "out" + std::to_string(lg.output)}, {"BODY", body}},
+                              {gridFor(count), 1, 1}, kThreads, args));
+  return nk;
+}
+
+NodeKernels libraryGemmTransposeB(const Graph& g, NodeId id) {
+  const Node& n = g.node(id);
+  const Ctx c{g, n};
+  const LibraryGemm lg = libraryGemmOf(g, id);
+  assert(lg.supported && lg.geometry.transB && lg.geometry.batch == 1);
+  const int64_t nn = lg.geometry.n, k = lg.geometry.k;
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "transpose_b", kGemmTranspose, {{"R", ll(nn)}, {"C", ll(k)}, {"OFFSET", "0"}, {"INPUT", "1"}},
+                              {static_cast<unsigned>((k + 31) / 32), static_cast<unsigned>((nn + 31) / 32), 1}, kThreads,
+                              {{KernelArg::Input, 1}, {KernelArg::Scratch, 0}}));
+  nk.scratchBytes = static_cast<size_t>(nn * k) * sizeof(float);
+  return nk;
+}
+
+}  // namespace pa::codegen

@@ -1,0 +1,61 @@
+// Private to the emitters (codegen/emit*.cpp): the node being emitted, number formatting, and the
+// assembly of a kernel from a template (header comment, parameter list, launch).
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "codegen/emit.h"
+#include "codegen/template.h"
+
+namespace pa::codegen::detail {
+
+// Threads of every one-dimensional generated kernel (elementwise, gather, reductions, epilogues).
+constexpr unsigned kThreads = 256;
+
+inline const EmitOptions kDefaultOptions{};
+
+// A float literal (infinities as bit patterns), an int64 literal.
+std::string num(double v);
+std::string ll(int64_t v);
+// GELU (the erf form) of the expression `x`.
+std::string geluOf(const std::string& x);
+// dy ⊙ act′(x) for act relu | gelu (ReluGrad, GeluGrad, matmul-act-grad's epilogues); `x` is
+// read more than once, so it should name a value.
+std::string activationGradOf(const std::string& act, const std::string& dy, const std::string& x);
+// `s` with every character that is not a letter or digit replaced by '_'.
+std::string sanitize(const std::string& s);
+
+struct Ctx {
+  const Graph& g;
+  const Node& n;
+  const EmitOptions* opt = &kDefaultOptions;
+  const Shape& in(int i) const { return g.shape(n.inputs[static_cast<size_t>(i)]); }
+  const Shape& out(int i = 0) const { return g.shape(n.outputs[static_cast<size_t>(i)]); }
+  DType inType(int i) const { return g.value(n.inputs[static_cast<size_t>(i)]).type.dtype; }
+  DType outType(int i = 0) const { return g.value(n.outputs[static_cast<size_t>(i)]).type.dtype; }
+  std::string kernelName(const std::string& part = "") const {
+    return "k" + std::to_string(n.id) + "_" + sanitize(opName(n.op)) + opt->kernelSuffix + (part.empty() ? "" : "_" + part);
+  }
+};
+
+// The C type of a kernel argument, or of an epilogue member holding one, by the value's
+// storage type: a pointer for fp32, a bf16 view of kernels/storage.cuh for bf16.
+std::string argType(DType t, bool output);
+
+// Assembles a kernel: header comment, body from `tpl` with `vars`, launch and arguments.
+Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, TemplateVars vars, std::array<unsigned, 3> grid,
+              unsigned block, std::vector<KernelArg> args, std::vector<std::string> headers = {}, unsigned smem = 0);
+
+// Blocks of kThreads for `work` items, grid-stride beyond 65535·8.
+unsigned gridFor(int64_t work);
+// Every input, then every output, of the node, as pointers.
+std::vector<KernelArg> allArgs(const Node& n);
+
+// The per-op emitters, one per op of graph/ops.def, defined in the family files
+// (emit_pointwise.cpp, emit_gemm.cpp, emit_flash.cpp).
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) NodeKernels emit##Name(const Ctx& c);
+#include "graph/ops.def"
+
+}  // namespace pa::codegen::detail

@@ -1,0 +1,115 @@
+// The emitters' shared helpers: number literals, activation formulas, and the assembly of a
+// kernel (header comment naming its node and launch, parameter list, bf16 views).
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+#include "codegen/emit_internal.h"
+
+namespace pa::codegen::detail {
+
+namespace {
+
+const char* kHeader = R"(// PureAttention generated kernel ${NAME}
+// implements node '${NODE}' (${OP}) of the training graph
+// launch: grid (${GX}, ${GY}, ${GZ}), block (${BX}, 1, 1), dynamic shared memory ${SMEM} bytes
+// arguments: ${ARGDOC}
+)";
+
+}  // namespace
+
+std::string num(double v) {
+  if (std::isinf(v)) return v < 0 ? "(-__int_as_float(0x7f800000))" : "__int_as_float(0x7f800000)";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9gf", v);
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos) s.insert(s.size() - 1, ".0");
+  return s;
+}
+std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+std::string geluOf(const std::string& x) { return "0.5f * " + x + " * (1.0f + erff(" + x + " * 0.70710678118654752f))"; }
+std::string activationGradOf(const std::string& act, const std::string& dy, const std::string& x) {
+  if (act == "gelu")
+    return dy + " * (0.5f * (1.0f + erff(" + x + " * 0.70710678118654752f)) + " + x + " * 0.39894228040143268f * expf(-0.5f * " + x +
+           " * " + x + "))";
+  return "(" + x + " > 0.0f ? " + dy + " : 0.0f)";
+}
+
+std::string sanitize(const std::string& s) {
+  std::string r;
+  for (char c : s) r += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return r;
+}
+
+std::string argType(DType t, bool output) {
+  switch (t) {
+  case DType::F32: return output ? "float* __restrict__" : "const float* __restrict__";
+  case DType::BF16: return output ? "pa_bf16_out" : "pa_bf16_in";
+  default: throw std::invalid_argument(std::string("the CUDA backend stores no ") + dtypeName(t) + " values");
+  }
+}
+
+Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, TemplateVars vars, std::array<unsigned, 3> grid,
+              unsigned block, std::vector<KernelArg> args, std::vector<std::string> headers, unsigned smem) {
+  Kernel k;
+  k.name = c.kernelName(part);
+  k.grid = grid;
+  k.block = {block, 1, 1};
+  k.sharedBytes = smem;
+  k.args = std::move(args);
+  k.headers = std::move(headers);
+  std::string params, doc;
+  bool bf16 = false;
+  for (const KernelArg& a : k.args) {
+    const std::string sep = params.empty() ? "" : ", ";
+    if (a.kind == KernelArg::Scratch) {
+      params += sep + "float* __restrict__ scratch";
+      doc += sep + "scratch";
+      continue;
+    }
+    if (a.kind == KernelArg::InputTensorMap || a.kind == KernelArg::ScratchTensorMap) {
+      const std::string name = "map" + std::to_string(a.index);
+      const std::string of = c.g.value(c.n.inputs[static_cast<size_t>(a.index)]).name;
+      params += sep + "const __grid_constant__ pa::sm90::TensorMap " + name;
+      doc += sep + name + " = TMA map of " + (a.kind == KernelArg::InputTensorMap ? of : of + " transposed, in scratch") +
+             (a.map.elementBytes == 2 ? " (bf16)" : "");
+      continue;
+    }
+    const bool output = a.kind == KernelArg::Output;
+    const std::string name = (output ? "out" : "in") + std::to_string(a.index);
+    const Value& v = c.g.value(output ? c.n.outputs[static_cast<size_t>(a.index)] : c.n.inputs[static_cast<size_t>(a.index)]);
+    params += sep + argType(v.type.dtype, output) + " " + name;
+    doc += sep + name + " = " + v.name + (v.type.dtype == DType::F32 ? "" : " (bf16)");
+    bf16 |= v.type.dtype == DType::BF16;
+  }
+  // The bf16 views; the GEMM headers (kernels/gemm_*.cuh) include them themselves.
+  const bool includeStorage = bf16 && std::none_of(k.headers.begin(), k.headers.end(), [](const std::string& h) {
+                                return h.rfind("kernels/gemm_", 0) == 0;
+                              });
+  if (includeStorage) k.headers.push_back("kernels/storage.cuh");
+  vars["NAME"] = k.name;
+  vars["PARAMS"] = params;
+  k.source = fillTemplate(kHeader, {{"NAME", k.name}, {"NODE", c.n.name}, {"OP", opName(c.n.op)},
+                                    {"GX", std::to_string(grid[0])}, {"GY", std::to_string(grid[1])},
+                                    {"GZ", std::to_string(grid[2])}, {"BX", std::to_string(block)},
+                                    {"SMEM", std::to_string(smem)}, {"ARGDOC", doc}}) +
+             (includeStorage ? "#include \"kernels/storage.cuh\"\n" : "") +
+             fillTemplate(tpl, vars);
+  return k;
+}
+
+unsigned gridFor(int64_t work) {
+  const int64_t blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535 * 8)));
+}
+
+std::vector<KernelArg> allArgs(const Node& n) {
+  std::vector<KernelArg> a;
+  for (size_t i = 0; i < n.inputs.size(); ++i) a.push_back({KernelArg::Input, static_cast<int>(i)});
+  for (size_t i = 0; i < n.outputs.size(); ++i) a.push_back({KernelArg::Output, static_cast<int>(i)});
+  return a;
+}
+
+}  // namespace pa::codegen::detail

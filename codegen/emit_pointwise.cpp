@@ -1,0 +1,327 @@
+// Emitters of the pointwise families: elementwise and fused-elementwise expressions, gathers
+// (Permute, Reshape, RepeatHeads), reductions (Sum, Mean, SumTo), softmax rows and their
+// gradients, the attention mask and the MSE loss. A thread per output element (or row) unless
+// noted; shapes are compile-time constants of the source.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+#include "codegen/emit_internal.h"
+#include "codegen/templates/pointwise.h"
+#include "graph/elementwise_expr.h"
+#include "graph/node_attrs.h"
+
+namespace pa::codegen::detail {
+
+using namespace templates;
+
+namespace {
+
+// ---- elementwise -------------------------------------------------------------------------
+
+// The C expression of one expression node over temporaries t<i>.
+std::string exprCode(const ExprNode& x) {
+  auto t = [&](int i) { return "t" + std::to_string(x.args[static_cast<size_t>(i)]); };
+  switch (x.op) {
+  case OpKind::Add: return t(0) + " + " + t(1);
+  case OpKind::Sub: return t(0) + " - " + t(1);
+  case OpKind::Mul: return t(0) + " * " + t(1);
+  case OpKind::Div: return t(0) + " / " + t(1);
+  case OpKind::Scale: return t(0) + " * " + num(x.value);
+  case OpKind::Relu: return "fmaxf(" + t(0) + ", 0.0f)";
+  case OpKind::Gelu: return geluOf(t(0));
+  case OpKind::Tanh: return "tanhf(" + t(0) + ")";
+  case OpKind::Sigmoid: return "1.0f / (1.0f + expf(-" + t(0) + "))";
+  case OpKind::Exp: return "expf(" + t(0) + ")";
+  case OpKind::BroadcastTo: return t(0);
+  case OpKind::Cast: return t(0);  // the store rounds to the output's dtype
+  case OpKind::ReluGrad: return activationGradOf("relu", t(0), t(1));
+  case OpKind::GeluGrad: return activationGradOf("gelu", t(0), t(1));
+  case OpKind::TanhGrad: return t(0) + " * (1.0f - " + t(1) + " * " + t(1) + ")";
+  case OpKind::SigmoidGrad: return t(0) + " * " + t(1) + " * (1.0f - " + t(1) + ")";
+  default: throw std::logic_error(std::string("no expression code for op ") + opName(x.op));
+  }
+}
+
+NodeKernels elementwise(const Ctx& c, const Expr& e) {
+  const Shape& out = c.out();
+  const int64_t count = numel(out);
+  // Offsets of inputs whose shape differs from the output's: decompose idx once per element.
+  std::string offsets;
+  std::vector<bool> direct(c.n.inputs.size());
+  bool anyBroadcast = false;
+  for (size_t i = 0; i < c.n.inputs.size(); ++i) {
+    direct[i] = c.in(static_cast<int>(i)) == out;
+    anyBroadcast |= !direct[i];
+  }
+  if (anyBroadcast) {
+    offsets += "    long long rem = idx;\n";
+    for (size_t i = 0; i < c.n.inputs.size(); ++i)
+      if (!direct[i]) offsets += "    long long o" + std::to_string(i) + " = 0;\n";
+    for (int d = static_cast<int>(out.size()) - 1; d >= 0; --d) {
+      offsets += "    { const long long q = rem % " + ll(out[static_cast<size_t>(d)]) + "; rem /= " + ll(out[static_cast<size_t>(d)]) + ";";
+      for (size_t i = 0; i < c.n.inputs.size(); ++i) {
+        if (direct[i]) continue;
+        const Shape& s = c.in(static_cast<int>(i));
+        const Shape st = contiguousStrides(s);
+        const int off = d - static_cast<int>(out.size() - s.size());
+        if (off < 0 || s[static_cast<size_t>(off)] == 1) continue;
+        offsets += " o" + std::to_string(i) + " += q * " + ll(st[static_cast<size_t>(off)]) + ";";
+      }
+      offsets += " }\n";
+    }
+  }
+  std::string body;
+  for (size_t i = 0; i < e.nodes.size(); ++i) {
+    const ExprNode& x = e.nodes[i];
+    std::string v;
+    if (x.op == OpKind::Input)
+      v = "in" + std::to_string(x.input) + "[" + (direct[static_cast<size_t>(x.input)] ? std::string("idx") : "o" + std::to_string(x.input)) + "]";
+    else
+      v = exprCode(x);
+    body += "    const float t" + std::to_string(i) + " = " + v + ";\n";
+  }
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "", kElementwise,
+                              {{"COUNT", ll(count)}, {"OFFSETS", offsets}, {"BODY", body},
+                               {"RESULT", std::to_string(e.nodes.size() - 1)}},
+                              {gridFor(count), 1, 1}, kThreads, allArgs(c.n)));
+  return nk;
+}
+
+// A one-op expression over the node's own inputs.
+NodeKernels primitive(const Ctx& c) {
+  Expr e;
+  for (size_t i = 0; i < c.n.inputs.size(); ++i) {
+    ExprNode leaf;
+    leaf.input = static_cast<int>(i);
+    e.nodes.push_back(leaf);
+  }
+  ExprNode op;
+  op.op = c.n.op;
+  op.value = c.n.attrs.getFloat("value", 0.0);
+  for (size_t i = 0; i < c.n.inputs.size(); ++i) op.args.push_back(static_cast<int>(i));
+  e.nodes.push_back(op);
+  return elementwise(c, e);
+}
+
+// ---- gather ------------------------------------------------------------------------------
+
+// out[idx] = in[Σ_d (coord_d / div_d) · stride_d] over the output's extents.
+NodeKernels gather(const Ctx& c, const std::vector<int64_t>& extents, const std::vector<int64_t>& divs,
+                   const std::vector<int64_t>& strides) {
+  std::string terms;
+  for (int d = static_cast<int>(extents.size()) - 1; d >= 0; --d) {
+    const size_t u = static_cast<size_t>(d);
+    terms += "    { const long long q = rem % " + ll(extents[u]) + "; rem /= " + ll(extents[u]) + "; src += " +
+             (divs[u] == 1 ? std::string("q") : "(q / " + ll(divs[u]) + ")") + " * " + ll(strides[u]) + "; }\n";
+  }
+  const int64_t count = numel(c.out());
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "", kGather, {{"COUNT", ll(count)}, {"TERMS", terms}}, {gridFor(count), 1, 1}, kThreads,
+                              allArgs(c.n)));
+  return nk;
+}
+
+// ---- reductions --------------------------------------------------------------------------
+
+// Note on the split reduction. A thread per output is fine when there are many outputs, but a
+// bias gradient sums a [8192, 1024] tensor into 1024 outputs: four blocks, each thread walking
+// 8192 values. When the outputs alone cannot fill the device, the reduced range is cut into
+// P parts: a first kernel gives each (32 outputs × part) a block of 32×8 threads (lanes on
+// consecutive outputs, so the loads coalesce when the kept axis is the inner one) that writes
+// the part's double sum to scratch; a second adds the P parts of each output in order. Both
+// orders are fixed, so the result is deterministic, and every sum is in double as before.
+// Sums the input over the axes marked in `reduced` (the output keeps the others, in order).
+NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor) {
+  const Shape& x = c.in(0);
+  const Shape st = contiguousStrides(x);
+  std::string kept, red;
+  int64_t outCount = 1, redCount = 1;
+  for (int d = static_cast<int>(x.size()) - 1; d >= 0; --d) {
+    const size_t u = static_cast<size_t>(d);
+    if (reduced[u]) {
+      red += "      { const long long q = rr % " + ll(x[u]) + "; rr /= " + ll(x[u]) + "; off += q * " + ll(st[u]) + "; }\n";
+      redCount *= x[u];
+    } else {
+      kept += "    { const long long q = rem % " + ll(x[u]) + "; rem /= " + ll(x[u]) + "; base += q * " + ll(st[u]) + "; }\n";
+      outCount *= x[u];
+    }
+  }
+  char f[40];
+  std::snprintf(f, sizeof f, "%.17g", factor);
+  NodeKernels nk;
+  // Split when the outputs give fewer than ~64K threads and each would walk over 256 values.
+  constexpr int64_t kWantThreads = 65536, kMinChunk = 256;
+  if (outCount < kWantThreads && redCount > kMinChunk) {
+    const int64_t outBlocks = (outCount + 31) / 32;
+    const int64_t wantParts = std::max<int64_t>(1, kWantThreads / 256 / outBlocks);
+    const int64_t parts = std::min(wantParts, (redCount + kMinChunk - 1) / kMinChunk);
+    const int64_t chunk = (redCount + parts - 1) / parts;
+    const int64_t used = (redCount + chunk - 1) / chunk;
+    nk.kernels.push_back(finish(c, "partial", kReducePartial,
+                                {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
+                                 {"CHUNK", ll(chunk)}},
+                                {static_cast<unsigned>(outBlocks), static_cast<unsigned>(used), 1}, kThreads,
+                                {{KernelArg::Input, 0}, {KernelArg::Scratch, 0}}));
+    nk.kernels.push_back(finish(c, "final", kReduceFinal, {{"OUTCOUNT", ll(outCount)}, {"PARTS", ll(used)}, {"FACTOR", f}},
+                                {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Output, 0}, {KernelArg::Scratch, 0}}));
+    nk.scratchBytes = static_cast<size_t>(used * outCount) * sizeof(double);
+    return nk;
+  }
+  nk.kernels.push_back(finish(c, "", kReduce,
+                              {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
+                               {"FACTOR", f}},
+                              {gridFor(outCount), 1, 1}, kThreads, allArgs(c.n)));
+  return nk;
+}
+
+// ---- softmax rows ------------------------------------------------------------------------
+
+NodeKernels softmaxGradRows(const Ctx& c, const std::string& finishCode) {
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
+  const int64_t rows = r.outer * r.inner;
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "", kSoftmaxGrad,
+                              {{"ROWS", ll(rows)}, {"LEN", ll(r.len)}, {"INNER", ll(r.inner)}, {"FINISH", finishCode}},
+                              {gridFor(rows), 1, 1}, kThreads, allArgs(c.n)));
+  return nk;
+}
+
+}  // namespace
+
+// ---- per-op emitters ---------------------------------------------------------------------
+
+NodeKernels emitInput(const Ctx&) { return {}; }
+NodeKernels emitParam(const Ctx&) { return {}; }
+NodeKernels emitConstant(const Ctx&) { return {}; }
+
+NodeKernels emitAdd(const Ctx& c) { return primitive(c); }
+NodeKernels emitSub(const Ctx& c) { return primitive(c); }
+NodeKernels emitMul(const Ctx& c) { return primitive(c); }
+NodeKernels emitDiv(const Ctx& c) { return primitive(c); }
+NodeKernels emitScale(const Ctx& c) { return primitive(c); }
+NodeKernels emitCast(const Ctx& c) { return primitive(c); }
+NodeKernels emitRelu(const Ctx& c) { return primitive(c); }
+NodeKernels emitGelu(const Ctx& c) { return primitive(c); }
+NodeKernels emitTanh(const Ctx& c) { return primitive(c); }
+NodeKernels emitSigmoid(const Ctx& c) { return primitive(c); }
+NodeKernels emitExp(const Ctx& c) { return primitive(c); }
+NodeKernels emitBroadcastTo(const Ctx& c) { return primitive(c); }
+NodeKernels emitReluGrad(const Ctx& c) { return primitive(c); }
+NodeKernels emitGeluGrad(const Ctx& c) { return primitive(c); }
+NodeKernels emitTanhGrad(const Ctx& c) { return primitive(c); }
+NodeKernels emitSigmoidGrad(const Ctx& c) { return primitive(c); }
+NodeKernels emitFusedElementwise(const Ctx& c) { return elementwise(c, parseExpr(c.n.attrs.getString("expr", ""))); }
+
+NodeKernels emitSoftmax(const Ctx& c) {
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
+  std::string sink = "-__int_as_float(0x7f800000)";
+  if (c.n.inputs.size() == 2) {
+    // The sink's offset for this row: its broadcast strides over the kept (outer, inner) index.
+    Shape keep = c.in(0);
+    keep[static_cast<size_t>(normaliseAxis(c.n.attrs.getInt("axis", -1), keep.size()))] = 1;
+    const Shape& s = c.in(1);
+    const Shape st = contiguousStrides(s);
+    std::string off = "0LL";
+    int64_t div = 1;
+    for (int d = static_cast<int>(keep.size()) - 1; d >= 0; --d) {
+      const int sd = d - static_cast<int>(keep.size() - s.size());
+      if (keep[static_cast<size_t>(d)] == 1) continue;
+      if (sd >= 0 && s[static_cast<size_t>(sd)] != 1)
+        off += " + ((row / " + ll(div) + ") % " + ll(keep[static_cast<size_t>(d)]) + ") * " + ll(st[static_cast<size_t>(sd)]);
+      div *= keep[static_cast<size_t>(d)];
+    }
+    sink = "in1[" + off + "]";
+  }
+  const int64_t rows = r.outer * r.inner;
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "", kSoftmax,
+                              {{"ROWS", ll(rows)}, {"LEN", ll(r.len)}, {"INNER", ll(r.inner)}, {"SINK", sink}},
+                              {gridFor(rows), 1, 1}, kThreads, allArgs(c.n)));
+  return nk;
+}
+
+NodeKernels emitSoftmaxGrad(const Ctx& c) {
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
+  return softmaxGradRows(c, "  (void)mass;\n  for (long long j = 0; j < " + ll(r.len) + "; ++j) {\n    const long long e = base + j * " +
+                                ll(r.inner) + ";\n    out0[e] = (float)(in1[e] * (in0[e] - dot));\n  }\n");
+}
+NodeKernels emitSoftmaxSinkGrad(const Ctx&c) { return softmaxGradRows(c, "  out0[row] = (float)(-(1.0 - mass) * dot);\n"); }
+
+NodeKernels emitPermute(const Ctx& c) {
+  const Shape& x = c.in(0);
+  const Shape st = contiguousStrides(x);
+  const std::vector<int64_t> perm = c.n.attrs.getInts("perm");
+  std::vector<int64_t> ext, div, stride;
+  for (int64_t p : perm) {
+    ext.push_back(x[static_cast<size_t>(p)]);
+    div.push_back(1);
+    stride.push_back(st[static_cast<size_t>(p)]);
+  }
+  return gather(c, ext, div, stride);
+}
+
+NodeKernels emitReshape(const Ctx& c) {
+  const int64_t n = numel(c.out());
+  return gather(c, {n}, {1}, {1});
+}
+
+NodeKernels emitRepeatHeads(const Ctx& c) {
+  const Shape& x = c.in(0);
+  const Shape st = contiguousStrides(x);
+  const int axis = normaliseAxis(c.n.attrs.getInt("axis", 1), x.size());
+  std::vector<int64_t> ext(c.out().begin(), c.out().end()), div(x.size(), 1), stride(st.begin(), st.end());
+  div[static_cast<size_t>(axis)] = c.n.attrs.getInt("repeats", 1);  // output head h reads input head h / repeats
+  return gather(c, ext, div, stride);
+}
+
+NodeKernels emitSum(const Ctx& c) { return reduce(c, reducedAxes(c.n, c.in(0)), 1.0); }
+NodeKernels emitMean(const Ctx& c) {
+  const std::vector<bool> r = reducedAxes(c.n, c.in(0));
+  int64_t count = 1;
+  for (size_t d = 0; d < r.size(); ++d) count *= r[d] ? c.in(0)[d] : 1;
+  return reduce(c, r, count ? 1.0 / static_cast<double>(count) : 0.0);
+}
+NodeKernels emitSumTo(const Ctx& c) {
+  return reduce(c, sumToReducedAxes(c.in(0), c.out()), 1.0);
+}
+
+NodeKernels emitAttentionMask(const Ctx& c) {
+  const Shape& x = c.in(0);
+  const int64_t count = numel(x);
+  const AttrMap& a = c.n.attrs;
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "", kMask,
+                              {{"CAUSAL", a.getBool("causal", false) ? "1" : "0"},
+                               {"BR", a.getString("align", "top-left") == "bottom-right" ? "1" : "0"},
+                               {"LEFT", std::to_string(a.getInt("window_left", -1))},
+                               {"RIGHT", std::to_string(a.getInt("window_right", -1))},
+                               {"SINKS", std::to_string(a.getInt("sinks", 0))}, {"COUNT", ll(count)},
+                               {"QLEN", ll(x[x.size() - 2])}, {"KLEN", ll(x[x.size() - 1])},
+                               {"FILL", num(a.getFloat("fill", -INFINITY))}},
+                              {gridFor(count), 1, 1}, kThreads, allArgs(c.n), {"common/attention_mask.h"}));
+  return nk;
+}
+
+NodeKernels emitMseLoss(const Ctx& c) {
+  const int64_t n = numel(c.in(0));
+  const std::string denom = std::to_string(std::max<int64_t>(n, 1)) + ".0";
+  NodeKernels nk;
+  constexpr int64_t kSplitAbove = 65536, kChunk = 8192;
+  if (n > kSplitAbove) {
+    const int64_t parts = (n + kChunk - 1) / kChunk;
+    nk.kernels.push_back(finish(c, "partial", kMsePartial, {{"COUNT", ll(n)}, {"CHUNK", ll(kChunk)}},
+                                {static_cast<unsigned>(parts), 1, 1}, kThreads,
+                                {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Scratch, 0}}));
+    nk.kernels.push_back(finish(c, "final", kMseFinal, {{"PARTS", ll(parts)}, {"DENOM", denom}}, {1, 1, 1}, kThreads,
+                                {{KernelArg::Output, 0}, {KernelArg::Scratch, 0}}));
+    nk.scratchBytes = static_cast<size_t>(parts) * sizeof(double);
+    return nk;
+  }
+  nk.kernels.push_back(finish(c, "", kMse, {{"COUNT", ll(n)}, {"DENOM", denom}}, {1, 1, 1}, 1024, allArgs(c.n)));
+  return nk;
+}
+
+}  // namespace pa::codegen::detail

@@ -1,0 +1,199 @@
+// Kernel templates of the pointwise, gather, reduction, softmax, mask and MSE emitters
+// (codegen/emit_pointwise.cpp); ${NAME} and ${PARAMS} are filled by codegen/emit_kernel.cpp's finish().
+#pragma once
+
+namespace pa::codegen::templates {
+
+// One thread per output element (grid-stride): the expression over temporaries t<i>; inputs
+// broadcast against the output read at offsets o<i> (codegen/emit_pointwise.cpp, elementwise).
+inline constexpr const char* kElementwise = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
+${OFFSETS}${BODY}    out0[idx] = t${RESULT};
+  }
+}
+)";
+
+// out[idx] = in0[src], src from the output index term by term (Permute, Reshape, RepeatHeads).
+inline constexpr const char* kGather = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
+    long long rem = idx, src = 0;
+${TERMS}    out0[idx] = in0[src];
+  }
+}
+)";
+
+// A thread per output element, double accumulation over the reduced axes (Sum, Mean, SumTo).
+inline constexpr const char* kReduce = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${OUTCOUNT}; idx += (long long)gridDim.x * 256) {
+    long long rem = idx, base = 0;
+${KEPT}    double acc = 0.0;
+    for (long long r = 0; r < ${REDCOUNT}; ++r) {
+      long long rr = r, off = base;
+${REDUCED}      acc += (double)in0[off];
+    }
+    out0[idx] = (float)(acc * ${FACTOR});
+  }
+}
+)";
+
+// The split reduction's first kernel (see "Note on the split reduction" in emit_pointwise.cpp):
+// a block of 32 outputs × 8 threads sums one part of the reduced range into scratch, in double.
+inline constexpr const char* kReducePartial = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  __shared__ double red[8][32];
+  const int lane = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const long long idx = (long long)blockIdx.x * 32 + lane, part = blockIdx.y;
+  double acc = 0.0;
+  if (idx < ${OUTCOUNT}) {
+    long long rem = idx, base = 0;
+${KEPT}    const long long r0 = part * ${CHUNK}, r1 = min(r0 + ${CHUNK}, ${REDCOUNT});
+    for (long long r = r0 + ty; r < r1; r += 8) {
+      long long rr = r, off = base;
+${REDUCED}      acc += (double)in0[off];
+    }
+  }
+  red[ty][lane] = acc;
+  __syncthreads();
+  if (ty == 0 && idx < ${OUTCOUNT}) {
+    double s = 0.0;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) s += red[t][lane];
+    ((double*)scratch)[part * ${OUTCOUNT} + idx] = s;
+  }
+}
+)";
+
+// The split reduction's second kernel: each output adds its parts in order.
+inline constexpr const char* kReduceFinal = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
+  if (idx >= ${OUTCOUNT}) return;
+  double s = 0.0;
+  for (long long p = 0; p < ${PARTS}; ++p) s += ((const double*)scratch)[p * ${OUTCOUNT} + idx];
+  out0[idx] = (float)(s * ${FACTOR});
+}
+)";
+
+// Softmax: a thread per row (optional sink logit joins the normaliser, never the output).
+inline constexpr const char* kSoftmax = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  const long long row = (long long)blockIdx.x * 256 + threadIdx.x;
+  if (row >= ${ROWS}) return;
+  const long long o = row / ${INNER}, i = row % ${INNER};
+  const auto x = in0 + o * ${LEN} * ${INNER} + i;
+  const auto y = out0 + o * ${LEN} * ${INNER} + i;
+  const float ninf = -__int_as_float(0x7f800000);
+  const float s = ${SINK};
+  float m = s;
+  for (long long j = 0; j < ${LEN}; ++j) m = fmaxf(m, x[j * ${INNER}]);
+  if (m == ninf) {  // every logit masked and no sink: zeros, never NaN
+    for (long long j = 0; j < ${LEN}; ++j) y[j * ${INNER}] = 0.0f;
+    return;
+  }
+  double sum = s == ninf ? 0.0 : (double)expf(s - m);
+  for (long long j = 0; j < ${LEN}; ++j) {
+    const float v = x[j * ${INNER}];
+    sum += v == ninf ? 0.0f : expf(v - m);
+  }
+  // The exponentials again rather than stored and rescaled: one rounding of each result.
+  const float inv = (float)(1.0 / sum);
+  for (long long j = 0; j < ${LEN}; ++j) {
+    const float v = x[j * ${INNER}];
+    y[j * ${INNER}] = v == ninf ? 0.0f : expf(v - m) * inv;
+  }
+}
+)";
+
+// Softmax gradients: a thread per row; ${FINISH} writes dx (SoftmaxGrad) or the sink's gradient.
+inline constexpr const char* kSoftmaxGrad = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  const long long row = (long long)blockIdx.x * 256 + threadIdx.x;
+  if (row >= ${ROWS}) return;
+  const long long base = (row / ${INNER}) * ${LEN} * ${INNER} + row % ${INNER};
+  double dot = 0.0, mass = 0.0;
+  for (long long j = 0; j < ${LEN}; ++j) {
+    dot += (double)in0[base + j * ${INNER}] * in1[base + j * ${INNER}];
+    mass += in1[base + j * ${INNER}];
+  }
+${FINISH}}
+)";
+
+// AttentionMask: the shared predicate of common/attention_mask.h over the last two axes.
+inline constexpr const char* kMask = R"(
+#include "common/attention_mask.h"
+
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::AttentionMaskSpec m;
+  m.causal = ${CAUSAL};
+  m.alignBottomRight = ${BR};
+  m.windowLeft = ${LEFT};
+  m.windowRight = ${RIGHT};
+  m.sinks = ${SINKS};
+  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
+    const long long k = idx % ${KLEN}, q = (idx / ${KLEN}) % ${QLEN};
+    out0[idx] = pa::keyVisible(m, q, k, ${QLEN}, ${KLEN}) ? in0[idx] : ${FILL};
+  }
+}
+)";
+
+// MseLoss in one block: a fixed-order tree, so the same sum every run.
+inline constexpr const char* kMse = R"(
+extern "C" __global__ void __launch_bounds__(1024) ${NAME}(${PARAMS}) {
+  __shared__ double part[1024];
+  double acc = 0.0;
+  for (long long i = threadIdx.x; i < ${COUNT}; i += 1024) {
+    const double d = (double)in0[i] - (double)in1[i];
+    acc += d * d;
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 512; s > 0; s >>= 1) {  // a fixed tree: the same sum every run
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out0[0] = (float)(part[0] / ${DENOM});
+}
+)";
+
+// Large MSE sums (mlp_wide: 2M terms) take two kernels: one block per contiguous chunk writes
+// the chunk's fixed-tree sum to scratch, then one block adds the chunks' sums in a fixed tree,
+// so the result is still the same every run.
+inline constexpr const char* kMsePartial = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  __shared__ double part[256];
+  const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
+  double acc = 0.0;
+  for (long long i = begin + threadIdx.x; i < end; i += 256) {
+    const double d = (double)in0[i] - (double)in1[i];
+    acc += d * d;
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ((double*)scratch)[blockIdx.x] = part[0];
+}
+)";
+
+// The large MseLoss's second kernel: the chunks' sums added in a fixed tree.
+inline constexpr const char* kMseFinal = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  __shared__ double part[256];
+  double acc = 0.0;
+  for (long long i = threadIdx.x; i < ${PARTS}; i += 256) acc += ((const double*)scratch)[i];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out0[0] = (float)(part[0] / ${DENOM});
+}
+)";
+
+}  // namespace pa::codegen::templates

@@ -1,0 +1,94 @@
+// Shared by the generated GEMM kernels (kernels/gemm_simt.cuh, gemm_tf32.cuh, gemm_wgmma.cuh): the
+// problem and epilogue contract, the output stores, the block-tile raster and the split-K reduce.
+/*
+ * Note on the problem, the layouts and the traps.
+ *
+ * C[b] = op(A[b]) · op(B[b]) for b < batch, row-major, with op = identity or transpose. The
+ * generated kernel describes its node with a problem struct P (all compile-time constants):
+ *
+ *   struct P { static constexpr long long M, N, K, strideA, strideB;   // batch strides, 0 = shared
+ *              static constexpr bool transA, transB;
+ *              static constexpr int splits; };   // split-K (batch 1 only), see splitReduce
+ *
+ * A is [M, K] (transA: [K, M]), B is [K, N] (transB: [N, K]), C is [batch, M, N]. An operand whose
+ * contiguous dimension is K ("k-contiguous": A plain, B transposed) and one whose contiguous
+ * dimension is M or N ("row-contiguous") are loaded differently; each path's operand loader
+ * (TileOperand, Tf32Operand, the wgmma kernel's TMA maps) hides that.
+ *
+ * The epilogue is a functor with  float operator()(float v, long long m, long long n, long long i)
+ * returning the value stored at C[i] (i = b·M·N + m·N + n); it may also write side outputs
+ * (FusedLinear's pre-activation). It is called exactly once for every element of C.
+ *
+ * Vector access. A float4 load of 4 consecutive elements needs the contiguous dimension (the
+ * leading dimension, since tensors are dense) and the batch stride to be multiples of 4 (known at
+ * compile time) and the base pointer 16-byte aligned (checked once per block); otherwise, and at
+ * the edges of the matrices, elements are loaded one by one with bounds checks and zero-filled.
+ * Because the leading dimension is the contiguous extent itself, a 4-aligned group of 4 is then
+ * either wholly inside or wholly outside the matrix.
+ *
+ * Grid: blockIdx.x enumerates the output tiles in groups of kGroupM tile rows (consecutive blocks
+ * share B column panels and a few A row panels in L2); blockIdx.z is the batch. With a tail split
+ * (simtGemmTail), blockIdx.x goes on past the tiles computed whole to the tail tiles' K pieces.
+ */
+#pragma once
+
+#include "kernels/storage.cuh"
+
+namespace pa {
+namespace gemm {
+
+typedef unsigned int u32;
+
+// C is `float*`, or pa_bf16_out for a bf16 output (precision: bf16): these store 4 or 2
+// consecutive results with one vector store where C is fp32, one rounded value at a time where not.
+__device__ __forceinline__ void storeC4(float* C, long long at, float4 o) { *reinterpret_cast<float4*>(C + at) = o; }
+__device__ __forceinline__ void storeC4(pa_bf16_out C, long long at, float4 o) {
+  C[at] = o.x, C[at + 1] = o.y, C[at + 2] = o.z, C[at + 3] = o.w;
+}
+__device__ __forceinline__ void storeC2(float* C, long long at, float2 o) { *reinterpret_cast<float2*>(C + at) = o; }
+// (at is even wherever the kernels store pairs: N is even there, so the pair is one 4-byte word.)
+__device__ __forceinline__ void storeC2(pa_bf16_out C, long long at, float2 o) {
+  *reinterpret_cast<unsigned*>(C.p + at) = pa::storage::packBf16x2(o.x, o.y);
+}
+__device__ __forceinline__ bool alignedC(const float* C) { return (reinterpret_cast<unsigned long long>(C) & 15) == 0; }
+__device__ __forceinline__ bool alignedC(pa_bf16_out) { return true; }
+
+// The epilogue of a plain product.
+struct Identity {
+  __device__ __forceinline__ float operator()(float v, long long, long long, long long) const { return v; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Block-tile raster: output tile (tm, tn) of block `pid`, grouped by kGroupM tile rows.
+constexpr int kGroupM = 8;
+
+template <long long TilesM, long long TilesN>
+__device__ __forceinline__ void tileOf(long long pid, long long& tm, long long& tn) {
+  const long long perGroup = (long long)kGroupM * TilesN;
+  const long long group = pid / perGroup, first = group * kGroupM;
+  const long long rows = TilesM - first < kGroupM ? TilesM - first : kGroupM;
+  const long long inGroup = pid % perGroup;
+  tm = first + inGroup % rows;
+  tn = inGroup / rows;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
+
+// ---------------------------------------------------------------------------------------------
+// Split-K: the GEMM kernels (simtGemm, tf32Gemm, wgmmaGemm), given P::splits = S > 1, treat blockIdx.z as the split and
+// write the raw sum over their share of K to parts[split] (S·M·N floats, no epilogue); this
+// adds the S partial sums in split order (deterministic) and applies the epilogue.
+template <class P, class Epi, class CPtr>
+__device__ __forceinline__ void splitReduce(const float* __restrict__ parts, CPtr C, const Epi& epi) {
+  constexpr long long MN = P::M * P::N, N = P::N;
+  constexpr int S = P::splits;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < MN; i += (long long)gridDim.x * blockDim.x) {
+    float v = parts[i];
+#pragma unroll
+    for (int z = 1; z < S; ++z) v += parts[z * MN + i];
+    C[i] = epi(v, i / N, i % N, i);
+  }
+}
+
+}  // namespace gemm
+}  // namespace pa
