@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "graph/graph.h"
-#include "kernels/flash_attention.h"
+#include "codegen/flash_spec.h"
 #include "runtime/cuda/tensor_map.h"
 
 namespace pa::codegen {
@@ -43,7 +43,7 @@ cuda::KernelParams launchParams(const Kernel& k, const std::function<cuda::CUdev
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order
   size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed
-  // Nodes the FlashAttention launcher runs (kernels/flash_attention.h) have `external` set; their
+  // Nodes the FlashAttention launcher runs (runtime/flash_attention.h) have `external` set; their
   // kernels are the launcher's instantiations, listed for --dump-kernels and the CI compile.
   bool external = false;
 };
