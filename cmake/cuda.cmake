@@ -29,7 +29,9 @@ set(PA_EMBEDDED_KERNELS
   kernels/flash_attention_params.h
   kernels/flash_attention_common.cuh
   kernels/flash_attention_fwd.cuh
-  kernels/flash_attention_bwd.cuh
+  kernels/flash_attention_bwd_common.cuh
+  kernels/flash_attention_bwd_mma.cuh
+  kernels/flash_attention_bwd_ffma.cuh
   kernels/flash_attention_fwd_wgmma.cuh
   kernels/flash_attention_bwd_wgmma.cuh
   kernels/wgmma.cuh

@@ -24,6 +24,22 @@ const char* dtypeTag(FlashDType t) {
   return "?";
 }
 
+// The one kernels/ header a generated instantiation includes: its family's.
+const char* headerOf(const FlashKernelSpec& s) {
+  switch (s.kind) {
+    case FlashKernelKind::kForward: return s.wgmma ? "flash_attention_fwd_wgmma.cuh" : "flash_attention_fwd.cuh";
+    case FlashKernelKind::kBwdDkDv:
+    case FlashKernelKind::kBwdDq:
+      return s.wgmma ? "flash_attention_bwd_wgmma.cuh" : s.ffma() ? "flash_attention_bwd_ffma.cuh" : "flash_attention_bwd_mma.cuh";
+    case FlashKernelKind::kBwdDqReduce: return "flash_attention_bwd_ffma.cuh";
+    case FlashKernelKind::kBwdPreprocess:
+    case FlashKernelKind::kBwdSinkReduce:
+    case FlashKernelKind::kBwdDqConvert:
+    case FlashKernelKind::kBwdDkDvReduce: return "flash_attention_bwd_common.cuh";
+  }
+  return "?";
+}
+
 }  // namespace
 
 int FlashKernelSpec::threads() const {
@@ -41,7 +57,8 @@ int FlashKernelSpec::threads() const {
 }
 
 int FlashKernelSpec::sharedBytes() const {
-  // Must match the shared-memory carve-up at the top of each kernel in flash_attention_{fwd,bwd}.cuh.
+  // Must match the shared-memory carve-up at the top of each kernel in flash_attention_{fwd,bwd_mma,bwd_ffma}.cuh
+  // and their wgmma versions.
   const bool f32 = ffma();  // the FFMA kernels
   // mma.sync kernels: bytes of a shared row of head dim (16 bytes of padding) and of a dS^T row.
   const int row = f32Mma() ? (dpad + 4) * 4 : (dpad + 8) * 2, dsRow = f32Mma() ? (tile + 4) * 4 : (tile + 8) * 2;
@@ -153,7 +170,7 @@ std::string FlashKernelSpec::source() const {
   }
   std::ostringstream os;
   os << "// Generated flash attention instantiation " << name() << "\n"
-     << "#include \"kernels/" << (wgmma ? "flash_attention_bwd_wgmma.cuh" : "flash_attention_bwd.cuh") << "\"\n"
+     << "#include \"kernels/" << headerOf(*this) << "\"\n"
      << "extern \"C\" __global__ void __launch_bounds__(" << threads() << ") " << name()
      << "(const pa::FlashKernelParams p) {\n  pa::flash::" << call << "(p);\n}\n";
   return os.str();

@@ -20,7 +20,8 @@ TEST(FlashNvrtc, EmbedsEveryTemplate) {
   for (const auto& f : codegen::embeddedKernelFiles()) names.insert(f.name);
   for (const char* want : {"common/attention_mask.h", "kernels/flash_attention_params.h",
                            "kernels/flash_attention_common.cuh", "kernels/flash_attention_fwd.cuh",
-                           "kernels/flash_attention_bwd.cuh", "kernels/flash_attention_fwd_wgmma.cuh",
+                           "kernels/flash_attention_bwd_common.cuh", "kernels/flash_attention_bwd_mma.cuh",
+                           "kernels/flash_attention_bwd_ffma.cuh", "kernels/flash_attention_fwd_wgmma.cuh",
                            "kernels/flash_attention_bwd_wgmma.cuh", "kernels/wgmma.cuh"})
     EXPECT_TRUE(names.count(want)) << want << " is not embedded";
 }
