@@ -68,6 +68,8 @@ int ffmaRows(long long slices, int len, int multiprocessors, std::initializer_li
   return len <= 128 ? 1 : 2;
 }
 
+// The choosers below see the product kernels only (kForward, kBwdDkDv, kBwdDq; isProductKind).
+
 // fp32 on the exact FFMA kernels: 128 threads, R rows per thread (ffmaRows). The dK/dV kernel's
 // part in dQ (Fp32DqMode in flash_attention_bwd_ffma.cuh): up to kMaxDqPartialBlocks key blocks
 // their per-block shares, summed in order; beyond, atomics unless the backward must be
@@ -118,22 +120,17 @@ FlashKernelSpec chooseF64Mma(FlashKernelKind kind, const FlashAttentionConfig& c
                              const FlashTuning& tuning) {
   FlashKernelSpec s = baseSpec(kind, cfg);
   s.f64 = true;
-  switch (kind) {
-    case FlashKernelKind::kForward:
-      s.tile = 64;
-      if (tuning.f64FwdWarps) s.warps = tuning.f64FwdWarps;
-      if (tuning.fwdTile) s.tile = tuning.fwdTile;
-      if (tuning.fwdMtiles) s.mtiles = tuning.fwdMtiles;
-      break;
-    case FlashKernelKind::kBwdDkDv:
-      s.tile = 32;
-      s.atomicDq = cfg.atomicDq || !cfg.deterministic;
-      break;
-    case FlashKernelKind::kBwdDq:
-      s.mtiles = tuning.dqMtiles ? tuning.dqMtiles : 1;
-      s.tile = tuning.dqTile ? tuning.dqTile : 32;
-      break;
-    default: break;
+  if (kind == FlashKernelKind::kForward) {
+    s.tile = 64;
+    if (tuning.f64FwdWarps) s.warps = tuning.f64FwdWarps;
+    if (tuning.fwdTile) s.tile = tuning.fwdTile;
+    if (tuning.fwdMtiles) s.mtiles = tuning.fwdMtiles;
+  } else if (kind == FlashKernelKind::kBwdDkDv) {
+    s.tile = 32;
+    s.atomicDq = cfg.atomicDq || !cfg.deterministic;
+  } else {  // kBwdDq
+    s.mtiles = tuning.dqMtiles ? tuning.dqMtiles : 1;
+    s.tile = tuning.dqTile ? tuning.dqTile : 32;
   }
   shrinkSmallGrids(s, cfg, target.multiprocessors, tuning);
   return s;
@@ -154,26 +151,21 @@ FlashKernelSpec chooseMmaSync(FlashKernelKind kind, const FlashAttentionConfig& 
                               const FlashTuning& tuning) {
   FlashKernelSpec s = baseSpec(kind, cfg);
   s.tf32 = cfg.dtype == kFlashF32;
-  switch (kind) {
-    case FlashKernelKind::kForward:
-      s.mtiles = s.dpad <= 128 ? 2 : 1;
-      if (s.mtiles == 2 && s.dpad > 64) s.tile = 32;
-      if (tuning.fwdTile) s.tile = tuning.fwdTile;
-      if (tuning.fwdMtiles) s.mtiles = tuning.fwdMtiles;
-      break;
-    case FlashKernelKind::kBwdDq:
-      s.mtiles = tuning.dqMtiles ? tuning.dqMtiles : s.dpad <= (s.tf32 ? 64 : 128) ? 2 : 1;
-      if (s.tf32 || (s.mtiles == 2 && s.dpad > 64)) s.tile = 32;
-      if (tuning.dqTile) s.tile = tuning.dqTile;
-      break;
-    case FlashKernelKind::kBwdDkDv:
-      if (s.tf32) s.tile = cfg.atomicDq || s.dpad > 64 ? 32 : 64;
-      if (cfg.atomicDq) {
-        s.atomicDq = true;
-        s.warps = s.tf32 ? (s.dpad == 64 ? 8 : 4) : (s.dpad <= 128 ? 8 : 4);
-      }
-      break;
-    default: break;
+  if (kind == FlashKernelKind::kForward) {
+    s.mtiles = s.dpad <= 128 ? 2 : 1;
+    if (s.mtiles == 2 && s.dpad > 64) s.tile = 32;
+    if (tuning.fwdTile) s.tile = tuning.fwdTile;
+    if (tuning.fwdMtiles) s.mtiles = tuning.fwdMtiles;
+  } else if (kind == FlashKernelKind::kBwdDq) {
+    s.mtiles = tuning.dqMtiles ? tuning.dqMtiles : s.dpad <= (s.tf32 ? 64 : 128) ? 2 : 1;
+    if (s.tf32 || (s.mtiles == 2 && s.dpad > 64)) s.tile = 32;
+    if (tuning.dqTile) s.tile = tuning.dqTile;
+  } else {  // kBwdDkDv
+    if (s.tf32) s.tile = cfg.atomicDq || s.dpad > 64 ? 32 : 64;
+    if (cfg.atomicDq) {
+      s.atomicDq = true;
+      s.warps = s.tf32 ? (s.dpad == 64 ? 8 : 4) : (s.dpad <= 128 ? 8 : 4);
+    }
   }
   if (s.tf32) shrinkSmallGrids(s, cfg, target.multiprocessors, tuning);
   return s;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "codegen/emit.h"
 #include "codegen/flash_spec.h"
@@ -57,7 +58,7 @@ TEST(FlashSpec, Fp32DqSchemeFollowsLengthAndDeterminism) {
     int kLen;
     bool deterministic, atomicDq, wantPartial, wantAtomic;
   };
-  // chooseSpec without a multiprocessor count keeps R = 4: 64 keys per block, 8 blocks = 512 keys.
+  // chooseFlashSpec without a multiprocessor count keeps R = 4: 64 keys per block, 8 blocks = 512 keys.
   for (const Want& w : {Want{512, false, false, true, false}, Want{513, false, false, false, true},
                         Want{4096, false, false, false, true}, Want{4096, true, false, false, false},
                         Want{512, true, false, true, false}, Want{100, false, true, false, true}}) {
@@ -190,18 +191,22 @@ TEST(FlashSpec, Fp32DefaultPutsTheForwardOnTheFp64TensorCoresWhereFullRate) {
   EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, h100).f64);
 }
 
-// Every kernel the choosers pick for the FlashAttention nodes of every example config, at each
+// Every kernel the choosers pick for the FlashAttention nodes of every example config (and the
+// test configs), at each
 // precision that reaches them and on each target (the launcher's view with the device's SM count,
 // and codegen's dumps, which lack it), is in the production list that NVRTC CI compiles.
 TEST(FlashSpec, ProductionListHoldsEveryExampleConfigsKernels) {
   const std::set<std::string> production = namesOf(flashProductionKernelSpecs());
   const FlashTarget targets[] = {{0, false, false}, {108, false, true}, {132, true, true}, {142, false, false}};
   int nodes = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(PA_SOURCE_DIR) + "/configs")) {
-    if (entry.path().extension() != ".yaml") continue;
+  std::vector<std::filesystem::path> configs;
+  for (const char* dir : {"/configs", "/tests/configs"})
+    for (const auto& entry : std::filesystem::directory_iterator(std::string(PA_SOURCE_DIR) + dir))
+      if (entry.path().extension() == ".yaml") configs.push_back(entry.path());
+  for (const std::filesystem::path& path : configs) {
     for (const char* precision : {"fp32", "tf32", "bf16"}) {
-      const Config cfg = loadConfig(entry.path().string(), {"data.samples=64", std::string("precision=") + precision});
-      DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+      const Config cfg = loadConfig(path.string(), {"data.samples=64", std::string("precision=") + precision});
+      DataSplit data = loadData(cfg.data, cfg.seed, path.parent_path().string());
       const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, cfg.train.batchSize)
                           .model.graph;
       const bool tf32 = std::string(precision) == "tf32";
@@ -209,7 +214,7 @@ TEST(FlashSpec, ProductionListHoldsEveryExampleConfigsKernels) {
         const Node& n = g.node(id);
         if (n.op != OpKind::FlashAttention && n.op != OpKind::FlashAttentionGrad) continue;
         ++nodes;
-        const std::string where = entry.path().filename().string() + " " + precision + " " + n.name;
+        const std::string where = path.filename().string() + " " + precision + " " + n.name;
         for (const FlashTarget& t : targets)
           for (const FlashKernelSpec& s : flashKernelsOf(codegen::flashConfigOf(g, n, tf32), n.op == OpKind::FlashAttentionGrad, t))
             EXPECT_TRUE(production.count(s.name())) << s.name() << " (" << where << ", " << t.multiprocessors << " SMs)";
