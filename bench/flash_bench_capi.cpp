@@ -1,15 +1,45 @@
-// C API over the flash attention launcher for bench/attention_vs_torch.py (ctypes, torch tensors).
+// C API over the flash attention launcher for bench/attention_vs_torch.py (ctypes, torch tensors);
+// the PA_FLASH_* variables of docs/flash_attention.md set its options and tuning overrides.
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
-#include "kernels/flash_attention.h"
+#include "runtime/flash_attention.h"
 
 namespace {
 
 std::unique_ptr<pa::cuda::Device> gDevice;
 std::unique_ptr<pa::FlashAttention> gFlash;
+
+// The launcher's tuning overrides from the environment, read at every call so that a sweep can
+// change them between calls (docs/flash_attention.md lists them); unset or empty: the rule.
+int knob(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+bool onOff(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  return std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0 && std::strcmp(v, "off") != 0;
+}
+pa::FlashTuning tuningFromEnvironment() {
+  pa::FlashTuning t;
+  t.fwdTile = knob("PA_FLASH_FWD_TILE");
+  t.fwdMtiles = knob("PA_FLASH_FWD_MT");
+  t.fwdWarpgroups = knob("PA_FLASH_FWD_WG");
+  t.fwdStages = knob("PA_FLASH_FWD_STAGES");
+  t.bwdTile = knob("PA_FLASH_BWD_TILE");
+  t.bwdWarpgroups = knob("PA_FLASH_BWD_WG");
+  t.wgmma = onOff("PA_FLASH_WGMMA", true);
+  t.splitKv = onOff("PA_FLASH_SPLIT_KV", true);
+  t.dqTile = knob("PA_FLASH_DQ_TILE");
+  t.dqMtiles = knob("PA_FLASH_DQ_MT");
+  t.f32FwdRows = knob("PA_FLASH_F32_FWD_R");
+  t.f32BwdRows = knob("PA_FLASH_F32_BWD_R");
+  t.f64FwdWarps = knob("PA_FLASH_F64_FWD_WARPS");
+  return t;
+}
 
 int report(const std::exception& e, char* err, int errLen) {
   if (err && errLen > 0) {
@@ -39,6 +69,7 @@ pa::FlashAttentionConfig config(int dtype, int b, int hq, int hkv, int sq, int s
   const char* f64 = std::getenv("PA_FLASH_FP64MMA");
   if (f64 && f64[0] == '0') c.fp64Mma = pa::FlashFp64Mma::kOff;
   if (f64 && f64[0] == '1' && c.dtype == pa::kFlashF32 && !c.tf32) c.fp64Mma = pa::FlashFp64Mma::kOn;
+  if (gFlash) gFlash->setTuning(tuningFromEnvironment());
   return c;
 }
 

@@ -1,5 +1,5 @@
 # CUDA side of PureAttention: driver loader, NVRTC wrapper, embedded kernel templates, flash
-# attention launcher, their tests (labels `nvrtc` and `gpu`) and the benchmark library.
+# attention choice and launcher, their tests (labels `nvrtc`, `sweep` and `gpu`) and the benchmark library.
 # Nothing here links libcuda or cudart: both NVRTC and the driver are dlopen'ed at run time.
 
 set(PA_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")
@@ -29,7 +29,9 @@ set(PA_EMBEDDED_KERNELS
   kernels/flash_attention_params.h
   kernels/flash_attention_common.cuh
   kernels/flash_attention_fwd.cuh
-  kernels/flash_attention_bwd.cuh
+  kernels/flash_attention_bwd_common.cuh
+  kernels/flash_attention_bwd_mma.cuh
+  kernels/flash_attention_bwd_ffma.cuh
   kernels/flash_attention_fwd_wgmma.cuh
   kernels/flash_attention_bwd_wgmma.cuh
   kernels/wgmma.cuh
@@ -59,10 +61,15 @@ target_include_directories(pa_nvrtc PUBLIC ${PA_ROOT})
 target_link_libraries(pa_nvrtc PUBLIC ${CMAKE_DL_LIBS})
 set_target_properties(pa_nvrtc PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
-# Flash attention launcher.
-add_library(pa_flash STATIC ${PA_ROOT}/kernels/flash_attention.cpp)
+# Flash attention: kernel choice and generated sources (codegen; no NVRTC, no driver), and the
+# launcher that loads and launches them (runtime).
+add_library(pa_flash_spec STATIC ${PA_ROOT}/codegen/flash_spec.cpp ${PA_ROOT}/codegen/flash_chooser.cpp
+                                 ${PA_ROOT}/codegen/flash_variants.cpp)
+target_include_directories(pa_flash_spec PUBLIC ${PA_ROOT})
+set_target_properties(pa_flash_spec PROPERTIES POSITION_INDEPENDENT_CODE ON)
+add_library(pa_flash STATIC ${PA_ROOT}/runtime/flash_attention.cpp)
 target_include_directories(pa_flash PUBLIC ${PA_ROOT})
-target_link_libraries(pa_flash PUBLIC pa_nvrtc pa_cuda_driver)
+target_link_libraries(pa_flash PUBLIC pa_flash_spec pa_nvrtc pa_cuda_driver)
 set_target_properties(pa_flash PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
 # Float64 reference the tests compare against (OpenMP over (batch, head) slices).
@@ -75,14 +82,19 @@ if(PA_BUILD_TESTS)
   find_package(GTest REQUIRED)
   find_package(Threads REQUIRED)
 
-  # CI: NVRTC compiles every instantiation for sm_80 and sm_90; CPU checks of the reference.
-  add_executable(flash_nvrtc_tests
-    ${PA_ROOT}/tests/nvrtc/flash_nvrtc_test.cpp
-    ${PA_ROOT}/tests/nvrtc/attention_reference_test.cpp)
-  target_link_libraries(flash_nvrtc_tests PRIVATE pa_flash pa_attention_reference GTest::gtest GTest::gtest_main Threads::Threads)
+  # CI: NVRTC compiles every instantiation production can run (sm_80; sm_90a with the wgmma ones).
+  add_executable(flash_nvrtc_tests ${PA_ROOT}/tests/nvrtc/flash_nvrtc_test.cpp)
+  target_link_libraries(flash_nvrtc_tests PRIVATE pa_flash_spec pa_nvrtc GTest::gtest GTest::gtest_main Threads::Threads)
   set_target_properties(flash_nvrtc_tests PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/nvrtc)
   add_test(NAME flash_nvrtc_tests COMMAND flash_nvrtc_tests)
   set_tests_properties(flash_nvrtc_tests PROPERTIES LABELS nvrtc TIMEOUT 900)
+
+  # The bench-only variants (label sweep, not in CI's default run: ctest -L sweep).
+  add_executable(flash_sweep_nvrtc_tests ${PA_ROOT}/tests/nvrtc/flash_sweep_nvrtc_test.cpp)
+  target_link_libraries(flash_sweep_nvrtc_tests PRIVATE pa_flash_spec pa_nvrtc GTest::gtest GTest::gtest_main Threads::Threads)
+  set_target_properties(flash_sweep_nvrtc_tests PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/nvrtc)
+  add_test(NAME flash_sweep_nvrtc_tests COMMAND flash_sweep_nvrtc_tests)
+  set_tests_properties(flash_sweep_nvrtc_tests PROPERTIES LABELS sweep TIMEOUT 1800)
 
   # GPU: kernels against the float64 reference; every test skips without a device.
   add_executable(flash_gpu_tests ${PA_ROOT}/tests/gpu/flash_attention_gpu_test.cpp)

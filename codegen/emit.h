@@ -9,7 +9,7 @@
 #include "codegen/gemm_plan.h"
 #include "codegen/tensor_map_spec.h"
 #include "graph/graph.h"
-#include "kernels/flash_attention.h"
+#include "codegen/flash_spec.h"
 
 namespace pa::codegen {
 
@@ -37,7 +37,7 @@ struct Kernel {
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order
   size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed
-  // Nodes the FlashAttention launcher runs (kernels/flash_attention.h) have `external` set; their
+  // Nodes the FlashAttention launcher runs (runtime/flash_attention.h) have `external` set; their
   // kernels are the launcher's instantiations, listed for --dump-kernels and the CI compile.
   bool external = false;
 };

@@ -2,7 +2,7 @@
 // instantiations the launcher would pick for it (listed for --dump-kernels and the CI compile).
 #include "codegen/emit_internal.h"
 #include "graph/node_attrs.h"
-#include "kernels/flash_attention.h"
+#include "codegen/flash_spec.h"
 
 namespace pa::codegen {
 
@@ -51,14 +51,14 @@ NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds
   for (FlashKernelKind kind : kinds) {
     FlashKernelSpec spec;
     try {
-      spec = FlashAttention::chooseSpec(kind, cfg, flashTargetOf(*c.opt));
+      spec = chooseFlashSpec(kind, cfg, flashTargetOf(*c.opt));
     } catch (const std::exception&) {
       continue;  // a kind this configuration does not use
     }
     Kernel k;
     k.name = spec.name();
     k.source = "// PureAttention: FlashAttention instantiation for node '" + c.n.name + "' (" + opName(c.n.op) +
-               "), launched by kernels/flash_attention.cpp\n" + spec.source();
+               "), launched by runtime/flash_attention.cpp\n" + spec.source();
     k.block = {static_cast<unsigned>(spec.threads()), 1, 1};
     k.sharedBytes = static_cast<unsigned>(spec.sharedBytes());
     nk.kernels.push_back(std::move(k));
@@ -73,7 +73,7 @@ NodeKernels emitFlashAttentionGrad(const Ctx& c) {
   // dQ from the dK/dV kernel's per-key-block shares (fp32, short keys), from its atomics (fp32
   // beyond; the default, non-deterministic backward), or from its own kernel.
   const FlashKernelSpec dkdv =
-      FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n, c.opt->tf32), flashTargetOf(*c.opt));
+      chooseFlashSpec(FlashKernelKind::kBwdDkDv, flashConfigOf(c.g, c.n, c.opt->tf32), flashTargetOf(*c.opt));
   std::vector<FlashKernelKind> kinds = {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdSinkReduce,
                                         FlashKernelKind::kBwdDkDv};
   if (dkdv.dqPartial)

@@ -1,6 +1,6 @@
 // Flash attention backward on Hopper's wgmma (sm_90a), bf16 and fp16 at padded head dims 64 and
 // 128: the dK/dV kernel and the dQ kernel of the default (no-atomics) scheme, with the semantics
-// of flashBackwardDkDvMma / flashBackwardDqMma (flash_attention_bwd.cuh); the launcher picks them
+// of flashBackwardDkDvMma / flashBackwardDqMma (flash_attention_bwd_mma.cuh); the launcher picks them
 // on sm_90a devices.
 /*
  * Note on the kernels.
@@ -32,7 +32,7 @@
  */
 #pragma once
 
-#include "kernels/flash_attention_bwd.cuh"
+#include "kernels/flash_attention_bwd_common.cuh"
 #include "kernels/flash_attention_fwd_wgmma.cuh"
 
 namespace pa {

@@ -373,7 +373,7 @@ __device__ __forceinline__ void mmaF64(double (&d)[4], double a0, double a1, dou
 // once: no less accurate than 16 FFMAs. The forward keeps S and O in fp64 (Acc), which saves
 // the accumulators' round trip through fp32 at every k16 step (8 of its ~3 conversions per
 // m16n8k4 a k16 step: 3.1 -> 1.5 conversions per m16n8k4 in the forward's PTX at head dim 64,
-// for 228 registers instead of 168, see chooseSpec).
+// for 228 registers instead of 168, see chooseF64Mma in codegen/flash_chooser.cpp).
 struct F64Widen {
   typedef double E;
   typedef double Acc;

@@ -29,9 +29,8 @@
  * of a stage waits for parity (i / STAGES) & 1 on full and the opposite on empty (a fresh barrier
  * reports its previous phase complete).
  *
- * Measured on the H100 (bf16, b4 s4096, forward TFLOP/s, d64 / d128 non-causal): a single
- * producer warp starved the consumers (236-347); the producer warpgroup with setmaxnreg gives
- * 379-425 / 469-503. bench/RESULTS_flash.md has the sweep.
+ * Why a producer warpgroup: a single producer warp starves the consumers; a whole warpgroup that
+ * hands its registers to them (setmaxnreg) keeps them fed (the sweep: bench/RESULTS_flash.md).
  *
  * The RS product reads P's registers asynchronously; they are pinned (fenceRegisters) after the
  * next wait, so the compiler cannot reuse them before the hardware has read them.

@@ -363,7 +363,7 @@ codegen::EmitOptions CudaGraphRunner::emitOptionsFor(const cuda::Device& device,
   codegen::EmitOptions emit;
   emit.tf32 = tf32;
   emit.wgmma = device.info().arch() == "sm_90a";
-  emit.fullRateFp64 = FlashTarget::of(device.info()).fullRateFp64;
+  emit.fullRateFp64 = flashTargetOf(device.info()).fullRateFp64;
   emit.sms = device.info().multiprocessors;
   return emit;
 }

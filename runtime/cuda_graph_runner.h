@@ -10,7 +10,7 @@
 
 #include "codegen/emit.h"
 #include "graph/graph.h"
-#include "kernels/flash_attention.h"
+#include "runtime/flash_attention.h"
 #include "runtime/cuda/cuda_device.h"
 
 namespace pa {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/attention_reference.h"
-#include "kernels/flash_attention.h"
+#include "runtime/flash_attention.h"
 
 namespace pa {
 namespace {
@@ -509,7 +509,7 @@ TEST(FlashAttentionGpu, LongSequence4096AllMasks) {
 // checks the choice and the results (the exact path's bound).
 TEST(FlashAttentionGpu, Fp32DefaultForwardOnTheFp64TensorCoresWhereFullRate) {
   REQUIRE_GPU();
-  const FlashTarget target = FlashTarget::of(env().device->info());
+  const FlashTarget target = flashTargetOf(env().device->info());
   struct Shape {
     int batch, heads, kvHeads, qLen, kLen, headDim;
     AttentionMaskSpec mask;
@@ -530,9 +530,9 @@ TEST(FlashAttentionGpu, Fp32DefaultForwardOnTheFp64TensorCoresWhereFullRate) {
     const FlashAttentionConfig cfg = configOf(c);
     const bool wantDmma = target.fullRateFp64 && c.headDim <= 64 &&
                           (long long)c.batch * c.heads * ((c.qLen + 63) / 64) >= kFp64MmaForwardMinBlocks;
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, target).f64, wantDmma) << c.name();
-    EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).f64) << c.name();
-    EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg, target).f64) << c.name();
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).f64, wantDmma) << c.name();
+    EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).f64) << c.name();
+    EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target).f64) << c.name();
     runCase(c, 5000 + c.qLen + c.headDim);
   }
 }
@@ -550,24 +550,14 @@ TEST(FlashAttentionGpu, VeryLargeLogitsStayFinite) {
   }
 }
 
-// Sets the launcher's environment overrides for one scope and unsets them when it ends, also when
-// a failed assertion leaves the test early (the launcher reads them at every kernel choice).
-class ScopedEnv {
+// Gives the launcher tuning overrides for one scope and restores its rules when it ends, also when
+// a failed assertion leaves the test early.
+class ScopedTuning {
  public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [name, value] : vars) {
-      setenv(name, value, 1);
-      names_.push_back(name);
-    }
-  }
-  ~ScopedEnv() {
-    for (const char* name : names_) unsetenv(name);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::vector<const char*> names_;
+  explicit ScopedTuning(const FlashTuning& tuning) { env().flash->setTuning(tuning); }
+  ~ScopedTuning() { env().flash->setTuning({}); }
+  ScopedTuning(const ScopedTuning&) = delete;
+  ScopedTuning& operator=(const ScopedTuning&) = delete;
 };
 
 // The variant sweeps' masks, in turn: causal window with sinks, none, causal.
@@ -579,18 +569,21 @@ TEST(FlashAttentionGpu, Fp32EveryRowsPerThread) {
   REQUIRE_GPU();
   // The launcher picks R (rows per thread) from the grid size; force each variant here so every
   // one the heuristic can choose is checked whatever the test shapes would pick.
-  for (const char* r : {"1", "2", "4", "8"}) {
-    const ScopedEnv env{{"PA_FLASH_F32_FWD_R", r}, {"PA_FLASH_F32_BWD_R", r[0] == '8' ? "4" : r}};  // the backward stops at R = 4
+  for (int r : {1, 2, 4, 8}) {
+    FlashTuning tuning;
+    tuning.f32FwdRows = r;
+    tuning.f32BwdRows = r == 8 ? 4 : r;  // the backward stops at R = 4
+    const ScopedTuning scoped(tuning);
     Case c;
     c.dtype = kFlashF32, c.batch = 2, c.heads = 4, c.kvHeads = 2, c.qLen = 300, c.kLen = 257, c.headDim = 64;
     c.mask = maskOf(1, 1, 70, -1, 3);
     c.sinkLogits = true;
-    runCase(c, 300 + r[0]);
+    runCase(c, 300 + '0' + r);
     // Every part in dQ at each R (257 keys: shares at R = 4, atomics at R = 1 and 2 by default).
     c.atomicDq = true;
-    runCase(c, 310 + r[0]);
+    runCase(c, 310 + '0' + r);
     c.atomicDq = false, c.deterministic = true;
-    runCase(c, 320 + r[0]);
+    runCase(c, 320 + '0' + r);
   }
 }
 
@@ -601,18 +594,17 @@ TEST(FlashAttentionGpu, Fp32EveryRowsPerThread) {
 TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
   REQUIRE_GPU();
   struct Variant {
-    const char *wgmma, *tile, *wg, *stages;
+    bool wgmma;
+    int tile, wg, stages;  // 0: the rule
   };
   // Every variant fits an H100's shared memory at head dim 128 too.
-  const Variant variants[] = {{"0", "", "", ""},       {"1", "64", "1", "2"},  {"1", "64", "2", "3"},
-                              {"1", "64", "3", "3"},   {"1", "128", "1", "2"}, {"1", "128", "2", "2"},
-                              {"1", "128", "2", "3"},  {"1", "128", "3", "2"}};
+  const Variant variants[] = {{false, 0, 0, 0},   {true, 64, 1, 2},  {true, 64, 2, 3},  {true, 64, 3, 3},
+                              {true, 128, 1, 2},  {true, 128, 2, 2}, {true, 128, 2, 3}, {true, 128, 3, 2}};
   int seed = 0;
   for (const Variant& v : variants) {
-    const ScopedEnv env{{"PA_FLASH_WGMMA", v.wgmma},
-                        {"PA_FLASH_FWD_TILE", v.tile},
-                        {"PA_FLASH_FWD_WG", v.wg},
-                        {"PA_FLASH_FWD_STAGES", v.stages}};
+    FlashTuning tuning;
+    tuning.wgmma = v.wgmma, tuning.fwdTile = v.tile, tuning.fwdWarpgroups = v.wg, tuning.fwdStages = v.stages;
+    const ScopedTuning scoped(tuning);
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40, 104}) {
         Case c;
@@ -620,36 +612,37 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
         c.mask = rotatingMask(seed);
         c.sinkLogits = seed % 2 == 0;
         c.backward = false;
-        SCOPED_TRACE(std::string("PA_FLASH_WGMMA=") + v.wgmma + " tile=" + v.tile + " wg=" + v.wg + " stages=" + v.stages +
-                     " d=" + std::to_string(d));
+        SCOPED_TRACE("wgmma=" + std::to_string(v.wgmma) + " tile=" + std::to_string(v.tile) + " wg=" + std::to_string(v.wg) +
+                     " stages=" + std::to_string(v.stages) + " d=" + std::to_string(d));
         runCase(c, 500 + seed++);
       }
   }
 }
 
 // Same for the sm_90a backward kernels (dK/dV and dQ on wgmma): each tile / warpgroup variant the
-// overrides reach, and mma.sync with PA_FLASH_WGMMA=0, through the whole backward.
+// overrides reach, and mma.sync (FlashTuning::wgmma off), through the whole backward.
 TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
   REQUIRE_GPU();
   struct Variant {
-    const char *wgmma, *tile, *wg, *splitKv;  // splitKv: GQA dK/dV per query head (1) or per KV head (0)
+    bool wgmma;
+    int tile, wg;  // 0: the rule
+    bool splitKv;  // GQA dK/dV per query head (true) or per KV head (false)
   };
-  const Variant variants[] = {{"0", "", "", "1"},     {"0", "", "", "0"},      {"1", "64", "1", "1"}, {"1", "64", "2", "1"},
-                              {"1", "128", "1", "1"}, {"1", "128", "2", "1"}, {"1", "64", "2", "0"}, {"1", "128", "2", "0"}};
+  const Variant variants[] = {{false, 0, 0, true},  {false, 0, 0, false}, {true, 64, 1, true},  {true, 64, 2, true},
+                              {true, 128, 1, true}, {true, 128, 2, true}, {true, 64, 2, false}, {true, 128, 2, false}};
   int seed = 0;
   for (const Variant& v : variants) {
-    const ScopedEnv env{{"PA_FLASH_WGMMA", v.wgmma},
-                        {"PA_FLASH_BWD_TILE", v.tile},
-                        {"PA_FLASH_BWD_WG", v.wg},
-                        {"PA_FLASH_SPLIT_KV", v.splitKv}};
+    FlashTuning tuning;
+    tuning.wgmma = v.wgmma, tuning.bwdTile = v.tile, tuning.bwdWarpgroups = v.wg, tuning.splitKv = v.splitKv;
+    const ScopedTuning scoped(tuning);
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40}) {
         Case c;
         c.dtype = t, c.batch = 2, c.heads = 4, c.kvHeads = seed % 2 ? 1 : 2, c.qLen = 300, c.kLen = 257, c.headDim = d;
         c.mask = rotatingMask(seed);
         c.sinkLogits = seed % 2 == 0;
-        SCOPED_TRACE(std::string("PA_FLASH_WGMMA=") + v.wgmma + " bwd tile=" + v.tile + " wg=" + v.wg + " splitKv=" + v.splitKv +
-                     " d=" + std::to_string(d));
+        SCOPED_TRACE("wgmma=" + std::to_string(v.wgmma) + " bwd tile=" + std::to_string(v.tile) + " wg=" +
+                     std::to_string(v.wg) + " splitKv=" + std::to_string(v.splitKv) + " d=" + std::to_string(d));
         runCase(c, 700 + seed++);
       }
   }
@@ -709,10 +702,10 @@ TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
     cfg.tf32 = precision == kTF32;
     cfg.fp64Mma = fp64MmaOf(precision);
     SCOPED_TRACE(precisionName(precision));
-    const FlashTarget target = FlashTarget::of(env().device->info());
-    EXPECT_FALSE(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq);
+    const FlashTarget target = flashTargetOf(env().device->info());
+    EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq);
     cfg.deterministic = false;  // what the flag changes: fp32's default here adds dQ with atomics
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq,
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq,
               precision == kF32 || precision == kF64Mma);
     cfg.deterministic = true;
     std::mt19937_64 rng(11);
@@ -760,15 +753,15 @@ TEST(FlashAttentionGpu, Tf32FullBlocksOnALargeGrid) {
   FlashAttentionConfig cfg;
   cfg.dtype = kFlashF32, cfg.tf32 = true, cfg.batch = 4, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 600;
   cfg.headDim = 64;
-  const FlashTarget target = FlashTarget::of(env().device->info());
+  const FlashTarget target = flashTargetOf(env().device->info());
   if (target.multiprocessors <= 160) {  // 160 forward / dQ blocks of 128 rows, 320 dK/dV blocks of 64 keys
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, target).mtiles, 2);
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDq, cfg, target).mtiles, 2);
-    EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).warps, 4);
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).mtiles, 2);
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target).mtiles, 2);
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).warps, 4);
   }
   cfg.batch = 1;  // 40 / 80 blocks: the small ones
-  EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kForward, cfg, target).mtiles, 1);
-  EXPECT_EQ(FlashAttention::chooseSpec(FlashKernelKind::kBwdDkDv, cfg, target).warps, 2);
+  EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).mtiles, 1);
+  EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).warps, 2);
   runCase(c, 600);
 }
 

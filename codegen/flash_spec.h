@@ -1,15 +1,12 @@
-// Host launcher of the flash attention templates: validation, instantiation choice, NVRTC, launch.
+// FlashAttention kernel choice: the problem (config), the target, the instantiation (spec, its
+// name and generated source), one chooser per kernel path, and the variant lists NVRTC compiles.
 #pragma once
 
-#include <unordered_map>
-#include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/flash_attention_params.h"
-#include "runtime/cuda/cuda_device.h"
 
 namespace pa {
 
@@ -17,20 +14,6 @@ namespace pa {
 class FlashAttentionError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
-};
-
-// A [batch, heads, seq, head_dim] device tensor with unit head_dim stride; strides in elements.
-struct FlashTensor {
-  unsigned long long ptr = 0;
-  long long batchStride = 0, headStride = 0, seqStride = 0;
-  static FlashTensor contiguous(unsigned long long ptr, int heads, int seq, int headDim) {
-    FlashTensor t;
-    t.ptr = ptr;
-    t.seqStride = headDim;
-    t.headStride = (long long)seq * headDim;
-    t.batchStride = (long long)heads * seq * headDim;
-    return t;
-  }
 };
 
 // Where fp32 attention runs on the FP64 tensor cores (FlashAttentionConfig::fp64Mma).
@@ -75,20 +58,6 @@ struct FlashAttentionConfig {
   // result is no less accurate than the FFMA path's. See FlashFp64Mma; ignored where tf32 is set
   // unless kOn (then an error).
   FlashFp64Mma fp64Mma = FlashFp64Mma::kAuto;
-};
-
-struct FlashForwardArgs {
-  FlashTensor q, k, v, o;
-  unsigned long long lse = 0;         // float [batch, heads, qLen]
-  unsigned long long sinkLogits = 0;  // float [heads] when config.sinkLogits
-};
-
-struct FlashBackwardArgs {
-  FlashTensor q, k, v, o, dO, dQ, dK, dV;  // dK, dV: [batch, kvHeads, kLen, headDim]
-  unsigned long long lse = 0;              // from the forward
-  unsigned long long sinkLogits = 0;       // float [heads] when config.sinkLogits
-  unsigned long long dSinkLogits = 0;      // float [heads], overwritten (summed over the batch)
-  unsigned long long workspace = 0;        // backwardWorkspaceBytes(config) bytes, 16-aligned
 };
 
 enum class FlashKernelKind {
@@ -142,62 +111,64 @@ struct FlashKernelSpec {
 constexpr int kMaxDqPartialBlocks = 8;
 
 // kAuto runs the fp32 forward on the FP64 tensor cores from this many blocks of 64 query rows
-// (batch x heads x ceil(qLen / 64)). Forward sweep on the H100 (bench/RESULTS_flash.md; head dims
-// 32 and 64, 8-768 queries, 8-512 blocks): from 24 blocks DMMA was faster or within 3% (0.97-2.16x
-// FFMA's speed); at 8-16 blocks FFMA's smaller blocks fill more of the GPU and won 4 of 6 (DMMA
-// 0.89-1.02x).
+// (batch x heads x ceil(qLen / 64)): from there DMMA measured faster than FFMA or within a few
+// percent, below FFMA's smaller blocks fill more of the GPU (forward sweep on the H100 in
+// bench/RESULTS_flash.md).
 constexpr long long kFp64MmaForwardMinBlocks = 24;
 
-// What the launcher's choices depend on in the device.
+// What the choice of kernels depends on in the device (runtime/flash_attention.h makes one from
+// a device: flashTargetOf).
 struct FlashTarget {
   int multiprocessors = 0;    // 0: unknown (the fp32 blocks then take their default sizes)
   bool wgmma = false;         // sm_90a code: the 16-bit forward and default backward at padded head
-                              // dims 64 and 128 use flash_attention_{fwd,bwd}_wgmma.cuh unless PA_FLASH_WGMMA=0
+                              // dims 64 and 128 use flash_attention_{fwd,bwd}_wgmma.cuh
   bool fullRateFp64 = false;  // FP64 at the FP32 rate (sm_80, sm_90): FlashFp64Mma::kAuto may use DMMA
-  static FlashTarget of(const cuda::DeviceInfo& info);
 };
 
-// Every instantiation the launcher can choose (the NVRTC CI test compiles them all).
-std::vector<FlashKernelSpec> allFlashKernelSpecs();
-
-// Runs the kernels on one device. Instantiations are compiled by NVRTC on first use and cached
-// for the lifetime of the object; launches are asynchronous on the given stream.
-class FlashAttention {
- public:
-  explicit FlashAttention(const cuda::Device& device);
-  ~FlashAttention();
-  FlashAttention(const FlashAttention&) = delete;
-  FlashAttention& operator=(const FlashAttention&) = delete;
-
-  // Throws FlashAttentionError for an invalid problem (message names the offending field).
-  void validate(const FlashAttentionConfig& cfg, bool backward) const;
-  void forward(const FlashAttentionConfig& cfg, const FlashForwardArgs& args, cuda::CUstream stream);
-  size_t backwardWorkspaceBytes(const FlashAttentionConfig& cfg) const;
-  void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream);
-
-  // Spec chosen for a problem on a target (exposed for tests, codegen's dumps and the benchmark's
-  // report); the default target is an sm_80-class device of unknown size without full-rate FP64.
-  static FlashKernelSpec chooseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg,
-                                    const FlashTarget& target = {});
-  // Kernel launches made so far (forward and backward), for per-step launch counts.
-  int64_t launches() const { return launches_; }
-
- private:
-  struct Loaded {
-    cuda::CUmodule module = nullptr;
-    cuda::CUfunction function = nullptr;
-  };
-  const Loaded& load(const FlashKernelSpec& spec);
-  void launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY, const FlashKernelParams& params,
-              cuda::CUstream stream);
-  FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
-  FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
-
-  const cuda::Device& device_;
-  const FlashTarget target_;  // decided once: specFor runs at every launch
-  std::mutex mutex_;
-  std::unordered_map<unsigned long long, Loaded> loaded_;  // by spec, see load()
-  int64_t launches_ = 0;
+// Overrides of the choosers' rules, for tuning sweeps: only bench/ and tests/ fill one. Every
+// field's default means "the rule"; docs/flash_attention.md lists what each reaches (the bench
+// library reads them from PA_FLASH_* variables of the same names, bench/flash_bench_capi.cpp).
+struct FlashTuning {
+  int fwdTile = 0;        // fp16/bf16 forward: keys per tile (mma.sync and wgmma)
+  int fwdMtiles = 0;      // fp16/bf16 / TF32 / DMMA mma.sync forward: m-tiles per warp
+  int fwdWarpgroups = 0;  // sm_90a wgmma forward: consumer warpgroups
+  int fwdStages = 0;      // sm_90a wgmma forward: depth of the K/V ring
+  int bwdTile = 0;        // sm_90a wgmma backward: streamed tile rows
+  int bwdWarpgroups = 0;  // sm_90a wgmma backward: consumer warpgroups
+  bool wgmma = true;      // false: the sm_90a fp16/bf16 kernels on mma.sync instead of wgmma
+  bool splitKv = true;    // fp16/bf16 GQA dK/dV per query head (true) or per KV head (false)
+  int dqTile = 0;         // mma.sync dQ kernel: keys per tile
+  int dqMtiles = 0;       // mma.sync dQ kernel: m-tiles per warp
+  int f32FwdRows = 0;     // fp32 FFMA forward: query rows per thread (1, 2, 4, 8)
+  int f32BwdRows = 0;     // fp32 FFMA backward: keys (dK/dV) / query rows (dQ) per thread (1, 2, 4)
+  int f64FwdWarps = 0;    // fp32 forward on the FP64 tensor cores: warps per block (4, 8)
 };
+
+// The instantiation the launcher runs for one kernel of a problem on a target (exposed for tests,
+// codegen's dumps and the benchmark's report); the default target is an sm_80-class device of
+// unknown size without full-rate FP64. A dispatcher over the per-path choosers of flash_spec.cpp.
+FlashKernelSpec chooseFlashSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target = {},
+                                const FlashTuning& tuning = {});
+
+// GQA with 16-bit types: dK/dV blocks per query head (partials + reduce) instead of per KV head.
+bool flashSplitKvHeads(const FlashAttentionConfig& cfg, const FlashTuning& tuning = {});
+
+// Every kernel the launcher runs for a problem (forward, or the backward's kernels in launch
+// order) on a target.
+std::vector<FlashKernelSpec> flashKernelsOf(const FlashAttentionConfig& cfg, bool backward, const FlashTarget& target = {},
+                                            const FlashTuning& tuning = {});
+
+// Throws FlashAttentionError for a problem the kernels cannot run whatever the device (message
+// names the offending field); the launcher adds the device's shared-memory limit.
+void validateFlashConfig(const FlashAttentionConfig& cfg, bool backward);
+
+// Every instantiation production code can run: the choosers' picks over the configs and targets
+// the graph reaches (flash_variants.cpp lists the grid), deduplicated by name. NVRTC CI compiles
+// these.
+std::vector<FlashKernelSpec> flashProductionKernelSpecs();
+// The instantiations only tuning overrides and bench-only options reach (atomic dQ, DMMA
+// throughout, fp16, the tile / warpgroup / rows-per-thread sweeps), none of them in the
+// production list; compiled by the `sweep` ctest label.
+std::vector<FlashKernelSpec> flashSweepKernelSpecs();
 
 }  // namespace pa

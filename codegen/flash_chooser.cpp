@@ -1,0 +1,286 @@
+// Which FlashAttention instantiation runs a problem: one chooser per kernel path, a dispatcher,
+// and the checks of a problem against what the kernels support.
+#include <cmath>
+
+#include "codegen/flash_spec.h"
+#include "common/flash_attention_limits.h"
+
+namespace pa {
+
+namespace {
+
+int padHeadDim(int d) {
+  for (int p : {32, 64, 96, 128, 256})
+    if (d <= p) return p;
+  return 0;
+}
+int ceilDiv(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+bool isProductKind(FlashKernelKind kind) {
+  return kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq;
+}
+
+// Whether an fp32 product kernel runs on the FP64 tensor cores (FlashFp64Mma). kAuto: the
+// forward where DMMA runs at full rate, at head dims <= 64 (its limit) and on grids of at least
+// kFp64MmaForwardMinBlocks 64-row blocks; the backward stays on FFMA, which measured faster there
+// (bench/RESULTS_flash.md).
+bool usesFp64Mma(FlashKernelKind kind, const FlashAttentionConfig& c, const FlashTarget& target) {
+  if (c.tf32) return false;  // TF32 wins (with kOn, validate refuses the problem)
+  switch (c.fp64Mma) {
+    case FlashFp64Mma::kOn: return true;
+    case FlashFp64Mma::kOff: return false;
+    case FlashFp64Mma::kAuto:
+      return kind == FlashKernelKind::kForward && target.fullRateFp64 && c.headDim <= 64 &&
+             (long long)c.batch * c.heads * ceilDiv(c.qLen, 64) >= kFp64MmaForwardMinBlocks;
+  }
+  return false;
+}
+
+// The sm_90a wgmma kernels: 16-bit types at padded head dims 64 and 128 (head dims 33-64 and
+// 97-128 pad up); the backward only in the default scheme (atomic dQ stays on mma.sync).
+bool usesWgmma(FlashKernelKind kind, const FlashAttentionConfig& c, int dpad, const FlashTarget& target,
+               const FlashTuning& tuning) {
+  return c.dtype != kFlashF32 && target.wgmma && tuning.wgmma && (dpad == 64 || dpad == 128) &&
+         (kind == FlashKernelKind::kForward || !c.atomicDq);
+}
+
+FlashKernelSpec baseSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg) {
+  FlashKernelSpec s;
+  s.kind = kind;
+  s.dtype = cfg.dtype;
+  s.dpad = padHeadDim(cfg.headDim);
+  s.warps = 4;
+  s.tile = 64;
+  s.mtiles = 1;
+  return s;
+}
+
+// R rows (fp32 forward: query rows; backward: keys of dK/dV, query rows of dQ) per thread of the
+// FFMA kernels. Large R loads shared memory less per FFMA; small R makes more blocks, which short
+// sequences need to fill the GPU (their blocks are latency bound), but every block streams all of
+// the other operand, so R = 1 pays only for lengths <= 128. The rule (from the R sweeps in
+// bench/RESULTS_flash.md): the largest R of `choices` whose grid has >= 1.9 blocks per
+// multiprocessor, else R = 2 (1 up to 128 rows); `unknown` where the SM count is.
+int ffmaRows(long long slices, int len, int multiprocessors, std::initializer_list<int> choices, int unknown) {
+  if (multiprocessors <= 0) return unknown;
+  for (int r : choices)
+    if (10 * slices * ceilDiv(len, 16 * r) >= 19LL * multiprocessors) return r;
+  return len <= 128 ? 1 : 2;
+}
+
+// The choosers below see the product kernels only (kForward, kBwdDkDv, kBwdDq; isProductKind).
+
+// fp32 on the exact FFMA kernels: 128 threads, R rows per thread (ffmaRows). The dK/dV kernel's
+// part in dQ (Fp32DqMode in flash_attention_bwd_ffma.cuh): up to kMaxDqPartialBlocks key blocks
+// their per-block shares, summed in order; beyond, atomics unless the backward must be
+// deterministic, then the separate dQ kernel (two recomputed products). `atomicDq` asks for
+// atomics always.
+FlashKernelSpec chooseFfma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
+                           const FlashTuning& tuning) {
+  FlashKernelSpec s = baseSpec(kind, cfg);
+  const int mp = target.multiprocessors;
+  if (kind == FlashKernelKind::kForward) {
+    // Two blocks of R = 8 fit an SM at head dim <= 64 only.
+    s.mtiles = s.dpad <= 64 ? ffmaRows((long long)cfg.batch * cfg.heads, cfg.qLen, mp, {8, 4, 2}, 4)
+                            : ffmaRows((long long)cfg.batch * cfg.heads, cfg.qLen, mp, {4, 2}, 4);
+    if (tuning.f32FwdRows) s.mtiles = tuning.f32FwdRows;
+    return s;
+  }
+  const bool dkdv = kind == FlashKernelKind::kBwdDkDv;
+  s.mtiles = ffmaRows((long long)cfg.batch * (dkdv ? cfg.kvHeads : cfg.heads), dkdv ? cfg.kLen : cfg.qLen, mp, {4, 2}, 4);
+  if (tuning.f32BwdRows) s.mtiles = tuning.f32BwdRows;
+  if (dkdv) {
+    s.dqPartial = !cfg.atomicDq && ceilDiv(cfg.kLen, 16 * s.mtiles) <= kMaxDqPartialBlocks;
+    s.atomicDq = cfg.atomicDq || (!s.dqPartial && !cfg.deterministic);
+  }
+  return s;
+}
+
+// A grid of fewer blocks than multiprocessors leaves most of the GPU idle, and each block is
+// latency bound: the fp32 mma.sync kernels halve the rows of a block there (forward and dQ: one
+// m-tile unless a tuning override set it; dK/dV: 2 warps = 32 keys, default dQ scheme). Measured
+// in bench/RESULTS_flash.md.
+void shrinkSmallGrids(FlashKernelSpec& s, const FlashAttentionConfig& cfg, int multiprocessors, const FlashTuning& tuning) {
+  if (multiprocessors <= 0) return;
+  const bool dkdv = s.kind == FlashKernelKind::kBwdDkDv;
+  const long long slices = (long long)cfg.batch * (dkdv ? cfg.kvHeads : cfg.heads);
+  if (slices * ceilDiv(dkdv ? cfg.kLen : cfg.qLen, s.rowsPerBlock()) >= multiprocessors) return;
+  const int mtOverride = s.kind == FlashKernelKind::kForward ? tuning.fwdMtiles : tuning.dqMtiles;
+  if (!dkdv && s.mtiles == 2 && !mtOverride) s.mtiles = 1;
+  if (dkdv && !s.atomicDq && s.warps == 4) s.warps = 2;
+}
+
+// fp32 on the FP64 tensor cores (DMMA: the mma.sync kernels with MmaStep<F64Tag>). FP64 fragments
+// take twice TF32's registers: at head dims <= 64 (validation allows no more) the tiles that fit
+// 255 registers without spills (ptxas -v on sm_90) are one m-tile of 64-key tiles in the forward,
+// 4 warps over 32-row query tiles in dK/dV and one m-tile over 32 keys in dQ. Its dK/dV kernel
+// adds dQ with atomics (5 products a tile pair, as the FFMA path beyond a few key blocks) unless
+// the backward must be deterministic. f64FwdWarps = 8 makes 128-row forward blocks, one an SM.
+FlashKernelSpec chooseF64Mma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
+                             const FlashTuning& tuning) {
+  FlashKernelSpec s = baseSpec(kind, cfg);
+  s.f64 = true;
+  if (kind == FlashKernelKind::kForward) {
+    s.tile = 64;
+    if (tuning.f64FwdWarps) s.warps = tuning.f64FwdWarps;
+    if (tuning.fwdTile) s.tile = tuning.fwdTile;
+    if (tuning.fwdMtiles) s.mtiles = tuning.fwdMtiles;
+  } else if (kind == FlashKernelKind::kBwdDkDv) {
+    s.tile = 32;
+    s.atomicDq = cfg.atomicDq || !cfg.deterministic;
+  } else {  // kBwdDq
+    s.mtiles = tuning.dqMtiles ? tuning.dqMtiles : 1;
+    s.tile = tuning.dqTile ? tuning.dqTile : 32;
+  }
+  shrinkSmallGrids(s, cfg, target.multiprocessors, tuning);
+  return s;
+}
+
+// The mma.sync kernels, 16-bit types or fp32 with TF32 operands. Forward: 128-row blocks (2
+// m-tiles per warp) as FlashAttention-2 does, except at head dim 256 where two m-tiles of
+// accumulators would not fit the register file; 64 keys per tile at head dim <= 64, 32 above,
+// where S of 2 x 64 keys beside O would exceed it (tile sweep in bench/RESULTS_flash.md). dQ: the
+// forward's 128-row blocks; S and dP of 2 x 32 keys beside dQ above head dim 64. TF32 fragments
+// take twice the registers of 16-bit ones, so its backward takes the tiles that fit 255 registers
+// without spills (ptxas -v): dQ over 32 keys, 2 m-tiles at head dim <= 64 and 1 above; dK/dV over
+// 64 query rows at head dim <= 64, 32 above and with atomic dQ. Backward with atomicDq
+// (FlashAttention-2's scheme): 8 warps x 16 keys share each Q/dO tile; 4 at head dim 256, where
+// the key tiles of 128 rows would not fit shared memory. TF32: 8 at head dim 64 only (its 4-byte
+// rows do not fit above; below, the dQ product's column split needs 16 columns a warp).
+FlashKernelSpec chooseMmaSync(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
+                              const FlashTuning& tuning) {
+  FlashKernelSpec s = baseSpec(kind, cfg);
+  s.tf32 = cfg.dtype == kFlashF32;
+  if (kind == FlashKernelKind::kForward) {
+    s.mtiles = s.dpad <= 128 ? 2 : 1;
+    if (s.mtiles == 2 && s.dpad > 64) s.tile = 32;
+    if (tuning.fwdTile) s.tile = tuning.fwdTile;
+    if (tuning.fwdMtiles) s.mtiles = tuning.fwdMtiles;
+  } else if (kind == FlashKernelKind::kBwdDq) {
+    s.mtiles = tuning.dqMtiles ? tuning.dqMtiles : s.dpad <= (s.tf32 ? 64 : 128) ? 2 : 1;
+    if (s.tf32 || (s.mtiles == 2 && s.dpad > 64)) s.tile = 32;
+    if (tuning.dqTile) s.tile = tuning.dqTile;
+  } else {  // kBwdDkDv
+    if (s.tf32) s.tile = cfg.atomicDq || s.dpad > 64 ? 32 : 64;
+    if (cfg.atomicDq) {
+      s.atomicDq = true;
+      s.warps = s.tf32 ? (s.dpad == 64 ? 8 : 4) : (s.dpad <= 128 ? 8 : 4);
+    }
+  }
+  if (s.tf32) shrinkSmallGrids(s, cfg, target.multiprocessors, tuning);
+  return s;
+}
+
+// sm_90a, 16-bit types at padded head dims 64 and 128 (usesWgmma): the fastest of the sweeps in
+// bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
+// three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
+// otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
+// causal imbalance). dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer warpgroups (128
+// keys / query rows), streamed tiles of 128 rows at head dim 64 and 64 at 128 (128 spills heavily
+// there), two stages.
+FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTuning& tuning) {
+  FlashKernelSpec s = baseSpec(kind, cfg);
+  s.wgmma = true;
+  s.stages = 2;
+  if (kind == FlashKernelKind::kForward) {
+    s.tile = 128;
+    s.warps = s.dpad == 64 && cfg.qLen >= 2048 ? 12 : 8;
+    if (tuning.fwdTile) s.tile = tuning.fwdTile;
+    if (tuning.fwdWarpgroups) s.warps = 4 * tuning.fwdWarpgroups;
+    if (tuning.fwdStages) s.stages = tuning.fwdStages;
+  } else {
+    s.tile = s.dpad == 64 ? 128 : 64;
+    s.warps = 8;
+    if (tuning.bwdTile) s.tile = tuning.bwdTile;
+    if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
+  }
+  return s;
+}
+
+// The backward's small kernels (preprocess, sink reduce, dQ conversion and reductions): one
+// instantiation per dtype, or per the dK/dV kernel's key blocks for the fp32 dQ reduce.
+FlashKernelSpec chooseAuxiliary(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
+                                const FlashTuning& tuning) {
+  FlashKernelSpec s = baseSpec(kind, cfg);
+  s.dpad = 0;
+  if (kind == FlashKernelKind::kBwdDqReduce) s.mtiles = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, tuning).mtiles;
+  if (kind == FlashKernelKind::kBwdSinkReduce) s.dtype = kFlashF32;
+  return s;
+}
+
+[[noreturn]] void fail(const std::string& what) { throw FlashAttentionError("flash attention: " + what); }
+
+const char* dtypeName(FlashDType t) {
+  switch (t) {
+    case kFlashF32: return "f32";
+    case kFlashF16: return "f16";
+    case kFlashBF16: return "bf16";
+  }
+  return "?";
+}
+
+}  // namespace
+
+FlashKernelSpec chooseFlashSpec(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
+                                const FlashTuning& tuning) {
+  if (!isProductKind(kind)) return chooseAuxiliary(kind, cfg, target, tuning);
+  if (cfg.dtype == kFlashF32) {
+    if (cfg.tf32) return chooseMmaSync(kind, cfg, target, tuning);
+    if (usesFp64Mma(kind, cfg, target)) return chooseF64Mma(kind, cfg, target, tuning);
+    return chooseFfma(kind, cfg, target, tuning);
+  }
+  if (usesWgmma(kind, cfg, padHeadDim(cfg.headDim), target, tuning)) return chooseWgmma(kind, cfg, tuning);
+  return chooseMmaSync(kind, cfg, target, tuning);
+}
+
+bool flashSplitKvHeads(const FlashAttentionConfig& c, const FlashTuning& tuning) {
+  return c.dtype != kFlashF32 && c.heads != c.kvHeads && tuning.splitKv;
+}
+
+std::vector<FlashKernelSpec> flashKernelsOf(const FlashAttentionConfig& c, bool backward, const FlashTarget& target,
+                                            const FlashTuning& tuning) {
+  if (!backward) return {chooseFlashSpec(FlashKernelKind::kForward, c, target, tuning)};
+  std::vector<FlashKernelSpec> specs = {chooseFlashSpec(FlashKernelKind::kBwdPreprocess, c, target, tuning)};
+  if (c.sinkLogits) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdSinkReduce, c, target, tuning));
+  const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, c, target, tuning);
+  specs.push_back(dkdv);
+  if (flashSplitKvHeads(c, tuning)) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDvReduce, c, target, tuning));
+  if (dkdv.atomicDq)
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDqConvert, c, target, tuning));
+  else if (dkdv.dqPartial)
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDqReduce, c, target, tuning));
+  else
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDq, c, target, tuning));
+  return specs;
+}
+
+void validateFlashConfig(const FlashAttentionConfig& c, bool backward) {
+  if (c.batch < 1 || c.heads < 1 || c.kvHeads < 1)
+    fail("batch, heads and kvHeads must be >= 1 (got " + std::to_string(c.batch) + ", " +
+         std::to_string(c.heads) + ", " + std::to_string(c.kvHeads) + ")");
+  if (c.heads % c.kvHeads != 0)
+    fail("query heads (" + std::to_string(c.heads) + ") must be a multiple of kv heads (" +
+         std::to_string(c.kvHeads) + ")");
+  if (c.qLen < 0 || c.kLen < 0) fail("sequence lengths must be >= 0");
+  // The shape limits fuse-attention also reads (common/flash_attention_limits.h).
+  const std::string cannot = flashCudaCannotRun(c.batch, c.heads, c.headDim, backward && c.dtype == kFlashF32);
+  if (!cannot.empty()) fail(cannot);
+  if (c.mask.windowLeft < -1 || c.mask.windowRight < -1 || c.mask.sinks < 0)
+    fail("window offsets must be >= -1 (-1 = unbounded) and sinks >= 0");
+  if (!(c.scale >= 0.f) || !std::isfinite(c.scale)) fail("scale must be finite and >= 0 (0 = 1/sqrt(head dim))");
+  if (c.tf32 && c.dtype != kFlashF32)
+    fail(std::string("tf32 applies to fp32 inputs only; these are ") + dtypeName(c.dtype) +
+         " (their products already run on the tensor cores)");
+  const bool fp64MmaOn = c.fp64Mma == FlashFp64Mma::kOn;  // kAuto falls back to FFMA where DMMA cannot run
+  if (fp64MmaOn && c.dtype != kFlashF32)
+    fail(std::string("fp64Mma applies to fp32 inputs only; these are ") + dtypeName(c.dtype));
+  if (fp64MmaOn && c.tf32) fail("tf32 and fp64Mma both set: choose one way to run fp32 on the tensor cores");
+  if (fp64MmaOn && c.headDim > 64)
+    fail("fp64Mma supports head dim <= 64 (got " + std::to_string(c.headDim) +
+         "): above, its fp64 fragments spill registers; use the default FFMA kernels or tf32");
+  if (backward && c.deterministic && c.atomicDq)
+    fail("deterministic and atomicDq both set: fp32 atomics make dQ's summation order vary from run to "
+         "run, so a deterministic backward cannot use them; drop atomicDq");
+}
+
+}  // namespace pa

@@ -1,0 +1,224 @@
+// The FlashAttention instantiations NVRTC CI compiles: production's (the choosers over the configs
+// and targets a graph reaches) and the sweep's (what only tuning and bench-only options reach).
+#include <set>
+#include <utility>
+
+#include "codegen/flash_spec.h"
+
+namespace pa {
+
+namespace {
+
+// The largest wgmma forward the sweep list holds (an H100 allows 227 KB a block).
+constexpr int kMaxWgmmaSharedBytes = 227 * 1024;
+
+// Appends the specs whose names are new.
+void addUnique(std::vector<FlashKernelSpec>& specs, std::set<std::string>& names, const FlashKernelSpec& s) {
+  if (names.insert(s.name()).second) specs.push_back(s);
+}
+
+// Every variant the tuning overrides and the bench's options (atomicDq, fp64Mma = kOn, fp16)
+// reach, production's picks among them.
+std::vector<FlashKernelSpec> tunableKernelSpecs() {
+  std::vector<FlashKernelSpec> specs;
+  FlashAttentionConfig cfg;
+  for (FlashDType dt : {kFlashF32, kFlashF16, kFlashBF16}) {
+    cfg.dtype = dt;
+    for (int d : {32, 64, 96, 128, 256}) {
+      cfg.headDim = d;
+      specs.push_back(chooseFlashSpec(FlashKernelKind::kForward, cfg));
+      if (dt == kFlashF32) {  // every rows-per-thread variant (FlashTuning::f32FwdRows)
+        const FlashKernelSpec base = specs.back();
+        specs.pop_back();
+        for (int r : {1, 2, 4, 8}) {
+          if (r == 8 && d > 64) continue;
+          FlashKernelSpec v = base;
+          v.mtiles = r;
+          specs.push_back(v);
+        }
+      }
+      if (dt == kFlashF32 && d > 128) continue;  // fp32 backward tiles do not fit shared memory
+      specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg));
+      specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg));
+      if (dt == kFlashF32) {  // the smaller-block variants of the fp32 backward (R = 1, 2)
+        const FlashKernelSpec bases[2] = {specs[specs.size() - 2], specs[specs.size() - 1]};
+        for (const FlashKernelSpec& base : bases) {
+          for (int r : {1, 2}) {
+            FlashKernelSpec v = base;
+            v.mtiles = r;
+            specs.push_back(v);
+          }
+        }
+        // dK/dV in every part in dQ (Fp32DqMode), and the reduce.
+        for (int r : {1, 2, 4}) {
+          for (int mode = 0; mode < 3; ++mode) {
+            FlashKernelSpec v = bases[0];
+            v.mtiles = r;
+            v.dqPartial = mode == 1;
+            v.atomicDq = mode == 2;
+            if (v.dqPartial != bases[0].dqPartial || v.atomicDq != bases[0].atomicDq) specs.push_back(v);
+          }
+          if (d == 32) {
+            FlashKernelSpec red;
+            red.kind = FlashKernelKind::kBwdDqReduce;
+            red.dtype = kFlashF32;
+            red.dpad = 0;
+            red.mtiles = r;
+            specs.push_back(red);
+          }
+        }
+      }
+      if (dt != kFlashF32) {
+        cfg.atomicDq = true;
+        specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg));
+        cfg.atomicDq = false;
+      }
+    }
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdPreprocess, cfg));
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDqConvert, cfg));
+    if (dt != kFlashF32) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDvReduce, cfg));
+  }
+  specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdSinkReduce, cfg));
+  // fp32 on TF32 tensor cores: the mma.sync forward, dK/dV (both dQ schemes) and dQ kernels.
+  cfg.dtype = kFlashF32;
+  cfg.tf32 = true;
+  for (int d : {32, 64, 96, 128, 256}) {
+    cfg.headDim = d;
+    // Each with the smaller blocks of short sequences (one m-tile, or 2 dK/dV warps) beside it.
+    const FlashKernelSpec fwd = chooseFlashSpec(FlashKernelKind::kForward, cfg);
+    specs.push_back(fwd);
+    if (fwd.mtiles == 2) {
+      FlashKernelSpec v = fwd;
+      v.mtiles = 1;
+      specs.push_back(v);
+    }
+    if (d > 128) continue;  // the fp32 backward's limit
+    const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg);
+    const FlashKernelSpec dq = chooseFlashSpec(FlashKernelKind::kBwdDq, cfg);
+    specs.push_back(dkdv);
+    specs.push_back(dq);
+    FlashKernelSpec dkdv2 = dkdv;
+    dkdv2.warps = 2;
+    specs.push_back(dkdv2);
+    if (dq.mtiles == 2) {
+      FlashKernelSpec v = dq;
+      v.mtiles = 1;
+      specs.push_back(v);
+    }
+    cfg.atomicDq = true;
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg));
+    cfg.atomicDq = false;
+  }
+  cfg.tf32 = false;
+  // fp32 on the FP64 tensor cores (head dims <= 64): forward (4 warps, and 8: f64FwdWarps),
+  // dK/dV with atomic dQ, and for the deterministic backward dK/dV without it (4 warps, and the 2
+  // of short sequences) and dQ.
+  cfg.fp64Mma = FlashFp64Mma::kOn;
+  for (int d : {32, 64}) {
+    cfg.headDim = d;
+    FlashKernelSpec fwd = chooseFlashSpec(FlashKernelKind::kForward, cfg);
+    specs.push_back(fwd);
+    fwd.warps = 8;
+    specs.push_back(fwd);
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg));
+    cfg.deterministic = true;
+    FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg);
+    specs.push_back(dkdv);
+    dkdv.warps = 2;
+    specs.push_back(dkdv);
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg));
+    cfg.deterministic = false;
+  }
+  cfg.fp64Mma = FlashFp64Mma::kAuto;
+  // sm_90a: the wgmma backward's tiles and the forward's tile / warpgroup / stage variants that
+  // fit shared memory.
+  const FlashTarget sm90a{0, true, false};
+  for (FlashDType dt : {kFlashF16, kFlashBF16}) {
+    cfg.dtype = dt;
+    for (int d : {64, 128}) {
+      cfg.headDim = d;
+      for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+        for (int tile : {64, 128}) {
+          FlashKernelSpec v = chooseFlashSpec(k, cfg, sm90a);
+          v.tile = tile;
+          if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
+        }
+      const FlashKernelSpec chosen = chooseFlashSpec(FlashKernelKind::kForward, cfg, sm90a);
+      for (int tile : {64, 128})
+        for (int consumers : {1, 2, 3})
+          for (int stages : {2, 3}) {
+            FlashKernelSpec v = chosen;
+            v.tile = tile;
+            v.warps = 4 * consumers;
+            v.stages = stages;
+            if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
+          }
+    }
+  }
+  return specs;
+}
+
+}  // namespace
+
+// Note on the production grid. The choosers read the dtype (fp32 on FFMA, TF32 or, through kAuto,
+// DMMA; bf16: `precision` has no fp16), `deterministic`, the padded head dim, the grid's size
+// against the SM count (batch x heads or kvHeads x blocks: the FFMA rows-per-thread rule, the
+// DMMA forward's kFp64MmaForwardMinBlocks, TF32's small-grid blocks), the key blocks against
+// kMaxDqPartialBlocks, q_len >= 2048 (the wgmma forward's warpgroups), GQA (the split dK/dV's
+// reduce) and sink logits (their reduce); never the mask. The grid below crosses every one of
+// those thresholds on each target a graph may run on or be dumped for: the SM counts of an A100,
+// H100 and L40 and 0 (codegen's dumps, which do not know the device), with and without wgmma and
+// full-rate FP64 as those parts have them. The graph never sets atomicDq or fp64Mma.
+std::vector<FlashKernelSpec> flashProductionKernelSpecs() {
+  const FlashTarget targets[] = {{0, false, false},   {0, false, true},    {0, true, true},
+                                 {108, false, true},  {132, true, true},   {142, false, false}};
+  const int heads[][2] = {{1, 1}, {4, 1}, {8, 8}, {64, 64}, {64, 8}};  // query heads, KV heads
+  // (q_len, k_len): equal lengths across the thresholds, and a few unequal ones (a short side
+  // with a long one: the dQ kernel's small blocks beside the dK/dV kernel's large ones).
+  std::vector<std::pair<int, int>> lengths;
+  for (int len : {1, 64, 128, 129, 192, 256, 257, 512, 513, 1024, 2048, 4096}) lengths.push_back({len, len});
+  for (int shortLen : {64, 128, 256})
+    for (int longLen : {1024, 4096}) {
+      lengths.push_back({shortLen, longLen});
+      lengths.push_back({longLen, shortLen});
+    }
+  std::vector<FlashKernelSpec> specs;
+  std::set<std::string> names;
+  FlashAttentionConfig c;
+  c.sinkLogits = true;
+  // The backward's small kernels of both dtypes: codegen lists them for every backward node.
+  for (FlashDType dt : {kFlashF32, kFlashBF16}) {
+    c.dtype = dt;
+    for (FlashKernelKind k : {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdSinkReduce,
+                              FlashKernelKind::kBwdDqConvert, FlashKernelKind::kBwdDkDvReduce})
+      addUnique(specs, names, chooseFlashSpec(k, c));
+  }
+  for (const FlashTarget& target : targets)
+    for (int mode = 0; mode < 3; ++mode)  // fp32, tf32, bf16
+      for (bool deterministic : {false, true})
+        for (int d = 8; d <= 256; d += 8)
+          for (const auto& h : heads)
+            for (const auto& [qLen, kLen] : lengths) {
+              c.dtype = mode == 2 ? kFlashBF16 : kFlashF32;
+              c.tf32 = mode == 1;
+              c.deterministic = deterministic;
+              c.headDim = d;
+              c.heads = h[0], c.kvHeads = h[1];
+              c.qLen = qLen, c.kLen = kLen;
+              for (bool backward : {false, true}) {
+                if (backward && c.dtype == kFlashF32 && d > 128) continue;  // validation refuses it
+                for (const FlashKernelSpec& s : flashKernelsOf(c, backward, target)) addUnique(specs, names, s);
+              }
+            }
+  return specs;
+}
+
+std::vector<FlashKernelSpec> flashSweepKernelSpecs() {
+  std::set<std::string> names;
+  for (const FlashKernelSpec& s : flashProductionKernelSpecs()) names.insert(s.name());
+  std::vector<FlashKernelSpec> specs;
+  for (const FlashKernelSpec& s : tunableKernelSpecs()) addUnique(specs, names, s);
+  return specs;
+}
+
+}  // namespace pa

@@ -1,0 +1,202 @@
+// FlashAttention on a device: validation against the device, NVRTC loading, launches and the
+// backward's workspace (see flash_attention.h and docs/flash_attention.md).
+#include "runtime/flash_attention.h"
+
+#include <cmath>
+
+#include "codegen/embedded_kernels.h"
+#include "codegen/nvrtc_compiler.h"
+
+namespace pa {
+
+namespace {
+
+constexpr int kPreprocessRows = 64;  // mirrors flash::kPreprocessRows
+
+int elemBytes(FlashDType t) {
+  switch (t) {
+    case kFlashF32: return 4;
+    case kFlashF16: return 2;
+    case kFlashBF16: return 2;
+  }
+  return 0;
+}
+int ceilDiv(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+[[noreturn]] void fail(const std::string& what) { throw FlashAttentionError("flash attention: " + what); }
+
+void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
+  if (!t.ptr) fail(std::string(name) + " is null");
+  const int perVec = 16 / elemBytes(dtype);
+  if (t.ptr % 16) fail(std::string(name) + " must be 16-byte aligned (cp.async loads 16 bytes)");
+  if (t.seqStride % perVec || t.headStride % perVec || t.batchStride % perVec)
+    fail(std::string(name) + " strides must be multiples of " + std::to_string(perVec) +
+         " elements (16 bytes); got batch/head/seq strides " + std::to_string(t.batchStride) + "/" +
+         std::to_string(t.headStride) + "/" + std::to_string(t.seqStride));
+}
+
+}  // namespace
+
+FlashAttention::FlashAttention(const cuda::Device& device)
+    : device_(device), target_(flashTargetOf(device.info())) {}
+
+FlashTarget flashTargetOf(const cuda::DeviceInfo& info) {
+  FlashTarget t;
+  t.multiprocessors = info.multiprocessors;
+  t.wgmma = info.arch() == "sm_90a";
+  // The data-centre parts of Ampere and Hopper (A100, H100, H200: compute capability 8.0 / 9.0)
+  // run FP64 FMAs at the FP32 rate; the others at 1/64 or less (and Blackwell's DMMA at half).
+  t.fullRateFp64 = info.minor == 0 && (info.major == 8 || info.major == 9);
+  return t;
+}
+
+FlashAttention::~FlashAttention() {
+  for (auto& kv : loaded_)
+    if (kv.second.module) cuda::Driver::instance().api().cuModuleUnload(kv.second.module);
+}
+
+void FlashAttention::validate(const FlashAttentionConfig& c, bool backward) const {
+  validateFlashConfig(c, backward);
+  const int limit = device_.info().maxSharedBytesOptin;
+  const FlashKernelKind kinds[2] = {backward ? FlashKernelKind::kBwdDkDv : FlashKernelKind::kForward,
+                                    backward ? FlashKernelKind::kBwdDq : FlashKernelKind::kForward};
+  for (FlashKernelKind k : kinds) {
+    const FlashKernelSpec s = specFor(k, c);
+    if (s.sharedBytes() > limit)
+      fail(s.name() + " needs " + std::to_string(s.sharedBytes()) + " bytes of shared memory; " +
+           device_.info().name + " allows " + std::to_string(limit));
+  }
+}
+
+FlashKernelSpec FlashAttention::specFor(FlashKernelKind kind, const FlashAttentionConfig& c) const {
+  return chooseFlashSpec(kind, c, target_, tuning_);
+}
+
+FlashKernelParams FlashAttention::baseParams(const FlashAttentionConfig& c) const {
+  FlashKernelParams p{};
+  p.batch = c.batch;
+  p.heads = c.heads;
+  p.kvHeads = c.kvHeads;
+  p.qLen = c.qLen;
+  p.kLen = c.kLen;
+  p.headDim = c.headDim;
+  p.scale = c.scale > 0.f ? c.scale : 1.f / std::sqrt((float)c.headDim);
+  p.scaleLog2 = p.scale * 1.4426950408889634f;
+  p.mask = c.mask;
+  p.qTiles = ceilDiv(c.qLen, kPreprocessRows);
+  return p;
+}
+
+static FlashTensorView view(const FlashTensor& t) {
+  return FlashTensorView{t.ptr, t.batchStride, t.headStride, t.seqStride};
+}
+
+const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) {
+  // Integer key: launches happen every training step, so the hit path builds no strings.
+  // Every field of the spec that changes the source has its own digits (mtiles < 16).
+  unsigned long long key = (unsigned long long)spec.kind * 4 + spec.dtype;
+  key = (key * 1024 + spec.dpad) * 64 + spec.warps;
+  key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
+  key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
+  key = (key * 2 + spec.tf32) * 2 + spec.f64;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = loaded_.find(key);
+  if (it != loaded_.end()) return it->second;
+  const std::string name = spec.name();
+  codegen::CompileRequest req;
+  req.kernelName = name;
+  req.source = spec.source();
+  req.headers = codegen::embeddedKernelHeaders();
+  req.arch = device_.info().arch();
+  const codegen::CompileResult res = codegen::Nvrtc::instance().compile(req);
+  device_.makeCurrent();
+  Loaded l;
+  PA_CU_CHECK(cuModuleLoadData(&l.module, res.cubin.data()));
+  PA_CU_CHECK(cuModuleGetFunction(&l.function, l.module, name.c_str()));
+  if (spec.sharedBytes() > 48 * 1024)
+    PA_CU_CHECK(cuFuncSetAttribute(l.function, cuda::kFuncAttrMaxDynamicSharedSizeBytes, spec.sharedBytes()));
+  return loaded_.emplace(key, l).first->second;
+}
+
+void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY,
+                            const FlashKernelParams& params, cuda::CUstream stream) {
+  if (gridX == 0 || gridY == 0) return;
+  const Loaded& l = load(spec);
+  FlashKernelParams copy = params;
+  void* args[] = {&copy};
+  ++launches_;
+  PA_CU_CHECK(cuLaunchKernel(l.function, gridX, gridY, 1, spec.threads(), 1, 1, spec.sharedBytes(), stream, args, nullptr));
+}
+
+void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardArgs& a, cuda::CUstream stream) {
+  validate(c, false);
+  for (auto [n, t] : {std::make_pair("q", a.q), std::make_pair("k", a.k), std::make_pair("v", a.v), std::make_pair("o", a.o)})
+    checkTensor(n, t, c.dtype);
+  if (!a.lse) fail("lse is null");
+  if (c.sinkLogits && !a.sinkLogits) fail("config.sinkLogits is set but sinkLogits is null");
+  FlashKernelParams p = baseParams(c);
+  p.q = view(a.q), p.k = view(a.k), p.v = view(a.v), p.o = view(a.o);
+  p.lse = a.lse;
+  p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
+  const FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
+  launch(spec, ceilDiv(c.qLen, spec.rowsPerBlock()), c.batch * c.heads, p, stream);
+}
+
+size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {
+  // delta [batch, heads, qLen] + sink partials [heads, batch * qTiles], each 16-byte aligned.
+  const size_t delta = ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
+  const size_t partial = ((size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4 + 15) / 16 * 16;
+  const size_t dqAccum = (size_t)c.batch * c.heads * c.qLen * c.headDim * 4;  // atomic-dQ path only
+  const size_t dkvPartial = flashSplitKvHeads(c, tuning_) ? 2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 : 0;
+  const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
+  const size_t dqPartial = dkdv.dqPartial ? (size_t)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dqAccum + 16 : 0;
+  return delta + partial + (dkdv.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
+}
+
+void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackwardArgs& a, cuda::CUstream stream) {
+  validate(c, true);
+  for (auto [n, t] : {std::make_pair("q", a.q), std::make_pair("k", a.k), std::make_pair("v", a.v),
+                      std::make_pair("o", a.o), std::make_pair("dO", a.dO), std::make_pair("dQ", a.dQ),
+                      std::make_pair("dK", a.dK), std::make_pair("dV", a.dV)})
+    checkTensor(n, t, c.dtype);
+  if (!a.lse) fail("lse is null");
+  if (!a.workspace) fail("workspace is null (size: backwardWorkspaceBytes)");
+  if (c.sinkLogits && (!a.sinkLogits || !a.dSinkLogits))
+    fail("config.sinkLogits is set but sinkLogits or dSinkLogits is null");
+  FlashKernelParams p = baseParams(c);
+  p.q = view(a.q), p.k = view(a.k), p.v = view(a.v), p.o = view(a.o);
+  p.dO = view(a.dO), p.dQ = view(a.dQ), p.dK = view(a.dK), p.dV = view(a.dV);
+  p.lse = a.lse;
+  p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
+  p.dSinkLogits = c.sinkLogits ? a.dSinkLogits : 0;
+  p.delta = a.workspace;
+  p.sinkPartial = a.workspace + ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
+  const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
+  unsigned long long next = p.sinkPartial + ((size_t)c.heads * c.batch * p.qTiles * 4 + 15) / 16 * 16;
+  if (dkdv.atomicDq) {
+    p.dQAccum = next;
+    next += ((size_t)c.batch * c.heads * c.qLen * c.headDim * 4 + 15) / 16 * 16;
+  }
+  if (flashSplitKvHeads(c, tuning_)) {
+    p.dKVPartial = next;
+    next += (2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 + 15) / 16 * 16;
+  }
+  if (dkdv.dqPartial) p.dQPartial = next;
+
+  launch(specFor(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream);
+  // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
+  if (c.sinkLogits) launch(specFor(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream);
+  launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), c.batch * (p.dKVPartial ? c.heads : c.kvHeads), p, stream);
+  if (p.dKVPartial) launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream);
+  if (dkdv.atomicDq) {
+    launch(specFor(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream);
+  } else if (dkdv.dqPartial) {
+    launch(specFor(FlashKernelKind::kBwdDqReduce, c), ceilDiv(c.qLen, 64),
+           c.batch * c.heads, p, stream);
+  } else {
+    const FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);
+    launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream);
+  }
+}
+
+}  // namespace pa

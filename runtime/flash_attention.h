@@ -1,0 +1,87 @@
+// FlashAttention on a device: loads the chosen instantiations through NVRTC and launches them.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "codegen/flash_spec.h"
+#include "runtime/cuda/cuda_device.h"
+
+namespace pa {
+
+// A [batch, heads, seq, head_dim] device tensor with unit head_dim stride; strides in elements.
+struct FlashTensor {
+  unsigned long long ptr = 0;
+  long long batchStride = 0, headStride = 0, seqStride = 0;
+  static FlashTensor contiguous(unsigned long long ptr, int heads, int seq, int headDim) {
+    FlashTensor t;
+    t.ptr = ptr;
+    t.seqStride = headDim;
+    t.headStride = (long long)seq * headDim;
+    t.batchStride = (long long)heads * seq * headDim;
+    return t;
+  }
+};
+
+struct FlashForwardArgs {
+  FlashTensor q, k, v, o;
+  unsigned long long lse = 0;         // float [batch, heads, qLen]
+  unsigned long long sinkLogits = 0;  // float [heads] when config.sinkLogits
+};
+
+struct FlashBackwardArgs {
+  FlashTensor q, k, v, o, dO, dQ, dK, dV;  // dK, dV: [batch, kvHeads, kLen, headDim]
+  unsigned long long lse = 0;              // from the forward
+  unsigned long long sinkLogits = 0;       // float [heads] when config.sinkLogits
+  unsigned long long dSinkLogits = 0;      // float [heads], overwritten (summed over the batch)
+  unsigned long long workspace = 0;        // backwardWorkspaceBytes(config) bytes, 16-aligned
+};
+
+// What the kernel choice needs to know of a device.
+FlashTarget flashTargetOf(const cuda::DeviceInfo& info);
+
+// Runs the kernels on one device. Instantiations are compiled by NVRTC on first use and cached
+// for the lifetime of the object; launches are asynchronous on the given stream.
+class FlashAttention {
+ public:
+  explicit FlashAttention(const cuda::Device& device);
+  ~FlashAttention();
+  FlashAttention(const FlashAttention&) = delete;
+  FlashAttention& operator=(const FlashAttention&) = delete;
+
+  // Throws FlashAttentionError for an invalid problem (message names the offending field).
+  void validate(const FlashAttentionConfig& cfg, bool backward) const;
+  void forward(const FlashAttentionConfig& cfg, const FlashForwardArgs& args, cuda::CUstream stream);
+  size_t backwardWorkspaceBytes(const FlashAttentionConfig& cfg) const;
+  void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream);
+
+  // Overrides of the kernel choice for tuning sweeps and tests (bench/, tests/ only); the default
+  // follows the choosers' rules. Applies to the launches after the call.
+  void setTuning(const FlashTuning& tuning) { tuning_ = tuning; }
+  const FlashTarget& target() const { return target_; }
+  // Kernel launches made so far (forward and backward), for per-step launch counts.
+  int64_t launches() const { return launches_; }
+
+ private:
+  struct Loaded {
+    cuda::CUmodule module = nullptr;
+    cuda::CUfunction function = nullptr;
+  };
+  const Loaded& load(const FlashKernelSpec& spec);
+  void launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY, const FlashKernelParams& params,
+              cuda::CUstream stream);
+  FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
+  FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
+
+  const cuda::Device& device_;
+  const FlashTarget target_;  // decided once: specFor runs at every launch
+  FlashTuning tuning_;
+  std::mutex mutex_;
+  std::unordered_map<unsigned long long, Loaded> loaded_;  // by spec, see load()
+  int64_t launches_ = 0;
+};
+
+}  // namespace pa

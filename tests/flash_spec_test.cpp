@@ -1,0 +1,235 @@
+// CPU checks of the FlashAttention kernel choice: each chooser's rules, unique names, and that the
+// production list (what flash_nvrtc_tests compiles) holds every kernel the example configs run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/emit.h"
+#include "codegen/flash_spec.h"
+#include "frontend/config.h"
+#include "frontend/datasets.h"
+#include "frontend/trainer.h"
+
+namespace pa {
+namespace {
+
+std::set<std::string> namesOf(const std::vector<FlashKernelSpec>& a, const std::vector<FlashKernelSpec>& b = {}) {
+  std::set<std::string> names;
+  for (const auto* list : {&a, &b})
+    for (const FlashKernelSpec& s : *list) names.insert(s.name());
+  return names;
+}
+
+TEST(FlashSpec, SpecNamesAreUnique) {
+  for (const auto& list : {flashProductionKernelSpecs(), flashSweepKernelSpecs()}) {
+    std::set<std::string> names;
+    for (const FlashKernelSpec& s : list) EXPECT_TRUE(names.insert(s.name()).second) << s.name();
+  }
+}
+
+TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
+  FlashAttentionConfig cfg;
+  for (FlashDType dt : {kFlashF32, kFlashF16, kFlashBF16})
+    for (int d : {8, 32, 40, 64, 96, 128, 200}) {
+      cfg.dtype = dt;
+      cfg.headDim = d;
+      const bool want = dt != kFlashF32 && ((d > 32 && d <= 64) || (d > 96 && d <= 128));
+      EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true}).wgmma, want) << dt << " d" << d;
+      EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, false}).wgmma) << dt << " d" << d;
+      for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+        cfg.atomicDq = false;
+        EXPECT_EQ(chooseFlashSpec(k, cfg, {132, true}).wgmma, want) << dt << " d" << d;
+        cfg.atomicDq = dt != kFlashF32;  // the atomic scheme stays on mma.sync
+        EXPECT_FALSE(chooseFlashSpec(k, cfg, {132, true}).wgmma) << dt << " d" << d;
+        cfg.atomicDq = false;
+      }
+    }
+}
+
+// The fp32 backward's part in dQ: per-key-block shares while they are few, atomics beyond, the
+// separate dQ kernel when the backward must be deterministic, atomics whenever atomicDq asks.
+TEST(FlashSpec, Fp32DqSchemeFollowsLengthAndDeterminism) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.headDim = 64, cfg.qLen = 4096;
+  struct Want {
+    int kLen;
+    bool deterministic, atomicDq, wantPartial, wantAtomic;
+  };
+  // chooseFlashSpec without a multiprocessor count keeps R = 4: 64 keys per block, 8 blocks = 512 keys.
+  for (const Want& w : {Want{512, false, false, true, false}, Want{513, false, false, false, true},
+                        Want{4096, false, false, false, true}, Want{4096, true, false, false, false},
+                        Want{512, true, false, true, false}, Want{100, false, true, false, true}}) {
+    cfg.kLen = w.kLen, cfg.deterministic = w.deterministic, cfg.atomicDq = w.atomicDq;
+    const FlashKernelSpec s = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg);
+    EXPECT_EQ(s.dqPartial, w.wantPartial) << "kLen " << w.kLen << " det " << w.deterministic;
+    EXPECT_EQ(s.atomicDq, w.wantAtomic) << "kLen " << w.kLen << " det " << w.deterministic;
+    EXPECT_NE(s.source().find(w.wantPartial ? "kDqPartial" : w.wantAtomic ? "kDqAtomic" : "kDqSeparate"), std::string::npos)
+        << s.source();
+  }
+}
+
+// tf32 moves the fp32 forward, dK/dV and dQ onto the mma.sync kernels with TF32Tag (same tiles
+// rules as the 16-bit types, within shared memory); the other backward kernels and the 16-bit
+// types ignore it; the wgmma kernels are never chosen for it.
+TEST(FlashSpec, Tf32RunsTheTensorCoreKernels) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.tf32 = true, cfg.qLen = cfg.kLen = 4096;
+  for (int d : {8, 32, 64, 96, 128, 256})
+    for (bool atomic : {false, true}) {
+      cfg.headDim = d, cfg.atomicDq = atomic;
+      for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+        if (k != FlashKernelKind::kForward && d > 128) continue;
+        const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true});
+        EXPECT_TRUE(s.tf32) << s.name();
+        EXPECT_FALSE(s.wgmma) << s.name();
+        EXPECT_NE(s.name().find("_tf32_"), std::string::npos) << s.name();
+        EXPECT_NE(s.source().find("pa::flash::TF32Tag"), std::string::npos) << s.source();
+        EXPECT_EQ(s.threads(), 32 * s.warps) << s.name();
+        EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
+        if (k == FlashKernelKind::kBwdDkDv) {
+          EXPECT_EQ(s.atomicDq, atomic) << s.name();
+          EXPECT_FALSE(s.dqPartial) << s.name();
+        }
+      }
+      for (FlashKernelKind k : {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdDqConvert}) {
+        const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true});
+        EXPECT_FALSE(s.tf32) << s.name();
+        EXPECT_NE(s.source().find("pa::flash::F32Tag"), std::string::npos) << s.source();
+      }
+    }
+  cfg.atomicDq = false, cfg.headDim = 64, cfg.dtype = kFlashBF16;  // 16-bit inputs: no effect
+  const FlashKernelSpec bf = chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, false});
+  EXPECT_FALSE(bf.tf32);
+  EXPECT_NE(bf.source().find("pa::flash::BF16Tag"), std::string::npos);
+}
+
+// fp64Mma runs the mma.sync kernels with FP64 fragments in the tiles that fit their registers
+// (one m-tile, 4 warps, 64-key forward tiles, 32-row backward tiles); dK/dV adds dQ with atomics
+// unless the backward is deterministic, then the dQ kernel runs; the small kernels stay fp32.
+TEST(FlashSpec, Fp64MmaRunsTheTensorCoreKernelsInTilesThatFit) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.fp64Mma = FlashFp64Mma::kOn, cfg.batch = 4, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 4096;
+  for (int d : {8, 32, 40, 64})
+    for (bool det : {false, true}) {
+      cfg.headDim = d, cfg.deterministic = det;
+      for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+        for (bool wgmma : {false, true}) {
+          const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, wgmma});
+          EXPECT_TRUE(s.f64) << s.name();
+          EXPECT_FALSE(s.tf32 || s.wgmma || s.ffma()) << s.name();
+          EXPECT_NE(s.name().find("_f64mma_"), std::string::npos) << s.name();
+          EXPECT_NE(s.source().find("pa::flash::F64Tag"), std::string::npos) << s.source();
+          EXPECT_EQ(s.mtiles, 1) << s.name();
+          EXPECT_EQ(s.warps, 4) << s.name();
+          EXPECT_EQ(s.tile, k == FlashKernelKind::kForward ? 64 : 32) << s.name();
+          EXPECT_EQ(s.threads(), 128) << s.name();
+          EXPECT_EQ(s.rowsPerBlock(), 64) << s.name();
+          EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
+          if (k == FlashKernelKind::kBwdDkDv) {
+            EXPECT_EQ(s.atomicDq, !det) << s.name();
+            EXPECT_FALSE(s.dqPartial) << s.name();
+          }
+        }
+      }
+      for (FlashKernelKind k : {FlashKernelKind::kBwdPreprocess, FlashKernelKind::kBwdDqConvert}) {
+        const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true});
+        EXPECT_FALSE(s.f64) << s.name();
+        EXPECT_NE(s.source().find("pa::flash::F32Tag"), std::string::npos) << s.source();
+      }
+    }
+  // Every one of these is among the instantiations the NVRTC tests build (kOn is the bench's: the
+  // sweep list).
+  const std::set<std::string> all = namesOf(flashSweepKernelSpecs(), flashProductionKernelSpecs());
+  for (int d : {32, 64})
+    for (bool det : {false, true}) {
+      cfg.headDim = d, cfg.deterministic = det;
+      for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+        EXPECT_TRUE(all.count(chooseFlashSpec(k, cfg, {132, false}).name()))
+            << chooseFlashSpec(k, cfg, {132, false}).name();
+    }
+}
+
+// The fp32 default (FlashFp64Mma::kAuto): the forward on the FP64 tensor cores only on a target
+// with full-rate FP64, at head dims <= 64, from kFp64MmaForwardMinBlocks blocks of 64 query rows;
+// never the backward, never with tf32, and the same instantiation as kOn's forward (in the production
+// list). kOff and the other targets keep the FFMA kernels.
+TEST(FlashSpec, Fp32DefaultPutsTheForwardOnTheFp64TensorCoresWhereFullRate) {
+  const std::set<std::string> all = namesOf(flashProductionKernelSpecs());
+  const FlashTarget h100{132, true, true}, a100{108, false, true}, l40{142, false, false};
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.batch = 1, cfg.heads = cfg.kvHeads = 8;
+  for (int d : {8, 32, 64, 96, 128})
+    for (int len : {1, 128, 129, 192, 193, 4096}) {  // 8, 16, 24, 24, 32, 512 blocks
+      cfg.headDim = d, cfg.qLen = cfg.kLen = len;
+      const long long blocks = 8LL * ((len + 63) / 64);
+      const bool fits = d <= 64 && blocks >= kFp64MmaForwardMinBlocks;
+      for (const FlashTarget& t : {h100, a100, l40}) {
+        const FlashKernelSpec fwd = chooseFlashSpec(FlashKernelKind::kForward, cfg, t);
+        EXPECT_EQ(fwd.f64, fits && t.fullRateFp64) << fwd.name() << " len " << len;
+        if (fwd.f64) {
+          FlashAttentionConfig on = cfg;
+          on.fp64Mma = FlashFp64Mma::kOn;
+          EXPECT_EQ(fwd.name(), chooseFlashSpec(FlashKernelKind::kForward, on, t).name());
+          EXPECT_TRUE(all.count(fwd.name())) << fwd.name();
+        }
+        for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+          EXPECT_TRUE(chooseFlashSpec(k, cfg, t).ffma()) << d << " " << len;
+        FlashAttentionConfig other = cfg;
+        other.fp64Mma = FlashFp64Mma::kOff;
+        EXPECT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, other, t).ffma());
+        other = cfg;
+        other.tf32 = true;
+        EXPECT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, other, t).tf32);
+        EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, other, t).f64);
+      }
+    }
+  // The 16-bit types never take it.
+  cfg.dtype = kFlashBF16, cfg.headDim = 64, cfg.qLen = cfg.kLen = 4096;
+  EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, h100).f64);
+}
+
+// Every kernel the choosers pick for the FlashAttention nodes of every example config (and the
+// test configs), at each
+// precision that reaches them and on each target (the launcher's view with the device's SM count,
+// and codegen's dumps, which lack it), is in the production list that NVRTC CI compiles.
+TEST(FlashSpec, ProductionListHoldsEveryExampleConfigsKernels) {
+  const std::set<std::string> production = namesOf(flashProductionKernelSpecs());
+  const FlashTarget targets[] = {{0, false, false}, {108, false, true}, {132, true, true}, {142, false, false}};
+  int nodes = 0;
+  std::vector<std::filesystem::path> configs;
+  for (const char* dir : {"/configs", "/tests/configs"})
+    for (const auto& entry : std::filesystem::directory_iterator(std::string(PA_SOURCE_DIR) + dir))
+      if (entry.path().extension() == ".yaml") configs.push_back(entry.path());
+  for (const std::filesystem::path& path : configs) {
+    for (const char* precision : {"fp32", "tf32", "bf16"}) {
+      const Config cfg = loadConfig(path.string(), {"data.samples=64", std::string("precision=") + precision});
+      DataSplit data = loadData(cfg.data, cfg.seed, path.parent_path().string());
+      const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, cfg.train.batchSize)
+                          .model.graph;
+      const bool tf32 = std::string(precision) == "tf32";
+      for (NodeId id : g.topoOrder()) {
+        const Node& n = g.node(id);
+        if (n.op != OpKind::FlashAttention && n.op != OpKind::FlashAttentionGrad) continue;
+        ++nodes;
+        const std::string where = path.filename().string() + " " + precision + " " + n.name;
+        for (const FlashTarget& t : targets)
+          for (const FlashKernelSpec& s : flashKernelsOf(codegen::flashConfigOf(g, n, tf32), n.op == OpKind::FlashAttentionGrad, t))
+            EXPECT_TRUE(production.count(s.name())) << s.name() << " (" << where << ", " << t.multiprocessors << " SMs)";
+        for (bool wgmma : {false, true})
+          for (bool fullRateFp64 : {false, true}) {
+            codegen::EmitOptions opt;
+            opt.tf32 = tf32, opt.wgmma = wgmma, opt.fullRateFp64 = fullRateFp64;
+            for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
+              EXPECT_TRUE(production.count(k.name)) << k.name << " (" << where << ", dump)";
+          }
+      }
+    }
+  }
+  EXPECT_GT(nodes, 0) << "no example config has a FlashAttention node";
+}
+
+}  // namespace
+}  // namespace pa
