@@ -68,7 +68,9 @@ std::optional<std::map<std::string, AutotuneEntry>> AutotuneCache::parse(const s
     why = "not valid JSON";
     return std::nullopt;
   }
-  if (!doc.is_object() || doc.value("format", std::string()) != kFormat) {
+  const bool object = doc.is_object();
+  const auto format = object ? doc.find("format") : doc.end();
+  if (!object || format == doc.end() || !format->is_string() || *format != kFormat) {
     why = "not a GEMM autotune cache";
     return std::nullopt;
   }

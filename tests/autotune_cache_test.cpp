@@ -113,7 +113,9 @@ TEST_F(AutotuneCacheTest, OldFormatsAndOtherVersionsAreIgnored) {
   const std::string v3 = R"({"format": "pureattention-gemm-autotune", "version": 3, "entries": {"k": {"tiles": 1}}})";
   const std::string other = R"({"format": "something-else", "version": 2, "entries": {}})";
   const std::string list = R"([1, 2, 3])";
-  for (const std::string& text : {v1, v3, other, list}) {
+  const std::string mistyped = R"({"format": 5, "version": "2", "entries": []})";
+  const std::string noEntries = R"({"format": "pureattention-gemm-autotune", "version": 2})";
+  for (const std::string& text : {v1, v3, other, list, mistyped, noEntries}) {
     std::string why;
     EXPECT_FALSE(AutotuneCache::parse(text, why)) << text;
     EXPECT_FALSE(why.empty());
