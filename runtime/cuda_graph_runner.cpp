@@ -44,15 +44,6 @@ struct CudaGraphRunner::LibraryNode {
   std::vector<Launch> post;  // what cuBLASLt leaves of the epilogue (codegen::libraryGemmEpilogue)
 };
 
-const char* gemmProviderName(GemmProvider p) {
-  switch (p) {
-  case GemmProvider::Generated: return "generated";
-  case GemmProvider::Cublaslt: return "cublaslt";
-  case GemmProvider::Auto: return "auto";
-  }
-  return "?";
-}
-
 namespace {
 
 constexpr int64_t kParamAlignFloats = 64;  // 256 bytes: every parameter starts vector-aligned
