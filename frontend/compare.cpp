@@ -147,7 +147,7 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
     }
     // Per step: ‖g_fused − g_unfused‖₂ / ‖g_unfused‖₂ over all parameters together. Per
     // parameter it is ill-conditioned: a bias whose gradient is a near-cancelling sum, or a
-    // ReLU input within rounding distance of 0, turns 1e-7 noise into large ratios.
+    // ReLU input within rounding distance of 0, turns rounding noise into large ratios.
     if (step == 1)
       for (const auto& kv : gu) r.gradRelDiff[kv.first] = gradDiff(gf.at(kv.first), kv.second, largest);
     const double gradStep = normDiff(gf, gu);

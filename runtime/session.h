@@ -134,7 +134,9 @@ public:
   // Mean validation loss over whole batches of the validation split; -1 without one.
   virtual double validate() = 0;
   virtual int64_t totalSteps() const = 0;
-  virtual TrainResult& result() = 0;  // static facts filled; losses appended by train()
+  // The session's static facts (device, parameters, nodes, memory, GEMMs) filled; the graphs'
+  // compiler adds forwardNodes and passes, the training loop the losses.
+  virtual TrainResult& result() = 0;
   virtual std::map<std::string, std::vector<double>> params() const = 0;
   // Overwrites parameter values by name (the optimizer state is kept).
   virtual void setParams(const std::map<std::string, std::vector<double>>& values) = 0;
