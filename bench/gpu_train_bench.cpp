@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     std::printf("{\"config\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"steps\": %lld, \"reps\": %d, "
                 "\"ms_per_step\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"launches_per_step\": %d, \"cuda_graph\": %s, "
                 "\"activation_mib\": %.2f, \"last_loss\": %.6e, \"device\": \"%s\", \"gemm\": \"%s\"}\n",
-                cfg.name.c_str(), cfg.precision.c_str(), (long long)cfg.train.batchSize, (long long)steps, reps,
+                cfg.name.c_str(), pa::precisionName(cfg.precision), (long long)cfg.train.batchSize, (long long)steps, reps,
                 sorted[sorted.size() / 2], sorted.front(), sorted.back(), s->launchesPerStep(),
                 s->replaysCudaGraph() ? "true" : "false", static_cast<double>(s->result().activationBytes) / (1 << 20),
                 lastLoss, s->result().device.c_str(), s->result().gemm.c_str());

@@ -11,7 +11,13 @@
 namespace pa {
 
 double compareTolerance(const Config& cfg) {
-  return cfg.precision == "fp64" ? 1e-10 : cfg.precision == "bf16" ? std::ldexp(1.0, -8) : 1e-5;
+  switch (cfg.precision) {
+  case Precision::Fp64: return 1e-10;
+  case Precision::Bf16: return std::ldexp(1.0, -8);
+  case Precision::Fp32:
+  case Precision::Tf32: return 1e-5;
+  }
+  return 1e-5;
 }
 
 namespace {
@@ -84,11 +90,11 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
   std::unique_ptr<Session> free = makeSession(cfg, opt);
   CompareResult r;
   r.tolerance = compareTolerance(cfg);
-  r.againstFp32 = cfg.precision == "bf16";
+  r.againstFp32 = cfg.precision == Precision::Bf16;
   std::unique_ptr<Session> reference;  // bf16: the unfused graph in fp32, in lockstep
   if (r.againstFp32) {
     Config refCfg = cfg;  // the session keeps its own copy
-    refCfg.precision = "fp32";
+    refCfg.precision = Precision::Fp32;
     reference = makeSession(refCfg, opt);
   }
 
@@ -141,7 +147,7 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
     }
     // Per step: ‖g_fused − g_unfused‖₂ / ‖g_unfused‖₂ over all parameters together. Per
     // parameter it is ill-conditioned: a bias whose gradient is a near-cancelling sum, or a
-    // ReLU input within rounding distance of 0, turns 1e-7 noise into large ratios.
+    // ReLU input within rounding distance of 0, turns rounding noise into large ratios.
     if (step == 1)
       for (const auto& kv : gu) r.gradRelDiff[kv.first] = gradDiff(gf.at(kv.first), kv.second, largest);
     const double gradStep = normDiff(gf, gu);

@@ -1,6 +1,7 @@
 // Config parsing and validation. Each section lists its valid keys once, in checkKeys.
 #include "frontend/config.h"
 
+#include <cassert>
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -348,9 +349,8 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
   c.deterministic = n.getBool("deterministic", c.deterministic);
   if (n.has("gemm")) {
     const CfgNode m = n.child("gemm");
-    c.gemm = m.asString();
-    if (c.gemm != "generated" && c.gemm != "cublaslt" && c.gemm != "auto")
-      m.fail("'" + c.gemm + "' is not a GEMM provider; valid: generated, cublaslt, auto");
+    const std::string name = m.asString();
+    if (!parseGemmProvider(name, c.gemm)) m.fail("'" + name + "' is not a GEMM provider; valid: generated, cublaslt, auto");
   }
   if (n.has("passes")) {
     const CfgNode p = n.child("passes");
@@ -400,7 +400,10 @@ Config parseRoot(YAML::Node root, std::shared_ptr<ConfigSource> src) {
   c.name = n.getString("name", c.name);
   c.seed = static_cast<uint64_t>(n.getIntIn("seed", 0, 0, INT64_MAX));
   c.device = n.getChoice("device", c.device, {"auto", "cpu", "cuda"});
-  c.precision = n.getChoice("precision", c.precision, {"fp32", "fp64", "tf32", "bf16"});
+  const bool knownPrecision =
+      parsePrecision(n.getChoice("precision", precisionName(c.precision), {"fp32", "fp64", "tf32", "bf16"}), c.precision);
+  assert(knownPrecision && "getChoice returns one of the precisions' names");
+  (void)knownPrecision;
   parseData(n.child("data"), c.data);
   c.data.where = c.where;
   parseModel(n.child("model"), c.model);

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/settings.h"
 #include "frontend/config_node.h"
 
 namespace pa {
@@ -112,7 +113,7 @@ struct TrainConfig {
 
 struct CompilerConfig {
   std::vector<std::string> passes;  // the pipeline before autodiff; see README
-  std::string gemm = "auto";        // generated | cublaslt | auto: who runs the GEMMs on the GPU
+  GemmProvider gemm = GemmProvider::Auto;  // generated | cublaslt | auto: who runs the GEMMs on the GPU
   bool deterministic = false;       // GPU: no kernel with atomics (FlashAttention's fp32 backward)
 };
 
@@ -121,7 +122,7 @@ struct Config {
   std::string name = "model";
   uint64_t seed = 0;
   std::string device = "auto";     // auto | cpu | cuda
-  std::string precision = "fp32";  // fp32 | fp64 | tf32 | bf16
+  Precision precision = Precision::Fp32;  // fp32 | fp64 | tf32 | bf16
   DataConfig data;
   ModelConfig model;
   TrainConfig train;

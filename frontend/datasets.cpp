@@ -9,7 +9,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "frontend/rng.h"
+#include "common/rng.h"
 
 namespace pa {
 

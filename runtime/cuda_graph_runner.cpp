@@ -20,14 +20,6 @@
 
 namespace pa {
 
-const char* gemmProviderName(GemmProvider p) {
-  switch (p) {
-  case GemmProvider::Generated: return "generated";
-  case GemmProvider::Cublaslt: return "cublaslt";
-  case GemmProvider::Auto: return "auto";
-  }
-  return "?";
-}
 
 namespace {
 

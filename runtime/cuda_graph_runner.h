@@ -9,16 +9,12 @@
 #include <vector>
 
 #include "codegen/emit.h"
+#include "common/settings.h"
 #include "graph/graph.h"
 #include "runtime/flash_attention.h"
 #include "runtime/cuda/cuda_device.h"
 
 namespace pa {
-
-// Who runs the GEMM nodes (MatMul, FusedLinear, MatMulActGrad): the generated kernels,
-// cuBLASLt, or whichever of the two measures faster for each node (compiler.gemm).
-enum class GemmProvider { Generated, Cublaslt, Auto };
-const char* gemmProviderName(GemmProvider p);
 
 struct CudaRunnerOptions {
   bool tf32 = false;  // MatMul, FusedLinear and fp32 attention on TF32 tensor cores (precision: tf32)

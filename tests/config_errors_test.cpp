@@ -75,9 +75,21 @@ TEST(ConfigErrors, GemmProviderIsOneOfThree) {
   const std::string e = errorOf(kGood, {"compiler.gemm=cublas"});
   EXPECT_NE(e.find("compiler.gemm"), std::string::npos) << e;
   EXPECT_NE(e.find("valid: generated, cublaslt, auto"), std::string::npos) << e;
-  for (const char* ok : {"generated", "cublaslt", "auto"})  // the CPU ignores the key
+  for (const char* ok : {"generated", "cublaslt", "auto"}) {  // the CPU ignores the key
     EXPECT_EQ(errorOf(kGood, {std::string("compiler.gemm=") + ok}), "") << ok;
-  EXPECT_EQ(parseConfig(kGood, "model.yaml", {}).compiler.gemm, "auto");
+    EXPECT_STREQ(gemmProviderName(parseConfig(kGood, "model.yaml", {std::string("compiler.gemm=") + ok}).compiler.gemm), ok);
+  }
+  EXPECT_TRUE(parseConfig(kGood, "model.yaml", {}).compiler.gemm == GemmProvider::Auto);
+}
+
+// precision is parsed once into its enum; a name that is none lists the valid ones.
+TEST(ConfigErrors, PrecisionIsOneOfFour) {
+  for (const char* ok : {"fp32", "fp64", "tf32", "bf16"})
+    EXPECT_STREQ(precisionName(parseConfig(kGood, "model.yaml", {std::string("precision=") + ok}).precision), ok);
+  EXPECT_TRUE(parseConfig(kGood, "model.yaml", {}).precision == Precision::Fp32);
+  const std::string e = errorOf(kGood, {"precision=fp16"});
+  EXPECT_NE(e.find("precision"), std::string::npos) << e;
+  EXPECT_NE(e.find("fp32"), std::string::npos) << e;
 }
 
 TEST(ConfigErrors, DeterministicIsABoolean) {

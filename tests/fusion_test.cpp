@@ -571,7 +571,7 @@ TEST(MemoryPlan, Bf16StorageSizesHalveActivations) {
   for (bool noFuse : {false, true}) {
     const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml", {"data.samples=64"});
     Config bf = cfg;
-    bf.precision = "bf16";
+    bf.precision = Precision::Bf16;
     const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
     RunOptions opt;
     opt.noFuse = noFuse;

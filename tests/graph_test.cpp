@@ -6,6 +6,7 @@
 #include "graph/verifier.h"
 #include "passes/dce.h"
 #include "passes/pass_manager.h"
+#include "passes/pipeline.h"
 
 namespace pa {
 namespace {
@@ -105,6 +106,26 @@ TEST(Passes, RegistryRejectsUnknownNamesAndBadOrder) {
   PassRegistry r;
   r.add({"x", "", {}, {}, [](Graph&, PassStats&, const PassTarget&) {}});
   EXPECT_THROW(r.add({"x", "", {}, {}, [](Graph&, PassStats&, const PassTarget&) {}}), std::logic_error);
+}
+
+// The training pipeline's policy (README, "Passes"): the forward passes as configured (less the
+// fusions under --no-fuse), the clean-up after autodiff by what was fused, bf16 lowering last
+// before the verifier, and the validation graph's forward passes lowered the same way.
+TEST(Passes, TrainPipelineFollowsTheSettings) {
+  using V = std::vector<std::string>;
+  const V configured = {"fuse-linear", "fuse-elementwise", "cse"};
+  const TrainPipeline fp32 = trainPipeline(configured, Precision::Fp32, false);
+  EXPECT_EQ(fp32.forward, configured);
+  EXPECT_EQ(fp32.training, (V{"autodiff", "fuse-linear-grad", "fuse-elementwise", "cse", "dce", "verify"}));
+  EXPECT_EQ(fp32.validation, configured);
+  const TrainPipeline bf16 = trainPipeline(configured, Precision::Bf16, false);
+  EXPECT_EQ(bf16.training, (V{"autodiff", "fuse-linear-grad", "fuse-elementwise", "cse", "dce", "lower-bf16", "verify"}));
+  EXPECT_EQ(bf16.validation, (V{"fuse-linear", "fuse-elementwise", "cse", "lower-bf16"}));
+  const TrainPipeline unfused = trainPipeline(configured, Precision::Tf32, true);
+  EXPECT_EQ(unfused.forward, V{"cse"});
+  EXPECT_EQ(unfused.training, (V{"autodiff", "cse", "dce", "verify"}));
+  EXPECT_TRUE(passTargetOf(Precision::Bf16).attention16Bit);
+  for (Precision p : {Precision::Fp32, Precision::Fp64, Precision::Tf32}) EXPECT_FALSE(passTargetOf(p).attention16Bit);
 }
 
 TEST(Passes, PipelineRecordsStatistics) {

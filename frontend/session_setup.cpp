@@ -1,0 +1,263 @@
+// From a config and the command line to a runtime session: the data, the compiled training and
+// validation graphs, the initial parameters, the device; and the run's header.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "common/rng.h"
+#include "frontend/datasets.h"
+#include "frontend/model_builder.h"
+#include "frontend/trainer.h"
+#include "passes/pipeline.h"
+#include "runtime/cpu_session.h"
+#include "runtime/cuda/cuda_driver.h"
+#include "runtime/cuda_session.h"
+
+namespace pa {
+
+namespace {
+
+// He (normal, std sqrt(2 / fan_in)) for layers followed by ReLU, Xavier (uniform,
+// ±sqrt(6 / (fan_in + fan_out))) otherwise, zeros for biases; the first axis of a weight is its
+// fan-in. Each parameter draws from its own stream, so adding a layer leaves the others alone.
+std::vector<double> initParam(const std::string& name, const Shape& shape, const std::string& init, uint64_t seed) {
+  const int64_t n = numel(shape);
+  std::vector<double> v(static_cast<size_t>(n), 0.0);
+  if (init == "zeros") return v;
+  if (init == "ones") return std::vector<double>(static_cast<size_t>(n), 1.0);
+  Rng rng = Rng::stream(seed, "param/" + name);
+  const int64_t fanIn = shape.empty() ? 1 : shape[0];
+  const int64_t fanOut = shape.size() < 2 ? 1 : n / fanIn;
+  if (init == "he") {
+    const double sd = std::sqrt(2.0 / static_cast<double>(fanIn));
+    for (double& x : v) x = sd * rng.normal();
+  } else if (init == "normal") {
+    for (double& x : v) x = 0.02 * rng.normal();
+  } else {  // xavier
+    const double a = std::sqrt(6.0 / static_cast<double>(fanIn + fanOut));
+    for (double& x : v) x = rng.uniform(-a, a);
+  }
+  return v;
+}
+
+// The config's data, checked against the batch size.
+DataSplit loadTrainingData(const Config& cfg) {
+  namespace fs = std::filesystem;
+  const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
+  DataSplit data = loadData(cfg.data, cfg.seed, baseDir);
+  if (data.train.count >= cfg.train.batchSize) return data;
+  const std::string batch = std::to_string(cfg.train.batchSize), train = std::to_string(data.train.count),
+                    all = std::to_string(data.train.count + data.validation.count);
+  if (cfg.where.isSet("train.batch_size") || cfg.where.location("train.batch_size").empty())
+    cfg.where.fail("train.batch_size", batch + " is larger than the " + train + " training samples (" + all +
+                                           " samples less data.validation's share)");
+  // The batch size is its default: the mistake is in the key that made the samples too few.
+  const std::string fewer = ", fewer than train.batch_size " + batch + " (its default; set it, or give more samples)";
+  if (cfg.data.kind == "csv")
+    cfg.where.fail("data.path", "the CSV file '" + cfg.data.path + "' holds " + all + " rows, " + train +
+                                    " for training after data.validation's share" + fewer);
+  if (cfg.where.isSet("data.samples"))
+    cfg.where.fail("data.samples", all + " samples leave " + train + " for training after data.validation's share" + fewer);
+  if (cfg.where.isSet("data.validation"))
+    cfg.where.fail("data.validation", formatNumber(cfg.data.validation) + " of the " + all + " samples leaves " + train +
+                                          " for training" + fewer);
+  cfg.where.fail("", "data.samples and data.validation (both at their defaults) leave " + train +
+                         " training samples" + fewer);
+}
+
+// A parameter's starting values: given by the caller (tests, --compare) or drawn from the seed.
+std::vector<double> initialValues(const Graph& g, ValueId p, uint64_t seed,
+                                  const std::map<std::string, std::vector<double>>& givenValues) {
+  const std::string& name = g.value(p).name;
+  auto given = givenValues.find(name);
+  if (given == givenValues.end())
+    return initParam(name, g.shape(p), g.producer(p).attrs.getString("init", "xavier"), seed);
+  if (static_cast<int64_t>(given->second.size()) != numel(g.shape(p)))
+    throw UserError("initial value of parameter '" + name + "' has " + std::to_string(given->second.size()) +
+                    " elements, expected " + std::to_string(numel(g.shape(p))));
+  return given->second;
+}
+
+// Steps to train: --steps, else epochs, else train.steps.
+int64_t stepsToTrain(const Config& cfg, const RunOptions& opt, int64_t trainSamples) {
+  if (opt.steps >= 0) return opt.steps;
+  if (cfg.train.epochs > 0) return cfg.train.epochs * (trainSamples / cfg.train.batchSize);
+  return cfg.train.steps;
+}
+
+LrSchedule lrScheduleOf(const TrainConfig& t) {
+  LrSchedule s;
+  s.lr = t.optimizer.lr;
+  s.warmupSteps = t.warmupSteps;
+  s.cosine = t.lrSchedule == "cosine";
+  return s;
+}
+
+Samples samplesOf(Dataset&& d) {
+  Samples s;
+  s.xSize = d.xSize();
+  s.ySize = d.ySize();
+  s.count = d.count;
+  s.x = std::move(d.x);
+  s.y = std::move(d.y);
+  return s;
+}
+
+// --verbose: each pass's statistics, and its notes (e.g. what was left unfused and why).
+void printPassStats(const std::vector<PassStats>& stats) {
+  for (const PassStats& s : stats) {
+    std::printf("  pass %-10s nodes %zu -> %zu", s.pass.c_str(), s.nodesBefore, s.nodesAfter);
+    for (const auto& kv : s.counters) std::printf(", %s %lld", kv.first.c_str(), (long long)kv.second);
+    std::printf("\n");
+    for (const std::string& note : s.notes) std::printf("    %s\n", note.c_str());
+  }
+}
+
+std::string humanCount(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+// The device to train on: --device, else the config's; "cuda", or "cpu" with why and how the
+// precision runs there (the run's header shows it).
+std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
+  const std::string dev = opt.device.empty() ? cfg.device : opt.device;
+  if (dev != "auto" && dev != "cpu" && dev != "cuda")
+    throw UserError("--device " + dev + ": valid choices are auto, cpu, cuda");
+  const cuda::Driver& driver = cuda::Driver::instance();
+  // fp64 is the CPU's reference path; the GPU trains fp32, tf32 (TF32 tensor-core GEMMs and attention) and
+  // bf16 (bf16 activations, fp32 master weights).
+  bool gpuPrecision = true;
+  std::string cpuNote;  // how the CPU runs the precision
+  switch (cfg.precision) {
+  case Precision::Fp32: break;
+  case Precision::Fp64: gpuPrecision = false; break;
+  case Precision::Tf32: cpuNote = ", tf32 runs as exact fp32 on the CPU"; break;
+  case Precision::Bf16: cpuNote = ", bf16 storage emulated: fp32 arithmetic, each bf16 value rounded when stored"; break;
+  }
+  if (dev == "cuda") {
+    if (!driver.available()) {
+      if (!opt.device.empty()) throw UserError("--device cuda: no GPU to train on: " + driver.unavailableReason());
+      cfg.where.fail("device", "cuda, but there is no GPU to train on: " + driver.unavailableReason() + " (use auto or cpu)");
+    }
+    if (!gpuPrecision)
+      cfg.where.fail("precision", std::string(precisionName(cfg.precision)) +
+                                      " is not implemented on the CUDA device (fp32, tf32 and bf16 are)");
+    return "cuda";
+  }
+  if (dev == "auto" && driver.available() && gpuPrecision) return "cuda";
+  std::string device = dev == "auto" ? "cpu (auto: " + (driver.available() ? std::string("this config needs the CPU") : driver.unavailableReason()) + ")" : "cpu";
+  return device + cpuNote;
+}
+
+// The run's header (README, "The `train` command"): the model, the device, what was compiled,
+// the data; with --verbose, every pass's statistics.
+void printHeader(const Config& cfg, const RunOptions& opt, Session& session, const std::string& dataDescription,
+                 int64_t nTrain, int64_t nVal, int64_t batch) {
+  const TrainResult& r = session.result();
+  std::printf("%s: %s parameters; graph %zu nodes forward, %zu with backward%s; device %s; precision %s\n",
+              cfg.name.c_str(), humanCount(r.parameterCount).c_str(), r.forwardNodes, r.trainNodes,
+              opt.noFuse ? " (unfused)" : "", r.device.c_str(), precisionName(cfg.precision));
+  if (const DeviceSummary* d = session.deviceSummary()) {
+    std::printf("kernels: %d generated (%d + %d NVRTC programs, %lld compiled, %lld from the cache) in %.2f s; "
+                "activations %s, parameters and Adam state %s on the device\n",
+                d->generatedKernels, d->trainPrograms, d->validationPrograms, d->compiled, d->fromCache,
+                d->compileSeconds, formatMiB(d->activationBytes).c_str(), formatMiB(d->paramAndAdamBytes).c_str());
+    std::printf("%s\n", r.gemm.c_str());
+  }
+  std::printf("data %s; %lld train / %lld validation samples; batch %lld; %lld steps\n", dataDescription.c_str(),
+              (long long)nTrain, (long long)nVal, (long long)batch, (long long)session.totalSteps());
+  if (opt.verbose) printPassStats(r.passes);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+double scheduledLr(const TrainConfig& t, int64_t step, int64_t total) { return lrScheduleOf(t).at(step, total); }
+
+BuiltModel compileValidationGraph(const Config& cfg, const TrainingGraph& tg, const std::vector<int64_t>& sampleX,
+                                  const std::vector<int64_t>& sampleY, int64_t batch) {
+  BuiltModel m = buildModel(cfg, sampleX, sampleY, batch);
+  PipelineOptions popt;
+  popt.target = passTargetOf(cfg.precision);
+  runPipeline(m.graph, tg.validationPasses, popt);
+  return m;
+}
+
+TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, const std::vector<int64_t>& sampleX,
+                                   const std::vector<int64_t>& sampleY, int64_t batch) {
+  TrainingGraph tg;
+  tg.model = buildModel(cfg, sampleX, sampleY, batch);
+  Graph& g = tg.model.graph;
+  PipelineOptions popt;
+  popt.dumpDir = opt.dumpGraphDir;
+  popt.title = cfg.name;
+  popt.target = passTargetOf(cfg.precision);
+  if (!opt.dumpGraphDir.empty()) dumpGraph(g, opt.dumpGraphDir, "00-frontend", cfg.name + " as lowered");
+  const TrainPipeline pipeline = trainPipeline(cfg.compiler.passes, cfg.precision, opt.noFuse);
+  tg.stats = runPipeline(g, pipeline.forward, popt);
+  tg.forwardNodes = g.liveNodeCount();
+  popt.firstDumpIndex = static_cast<int>(pipeline.forward.size());
+  for (PassStats& s : runPipeline(g, pipeline.training, popt)) tg.stats.push_back(std::move(s));
+  if (opt.testGraphHook) opt.testGraphHook(g);
+  tg.validationPasses = pipeline.validation;
+  return tg;
+}
+
+std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) {
+  const std::string device = resolveDevice(cfg, opt);
+  DataSplit data = loadTrainingData(cfg);
+  const int64_t batch = cfg.train.batchSize;
+  TrainingGraph tg = compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, batch);
+  // The validation graph: the same model and passes, forward only.
+  const int64_t nTrain = data.train.count, nVal = data.validation.count;
+  const int64_t evalBatch = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
+  BuiltModel eval = compileValidationGraph(cfg, tg, data.train.xShape, data.train.yShape, evalBatch);
+
+  SessionSpec spec;
+  spec.initialValues = [seed = cfg.seed, given = opt.initialParams](const Graph& g, ValueId p) {
+    return initialValues(g, p, seed, given);
+  };
+  spec.train = SessionGraph{std::move(tg.model.graph), tg.model.x, tg.model.y};
+  spec.validation = SessionGraph{std::move(eval.graph), eval.x, eval.y};
+  spec.batchSize = batch;
+  spec.validationBatch = evalBatch;
+  spec.steps = stepsToTrain(cfg, opt, nTrain);
+  spec.trainData = samplesOf(std::move(data.train));
+  spec.validationData = samplesOf(std::move(data.validation));
+  spec.precision = cfg.precision;
+  spec.gemm = cfg.compiler.gemm;
+  spec.deterministic = cfg.compiler.deterministic;
+  spec.cudaGraph = opt.cudaGraph;
+  spec.seed = cfg.seed;
+  spec.shuffle = cfg.data.shuffle;
+  const OptimizerConfig& o = cfg.train.optimizer;
+  spec.adam = AdamSettings{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay, o.clipGradNorm};
+  spec.schedule = lrScheduleOf(cfg.train);
+  spec.device = device;
+  spec.dumpKernelsDir = opt.dumpKernelsDir;
+  spec.announceCompile = opt.printSummary;
+
+  std::unique_ptr<Session> session;
+  if (device == "cuda") {
+    try {
+      session = makeCudaSession(std::move(spec));
+    } catch (const SessionSettingError& e) {
+      cfg.where.fail(e.key(), e.message());
+    }
+  } else {
+    session = makeCpuSession(std::move(spec));
+  }
+  TrainResult& r = session->result();
+  r.forwardNodes = tg.forwardNodes;
+  r.passes = tg.stats;
+  if (opt.printSummary) printHeader(cfg, opt, *session, data.description, nTrain, nVal, batch);
+  return session;
+}
+
+}  // namespace pa

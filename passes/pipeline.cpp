@@ -1,0 +1,34 @@
+// The pass-pipeline policy: which passes run for which settings.
+#include "passes/pipeline.h"
+
+namespace pa {
+
+TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precision precision, bool noFuse) {
+  TrainPipeline p;
+  bool elementwise = false, linear = false;
+  for (const std::string& name : configured) {
+    const bool fusion = name.rfind("fuse-", 0) == 0;
+    if (fusion && noFuse) continue;
+    elementwise |= name == "fuse-elementwise";
+    linear |= name == "fuse-linear";
+    p.forward.push_back(name);
+  }
+  const bool bf16 = precision == Precision::Bf16;
+  p.training = {"autodiff"};
+  if (linear) p.training.push_back("fuse-linear-grad");
+  if (elementwise) p.training.push_back("fuse-elementwise");
+  p.training.insert(p.training.end(), {"cse", "dce"});
+  if (bf16) p.training.push_back("lower-bf16");
+  p.training.push_back("verify");
+  p.validation = p.forward;
+  if (bf16) p.validation.push_back("lower-bf16");
+  return p;
+}
+
+PassTarget passTargetOf(Precision precision) {
+  PassTarget t;
+  t.attention16Bit = precision == Precision::Bf16;
+  return t;
+}
+
+}  // namespace pa

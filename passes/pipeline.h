@@ -1,0 +1,29 @@
+// Which passes run for which settings: the training step's pipeline and the validation graph's.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/settings.h"
+#include "passes/pass_manager.h"
+
+namespace pa {
+
+struct TrainPipeline {
+  std::vector<std::string> forward;     // on the forward graph, before autodiff
+  std::vector<std::string> training;    // on the whole step, after autodiff
+  std::vector<std::string> validation;  // on the forward-only validation graph
+};
+
+// The forward passes are the configured ones (compiler.fuse, then compiler.passes), less the
+// fusions under `noFuse`. After autodiff the step is cleaned up: with linear fusion, the
+// backward's matmul + activation-derivative pairs fuse (fuse-linear-grad); elementwise fusion
+// again when it is enabled (the backward has chains of its own); CSE, DCE; bf16 lowers the
+// finished graph to bf16 storage; the verifier last. The validation graph runs the forward
+// passes and, under bf16, the same lowering, so it computes what the training step's forward does.
+TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precision precision, bool noFuse);
+
+// What the passes may assume of the targets under `precision`: its attention inputs.
+PassTarget passTargetOf(Precision precision);
+
+}  // namespace pa

@@ -1,0 +1,172 @@
+// The CPU session: a training graph and a forward-only validation graph over shared parameters.
+#include "runtime/cpu_session.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "codegen/emit.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "passes/autodiff.h"
+#include "runtime/batch_order.h"
+#include "runtime/cpu_executor.h"
+
+namespace pa {
+
+namespace {
+
+template <class T>
+struct ParamState {
+  std::string name;
+  ValueId trainValue = kNoValue, evalValue = kNoValue, grad = kNoValue;
+  std::vector<T> value, m, v;
+};
+
+template <class T>
+class CpuSession final : public Session {
+public:
+  explicit CpuSession(SessionSpec spec);
+  void enqueueStep(int64_t step) override { pending_.push_back(runStep(step)); }
+  std::vector<double> takeLosses() override { return std::exchange(pending_, {}); }
+  double validate() override;
+  int64_t totalSteps() const override { return spec_.steps; }
+  TrainResult& result() override { return res_; }
+  void setParams(const std::map<std::string, std::vector<double>>& values) override {
+    for (ParamState<T>& p : params_) {
+      auto it = values.find(p.name);
+      if (it != values.end()) std::copy(it->second.begin(), it->second.end(), p.value.begin());
+    }
+  }
+  std::map<std::string, std::vector<double>> gradients() const override {
+    std::map<std::string, std::vector<double>> r;
+    for (const ParamState<T>& p : params_) {
+      const T* gp = exec_->data(p.grad);
+      r[p.name] = std::vector<double>(gp, gp + p.value.size());
+    }
+    return r;
+  }
+  std::map<std::string, std::vector<double>> params() const override {
+    std::map<std::string, std::vector<double>> r;
+    for (const ParamState<T>& p : params_) r[p.name] = std::vector<double>(p.value.begin(), p.value.end());
+    return r;
+  }
+
+private:
+  double runStep(int64_t step);
+  SessionSpec spec_;
+  std::vector<double> pending_;  // losses not yet taken
+  std::unique_ptr<CpuExecutor<T>> exec_, evalExec_;
+  std::vector<ParamState<T>> params_;
+  std::unique_ptr<BatchOrder> order_;
+  cpu::AdamHyper hyper_;
+  TrainResult res_;
+};
+
+template <class T>
+CpuSession<T>::CpuSession(SessionSpec spec) : spec_(std::move(spec)) {
+  Graph& g = spec_.train.graph;
+  if (!spec_.dumpKernelsDir.empty()) {
+    const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir);
+    std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
+  }
+  exec_ = std::make_unique<CpuExecutor<T>>(g);
+  evalExec_ = std::make_unique<CpuExecutor<T>>(spec_.validation.graph);
+  int64_t paramCount = 0;
+  for (ValueId pv : g.params()) {
+    ParamState<T> p;
+    p.name = g.value(pv).name;
+    p.trainValue = pv;
+    p.evalValue = spec_.validation.graph.findValue(p.name);
+    p.grad = g.output(gradOutputName(p.name));
+    const std::vector<double> init = spec_.initialValues(g, pv);
+    assert(static_cast<int64_t>(init.size()) == numel(g.shape(pv)) && "the frontend checks given values");
+    p.value.assign(init.begin(), init.end());
+    p.m.assign(p.value.size(), T(0));
+    p.v.assign(p.value.size(), T(0));
+    paramCount += static_cast<int64_t>(p.value.size());
+    params_.push_back(std::move(p));
+  }
+  for (ParamState<T>& p : params_) {
+    exec_->bind(p.trainValue, p.value.data());
+    if (p.evalValue != kNoValue) evalExec_->bind(p.evalValue, p.value.data());
+  }
+  order_ = std::make_unique<BatchOrder>(spec_.trainData.count, spec_.seed, spec_.shuffle);
+  const AdamSettings& a = spec_.adam;
+  hyper_ = cpu::AdamHyper{a.lr, a.beta1, a.beta2, a.eps, a.weightDecay};
+  res_.device = spec_.device;
+  res_.parameterCount = paramCount;
+  res_.trainNodes = g.liveNodeCount();
+  res_.activationBytes = exec_->arenaBytes();
+}
+
+template <class T>
+double CpuSession<T>::validate() {
+  const Samples& val = spec_.validationData;
+  if (val.count == 0) return -1.0;
+  const int64_t batch = spec_.validationBatch;
+  const int64_t chunks = val.count / batch;  // the remainder (< one batch) is left out
+  const int64_t xs = val.xSize, ys = val.ySize;
+  T* ex = evalExec_->data(spec_.validation.x);
+  T* ey = evalExec_->data(spec_.validation.y);
+  const ValueId loss = spec_.validation.graph.output("loss");
+  double acc = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* sx = val.x.data() + c * batch * xs;
+    const float* sy = val.y.data() + c * batch * ys;
+    std::copy(sx, sx + batch * xs, ex);
+    std::copy(sy, sy + batch * ys, ey);
+    evalExec_->run();
+    acc += static_cast<double>(evalExec_->data(loss)[0]);
+  }
+  return acc / static_cast<double>(chunks);
+}
+
+template <class T>
+double CpuSession<T>::runStep(int64_t step) {
+  const Samples& data = spec_.trainData;
+  const int64_t batch = spec_.batchSize;
+  const int64_t xs = data.xSize, ys = data.ySize;
+  const int64_t* rows = order_->next(batch);
+  T* xIn = exec_->data(spec_.train.x);
+  T* yIn = exec_->data(spec_.train.y);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t s = rows[b];
+    std::copy(data.x.begin() + s * xs, data.x.begin() + (s + 1) * xs, xIn + b * xs);
+    std::copy(data.y.begin() + s * ys, data.y.begin() + (s + 1) * ys, yIn + b * ys);
+  }
+  exec_->run();
+  const double loss = static_cast<double>(exec_->data(spec_.train.graph.output("loss"))[0]);
+  if (!std::isfinite(loss)) return loss;  // the caller reports divergence; parameters stay as they were
+  double gradScale = 1.0;
+  const double clip = spec_.adam.clipGradNorm;
+  if (clip > 0) {
+    double sq = 0.0;
+    for (const ParamState<T>& p : params_) {
+      const T* gp = exec_->data(p.grad);
+      for (size_t i = 0; i < p.value.size(); ++i) sq += static_cast<double>(gp[i]) * gp[i];
+    }
+    const double norm = std::sqrt(sq);
+    if (norm > clip) gradScale = clip / norm;
+  }
+  hyper_.lr = spec_.schedule.at(step, spec_.steps);
+  for (ParamState<T>& p : params_)
+    cpu::adamStep(p.value.data(), exec_->data(p.grad), p.m.data(), p.v.data(), static_cast<int64_t>(p.value.size()),
+                  hyper_, step, gradScale);
+  return loss;
+}
+
+}  // namespace
+
+std::unique_ptr<Session> makeCpuSession(SessionSpec spec) {
+  switch (spec.precision) {
+  case Precision::Fp64: return std::make_unique<CpuSession<double>>(std::move(spec));
+  case Precision::Fp32:
+  case Precision::Tf32:
+  case Precision::Bf16: return std::make_unique<CpuSession<float>>(std::move(spec));
+  }
+  return nullptr;
+}
+
+}  // namespace pa

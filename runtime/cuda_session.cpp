@@ -1,0 +1,373 @@
+// The CUDA session: the same graphs as the CPU's, run by CudaGraphRunner on one stream; the data
+// lives on the device and batches are gathered there; one multi-tensor Adam kernel updates every
+// parameter.
+#include "runtime/cuda_session.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "codegen/emit.h"
+#include "codegen/kernel_cache.h"
+#include "codegen/training_kernels.h"
+#include "common/debug.h"
+#include "passes/autodiff.h"
+#include "runtime/batch_order.h"
+#include "runtime/cuda/cublaslt.h"
+#include "runtime/cuda_graph_runner.h"
+
+namespace pa {
+
+namespace {
+
+// "GEMMs (compiler.gemm auto): 7 on cuBLASLt, 2 generated; 5 measured in 0.31 s, 4 from the
+// autotune cache; generated tiles: 9 nodes tuned (4 from the cache), 3 off the shape's default",
+// over the training and validation graphs.
+std::string gemmSummary(GemmProvider mode, const CudaGraphRunner& train, const CudaGraphRunner& eval) {
+  CudaGraphRunner::GemmStats t = train.gemmStats();
+  const CudaGraphRunner::GemmStats& e = eval.gemmStats();
+  t.generated += e.generated, t.library += e.library, t.measured += e.measured, t.cached += e.cached;
+  t.tuneSeconds += e.tuneSeconds;
+  t.tilesMeasured += e.tilesMeasured, t.tilesCached += e.tilesCached, t.tilesChanged += e.tilesChanged;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "GEMMs (compiler.gemm %s): %d on cuBLASLt, %d generated", gemmProviderName(mode),
+                t.library, t.generated);
+  std::string s = buf;
+  if (t.measured + t.cached > 0) {
+    std::snprintf(buf, sizeof buf, "; %d measured in %.2f s, %d from the autotune cache", t.measured, t.tuneSeconds,
+                  t.cached);
+    s += buf;
+  } else if (mode != GemmProvider::Generated && !cuda::CublasLt::instance().available()) {
+    s += " (cuBLASLt unavailable: " + cuda::CublasLt::instance().unavailableReason() + ")";
+  }
+  if (t.tilesMeasured + t.tilesCached > 0) {
+    std::snprintf(buf, sizeof buf, "; generated tiles: %d nodes tuned (%d from the cache), %d off the shape's default",
+                  t.tilesMeasured + t.tilesCached, t.tilesCached, t.tilesChanged);
+    s += buf;
+  }
+  return s;
+}
+
+// Note on the step. Before each step the host writes the step's changing values (learning rate,
+// bias corrections, loss slot, the batch's row indices) into a page-locked staging slot and
+// queues one async copy of it into a fixed device block. The step itself (gather, the graph's
+// kernels, clipping, Adam, recording the loss into a device ring) reads everything from fixed
+// addresses, so after one eager warm-up step it is captured once as a CUDA graph and each later
+// step is one graph launch. Losses are read back only when the trainer asks (a log line, the
+// progress bar, the end), so the host never waits for the device in between; it waits only to
+// reuse a staging slot whose copy has not run yet.
+class CudaSession final : public Session {
+public:
+  explicit CudaSession(SessionSpec spec);
+  ~CudaSession() override;
+  void enqueueStep(int64_t step) override;
+  std::vector<double> takeLosses() override;
+  bool asynchronous() const override { return true; }
+  // The captured graph's node count once there is one (every node a kernel: the staging copy
+  // stays outside it), else the launches queueStepKernels makes, the FlashAttention launcher's
+  // as counted at the runner's last run.
+  int launchesPerStep() const override {
+    if (graph_.ready()) return static_cast<int>(graph_.nodeCount());
+    const bool clip = spec_.adam.clipGradNorm > 0 && chunkCount_ > 0;
+    return 2 + runner_->launchesPerRun() + (clip ? 2 : 0) + (chunkCount_ > 0 ? 1 : 0) + 1;  // gather x, y; graph; clip; Adam; loss
+  }
+  bool replaysCudaGraph() const override { return graph_.ready(); }
+  const DeviceSummary* deviceSummary() const override { return &summary_; }
+  void printProfile(std::FILE* out, int top) override;
+  double validate() override;
+  int64_t totalSteps() const override { return spec_.steps; }
+  TrainResult& result() override { return res_; }
+  std::map<std::string, std::vector<double>> params() const override { return readAll(false); }
+  std::map<std::string, std::vector<double>> gradients() const override { return readAll(true); }
+  void setParams(const std::map<std::string, std::vector<double>>& values) override {
+    stream_->synchronize();
+    for (const Param& p : params_) {
+      auto it = values.find(p.name);
+      if (it == values.end()) continue;
+      std::vector<float> f(it->second.begin(), it->second.end());
+      runner_->upload(p.value, f.data());
+    }
+  }
+
+private:
+  static constexpr int kStagingSlots = 8;
+  static constexpr int64_t kLossRing = 4096;
+  struct Param {
+    std::string name;
+    ValueId value = kNoValue, grad = kNoValue;
+    int64_t count = 0;
+  };
+  std::map<std::string, std::vector<double>> readAll(bool grads) const {
+    stream_->synchronize();
+    std::map<std::string, std::vector<double>> r;
+    for (const Param& p : params_) {
+      std::vector<float> f(static_cast<size_t>(p.count));
+      runner_->download(grads ? p.grad : p.value, f.data());
+      r[p.name] = std::vector<double>(f.begin(), f.end());
+    }
+    return r;
+  }
+  void queueStepKernels();  // everything after the staging copy; captured as the CUDA graph
+  void drainLosses();       // reads the ring for every queued step into ready_
+  static cuda::Device& device() {
+    static cuda::Device d(0);
+    return d;
+  }
+  SessionSpec spec_;
+  std::unique_ptr<cuda::Stream> stream_;
+  std::unique_ptr<CudaGraphRunner> runner_, evalRunner_;
+  std::unique_ptr<CudaModule> kernels_;
+  cuda::CUfunction gather_ = nullptr, sumsq_ = nullptr, clipScale_ = nullptr, adam_ = nullptr, recordLoss_ = nullptr;
+  cuda::DeviceBuffer trainX_, trainY_, valX_, valY_, stepBlock_, chunks_, partial_, clip_, lossRing_, m_, v_;
+  cuda::PinnedBuffer staging_, lossHost_;
+  std::vector<std::unique_ptr<cuda::Event>> slotDone_;
+  cuda::CapturedGraph graph_;
+  size_t stepBytes_ = 0;
+  int64_t chunkCount_ = 0, queued_ = 0, drained_ = 0;
+  std::vector<double> ready_;  // losses read back, not yet taken
+  std::vector<Param> params_;
+  std::unique_ptr<BatchOrder> order_;
+  bool useGraph_ = true;
+  DeviceSummary summary_;
+  TrainResult res_;
+};
+
+CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
+  const Graph& g = spec_.train.graph;
+  const bool tf32 = spec_.precision == Precision::Tf32;
+  if (!spec_.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
+    const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), tf32));
+    std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
+  }
+  useGraph_ = spec_.cudaGraph && debugSwitches().cudaGraphs;
+  device().makeCurrent();  // the primary context, before the stream that belongs to it
+  stream_ = std::make_unique<cuda::Stream>();
+  if (spec_.announceCompile) {
+    std::printf("compiling the training step's kernels with NVRTC for %s ...\n", device().info().arch().c_str());
+    std::fflush(stdout);
+  }
+  const codegen::KernelCacheStats before = codegen::KernelCache::instance().stats();
+  CudaRunnerOptions ropt;
+  ropt.tf32 = tf32;
+  ropt.deterministic = spec_.deterministic;
+  ropt.gemm = spec_.gemm;
+  if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
+    throw SessionSettingError("compiler.gemm",
+                              "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());
+  runner_ = std::make_unique<CudaGraphRunner>(g, device(), ropt);
+  ropt.shareParamsWith = runner_.get();
+  evalRunner_ = std::make_unique<CudaGraphRunner>(spec_.validation.graph, device(), ropt);
+  kernels_ = std::make_unique<CudaModule>(codegen::trainingKernelsSource(), device());
+  const codegen::KernelCacheStats after = codegen::KernelCache::instance().stats();
+  gather_ = kernels_->function("pa_gather_rows");
+  sumsq_ = kernels_->function("pa_grad_sumsq");
+  clipScale_ = kernels_->function("pa_clip_scale");
+  adam_ = kernels_->function("pa_adam_multi");
+  recordLoss_ = kernels_->function("pa_record_loss");
+
+  auto toDevice = [](const std::vector<float>& host) {
+    cuda::DeviceBuffer b(std::max<size_t>(host.size(), 1) * sizeof(float));
+    b.upload(host.data(), host.size() * sizeof(float));
+    return b;
+  };
+  trainX_ = toDevice(spec_.trainData.x);
+  trainY_ = toDevice(spec_.trainData.y);
+  valX_ = toDevice(spec_.validationData.x);
+  valY_ = toDevice(spec_.validationData.y);
+  stepBytes_ = sizeof(codegen::StepHeader) + static_cast<size_t>(spec_.batchSize) * sizeof(int32_t);
+  stepBlock_ = cuda::DeviceBuffer(stepBytes_);
+  staging_ = cuda::PinnedBuffer(stepBytes_ * kStagingSlots);
+  for (int i = 0; i < kStagingSlots; ++i) slotDone_.push_back(std::make_unique<cuda::Event>());
+  lossRing_ = cuda::DeviceBuffer(kLossRing * sizeof(float));
+  lossHost_ = cuda::PinnedBuffer(kLossRing * sizeof(float));
+
+  int64_t paramCount = 0;
+  std::vector<codegen::AdamChunk> chunks;
+  for (ValueId pv : g.params()) {
+    Param p;
+    p.name = g.value(pv).name;
+    p.value = pv;
+    p.grad = g.output(gradOutputName(p.name));
+    p.count = numel(g.shape(pv));
+    const std::vector<double> init = spec_.initialValues(g, pv);
+    const std::vector<float> f(init.begin(), init.end());
+    runner_->upload(pv, f.data());
+    const int64_t offset = runner_->paramOffset(pv);
+    for (int64_t at = 0; at < p.count; at += codegen::kAdamChunkValues) {
+      codegen::AdamChunk c;
+      c.param = runner_->devicePtr(pv) + static_cast<uint64_t>(at) * sizeof(float);
+      c.grad = runner_->devicePtr(p.grad) + static_cast<uint64_t>(at) * sizeof(float);
+      c.state = offset + at;
+      c.count = std::min(codegen::kAdamChunkValues, p.count - at);
+      chunks.push_back(c);
+    }
+    paramCount += p.count;
+    params_.push_back(std::move(p));
+  }
+  chunkCount_ = static_cast<int64_t>(chunks.size());
+  chunks_ = cuda::DeviceBuffer(std::max<size_t>(chunks.size(), 1) * sizeof(codegen::AdamChunk));
+  chunks_.upload(chunks.data(), chunks.size() * sizeof(codegen::AdamChunk));
+  partial_ = cuda::DeviceBuffer(std::max<size_t>(chunks.size(), 1) * sizeof(double));
+  clip_ = cuda::DeviceBuffer(2 * sizeof(double));
+  const size_t stateBytes = static_cast<size_t>(std::max<int64_t>(runner_->paramBlockFloats(), 1)) * sizeof(float);
+  m_ = cuda::DeviceBuffer(stateBytes);
+  v_ = cuda::DeviceBuffer(stateBytes);
+  m_.fill32(0);
+  v_.fill32(0);
+
+  order_ = std::make_unique<BatchOrder>(spec_.trainData.count, spec_.seed, spec_.shuffle);
+  res_.device = spec_.device + " (" + device().info().name + ")";
+  res_.parameterCount = paramCount;
+  res_.trainNodes = g.liveNodeCount();
+  res_.activationBytes = runner_->arenaBytes();
+  res_.gemm = gemmSummary(spec_.gemm, *runner_, *evalRunner_);
+  summary_.generatedKernels = runner_->generatedKernels() + evalRunner_->generatedKernels();
+  summary_.trainPrograms = runner_->programs();
+  summary_.validationPrograms = evalRunner_->programs();
+  summary_.compiled = static_cast<long long>(after.misses - before.misses);
+  summary_.fromCache = static_cast<long long>(after.memoryHits + after.diskHits - before.memoryHits - before.diskHits);
+  summary_.compileSeconds = runner_->compileSeconds() + evalRunner_->compileSeconds();
+  summary_.activationBytes = runner_->arenaBytes();
+  summary_.paramAndAdamBytes = 3 * stateBytes;
+}
+
+CudaSession::~CudaSession() {
+  try {
+    if (stream_) stream_->synchronize();
+  } catch (...) {  // a failed device: nothing left to wait for
+  }
+}
+
+void CudaSession::queueStepKernels() {
+  const cuda::CUstream s = stream_->get();
+  const int64_t batch = spec_.batchSize;
+  cuda::CUdeviceptr step = stepBlock_.ptr();
+  for (int which = 0; which < 2; ++which) {
+    cuda::CUdeviceptr src = which ? trainY_.ptr() : trainX_.ptr();
+    cuda::CUdeviceptr dst = runner_->devicePtr(which ? spec_.train.y : spec_.train.x);
+    long long rowSize = which ? spec_.trainData.ySize : spec_.trainData.xSize, n = batch;
+    void* args[] = {&src, &step, &dst, &rowSize, &n};
+    CudaModule::launch(gather_, rowSize * n, args, s);
+  }
+  runner_->run(s);
+  cuda::CUdeviceptr chunks = chunks_.ptr(), partial = partial_.ptr(), clip = 0;
+  const unsigned blocks = static_cast<unsigned>(chunkCount_);
+  const AdamSettings& adam = spec_.adam;
+  if (adam.clipGradNorm > 0 && blocks > 0) {
+    clip = clip_.ptr();
+    void* a1[] = {&chunks, &partial};
+    PA_CU_CHECK(cuLaunchKernel(sumsq_, blocks, 1, 1, 256, 1, 1, 0, s, a1, nullptr));
+    long long n = chunkCount_;
+    double maxNorm = adam.clipGradNorm;
+    void* a2[] = {&partial, &n, &maxNorm, &clip};
+    PA_CU_CHECK(cuLaunchKernel(clipScale_, 1, 1, 1, 256, 1, 1, 0, s, a2, nullptr));
+  }
+  if (blocks > 0) {
+    cuda::CUdeviceptr m = m_.ptr(), v = v_.ptr();
+    double b1 = adam.beta1, b2 = adam.beta2, eps = adam.eps;
+    void* a3[] = {&chunks, &m, &v, &step, &b1, &b2, &eps, &clip};
+    PA_CU_CHECK(cuLaunchKernel(adam_, blocks, 1, 1, 256, 1, 1, 0, s, a3, nullptr));
+  }
+  cuda::CUdeviceptr loss = runner_->devicePtr(spec_.train.graph.output("loss")), ring = lossRing_.ptr();
+  long long ringSize = kLossRing;
+  void* a4[] = {&loss, &step, &ring, &ringSize};
+  PA_CU_CHECK(cuLaunchKernel(recordLoss_, 1, 1, 1, 1, 1, 1, 0, s, a4, nullptr));
+}
+
+void CudaSession::enqueueStep(int64_t step) {
+  if (queued_ - drained_ >= kLossRing) drainLosses();  // the ring would overwrite unread losses
+  const int slot = static_cast<int>(queued_ % kStagingSlots);
+  if (queued_ >= kStagingSlots) slotDone_[static_cast<size_t>(slot)]->synchronize();  // its last copy has run
+  char* staging = static_cast<char*>(staging_.data()) + static_cast<size_t>(slot) * stepBytes_;
+  const AdamSettings& adam = spec_.adam;
+  codegen::StepHeader head;
+  head.lr = spec_.schedule.at(step, spec_.steps);
+  head.c1 = 1.0 - std::pow(adam.beta1, static_cast<double>(step));
+  head.c2 = 1.0 - std::pow(adam.beta2, static_cast<double>(step));
+  head.decay = 1.0 - head.lr * adam.weightDecay;
+  head.lossSlot = queued_ % kLossRing;
+  std::memcpy(staging, &head, sizeof head);
+  const int64_t batch = spec_.batchSize;
+  const int64_t* rows = order_->next(batch);
+  int32_t* idx = reinterpret_cast<int32_t*>(staging + sizeof head);
+  for (int64_t i = 0; i < batch; ++i) idx[i] = static_cast<int32_t>(rows[i]);
+  PA_CU_CHECK(cuMemcpyHtoDAsync(stepBlock_.ptr(), staging, stepBytes_, stream_->get()));
+  if (graph_.ready()) {
+    graph_.launch(*stream_);
+  } else if (useGraph_ && queued_ >= 1) {  // step 1 ran eagerly: lazy module loads are done
+    graph_.capture(*stream_, [&] { queueStepKernels(); });
+    graph_.launch(*stream_);
+  } else {
+    queueStepKernels();
+  }
+  slotDone_[static_cast<size_t>(slot)]->record(stream_->get());
+  ++queued_;
+}
+
+void CudaSession::printProfile(std::FILE* out, int top) {
+  stream_->synchronize();
+  const std::vector<CudaGraphRunner::NodeTime> nodes = runner_->profile(stream_->get());
+  double total = 0;
+  for (const auto& n : nodes) total += n.ms;
+  std::fprintf(out, "profile of the training step's graph: %zu timed nodes, %.3f ms in total (median of 5, one by one)\n",
+               nodes.size(), total);
+  for (size_t i = 0; i < nodes.size() && static_cast<int>(i) < top; ++i)
+    std::fprintf(out, "  %8.4f ms %5.1f%%  %s\n", nodes[i].ms, 100.0 * nodes[i].ms / std::max(total, 1e-12),
+                 nodes[i].label.c_str());
+  const auto& choices = runner_->gemmChoices();
+  if (!choices.empty()) {
+    std::fprintf(out, "GEMM provider choices (compiler.gemm %s), ms per run measured at start:\n", gemmProviderName(spec_.gemm));
+    for (const auto& c : choices) {
+      if (c.cached) {
+        std::fprintf(out, "  %-48s %s (from the autotune cache)\n", c.label.c_str(), c.library ? "cuBLASLt" : "generated");
+        continue;
+      }
+      std::fprintf(out, "  %-48s generated %8.4f  cuBLASLt %8.4f  -> %s\n", c.label.c_str(), c.generatedMs, c.libraryMs,
+                   c.library ? (c.transposedB ? "cuBLASLt on B copied untransposed" : "cuBLASLt") : "generated");
+    }
+  }
+}
+
+void CudaSession::drainLosses() {
+  if (queued_ == drained_) return;
+  PA_CU_CHECK(cuMemcpyDtoHAsync(lossHost_.data(), lossRing_.ptr(), kLossRing * sizeof(float), stream_->get()));
+  stream_->synchronize();
+  const float* host = static_cast<const float*>(lossHost_.data());
+  for (; drained_ < queued_; ++drained_) ready_.push_back(host[drained_ % kLossRing]);
+}
+
+std::vector<double> CudaSession::takeLosses() {
+  drainLosses();
+  return std::exchange(ready_, {});
+}
+
+double CudaSession::validate() {
+  const Samples& val = spec_.validationData;
+  if (val.count == 0) return -1.0;
+  // The validation graph reads the training graph's parameters in place (shared buffers).
+  const int64_t batch = spec_.validationBatch;
+  const int64_t chunks = val.count / batch;
+  const size_t xBytes = static_cast<size_t>(batch * val.xSize) * sizeof(float);
+  const size_t yBytes = static_cast<size_t>(batch * val.ySize) * sizeof(float);
+  const cuda::CUstream s = stream_->get();
+  std::vector<float> losses(static_cast<size_t>(chunks));
+  const SessionGraph& eval = spec_.validation;
+  const ValueId loss = eval.graph.output("loss");
+  for (int64_t c = 0; c < chunks; ++c) {
+    PA_CU_CHECK(cuMemcpyDtoDAsync(evalRunner_->devicePtr(eval.x), valX_.ptr() + static_cast<size_t>(c) * xBytes, xBytes, s));
+    PA_CU_CHECK(cuMemcpyDtoDAsync(evalRunner_->devicePtr(eval.y), valY_.ptr() + static_cast<size_t>(c) * yBytes, yBytes, s));
+    evalRunner_->run(s);
+    PA_CU_CHECK(cuMemcpyDtoHAsync(&losses[static_cast<size_t>(c)], evalRunner_->devicePtr(loss), sizeof(float), s));
+  }
+  stream_->synchronize();
+  double acc = 0.0;
+  for (float l : losses) acc += l;
+  return acc / static_cast<double>(chunks);
+}
+
+}  // namespace
+
+std::unique_ptr<Session> makeCudaSession(SessionSpec spec) { return std::make_unique<CudaSession>(std::move(spec)); }
+
+}  // namespace pa

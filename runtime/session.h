@@ -1,0 +1,147 @@
+// A training session: a compiled training step with its data, parameters and optimizer state,
+// on one device (CPU or CUDA), and the runtime-level description the frontend fills to make one.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/settings.h"
+#include "graph/graph.h"
+#include "passes/pass_manager.h"
+
+namespace pa {
+
+struct TrainResult {
+  std::vector<double> losses;                          // training loss of every step
+  std::vector<std::pair<int64_t, double>> validation;  // (step, validation loss)
+  double finalValidation = -1;                         // -1 without a validation split
+  double secondsPerStep = 0;
+  int64_t parameterCount = 0;
+  size_t forwardNodes = 0, trainNodes = 0;  // live nodes: forward graph, whole training step
+  size_t activationBytes = 0;               // peak activation memory of the step (memory plan)
+  std::vector<PassStats> passes;            // statistics of every pass the training graph went through
+  int interruptedBy = 0;  // the signal that stopped training early (catchInterrupts), else 0
+  std::string device;
+  std::string gemm;  // GPU: who runs the GEMMs ("GEMMs (compiler.gemm auto): 7 on cuBLASLt, 2 generated; ...")
+  std::map<std::string, std::vector<double>> finalParams;
+};
+
+// A setting the session cannot honour on this machine (compiler.gemm: cublaslt without
+// cuBLASLt): names the config key, so that the frontend can locate it in the file.
+class SessionSettingError : public UserError {
+public:
+  SessionSettingError(const std::string& key, const std::string& message)
+      : UserError(key + ": " + message), key_(key), message_(message) {}
+  const std::string& key() const { return key_; }
+  const std::string& message() const { return message_; }
+
+private:
+  std::string key_, message_;
+};
+
+// Adam (AdamW with weight decay > 0), with optional clipping of the global gradient norm.
+struct AdamSettings {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
+  double clipGradNorm = 0.0;  // 0: off
+};
+
+// The learning rate over the run: a linear warm-up, then constant or cosine decay to 0.
+struct LrSchedule {
+  double lr = 1e-3;
+  int64_t warmupSteps = 0;
+  bool cosine = false;
+  // The rate of `step` (from 1) of `total`.
+  double at(int64_t step, int64_t total) const;
+};
+
+// A graph a session runs: inputs "input" [batch, ...] (x) and "target" [batch, ...] (y), output "loss".
+struct SessionGraph {
+  Graph graph;
+  ValueId x = kNoValue, y = kNoValue;
+};
+
+// Samples, row-major: `count` rows of xSize input and ySize target values.
+struct Samples {
+  std::vector<float> x, y;
+  int64_t count = 0, xSize = 0, ySize = 0;
+};
+
+// Everything a session needs, filled by the frontend from the config and the command line.
+struct SessionSpec {
+  SessionGraph train;        // forward, backward and the gradients "grad/<param>" for batchSize
+  SessionGraph validation;   // forward only, for validationBatch; reads the training parameters
+  int64_t batchSize = 1, validationBatch = 1;
+  int64_t steps = 0;         // steps to train
+  Samples trainData, validationData;
+  // A parameter's starting values (numel of its shape); called once per parameter while the
+  // session is made, after the executor has checked that the step fits in memory.
+  std::function<std::vector<double>(const Graph& g, ValueId param)> initialValues;
+  Precision precision = Precision::Fp32;
+  GemmProvider gemm = GemmProvider::Auto;
+  bool deterministic = false;    // GPU: no kernel with atomics
+  bool cudaGraph = true;         // GPU: replay the step as a CUDA graph
+  uint64_t seed = 0;             // the batch order's stream
+  bool shuffle = true;           // shuffle the training samples every epoch
+  AdamSettings adam;
+  LrSchedule schedule;
+  std::string device;            // how the run names the device ("cpu (auto: ...)", "cuda")
+  std::string dumpKernelsDir;    // --dump-kernels: write the step's CUDA kernels here
+  bool announceCompile = false;  // GPU: say that compiling starts (it takes seconds on a cold cache)
+};
+
+// What a GPU session compiled and placed at start, for the run's header.
+struct DeviceSummary {
+  int generatedKernels = 0, trainPrograms = 0, validationPrograms = 0;
+  long long compiled = 0, fromCache = 0;  // kernel cache: compiled now, found in memory or on disk
+  double compileSeconds = 0;
+  size_t activationBytes = 0, paramAndAdamBytes = 0;
+};
+
+// A compiled model with its data, parameters and optimizer state, ready to take steps.
+class Session {
+public:
+  virtual ~Session() = default;
+  // Queues one training step (next batch, forward, backward, Adam). `step` counts from 1 and
+  // sets the learning-rate schedule and Adam's bias correction. The CPU runs it at once; the GPU
+  // queues it and returns, so the host runs ahead of the device.
+  virtual void enqueueStep(int64_t step) = 0;
+  // The losses of the steps queued since the last call, in order; waits for them. On the CPU a
+  // step whose loss is not finite leaves the parameters as they were; on the GPU the steps after
+  // it may already be queued (the caller stops at the first non-finite loss either way).
+  virtual std::vector<double> takeLosses() = 0;
+  // One step, waiting for its loss.
+  double step(int64_t s) {
+    enqueueStep(s);
+    return takeLosses().back();
+  }
+  // True when enqueueStep returns before the step has run (the GPU).
+  virtual bool asynchronous() const { return false; }
+  // Kernel launches per step and whether the step replays as one CUDA graph (GPU only).
+  virtual int launchesPerStep() const { return 0; }
+  virtual bool replaysCudaGraph() const { return false; }
+  // What was compiled and placed on the device at start (GPU only; null on the CPU).
+  virtual const DeviceSummary* deviceSummary() const { return nullptr; }
+  // Times every node of the training step on the device (median of 5 runs) and prints the
+  // `top` slowest with their share of the step (GPU only; PA_PROFILE=1 does it after training).
+  virtual void printProfile(std::FILE* /*out*/, int /*top*/) {}
+  // Mean validation loss over whole batches of the validation split; -1 without one.
+  virtual double validate() = 0;
+  virtual int64_t totalSteps() const = 0;
+  // The session's static facts (device, parameters, nodes, memory, GEMMs) filled; the graphs'
+  // compiler adds forwardNodes and passes, the training loop the losses.
+  virtual TrainResult& result() = 0;
+  virtual std::map<std::string, std::vector<double>> params() const = 0;
+  // Overwrites parameter values by name (the optimizer state is kept).
+  virtual void setParams(const std::map<std::string, std::vector<double>>& values) = 0;
+  // Gradients of the last step, by parameter name (before clipping).
+  virtual std::map<std::string, std::vector<double>> gradients() const = 0;
+};
+
+}  // namespace pa
