@@ -1384,7 +1384,7 @@ NodeKernels emitFlashAttentionGrad(const Ctx& c) {
 
 using EmitFn = NodeKernels (*)(const Ctx&);
 const EmitFn kEmit[] = {
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) &emit##Name,
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, ...) &emit##Name,
 #include "graph/ops.def"
 };
 

@@ -18,12 +18,6 @@ Shape withBatch(int64_t batch, const std::vector<int64_t>& s) {
   return r;
 }
 
-AttrMap attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
-  AttrMap a;
-  for (const auto& p : kv) a.set(p.first, p.second);
-  return a;
-}
-
 struct LayerLowering {
   Graph& g;
   std::string prefix;  // "layers.<i>"
@@ -46,8 +40,8 @@ struct LayerLowering {
   // [B, S, heads*hd] -> [B, heads, S, hd]
   ValueId splitHeads(ValueId v, int64_t heads, int64_t hd) {
     const Shape& s = g.shape(v);
-    ValueId r = g.add(OpKind::Reshape, {v}, attrs({{"shape", std::vector<int64_t>{s[0], s[1], heads, hd}}}));
-    return g.add(OpKind::Permute, {r}, attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+    ValueId r = g.add(OpKind::Reshape, {v}, AttrMap().set<attr::Shape>({s[0], s[1], heads, hd}));
+    return g.add(OpKind::Permute, {r}, AttrMap().set<attr::Perm>({0, 2, 1, 3}));
   }
 };
 
@@ -68,29 +62,33 @@ ValueId lowerAttention(LayerLowering& L, const LayerConfig& l, ValueId x) {
   ValueId k = L.splitHeads(L.linear(x, hk * hd, "none", true, "k_"), hk, hd);
   ValueId v = L.splitHeads(L.linear(x, hk * hd, "none", true, "v_"), hk, hd);
   if (hk != hq) {
-    const AttrMap rep = attrs({{"axis", int64_t{1}}, {"repeats", hq / hk}});
+    const AttrMap rep = AttrMap().set<attr::RepeatAxis>(1).set<attr::Repeats>(hq / hk);
     k = g.add(OpKind::RepeatHeads, {k}, rep);
     v = g.add(OpKind::RepeatHeads, {v}, rep);
   }
-  ValueId s = g.add(OpKind::MatMul, {q, k}, attrs({{"transpose_b", true}}));
-  s = g.add(OpKind::Scale, {s}, attrs({{"value", 1.0 / std::sqrt(static_cast<double>(hd))}}));
+  ValueId s = g.add(OpKind::MatMul, {q, k}, AttrMap().set<attr::TransposeB>(true));
+  s = g.add(OpKind::Scale, {s}, AttrMap().set<attr::ScaleFactor>(1.0 / std::sqrt(static_cast<double>(hd))));
   if (l.causal || l.windowLeft >= 0 || l.windowRight >= 0) {
     s = g.add(OpKind::AttentionMask, {s},
-              attrs({{"causal", l.causal}, {"align", l.align}, {"window_left", l.windowLeft},
-                     {"window_right", l.windowRight}, {"sinks", l.sinks}}));
+              AttrMap()
+                  .set<attr::Causal>(l.causal)
+                  .set<attr::Align>(l.align)
+                  .set<attr::WindowLeft>(l.windowLeft)
+                  .set<attr::WindowRight>(l.windowRight)
+                  .set<attr::Sinks>(l.sinks));
   }
   ValueId p;
   if (l.sinkLogits) {
     // One learnable logit per head joins every row's softmax denominator (gpt-oss sinks).
     ValueId sink = L.param("sink_logits", {hq}, "zeros");
-    sink = g.add(OpKind::Reshape, {sink}, attrs({{"shape", std::vector<int64_t>{hq, 1, 1}}}));
-    p = g.add(OpKind::Softmax, {s, sink}, attrs({{"axis", int64_t{-1}}}));
+    sink = g.add(OpKind::Reshape, {sink}, AttrMap().set<attr::Shape>({hq, 1, 1}));
+    p = g.add(OpKind::Softmax, {s, sink}, AttrMap().set<attr::Axis>(-1));
   } else {
-    p = g.add(OpKind::Softmax, {s}, attrs({{"axis", int64_t{-1}}}));
+    p = g.add(OpKind::Softmax, {s}, AttrMap().set<attr::Axis>(-1));
   }
   ValueId o = g.add(OpKind::MatMul, {p, v});
-  o = g.add(OpKind::Permute, {o}, attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
-  o = g.add(OpKind::Reshape, {o}, attrs({{"shape", std::vector<int64_t>{batch, seq, hq * hd}}}));
+  o = g.add(OpKind::Permute, {o}, AttrMap().set<attr::Perm>({0, 2, 1, 3}));
+  o = g.add(OpKind::Reshape, {o}, AttrMap().set<attr::Shape>({batch, seq, hq * hd}));
   o = L.linear(o, width, "none", true, "o_");
   if (l.residual) o = g.add(OpKind::Add, {x, o});
   return o;

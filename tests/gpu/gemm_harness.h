@@ -90,16 +90,16 @@ inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, con
   int64_t batch, m, k, nn, strideA, strideB;
   bool ta, tb;
   if (n.op == OpKind::FusedLinear) {
-    tb = n.attrs.getBool("transpose_w", false), ta = false;
+    tb = n.attrs.get<attr::TransposeW>(), ta = false;
     k = a.back(), nn = tb ? b[0] : b[1], m = numel(a) / k, batch = 1, strideA = strideB = 0;
   } else {
-    ta = n.attrs.getBool("transpose_a", false), tb = n.attrs.getBool("transpose_b", false);
+    ta = n.attrs.get<attr::TransposeA>(), tb = n.attrs.get<attr::TransposeB>();
     m = ta ? a[a.size() - 1] : a[a.size() - 2], k = ta ? a[a.size() - 2] : a[a.size() - 1];
     nn = tb ? b[b.size() - 2] : b[b.size() - 1];
     batch = numel(g.shape(n.outputs[0])) / (m * nn);
     strideA = a.size() > 2 ? m * k : 0, strideB = b.size() > 2 ? k * nn : 0;
   }
-  const std::string act = n.op == OpKind::FusedLinear ? n.attrs.getString("activation", "none") : "none";
+  const std::string act = n.op == OpKind::FusedLinear ? n.attrs.get<attr::Activation>() : "none";
   const bool bias = n.op == OpKind::FusedLinear && n.inputs.size() == 3;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t bi = 0; bi < batch; ++bi)
