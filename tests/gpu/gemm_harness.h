@@ -46,12 +46,12 @@ inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
     std::vector<ValueId> ins{g.addParam("x", p.a, "xavier"), g.addParam("w", p.b, "xavier")};
     const int64_t units = p.tb ? p.b[0] : p.b[1];
     if (p.bias) ins.push_back(g.addParam("bias", Shape{units}, "zeros"));
-    attrs.set("activation", p.act);
-    attrs.set("transpose_w", p.tb);
+    attrs.set<attr::Activation>(p.act);
+    attrs.set<attr::TransposeW>(p.tb);
     out = g.add(OpKind::FusedLinear, ins, attrs);
   } else {
-    attrs.set("transpose_a", p.ta);
-    attrs.set("transpose_b", p.tb);
+    attrs.set<attr::TransposeA>(p.ta);
+    attrs.set<attr::TransposeB>(p.tb);
     out = g.add(OpKind::MatMul, {g.addParam("a", p.a, "xavier"), g.addParam("b", p.b, "xavier")}, attrs);
   }
   g.setOutput("y", out);

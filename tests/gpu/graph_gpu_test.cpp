@@ -210,7 +210,7 @@ TEST(OpOnGpu, Bf16NarrowFusedLinearsOnEveryProvider) {
       const ValueId x = g.addParam("x", {4, 33, s.k}, "xavier");
       const ValueId w = g.addParam("w", {s.k, s.n}, "xavier"), b = g.addParam("b", {s.n}, "xavier");
       AttrMap a;
-      a.set("activation", std::string(act));
+      a.set<attr::Activation>(act);
       const ValueId y = g.add(OpKind::FusedLinear, {x, w, b}, a);
       g.setOutput("op", y);
       test::addWeightedSumLoss(g, y);
@@ -283,10 +283,10 @@ TEST(OpOnGpu, MatMulActGradMatchesTheFloat64CpuExecutor) {
     Graph g;
     const ValueId a = g.addParam("a", c.a, "xavier"), b = g.addParam("b", c.b, "xavier");
     AttrMap t;
-    t.set("transpose_a", c.ta);
-    t.set("transpose_b", c.tb);
+    t.set<attr::TransposeA>(c.ta);
+    t.set<attr::TransposeB>(c.tb);
     const Shape out = g.shape(g.add(OpKind::MatMul, {a, b}, t));
-    t.set("activation", std::string(c.act));
+    t.set<attr::GradActivation>(c.act);
     const ValueId x = g.addParam("x", out, "xavier");
     const ValueId fused = g.add(OpKind::MatMulActGrad, {a, b, x}, t);
     g.setOutput("product", fused);  // compared element by element, not only through the loss
