@@ -21,7 +21,7 @@ namespace {
 
 using EmitFn = NodeKernels (*)(const detail::Ctx&);
 const EmitFn kEmit[] = {
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) &detail::emit##Name,
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, ...) &detail::emit##Name,
 #include "graph/ops.def"
 };
 

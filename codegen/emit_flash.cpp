@@ -8,7 +8,7 @@ namespace pa::codegen {
 
 using detail::Ctx;
 
-bool flashLayoutBshd(const Node& n) { return n.attrs.getString("layout", "bhsd") == "bshd"; }
+bool flashLayoutBshd(const Node& n) { return n.attrs.get<attr::Layout>() == "bshd"; }
 
 FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n, bool tf32) {
   const Ctx c{g, n};
@@ -22,7 +22,7 @@ FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n, bool tf32) {
   f.qLen = static_cast<int>(q[2]);
   f.kLen = static_cast<int>(k[2]);
   f.headDim = static_cast<int>(q[3]);
-  f.scale = static_cast<float>(c.n.attrs.getFloat("scale", 1.0));
+  f.scale = static_cast<float>(c.n.attrs.get<attr::AttnScale>());
   f.mask = maskSpecOf(c.n.attrs);
   f.sinkLogits = c.n.op == OpKind::FlashAttention ? c.n.inputs.size() == 4 : c.n.inputs.size() == 7;
   f.tf32 = tf32 && f.dtype == kFlashF32;

@@ -213,8 +213,8 @@ GemmGeometry matmulGeometry(const Ctx& c) {
   const Shape& a = c.in(0);
   const Shape& b = c.in(1);
   GemmGeometry q;
-  q.transA = c.n.attrs.getBool("transpose_a", false);
-  q.transB = c.n.attrs.getBool("transpose_b", false);
+  q.transA = c.n.attrs.get<attr::TransposeA>();
+  q.transB = c.n.attrs.get<attr::TransposeB>();
   q.m = q.transA ? a[a.size() - 1] : a[a.size() - 2];
   q.k = q.transA ? a[a.size() - 2] : a[a.size() - 1];
   q.n = q.transB ? b[b.size() - 2] : b[b.size() - 1];
@@ -234,7 +234,7 @@ GemmGeometry fusedLinearGeometry(const Ctx& c) {
   const Shape& x = c.in(0);
   const Shape& w = c.in(1);
   GemmGeometry q;
-  q.transB = c.n.attrs.getBool("transpose_w", false);
+  q.transB = c.n.attrs.get<attr::TransposeW>();
   q.k = x.back();
   q.n = q.transB ? w[0] : w[1];
   q.m = numel(x) / std::max<int64_t>(q.k, 1);
@@ -249,13 +249,13 @@ NodeKernels emitMatMul(const Ctx& c) { return gemm(c, matmulGeometry(c), "", "",
 NodeKernels emitMatMulActGrad(const Ctx& c) {
   const std::string members = "  " + argType(c.inType(2), false) + " x;\n", init = "  epilogue.x = in2;\n";
   const std::string epi =
-      "    { const float s = x[i];\n      v = " + activationGradOf(c.n.attrs.getString("activation", "relu"), "v", "s") + "; }\n";
+      "    { const float s = x[i];\n      v = " + activationGradOf(c.n.attrs.get<attr::GradActivation>(), "v", "s") + "; }\n";
   return gemm(c, matmulGeometry(c), epi, members, init);
 }
 
 NodeKernels emitFusedLinear(const Ctx& c) {
   const GemmGeometry q = fusedLinearGeometry(c);
-  const std::string act = c.n.attrs.getString("activation", "none");
+  const std::string act = c.n.attrs.get<attr::Activation>();
   // The epilogue functor: bias by column, GELU's input saved to out1 (its gradient reads it).
   std::string epi, members, init;
   if (c.n.inputs.size() == 3) {
@@ -289,7 +289,7 @@ LibraryGemm libraryGemmOf(const Graph& g, NodeId id) {
   case OpKind::FusedLinear: {
     lg.geometry = fusedLinearGeometry(c);
     lg.bias = n.inputs.size() == 3;
-    const std::string act = n.attrs.getString("activation", "none");
+    const std::string act = n.attrs.get<attr::Activation>();
     lg.relu = act == "relu";
     lg.output = act == "gelu" ? 1 : 0;  // the saved pre-activation; out0 = GELU(out1) afterwards
     break;
@@ -309,7 +309,7 @@ NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, boo
   std::string body;
   std::vector<KernelArg> args;
   if (n.op == OpKind::MatMulActGrad) {
-    body = "    const float s = in2[i];\n    out0[i] = " + activationGradOf(n.attrs.getString("activation", "relu"), "v", "s") + ";\n";
+    body = "    const float s = in2[i];\n    out0[i] = " + activationGradOf(n.attrs.get<attr::GradActivation>(), "v", "s") + ";\n";
     args = {{KernelArg::Input, 2}, {KernelArg::Output, 0}};
   } else if (n.op == OpKind::FusedLinear) {
     const bool gelu = lg.output == 1;

@@ -55,7 +55,7 @@ std::vector<KernelArg> allArgs(const Node& n);
 
 // The per-op emitters, one per op of graph/ops.def, defined in the family files
 // (emit_pointwise.cpp, emit_gemm.cpp, emit_flash.cpp).
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) NodeKernels emit##Name(const Ctx& c);
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, ...) NodeKernels emit##Name(const Ctx& c);
 #include "graph/ops.def"
 
 }  // namespace pa::codegen::detail

@@ -100,7 +100,7 @@ NodeKernels primitive(const Ctx& c) {
   }
   ExprNode op;
   op.op = c.n.op;
-  op.value = c.n.attrs.getFloat("value", 0.0);
+  op.value = c.n.op == OpKind::Scale ? c.n.attrs.get<attr::ScaleFactor>() : 0.0;  // scale is the one primitive with a value
   for (size_t i = 0; i < c.n.inputs.size(); ++i) op.args.push_back(static_cast<int>(i));
   e.nodes.push_back(op);
   return elementwise(c, e);
@@ -180,7 +180,7 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
 // ---- softmax rows ------------------------------------------------------------------------
 
 NodeKernels softmaxGradRows(const Ctx& c, const std::string& finishCode) {
-  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.get<attr::Axis>());
   const int64_t rows = r.outer * r.inner;
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "", kSoftmaxGrad,
@@ -213,15 +213,15 @@ NodeKernels emitReluGrad(const Ctx& c) { return primitive(c); }
 NodeKernels emitGeluGrad(const Ctx& c) { return primitive(c); }
 NodeKernels emitTanhGrad(const Ctx& c) { return primitive(c); }
 NodeKernels emitSigmoidGrad(const Ctx& c) { return primitive(c); }
-NodeKernels emitFusedElementwise(const Ctx& c) { return elementwise(c, parseExpr(c.n.attrs.getString("expr", ""))); }
+NodeKernels emitFusedElementwise(const Ctx& c) { return elementwise(c, parseExpr(c.n.attrs.get<attr::Expr>())); }
 
 NodeKernels emitSoftmax(const Ctx& c) {
-  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.get<attr::Axis>());
   std::string sink = "-__int_as_float(0x7f800000)";
   if (c.n.inputs.size() == 2) {
     // The sink's offset for this row: its broadcast strides over the kept (outer, inner) index.
     Shape keep = c.in(0);
-    keep[static_cast<size_t>(normaliseAxis(c.n.attrs.getInt("axis", -1), keep.size()))] = 1;
+    keep[static_cast<size_t>(normaliseAxis(c.n.attrs.get<attr::Axis>(), keep.size()))] = 1;
     const Shape& s = c.in(1);
     const Shape st = contiguousStrides(s);
     std::string off = "0LL";
@@ -244,7 +244,7 @@ NodeKernels emitSoftmax(const Ctx& c) {
 }
 
 NodeKernels emitSoftmaxGrad(const Ctx& c) {
-  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit r = splitAroundAxis(c.in(0), c.n.attrs.get<attr::Axis>());
   return softmaxGradRows(c, "  (void)mass;\n  for (long long j = 0; j < " + ll(r.len) + "; ++j) {\n    const long long e = base + j * " +
                                 ll(r.inner) + ";\n    out0[e] = (float)(in1[e] * (in0[e] - dot));\n  }\n");
 }
@@ -253,7 +253,7 @@ NodeKernels emitSoftmaxSinkGrad(const Ctx&c) { return softmaxGradRows(c, "  out0
 NodeKernels emitPermute(const Ctx& c) {
   const Shape& x = c.in(0);
   const Shape st = contiguousStrides(x);
-  const std::vector<int64_t> perm = c.n.attrs.getInts("perm");
+  const std::vector<int64_t> perm = c.n.attrs.get<attr::Perm>();
   std::vector<int64_t> ext, div, stride;
   for (int64_t p : perm) {
     ext.push_back(x[static_cast<size_t>(p)]);
@@ -271,9 +271,9 @@ NodeKernels emitReshape(const Ctx& c) {
 NodeKernels emitRepeatHeads(const Ctx& c) {
   const Shape& x = c.in(0);
   const Shape st = contiguousStrides(x);
-  const int axis = normaliseAxis(c.n.attrs.getInt("axis", 1), x.size());
+  const int axis = normaliseAxis(c.n.attrs.get<attr::RepeatAxis>(), x.size());
   std::vector<int64_t> ext(c.out().begin(), c.out().end()), div(x.size(), 1), stride(st.begin(), st.end());
-  div[static_cast<size_t>(axis)] = c.n.attrs.getInt("repeats", 1);  // output head h reads input head h / repeats
+  div[static_cast<size_t>(axis)] = c.n.attrs.get<attr::Repeats>();  // output head h reads input head h / repeats
   return gather(c, ext, div, stride);
 }
 
@@ -294,13 +294,13 @@ NodeKernels emitAttentionMask(const Ctx& c) {
   const AttrMap& a = c.n.attrs;
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "", kMask,
-                              {{"CAUSAL", a.getBool("causal", false) ? "1" : "0"},
-                               {"BR", a.getString("align", "top-left") == "bottom-right" ? "1" : "0"},
-                               {"LEFT", std::to_string(a.getInt("window_left", -1))},
-                               {"RIGHT", std::to_string(a.getInt("window_right", -1))},
-                               {"SINKS", std::to_string(a.getInt("sinks", 0))}, {"COUNT", ll(count)},
+                              {{"CAUSAL", a.get<attr::Causal>() ? "1" : "0"},
+                               {"BR", a.get<attr::Align>() == "bottom-right" ? "1" : "0"},
+                               {"LEFT", std::to_string(a.get<attr::WindowLeft>())},
+                               {"RIGHT", std::to_string(a.get<attr::WindowRight>())},
+                               {"SINKS", std::to_string(a.get<attr::Sinks>())}, {"COUNT", ll(count)},
                                {"QLEN", ll(x[x.size() - 2])}, {"KLEN", ll(x[x.size() - 1])},
-                               {"FILL", num(a.getFloat("fill", -INFINITY))}},
+                               {"FILL", num(a.get<attr::Fill>())}},
                               {gridFor(count), 1, 1}, kThreads, allArgs(c.n), {"common/attention_mask.h"}));
   return nk;
 }

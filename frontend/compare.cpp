@@ -28,8 +28,8 @@ using Gradients = std::map<std::string, std::vector<double>>;
 
 // Whether the model has a ReLU, whose derivative jumps at 0 (see the bf16 note in compare.h).
 bool hasRelu(const Config& cfg) {
-  for (const LayerConfig& l : cfg.model.layers)
-    if (l.activation == "relu") return true;
+  for (const auto& l : cfg.model.layers)
+    if (l->hasRelu()) return true;
   for (const ExplicitNode& n : cfg.model.nodes)
     if (n.op == "relu" || n.op == "fused-linear" || n.op == "fused-elementwise") return true;  // may hold one
   return false;

@@ -192,57 +192,6 @@ void parseData(const CfgNode& n, DataConfig& d) {
   }
 }
 
-LayerConfig parseLayer(const CfgNode& item) {
-  if (!item.isMap() || item.size() != 1) item.fail("a layer is a map with one key: linear or attention");
-  const std::string type = item.keys().front();
-  LayerConfig l;
-  l.type = type;
-  l.path = item.path();
-  l.location = item.location();
-  if (type != "linear" && type != "attention") {
-    item.at(item.yaml().begin()->first).fail("unknown layer '" + type + "'" + suggestion(type, {"linear", "attention"}, "layers"));
-  }
-  const CfgNode n = item.child(type);
-  if (type == "linear") {
-    n.checkKeys({"units", "activation", "bias"});
-    l.units = n.child("units").asInt();
-    if (l.units < 1) n.child("units").fail("must be at least 1");
-    l.activation = n.getChoice("activation", l.activation, {"relu", "gelu", "tanh", "sigmoid", "none"});
-    l.bias = n.getBool("bias", l.bias);
-  } else {
-    n.checkKeys({"heads", "kv_heads", "head_dim", "causal", "align", "window", "sinks", "sink_logits", "residual"});
-    l.heads = n.getIntIn("heads", l.heads, 1, 4096);
-    l.kvHeads = n.getIntIn("kv_heads", l.heads, 1, 4096);
-    if (l.heads % l.kvHeads != 0)
-      n.child("kv_heads").fail("kv_heads (" + std::to_string(l.kvHeads) + ") must divide heads (" +
-                               std::to_string(l.heads) + ")");
-    l.headDim = n.getIntIn("head_dim", 0, 1, 1 << 16);
-    l.causal = n.getBool("causal", l.causal);
-    l.align = n.getChoice("align", l.align, {"top-left", "bottom-right"});
-    if (n.has("window")) {
-      const CfgNode w = n.child("window");
-      if (w.isScalar()) {
-        // A single number is a causal-style look-back: `window: 16` == {left: 16}.
-        l.windowLeft = w.asInt();
-        if (l.windowLeft < 0) w.fail("must be >= 0 (a window is an inclusive offset), got " + std::to_string(l.windowLeft));
-      } else {
-        if (!w.isMap()) w.fail("expected a number L or a map {left: L, right: R}, got " + std::string(w.isSequence() ? "a list" : "nothing"));
-        w.checkKeys({"left", "right"});
-        l.windowLeft = w.getInt("left", -1);
-        l.windowRight = w.getInt("right", -1);
-        if (w.has("left") && l.windowLeft < 0) w.child("left").fail("must be >= 0, got " + std::to_string(l.windowLeft));
-        if (w.has("right") && l.windowRight < 0) w.child("right").fail("must be >= 0, got " + std::to_string(l.windowRight));
-      }
-    }
-    if (n.has("sinks") && n.child("sinks").asInt() < 0)
-      n.child("sinks").fail("must be >= 0, got " + std::to_string(n.child("sinks").asInt()));
-    l.sinks = n.getInt("sinks", 0);
-    l.sinkLogits = n.getBool("sink_logits", l.sinkLogits);
-    l.residual = n.getBool("residual", l.residual);
-  }
-  return l;
-}
-
 void parseModel(const CfgNode& n, ModelConfig& m) {
   n.checkKeys({"input", "layers", "params", "nodes", "output"});
   m.inputLocation = m.outputLocation = n.source().file;

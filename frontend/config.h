@@ -8,6 +8,7 @@
 
 #include "common/settings.h"
 #include "frontend/config_node.h"
+#include "frontend/layers/layer.h"
 
 namespace pa {
 
@@ -51,23 +52,6 @@ struct DataConfig {
   ConfigLocator where;  // the config's keys, for data errors found when loading
 };
 
-struct LayerConfig {
-  std::string type;  // linear | attention
-  std::string path, location;  // key path and file:line:col, for messages
-  // linear
-  int64_t units = 0;
-  std::string activation = "none";  // relu | gelu | tanh | sigmoid | none
-  bool bias = true;
-  // attention
-  int64_t heads = 1, kvHeads = 0, headDim = 0;  // kvHeads 0: = heads; headDim 0: width / heads
-  bool causal = false;
-  std::string align = "top-left";
-  int64_t windowLeft = -1, windowRight = -1;
-  int64_t sinks = 0;
-  bool sinkLogits = false;
-  bool residual = false;
-};
-
 struct ExplicitParam {
   std::string name;
   std::vector<int64_t> shape;
@@ -84,7 +68,7 @@ struct ExplicitNode {
 
 struct ModelConfig {
   std::vector<int64_t> input;  // one sample's shape; empty: the data's sample shape
-  std::vector<LayerConfig> layers;
+  std::vector<std::shared_ptr<const Layer>> layers;  // layer sugar, parsed by frontend/layers/
   std::vector<ExplicitParam> params;
   std::vector<ExplicitNode> nodes;
   std::string output;  // explicit form: the value that is the prediction (default: last node)

@@ -1,7 +1,5 @@
-// Layer lowering. `linear` becomes MatMul -> Add -> activation; `attention` becomes projections,
-// reshapes to [batch, heads, seq, head_dim], MatMul(Q, Kᵀ), Scale, AttentionMask, Softmax (with
-// optional sink logits), MatMul(P, V), the output projection and the residual Add. The fusion
-// passes find these subgraphs again.
+// Model building: the layer sugar (each kind in frontend/layers/ lowers itself) or the explicit
+// nodes of model.nodes, then the target input and the loss.
 #include "frontend/model_builder.h"
 
 #include <cmath>
@@ -16,84 +14,6 @@ Shape withBatch(int64_t batch, const std::vector<int64_t>& s) {
   Shape r{batch};
   r.append(s.begin(), s.end());
   return r;
-}
-
-AttrMap attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
-  AttrMap a;
-  for (const auto& p : kv) a.set(p.first, p.second);
-  return a;
-}
-
-struct LayerLowering {
-  Graph& g;
-  std::string prefix;  // "layers.<i>"
-
-  ValueId param(const std::string& what, Shape shape, const std::string& init) {
-    return g.addParam(prefix + "." + what, shape, init);
-  }
-  // x [..., in] -> [..., units], bias and activation as configured.
-  ValueId linear(ValueId x, int64_t units, const std::string& activation, bool bias, const std::string& what) {
-    const int64_t in = g.shape(x).back();
-    const std::string init = activation == "relu" ? "he" : "xavier";
-    ValueId h = g.add(OpKind::MatMul, {x, param(what + "weight", {in, units}, init)});
-    if (bias) h = g.add(OpKind::Add, {h, param(what + "bias", {units}, "zeros")});
-    if (activation == "relu") h = g.add(OpKind::Relu, {h});
-    else if (activation == "gelu") h = g.add(OpKind::Gelu, {h});
-    else if (activation == "tanh") h = g.add(OpKind::Tanh, {h});
-    else if (activation == "sigmoid") h = g.add(OpKind::Sigmoid, {h});
-    return h;
-  }
-  // [B, S, heads*hd] -> [B, heads, S, hd]
-  ValueId splitHeads(ValueId v, int64_t heads, int64_t hd) {
-    const Shape& s = g.shape(v);
-    ValueId r = g.add(OpKind::Reshape, {v}, attrs({{"shape", std::vector<int64_t>{s[0], s[1], heads, hd}}}));
-    return g.add(OpKind::Permute, {r}, attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
-  }
-};
-
-ValueId lowerAttention(LayerLowering& L, const LayerConfig& l, ValueId x) {
-  Graph& g = L.g;
-  const Shape xs = g.shape(x);
-  if (xs.size() != 3)
-    throw ConfigError(l.location, l.path + ".attention", "needs a sequence input [seq, features] per sample, got " +
-                                               shapeString(Shape(xs.begin() + 1, xs.end())) +
-                                               " (set model.input, e.g. [64, 1])");
-  const int64_t width = xs[2], seq = xs[1], batch = xs[0];
-  if (l.headDim == 0 && width % l.heads != 0)
-    throw ConfigError(l.location, l.path + ".attention.heads", std::to_string(l.heads) + " heads do not divide the width " +
-                                                     std::to_string(width) + " (set head_dim, or change heads)");
-  const int64_t hd = l.headDim ? l.headDim : width / l.heads;
-  const int64_t hq = l.heads, hk = l.kvHeads;
-  ValueId q = L.splitHeads(L.linear(x, hq * hd, "none", true, "q_"), hq, hd);
-  ValueId k = L.splitHeads(L.linear(x, hk * hd, "none", true, "k_"), hk, hd);
-  ValueId v = L.splitHeads(L.linear(x, hk * hd, "none", true, "v_"), hk, hd);
-  if (hk != hq) {
-    const AttrMap rep = attrs({{"axis", int64_t{1}}, {"repeats", hq / hk}});
-    k = g.add(OpKind::RepeatHeads, {k}, rep);
-    v = g.add(OpKind::RepeatHeads, {v}, rep);
-  }
-  ValueId s = g.add(OpKind::MatMul, {q, k}, attrs({{"transpose_b", true}}));
-  s = g.add(OpKind::Scale, {s}, attrs({{"value", 1.0 / std::sqrt(static_cast<double>(hd))}}));
-  if (l.causal || l.windowLeft >= 0 || l.windowRight >= 0) {
-    s = g.add(OpKind::AttentionMask, {s},
-              attrs({{"causal", l.causal}, {"align", l.align}, {"window_left", l.windowLeft},
-                     {"window_right", l.windowRight}, {"sinks", l.sinks}}));
-  }
-  ValueId p;
-  if (l.sinkLogits) {
-    // One learnable logit per head joins every row's softmax denominator (gpt-oss sinks).
-    ValueId sink = L.param("sink_logits", {hq}, "zeros");
-    sink = g.add(OpKind::Reshape, {sink}, attrs({{"shape", std::vector<int64_t>{hq, 1, 1}}}));
-    p = g.add(OpKind::Softmax, {s, sink}, attrs({{"axis", int64_t{-1}}}));
-  } else {
-    p = g.add(OpKind::Softmax, {s}, attrs({{"axis", int64_t{-1}}}));
-  }
-  ValueId o = g.add(OpKind::MatMul, {p, v});
-  o = g.add(OpKind::Permute, {o}, attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
-  o = g.add(OpKind::Reshape, {o}, attrs({{"shape", std::vector<int64_t>{batch, seq, hq * hd}}}));
-  o = L.linear(o, width, "none", true, "o_");
-  if (l.residual) o = g.add(OpKind::Add, {x, o});
-  return o;
 }
 
 Attr attrFromYaml(const std::string& key, const CfgNode& n) {
@@ -253,8 +173,8 @@ ValueId buildExplicit(Graph& g, const ModelConfig& m, ValueId x) {
 std::pair<std::string, std::string> predictionSource(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   if (!m.explicitGraph()) {
-    const LayerConfig& l = m.layers.back();
-    return {l.location, l.path + (l.type == "linear" ? ".linear.units" : "." + l.type)};
+    const Layer& l = *m.layers.back();
+    return {l.location, l.path + "." + l.predictionKey()};
   }
   for (const ExplicitNode& e : m.nodes)
     if (e.output == m.output) return {e.location, e.path};
@@ -296,19 +216,17 @@ BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, co
     h = buildExplicit(g, m, bm.x);
   } else {
     for (size_t i = 0; i < m.layers.size(); ++i) {
-      const LayerConfig& l = m.layers[i];
+      const Layer& l = *m.layers[i];
       LayerLowering L{g, "layers." + std::to_string(i)};
       const size_t firstNode = g.numNodes();
       try {
-        if (l.type == "linear") h = L.linear(h, l.units, l.activation, l.bias, "");
-        else h = lowerAttention(L, l, h);
+        h = l.lower(L, h);
       } catch (const ShapeError& e) {  // sizes too large, shapes that do not fit: name the layer
-        throw ConfigError(l.location, l.path + "." + l.type, e.what());
+        throw ConfigError(l.location, l.path + "." + l.kind, e.what());
       }
       // Every node of the layer, its parameters too: a message about a size (a weight or an
       // activation that does not fit in memory) names the layer that made it.
-      const std::string origin = l.location + ": " + l.path +
-                                 (l.type == "linear" ? ".linear.units = " + std::to_string(l.units) : "." + l.type);
+      const std::string origin = l.location + ": " + l.path + "." + l.origin();
       for (size_t id = firstNode; id < g.numNodes(); ++id) g.node(static_cast<NodeId>(id)).origin = origin;
     }
   }

@@ -75,7 +75,7 @@ std::vector<double> initialValues(const Graph& g, ValueId p, uint64_t seed,
   const std::string& name = g.value(p).name;
   auto given = givenValues.find(name);
   if (given == givenValues.end())
-    return initParam(name, g.shape(p), g.producer(p).attrs.getString("init", "xavier"), seed);
+    return initParam(name, g.shape(p), g.producer(p).attrs.get<attr::Init>(), seed);
   if (static_cast<int64_t>(given->second.size()) != numel(g.shape(p)))
     throw UserError("initial value of parameter '" + name + "' has " + std::to_string(given->second.size()) +
                     " elements, expected " + std::to_string(numel(g.shape(p))));

@@ -1,7 +1,10 @@
-// Node attributes: a sorted name -> value map, so printing and hashing are deterministic.
+// Node attributes: a sorted name -> value map, so printing and hashing are deterministic; read and
+// written through the typed keys of attrs.def (attr::WindowLeft), or by name where the name comes
+// from the user (explicit YAML nodes).
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <variant>
@@ -41,6 +44,30 @@ inline const char* attrKindDescription(AttrKind k) {
   }
   return "?";
 }
+
+// The C++ type an attribute of kind K is read as.
+template <AttrKind K> struct AttrTypeOf;
+template <> struct AttrTypeOf<AttrKind::Int> { using Type = int64_t; };
+template <> struct AttrTypeOf<AttrKind::Float> { using Type = double; };
+template <> struct AttrTypeOf<AttrKind::Bool> { using Type = bool; };
+template <> struct AttrTypeOf<AttrKind::String> { using Type = std::string; };
+template <> struct AttrTypeOf<AttrKind::Ints> { using Type = std::vector<int64_t>; };
+template <> struct AttrTypeOf<AttrKind::Floats> { using Type = std::vector<double>; };
+
+// The typed keys, one per line of attrs.def: its name, kind, C++ type and default.
+namespace attr {
+#define PA_ATTR(Name, Key, Kind, Default)                                 \
+  struct Name {                                                           \
+    static constexpr const char* key = Key;                               \
+    static constexpr AttrKind kind = AttrKind::Kind;                      \
+    using Type = AttrTypeOf<AttrKind::Kind>::Type;                        \
+    static Type byDefault() {                                             \
+      Type v = Default;                                                   \
+      return v;                                                           \
+    }                                                                     \
+  };
+#include "graph/attrs.def"
+}  // namespace attr
 
 class AttrMap {
 public:
@@ -84,11 +111,30 @@ public:
     if (it == map_.end()) return dflt;
     return std::get<std::string>(it->second);
   }
+
+  // The typed layer: A is a key of attrs.def; an unset attribute reads as A's default.
+  template <class A> bool has() const { return has(A::key); }
+  template <class A> typename A::Type get() const {
+    if constexpr (A::kind == AttrKind::Int) return getInt(A::key, A::byDefault());
+    else if constexpr (A::kind == AttrKind::Float) return getFloat(A::key, A::byDefault());
+    else if constexpr (A::kind == AttrKind::Bool) return getBool(A::key, A::byDefault());
+    else if constexpr (A::kind == AttrKind::String) return getString(A::key, A::byDefault());
+    else if constexpr (A::kind == AttrKind::Ints) return has(A::key) ? getInts(A::key) : A::byDefault();
+    else return has(A::key) ? getDoubles(A::key) : A::byDefault();
+  }
+  template <class A> AttrMap& set(typename A::Type v) {
+    set(A::key, Attr(std::move(v)));
+    return *this;
+  }
+
   bool operator==(const AttrMap& o) const { return map_ == o.map_; }
 
 private:
   std::map<std::string, Attr> map_;
 };
+
+// AttrMap::get as a free function, for code inside templates (no `.template` needed).
+template <class A> typename A::Type getAttr(const AttrMap& m) { return m.get<A>(); }
 
 std::string attrString(const Attr& a);
 

@@ -95,11 +95,7 @@ struct Parser {
       break;
     }
     expect(')');
-    const size_t arity = (op == OpKind::Add || op == OpKind::Sub || op == OpKind::Mul || op == OpKind::Div ||
-                          op == OpKind::ReluGrad || op == OpKind::GeluGrad || op == OpKind::TanhGrad ||
-                          op == OpKind::SigmoidGrad)
-                             ? 2
-                             : 1;
+    const size_t arity = static_cast<size_t>(opInfo(op).minInputs);  // expression ops have one arity
     if (n.args.size() != arity) fail(std::string(opName(op)) + " takes " + std::to_string(arity) + " arguments");
     e.nodes.push_back(n);
     return static_cast<int>(e.nodes.size()) - 1;

@@ -74,21 +74,21 @@ ValueId Graph::add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs, std
 
 ValueId Graph::addInput(const std::string& name, llvm::ArrayRef<int64_t> shape) {
   AttrMap a;
-  a.set("shape", std::vector<int64_t>(shape.begin(), shape.end()));
+  a.set<attr::Shape>(std::vector<int64_t>(shape.begin(), shape.end()));
   return add(OpKind::Input, {}, std::move(a), name);
 }
 
 ValueId Graph::addParam(const std::string& name, llvm::ArrayRef<int64_t> shape, const std::string& init) {
   AttrMap a;
-  a.set("shape", std::vector<int64_t>(shape.begin(), shape.end()));
-  a.set("init", init);
+  a.set<attr::Shape>(std::vector<int64_t>(shape.begin(), shape.end()));
+  a.set<attr::Init>(init);
   return add(OpKind::Param, {}, std::move(a), name);
 }
 
 ValueId Graph::addConstant(double value, llvm::ArrayRef<int64_t> shape, const std::string& name) {
   AttrMap a;
-  a.set("shape", std::vector<int64_t>(shape.begin(), shape.end()));
-  a.set("value", value);
+  a.set<attr::Shape>(std::vector<int64_t>(shape.begin(), shape.end()));
+  a.set<attr::Value>(value);
   return add(OpKind::Constant, {}, std::move(a), name);
 }
 

@@ -26,7 +26,7 @@ inline AxisSplit splitAroundAxis(const Shape& s, int64_t axisAttr) {
 
 // Which axes of `x` a Sum or Mean node reduces (`axes` empty: all of them).
 inline std::vector<bool> reducedAxes(const Node& n, const Shape& x) {
-  const std::vector<int64_t> axes = n.attrs.getInts("axes");
+  const std::vector<int64_t> axes = n.attrs.get<attr::Axes>();
   std::vector<bool> r(x.size(), axes.empty());
   for (int64_t a : axes) r[static_cast<size_t>(normaliseAxis(a, x.size()))] = true;
   return r;
@@ -43,11 +43,11 @@ inline std::vector<bool> sumToReducedAxes(const Shape& x, const Shape& target) {
 // The mask of an attention-mask, flash-attention or flash-attention-grad node.
 inline AttentionMaskSpec maskSpecOf(const AttrMap& a) {
   AttentionMaskSpec m;
-  m.causal = a.getBool("causal", false);
-  m.alignBottomRight = a.getString("align", "top-left") == "bottom-right";
-  m.windowLeft = static_cast<int>(a.getInt("window_left", -1));
-  m.windowRight = static_cast<int>(a.getInt("window_right", -1));
-  m.sinks = static_cast<int>(a.getInt("sinks", 0));
+  m.causal = a.get<attr::Causal>();
+  m.alignBottomRight = a.get<attr::Align>() == "bottom-right";
+  m.windowLeft = static_cast<int>(a.get<attr::WindowLeft>());
+  m.windowRight = static_cast<int>(a.get<attr::WindowRight>());
+  m.sinks = static_cast<int>(a.get<attr::Sinks>());
   return m;
 }
 

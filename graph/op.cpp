@@ -8,8 +8,8 @@ namespace pa {
 
 namespace {
 const OpInfo kOps[] = {
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) \
-  {OpKind::Name, Kebab, MinIn, MaxIn, FusionKind::Fusion, GradKind::Grad, Attrs},
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, TensorCoreIns, Fp32Outs) \
+  {OpKind::Name, Kebab, MinIn, MaxIn, FusionKind::Fusion, GradKind::Grad, Attrs, TensorCoreIns, Fp32Outs},
 #include "graph/ops.def"
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == kNumOps, "op table out of step with ops.def");
@@ -45,15 +45,10 @@ bool opHasAttr(OpKind k, const std::string& attr) {
 }
 
 bool attrKindOf(const std::string& attr, AttrKind& out) {
+  // A key declared twice in attrs.def (two defaults) has one kind: graph_test checks it.
   static const std::pair<const char*, AttrKind> kKinds[] = {
-      {"shape", AttrKind::Ints},       {"init", AttrKind::String},         {"value", AttrKind::Float},
-      {"data", AttrKind::Floats},      {"transpose_a", AttrKind::Bool},    {"transpose_b", AttrKind::Bool},
-      {"axis", AttrKind::Int},         {"perm", AttrKind::Ints},           {"axes", AttrKind::Ints},
-      {"keepdims", AttrKind::Bool},    {"causal", AttrKind::Bool},         {"align", AttrKind::String},
-      {"window_left", AttrKind::Int},  {"window_right", AttrKind::Int},    {"sinks", AttrKind::Int},
-      {"fill", AttrKind::Float},       {"repeats", AttrKind::Int},         {"dtype", AttrKind::String},
-      {"activation", AttrKind::String}, {"transpose_w", AttrKind::Bool},   {"scale", AttrKind::Float},
-      {"layout", AttrKind::String},    {"expr", AttrKind::String},
+#define PA_ATTR(Name, Key, Kind, Default) {Key, AttrKind::Kind},
+#include "graph/attrs.def"
   };
   for (const auto& k : kKinds)
     if (attr == k.first) {

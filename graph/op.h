@@ -1,19 +1,23 @@
 // The op enum and its static facts, generated from ops.def.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "graph/attrs.h"
 
 namespace pa {
 
+// A bit set of input or output indices, as ops.def writes it: slots(0, 1).
+template <class... I> constexpr uint32_t slots(I... i) { return (0u | ... | (1u << i)); }
+
 enum class OpKind {
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) Name,
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, ...) Name,
 #include "graph/ops.def"
 };
 
 constexpr int kNumOps = 0
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) +1
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, ...) +1
 #include "graph/ops.def"
     ;
 
@@ -28,6 +32,10 @@ struct OpInfo {
   FusionKind fusion;
   GradKind grad;
   const char* attrs;  // space-separated attribute names
+  uint32_t tensorCoreInputs;  // slots(): inputs multiplied on tensor cores (bf16 under precision: bf16)
+  uint32_t fp32Outputs;       // slots(): outputs written in fp32 whatever the precision
+  bool isTensorCoreInput(size_t i) const { return i < 32 && (tensorCoreInputs >> i & 1u) != 0; }
+  bool isFp32Output(size_t i) const { return i < 32 && (fp32Outputs >> i & 1u) != 0; }
 };
 
 const OpInfo& opInfo(OpKind k);

@@ -18,34 +18,34 @@ Types one(Shape s, DType d) { return Types{TensorType{std::move(s), d}}; }
 
 [[noreturn]] void fail(const Node& n, const std::string& msg) { throw ShapeError(n.name, msg); }
 
-Shape shapeAttr(const Node& n, const char* key) {
-  std::vector<int64_t> s = n.attrs.getInts(key);
+Shape shapeAttr(const Node& n) {
+  std::vector<int64_t> s = n.attrs.get<attr::Shape>();
   for (int64_t d : s)
-    if (d < 0) fail(n, std::string("attribute '") + key + "' has a negative extent: " + shapeString(s));
+    if (d < 0) fail(n, std::string("attribute '") + attr::Shape::key + "' has a negative extent: " + shapeString(s));
   return Shape(s.begin(), s.end());
 }
 
-// A shape attribute that is also a tensor's shape: no negative extent, at most kMaxElements.
-Shape sizeAttr(const Node& n, const char* key) {
-  Shape s = shapeAttr(n, key);
+// The shape attribute when it is also a tensor's shape: no negative extent, at most kMaxElements.
+Shape sizeAttr(const Node& n) {
+  Shape s = shapeAttr(n);
   int64_t count;
   if (!checkedNumel(s, count))
-    fail(n, std::string("attribute '") + key + "' " + shapeString(s) + " holds more than 2^48 elements (" +
+    fail(n, std::string("attribute '") + attr::Shape::key + "' " + shapeString(s) + " holds more than 2^48 elements (" +
                 elementCountString(s) + "); no machine holds a tensor that large");
   return s;
 }
 
 Types leaf(const Graph&, const Node& n) {
-  if (!n.attrs.has("shape")) fail(n, "needs a 'shape' attribute");
-  return one(sizeAttr(n, "shape"), DType::F32);
+  if (!n.attrs.has<attr::Shape>()) fail(n, "needs a 'shape' attribute");
+  return one(sizeAttr(n), DType::F32);
 }
 
 Types inferInput(const Graph& g, const Node& n) { return leaf(g, n); }
 Types inferParam(const Graph& g, const Node& n) { return leaf(g, n); }
 Types inferConstant(const Graph& g, const Node& n) {
   Types t = leaf(g, n);
-  if (n.attrs.has("data") && static_cast<int64_t>(n.attrs.getDoubles("data").size()) != numel(t[0].shape))
-    fail(n, "constant data holds " + std::to_string(n.attrs.getDoubles("data").size()) + " values, shape " +
+  if (n.attrs.has<attr::Data>() && static_cast<int64_t>(n.attrs.get<attr::Data>().size()) != numel(t[0].shape))
+    fail(n, "constant data holds " + std::to_string(n.attrs.get<attr::Data>().size()) + " values, shape " +
                 shapeString(t[0].shape) + " needs " + std::to_string(numel(t[0].shape)));
   return t;
 }
@@ -55,7 +55,7 @@ Types inferMatMul(const Graph& g, const Node& n) {
   const Shape& b = in(g, n, 1);
   if (a.size() < 2 || b.size() < 2)
     fail(n, "matmul needs inputs of rank >= 2, got " + shapeString(a) + " and " + shapeString(b));
-  const bool ta = n.attrs.getBool("transpose_a", false), tb = n.attrs.getBool("transpose_b", false);
+  const bool ta = n.attrs.get<attr::TransposeA>(), tb = n.attrs.get<attr::TransposeB>();
   const int64_t m = ta ? a[a.size() - 1] : a[a.size() - 2];
   const int64_t ka = ta ? a[a.size() - 2] : a[a.size() - 1];
   const int64_t kb = tb ? b[b.size() - 1] : b[b.size() - 2];
@@ -79,7 +79,7 @@ Types inferMatMulActGrad(const Graph& g, const Node& n) {
   if (in(g, n, 2) != t[0].shape)
     fail(n, "matmul-act-grad: the activation input " + shapeString(in(g, n, 2)) + " must have the product's shape " +
                 shapeString(t[0].shape));
-  const std::string act = n.attrs.getString("activation", "relu");
+  const std::string act = n.attrs.get<attr::GradActivation>();
   if (act != "relu" && act != "gelu") fail(n, "matmul-act-grad: activation must be relu or gelu, got '" + act + "'");
   return t;
 }
@@ -97,14 +97,14 @@ Types inferDiv(const Graph& g, const Node& n) { return binary(g, n); }
 
 Types unary(const Graph& g, const Node& n) { return one(in(g, n, 0), dt(g, n)); }
 Types inferScale(const Graph& g, const Node& n) {
-  if (!n.attrs.has("value")) fail(n, "scale needs a 'value' attribute");
+  if (!n.attrs.has<attr::ScaleFactor>()) fail(n, "scale needs a 'value' attribute");
   return unary(g, n);
 }
 Types inferCast(const Graph& g, const Node& n) {
   DType t;
   // Only the storage types the executors keep (README, "Ops"): f64 and f16 values would have no
   // kernel that reads them as such.
-  const std::string name = n.attrs.getString("dtype", "");
+  const std::string name = n.attrs.get<attr::DType>();
   if (!dtypeFromName(name, t) || (t != DType::F32 && t != DType::BF16))
     fail(n, "cast needs a 'dtype' attribute: f32 or bf16" + (name.empty() ? std::string() : ", got '" + name + "'"));
   return one(in(g, n, 0), t);
@@ -116,7 +116,7 @@ Types inferSigmoid(const Graph& g, const Node& n) { return unary(g, n); }
 Types inferExp(const Graph& g, const Node& n) { return unary(g, n); }
 
 int axisOf(const Node& n, const Shape& s) {
-  const int64_t axis = n.attrs.getInt("axis", -1);
+  const int64_t axis = n.attrs.get<attr::Axis>();
   const int a = normaliseAxis(axis, s.size());
   if (a < 0) fail(n, "axis " + std::to_string(axis) + " is out of range for " + shapeString(s));
   return a;
@@ -142,7 +142,7 @@ Types inferSoftmax(const Graph& g, const Node& n) {
 
 Types inferPermute(const Graph& g, const Node& n) {
   const Shape& x = in(g, n, 0);
-  std::vector<int64_t> perm = n.attrs.getInts("perm");
+  std::vector<int64_t> perm = n.attrs.get<attr::Perm>();
   std::vector<int64_t> sorted = perm;
   std::sort(sorted.begin(), sorted.end());
   std::vector<int64_t> iota(x.size());
@@ -155,7 +155,7 @@ Types inferPermute(const Graph& g, const Node& n) {
 
 Types inferReshape(const Graph& g, const Node& n) {
   const Shape& x = in(g, n, 0);
-  std::vector<int64_t> s = n.attrs.getInts("shape");
+  std::vector<int64_t> s = n.attrs.get<attr::Shape>();
   int wild = -1;
   int64_t known = 1;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -172,12 +172,12 @@ Types inferReshape(const Graph& g, const Node& n) {
   if (wild >= 0 && known > 0 && numel(x) % known == 0) s[wild] = numel(x) / known;
   if (wild >= 0 ? s[wild] == -1 || known * s[wild] != numel(x) : known != numel(x))
     fail(n, "cannot reshape " + shapeString(x) + " (" + std::to_string(numel(x)) + " elements) to " +
-                shapeString(n.attrs.getInts("shape")));
+                shapeString(n.attrs.get<attr::Shape>()));
   return one(Shape(s.begin(), s.end()), dt(g, n));
 }
 
 Types inferBroadcastTo(const Graph& g, const Node& n) {
-  const Shape target = sizeAttr(n, "shape");
+  const Shape target = sizeAttr(n);
   Shape b;
   if (!broadcastShapes(in(g, n, 0), target, b) || b != target)
     fail(n, "cannot broadcast " + shapeString(in(g, n, 0)) + " to " + shapeString(target));
@@ -186,14 +186,14 @@ Types inferBroadcastTo(const Graph& g, const Node& n) {
 
 Types reduction(const Graph& g, const Node& n) {
   const Shape& x = in(g, n, 0);
-  std::vector<int64_t> axes = n.attrs.getInts("axes");
+  std::vector<int64_t> axes = n.attrs.get<attr::Axes>();
   std::vector<bool> reduce(x.size(), axes.empty());
   for (int64_t a : axes) {
     const int ax = normaliseAxis(a, x.size());
     if (ax < 0) fail(n, "axis " + std::to_string(a) + " is out of range for " + shapeString(x));
     reduce[ax] = true;
   }
-  const bool keep = n.attrs.getBool("keepdims", false);
+  const bool keep = n.attrs.get<attr::KeepDims>();
   Shape out;
   for (size_t i = 0; i < x.size(); ++i) {
     if (!reduce[i]) out.push_back(x[i]);
@@ -205,7 +205,7 @@ Types inferSum(const Graph& g, const Node& n) { return reduction(g, n); }
 Types inferMean(const Graph& g, const Node& n) { return reduction(g, n); }
 
 Types inferSumTo(const Graph& g, const Node& n) {
-  const Shape target = sizeAttr(n, "shape");
+  const Shape target = sizeAttr(n);
   Shape b;
   if (!broadcastShapes(target, in(g, n, 0), b) || b != in(g, n, 0))
     fail(n, "cannot sum " + shapeString(in(g, n, 0)) + " down to " + shapeString(target));
@@ -215,21 +215,21 @@ Types inferSumTo(const Graph& g, const Node& n) {
 Types inferAttentionMask(const Graph& g, const Node& n) {
   const Shape& x = in(g, n, 0);
   if (x.size() < 2) fail(n, "attention-mask needs scores of rank >= 2 [..., q, k], got " + shapeString(x));
-  const std::string align = n.attrs.getString("align", "top-left");
+  const std::string align = n.attrs.get<attr::Align>();
   if (align != "top-left" && align != "bottom-right")
     fail(n, "align must be 'top-left' or 'bottom-right', got '" + align + "'");
-  if (n.attrs.getInt("window_left", -1) < -1 || n.attrs.getInt("window_right", -1) < -1)
+  if (n.attrs.get<attr::WindowLeft>() < -1 || n.attrs.get<attr::WindowRight>() < -1)
     fail(n, "window offsets must be >= 0 (or -1 for unbounded)");
-  if (n.attrs.getInt("sinks", 0) < 0) fail(n, "sinks must be >= 0");
+  if (n.attrs.get<attr::Sinks>() < 0) fail(n, "sinks must be >= 0");
   return unary(g, n);
 }
 
 Types inferRepeatHeads(const Graph& g, const Node& n) {
   Shape x = in(g, n, 0);
-  const int64_t axisAttr = n.attrs.getInt("axis", 1);
+  const int64_t axisAttr = n.attrs.get<attr::RepeatAxis>();
   const int axis = normaliseAxis(axisAttr, x.size());
   if (axis < 0) fail(n, "axis " + std::to_string(axisAttr) + " is out of range for " + shapeString(x));
-  const int64_t r = n.attrs.getInt("repeats", 1);
+  const int64_t r = n.attrs.get<attr::Repeats>();
   if (r < 1) fail(n, "repeats must be >= 1, got " + std::to_string(r));
   int64_t count;
   if (!checkedMul(x[axis], r, x[axis]) || !checkedNumel(x, count))
@@ -247,13 +247,13 @@ Types inferMseLoss(const Graph& g, const Node& n) {
 Types inferFusedLinear(const Graph& g, const Node& n) {
   const Shape& x = in(g, n, 0);
   const Shape& w = in(g, n, 1);
-  const bool tw = n.attrs.getBool("transpose_w", false);
+  const bool tw = n.attrs.get<attr::TransposeW>();
   if (x.empty() || w.size() != 2) fail(n, "fused-linear needs x [..., K] and a weight matrix, got " + shapeString(x) + " and " + shapeString(w));
   const int64_t k = tw ? w[1] : w[0], units = tw ? w[0] : w[1];
   if (x.back() != k) fail(n, "x " + shapeString(x) + " has " + std::to_string(x.back()) + " features, the weight " + shapeString(w) + " expects " + std::to_string(k));
   if (n.inputs.size() == 3 && in(g, n, 2) != Shape{units})
     fail(n, "bias " + shapeString(in(g, n, 2)) + " must be [" + std::to_string(units) + "]");
-  const std::string act = n.attrs.getString("activation", "none");
+  const std::string act = n.attrs.get<attr::Activation>();
   if (act != "none" && act != "relu" && act != "gelu") fail(n, "activation must be none, relu or gelu, got '" + act + "'");
   Shape out = x;
   out.back() = units;
@@ -265,13 +265,13 @@ Types inferFusedLinear(const Graph& g, const Node& n) {
 // The [B, H, S, D] view of a flash operand laid out as the node's `layout` says ("bhsd", or
 // "bshd": [B, S, H, D], the projections' own layout, read with strides).
 Shape flashLogical(const Node& n, Shape s) {
-  if (s.size() == 4 && n.attrs.getString("layout", "bhsd") == "bshd") std::swap(s[1], s[2]);
+  if (s.size() == 4 && n.attrs.get<attr::Layout>() == "bshd") std::swap(s[1], s[2]);
   return s;
 }
 
 // Checks the q, k, v [B, H, S, D] layout shared by the flash ops and returns Hq / Hk.
 int64_t flashShapes(const Graph& g, const Node& n) {
-  const std::string layout = n.attrs.getString("layout", "bhsd");
+  const std::string layout = n.attrs.get<attr::Layout>();
   if (layout != "bhsd" && layout != "bshd") fail(n, "layout must be 'bhsd' or 'bshd', got '" + layout + "'");
   const Shape q = flashLogical(n, in(g, n, 0));
   const Shape k = flashLogical(n, in(g, n, 1));
@@ -284,9 +284,9 @@ int64_t flashShapes(const Graph& g, const Node& n) {
     fail(n, "q " + shapeString(q) + " and k " + shapeString(k) + " differ in batch or head_dim");
   if (k[1] == 0 || q[1] % k[1] != 0)
     fail(n, "query heads (" + std::to_string(q[1]) + ") must be a multiple of key/value heads (" + std::to_string(k[1]) + ")");
-  if (n.attrs.getInt("window_left", -1) < -1 || n.attrs.getInt("window_right", -1) < -1 || n.attrs.getInt("sinks", 0) < 0)
+  if (n.attrs.get<attr::WindowLeft>() < -1 || n.attrs.get<attr::WindowRight>() < -1 || n.attrs.get<attr::Sinks>() < 0)
     fail(n, "window offsets must be >= -1 and sinks >= 0");
-  const std::string align = n.attrs.getString("align", "top-left");
+  const std::string align = n.attrs.get<attr::Align>();
   if (align != "top-left" && align != "bottom-right") fail(n, "align must be 'top-left' or 'bottom-right'");
   return q[1] / k[1];
 }
@@ -314,14 +314,14 @@ Types inferFlashAttentionGrad(const Graph& g, const Node& n) {
 }
 
 Types inferFusedElementwise(const Graph& g, const Node& n) {
-  const Shape out = sizeAttr(n, "shape");
+  const Shape out = sizeAttr(n);
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     Shape b;
     if (!broadcastShapes(in(g, n, static_cast<int>(i)), out, b) || b != out)
       fail(n, "input " + std::to_string(i) + " " + shapeString(in(g, n, static_cast<int>(i))) + " does not broadcast to " + shapeString(out));
   }
   try {
-    const Expr e = parseExpr(n.attrs.getString("expr", ""));
+    const Expr e = parseExpr(n.attrs.get<attr::Expr>());
     for (const ExprNode& x : e.nodes)
       if (x.op == OpKind::Input && (x.input < 0 || x.input >= static_cast<int>(n.inputs.size())))
         fail(n, "expression reads $" + std::to_string(x.input) + " but the node has " + std::to_string(n.inputs.size()) + " inputs");
@@ -351,7 +351,7 @@ Types inferSoftmaxSinkGrad(const Graph& g, const Node& n) {
 
 using InferFn = Types (*)(const Graph&, const Node&);
 const InferFn kInfer[] = {
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) &infer##Name,
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, ...) &infer##Name,
 #include "graph/ops.def"
 };
 

@@ -26,26 +26,26 @@ struct GradCtx {
   ValueId op(OpKind k, llvm::ArrayRef<ValueId> ins, AttrMap a = {}) { return g.add(k, ins, std::move(a)); }
   ValueId scale(ValueId v, double f) {
     AttrMap a;
-    a.set("value", f);
+    a.set<attr::ScaleFactor>(f);
     return op(OpKind::Scale, {v}, a);
   }
   // Undoes numpy broadcasting: sums `v` down to `target` when their shapes differ.
   ValueId sumTo(ValueId v, const Shape& target) {
     if (shape(v) == target) return v;
     AttrMap a;
-    a.set("shape", std::vector<int64_t>(target.begin(), target.end()));
+    a.set<attr::Shape>(std::vector<int64_t>(target.begin(), target.end()));
     return op(OpKind::SumTo, {v}, a);
   }
   ValueId reshape(ValueId v, const Shape& s) {
     if (shape(v) == s) return v;
     AttrMap a;
-    a.set("shape", std::vector<int64_t>(s.begin(), s.end()));
+    a.set<attr::Shape>(std::vector<int64_t>(s.begin(), s.end()));
     return op(OpKind::Reshape, {v}, a);
   }
   ValueId matmul(ValueId a, ValueId b, bool ta, bool tb) {
     AttrMap at;
-    at.set("transpose_a", ta);
-    at.set("transpose_b", tb);
+    at.set<attr::TransposeA>(ta);
+    at.set<attr::TransposeB>(tb);
     return op(OpKind::MatMul, {a, b}, at);
   }
   void give(int i, ValueId v) { dx[i] = v; }
@@ -65,7 +65,7 @@ ValueId sumBatch(GradCtx& c, ValueId v, const Shape& matrixShape) { return c.sum
 
 void gradMatMul(GradCtx& c) {
   // With C = op(A)·op(B) and G = dC: d op(A) = G·op(B)ᵀ and d op(B) = op(A)ᵀ·G.
-  const bool ta = c.n.attrs.getBool("transpose_a", false), tb = c.n.attrs.getBool("transpose_b", false);
+  const bool ta = c.n.attrs.get<attr::TransposeA>(), tb = c.n.attrs.get<attr::TransposeB>();
   const ValueId a = c.in(0), b = c.in(1), g = c.dy;
   const Shape sa = c.shape(a), sb = c.shape(b);
   if (c.wants(0)) {
@@ -107,10 +107,10 @@ void gradDiv(GradCtx& c) {
     c.give(1, c.scale(c.sumTo(t, c.shape(c.in(1))), -1.0));
   }
 }
-void gradScale(GradCtx& c) { c.give(0, c.scale(c.dy, c.n.attrs.getFloat("value", 1.0))); }
+void gradScale(GradCtx& c) { c.give(0, c.scale(c.dy, c.n.attrs.get<attr::ScaleFactor>())); }
 void gradCast(GradCtx& c) {
   AttrMap a;
-  a.set("dtype", std::string(dtypeName(c.g.value(c.in(0)).type.dtype)));
+  a.set<attr::DType>(std::string(dtypeName(c.g.value(c.in(0)).type.dtype)));
   c.give(0, c.op(OpKind::Cast, {c.dy}, a));
 }
 void gradRelu(GradCtx& c) { c.give(0, c.op(OpKind::ReluGrad, {c.dy, c.in(0)})); }
@@ -121,18 +121,18 @@ void gradExp(GradCtx& c) { c.give(0, c.op(OpKind::Mul, {c.dy, c.out()})); }
 
 void gradSoftmax(GradCtx& c) {
   AttrMap a;
-  a.set("axis", c.n.attrs.getInt("axis", -1));
+  a.set<attr::Axis>(c.n.attrs.get<attr::Axis>());
   if (c.wants(0)) c.give(0, c.op(OpKind::SoftmaxGrad, {c.dy, c.out()}, a));
   if (c.n.inputs.size() == 2 && c.wants(1))
     c.give(1, c.sumTo(c.op(OpKind::SoftmaxSinkGrad, {c.dy, c.out()}, a), c.shape(c.in(1))));
 }
 
 void gradPermute(GradCtx& c) {
-  const std::vector<int64_t> perm = c.n.attrs.getInts("perm");
+  const std::vector<int64_t> perm = c.n.attrs.get<attr::Perm>();
   std::vector<int64_t> inv(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
   AttrMap a;
-  a.set("perm", inv);
+  a.set<attr::Perm>(inv);
   c.give(0, c.op(OpKind::Permute, {c.dy}, a));
 }
 void gradReshape(GradCtx& c) { c.give(0, c.reshape(c.dy, c.shape(c.in(0)))); }
@@ -149,7 +149,7 @@ void reductionGrad(GradCtx& c, bool mean) {
     count *= reduced[d] ? x[d] : 1;
   }
   AttrMap a;
-  a.set("shape", std::vector<int64_t>(x.begin(), x.end()));
+  a.set<attr::Shape>(std::vector<int64_t>(x.begin(), x.end()));
   ValueId g = c.op(OpKind::BroadcastTo, {c.reshape(c.dy, keep)}, a);
   if (mean) g = c.scale(g, count ? 1.0 / static_cast<double>(count) : 0.0);
   c.give(0, g);
@@ -159,27 +159,27 @@ void gradMean(GradCtx& c) { reductionGrad(c, true); }
 void gradSumTo(GradCtx& c) {
   const Shape& x = c.shape(c.in(0));
   AttrMap a;
-  a.set("shape", std::vector<int64_t>(x.begin(), x.end()));
+  a.set<attr::Shape>(std::vector<int64_t>(x.begin(), x.end()));
   c.give(0, c.op(OpKind::BroadcastTo, {c.dy}, a));
 }
 
 void gradAttentionMask(GradCtx& c) {
   AttrMap a = c.n.attrs;
-  a.set("fill", 0.0);  // masked scores get no gradient
+  a.set<attr::Fill>(0.0);  // masked scores get no gradient
   c.give(0, c.op(OpKind::AttentionMask, {c.dy}, a));
 }
 
 void gradRepeatHeads(GradCtx& c) {
   const Shape& x = c.shape(c.in(0));
-  const int axis = normaliseAxis(c.n.attrs.getInt("axis", 1), x.size());
-  const int64_t r = c.n.attrs.getInt("repeats", 1);
+  const int axis = normaliseAxis(c.n.attrs.get<attr::RepeatAxis>(), x.size());
+  const int64_t r = c.n.attrs.get<attr::Repeats>();
   Shape split;
   for (int d = 0; d < static_cast<int>(x.size()); ++d) {
     split.push_back(x[d]);
     if (d == axis) split.push_back(r);
   }
   AttrMap a;
-  a.set("axes", std::vector<int64_t>{axis + 1});
+  a.set<attr::Axes>(std::vector<int64_t>{axis + 1});
   c.give(0, c.op(OpKind::Sum, {c.reshape(c.dy, split)}, a));
 }
 
@@ -192,8 +192,8 @@ void gradMseLoss(GradCtx& c) {
 }
 
 void gradFusedLinear(GradCtx& c) {
-  const std::string act = c.n.attrs.getString("activation", "none");
-  const bool tw = c.n.attrs.getBool("transpose_w", false);
+  const std::string act = c.n.attrs.get<attr::Activation>();
+  const bool tw = c.n.attrs.get<attr::TransposeW>();
   const ValueId x = c.in(0), w = c.in(1);
   // d pre-activation: ReLU's derivative reads the output (y > 0 exactly where pre > 0); GELU's
   // reads the pre-activation, which the node saved as its second output.
@@ -232,7 +232,7 @@ void gradFlashAttentionGrad(GradCtx& c) { noRule(c); }
 
 using GradFn = void (*)(GradCtx&);
 const GradFn kGrad[] = {
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) &grad##Name,
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, ...) &grad##Name,
 #include "graph/ops.def"
 };
 
@@ -265,7 +265,7 @@ void backprop(Graph& g, const std::vector<NodeId>& order, std::vector<ValueId>& 
 // fuse-elementwise pass may fuse the result.
 void gradFusedElementwise(GradCtx& c) {
   Graph& g = c.g;
-  const Expr e = parseExpr(c.n.attrs.getString("expr", ""));
+  const Expr e = parseExpr(c.n.attrs.get<attr::Expr>());
   const NodeId firstNew = static_cast<NodeId>(g.numNodes());
   std::vector<ValueId> val(e.nodes.size(), kNoValue);
   for (size_t i = 0; i < e.nodes.size(); ++i) {
@@ -275,10 +275,10 @@ void gradFusedElementwise(GradCtx& c) {
       continue;
     }
     AttrMap a;
-    if (x.op == OpKind::Scale) a.set("value", x.value);
+    if (x.op == OpKind::Scale) a.set<attr::ScaleFactor>(x.value);
     if (x.op == OpKind::BroadcastTo) {
       const Shape& out = c.shape(c.out());
-      a.set("shape", std::vector<int64_t>(out.begin(), out.end()));
+      a.set<attr::Shape>(std::vector<int64_t>(out.begin(), out.end()));
     }
     llvm::SmallVector<ValueId, 2> args;
     for (int arg : x.args) args.push_back(val[static_cast<size_t>(arg)]);
@@ -288,7 +288,7 @@ void gradFusedElementwise(GradCtx& c) {
   const Shape& out = c.shape(c.out());
   if (g.shape(result) != out) {
     AttrMap a;
-    a.set("shape", std::vector<int64_t>(out.begin(), out.end()));
+    a.set<attr::Shape>(std::vector<int64_t>(out.begin(), out.end()));
     result = g.add(OpKind::BroadcastTo, {result}, a);
   }
   std::vector<NodeId> order;

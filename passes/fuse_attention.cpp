@@ -32,14 +32,14 @@ namespace {
 std::optional<double> scalarConstant(const Graph& g, ValueId v) {
   const Node& n = g.producer(v);
   if (n.erased || n.op != OpKind::Constant || numel(g.shape(v)) != 1) return std::nullopt;
-  if (n.attrs.has("data")) return n.attrs.getDoubles("data")[0];
-  return n.attrs.getFloat("value", 0.0);
+  if (n.attrs.has<attr::Data>()) return n.attrs.get<attr::Data>()[0];
+  return n.attrs.get<attr::Value>();
 }
 
 // A Scale, or a Mul / Div by a one-element constant: its factor and its data operand.
 std::optional<std::pair<double, ValueId>> constantScale(const Graph& g, const Node& n) {
   if (n.erased) return std::nullopt;
-  if (n.op == OpKind::Scale) return std::make_pair(n.attrs.getFloat("value", 1.0), n.inputs[0]);
+  if (n.op == OpKind::Scale) return std::make_pair(n.attrs.get<attr::ScaleFactor>(), n.inputs[0]);
   if (n.op == OpKind::Mul) {
     if (auto f = scalarConstant(g, n.inputs[1])) return std::make_pair(*f, n.inputs[0]);
     if (auto f = scalarConstant(g, n.inputs[0])) return std::make_pair(*f, n.inputs[1]);
@@ -91,11 +91,11 @@ bool recogniseMask(const std::vector<char>& hidden, int64_t q, int64_t k, AttrMa
             break;
           }
       if (same) {
-        out.set("causal", m.causal != 0);
-        out.set("align", std::string(br ? "bottom-right" : "top-left"));
-        out.set("window_left", int64_t{m.windowLeft});
-        out.set("window_right", int64_t{m.windowRight});
-        out.set("sinks", int64_t{m.sinks});
+        out.set<attr::Causal>(m.causal != 0);
+        out.set<attr::Align>(std::string(br ? "bottom-right" : "top-left"));
+        out.set<attr::WindowLeft>(int64_t{m.windowLeft});
+        out.set<attr::WindowRight>(int64_t{m.windowRight});
+        out.set<attr::Sinks>(int64_t{m.sinks});
         return true;
       }
     }
@@ -109,8 +109,8 @@ bool maskFromConstant(const Graph& g, ValueId c, int64_t q, int64_t k, AttrMap& 
   const Shape& s = g.shape(c);
   if (n.erased || n.op != OpKind::Constant || s.size() < 2 || s[s.size() - 2] != q || s.back() != k) return false;
   if (numel(s) != q * k) return false;  // a different mask per batch or head is not one predicate
-  std::vector<double> data = n.attrs.has("data") ? n.attrs.getDoubles("data")
-                                                 : std::vector<double>(static_cast<size_t>(q * k), n.attrs.getFloat("value", 0.0));
+  std::vector<double> data = n.attrs.has<attr::Data>() ? n.attrs.get<attr::Data>()
+                                                 : std::vector<double>(static_cast<size_t>(q * k), n.attrs.get<attr::Value>());
   std::vector<char> hidden(data.size());
   for (size_t i = 0; i < data.size(); ++i) {
     if (data[i] == 0.0) hidden[i] = 0;
@@ -130,14 +130,14 @@ public:
     const Node sm = g.node(root);
     if (sm.op != OpKind::Softmax) return false;
     const Shape& ss = g.shape(sm.outputs[0]);
-    if (ss.size() != 4 || normaliseAxis(sm.attrs.getInt("axis", -1), 4) != 3) return false;
+    if (ss.size() != 4 || normaliseAxis(sm.attrs.get<attr::Axis>(), 4) != 3) return false;
     const int64_t sq = ss[2], sk = ss[3];
     // P must feed exactly one MatMul(P, V).
     const ValueId p = sm.outputs[0];
     if (!ctx.hasSingleUse(p)) return false;
     const Node pv = g.node(ctx.users(p)[0]);
-    if (pv.op != OpKind::MatMul || pv.inputs[0] != p || pv.inputs[1] == p || pv.attrs.getBool("transpose_a", false) ||
-        pv.attrs.getBool("transpose_b", false))
+    if (pv.op != OpKind::MatMul || pv.inputs[0] != p || pv.inputs[1] == p || pv.attrs.get<attr::TransposeA>() ||
+        pv.attrs.get<attr::TransposeB>())
       return false;
     std::vector<NodeId> dead{sm.id, pv.id};
 
@@ -155,7 +155,7 @@ public:
       if (!maskSeen && n.op == OpKind::AttentionMask) {
         mask = n.attrs;
         mask.erase("fill");
-        if (n.attrs.has("fill") && n.attrs.getFloat("fill", 0) != -INFINITY) return false;
+        if (n.attrs.has<attr::Fill>() && n.attrs.get<attr::Fill>() != -INFINITY) return false;
       } else if (!maskSeen && n.op == OpKind::Add) {
         const int side = scalarConstant(g, n.inputs[0]) || g.producer(n.inputs[0]).op == OpKind::Constant ? 0 : 1;
         if (!maskFromConstant(g, n.inputs[side], sq, sk, mask)) return false;
@@ -183,12 +183,12 @@ public:
     // Q·Kᵀ.
     if (!ctx.hasSingleUse(x)) return false;
     const Node& qk = g.producer(x);
-    if (qk.erased || qk.op != OpKind::MatMul || qk.attrs.getBool("transpose_a", false)) return false;
+    if (qk.erased || qk.op != OpKind::MatMul || qk.attrs.get<attr::TransposeA>()) return false;
     ValueId q = qk.inputs[0], k = qk.inputs[1];
     dead.push_back(qk.id);
-    if (!qk.attrs.getBool("transpose_b", false)) {
+    if (!qk.attrs.get<attr::TransposeB>()) {
       const Node& t = g.producer(k);
-      if (t.erased || t.op != OpKind::Permute || t.attrs.getInts("perm") != std::vector<int64_t>{0, 1, 3, 2} ||
+      if (t.erased || t.op != OpKind::Permute || t.attrs.get<attr::Perm>() != std::vector<int64_t>{0, 1, 3, 2} ||
           !ctx.hasSingleUse(k))
         return false;
       dead.push_back(t.id);
@@ -206,9 +206,9 @@ public:
     // Grouped-query heads: absorb matching RepeatHeads on K and V.
     const Node* rk = ctx.producerIf(k, OpKind::RepeatHeads);
     const Node* rv = ctx.producerIf(v, OpKind::RepeatHeads);
-    if (rk && rv && ctx.hasSingleUse(k) && ctx.hasSingleUse(v) && normaliseAxis(rk->attrs.getInt("axis", 1), 4) == 1 &&
-        normaliseAxis(rv->attrs.getInt("axis", 1), 4) == 1 &&
-        rk->attrs.getInt("repeats", 1) == rv->attrs.getInt("repeats", 1)) {
+    if (rk && rv && ctx.hasSingleUse(k) && ctx.hasSingleUse(v) && normaliseAxis(rk->attrs.get<attr::RepeatAxis>(), 4) == 1 &&
+        normaliseAxis(rv->attrs.get<attr::RepeatAxis>(), 4) == 1 &&
+        rk->attrs.get<attr::Repeats>() == rv->attrs.get<attr::Repeats>()) {
       dead.push_back(rk->id);
       dead.push_back(rv->id);
       k = rk->inputs[0];
@@ -235,13 +235,13 @@ public:
       sink = sm.inputs[1];
       if (g.shape(sink) != Shape{qs[1]}) {
         AttrMap r;
-        r.set("shape", std::vector<int64_t>{qs[1]});
+        r.set<attr::Shape>(std::vector<int64_t>{qs[1]});
         sink = g.add(OpKind::Reshape, {sink}, r);
       }
     }
 
     AttrMap a = mask;
-    a.set("scale", scale);
+    a.set<attr::AttnScale>(scale);
     std::vector<ValueId> ins{q, k, v};
     if (sink != kNoValue) ins.push_back(sink);
     const ValueId o = g.add(OpKind::FlashAttention, ins, a);
@@ -261,9 +261,9 @@ public:
   bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
     Graph& g = ctx.graph();
     const Node& n = g.node(root);
-    if (n.op != OpKind::FlashAttention || n.attrs.getString("layout", "bhsd") != "bhsd") return false;
+    if (n.op != OpKind::FlashAttention || n.attrs.get<attr::Layout>() != "bhsd") return false;
     auto swapsSeqAndHeads = [](const Node& p) {
-      return p.op == OpKind::Permute && p.attrs.getInts("perm") == std::vector<int64_t>{0, 2, 1, 3};
+      return p.op == OpKind::Permute && p.attrs.get<attr::Perm>() == std::vector<int64_t>{0, 2, 1, 3};
     };
     std::vector<ValueId> ins;
     for (int i = 0; i < 3; ++i) {
@@ -277,7 +277,7 @@ public:
       if (!swapsSeqAndHeads(g.node(u))) return false;
     if (n.inputs.size() == 4) ins.push_back(n.inputs[3]);
     AttrMap a = n.attrs;
-    a.set("layout", std::string("bshd"));
+    a.set<attr::Layout>("bshd");
     const NodeId old = root;
     const std::vector<ValueId> oldIns(n.inputs.begin(), n.inputs.end());
     const ValueId oldLse = n.outputs[1];

@@ -37,7 +37,7 @@ struct GroupBuilder {
     if (!members.count(p.id)) return leaf(v);
     ExprNode n;
     n.op = p.op;
-    n.value = p.attrs.getFloat("value", 0.0);
+    n.value = p.op == OpKind::Scale ? p.attrs.get<attr::ScaleFactor>() : 0.0;
     for (ValueId in : p.inputs) n.args.push_back(build(in));
     expr.nodes.push_back(n);
     return static_cast<int>(expr.nodes.size()) - 1;
@@ -77,8 +77,8 @@ int64_t fuseElementwise(Graph& g, int64_t& absorbed) {
     b.build(rootNode.outputs[0]);
     const Shape& out = g.shape(rootNode.outputs[0]);
     AttrMap a;
-    a.set("expr", exprToString(b.expr));
-    a.set("shape", std::vector<int64_t>(out.begin(), out.end()));
+    a.set<attr::Expr>(exprToString(b.expr));
+    a.set<attr::Shape>(std::vector<int64_t>(out.begin(), out.end()));
     const ValueId f = g.add(OpKind::FusedElementwise, b.inputs, a);
     g.node(g.value(f).producer).origin = rootNode.origin;
     users.resize(g.numValues());

@@ -28,7 +28,7 @@ public:
   bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
     Graph& g = ctx.graph();
     const Node mm = g.node(root);
-    if (mm.op != OpKind::MatMul || mm.attrs.getBool("transpose_a", false)) return false;
+    if (mm.op != OpKind::MatMul || mm.attrs.get<attr::TransposeA>()) return false;
     if (g.shape(mm.inputs[1]).size() != 2) return false;  // a batched right side is no layer weight
     std::vector<NodeId> chain{mm.id};
     ValueId cur = mm.outputs[0], bias = kNoValue;
@@ -58,14 +58,14 @@ public:
     if (bias != kNoValue) {
       if (g.shape(bias) != Shape{units}) {
         AttrMap r;
-        r.set("shape", std::vector<int64_t>{units});
+        r.set<attr::Shape>(std::vector<int64_t>{units});
         bias = g.add(OpKind::Reshape, {bias}, r);
       }
       ins.push_back(bias);
     }
     AttrMap a;
-    a.set("activation", act);
-    if (mm.attrs.getBool("transpose_b", false)) a.set("transpose_w", true);
+    a.set<attr::Activation>(act);
+    if (mm.attrs.get<attr::TransposeB>()) a.set<attr::TransposeW>(true);
     const ValueId fused = g.add(OpKind::FusedLinear, ins, a);
     ctx.replace(cur, fused, chain);
     return true;
@@ -88,9 +88,9 @@ public:
     if (!mm || !ctx.hasSingleUse(dy) || ctx.isOutput(dy) || r.inputs[1] == dy) return false;
     if (g.shape(r.inputs[1]) != g.shape(dy)) return false;  // the epilogue reads x at the product's index
     AttrMap a;
-    a.set("activation", std::string(r.op == OpKind::ReluGrad ? "relu" : "gelu"));
-    a.set("transpose_a", mm->attrs.getBool("transpose_a", false));
-    a.set("transpose_b", mm->attrs.getBool("transpose_b", false));
+    a.set<attr::GradActivation>(std::string(r.op == OpKind::ReluGrad ? "relu" : "gelu"));
+    a.set<attr::TransposeA>(mm->attrs.get<attr::TransposeA>());
+    a.set<attr::TransposeB>(mm->attrs.get<attr::TransposeB>());
     const std::vector<NodeId> dead{root, mm->id};
     const ValueId fused = g.add(OpKind::MatMulActGrad, {mm->inputs[0], mm->inputs[1], r.inputs[1]}, a);
     ctx.replace(r.outputs[0], fused, dead);

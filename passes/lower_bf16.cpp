@@ -17,27 +17,6 @@
 
 namespace pa {
 
-namespace {
-
-// The inputs of `n` that the tensor cores read (GEMM operands A and B; attention's q, k, v, o, dO).
-std::vector<int> tensorCoreOperands(const Node& n) {
-  switch (n.op) {
-  case OpKind::MatMul:
-  case OpKind::FusedLinear:
-  case OpKind::MatMulActGrad: return {0, 1};
-  case OpKind::FlashAttention: return {0, 1, 2};
-  case OpKind::FlashAttentionGrad: return {0, 1, 2, 3, 5};
-  default: return {};
-  }
-}
-
-// Outputs the kernels write in fp32 whatever the precision: log-sum-exp and sink-logit gradients.
-bool keptFp32(const Node& n, size_t output) {
-  return (n.op == OpKind::FlashAttention && output == 1) || (n.op == OpKind::FlashAttentionGrad && output == 3);
-}
-
-}  // namespace
-
 int64_t lowerToBf16(Graph& g) {
   if (g.storageTypes()) throw std::logic_error("lower-bf16 runs once");
   std::set<ValueId> outputs;
@@ -45,11 +24,11 @@ int64_t lowerToBf16(Graph& g) {
   const std::vector<NodeId> order = g.topoOrder();
   for (NodeId id : order) {
     const Node& n = g.node(id);
-    const bool leaf = n.op == OpKind::Param || n.op == OpKind::Input || n.op == OpKind::Constant;
+    const bool leaf = opInfo(n.op).grad == GradKind::Leaf;  // params, inputs, constants
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       const ValueId v = n.outputs[i];
       DType t = DType::BF16;
-      if (leaf || outputs.count(v) || keptFp32(n, i)) t = DType::F32;
+      if (leaf || outputs.count(v) || opInfo(n.op).isFp32Output(i)) t = DType::F32;
       if (n.op == OpKind::Cast) t = g.value(v).type.dtype;
       g.setDtype(v, t);
     }
@@ -62,10 +41,10 @@ int64_t lowerToBf16(Graph& g) {
     if (g.node(id).op != OpKind::FlashAttention && g.node(id).op != OpKind::FlashAttentionGrad) continue;
     for (size_t i = 0; i < g.node(id).outputs.size(); ++i) {
       const ValueId v = g.node(id).outputs[i];
-      if (keptFp32(g.node(id), i) || g.value(v).type.dtype == DType::BF16) continue;
+      if (opInfo(g.node(id).op).isFp32Output(i) || g.value(v).type.dtype == DType::BF16) continue;
       g.setDtype(v, DType::BF16);
       AttrMap a;
-      a.set("dtype", std::string("f32"));
+      a.set<attr::DType>("f32");
       const ValueId c = g.add(OpKind::Cast, {v}, a, g.value(v).name + ".f32");
       ++casts;
       for (const auto& [name, out] : std::map<std::string, ValueId>(g.outputs()))
@@ -74,18 +53,21 @@ int64_t lowerToBf16(Graph& g) {
   }
   std::map<ValueId, ValueId> castOf;
   for (NodeId id : order) {
-    for (int slot : tensorCoreOperands(g.node(id))) {
-      const ValueId v = g.node(id).inputs[static_cast<size_t>(slot)];
+    // The inputs the tensor cores read (ops.def's tensorCoreInputs column: GEMM operands A and
+    // B; attention's q, k, v, o, dO).
+    for (size_t slot = 0; slot < g.node(id).inputs.size(); ++slot) {
+      if (!opInfo(g.node(id).op).isTensorCoreInput(slot)) continue;
+      const ValueId v = g.node(id).inputs[slot];
       if (g.value(v).type.dtype == DType::BF16) continue;
       auto it = castOf.find(v);
       if (it == castOf.end()) {
         AttrMap a;
-        a.set("dtype", std::string("bf16"));
+        a.set<attr::DType>("bf16");
         const ValueId c = g.add(OpKind::Cast, {v}, a, g.value(v).name + ".bf16");
         it = castOf.emplace(v, c).first;
         ++casts;
       }
-      g.node(id).inputs[static_cast<size_t>(slot)] = it->second;  // g.add may move nodes: index again
+      g.node(id).inputs[slot] = it->second;  // g.add may move nodes: index again
     }
   }
   return casts;

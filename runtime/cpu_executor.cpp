@@ -53,7 +53,7 @@ template <class T>
 void execMatMul(Ctx<T>& c) {
   const Shape& a = c.inShape(0);
   const Shape& b = c.inShape(1);
-  const bool ta = c.n.attrs.getBool("transpose_a", false), tb = c.n.attrs.getBool("transpose_b", false);
+  const bool ta = getAttr<attr::TransposeA>(c.n.attrs), tb = getAttr<attr::TransposeB>(c.n.attrs);
   const int64_t m = ta ? a[a.size() - 1] : a[a.size() - 2];
   const int64_t k = ta ? a[a.size() - 2] : a[a.size() - 1];
   const int64_t n = tb ? b[b.size() - 2] : b[b.size() - 1];
@@ -67,7 +67,7 @@ void execMatMul(Ctx<T>& c) {
 template <class T>
 void execMatMulActGrad(Ctx<T>& c) {
   execMatMul(c);
-  const cpu::UnaryGradOp op = c.n.attrs.getString("activation", "relu") == "gelu" ? cpu::UnaryGradOp::Gelu : cpu::UnaryGradOp::Relu;
+  const cpu::UnaryGradOp op = getAttr<attr::GradActivation>(c.n.attrs) == "gelu" ? cpu::UnaryGradOp::Gelu : cpu::UnaryGradOp::Relu;
   cpu::unaryGrad(op, c.out(), c.in(2), c.out(), c.outCount());
 }
 
@@ -81,7 +81,7 @@ template <class T> void execSub(Ctx<T>& c) { binary(c, cpu::BinaryOp::Sub); }
 template <class T> void execMul(Ctx<T>& c) { binary(c, cpu::BinaryOp::Mul); }
 template <class T> void execDiv(Ctx<T>& c) { binary(c, cpu::BinaryOp::Div); }
 
-template <class T> void execScale(Ctx<T>& c) { cpu::scale(c.in(0), c.out(), c.outCount(), c.n.attrs.getFloat("value", 1.0)); }
+template <class T> void execScale(Ctx<T>& c) { cpu::scale(c.in(0), c.out(), c.outCount(), getAttr<attr::ScaleFactor>(c.n.attrs)); }
 // The values pass unchanged; run() rounds the output to its dtype (bf16).
 template <class T> void execCast(Ctx<T>& c) { std::copy(c.in(0), c.in(0) + c.outCount(), c.out()); }
 template <class T> void execRelu(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Relu, c.in(0), c.out(), c.outCount()); }
@@ -92,11 +92,11 @@ template <class T> void execExp(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Exp, c.in(
 
 template <class T>
 void execSoftmax(Ctx<T>& c) {
-  const AxisSplit s = splitAroundAxis(c.inShape(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit s = splitAroundAxis(c.inShape(0), getAttr<attr::Axis>(c.n.attrs));
   std::vector<T> sink;
   if (c.n.inputs.size() == 2) {
     Shape keep = c.inShape(0);
-    keep[normaliseAxis(c.n.attrs.getInt("axis", -1), keep.size())] = 1;
+    keep[normaliseAxis(getAttr<attr::Axis>(c.n.attrs), keep.size())] = 1;
     sink.resize(static_cast<size_t>(numel(keep)));
     cpu::gather(c.in(1), broadcastView(c.inShape(1), keep), sink.data());
   }
@@ -107,7 +107,7 @@ template <class T>
 void execPermute(Ctx<T>& c) {
   const Shape& x = c.inShape(0);
   const Shape st = contiguousStrides(x);
-  const std::vector<int64_t> perm = c.n.attrs.getInts("perm");
+  const std::vector<int64_t> perm = getAttr<attr::Perm>(c.n.attrs);
   cpu::Strided v;
   v.rank = static_cast<int>(perm.size());
   for (size_t d = 0; d < perm.size(); ++d) {
@@ -164,14 +164,14 @@ void execAttentionMask(Ctx<T>& c) {
   const Shape& x = c.inShape(0);
   const int64_t q = x[x.size() - 2], k = x[x.size() - 1];
   cpu::attentionMask(c.in(0), c.out(), numel(x) / std::max<int64_t>(q * k, 1), q, k, maskSpecOf(c.n.attrs),
-                     c.n.attrs.getFloat("fill", -std::numeric_limits<double>::infinity()));
+                     getAttr<attr::Fill>(c.n.attrs));
 }
 
 template <class T>
 void execRepeatHeads(Ctx<T>& c) {
   const Shape& x = c.inShape(0);
-  const int axis = normaliseAxis(c.n.attrs.getInt("axis", 1), x.size());
-  const int64_t r = c.n.attrs.getInt("repeats", 1);
+  const int axis = normaliseAxis(getAttr<attr::RepeatAxis>(c.n.attrs), x.size());
+  const int64_t r = getAttr<attr::Repeats>(c.n.attrs);
   // Output axis of extent H*r read as [H, r] with stride 0 on the repeat: head h uses h / r.
   const Shape st = contiguousStrides(x);
   cpu::Strided v;
@@ -197,16 +197,16 @@ template <class T>
 void execFusedLinear(Ctx<T>& c) {
   const Shape& x = c.inShape(0);
   const Shape& w = c.inShape(1);
-  const bool tw = c.n.attrs.getBool("transpose_w", false);
+  const bool tw = getAttr<attr::TransposeW>(c.n.attrs);
   const int64_t k = x.back(), n = tw ? w[0] : w[1], rows = numel(x) / std::max<int64_t>(k, 1);
   cpu::matmul(c.in(0), c.in(1), c.out(), 1, false, false, rows, n, k, false, tw);
-  const std::string act = c.n.attrs.getString("activation", "none");
+  const std::string act = getAttr<attr::Activation>(c.n.attrs);
   const cpu::Activation a = act == "relu" ? cpu::Activation::Relu : act == "gelu" ? cpu::Activation::Gelu : cpu::Activation::None;
   cpu::biasActivation(c.out(), c.n.inputs.size() == 3 ? c.in(2) : nullptr, a == cpu::Activation::Gelu ? c.out(1) : nullptr,
                       rows, n, a);
 }
 
-bool bshd(const Node& n) { return n.attrs.getString("layout", "bhsd") == "bshd"; }
+bool bshd(const Node& n) { return n.attrs.get<attr::Layout>() == "bshd"; }
 
 cpu::FlashShape flashShape(const Graph& g, const Node& n) {
   Shape q = g.shape(n.inputs[0]), k = g.shape(n.inputs[1]);
@@ -218,7 +218,7 @@ cpu::FlashShape flashShape(const Graph& g, const Node& n) {
   s.qLen = q[2];
   s.kvLen = k[2];
   s.headDim = q[3];
-  s.scale = n.attrs.getFloat("scale", 1.0);
+  s.scale = n.attrs.get<attr::AttnScale>();
   s.mask = maskSpecOf(n.attrs);
   return s;
 }
@@ -378,13 +378,13 @@ template <class T> void execSigmoidGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGr
 
 template <class T>
 void execSoftmaxGrad(Ctx<T>& c) {
-  const AxisSplit s = splitAroundAxis(c.inShape(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit s = splitAroundAxis(c.inShape(0), getAttr<attr::Axis>(c.n.attrs));
   cpu::softmaxGrad(c.in(0), c.in(1), c.out(), s.outer, s.len, s.inner);
 }
 
 template <class T>
 void execSoftmaxSinkGrad(Ctx<T>& c) {
-  const AxisSplit s = splitAroundAxis(c.inShape(0), c.n.attrs.getInt("axis", -1));
+  const AxisSplit s = splitAroundAxis(c.inShape(0), getAttr<attr::Axis>(c.n.attrs));
   cpu::softmaxSinkGrad(c.in(0), c.in(1), c.out(), s.outer, s.len, s.inner);
 }
 
@@ -393,7 +393,7 @@ using ExecFn = void (*)(Ctx<T>&);
 
 template <class T>
 const ExecFn<T> kExec[] = {
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs) &exec##Name<T>,
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, ...) &exec##Name<T>,
 #include "graph/ops.def"
 };
 
@@ -418,18 +418,18 @@ CpuExecutor<T>::CpuExecutor(const Graph& g) : g_(g), order_(g.topoOrder()) {
   ptr_.assign(g.numValues(), nullptr);
   exprs_.resize(g.numNodes());
   for (NodeId id : order_)
-    if (g.node(id).op == OpKind::FusedElementwise) exprs_[id] = parseExpr(g.node(id).attrs.getString("expr", ""));
+    if (g.node(id).op == OpKind::FusedElementwise) exprs_[id] = parseExpr(g.node(id).attrs.get<attr::Expr>());
   for (size_t v = 0; v < g.numValues(); ++v)
     if (plan.offset[v] >= 0) ptr_[v] = arena_.data() + plan.offset[v];
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     if (n.op != OpKind::Constant) continue;
     T* out = ptr_[n.outputs[0]];
-    if (n.attrs.has("data")) {
-      const std::vector<double> d = n.attrs.getDoubles("data");
+    if (n.attrs.has<attr::Data>()) {
+      const std::vector<double> d = n.attrs.get<attr::Data>();
       std::copy(d.begin(), d.end(), out);
     } else {
-      cpu::fill(out, numel(g.shape(n.outputs[0])), n.attrs.getFloat("value", 0.0));
+      cpu::fill(out, numel(g.shape(n.outputs[0])), n.attrs.get<attr::Value>());
     }
   }
 }

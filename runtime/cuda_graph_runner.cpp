@@ -120,9 +120,9 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     const Node& n = g.node(id);
     if (n.op != OpKind::Constant) continue;
     const int64_t count = numel(g.shape(n.outputs[0]));
-    std::vector<float> host(static_cast<size_t>(count), static_cast<float>(n.attrs.getFloat("value", 0.0)));
-    if (n.attrs.has("data")) {
-      const std::vector<double> d = n.attrs.getDoubles("data");
+    std::vector<float> host(static_cast<size_t>(count), static_cast<float>(n.attrs.get<attr::Value>()));
+    if (n.attrs.has<attr::Data>()) {
+      const std::vector<double> d = n.attrs.get<attr::Data>();
       std::copy(d.begin(), d.end(), host.begin());
     }
     upload(n.outputs[0], host.data());

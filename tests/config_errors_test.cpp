@@ -50,6 +50,21 @@ std::string replaced(std::string s, const std::string& from, const std::string& 
   return s.replace(at, from.size(), to);
 }
 
+// The layer registry lists its kinds in messages, and each layer prints its resolved config
+// with every default filled in.
+TEST(Layers, RegistryListsKindsAndLayersPrintTheirResolvedConfig) {
+  std::vector<std::string> kinds;
+  for (const LayerKind& k : layerKinds()) kinds.push_back(k.name);
+  EXPECT_EQ(kinds, (std::vector<std::string>{"linear", "attention"}));
+  const Config c = parseConfig(kGood, "model.yaml", {});
+  ASSERT_EQ(c.model.layers.size(), 3u);
+  EXPECT_EQ(c.model.layers[0]->resolved(), "linear: {units: 8, activation: none, bias: true}");
+  EXPECT_EQ(c.model.layers[1]->resolved(),
+            "attention: {heads: 2, kv_heads: 2, head_dim: auto, causal: true, align: top-left, "
+            "window: {left: -1, right: -1}, sinks: 0, sink_logits: false, residual: false}");
+  EXPECT_EQ(c.model.layers[1]->path, "model.layers[1]");
+}
+
 TEST(ConfigErrors, GoodConfigTrains) { EXPECT_EQ(errorOf(kGood), ""); }
 
 TEST(ConfigErrors, MalformedYamlNamesLineAndColumn) {

@@ -169,8 +169,8 @@ TEST(FuseLinearGrad, TransposesAndSharedProducts) {
       const ValueId b = g.addParam("b", tb ? Shape{5, 4} : Shape{4, 5}, "xavier");
       const ValueId x = g.addParam("x", {3, 5}, "xavier");
       AttrMap t;
-      t.set("transpose_a", ta);
-      t.set("transpose_b", tb);
+      t.set<attr::TransposeA>(ta);
+      t.set<attr::TransposeB>(tb);
       const ValueId mm = g.add(OpKind::MatMul, {a, b}, t);
       test::addWeightedSumLoss(g, g.add(OpKind::ReluGrad, {mm, x}));
       Graph fused = g;
@@ -238,7 +238,7 @@ TEST_P(FuseAttentionLayer, LayerSugarBecomesOneFlashAttention) {
   EXPECT_EQ(c[OpKind::Permute], 0);
   for (NodeId id : g.topoOrder()) {
     if (g.node(id).op == OpKind::FlashAttention) {
-      EXPECT_EQ(g.node(id).attrs.getString("layout", "bhsd"), "bshd");
+      EXPECT_EQ(g.node(id).attrs.get<attr::Layout>(), "bshd");
     }
   }
 }

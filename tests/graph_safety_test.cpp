@@ -112,14 +112,14 @@ TEST(ShapeSizes, GraphRefusesValuesBeyondTwoToTheFortyEight) {
   EXPECT_THROW(g.addConstant(1.0, {-2, -3}), ShapeError);                         // (-2)(-3) = 6 unchecked
   const ValueId x = g.addInput("x", {4, 2, 8, 16});
   AttrMap rep;
-  rep.set("axis", int64_t{1});
-  rep.set("repeats", int64_t{1} << 62);
+  rep.set<attr::RepeatAxis>(1);
+  rep.set<attr::Repeats>(int64_t{1} << 62);
   EXPECT_THROW(g.add(OpKind::RepeatHeads, {x}, rep), ShapeError);
   AttrMap bt;
-  bt.set("shape", std::vector<int64_t>{big, 4, 2, 8, 16});
+  bt.set<attr::Shape>({big, 4, 2, 8, 16});
   EXPECT_THROW(g.add(OpKind::BroadcastTo, {x}, bt), ShapeError);
   AttrMap rs;
-  rs.set("shape", std::vector<int64_t>{int64_t{1} << 62, int64_t{1} << 62, 0, -1});  // known product wraps to 0
+  rs.set<attr::Shape>({int64_t{1} << 62, int64_t{1} << 62, 0, -1});  // known product wraps to 0
   EXPECT_THROW(g.add(OpKind::Reshape, {x}, rs), ShapeError);
   const ValueId col = g.addParam("col", {int64_t{1} << 30, 1}, "zeros");
   const ValueId row = g.addParam("row", {1, int64_t{1} << 30}, "zeros");

@@ -1,6 +1,8 @@
 // The graph IR, verifier, printers and pass driver.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "common/errors.h"
 #include "graph/printer.h"
 #include "graph/verifier.h"
@@ -10,12 +12,6 @@
 
 namespace pa {
 namespace {
-
-AttrMap A(std::initializer_list<std::pair<const char*, Attr>> kv) {
-  AttrMap a;
-  for (const auto& p : kv) a.set(p.first, p.second);
-  return a;
-}
 
 TEST(Graph, ShapeErrorNamesTheNodeAndBothShapes) {
   Graph g;
@@ -32,9 +28,35 @@ TEST(Graph, ShapeErrorNamesTheNodeAndBothShapes) {
   }
   EXPECT_THROW(g.add(OpKind::Add, {a, b}), ShapeError);
   EXPECT_THROW(g.add(OpKind::Relu, {a, a}), ShapeError);  // arity
-  EXPECT_THROW(g.add(OpKind::Reshape, {a}, A({{"shape", std::vector<int64_t>{5}}})), ShapeError);
-  EXPECT_THROW(g.add(OpKind::Permute, {a}, A({{"perm", std::vector<int64_t>{0, 0}}})), ShapeError);
-  EXPECT_THROW(g.add(OpKind::Softmax, {a}, A({{"axis", int64_t{2}}})), ShapeError);
+  EXPECT_THROW(g.add(OpKind::Reshape, {a}, AttrMap().set<attr::Shape>({5})), ShapeError);
+  EXPECT_THROW(g.add(OpKind::Permute, {a}, AttrMap().set<attr::Perm>({0, 0})), ShapeError);
+  EXPECT_THROW(g.add(OpKind::Softmax, {a}, AttrMap().set<attr::Axis>(2)), ShapeError);
+}
+
+// attrs.def and ops.def agree: every attribute an op names has a typed key, every typed key is
+// some op's, and a key declared twice (two defaults) has one kind.
+TEST(Graph, AttributeListMatchesTheOpList) {
+  struct Key {
+    const char* key;
+    AttrKind kind;
+  };
+  const Key keys[] = {
+#define PA_ATTR(Name, Key, Kind, Default) {Key, AttrKind::Kind},
+#include "graph/attrs.def"
+  };
+  for (const Key& k : keys) {
+    AttrKind kind;
+    ASSERT_TRUE(attrKindOf(k.key, kind));
+    EXPECT_EQ(kind, k.kind) << k.key << " is declared with two kinds";
+    bool used = false;
+    for (int op = 0; op < kNumOps; ++op) used = used || opHasAttr(static_cast<OpKind>(op), k.key);
+    EXPECT_TRUE(used) << k.key << " is no op's attribute";
+  }
+  for (int op = 0; op < kNumOps; ++op) {
+    std::istringstream names(opInfo(static_cast<OpKind>(op)).attrs);
+    AttrKind kind;
+    for (std::string name; names >> name;) EXPECT_TRUE(attrKindOf(name, kind)) << name << " has no entry in attrs.def";
+  }
 }
 
 TEST(Graph, VerifierCatchesUseBeforeDefinitionAndErasedProducers) {
@@ -65,8 +87,8 @@ TEST(Graph, TextAndDotPrintersAreDeterministicAndComplete) {
     Graph g;
     const ValueId x = g.addInput("x", {4, 3});
     const ValueId w = g.addParam("w", {3, 2}, "xavier");
-    const ValueId y = g.add(OpKind::MatMul, {x, w}, A({{"transpose_b", false}}));
-    g.setOutput("y", g.add(OpKind::Scale, {y}, A({{"value", 0.5}})));
+    const ValueId y = g.add(OpKind::MatMul, {x, w}, AttrMap().set<attr::TransposeB>(false));
+    g.setOutput("y", g.add(OpKind::Scale, {y}, AttrMap().set<attr::ScaleFactor>(0.5)));
     return g;
   };
   const Graph a = build(), b = build();

@@ -19,18 +19,13 @@ struct OpCase {
   std::map<std::string, std::pair<double, double>> ranges = {};
 };
 
-inline AttrMap A(std::initializer_list<std::pair<const char*, Attr>> kv) {
-  AttrMap a;
-  for (const auto& p : kv) a.set(p.first, p.second);
-  return a;
-}
 using V = std::vector<int64_t>;
 
 inline ValueId P(Graph& g, const std::string& n, Shape s) { return g.addParam(n, s, "xavier"); }
 
 inline OpCase matmulCase(const std::string& name, Shape a, Shape b, bool ta, bool tb) {
   return {name, OpKind::MatMul, [=](Graph& g) {
-            return g.add(OpKind::MatMul, {P(g, "a", a), P(g, "b", b)}, A({{"transpose_a", ta}, {"transpose_b", tb}}));
+            return g.add(OpKind::MatMul, {P(g, "a", a), P(g, "b", b)}, AttrMap().set<attr::TransposeA>(ta).set<attr::TransposeB>(tb));
           }};
 }
 
@@ -48,7 +43,7 @@ inline OpCase unaryCase(const std::string& name, OpKind op) {
 inline OpCase maskCase(const std::string& name, int64_t q, int64_t k, AttrMap mask) {
   return {name, OpKind::AttentionMask, [=](Graph& g) {
             ValueId m = g.add(OpKind::AttentionMask, {P(g, "x", {2, q, k})}, mask);
-            return g.add(OpKind::Softmax, {m}, A({{"axis", int64_t{-1}}}));
+            return g.add(OpKind::Softmax, {m}, AttrMap().set<attr::Axis>(-1));
           }};
 }
 
@@ -74,52 +69,52 @@ inline std::vector<OpCase> allCases() {
   }
   // To f32: the identity on fp32 values, so finite differences see its rule (a cast back); a
   // cast to bf16 rounds, which the bf16 GPU tests and lower-bf16's tests cover.
-  c.push_back({"Cast", OpKind::Cast, [](Graph& g) { return g.add(OpKind::Cast, {P(g, "x", {2, 3})}, A({{"dtype", std::string("f32")}})); }});
-  c.push_back({"Scale", OpKind::Scale, [](Graph& g) { return g.add(OpKind::Scale, {P(g, "x", {2, 3})}, A({{"value", 0.7}})); }});
+  c.push_back({"Cast", OpKind::Cast, [](Graph& g) { return g.add(OpKind::Cast, {P(g, "x", {2, 3})}, AttrMap().set<attr::DType>("f32")); }});
+  c.push_back({"Scale", OpKind::Scale, [](Graph& g) { return g.add(OpKind::Scale, {P(g, "x", {2, 3})}, AttrMap().set<attr::ScaleFactor>(0.7)); }});
   c.push_back(unaryCase("Relu", OpKind::Relu));
   c.push_back(unaryCase("Gelu", OpKind::Gelu));
   c.push_back(unaryCase("Tanh", OpKind::Tanh));
   c.push_back(unaryCase("Sigmoid", OpKind::Sigmoid));
   c.push_back(unaryCase("Exp", OpKind::Exp));
   c.push_back({"Softmax_lastAxis", OpKind::Softmax, [](Graph& g) {
-                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, A({{"axis", int64_t{-1}}}));
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Axis>(-1));
                }});
   c.push_back({"Softmax_middleAxis", OpKind::Softmax, [](Graph& g) {
-                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, A({{"axis", int64_t{1}}}));
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Axis>(1));
                }});
   c.push_back({"Softmax_sinkLogits", OpKind::Softmax, [](Graph& g) {
-                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4}), P(g, "sink", {3, 1})}, A({{"axis", int64_t{-1}}}));
+                 return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4}), P(g, "sink", {3, 1})}, AttrMap().set<attr::Axis>(-1));
                }});
   c.push_back({"Softmax_sinkLogitsMaskedRows", OpKind::Softmax, [](Graph& g) {
                  // Bottom-right causal with q > k hides rows 0 and 1 entirely: the sink takes all mass.
                  ValueId m = g.add(OpKind::AttentionMask, {P(g, "x", {2, 4, 2})},
-                                   A({{"causal", true}, {"align", std::string("bottom-right")}}));
-                 return g.add(OpKind::Softmax, {m, P(g, "sink", {2, 1, 1})}, A({{"axis", int64_t{-1}}}));
+                                   AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right"));
+                 return g.add(OpKind::Softmax, {m, P(g, "sink", {2, 1, 1})}, AttrMap().set<attr::Axis>(-1));
                }});
   c.push_back({"Permute", OpKind::Permute, [](Graph& g) {
-                 return g.add(OpKind::Permute, {P(g, "x", {2, 3, 4})}, A({{"perm", V{2, 0, 1}}}));
+                 return g.add(OpKind::Permute, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Perm>({2, 0, 1}));
                }});
   c.push_back({"Reshape", OpKind::Reshape, [](Graph& g) {
-                 return g.add(OpKind::Reshape, {P(g, "x", {2, 3, 4})}, A({{"shape", V{-1, 4}}}));
+                 return g.add(OpKind::Reshape, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Shape>({-1, 4}));
                }});
   c.push_back({"BroadcastTo", OpKind::BroadcastTo, [](Graph& g) {
-                 return g.add(OpKind::BroadcastTo, {P(g, "x", {3, 1})}, A({{"shape", V{2, 3, 4}}}));
+                 return g.add(OpKind::BroadcastTo, {P(g, "x", {3, 1})}, AttrMap().set<attr::Shape>({2, 3, 4}));
                }});
-  c.push_back({"Sum_axis", OpKind::Sum, [](Graph& g) { return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}, A({{"axes", V{1}}})); }});
+  c.push_back({"Sum_axis", OpKind::Sum, [](Graph& g) { return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Axes>({1})); }});
   c.push_back({"Sum_all", OpKind::Sum, [](Graph& g) { return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}); }});
   c.push_back({"Sum_keepdims", OpKind::Sum, [](Graph& g) {
-                 return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}, A({{"axes", V{0, -1}}, {"keepdims", true}}));
+                 return g.add(OpKind::Sum, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Axes>({0, -1}).set<attr::KeepDims>(true));
                }});
-  c.push_back({"Mean_axes", OpKind::Mean, [](Graph& g) { return g.add(OpKind::Mean, {P(g, "x", {2, 3, 4})}, A({{"axes", V{0, 2}}})); }});
-  c.push_back({"SumTo", OpKind::SumTo, [](Graph& g) { return g.add(OpKind::SumTo, {P(g, "x", {2, 3, 4})}, A({{"shape", V{3, 1}}})); }});
-  c.push_back(maskCase("AttentionMask_causalTopLeft", 3, 5, A({{"causal", true}})));
-  c.push_back(maskCase("AttentionMask_causalBottomRight", 3, 5, A({{"causal", true}, {"align", std::string("bottom-right")}})));
-  c.push_back(maskCase("AttentionMask_fullyMaskedRows", 5, 3, A({{"causal", true}, {"align", std::string("bottom-right")}})));
-  c.push_back(maskCase("AttentionMask_window", 6, 6, A({{"window_left", int64_t{1}}, {"window_right", int64_t{1}}})));
+  c.push_back({"Mean_axes", OpKind::Mean, [](Graph& g) { return g.add(OpKind::Mean, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Axes>({0, 2})); }});
+  c.push_back({"SumTo", OpKind::SumTo, [](Graph& g) { return g.add(OpKind::SumTo, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Shape>({3, 1})); }});
+  c.push_back(maskCase("AttentionMask_causalTopLeft", 3, 5, AttrMap().set<attr::Causal>(true)));
+  c.push_back(maskCase("AttentionMask_causalBottomRight", 3, 5, AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right")));
+  c.push_back(maskCase("AttentionMask_fullyMaskedRows", 5, 3, AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right")));
+  c.push_back(maskCase("AttentionMask_window", 6, 6, AttrMap().set<attr::WindowLeft>(1).set<attr::WindowRight>(1)));
   c.push_back(maskCase("AttentionMask_causalWindowSinks", 6, 6,
-                       A({{"causal", true}, {"window_left", int64_t{1}}, {"sinks", int64_t{2}}})));
+                       AttrMap().set<attr::Causal>(true).set<attr::WindowLeft>(1).set<attr::Sinks>(2)));
   c.push_back({"RepeatHeads", OpKind::RepeatHeads, [](Graph& g) {
-                 return g.add(OpKind::RepeatHeads, {P(g, "x", {2, 2, 3, 4})}, A({{"axis", int64_t{1}}, {"repeats", int64_t{3}}}));
+                 return g.add(OpKind::RepeatHeads, {P(g, "x", {2, 2, 3, 4})}, AttrMap().set<attr::RepeatAxis>(1).set<attr::Repeats>(3));
                }});
   c.push_back({"MseLoss", OpKind::MseLoss, [](Graph& g) {
                  return g.add(OpKind::MseLoss, {P(g, "p", {3, 4}), P(g, "t", {3, 4})});
@@ -131,7 +126,7 @@ inline std::vector<OpCase> allCases() {
         c.push_back({name, OpKind::FusedLinear, [=](Graph& g) {
                        std::vector<ValueId> ins{P(g, "x", {2, 3, 4}), P(g, "w", tw ? Shape{5, 4} : Shape{4, 5})};
                        if (bias) ins.push_back(P(g, "b", {5}));
-                       return g.add(OpKind::FusedLinear, ins, A({{"activation", std::string(act)}, {"transpose_w", tw}}));
+                       return g.add(OpKind::FusedLinear, ins, AttrMap().set<attr::Activation>(std::string(act)).set<attr::TransposeW>(tw));
                      }});
       }
     }
@@ -143,21 +138,21 @@ inline std::vector<OpCase> allCases() {
     bool sink;
   };
   const Flash flashes[] = {
-      {"plain", 2, 2, 5, 5, A({}), false},
-      {"causalTopLeft_qShorter", 2, 2, 3, 6, A({{"causal", true}}), false},
-      {"causalBottomRight_qShorter", 2, 2, 3, 6, A({{"causal", true}, {"align", std::string("bottom-right")}}), false},
-      {"causalBottomRight_fullyMaskedRows", 2, 2, 6, 3, A({{"causal", true}, {"align", std::string("bottom-right")}}), false},
-      {"fullyMaskedRowsWithSinkLogits", 2, 2, 6, 3, A({{"causal", true}, {"align", std::string("bottom-right")}}), true},
-      {"window", 2, 2, 7, 7, A({{"window_left", int64_t{1}}, {"window_right", int64_t{2}}}), false},
-      {"causalWindowSinks", 2, 2, 9, 9, A({{"causal", true}, {"window_left", int64_t{2}}, {"sinks", int64_t{2}}}), false},
-      {"gqa4_causalWindowSinksSinkLogits", 4, 1, 8, 8, A({{"causal", true}, {"window_left", int64_t{1}}, {"sinks", int64_t{1}}}), true},
-      {"gqa2_sinkLogits_windowRightOnly", 4, 2, 6, 9, A({{"window_left", int64_t{0}}, {"window_right", int64_t{1}}, {"sinks", int64_t{3}}}), true},
-      {"longerThanOneKeyTile", 1, 1, 70, 130, A({{"causal", true}, {"align", std::string("bottom-right")}, {"window_left", int64_t{80}}}), false},
+      {"plain", 2, 2, 5, 5, AttrMap(), false},
+      {"causalTopLeft_qShorter", 2, 2, 3, 6, AttrMap().set<attr::Causal>(true), false},
+      {"causalBottomRight_qShorter", 2, 2, 3, 6, AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right"), false},
+      {"causalBottomRight_fullyMaskedRows", 2, 2, 6, 3, AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right"), false},
+      {"fullyMaskedRowsWithSinkLogits", 2, 2, 6, 3, AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right"), true},
+      {"window", 2, 2, 7, 7, AttrMap().set<attr::WindowLeft>(1).set<attr::WindowRight>(2), false},
+      {"causalWindowSinks", 2, 2, 9, 9, AttrMap().set<attr::Causal>(true).set<attr::WindowLeft>(2).set<attr::Sinks>(2), false},
+      {"gqa4_causalWindowSinksSinkLogits", 4, 1, 8, 8, AttrMap().set<attr::Causal>(true).set<attr::WindowLeft>(1).set<attr::Sinks>(1), true},
+      {"gqa2_sinkLogits_windowRightOnly", 4, 2, 6, 9, AttrMap().set<attr::WindowLeft>(0).set<attr::WindowRight>(1).set<attr::Sinks>(3), true},
+      {"longerThanOneKeyTile", 1, 1, 70, 130, AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right").set<attr::WindowLeft>(80), false},
   };
   for (const Flash& f : flashes) {
     c.push_back({std::string("FlashAttention_") + f.name, OpKind::FlashAttention, [f](Graph& g) {
                    AttrMap a = f.mask;
-                   a.set("scale", 0.6);
+                   a.set<attr::AttnScale>(0.6);
                    std::vector<ValueId> ins{P(g, "q", {2, f.hq, f.sq, 8}), P(g, "k", {2, f.hk, f.sk, 8}), P(g, "v", {2, f.hk, f.sk, 8})};
                    if (f.sink) ins.push_back(P(g, "sink", {f.hq}));
                    return g.add(OpKind::FlashAttention, ins, a);
@@ -167,8 +162,8 @@ inline std::vector<OpCase> allCases() {
   for (const Flash& f : {flashes[2], flashes[7], flashes[8]}) {
     c.push_back({std::string("FlashAttention_bshd_") + f.name, OpKind::FlashAttention, [f](Graph& g) {
                    AttrMap a = f.mask;
-                   a.set("scale", 0.6);
-                   a.set("layout", std::string("bshd"));
+                   a.set<attr::AttnScale>(0.6);
+                   a.set<attr::Layout>("bshd");
                    std::vector<ValueId> ins{P(g, "q", {2, f.sq, f.hq, 8}), P(g, "k", {2, f.sk, f.hk, 8}), P(g, "v", {2, f.sk, f.hk, 8})};
                    if (f.sink) ins.push_back(P(g, "sink", {f.hq}));
                    return g.add(OpKind::FlashAttention, ins, a);
@@ -176,16 +171,15 @@ inline std::vector<OpCase> allCases() {
   }
   c.push_back({"FusedElementwise_reluOfBroadcastAdd", OpKind::FusedElementwise, [](Graph& g) {
                  return g.add(OpKind::FusedElementwise, {P(g, "x", {2, 3, 4}), P(g, "b", {4})},
-                              A({{"expr", std::string("relu(add($0, $1))")}, {"shape", V{2, 3, 4}}}));
+                              AttrMap().set<attr::Expr>("relu(add($0, $1))").set<attr::Shape>({2, 3, 4}));
                }});
   c.push_back({"FusedElementwise_mixed", OpKind::FusedElementwise, [](Graph& g) {
                  return g.add(OpKind::FusedElementwise, {P(g, "x", {3, 4}), P(g, "y", {3, 1}), P(g, "z", {3, 4})},
-                              A({{"expr", std::string("mul(sigmoid(sub($0, $1)), scale[0.5](div(tanh($2), exp($0))))")},
-                                 {"shape", V{3, 4}}}));
+                              AttrMap().set<attr::Expr>("mul(sigmoid(sub($0, $1)), scale[0.5](div(tanh($2), exp($0))))").set<attr::Shape>({3, 4}));
                }});
   c.push_back({"FusedElementwise_sameInputTwice", OpKind::FusedElementwise, [](Graph& g) {
                  return g.add(OpKind::FusedElementwise, {P(g, "x", {2, 5})},
-                              A({{"expr", std::string("mul(gelu($0), $0)")}, {"shape", V{2, 5}}}));
+                              AttrMap().set<attr::Expr>("mul(gelu($0), $0)").set<attr::Shape>({2, 5}));
                }});
   return c;
 }

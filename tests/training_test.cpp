@@ -211,7 +211,7 @@ TEST(Compare, Bf16JudgesEachGraphAgainstFp32AndCatchesAWrongFusedNode) {
   broken.testGraphHook = [&](Graph& g) {
     for (const Node& n : g.nodes())
       if (!n.erased && (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad)) {
-        g.node(n.id).attrs.set("window_left", int64_t{2});
+        g.node(n.id).attrs.set<attr::WindowLeft>(2);
         ++edited;
       }
   };

@@ -47,12 +47,12 @@ inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
     std::vector<ValueId> ins{g.addParam("x", p.a, "xavier"), g.addParam("w", p.b, "xavier")};
     const int64_t units = p.tb ? p.b[0] : p.b[1];
     if (p.bias) ins.push_back(g.addParam("bias", Shape{units}, "zeros"));
-    attrs.set("activation", p.act);
-    attrs.set("transpose_w", p.tb);
+    attrs.set<attr::Activation>(p.act);
+    attrs.set<attr::TransposeW>(p.tb);
     out = g.add(OpKind::FusedLinear, ins, attrs);
   } else {
-    attrs.set("transpose_a", p.ta);
-    attrs.set("transpose_b", p.tb);
+    attrs.set<attr::TransposeA>(p.ta);
+    attrs.set<attr::TransposeB>(p.tb);
     out = g.add(OpKind::MatMul, {g.addParam("a", p.a, "xavier"), g.addParam("b", p.b, "xavier")}, attrs);
   }
   g.setOutput("y", out);
@@ -91,16 +91,16 @@ inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, con
   int64_t batch, m, k, nn, strideA, strideB;
   bool ta, tb;
   if (n.op == OpKind::FusedLinear) {
-    tb = n.attrs.getBool("transpose_w", false), ta = false;
+    tb = n.attrs.get<attr::TransposeW>(), ta = false;
     k = a.back(), nn = tb ? b[0] : b[1], m = numel(a) / k, batch = 1, strideA = strideB = 0;
   } else {
-    ta = n.attrs.getBool("transpose_a", false), tb = n.attrs.getBool("transpose_b", false);
+    ta = n.attrs.get<attr::TransposeA>(), tb = n.attrs.get<attr::TransposeB>();
     m = ta ? a[a.size() - 1] : a[a.size() - 2], k = ta ? a[a.size() - 2] : a[a.size() - 1];
     nn = tb ? b[b.size() - 2] : b[b.size() - 1];
     batch = numel(g.shape(n.outputs[0])) / (m * nn);
     strideA = a.size() > 2 ? m * k : 0, strideB = b.size() > 2 ? k * nn : 0;
   }
-  const std::string act = n.op == OpKind::FusedLinear ? n.attrs.getString("activation", "none") : "none";
+  const std::string act = n.op == OpKind::FusedLinear ? n.attrs.get<attr::Activation>() : "none";
   const bool bias = n.op == OpKind::FusedLinear && n.inputs.size() == 3;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t bi = 0; bi < batch; ++bi)

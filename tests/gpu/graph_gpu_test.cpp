@@ -210,7 +210,7 @@ TEST(OpOnGpu, Bf16NarrowFusedLinearsOnEveryProvider) {
       const ValueId x = g.addParam("x", {4, 33, s.k}, "xavier");
       const ValueId w = g.addParam("w", {s.k, s.n}, "xavier"), b = g.addParam("b", {s.n}, "xavier");
       AttrMap a;
-      a.set("activation", std::string(act));
+      a.set<attr::Activation>(act);
       const ValueId y = g.add(OpKind::FusedLinear, {x, w, b}, a);
       g.setOutput("op", y);
       test::addWeightedSumLoss(g, y);
@@ -232,7 +232,6 @@ TEST(OpOnGpu, Bf16NarrowFusedLinearsOnEveryProvider) {
 // the reduced axis outer or inner, one output over everything, and a large MSE.
 TEST(OpOnGpu, LargeReductionsMatchTheFloat64CpuExecutor) {
   PA_REQUIRE_GPU();
-  using V = std::vector<int64_t>;
   struct Case {
     const char* name;
     Shape shape;
@@ -240,13 +239,13 @@ TEST(OpOnGpu, LargeReductionsMatchTheFloat64CpuExecutor) {
     AttrMap attrs;
   };
   std::vector<Case> cases;
-  cases.push_back({"bias_gradient", {8192, 1024}, OpKind::Sum, test::A({{"axes", V{0}}})});
-  cases.push_back({"inner_axis", {37, 20000}, OpKind::Sum, test::A({{"axes", V{1}}})});
+  cases.push_back({"bias_gradient", {8192, 1024}, OpKind::Sum, AttrMap().set<attr::Axes>({0})});
+  cases.push_back({"inner_axis", {37, 20000}, OpKind::Sum, AttrMap().set<attr::Axes>({1})});
   cases.push_back({"everything", {300001}, OpKind::Sum, AttrMap{}});
-  cases.push_back({"mean_outer_and_inner", {64, 37, 129}, OpKind::Mean, test::A({{"axes", V{0, 2}}})});
-  cases.push_back({"sum_to", {16, 257, 33}, OpKind::SumTo, test::A({{"shape", V{1, 33}}})});
-  cases.push_back({"sum_to_uneven_parts", {3, 1001, 36}, OpKind::SumTo, test::A({{"shape", V{1, 36}}})});
-  cases.push_back({"attn_bias_gradient", {8192, 256}, OpKind::Sum, test::A({{"axes", V{0}}})});
+  cases.push_back({"mean_outer_and_inner", {64, 37, 129}, OpKind::Mean, AttrMap().set<attr::Axes>({0, 2})});
+  cases.push_back({"sum_to", {16, 257, 33}, OpKind::SumTo, AttrMap().set<attr::Shape>({1, 33})});
+  cases.push_back({"sum_to_uneven_parts", {3, 1001, 36}, OpKind::SumTo, AttrMap().set<attr::Shape>({1, 36})});
+  cases.push_back({"attn_bias_gradient", {8192, 256}, OpKind::Sum, AttrMap().set<attr::Axes>({0})});
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     Graph g;
@@ -284,10 +283,10 @@ TEST(OpOnGpu, MatMulActGradMatchesTheFloat64CpuExecutor) {
     Graph g;
     const ValueId a = g.addParam("a", c.a, "xavier"), b = g.addParam("b", c.b, "xavier");
     AttrMap t;
-    t.set("transpose_a", c.ta);
-    t.set("transpose_b", c.tb);
+    t.set<attr::TransposeA>(c.ta);
+    t.set<attr::TransposeB>(c.tb);
     const Shape out = g.shape(g.add(OpKind::MatMul, {a, b}, t));
-    t.set("activation", std::string(c.act));
+    t.set<attr::GradActivation>(c.act);
     const ValueId x = g.addParam("x", out, "xavier");
     const ValueId fused = g.add(OpKind::MatMulActGrad, {a, b, x}, t);
     g.setOutput("product", fused);  // compared element by element, not only through the loss

@@ -91,7 +91,7 @@ std::vector<Variant> libraryEpilogues() {
     const ValueId a = g.addParam("a", {33, 17}, "xavier"), b = g.addParam("b", {17, 9}, "xavier");
     const ValueId x = g.addParam("x", {33, 9}, "xavier");
     AttrMap t;
-    t.set("activation", std::string(act));
+    t.set<attr::GradActivation>(act);
     const ValueId y = g.add(OpKind::MatMulActGrad, {a, b, x}, t);
     for (const codegen::Kernel& k : codegen::libraryGemmEpilogue(g, g.producer(y).id, false, false).kernels)
       out.push_back({std::string("lib_actgrad_") + act, k});

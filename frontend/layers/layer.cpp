@@ -1,0 +1,67 @@
+// The layer registry (an explicit list: a static library drops self-registering objects that
+// nothing references) and the lowering helpers the kinds share.
+#include "frontend/layers/layer.h"
+
+#include <stdexcept>
+
+namespace pa {
+
+// One parser per file of frontend/layers/.
+std::unique_ptr<Layer> parseLinearLayer(const CfgNode& body);
+std::unique_ptr<Layer> parseAttentionLayer(const CfgNode& body);
+
+const std::vector<LayerKind>& layerKinds() {
+  static const std::vector<LayerKind> kinds = [] {
+    const std::vector<LayerKind> r = {{"linear", &parseLinearLayer}, {"attention", &parseAttentionLayer}};
+    for (size_t i = 0; i < r.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (std::string(r[i].name) == r[j].name) throw std::logic_error(std::string("layer kind registered twice: ") + r[i].name);
+    return r;
+  }();
+  return kinds;
+}
+
+std::shared_ptr<const Layer> parseLayer(const CfgNode& item) {
+  std::vector<std::string> names;
+  for (const LayerKind& k : layerKinds()) names.push_back(k.name);
+  if (!item.isMap() || item.size() != 1) {
+    std::string choices;  // "linear or attention", "a, b or c"
+    for (size_t i = 0; i < names.size(); ++i)
+      choices += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+    item.fail("a layer is a map with one key: " + choices);
+  }
+  const std::string type = item.keys().front();
+  for (const LayerKind& k : layerKinds()) {
+    if (type != k.name) continue;
+    std::unique_ptr<Layer> l = k.parse(item.child(type));
+    l->kind = type;
+    l->path = item.path();
+    l->location = item.location();
+    return l;
+  }
+  item.at(item.yaml().begin()->first).fail("unknown layer '" + type + "'" + suggestion(type, names, "layers"));
+}
+
+ValueId LayerLowering::param(const std::string& what, Shape shape, const std::string& init) {
+  return g.addParam(prefix + "." + what, shape, init);
+}
+
+ValueId LayerLowering::linear(ValueId x, int64_t units, const std::string& activation, bool bias, const std::string& what) {
+  const int64_t in = g.shape(x).back();
+  const std::string init = activation == "relu" ? "he" : "xavier";
+  ValueId h = g.add(OpKind::MatMul, {x, param(what + "weight", {in, units}, init)});
+  if (bias) h = g.add(OpKind::Add, {h, param(what + "bias", {units}, "zeros")});
+  if (activation == "relu") h = g.add(OpKind::Relu, {h});
+  else if (activation == "gelu") h = g.add(OpKind::Gelu, {h});
+  else if (activation == "tanh") h = g.add(OpKind::Tanh, {h});
+  else if (activation == "sigmoid") h = g.add(OpKind::Sigmoid, {h});
+  return h;
+}
+
+ValueId LayerLowering::splitHeads(ValueId v, int64_t heads, int64_t hd) {
+  const Shape& s = g.shape(v);
+  ValueId r = g.add(OpKind::Reshape, {v}, AttrMap().set<attr::Shape>({s[0], s[1], heads, hd}));
+  return g.add(OpKind::Permute, {r}, AttrMap().set<attr::Perm>({0, 2, 1, 3}));
+}
+
+}  // namespace pa
