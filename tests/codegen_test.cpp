@@ -1,10 +1,13 @@
-// Codegen: every kernel of every config's training graph (fused and unfused) compiles with
-// NVRTC for sm_80 and sm_90, the generated source is byte-identical run to run, and a dumped
-// kernel is self-contained. Needs the CUDA toolkit's NVRTC, no GPU (label nvrtc).
+// Codegen through NVRTC: every kernel of every config's training graph (fused and unfused)
+// compiles for sm_80 and sm_90a, dumped kernels are self-contained, and the kernel cache
+// works. Needs the CUDA toolkit's NVRTC, no GPU (label nvrtc); codegen_emit_test.cpp checks the
+// emitted source without it.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
-#include <map>
 #include <fstream>
 #include <set>
 #include <vector>
@@ -13,159 +16,67 @@
 #include "codegen/emit.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
-#include "frontend/config.h"
-#include "frontend/datasets.h"
-#include "frontend/trainer.h"
+#include "tests/nvrtc/compile_in_parallel.h"
+#include "tests/training_graph.h"
 
 namespace pa {
 namespace {
 
-// The training graph of a config, built as the trainer builds it (no training).
-Graph trainingGraph(const std::string& name, bool noFuse, const std::string& precision = "fp32") {
-  const Config cfg =
-      loadConfig(std::string(PA_SOURCE_DIR) + "/configs/" + name + ".yaml", {"data.samples=64", "precision=" + precision});
-  DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
-  RunOptions opt;
-  opt.noFuse = noFuse;
-  return compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, cfg.train.batchSize).model.graph;
-}
+using test::trainingGraph;
 
 struct GraphCase {
   std::string config;
   bool noFuse;
   std::string precision = "fp32";
+  std::string name() const { return config + (noFuse ? "_unfused" : "_fused") + (precision == "fp32" ? "" : "_" + precision); }
 };
 
-class GeneratedKernels : public ::testing::TestWithParam<GraphCase> {};
+const std::vector<GraphCase> kGraphCases = {
+    {"sine_mlp", false},          {"sine_mlp", true},          {"sine_attention", false},
+    {"sine_attention", true},     {"function_mlp", false},     {"function_mlp", true},
+    {"mlp_tiny", false},          {"mlp_tiny", true},          {"mlp_wide", false},
+    {"mlp_wide", true},           {"attn_block", false},       {"attn_block", true},
+    {"sine_mlp", false, "bf16"},  {"sine_mlp", true, "bf16"},  {"sine_attention", false, "bf16"},
+    {"sine_attention", true, "bf16"}, {"function_mlp", false, "bf16"}, {"mlp_tiny", false, "bf16"},
+    {"mlp_wide", false, "bf16"},  {"attn_block", false, "bf16"}, {"attn_block", true, "bf16"}};
 
-// All of a graph's own kernels go through NVRTC as one program per architecture (each kernel
-// has its own extern "C" name); the FlashAttention instantiations are compiled one by one by
-// flash_nvrtc_tests, which covers every instantiation the launcher can choose.
-TEST_P(GeneratedKernels, CompileWithNvrtcForSm80AndSm90) {
+// Every graph's own kernels, for each target in one parallel batch over all the graphs: each
+// kernel is its own program, as the runner compiles it, and kernels that differ only in their
+// names and banners compile once (tests/nvrtc/compile_in_parallel.h). sm_90a is what the runner
+// compiles for on an H100 (with the wgmma GEMMs, as it sets EmitOptions::wgmma there; no device
+// gets plain sm_90); sm_80, the Ampere path, builds PTX only. The FlashAttention nodes' kernels
+// (NodeKernels::external) are skipped: they are the launcher's instantiations, which
+// flash_nvrtc_tests compiles (every one production can choose, and a CPU test checks that every
+// example config's choices are among them).
+TEST(GeneratedKernels, EveryConfigsKernelsCompileForEveryTarget) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
-  const Graph g = trainingGraph(GetParam().config, GetParam().noFuse, GetParam().precision);
-  int kernels = 0;
-  for (const char* arch : {"sm_80", "sm_90", "sm_90a"}) {  // sm_90a: what the runner uses on an H100
+  std::vector<Graph> graphs;
+  for (const GraphCase& c : kGraphCases) graphs.push_back(trainingGraph(c.config, c.noFuse, c.precision));
+  for (const char* arch : {"sm_80", "sm_90a"}) {
     codegen::EmitOptions opt;
-    opt.wgmma = std::string(arch) == "sm_90a";  // as the runner sets it: bf16 GEMMs on wgmma
-    std::string program;
-    kernels = 0;
-    for (NodeId id : g.topoOrder()) {
-      const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
-      if (nk.external) continue;
-      for (const codegen::Kernel& k : nk.kernels) {
-        program += k.source + "\n";
-        ++kernels;
+    opt.wgmma = std::string(arch) == "sm_90a";
+    std::vector<test::CompileUnit> units;
+    for (size_t c = 0; c < kGraphCases.size(); ++c) {
+      const size_t before = units.size();
+      for (NodeId id : graphs[c].topoOrder()) {
+        const codegen::NodeKernels nk = codegen::emitNode(graphs[c], id, opt);
+        if (nk.external) continue;
+        for (const codegen::Kernel& k : nk.kernels) units.push_back({kGraphCases[c].name() + "/" + k.name, k.name, k.source});
       }
+      EXPECT_GT(units.size(), before) << kGraphCases[c].name();
     }
-    ASSERT_GT(kernels, 0);
-    codegen::CompileRequest req;
-    req.kernelName = GetParam().config + (GetParam().noFuse ? "_unfused_" : "_fused_") + GetParam().precision;
-    req.source = program;
-    req.headers = codegen::embeddedKernelHeaders();
-    req.arch = arch;
-    codegen::CompileResult r;
-    ASSERT_NO_THROW(r = nvrtc.compile(req)) << req.kernelName << " " << arch;
-    EXPECT_FALSE(r.cubin.empty()) << arch;
+    test::CompileOptions options;
+    options.arch = arch;
+    test::CompileStats stats;
+    options.stats = &stats;
+    const std::clock_t cpu = std::clock();
+    const auto wall = std::chrono::steady_clock::now();
+    for (const std::string& f : test::compileInParallel(units, options)) ADD_FAILURE() << f;
+    std::printf("%s: %zu kernels, %zu distinct programs; %.1f s CPU, %.1f s wall\n", arch, stats.units, stats.programs,
+                double(std::clock() - cpu) / CLOCKS_PER_SEC,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count());
   }
-  RecordProperty("kernels", kernels);
-}
-
-INSTANTIATE_TEST_SUITE_P(Configs, GeneratedKernels,
-                         ::testing::Values(GraphCase{"sine_mlp", false}, GraphCase{"sine_mlp", true},
-                                           GraphCase{"sine_attention", false}, GraphCase{"sine_attention", true},
-                                           GraphCase{"function_mlp", false}, GraphCase{"function_mlp", true},
-                                           GraphCase{"mlp_tiny", false}, GraphCase{"mlp_tiny", true},
-                                           GraphCase{"mlp_wide", false}, GraphCase{"mlp_wide", true},
-                                           GraphCase{"attn_block", false}, GraphCase{"attn_block", true},
-                                           GraphCase{"sine_mlp", false, "bf16"}, GraphCase{"sine_mlp", true, "bf16"},
-                                           GraphCase{"sine_attention", false, "bf16"}, GraphCase{"sine_attention", true, "bf16"},
-                                           GraphCase{"function_mlp", false, "bf16"}, GraphCase{"mlp_tiny", false, "bf16"},
-                                           GraphCase{"mlp_wide", false, "bf16"}, GraphCase{"attn_block", false, "bf16"},
-                                           GraphCase{"attn_block", true, "bf16"}),
-                         [](const ::testing::TestParamInfo<GraphCase>& i) {
-                           return i.param.config + (i.param.noFuse ? "_unfused" : "_fused") +
-                                  (i.param.precision == "fp32" ? "" : "_" + i.param.precision);
-                         });
-
-TEST(Codegen, EveryOpOfTheTrainingGraphsHasKernelsExceptLeaves) {
-  for (const char* name : {"sine_attention", "attn_block"}) {
-    for (bool noFuse : {false, true}) for (const char* precision : {"fp32", "bf16"}) {
-      const Graph g = trainingGraph(name, noFuse, precision);
-      for (NodeId id : g.topoOrder()) {
-        const Node& n = g.node(id);
-        const bool leaf = n.op == OpKind::Input || n.op == OpKind::Param || n.op == OpKind::Constant;
-        EXPECT_EQ(codegen::emitNode(g, id).kernels.empty(), leaf) << n.name << " (" << opName(n.op) << ")";
-      }
-    }
-  }
-}
-
-// The forward, dK/dV and dQ kernels the FlashAttention nodes of `g` emit (not the preprocess and
-// reduce kernels, which have no wgmma or TF32 form).
-std::vector<codegen::Kernel> flashProductKernels(const Graph& g, const codegen::EmitOptions& opt) {
-  std::vector<codegen::Kernel> out;
-  for (NodeId id : g.topoOrder()) {
-    const OpKind op = g.node(id).op;
-    if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad) continue;
-    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
-      if (k.name.find("_fwd_") != std::string::npos || k.name.find("_dkdv_") != std::string::npos ||
-          k.name.find("_dq_") != std::string::npos)
-        out.push_back(k);
-  }
-  return out;
-}
-
-// --dump-kernels on an H100 writes what the launcher runs there: the FlashAttention nodes of a bf16
-// graph (attn_block: head dim 64) emit the wgmma instantiations for sm_90a targets only.
-TEST(Codegen, FlashNodesEmitTheLaunchersWgmmaChoiceOnSm90a) {
-  const Graph g = trainingGraph("attn_block", false, "bf16");
-  for (bool wgmma : {false, true}) {
-    codegen::EmitOptions opt;
-    opt.wgmma = wgmma;
-    const std::vector<codegen::Kernel> flash = flashProductKernels(g, opt);
-    size_t onWgmma = 0;
-    for (const codegen::Kernel& k : flash) {
-      if (k.name.find("_wg_") == std::string::npos) continue;
-      ++onWgmma;
-      EXPECT_NE(k.source.find("_wgmma.cuh"), std::string::npos) << k.name;
-    }
-    EXPECT_EQ(flash.size(), 3u) << "forward, dK/dV and dQ";
-    EXPECT_EQ(onWgmma, wgmma ? flash.size() : 0) << "wgmma " << wgmma;
-  }
-}
-
-// precision: tf32 puts an fp32 graph's attention on the TF32 tensor cores: its forward, dK/dV and
-// dQ kernels are the mma.sync instantiations with TF32Tag; without it, the exact FFMA ones.
-TEST(Codegen, Tf32PutsFp32AttentionOnTensorCores) {
-  const Graph g = trainingGraph("attn_block", false);
-  for (bool tf32 : {false, true}) {
-    codegen::EmitOptions opt;
-    opt.tf32 = tf32;
-    const std::vector<codegen::Kernel> flash = flashProductKernels(g, opt);
-    size_t onTf32 = 0;
-    for (const codegen::Kernel& k : flash) {
-      if (k.name.find("_tf32_") == std::string::npos) continue;
-      ++onTf32;
-      EXPECT_NE(k.source.find("pa::flash::TF32Tag"), std::string::npos) << k.name;
-    }
-    EXPECT_GE(flash.size(), 2u) << "forward and dK/dV at least";
-    EXPECT_EQ(onTf32, tf32 ? flash.size() : 0) << "tf32 " << tf32;
-  }
-}
-
-TEST(Codegen, SourceIsByteIdenticalRunToRun) {
-  auto all = [](const Graph& g) {
-    std::string s;
-    for (NodeId id : g.topoOrder())
-      for (const codegen::Kernel& k : codegen::emitNode(g, id).kernels) s += k.name + "\n" + k.source;
-    return s;
-  };
-  const std::string a = all(trainingGraph("sine_attention", false));
-  const std::string b = all(trainingGraph("sine_attention", false));
-  EXPECT_FALSE(a.empty());
-  EXPECT_EQ(a, b);
 }
 
 TEST(Codegen, DumpedKernelsAreSelfContained) {
@@ -177,6 +88,7 @@ TEST(Codegen, DumpedKernelsAreSelfContained) {
   EXPECT_GT(n, 10);
   // Without any embedded header available, the mask kernel still compiles: its header is inline.
   bool sawMask = false;
+  std::vector<test::CompileUnit> units;
   for (NodeId id : g.topoOrder()) {
     for (const codegen::Kernel& k : codegen::emitNode(g, id).kernels) {
       if (k.headers.empty()) continue;
@@ -184,13 +96,13 @@ TEST(Codegen, DumpedKernelsAreSelfContained) {
       const std::string src = codegen::selfContainedSource(k);
       EXPECT_EQ(src.find("#include \"kernels/"), std::string::npos);
       EXPECT_TRUE(std::filesystem::exists(dir / (k.name + ".cu")));
-      codegen::CompileRequest req;
-      req.kernelName = k.name;
-      req.source = src;
-      req.arch = "sm_90";
-      EXPECT_NO_THROW(nvrtc.compile(req)) << k.name;
+      units.push_back({k.name, k.name, src});
     }
   }
+  test::CompileOptions options;
+  options.arch = "sm_90";
+  options.embeddedHeaders = false;
+  for (const std::string& f : test::compileInParallel(units, options)) ADD_FAILURE() << f;
   EXPECT_TRUE(sawMask);
   std::filesystem::remove_all(dir);
 }
@@ -200,7 +112,7 @@ TEST(Codegen, DumpedKernelsAreSelfContained) {
 TEST(Codegen, DumpedBf16KernelsAreSelfContained) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
-  int compiled = 0;
+  std::vector<test::CompileUnit> units;
   for (bool noFuse : {false, true}) {
     const Graph g = trainingGraph(noFuse ? "sine_attention" : "attn_block", noFuse, "bf16");
     std::set<OpKind> seen;
@@ -210,16 +122,16 @@ TEST(Codegen, DumpedBf16KernelsAreSelfContained) {
       for (const codegen::Kernel& k : nk.kernels) {
         const std::string src = codegen::selfContainedSource(k);
         EXPECT_EQ(src.find("#include \"kernels/"), std::string::npos) << k.name;
-        codegen::CompileRequest req;
-        req.kernelName = k.name;
-        req.source = src;
-        req.arch = "sm_90";
-        EXPECT_NO_THROW(nvrtc.compile(req)) << k.name;
-        ++compiled;
+        units.push_back({k.name, k.name, src});
       }
     }
   }
-  EXPECT_GT(compiled, 10);
+  test::CompileOptions options;
+  options.arch = "sm_90";
+  options.embeddedHeaders = false;
+  for (const std::string& f : test::compileInParallel(units, options)) ADD_FAILURE() << f;
+  const size_t compiled = units.size();
+  EXPECT_GT(compiled, 10u);
 }
 
 codegen::CompileRequest smallKernel(const std::string& body = "out[threadIdx.x] = 2.0f;") {

@@ -1,0 +1,97 @@
+// Codegen without NVRTC (CPU suite): every op of the training graphs has kernels, the
+// FlashAttention nodes emit the launcher's wgmma and TF32 choices, and the source is
+// byte-identical run to run. codegen_test.cpp compiles the kernels (label nvrtc).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "codegen/emit.h"
+#include "tests/training_graph.h"
+
+namespace pa {
+namespace {
+
+using test::trainingGraph;
+
+TEST(CodegenEmit, EveryOpOfTheTrainingGraphsHasKernelsExceptLeaves) {
+  for (const char* name : {"sine_attention", "attn_block"}) {
+    for (bool noFuse : {false, true}) for (const char* precision : {"fp32", "bf16"}) {
+      const Graph g = trainingGraph(name, noFuse, precision);
+      for (NodeId id : g.topoOrder()) {
+        const Node& n = g.node(id);
+        const bool leaf = n.op == OpKind::Input || n.op == OpKind::Param || n.op == OpKind::Constant;
+        EXPECT_EQ(codegen::emitNode(g, id).kernels.empty(), leaf) << n.name << " (" << opName(n.op) << ")";
+      }
+    }
+  }
+}
+
+// The forward, dK/dV and dQ kernels the FlashAttention nodes of `g` emit (not the preprocess and
+// reduce kernels, which have no wgmma or TF32 form).
+std::vector<codegen::Kernel> flashProductKernels(const Graph& g, const codegen::EmitOptions& opt) {
+  std::vector<codegen::Kernel> out;
+  for (NodeId id : g.topoOrder()) {
+    const OpKind op = g.node(id).op;
+    if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad) continue;
+    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
+      if (k.name.find("_fwd_") != std::string::npos || k.name.find("_dkdv_") != std::string::npos ||
+          k.name.find("_dq_") != std::string::npos)
+        out.push_back(k);
+  }
+  return out;
+}
+
+// --dump-kernels on an H100 writes what the launcher runs there: the FlashAttention nodes of a bf16
+// graph (attn_block: head dim 64) emit the wgmma instantiations for sm_90a targets only.
+TEST(CodegenEmit, FlashNodesEmitTheLaunchersWgmmaChoiceOnSm90a) {
+  const Graph g = trainingGraph("attn_block", false, "bf16");
+  for (bool wgmma : {false, true}) {
+    codegen::EmitOptions opt;
+    opt.wgmma = wgmma;
+    const std::vector<codegen::Kernel> flash = flashProductKernels(g, opt);
+    size_t onWgmma = 0;
+    for (const codegen::Kernel& k : flash) {
+      if (k.name.find("_wg_") == std::string::npos) continue;
+      ++onWgmma;
+      EXPECT_NE(k.source.find("_wgmma.cuh"), std::string::npos) << k.name;
+    }
+    EXPECT_EQ(flash.size(), 3u) << "forward, dK/dV and dQ";
+    EXPECT_EQ(onWgmma, wgmma ? flash.size() : 0) << "wgmma " << wgmma;
+  }
+}
+
+// precision: tf32 puts an fp32 graph's attention on the TF32 tensor cores: its forward, dK/dV and
+// dQ kernels are the mma.sync instantiations with TF32Tag; without it, the exact FFMA ones.
+TEST(CodegenEmit, Tf32PutsFp32AttentionOnTensorCores) {
+  const Graph g = trainingGraph("attn_block", false);
+  for (bool tf32 : {false, true}) {
+    codegen::EmitOptions opt;
+    opt.tf32 = tf32;
+    const std::vector<codegen::Kernel> flash = flashProductKernels(g, opt);
+    size_t onTf32 = 0;
+    for (const codegen::Kernel& k : flash) {
+      if (k.name.find("_tf32_") == std::string::npos) continue;
+      ++onTf32;
+      EXPECT_NE(k.source.find("pa::flash::TF32Tag"), std::string::npos) << k.name;
+    }
+    EXPECT_GE(flash.size(), 2u) << "forward and dK/dV at least";
+    EXPECT_EQ(onTf32, tf32 ? flash.size() : 0) << "tf32 " << tf32;
+  }
+}
+
+TEST(CodegenEmit, SourceIsByteIdenticalRunToRun) {
+  auto all = [](const Graph& g) {
+    std::string s;
+    for (NodeId id : g.topoOrder())
+      for (const codegen::Kernel& k : codegen::emitNode(g, id).kernels) s += k.name + "\n" + k.source;
+    return s;
+  };
+  const std::string a = all(trainingGraph("sine_attention", false));
+  const std::string b = all(trainingGraph("sine_attention", false));
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+}
+
+}  // namespace
+}  // namespace pa

@@ -1,0 +1,133 @@
+// The generated GEMM's choices without compiling anything (CPU suite): which template and
+// headers each variant uses, what the kernels after a cuBLASLt product do, where bf16 operands
+// take the wgmma kernel and where a tail split pays. nvrtc/gemm_nvrtc_test.cpp compiles them.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "codegen/embedded_kernels.h"
+#include "tests/gemm_variants.h"
+
+namespace pa {
+namespace {
+
+using codegen::GemmTile;
+using gemmtest::GemmProblem;
+using gemmtest::Variant;
+
+TEST(GemmEmit, LibraryEpiloguesDoWhatTheLibraryLeft) {
+  // Nothing left: no bias, or bias and ReLU both applied by cuBLASLt, or a plain MatMul.
+  std::map<std::string, bool> hasKernel;
+  for (const Variant& v : gemmtest::libraryEpilogues()) hasKernel[v.name] = true;
+  EXPECT_FALSE(hasKernel.count("lib_none_0"));
+  EXPECT_FALSE(hasKernel.count("lib_relu_bias_3"));
+  EXPECT_FALSE(hasKernel.count("lib_none_bias_1"));
+  EXPECT_TRUE(hasKernel.count("lib_none_bias_0"));  // bias not applied: the kernel adds it
+  EXPECT_TRUE(hasKernel.count("lib_relu_bias_1"));  // ReLU not applied
+  EXPECT_TRUE(hasKernel.count("lib_gelu_3"));       // GELU is never cuBLASLt's (tanh form)
+  EXPECT_TRUE(hasKernel.count("lib_actgrad_relu") && hasKernel.count("lib_actgrad_gelu"));
+  for (const Variant& v : gemmtest::libraryEpilogues()) {
+    if (v.name.find("gelu") != std::string::npos) {
+      EXPECT_NE(v.kernel.source.find("erff("), std::string::npos) << v.name;
+    }
+    if (v.name == "lib_relu_bias_1") {
+      EXPECT_NE(v.kernel.source.find("fmaxf("), std::string::npos);
+    }
+  }
+}
+
+TEST(GemmEmit, Bf16OperandsTakeTheWgmmaKernelWhereTheyCan) {
+  // The product reads both operands through TMA maps; a K split's partial sums go to a reduce
+  // kernel.
+  for (const Variant& v : gemmtest::wgmmaVariants()) {
+    const bool reduce = v.kernel.name.find("_reduce") != std::string::npos;
+    EXPECT_NE(v.kernel.source.find(reduce ? "pa::gemm::splitReduce<" : "pa::gemm::wgmmaGemm<"), std::string::npos) << v.name;
+    EXPECT_EQ(v.kernel.headers, std::vector<std::string>{reduce ? "kernels/gemm_common.cuh" : "kernels/gemm_wgmma.cuh"}) << v.name;
+    if (reduce) continue;
+    EXPECT_GT(v.kernel.sharedBytes, 48u * 1024) << v.name;
+    ASSERT_GE(v.kernel.args.size(), 2u) << v.name;
+    EXPECT_EQ(v.kernel.args[0].kind, codegen::KernelArg::InputTensorMap) << v.name;
+    EXPECT_EQ(v.kernel.args[1].kind, codegen::KernelArg::InputTensorMap) << v.name;
+  }
+  // Without wgmma, or with a contiguous extent that is not a multiple of 8 (K = 129 here), the
+  // operands are widened for the TF32 kernel instead.
+  GemmProblem odd;
+  odd.a = {40, 129}, odd.b = {129, 104};
+  GemmProblem even;
+  even.a = {40, 136}, even.b = {136, 104};
+  for (int c = 0; c < 3; ++c) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, c == 2 ? odd : even);
+    gemmtest::storeOperandsInBf16(g, id, true);
+    codegen::EmitOptions opt;
+    opt.wgmma = c != 1;
+    const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+    bool widened = false, wgmma = false;
+    for (const codegen::Kernel& k : nk.kernels) {
+      widened |= k.name.find("_widen_") != std::string::npos;
+      wgmma |= k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos;
+    }
+    EXPECT_EQ(wgmma, c == 0) << c;
+    EXPECT_EQ(widened, c != 0) << c;
+  }
+}
+
+TEST(GemmEmit, EmbedsTheTemplates) {
+  for (const char* name : {"kernels/gemm_common.cuh", "kernels/gemm_ptx.cuh", "kernels/gemm_simt.cuh", "kernels/gemm_tf32.cuh",
+                           "kernels/gemm_wgmma.cuh"}) {
+    bool found = false;
+    for (const auto& f : codegen::embeddedKernelFiles()) found |= std::string(f.name) == name;
+    EXPECT_TRUE(found) << name;
+  }
+}
+
+TEST(GemmEmit, OptionsPickThePath) {
+  for (const Variant& v : gemmtest::allVariants()) {
+    const bool tf32 = v.name.find("_tf32") != std::string::npos, tail = v.name.find("_tail") != std::string::npos;
+    const bool reduce = v.kernel.name.find("_reduce") != std::string::npos;
+    const char* expected = reduce ? (tail ? "pa::gemm::simtTailReduce<" : "pa::gemm::splitReduce<")
+                           : tf32 ? "pa::gemm::tf32Gemm<"
+                           : tail ? "pa::gemm::simtGemmTail<"
+                                  : "pa::gemm::simtGemm<";
+    EXPECT_NE(v.kernel.source.find(expected), std::string::npos) << v.name;
+    // Each kernel includes its family's header only: split-K's reduce the shared one.
+    const char* header = reduce && !tail ? "kernels/gemm_common.cuh" : tf32 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";
+    EXPECT_EQ(v.kernel.headers, std::vector<std::string>{header}) << v.name;
+  }
+}
+
+// The tail split from the shape (fp32, large tiles, 132 SMs): where the last wave is a small part
+// of a long product; not where it is nearly full, nor for batches, TF32 or K splits.
+TEST(GemmEmit, TailSplitWhereTheLastWaveIsPartial) {
+  auto emit = [](const GemmProblem& p, bool tf32) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    codegen::EmitOptions opt;
+    opt.tf32 = tf32;
+    return codegen::emitNode(g, id, opt);
+  };
+  auto tailOf = [](const codegen::NodeKernels& nk) {
+    return nk.kernels[0].source.find("pa::gemm::simtGemmTail<") != std::string::npos;
+  };
+  // 8192×4096×4096: 2048 tiles, 15 waves and 68 tiles; split 5 ways (pieces of 832 of K: 340
+  // pieces, 3 rounds of 0.2 of a tile).
+  const codegen::NodeKernels square = emit(gemmtest::matmulProblem(8192, 4096, 4096, false, false), false);
+  ASSERT_EQ(square.kernels.size(), 2u);
+  EXPECT_TRUE(tailOf(square));
+  EXPECT_NE(square.kernels[0].source.find("tailTiles = 68LL;"), std::string::npos);
+  EXPECT_NE(square.kernels[0].source.find("tailSplits = 5;"), std::string::npos);
+  EXPECT_EQ(square.kernels[0].grid[0], 2048u - 68 + 68 * 5);
+  EXPECT_NE(square.kernels[1].source.find("pa::gemm::simtTailReduce<"), std::string::npos);
+  EXPECT_EQ(square.scratchBytes, size_t{68} * 5 * 128 * 128 * sizeof(float));
+  // 8192×1024×1024: 512 tiles, the fourth wave 116 of 132: nothing to gain.
+  EXPECT_FALSE(tailOf(emit(gemmtest::matmulProblem(8192, 1024, 1024, false, false), false)));
+  EXPECT_EQ(emit(gemmtest::matmulProblem(8192, 1024, 1024, false, false), false).kernels.size(), 1u);
+  // TF32 (mma.sync: two blocks an SM) and batches keep the plain kernel.
+  EXPECT_FALSE(tailOf(emit(gemmtest::matmulProblem(8192, 4096, 4096, false, false), true)));
+  GemmProblem batched;
+  batched.a = {2, 4096, 4096}, batched.b = {2, 4096, 4096};
+  EXPECT_FALSE(tailOf(emit(batched, false)));
+}
+
+}  // namespace
+}  // namespace pa

@@ -1,0 +1,135 @@
+// The generated GEMM variants the GEMM tests walk: every tile, transpose, batch, split, tail
+// split and FusedLinear epilogue (fp32 SIMT and TF32), the kernels that follow a cuBLASLt
+// product, and the bf16 wgmma kernels. gemm_emit_test.cpp checks what each emits (CPU);
+// nvrtc/gemm_nvrtc_test.cpp compiles them (NVRTC).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tests/gpu/gemm_harness.h"
+
+namespace pa::gemmtest {
+
+using codegen::GemmTile;
+
+struct Variant {
+  std::string name;
+  codegen::Kernel kernel;
+};
+
+inline std::vector<Variant> allVariants() {
+  std::vector<Variant> out;
+  // tail: a tail split of that many ways, on a device of 2 SMs (so that the problems below have
+  // tiles computed whole beside split ones).
+  auto add = [&](const std::string& name, const GemmProblem& p, bool tf32, GemmTile tile, int splits = 0, int tail = 0) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    codegen::EmitOptions opt;
+    opt.tf32 = tf32;
+    opt.gemmTile = tile;
+    opt.gemmSplits = splits;
+    if (tail > 0) opt.gemmTailSplits = tail, opt.sms = 2;
+    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
+      out.push_back({name + (tf32 ? "_tf32" : "_fp32") + "_" + std::to_string(static_cast<int>(tile)) + "_" + k.name, k});
+  };
+  for (bool tf32 : {false, true})
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) {
+      for (int t = 0; t < 4; ++t) {
+        const GemmProblem p = gemmtest::matmulProblem(33, 100, 129, t & 1, t & 2);
+        add("MatMul_t" + std::to_string(t), p, tf32, tile);
+        if (tile == GemmTile::Large) add("MatMul_split_t" + std::to_string(t), p, tf32, tile, 3);
+        if (tile == GemmTile::Large && !tf32) add("MatMul_tail_t" + std::to_string(t), p, tf32, tile, 0, 3);
+      }
+      GemmProblem batched;
+      batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
+      add("MatMul_batched", batched, tf32, tile);
+      if (tile == GemmTile::Medium) continue;
+      for (const char* act : {"none", "relu", "gelu"})
+        for (bool bias : {false, true})
+          for (bool tw : {false, true}) {
+            GemmProblem p;
+            p.fused = true, p.act = act, p.bias = bias, p.tb = tw;
+            p.a = {4, 7, 36};
+            p.b = tw ? Shape{40, 36} : Shape{36, 40};
+            const std::string name = std::string("FusedLinear_") + act + (bias ? "_bias" : "") + (tw ? "_tW" : "");
+            add(name, p, tf32, tile);
+            if (tile == GemmTile::Large) add(name + "_split", p, tf32, tile, 2);
+            if (tile == GemmTile::Large && !tf32) add(name + "_tail", p, tf32, tile, 0, 2);
+          }
+    }
+  return out;
+}
+
+// The epilogue kernels that follow a cuBLASLt product: every FusedLinear epilogue with each part
+// cuBLASLt may or may not have applied, and matmul-act-grad's two derivatives.
+inline std::vector<Variant> libraryEpilogues() {
+  std::vector<Variant> out;
+  for (const char* act : {"none", "relu", "gelu"})
+    for (bool bias : {false, true})
+      for (int applied = 0; applied < 4; ++applied) {
+        GemmProblem p;
+        p.fused = true, p.act = act, p.bias = bias;
+        p.a = {4, 7, 36};
+        p.b = {36, 40};
+        Graph g;
+        const NodeId id = gemmtest::buildGraph(g, p);
+        for (const codegen::Kernel& k : codegen::libraryGemmEpilogue(g, id, applied & 1, applied & 2).kernels)
+          out.push_back({std::string("lib_") + act + (bias ? "_bias" : "") + "_" + std::to_string(applied), k});
+      }
+  for (const char* act : {"relu", "gelu"}) {
+    Graph g;
+    const ValueId a = g.addParam("a", {33, 17}, "xavier"), b = g.addParam("b", {17, 9}, "xavier");
+    const ValueId x = g.addParam("x", {33, 9}, "xavier");
+    AttrMap t;
+    t.set<attr::GradActivation>(act);
+    const ValueId y = g.add(OpKind::MatMulActGrad, {a, b, x}, t);
+    for (const codegen::Kernel& k : codegen::libraryGemmEpilogue(g, g.producer(y).id, false, false).kernels)
+      out.push_back({std::string("lib_actgrad_") + act, k});
+  }
+  {  // the copy of a transposed B that lets cuBLASLt run the product untransposed
+    GemmProblem p;
+    p.a = {100, 33}, p.b = {70, 33}, p.tb = true;
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    for (const codegen::Kernel& k : codegen::libraryGemmTransposeB(g, id).kernels) out.push_back({"lib_transpose_b", k});
+  }
+  return out;
+}
+
+// bf16 operands with EmitOptions::wgmma (an sm_90a device): the wgmma kernel for every tile,
+// transpose, batch, split and epilogue, with bf16 and fp32 outputs.
+inline std::vector<Variant> wgmmaVariants() {
+  std::vector<Variant> out;
+  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, bool bf16Out, int splits = 0) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    gemmtest::storeOperandsInBf16(g, id, bf16Out);
+    codegen::EmitOptions opt;
+    opt.wgmma = true;
+    opt.gemmTile = tile;
+    opt.gemmSplits = splits;
+    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
+      out.push_back({name + (bf16Out ? "_bf16out_" : "_f32out_") + std::to_string(static_cast<int>(tile)) + "_" + k.name, k});
+  };
+  for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small})
+    for (bool bf16Out : {true, false}) {
+      for (int t = 0; t < 4; ++t) {
+        const GemmProblem p = gemmtest::matmulProblem(40, 104, 136, t & 1, t & 2);
+        add("MatMul_t" + std::to_string(t), p, tile, bf16Out);
+        if (tile == GemmTile::Small) add("MatMul_split_t" + std::to_string(t), p, tile, bf16Out, 3);
+      }
+      GemmProblem batched;
+      batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
+      add("MatMul_batched", batched, tile, bf16Out);
+      for (const char* act : {"none", "relu", "gelu"}) {
+        GemmProblem p;
+        p.fused = true, p.act = act, p.bias = true;
+        p.a = {4, 7, 32}, p.b = {32, 40};
+        add(std::string("FusedLinear_") + act, p, tile, bf16Out);
+      }
+    }
+  return out;
+}
+
+}  // namespace pa::gemmtest
