@@ -5,7 +5,8 @@ of shared/DESIGN.md (README "Layout"):
     common < graph, kernels < passes < codegen < runtime < frontend
 
 graph and kernels sit side by side and may not include each other. tests/ and bench/ may include
-anything. Prints every offending include as file:line and exits 1; exits 0 when there is none."""
+anything. Prints every offending include as file:line and exits 1; exits 0 when there is none.
+`--self-test` checks the checker on a small tree with known offences (ctest runs both)."""
 import pathlib
 import re
 import sys
@@ -29,7 +30,28 @@ def offences(root):
                     yield f"{path.relative_to(root)}:{number}: {folder}/ includes {target}/ ({line.strip()})"
 
 
+def self_test():
+    """The check must catch an include against the order and pass one along it."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        root = pathlib.Path(d)
+        for folder in RANK:
+            (root / folder).mkdir()
+        (root / "passes" / "ok.cpp").write_text('#include "graph/graph.h"\n#include "common/errors.h"\n')
+        (root / "graph" / "bad.h").write_text('#include "runtime/session.h"\n')
+        (root / "kernels" / "side.cuh").write_text('#include "graph/graph.h"\n')
+        found = list(offences(root))
+        want = ["graph/bad.h:1", "kernels/side.cuh:1"]
+        if sorted(f.split(": ")[0] for f in found) != want:
+            print("self-test failed:", found)
+            return 1
+    print("self-test: both offences found, the allowed includes passed")
+    return 0
+
+
 def main():
+    if sys.argv[1:2] == ["--self-test"]:
+        return self_test()
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent.parent)
     found = list(offences(root))
     for line in found:
