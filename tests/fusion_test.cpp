@@ -263,6 +263,7 @@ struct HandCase {
   std::string name, core;
   bool fuses;
 };
+void PrintTo(const HandCase& c, std::ostream* os) { *os << c.name; }  // ctest's names: see op_cases.h
 
 class FuseAttentionHandWritten : public ::testing::TestWithParam<HandCase> {};
 

@@ -17,6 +17,7 @@ struct LayerCase {
   std::vector<int64_t> input;     // one sample's shape
   std::vector<int64_t> target;
 };
+void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.name; }  // ctest's names: see op_cases.h
 
 Config configFor(const LayerCase& c) {
   std::string in = "[";

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <ostream>
+
 #include "graph/graph.h"
 
 namespace pa::test {
@@ -18,6 +20,9 @@ struct OpCase {
   std::function<ValueId(Graph&)> build;
   std::map<std::string, std::pair<double, double>> ranges = {};
 };
+// GoogleTest prints a parameter in --gtest_list_tests, which ctest's test names carry: the case's
+// name, not its bytes (which hold addresses and change from run to run).
+inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
 using V = std::vector<int64_t>;
 
