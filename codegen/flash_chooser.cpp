@@ -210,14 +210,6 @@ FlashKernelSpec chooseAuxiliary(FlashKernelKind kind, const FlashAttentionConfig
 
 [[noreturn]] void fail(const std::string& what) { throw FlashAttentionError("flash attention: " + what); }
 
-const char* dtypeName(FlashDType t) {
-  switch (t) {
-    case kFlashF32: return "f32";
-    case kFlashF16: return "f16";
-    case kFlashBF16: return "bf16";
-  }
-  return "?";
-}
 
 }  // namespace
 
@@ -269,11 +261,11 @@ void validateFlashConfig(const FlashAttentionConfig& c, bool backward) {
     fail("window offsets must be >= -1 (-1 = unbounded) and sinks >= 0");
   if (!(c.scale >= 0.f) || !std::isfinite(c.scale)) fail("scale must be finite and >= 0 (0 = 1/sqrt(head dim))");
   if (c.tf32 && c.dtype != kFlashF32)
-    fail(std::string("tf32 applies to fp32 inputs only; these are ") + dtypeName(c.dtype) +
+    fail(std::string("tf32 applies to fp32 inputs only; these are ") + flashDTypeName(c.dtype) +
          " (their products already run on the tensor cores)");
   const bool fp64MmaOn = c.fp64Mma == FlashFp64Mma::kOn;  // kAuto falls back to FFMA where DMMA cannot run
   if (fp64MmaOn && c.dtype != kFlashF32)
-    fail(std::string("fp64Mma applies to fp32 inputs only; these are ") + dtypeName(c.dtype));
+    fail(std::string("fp64Mma applies to fp32 inputs only; these are ") + flashDTypeName(c.dtype));
   if (fp64MmaOn && c.tf32) fail("tf32 and fp64Mma both set: choose one way to run fp32 on the tensor cores");
   if (fp64MmaOn && c.headDim > 64)
     fail("fp64Mma supports head dim <= 64 (got " + std::to_string(c.headDim) +

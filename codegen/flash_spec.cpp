@@ -7,14 +7,6 @@ namespace pa {
 
 namespace {
 
-const char* dtypeName(FlashDType t) {
-  switch (t) {
-    case kFlashF32: return "f32";
-    case kFlashF16: return "f16";
-    case kFlashBF16: return "bf16";
-  }
-  return "?";
-}
 const char* dtypeTag(FlashDType t) {
   switch (t) {
     case kFlashF32: return "pa::flash::F32Tag";
@@ -41,6 +33,15 @@ const char* headerOf(const FlashKernelSpec& s) {
 }
 
 }  // namespace
+
+const char* flashDTypeName(FlashDType t) {
+  switch (t) {
+    case kFlashF32: return "f32";
+    case kFlashF16: return "f16";
+    case kFlashBF16: return "bf16";
+  }
+  return "?";
+}
 
 int FlashKernelSpec::threads() const {
   switch (kind) {
@@ -99,9 +100,9 @@ std::string FlashKernelSpec::name() const {
     case FlashKernelKind::kBwdDq: os << "bwd_dq"; break;
     case FlashKernelKind::kBwdDqConvert: os << "bwd_dqconv"; break;
     case FlashKernelKind::kBwdDkDvReduce: os << "bwd_dkdvsum"; break;
-    case FlashKernelKind::kBwdDqReduce: os << "bwd_dqsum_" << dtypeName(dtype) << "_m" << mtiles; return os.str();
+    case FlashKernelKind::kBwdDqReduce: os << "bwd_dqsum_" << flashDTypeName(dtype) << "_m" << mtiles; return os.str();
   }
-  os << "_" << (tf32 ? "tf32" : f64 ? "f64mma" : dtypeName(dtype));
+  os << "_" << (tf32 ? "tf32" : f64 ? "f64mma" : flashDTypeName(dtype));
   if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdDqConvert ||
       kind == FlashKernelKind::kBwdDkDvReduce)
     return os.str();

@@ -71,6 +71,9 @@ enum class FlashKernelKind {
   kBwdDqReduce  // fp32: dQ from the dK/dV kernel's per-key-block shares (dqPartial)
 };
 
+// "f32", "f16" or "bf16": kernel names and messages.
+const char* flashDTypeName(FlashDType t);
+
 // One template instantiation: what NVRTC compiles and the launcher launches.
 struct FlashKernelSpec {
   FlashKernelKind kind = FlashKernelKind::kForward;

@@ -2,7 +2,9 @@
 // frontend/config parses them once from their YAML names; nothing downstream compares strings.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <vector>
 
 namespace pa {
 
@@ -12,6 +14,10 @@ enum class Precision { Fp32, Fp64, Tf32, Bf16 };
 // Who runs the GEMM nodes (MatMul, FusedLinear, MatMulActGrad) on the GPU: the generated
 // kernels, cuBLASLt, or whichever of the two measures faster for each node (compiler.gemm).
 enum class GemmProvider { Generated, Cublaslt, Auto };
+
+// Every value, in the order messages list them.
+constexpr Precision kPrecisions[] = {Precision::Fp32, Precision::Fp64, Precision::Tf32, Precision::Bf16};
+constexpr GemmProvider kGemmProviders[] = {GemmProvider::Generated, GemmProvider::Cublaslt, GemmProvider::Auto};
 
 // The names configs use ("fp32", "tf32", ...).
 inline const char* precisionName(Precision p) {
@@ -36,14 +42,21 @@ inline const char* gemmProviderName(GemmProvider p) {
 
 // The setting a name stands for; false for a name that is none.
 inline bool parsePrecision(const std::string& name, Precision& out) {
-  for (Precision p : {Precision::Fp32, Precision::Fp64, Precision::Tf32, Precision::Bf16})
+  for (Precision p : kPrecisions)
     if (name == precisionName(p)) return out = p, true;
   return false;
 }
 inline bool parseGemmProvider(const std::string& name, GemmProvider& out) {
-  for (GemmProvider p : {GemmProvider::Generated, GemmProvider::Cublaslt, GemmProvider::Auto})
+  for (GemmProvider p : kGemmProviders)
     if (name == gemmProviderName(p)) return out = p, true;
   return false;
+}
+
+// The names of every value of a setting, in kPrecisions / kGemmProviders order.
+template <class E, std::size_t N> std::vector<std::string> settingNames(const E (&values)[N], const char* (*name)(E)) {
+  std::vector<std::string> r;
+  for (E v : values) r.push_back(name(v));
+  return r;
 }
 
 }  // namespace pa

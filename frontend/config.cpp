@@ -299,7 +299,8 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
   if (n.has("gemm")) {
     const CfgNode m = n.child("gemm");
     const std::string name = m.asString();
-    if (!parseGemmProvider(name, c.gemm)) m.fail("'" + name + "' is not a GEMM provider; valid: generated, cublaslt, auto");
+    if (!parseGemmProvider(name, c.gemm))
+      m.fail("'" + name + "' is not a GEMM provider; valid: " + joinChoices(settingNames(kGemmProviders, gemmProviderName)));
   }
   if (n.has("passes")) {
     const CfgNode p = n.child("passes");
@@ -350,7 +351,7 @@ Config parseRoot(YAML::Node root, std::shared_ptr<ConfigSource> src) {
   c.seed = static_cast<uint64_t>(n.getIntIn("seed", 0, 0, INT64_MAX));
   c.device = n.getChoice("device", c.device, {"auto", "cpu", "cuda"});
   const bool knownPrecision =
-      parsePrecision(n.getChoice("precision", precisionName(c.precision), {"fp32", "fp64", "tf32", "bf16"}), c.precision);
+      parsePrecision(n.getChoice("precision", precisionName(c.precision), settingNames(kPrecisions, precisionName)), c.precision);
   assert(knownPrecision && "getChoice returns one of the precisions' names");
   (void)knownPrecision;
   parseData(n.child("data"), c.data);
