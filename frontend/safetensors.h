@@ -108,6 +108,9 @@ private:
   size_t dataStart_ = 0;   // 8 + header length
   Metadata metadata_;
   std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t> index_;  // name -> position in tensors_
+
+  void checkOwn(const TensorInfo& t) const;  // throws std::invalid_argument for another file's tensor
 };
 
 // "[2, 3]"

@@ -1,0 +1,651 @@
+// The safetensors format: the checked reader, the writer, and the float conversions of its dtypes.
+#include "frontend/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "frontend/atomic_file.h"
+
+namespace pa::safetensors {
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100000000;  // the reference implementation's limit
+// A valid header nests three deep (object, entry, shape list). The limit stops a hostile file
+// from making the parser build millions of nested values; serde_json, the reference's parser,
+// stops at 128.
+constexpr int kMaxDepth = 64;
+
+constexpr DType kAllDTypes[] = {DType::F64, DType::F32, DType::F16, DType::BF16, DType::F8_E4M3,
+                                DType::F8_E5M2, DType::I64, DType::I32, DType::I16, DType::I8,
+                                DType::U64, DType::U32, DType::U16, DType::U8, DType::Bool};
+
+std::string validDTypes() {
+  std::string s;
+  for (DType t : kAllDTypes) s += std::string(s.empty() ? "" : ", ") + dtypeName(t);
+  return s;
+}
+
+// Names and values from a file go into messages: keep them printable and of sane length.
+std::string shown(const std::string& s) {
+  constexpr size_t kMaxShown = 200;
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (s.size() > kMaxShown) out += "...";
+  return out + "'";
+}
+
+// A JSON value as a message shows it: scalars by value, containers by kind.
+std::string describe(const nlohmann::json& j) {
+  switch (j.type()) {
+  case nlohmann::json::value_t::string: return "the string " + shown(j.get<std::string>());
+  case nlohmann::json::value_t::array: return "a list";
+  case nlohmann::json::value_t::object: return "an object";
+  case nlohmann::json::value_t::null:
+  case nlohmann::json::value_t::boolean:
+  case nlohmann::json::value_t::number_integer:
+  case nlohmann::json::value_t::number_unsigned:
+  case nlohmann::json::value_t::number_float: return j.dump();
+  case nlohmann::json::value_t::binary: return "binary data";
+  case nlohmann::json::value_t::discarded: return "nothing";
+  }
+  return "a value";
+}
+
+// A JSON integer >= 0 ("-0" included); floats, even integral ones, are not.
+bool nonNegativeInteger(const nlohmann::json& j, uint64_t& out) {
+  if (j.is_number_unsigned()) {
+    out = j.get<uint64_t>();
+    return true;
+  }
+  if (j.is_number_integer() && j.get<int64_t>() >= 0) {
+    out = static_cast<uint64_t>(j.get<int64_t>());
+    return true;
+  }
+  return false;
+}
+
+// numel * dtype size, or false when the element count overflows int64 or the byte count
+// size_t. The product is checked factor by factor, as the reference implementation does, so
+// [2^62, 2^62, 0] is an overflow although it holds nothing.
+bool byteCount(const std::vector<int64_t>& shape, DType dtype, int64_t& numel, size_t& bytes) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return false;
+  size_t b = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(n), dtypeSize(dtype), &b)) return false;
+  numel = n;
+  bytes = b;
+  return true;
+}
+
+uint64_t loadLE(const uint8_t* p, size_t width) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < width; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+void storeLE(uint64_t v, size_t width, std::vector<uint8_t>& out) {
+  for (size_t i = 0; i < width; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+// A binary float of `expBits` exponent and `manBits` mantissa bits to double (exact: every
+// such format with expBits <= 11, manBits <= 52 is a subset of double). `ieeeSpecials`: an
+// all-ones exponent means infinity or NaN; without it (float8_e4m3fn) only all-ones exponent
+// and mantissa is NaN and the rest are ordinary numbers.
+double decodeFloat(uint64_t bits, int expBits, int manBits, bool ieeeSpecials) {
+  const bool negative = (bits >> (expBits + manBits)) & 1;
+  const uint64_t expMax = (uint64_t{1} << expBits) - 1, manMax = (uint64_t{1} << manBits) - 1;
+  const uint64_t e = (bits >> manBits) & expMax, m = bits & manMax;
+  const int bias = (1 << (expBits - 1)) - 1;
+  double v;
+  if (ieeeSpecials && e == expMax) v = m == 0 ? std::numeric_limits<double>::infinity() : std::nan("");
+  else if (!ieeeSpecials && e == expMax && m == manMax) v = std::nan("");
+  else if (e == 0) v = std::ldexp(static_cast<double>(m), 1 - bias - manBits);
+  else v = std::ldexp(static_cast<double>(m | (manMax + 1)), static_cast<int>(e) - bias - manBits);
+  return negative ? -v : v;
+}
+
+// double to an IEEE-style float of `expBits`/`manBits` (F16, BF16), rounded to nearest even
+// straight from the double: going through float first would round twice and get ties wrong.
+uint64_t encodeFloat(double x, int expBits, int manBits) {
+  uint64_t d;
+  std::memcpy(&d, &x, sizeof d);
+  const uint64_t sign = (d >> 63) << (expBits + manBits);
+  const uint64_t expAllOnes = ((uint64_t{1} << expBits) - 1) << manBits;
+  const int dExp = static_cast<int>((d >> 52) & 0x7ff);
+  const uint64_t dMan = d & ((uint64_t{1} << 52) - 1);
+  if (dExp == 0x7ff) return sign | expAllOnes | (dMan ? uint64_t{1} << (manBits - 1) : 0);
+  if (dExp == 0) return sign;  // zero or a double subnormal: far below any target's smallest value
+  const int bias = (1 << (expBits - 1)) - 1;
+  int e = dExp - 1023;
+  const uint64_t sig = dMan | (uint64_t{1} << 52);  // 53 significant bits
+  // Below the target's smallest normal exponent the result is subnormal: drop more bits.
+  const int extra = e < 1 - bias ? (1 - bias) - e : 0;
+  const int shift = std::min(52 - manBits + extra, 60);  // beyond 54 the result is 0 anyway
+  uint64_t r = sig >> shift;
+  const uint64_t rest = sig & ((uint64_t{1} << shift) - 1), half = uint64_t{1} << (shift - 1);
+  if (rest > half || (rest == half && (r & 1))) ++r;
+  // A subnormal r counts in units of the smallest subnormal, which is the encoding itself (a
+  // carry into 1 << manBits is exactly the smallest normal).
+  if (extra > 0) return sign | r;
+  if (r >> (manBits + 1)) {  // rounding carried into the next binade
+    r >>= 1;
+    ++e;
+  }
+  const int64_t biased = static_cast<int64_t>(e) + bias;
+  if (biased >= (int64_t{1} << expBits) - 1) return sign | expAllOnes;  // overflow: infinity
+  return sign | (static_cast<uint64_t>(biased) << manBits) | (r & ((uint64_t{1} << manBits) - 1));
+}
+
+std::string errnoText(int err) { return std::generic_category().message(err); }
+
+void requireShape(const std::string& name, const std::vector<int64_t>& shape, size_t count) {
+  int64_t numel = 0;
+  size_t bytes = 0;
+  if (!byteCount(shape, DType::U8, numel, bytes) || static_cast<size_t>(numel) != count)
+    throw std::invalid_argument("safetensors tensor " + shown(name) + ": " + std::to_string(count) +
+                                " values do not fill shape " + shapeText(shape));
+}
+
+template <class T, class ToBits>
+Tensor make(const std::string& name, DType dtype, std::vector<int64_t> shape, const std::vector<T>& values,
+            ToBits toBits) {
+  requireShape(name, shape, values.size());
+  Tensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.bytes.reserve(values.size() * dtypeSize(dtype));
+  for (const T& v : values) storeLE(toBits(v), dtypeSize(dtype), t.bytes);
+  return t;
+}
+
+// The duplicate-key and depth checks, run by the parser on each event: nlohmann keeps one
+// value of a repeated key silently, and would nest as deep as the header goes.
+class HeaderWatcher {
+public:
+  explicit HeaderWatcher(const std::string& file) : file_(file) {}
+
+  bool operator()(int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    switch (event) {
+    case nlohmann::json::parse_event_t::object_start:
+    case nlohmann::json::parse_event_t::array_start:
+      if (depth >= kMaxDepth)
+        throw FormatError(file_, "header nests lists and objects deeper than " + std::to_string(kMaxDepth) + " levels");
+      if (event == nlohmann::json::parse_event_t::object_start)
+        objects_.push_back(Frame{{}, objects_.empty() ? std::string() : objects_.back().lastKey, {}});
+      break;
+    case nlohmann::json::parse_event_t::object_end: objects_.pop_back(); break;
+    case nlohmann::json::parse_event_t::key: {
+      Frame& f = objects_.back();
+      f.lastKey = parsed.get<std::string>();
+      if (!f.keys.insert(f.lastKey).second)
+        throw FormatError(file_, "header gives key " + shown(f.lastKey) + " twice" +
+                                     (objects_.size() > 1 ? " (in " + shown(f.parentKey) + ")" : std::string()));
+      break;
+    }
+    case nlohmann::json::parse_event_t::array_end:
+    case nlohmann::json::parse_event_t::value: break;
+    }
+    return true;
+  }
+
+private:
+  struct Frame {
+    std::set<std::string> keys;
+    std::string parentKey;  // the key this object is the value of, for messages
+    std::string lastKey;
+  };
+  const std::string& file_;
+  std::vector<Frame> objects_;
+};
+
+}  // namespace
+
+const char* dtypeName(DType t) {
+  switch (t) {
+  case DType::F64: return "F64";
+  case DType::F32: return "F32";
+  case DType::F16: return "F16";
+  case DType::BF16: return "BF16";
+  case DType::F8_E4M3: return "F8_E4M3";
+  case DType::F8_E5M2: return "F8_E5M2";
+  case DType::I64: return "I64";
+  case DType::I32: return "I32";
+  case DType::I16: return "I16";
+  case DType::I8: return "I8";
+  case DType::U64: return "U64";
+  case DType::U32: return "U32";
+  case DType::U16: return "U16";
+  case DType::U8: return "U8";
+  case DType::Bool: return "BOOL";
+  }
+  return "?";
+}
+
+size_t dtypeSize(DType t) {
+  switch (t) {
+  case DType::F64:
+  case DType::I64:
+  case DType::U64: return 8;
+  case DType::F32:
+  case DType::I32:
+  case DType::U32: return 4;
+  case DType::F16:
+  case DType::BF16:
+  case DType::I16:
+  case DType::U16: return 2;
+  case DType::F8_E4M3:
+  case DType::F8_E5M2:
+  case DType::I8:
+  case DType::U8:
+  case DType::Bool: return 1;
+  }
+  return 1;
+}
+
+bool parseDType(const std::string& name, DType& out) {
+  for (DType t : kAllDTypes)
+    if (name == dtypeName(t)) {
+      out = t;
+      return true;
+    }
+  return false;
+}
+
+bool isFloat(DType t) {
+  switch (t) {
+  case DType::F64:
+  case DType::F32:
+  case DType::F16:
+  case DType::BF16:
+  case DType::F8_E4M3:
+  case DType::F8_E5M2: return true;
+  case DType::I64:
+  case DType::I32:
+  case DType::I16:
+  case DType::I8:
+  case DType::U64:
+  case DType::U32:
+  case DType::U16:
+  case DType::U8:
+  case DType::Bool: return false;
+  }
+  return false;
+}
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Tensor Tensor::f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& values) {
+  return make(name, DType::F32, std::move(shape), values, [](float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return uint64_t{b};
+  });
+}
+
+Tensor Tensor::f64(const std::string& name, std::vector<int64_t> shape, const std::vector<double>& values) {
+  return make(name, DType::F64, std::move(shape), values, [](double v) {
+    uint64_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+  });
+}
+
+Tensor Tensor::i64(const std::string& name, std::vector<int64_t> shape, const std::vector<int64_t>& values) {
+  return make(name, DType::I64, std::move(shape), values, [](int64_t v) { return static_cast<uint64_t>(v); });
+}
+
+Tensor Tensor::u64(const std::string& name, std::vector<int64_t> shape, const std::vector<uint64_t>& values) {
+  return make(name, DType::U64, std::move(shape), values, [](uint64_t v) { return v; });
+}
+
+Tensor Tensor::fromDoubles(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                           const std::vector<double>& values) {
+  switch (dtype) {
+  case DType::F64: return f64(name, std::move(shape), values);
+  case DType::F32: {
+    std::vector<float> f(values.begin(), values.end());  // the conversion rounds to nearest even
+    return f32(name, std::move(shape), f);
+  }
+  case DType::F16: return make(name, dtype, std::move(shape), values, [](double v) { return encodeFloat(v, 5, 10); });
+  case DType::BF16: return make(name, dtype, std::move(shape), values, [](double v) { return encodeFloat(v, 8, 7); });
+  case DType::F8_E4M3:
+  case DType::F8_E5M2:
+  case DType::I64:
+  case DType::I32:
+  case DType::I16:
+  case DType::I8:
+  case DType::U64:
+  case DType::U32:
+  case DType::U16:
+  case DType::U8:
+  case DType::Bool: break;
+  }
+  throw std::invalid_argument(std::string("Tensor::fromDoubles: ") + dtypeName(dtype) +
+                              " is not one of F64, F32, F16, BF16");
+}
+
+std::string serialize(const std::vector<Tensor>& tensors, const Metadata& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  size_t offset = 0;
+  for (const Tensor& t : tensors) {
+    if (t.name == "__metadata__") throw std::invalid_argument("safetensors: a tensor cannot be named '__metadata__'");
+    if (!names.insert(t.name).second)
+      throw std::invalid_argument("safetensors: tensor name " + shown(t.name) + " given twice");
+    int64_t numel = 0;
+    size_t bytes = 0;
+    if (!byteCount(t.shape, t.dtype, numel, bytes) || bytes != t.bytes.size())
+      throw std::invalid_argument("safetensors tensor " + shown(t.name) + ": " + std::to_string(t.bytes.size()) +
+                                  " bytes do not match shape " + shapeText(t.shape) + " of " + dtypeName(t.dtype));
+    header[t.name] = {{"dtype", dtypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("safetensors: a name or metadata string is not UTF-8: ") + e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts 8-byte aligned
+  std::string out;
+  out.reserve(8 + text.size() + offset);
+  for (int i = 0; i < 8; ++i) out += static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
+  out += text;
+  for (const Tensor& t : tensors) out.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  return out;
+}
+
+void write(const std::string& path, const std::vector<Tensor>& tensors, const Metadata& metadata) {
+  const std::string bytes = serialize(tensors, metadata);
+  try {
+    writeFileAtomically(path, bytes);
+  } catch (const UserError& e) {
+    // writeFileAtomically already says "<path>: ..."; FormatError adds the path itself.
+    std::string problem = e.what();
+    if (problem.compare(0, path.size() + 2, path + ": ") == 0) problem.erase(0, path.size() + 2);
+    throw FormatError(path, problem);
+  }
+}
+
+File File::read(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw FormatError(path, "cannot open: " + errnoText(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) throw FormatError(path, "cannot read: " + errnoText(errno));
+  if (S_ISDIR(st.st_mode)) throw FormatError(path, "is a directory, not a safetensors file");
+  if (!S_ISREG(st.st_mode)) throw FormatError(path, "is not a regular file");
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::read(fd, &bytes[got], bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw FormatError(path, "cannot read: " + errnoText(errno));
+    if (n == 0) break;  // shrank since fstat: check what is there
+    got += static_cast<size_t>(n);
+  }
+  bytes.resize(got);
+  return parse(std::move(bytes), path);
+}
+
+File File::parse(std::string bytes, const std::string& name) {
+  File f;
+  f.name_ = name;
+  f.bytes_ = std::move(bytes);
+  const auto fail = [&name](const std::string& problem) { return FormatError(name, problem); };
+  const size_t size = f.bytes_.size();
+  if (size < 8)
+    throw fail("truncated: " + std::to_string(size) + " bytes, fewer than the 8 of the header length");
+  const uint64_t n = loadLE(reinterpret_cast<const uint8_t*>(f.bytes_.data()), 8);
+  if (n > kMaxHeaderBytes)
+    throw fail("header length " + std::to_string(n) + " is above the limit of " + std::to_string(kMaxHeaderBytes) +
+               " bytes");
+  if (n > size - 8)
+    throw fail("header length " + std::to_string(n) + " is larger than the file's remaining " +
+               std::to_string(size - 8) + " bytes");
+  f.dataStart_ = 8 + static_cast<size_t>(n);
+  const size_t bufferSize = size - f.dataStart_;
+
+  nlohmann::json header;
+  try {
+    const char* text = f.bytes_.data() + 8;
+    header = nlohmann::json::parse(text, text + n, HeaderWatcher(name));
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw fail("header is " + describe(header) + ", not a JSON object");
+
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& key = it.key();
+    const nlohmann::json& v = it.value();
+    if (key == "__metadata__") {
+      if (!v.is_object()) throw fail("__metadata__ is " + describe(v) + ", not an object of strings");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          throw fail("__metadata__ " + shown(m.key()) + " is " + describe(m.value()) + ", not a string");
+        f.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string tensor = "tensor " + shown(key) + ": ";
+    if (!v.is_object()) throw fail(tensor + "entry is " + describe(v) + ", not an object");
+    for (const char* required : {"dtype", "shape", "data_offsets"})
+      if (!v.contains(required)) throw fail(tensor + "has no \"" + required + "\"");
+    for (auto e = v.begin(); e != v.end(); ++e)
+      if (e.key() != "dtype" && e.key() != "shape" && e.key() != "data_offsets")
+        throw fail(tensor + "unexpected key " + shown(e.key()) + " (an entry has dtype, shape and data_offsets)");
+
+    TensorInfo info;
+    info.name = key;
+    const nlohmann::json& dtype = v["dtype"];
+    if (!dtype.is_string()) throw fail(tensor + "dtype is " + describe(dtype) + ", not a string");
+    if (!parseDType(dtype.get<std::string>(), info.dtype))
+      throw fail(tensor + "unknown dtype " + shown(dtype.get<std::string>()) + "; valid: " + validDTypes());
+
+    const nlohmann::json& shape = v["shape"];
+    if (!shape.is_array()) throw fail(tensor + "shape is " + describe(shape) + ", not a list of non-negative integers");
+    for (size_t i = 0; i < shape.size(); ++i) {
+      uint64_t d = 0;
+      if (!nonNegativeInteger(shape[i], d))
+        throw fail(tensor + "shape[" + std::to_string(i) + "] is " + describe(shape[i]) +
+                   ", not a non-negative integer");
+      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        throw fail(tensor + "shape[" + std::to_string(i) + "] is " + std::to_string(d) + ", above 2^63 - 1");
+      info.shape.push_back(static_cast<int64_t>(d));
+    }
+    int64_t numel = 0;
+    size_t needed = 0;
+    if (!byteCount(info.shape, info.dtype, numel, needed))
+      throw fail(tensor + "shape " + shapeText(info.shape) + " of " + dtypeName(info.dtype) +
+                 " overflows: its element or byte count does not fit 64 bits");
+
+    const nlohmann::json& offsets = v["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2)
+      throw fail(tensor + "data_offsets is " +
+                 (offsets.is_array() ? "a list of " + std::to_string(offsets.size()) + " values" : describe(offsets)) +
+                 ", not two non-negative integers [begin, end]");
+    uint64_t bounds[2] = {0, 0};
+    for (size_t i = 0; i < 2; ++i)
+      if (!nonNegativeInteger(offsets[i], bounds[i]))
+        throw fail(tensor + "data_offsets[" + std::to_string(i) + "] is " + describe(offsets[i]) +
+                   ", not a non-negative integer");
+    const uint64_t begin = bounds[0], end = bounds[1];
+    const std::string range = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+    if (begin > end) throw fail(tensor + range + " begin after they end");
+    if (end > bufferSize)
+      throw fail(tensor + range + " end beyond the data buffer of " + std::to_string(bufferSize) + " bytes");
+    info.begin = static_cast<size_t>(begin);
+    info.end = static_cast<size_t>(end);
+    if (info.end - info.begin != needed)
+      throw fail(tensor + range + " hold " + std::to_string(info.end - info.begin) + " bytes but shape " +
+                 shapeText(info.shape) + " of " + dtypeName(info.dtype) + " needs " + std::to_string(needed));
+    f.tensors_.push_back(std::move(info));
+  }
+
+  // Note on tiling. Sorted by (begin, end), the ranges tile [0, bufferSize) exactly when each
+  // begins where the one before ends and the last ends at bufferSize; empty ranges then sit
+  // between two others or at either end. The reference implementation rejects everything else,
+  // so a hole (bytes no tensor owns) is an error too, not only an overlap.
+  std::stable_sort(f.tensors_.begin(), f.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const auto where = [](const TensorInfo& t) {
+    return shown(t.name) + " [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
+  };
+  size_t pos = 0;
+  for (size_t i = 0; i < f.tensors_.size(); ++i) {
+    const TensorInfo& t = f.tensors_[i];
+    if (t.begin < pos) throw fail("tensors " + where(f.tensors_[i - 1]) + " and " + where(t) + " overlap");
+    if (t.begin > pos)
+      throw fail("data buffer bytes [" + std::to_string(pos) + ", " + std::to_string(t.begin) +
+                 ") belong to no tensor (a hole " +
+                 (i == 0 ? "before " + where(t) : "between " + where(f.tensors_[i - 1]) + " and " + where(t)) + ")");
+    pos = t.end;
+  }
+  if (pos != bufferSize)
+    throw fail("data buffer has " + std::to_string(bufferSize - pos) + " bytes after " +
+               (f.tensors_.empty() ? std::string("a header listing no tensor")
+                                   : "the last tensor " + where(f.tensors_.back())) +
+               "; they belong to no tensor");
+  for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
+  return f;
+}
+
+const TensorInfo* File::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const uint8_t* File::data(const TensorInfo& t) const {
+  checkOwn(t);
+  return reinterpret_cast<const uint8_t*>(bytes_.data()) + dataStart_ + t.begin;
+}
+
+void File::checkOwn(const TensorInfo& t) const {
+  // A TensorInfo of another file, or one edited since, must not read outside this one.
+  const TensorInfo* own = find(t.name);
+  if (!own || own->begin != t.begin || own->end != t.end || own->dtype != t.dtype || own->shape != t.shape)
+    throw std::invalid_argument(name_ + ": tensor " + shown(t.name) + " is not one of this file's");
+}
+
+std::vector<double> File::toDoubles(const TensorInfo& t) const {
+  const uint8_t* p = data(t);
+  const size_t width = dtypeSize(t.dtype), count = (t.end - t.begin) / width;
+  std::vector<double> out;
+  switch (t.dtype) {
+  case DType::F64:
+  case DType::F32:
+  case DType::F16:
+  case DType::BF16:
+  case DType::F8_E4M3:
+  case DType::F8_E5M2: break;
+  case DType::I64:
+  case DType::I32:
+  case DType::I16:
+  case DType::I8:
+  case DType::U64:
+  case DType::U32:
+  case DType::U16:
+  case DType::U8:
+  case DType::Bool:
+    throw FormatError(name_, "tensor " + shown(t.name) + " is " + dtypeName(t.dtype) + ", not a floating-point tensor");
+  }
+  out.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t bits = loadLE(p + i * width, width);
+    double v = 0;
+    switch (t.dtype) {
+    case DType::F64: std::memcpy(&v, &bits, sizeof v); break;
+    case DType::F32: {
+      const uint32_t b = static_cast<uint32_t>(bits);
+      float x;
+      std::memcpy(&x, &b, sizeof x);
+      v = x;
+      break;
+    }
+    case DType::F16: v = decodeFloat(bits, 5, 10, true); break;
+    case DType::BF16: v = decodeFloat(bits, 8, 7, true); break;
+    case DType::F8_E4M3: v = decodeFloat(bits, 4, 3, false); break;
+    case DType::F8_E5M2: v = decodeFloat(bits, 5, 2, true); break;
+    case DType::I64:
+    case DType::I32:
+    case DType::I16:
+    case DType::I8:
+    case DType::U64:
+    case DType::U32:
+    case DType::U16:
+    case DType::U8:
+    case DType::Bool: assert(false && "rejected above"); break;
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<int64_t> File::toInt64(const TensorInfo& t) const {
+  if (t.dtype != DType::I64 && t.dtype != DType::U64)
+    throw FormatError(name_, "tensor " + shown(t.name) + " is " + dtypeName(t.dtype) + ", not I64 or U64");
+  const uint8_t* p = data(t);
+  std::vector<int64_t> out;
+  out.reserve((t.end - t.begin) / 8);
+  for (size_t i = 0; i < (t.end - t.begin) / 8; ++i) {
+    const uint64_t v = loadLE(p + 8 * i, 8);
+    if (t.dtype == DType::U64 && v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      throw FormatError(name_, "tensor " + shown(t.name) + ": U64 value " + std::to_string(v) + " at index " +
+                                   std::to_string(i) + " does not fit an int64");
+    out.push_back(static_cast<int64_t>(v));
+  }
+  return out;
+}
+
+std::vector<uint64_t> File::toUint64(const TensorInfo& t) const {
+  if (t.dtype != DType::U64)
+    throw FormatError(name_, "tensor " + shown(t.name) + " is " + dtypeName(t.dtype) + ", not U64");
+  const uint8_t* p = data(t);
+  std::vector<uint64_t> out;
+  out.reserve((t.end - t.begin) / 8);
+  for (size_t i = 0; i < (t.end - t.begin) / 8; ++i) out.push_back(loadLE(p + 8 * i, 8));
+  return out;
+}
+
+}  // namespace pa::safetensors
