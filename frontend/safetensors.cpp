@@ -39,11 +39,11 @@ std::string validDTypes() {
   return s;
 }
 
-// Names and values from a file go into messages: keep them printable and of sane length.
-std::string shown(const std::string& s) {
-  constexpr size_t kMaxShown = 200;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
+// Text from a file goes into messages: keep it printable (bytes outside ASCII as \xNN) and of
+// sane length.
+std::string printable(const std::string& s, size_t maxShown) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < maxShown; ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     if (c >= 0x20 && c < 0x7f) {
       out += static_cast<char>(c);
@@ -54,9 +54,11 @@ std::string shown(const std::string& s) {
       out += hex[c & 15];
     }
   }
-  if (s.size() > kMaxShown) out += "...";
-  return out + "'";
+  if (s.size() > maxShown) out += "...";
+  return out;
 }
+
+std::string shown(const std::string& s) { return "'" + printable(s, 200) + "'"; }
 
 // A JSON value as a message shows it: scalars by value, containers by kind.
 std::string describe(const nlohmann::json& j) {
@@ -64,9 +66,10 @@ std::string describe(const nlohmann::json& j) {
   case nlohmann::json::value_t::string: return "the string " + shown(j.get<std::string>());
   case nlohmann::json::value_t::array: return "a list";
   case nlohmann::json::value_t::object: return "an object";
+  // Only a literal with a minus sign parses as number_integer, so a zero there was "-0".
+  case nlohmann::json::value_t::number_integer: return j.get<int64_t>() == 0 ? "-0" : j.dump();
   case nlohmann::json::value_t::null:
   case nlohmann::json::value_t::boolean:
-  case nlohmann::json::value_t::number_integer:
   case nlohmann::json::value_t::number_unsigned:
   case nlohmann::json::value_t::number_float: return j.dump();
   case nlohmann::json::value_t::binary: return "binary data";
@@ -75,17 +78,12 @@ std::string describe(const nlohmann::json& j) {
   return "a value";
 }
 
-// A JSON integer >= 0 ("-0" included); floats, even integral ones, are not.
+// A JSON integer without a sign. As in the reference implementation, "-0" and integral floats
+// ("4.0", "4e0") are not.
 bool nonNegativeInteger(const nlohmann::json& j, uint64_t& out) {
-  if (j.is_number_unsigned()) {
-    out = j.get<uint64_t>();
-    return true;
-  }
-  if (j.is_number_integer() && j.get<int64_t>() >= 0) {
-    out = static_cast<uint64_t>(j.get<int64_t>());
-    return true;
-  }
-  return false;
+  if (!j.is_number_unsigned()) return false;
+  out = j.get<uint64_t>();
+  return true;
 }
 
 // numel * dtype size, or false when the element count overflows int64 or the byte count
@@ -446,12 +444,18 @@ File File::parse(std::string bytes, const std::string& name) {
   f.dataStart_ = 8 + static_cast<size_t>(n);
   const size_t bufferSize = size - f.dataStart_;
 
+  const char* text = f.bytes_.data() + 8;
+  // nlohmann takes a NUL byte for the end of its input and would ignore what follows; JSON has
+  // no place for one.
+  if (const void* nul = std::memchr(text, '\0', static_cast<size_t>(n)))
+    throw fail("header is not valid JSON: a NUL byte at header offset " +
+               std::to_string(static_cast<const char*>(nul) - text));
   nlohmann::json header;
   try {
-    const char* text = f.bytes_.data() + 8;
     header = nlohmann::json::parse(text, text + n, HeaderWatcher(name));
   } catch (const nlohmann::json::exception& e) {
-    throw fail(std::string("header is not valid JSON: ") + e.what());
+    // Its message quotes the token read last, which comes from the file: any bytes, any length.
+    throw fail("header is not valid JSON: " + printable(e.what(), 300));
   }
   if (!header.is_object()) throw fail("header is " + describe(header) + ", not a JSON object");
 

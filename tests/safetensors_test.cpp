@@ -83,6 +83,13 @@ std::vector<std::string> temporariesIn(const fs::path& dir) {
   return found;
 }
 
+// Messages quote bytes from files: they must stay one printable line of sane length.
+bool printableAscii(const std::string& m) {
+  for (char c : m)
+    if (c < 0x20 || c > 0x7e) return false;
+  return m.size() < 1000;
+}
+
 // The message of the FormatError `f` throws ("" and a test failure when it throws none).
 std::string formatErrorOf(const std::function<void()>& f) {
   try {
@@ -352,6 +359,9 @@ std::vector<BadFile> badFiles() {
       {"EmptyHeader", fileOf(""), {"header is not valid JSON", "parse error"}},
       {"HeaderNotJson", fileOf(R"({"w": )"), {"header is not valid JSON", "parse error", "unexpected end of input"}},
       {"HeaderNotUtf8", fileOf("{\"\xff\": 1}"), {"header is not valid JSON", "UTF-8"}},
+      {"HeaderWithNulByte", fileOf(std::string("{}\0{\"x\": 1}", 11)),
+       {"header is not valid JSON: a NUL byte at header offset 2"}},
+      {"HeaderNotJsonShowsItsBytesPrintably", fileOf("{\"a\": 1, \x80\x81}"), {"header is not valid JSON", "\\x80"}},
       {"HeaderNotAnObject", fileOf("[1, 2]"), {"header is a list, not a JSON object"}},
       {"TensorNameTwice", fileOf(R"({"w": )" + fine + R"(, "w": )" + fine + "}", w48), {"header gives key 'w' twice"}},
       {"EntryKeyTwice", fileOf(one(R"({"dtype": "F32", "dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]})"), w48),
@@ -376,6 +386,7 @@ std::vector<BadFile> badFiles() {
         "U32, U16, U8, BOOL"}},
       {"ShapeNotAList", fileOf(withShape("12"), w48), {"tensor 'w': shape is 12, not a list of non-negative integers"}},
       {"ShapeNegative", fileOf(withShape("[3, -4]"), w48), {"tensor 'w': shape[1] is -4, not a non-negative integer"}},
+      {"ShapeMinusZero", fileOf(withShape("[-0, 4]"), w48), {"tensor 'w': shape[0] is -0, not a non-negative integer"}},
       {"ShapeFloat", fileOf(withShape("[3, 4.0]"), w48), {"tensor 'w': shape[1] is 4.0, not a non-negative integer"}},
       {"ShapeString", fileOf(withShape(R"(["3", 4])"), w48), {"tensor 'w': shape[0] is the string '3'"}},
       {"ShapeAboveInt64", fileOf(withShape("[9223372036854775808]"), w48),
@@ -428,6 +439,7 @@ TEST_P(BadFileTest, IsRejectedWithItsReason) {
   const std::string m = formatErrorOf([] { File::parse(GetParam().bytes, "w.safetensors"); });
   EXPECT_EQ(m.rfind("w.safetensors: ", 0), 0u) << m;
   for (const std::string& part : GetParam().expected) EXPECT_NE(m.find(part), std::string::npos) << m;
+  EXPECT_TRUE(printableAscii(m)) << m;
 }
 
 INSTANTIATE_TEST_SUITE_P(Safetensors, BadFileTest, ::testing::ValuesIn(badFiles()),
@@ -859,8 +871,8 @@ TEST(SafetensorsFuzz, RandomMutationsNeverCrash) {
     } catch (const FormatError& e) {
       ++invalid;
       const std::string m = e.what();
-      if (m.rfind("fuzz: ", 0) != 0) {
-        ADD_FAILURE() << "case " << i << ": message without the file name: " << m;
+      if (m.rfind("fuzz: ", 0) != 0 || !printableAscii(m)) {
+        ADD_FAILURE() << "case " << i << ": message without the file name, or unprintable: " << m;
         ++failures;
       }
       for (const std::string& p : phrases)
