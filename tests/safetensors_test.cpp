@@ -321,13 +321,15 @@ TEST(Safetensors, SerializeRejectsCallerMistakes) {
   EXPECT_THROW(Tensor::fromDoubles("a", DType::I32, {1}, {1}), std::invalid_argument);
 }
 
-TEST(Safetensors, ReadNamesAMissingFileAndADirectory) {
+TEST(Safetensors, ReadNamesAMissingFileADirectoryAndADevice) {
   TempDir dir;
   const std::string missing = (dir.path() / "missing.safetensors").string();
   std::string m = formatErrorOf([&] { File::read(missing); });
   EXPECT_EQ(m, missing + ": cannot open: No such file or directory");
   m = formatErrorOf([&] { File::read(dir.path().string()); });
   EXPECT_EQ(m, dir.path().string() + ": is a directory, not a safetensors file");
+  m = formatErrorOf([] { File::read("/dev/null"); });  // a device: reading it could never end (/dev/zero)
+  EXPECT_EQ(m, "/dev/null: is not a regular file");
 }
 
 // Note on the damaged-file cases. Each is the smallest file showing one problem, so the message
