@@ -182,34 +182,51 @@ Tensor make(const std::string& name, DType dtype, std::vector<int64_t> shape, co
   return t;
 }
 
-// The duplicate-key and depth checks, run by the parser on each event: nlohmann keeps one
-// value of a repeated key silently, and would nest as deep as the header goes.
-class HeaderWatcher {
+// Note on the two passes over the header. nlohmann keeps one value of a repeated key silently and
+// nests as deep as the text goes, so a first pass through its SAX interface (no values built)
+// checks the syntax, the depth and every object's keys; only then is the tree built. The
+// tree-building parser with a callback would do this in one pass, but it scans the enclosing
+// container at every object's end: quadratic in the number of tensors.
+class HeaderScanner : public nlohmann::json_sax<nlohmann::json> {
 public:
-  explicit HeaderWatcher(const std::string& file) : file_(file) {}
+  explicit HeaderScanner(const std::string& file) : file_(file) {}
 
-  bool operator()(int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    switch (event) {
-    case nlohmann::json::parse_event_t::object_start:
-    case nlohmann::json::parse_event_t::array_start:
-      if (depth >= kMaxDepth)
-        throw FormatError(file_, "header nests lists and objects deeper than " + std::to_string(kMaxDepth) + " levels");
-      if (event == nlohmann::json::parse_event_t::object_start)
-        objects_.push_back(Frame{{}, objects_.empty() ? std::string() : objects_.back().lastKey, {}});
-      break;
-    case nlohmann::json::parse_event_t::object_end: objects_.pop_back(); break;
-    case nlohmann::json::parse_event_t::key: {
-      Frame& f = objects_.back();
-      f.lastKey = parsed.get<std::string>();
-      if (!f.keys.insert(f.lastKey).second)
-        throw FormatError(file_, "header gives key " + shown(f.lastKey) + " twice" +
-                                     (objects_.size() > 1 ? " (in " + shown(f.parentKey) + ")" : std::string()));
-      break;
-    }
-    case nlohmann::json::parse_event_t::array_end:
-    case nlohmann::json::parse_event_t::value: break;
-    }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    enter();
+    objects_.push_back(Frame{{}, objects_.empty() ? std::string() : objects_.back().lastKey, {}});
     return true;
+  }
+  bool key(string_t& k) override {
+    Frame& f = objects_.back();
+    f.lastKey = k;
+    if (!f.keys.insert(k).second)
+      throw FormatError(file_, "header gives key " + shown(k) + " twice" +
+                                   (objects_.size() > 1 ? " (in " + shown(f.parentKey) + ")" : std::string()));
+    return true;
+  }
+  bool end_object() override {
+    objects_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    enter();
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    // The message quotes the token read last, which comes from the file: any bytes, any length.
+    throw FormatError(file_, "header is not valid JSON: " + printable(e.what(), 300));
   }
 
 private:
@@ -220,6 +237,12 @@ private:
   };
   const std::string& file_;
   std::vector<Frame> objects_;
+  int depth_ = 0;
+
+  void enter() {
+    if (++depth_ > kMaxDepth)
+      throw FormatError(file_, "header nests lists and objects deeper than " + std::to_string(kMaxDepth) + " levels");
+  }
 };
 
 }  // namespace
@@ -359,8 +382,20 @@ Tensor Tensor::fromDoubles(const std::string& name, DType dtype, std::vector<int
 }
 
 std::string serialize(const std::vector<Tensor>& tensors, const Metadata& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  // Each entry is an ordered_json (its keys in the order of the format's description); the
+  // top-level object is joined here, as ordered_json looks keys up linearly and n tensors would
+  // cost n^2.
+  std::string text = "{";
+  const auto add = [&text](const std::string& key, const nlohmann::ordered_json& value) {
+    if (text.size() > 1) text += ",";
+    try {
+      text += nlohmann::ordered_json(key).dump() + ":" + value.dump();
+    } catch (const nlohmann::json::exception& e) {
+      throw std::invalid_argument("safetensors: " + shown(key) + ": a name or metadata string is not UTF-8: " +
+                                  e.what());
+    }
+  };
+  if (!metadata.empty()) add("__metadata__", nlohmann::ordered_json(metadata));
   std::set<std::string> names;
   size_t offset = 0;
   for (const Tensor& t : tensors) {
@@ -372,15 +407,10 @@ std::string serialize(const std::vector<Tensor>& tensors, const Metadata& metada
     if (!byteCount(t.shape, t.dtype, numel, bytes) || bytes != t.bytes.size())
       throw std::invalid_argument("safetensors tensor " + shown(t.name) + ": " + std::to_string(t.bytes.size()) +
                                   " bytes do not match shape " + shapeText(t.shape) + " of " + dtypeName(t.dtype));
-    header[t.name] = {{"dtype", dtypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    add(t.name, {{"dtype", dtypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}});
     offset += bytes;
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(std::string("safetensors: a name or metadata string is not UTF-8: ") + e.what());
-  }
+  text += "}";
   text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts 8-byte aligned
   std::string out;
   out.reserve(8 + text.size() + offset);
@@ -450,12 +480,13 @@ File File::parse(std::string bytes, const std::string& name) {
   if (const void* nul = std::memchr(text, '\0', static_cast<size_t>(n)))
     throw fail("header is not valid JSON: a NUL byte at header offset " +
                std::to_string(static_cast<const char*>(nul) - text));
+  HeaderScanner scanner(name);
+  nlohmann::json::sax_parse(text, text + n, &scanner);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text, text + n, HeaderWatcher(name));
+    header = nlohmann::json::parse(text, text + n);
   } catch (const nlohmann::json::exception& e) {
-    // Its message quotes the token read last, which comes from the file: any bytes, any length.
-    throw fail("header is not valid JSON: " + printable(e.what(), 300));
+    throw fail("header is not valid JSON: " + printable(e.what(), 300));  // the scan above found none
   }
   if (!header.is_object()) throw fail("header is " + describe(header) + ", not a JSON object");
 

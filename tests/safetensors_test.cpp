@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -330,6 +331,23 @@ TEST(Safetensors, ReadNamesAMissingFileADirectoryAndADevice) {
   EXPECT_EQ(m, dir.path().string() + ": is a directory, not a safetensors file");
   m = formatErrorOf([] { File::read("/dev/null"); });  // a device: reading it could never end (/dev/zero)
   EXPECT_EQ(m, "/dev/null: is not a regular file");
+}
+
+// A checkpoint of many tensors, and a header of many small values, cost time in proportion to
+// their size: nlohmann's ordered objects and its callback parser are quadratic in the number of
+// entries, which took minutes here. The bound is loose (linear takes well under a second, and a
+// few under the sanitizers); quadratic takes minutes.
+TEST(Safetensors, ManyTensorsWriteAndReadInLinearTime) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 100000; ++i) tensors.push_back(Tensor::f32("layers." + std::to_string(i) + ".bias", {1}, {1.0f}));
+  const File f = File::parse(serialize(tensors, {}), "many.safetensors");
+  EXPECT_EQ(f.tensors().size(), tensors.size());
+  std::string objects = R"({"__metadata__": {"k": [)";
+  for (int i = 0; i < 200000; ++i) objects += "{},";
+  const std::string m = formatErrorOf([&] { File::parse(fileOf(objects + "{}]}}"), "objects.safetensors"); });
+  EXPECT_NE(m.find("__metadata__ 'k' is a list, not a string"), std::string::npos) << m;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
 }
 
 // Note on the damaged-file cases. Each is the smallest file showing one problem, so the message
