@@ -709,7 +709,7 @@ private:
 
   std::string jsonEdit(std::string h) {
     if (h.empty()) return "{";
-    switch (below(11)) {
+    switch (below(12)) {
     case 0: {  // another dtype, known or not
       const std::vector<size_t> at = findAll(h, "\"dtype\":\"");
       if (at.empty()) return h;
@@ -800,6 +800,12 @@ private:
       const long long by = pick(shifts);
       if (by < 0 && begin < static_cast<unsigned long long>(-by)) return h;
       return h.replace(from, to - from, std::to_string(begin + by) + "," + std::to_string(end + by));
+    }
+    case 11: {  // an entry without its shape
+      const std::vector<size_t> at = findAll(h, "\"shape\":[");
+      if (at.empty()) return h;
+      const size_t from = pick(at), to = h.find("],", from);
+      return to == std::string::npos ? h : h.erase(from, to + 2 - from);
     }
     case 10: {  // a header that is JSON but not an object
       static const std::vector<std::string> wrappers = {"[", "\"", "7,", "null,"};
