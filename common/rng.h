@@ -2,7 +2,9 @@
 // and standard library (std::normal_distribution is not specified bit for bit).
 #pragma once
 
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -37,6 +39,15 @@ public:
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
   uint64_t below(uint64_t n) { return n ? next() % n : 0; }
+  // The generator's whole state, to save and restore it (checkpoints). A state of four zeros
+  // is xoshiro's one fixed point and never arises from a seed; setState refuses it.
+  using State = std::array<uint64_t, 4>;
+  State state() const { return {s_[0], s_[1], s_[2], s_[3]}; }
+  bool setState(const State& s) {
+    if ((s[0] | s[1] | s[2] | s[3]) == 0) return false;
+    for (size_t i = 0; i < 4; ++i) s_[i] = s[i];
+    return true;
+  }
 
 private:
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }

@@ -52,6 +52,9 @@ public:
     for (const ParamState<T>& p : params_) r[p.name] = std::vector<double>(p.value.begin(), p.value.end());
     return r;
   }
+  int64_t stepsTaken() const override { return stepsTaken_; }
+  TrainingState state() const override;
+  void restore(const TrainingState& s) override;
 
 private:
   double runStep(int64_t step);
@@ -60,6 +63,7 @@ private:
   std::unique_ptr<CpuExecutor<T>> exec_, evalExec_;
   std::vector<ParamState<T>> params_;
   std::unique_ptr<BatchOrder> order_;
+  int64_t stepsTaken_ = 0;
   cpu::AdamHyper hyper_;
   TrainResult res_;
 };
@@ -102,6 +106,37 @@ CpuSession<T>::CpuSession(SessionSpec spec) : spec_(std::move(spec)) {
 }
 
 template <class T>
+TrainingState CpuSession<T>::state() const {
+  TrainingState s;
+  s.step = stepsTaken_;
+  for (const ParamState<T>& p : params_) {
+    s.params[p.name].assign(p.value.begin(), p.value.end());
+    s.adamM[p.name].assign(p.m.begin(), p.m.end());
+    s.adamV[p.name].assign(p.v.begin(), p.v.end());
+  }
+  s.order = order_->state();
+  return s;
+}
+
+template <class T>
+void CpuSession<T>::restore(const TrainingState& s) {
+  const std::string why = order_->incompatibility(s.order);
+  if (!why.empty()) throw UserError(why);
+  for (ParamState<T>& p : params_) {
+    auto copy = [&](const std::map<std::string, std::vector<double>>& from, std::vector<T>& to) {
+      const std::vector<double>& v = from.at(p.name);
+      assert(v.size() == to.size() && "the caller checks every size");
+      std::copy(v.begin(), v.end(), to.begin());
+    };
+    copy(s.params, p.value);
+    copy(s.adamM, p.m);
+    copy(s.adamV, p.v);
+  }
+  order_->restore(s.order);
+  stepsTaken_ = s.step;
+}
+
+template <class T>
 double CpuSession<T>::validate() {
   const Samples& val = spec_.validationData;
   if (val.count == 0) return -1.0;
@@ -129,6 +164,8 @@ double CpuSession<T>::runStep(int64_t step) {
   const int64_t batch = spec_.batchSize;
   const int64_t xs = data.xSize, ys = data.ySize;
   const int64_t* rows = order_->next(batch);
+  ++stepsTaken_;
+  if (spec_.recordBatches) batchLog_.insert(batchLog_.end(), rows, rows + batch);
   T* xIn = exec_->data(spec_.train.x);
   T* yIn = exec_->data(spec_.train.y);
   for (int64_t b = 0; b < batch; ++b) {

@@ -80,6 +80,9 @@ public:
   TrainResult& result() override { return res_; }
   std::map<std::string, std::vector<double>> params() const override { return readAll(false); }
   std::map<std::string, std::vector<double>> gradients() const override { return readAll(true); }
+  int64_t stepsTaken() const override { return stepsTaken_; }
+  TrainingState state() const override;
+  void restore(const TrainingState& s) override;
   void setParams(const std::map<std::string, std::vector<double>>& values) override {
     stream_->synchronize();
     for (const Param& p : params_) {
@@ -110,10 +113,7 @@ private:
   }
   void queueStepKernels();  // everything after the staging copy; captured as the CUDA graph
   void drainLosses();       // reads the ring for every queued step into ready_
-  static cuda::Device& device() {
-    static cuda::Device d(0);
-    return d;
-  }
+  static cuda::Device& device() { return cudaDevice0(); }
   SessionSpec spec_;
   std::unique_ptr<cuda::Stream> stream_;
   std::unique_ptr<CudaGraphRunner> runner_, evalRunner_;
@@ -128,6 +128,7 @@ private:
   std::vector<double> ready_;  // losses read back, not yet taken
   std::vector<Param> params_;
   std::unique_ptr<BatchOrder> order_;
+  int64_t stepsTaken_ = 0;
   bool useGraph_ = true;
   DeviceSummary summary_;
   TrainResult res_;
@@ -239,6 +240,44 @@ CudaSession::~CudaSession() {
   }
 }
 
+// Adam's moments live in two blocks laid out as the parameter block (runner_->paramOffset).
+TrainingState CudaSession::state() const {
+  TrainingState s;
+  s.step = stepsTaken_;
+  s.params = readAll(false);
+  std::vector<float> m(m_.bytes() / sizeof(float)), v(v_.bytes() / sizeof(float));
+  m_.download(m.data(), m_.bytes());
+  v_.download(v.data(), v_.bytes());
+  for (const Param& p : params_) {
+    const size_t at = static_cast<size_t>(runner_->paramOffset(p.value)), n = static_cast<size_t>(p.count);
+    s.adamM[p.name].assign(m.begin() + at, m.begin() + at + n);
+    s.adamV[p.name].assign(v.begin() + at, v.begin() + at + n);
+  }
+  s.order = order_->state();
+  return s;
+}
+
+void CudaSession::restore(const TrainingState& s) {
+  const std::string why = order_->incompatibility(s.order);
+  if (!why.empty()) throw UserError(why);
+  stream_->synchronize();
+  std::vector<float> m(m_.bytes() / sizeof(float), 0.0f), v(v_.bytes() / sizeof(float), 0.0f);
+  for (const Param& p : params_) {
+    const std::vector<double>& value = s.params.at(p.name);
+    const std::vector<float> f(value.begin(), value.end());
+    runner_->upload(p.value, f.data());
+    const size_t at = static_cast<size_t>(runner_->paramOffset(p.value));
+    const std::vector<double>& pm = s.adamM.at(p.name);
+    const std::vector<double>& pv = s.adamV.at(p.name);
+    std::copy(pm.begin(), pm.end(), m.begin() + at);
+    std::copy(pv.begin(), pv.end(), v.begin() + at);
+  }
+  m_.upload(m.data(), m_.bytes());
+  v_.upload(v.data(), v_.bytes());
+  order_->restore(s.order);
+  stepsTaken_ = s.step;
+}
+
 void CudaSession::queueStepKernels() {
   const cuda::CUstream s = stream_->get();
   const int64_t batch = spec_.batchSize;
@@ -290,6 +329,8 @@ void CudaSession::enqueueStep(int64_t step) {
   std::memcpy(staging, &head, sizeof head);
   const int64_t batch = spec_.batchSize;
   const int64_t* rows = order_->next(batch);
+  ++stepsTaken_;
+  if (spec_.recordBatches) batchLog_.insert(batchLog_.end(), rows, rows + batch);
   int32_t* idx = reinterpret_cast<int32_t*>(staging + sizeof head);
   for (int64_t i = 0; i < batch; ++i) idx[i] = static_cast<int32_t>(rows[i]);
   PA_CU_CHECK(cuMemcpyHtoDAsync(stepBlock_.ptr(), staging, stepBytes_, stream_->get()));
@@ -367,6 +408,11 @@ double CudaSession::validate() {
 }
 
 }  // namespace
+
+cuda::Device& cudaDevice0() {
+  static cuda::Device d(0);
+  return d;
+}
 
 std::unique_ptr<Session> makeCudaSession(SessionSpec spec) { return std::make_unique<CudaSession>(std::move(spec)); }
 

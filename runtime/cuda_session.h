@@ -8,6 +8,13 @@
 
 namespace pa {
 
+namespace cuda {
+class Device;
+}
+
+// The device sessions and predictors run on: device 0, opened once per process.
+cuda::Device& cudaDevice0();
+
 // Compiles both graphs for device 0. Throws SessionSettingError for compiler.gemm: cublaslt
 // without cuBLASLt; codegen::NvrtcError, cuda::CudaError as the runner does.
 std::unique_ptr<Session> makeCudaSession(SessionSpec spec);

@@ -15,11 +15,13 @@
 #include "common/settings.h"
 #include "graph/graph.h"
 #include "passes/pass_manager.h"
+#include "runtime/batch_order.h"
 
 namespace pa {
 
 struct TrainResult {
-  std::vector<double> losses;                          // training loss of every step
+  std::vector<double> losses;                          // training loss of every step this run took
+  int64_t firstStep = 1;                               // the step of losses[0] (> 1 when resumed)
   std::vector<std::pair<int64_t, double>> validation;  // (step, validation loss)
   double finalValidation = -1;                         // -1 without a validation split
   double secondsPerStep = 0;
@@ -31,6 +33,7 @@ struct TrainResult {
   std::string device;
   std::string gemm;  // GPU: who runs the GEMMs ("GEMMs (compiler.gemm auto): 7 on cuBLASLt, 2 generated; ...")
   std::map<std::string, std::vector<double>> finalParams;
+  std::string checkpoint;  // the folder of the last checkpoint written, else ""
 };
 
 // A setting the session cannot honour on this machine (compiler.gemm: cublaslt without
@@ -73,6 +76,15 @@ struct Samples {
   int64_t count = 0, xSize = 0, ySize = 0;
 };
 
+// What a session holds beyond its compiled graphs: everything a checkpoint saves so that a
+// resumed run continues bit for bit (frontend/checkpoint.h). Values are the session's own
+// (float, or double for precision fp64), widened to double without rounding.
+struct TrainingState {
+  int64_t step = 0;  // steps taken: the trainer's step and Adam's bias-correction count
+  std::map<std::string, std::vector<double>> params, adamM, adamV;  // by parameter name
+  BatchOrder::State order;
+};
+
 // Everything a session needs, filled by the frontend from the config and the command line.
 struct SessionSpec {
   SessionGraph train;        // forward, backward and the gradients "grad/<param>" for batchSize
@@ -94,6 +106,7 @@ struct SessionSpec {
   std::string device;            // how the run names the device ("cpu (auto: ...)", "cuda")
   std::string dumpKernelsDir;    // --dump-kernels: write the step's CUDA kernels here
   bool announceCompile = false;  // GPU: say that compiling starts (it takes seconds on a cold cache)
+  bool recordBatches = false;    // --dump-batches: keep the rows of every step (Session::recordedBatches)
 };
 
 // What a GPU session compiled and placed at start, for the run's header.
@@ -142,6 +155,21 @@ public:
   virtual void setParams(const std::map<std::string, std::vector<double>>& values) = 0;
   // Gradients of the last step, by parameter name (before clipping).
   virtual std::map<std::string, std::vector<double>> gradients() const = 0;
+  // Steps queued so far, counting those of a restored state: the next step is stepsTaken() + 1.
+  virtual int64_t stepsTaken() const = 0;
+  // The parameters, Adam's moments, the step count and the batch order after the queued steps
+  // (waits for them).
+  virtual TrainingState state() const = 0;
+  // Continues from `s` (a state() of a session of the same graphs). The caller has checked that
+  // `s` names every parameter with its size; throws UserError when the batch order does not fit
+  // this session's data (BatchOrder::incompatibility).
+  virtual void restore(const TrainingState& s) = 0;
+  // With SessionSpec::recordBatches, the training rows of every step queued by this session, in
+  // order (batch size entries a step); else empty.
+  const std::vector<int64_t>& recordedBatches() const { return batchLog_; }
+
+protected:
+  std::vector<int64_t> batchLog_;
 };
 
 }  // namespace pa
