@@ -467,6 +467,70 @@ private:
   }
 };
 
+// A regular file open for reading, with its size; closed on destruction.
+struct OpenFile {
+  int fd = -1;
+  size_t size = 0;
+  explicit OpenFile(const std::string& path) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw FormatError(path, "cannot open: " + errnoText(errno));
+    struct stat st;
+    const bool statted = ::fstat(fd, &st) == 0;
+    const int err = errno;
+    if (!statted || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      if (!statted) throw FormatError(path, "cannot read: " + errnoText(err));
+      throw FormatError(path, S_ISDIR(st.st_mode) ? "is a directory, not a safetensors file" : "is not a regular file");
+    }
+    size = static_cast<size_t>(st.st_size);
+  }
+  ~OpenFile() { ::close(fd); }
+  OpenFile(const OpenFile&) = delete;
+  OpenFile& operator=(const OpenFile&) = delete;
+};
+
+// The header's checks and contents, and the tiling of a data buffer of `bufferSize` bytes:
+// what File::parse and readMetadata share.
+void readHeader(const std::string& name, const char* text, uint64_t n, size_t bufferSize, Metadata& metadata,
+                std::vector<TensorInfo>& tensors) {
+  const auto fail = [&name](const std::string& problem) { return FormatError(name, problem); };
+  // nlohmann takes a NUL byte for the end of its input and would ignore what follows; JSON has
+  // no place for one.
+  if (const void* nul = std::memchr(text, '\0', static_cast<size_t>(n)))
+    throw fail("header is not valid JSON: a NUL byte at header offset " +
+               std::to_string(static_cast<const char*>(nul) - text));
+  HeaderScanner scanner(name);
+  nlohmann::json::sax_parse(text, text + n, &scanner);
+  HeaderReader reader(name, bufferSize, metadata, tensors);
+  nlohmann::json::sax_parse(text, text + n, &reader);
+
+  // Note on tiling. Sorted by (begin, end), the ranges tile [0, bufferSize) exactly when each
+  // begins where the one before ends and the last ends at bufferSize; empty ranges then sit
+  // between two others or at either end. The reference implementation rejects everything else,
+  // so a hole (bytes no tensor owns) is an error too, not only an overlap.
+  std::stable_sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const auto where = [](const TensorInfo& t) {
+    return shown(t.name) + " [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
+  };
+  size_t pos = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& t = tensors[i];
+    if (t.begin < pos) throw fail("tensors " + where(tensors[i - 1]) + " and " + where(t) + " overlap");
+    if (t.begin > pos)
+      throw fail("data buffer bytes [" + std::to_string(pos) + ", " + std::to_string(t.begin) +
+                 ") belong to no tensor (a hole " +
+                 (i == 0 ? "before " + where(t) : "between " + where(tensors[i - 1]) + " and " + where(t)) + ")");
+    pos = t.end;
+  }
+  if (pos != bufferSize)
+    throw fail("data buffer has " + std::to_string(bufferSize - pos) + " bytes after " +
+               (tensors.empty() ? std::string("a header listing no tensor")
+                                   : "the last tensor " + where(tensors.back())) +
+               "; they belong to no tensor");
+}
+
 }  // namespace
 
 const char* dtypeName(DType t) {
@@ -655,20 +719,11 @@ void write(const std::string& path, const std::vector<Tensor>& tensors, const Me
 }
 
 File File::read(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw FormatError(path, "cannot open: " + errnoText(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) throw FormatError(path, "cannot read: " + errnoText(errno));
-  if (S_ISDIR(st.st_mode)) throw FormatError(path, "is a directory, not a safetensors file");
-  if (!S_ISREG(st.st_mode)) throw FormatError(path, "is not a regular file");
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  const OpenFile f(path);
+  std::string bytes(f.size, '\0');
   size_t got = 0;
   while (got < bytes.size()) {
-    const ssize_t n = ::read(fd, &bytes[got], bytes.size() - got);
+    const ssize_t n = ::read(f.fd, &bytes[got], bytes.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw FormatError(path, "cannot read: " + errnoText(errno));
     if (n == 0) break;  // shrank since fstat: check what is there
@@ -694,46 +749,42 @@ File File::parse(std::string bytes, const std::string& name) {
     throw fail("header length " + std::to_string(n) + " is larger than the file's remaining " +
                std::to_string(size - 8) + " bytes");
   f.dataStart_ = 8 + static_cast<size_t>(n);
-  const size_t bufferSize = size - f.dataStart_;
 
-  const char* text = f.bytes_.data() + 8;
-  // nlohmann takes a NUL byte for the end of its input and would ignore what follows; JSON has
-  // no place for one.
-  if (const void* nul = std::memchr(text, '\0', static_cast<size_t>(n)))
-    throw fail("header is not valid JSON: a NUL byte at header offset " +
-               std::to_string(static_cast<const char*>(nul) - text));
-  HeaderScanner scanner(name);
-  nlohmann::json::sax_parse(text, text + n, &scanner);
-  HeaderReader reader(name, bufferSize, f.metadata_, f.tensors_);
-  nlohmann::json::sax_parse(text, text + n, &reader);
-
-  // Note on tiling. Sorted by (begin, end), the ranges tile [0, bufferSize) exactly when each
-  // begins where the one before ends and the last ends at bufferSize; empty ranges then sit
-  // between two others or at either end. The reference implementation rejects everything else,
-  // so a hole (bytes no tensor owns) is an error too, not only an overlap.
-  std::stable_sort(f.tensors_.begin(), f.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  const auto where = [](const TensorInfo& t) {
-    return shown(t.name) + " [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
-  };
-  size_t pos = 0;
-  for (size_t i = 0; i < f.tensors_.size(); ++i) {
-    const TensorInfo& t = f.tensors_[i];
-    if (t.begin < pos) throw fail("tensors " + where(f.tensors_[i - 1]) + " and " + where(t) + " overlap");
-    if (t.begin > pos)
-      throw fail("data buffer bytes [" + std::to_string(pos) + ", " + std::to_string(t.begin) +
-                 ") belong to no tensor (a hole " +
-                 (i == 0 ? "before " + where(t) : "between " + where(f.tensors_[i - 1]) + " and " + where(t)) + ")");
-    pos = t.end;
-  }
-  if (pos != bufferSize)
-    throw fail("data buffer has " + std::to_string(bufferSize - pos) + " bytes after " +
-               (f.tensors_.empty() ? std::string("a header listing no tensor")
-                                   : "the last tensor " + where(f.tensors_.back())) +
-               "; they belong to no tensor");
+  readHeader(name, f.bytes_.data() + 8, n, size - f.dataStart_, f.metadata_, f.tensors_);
   for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
   return f;
+}
+
+Metadata readMetadata(const std::string& path) {
+  const OpenFile f(path);
+  const int fd = f.fd;
+  const size_t size = f.size;
+  auto readAt = [&](char* to, size_t count, size_t offset) {
+    size_t got = 0;
+    while (got < count) {
+      const ssize_t r = ::pread(fd, to + got, count - got, static_cast<off_t>(offset + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw FormatError(path, "cannot read: " + errnoText(errno));
+      if (r == 0) throw FormatError(path, "truncated: the file shrank while it was read");
+      got += static_cast<size_t>(r);
+    }
+  };
+  if (size < 8) throw FormatError(path, "truncated: " + std::to_string(size) + " bytes, fewer than the 8 of the header length");
+  char head[8];
+  readAt(head, 8, 0);
+  const uint64_t n = loadLE(reinterpret_cast<const uint8_t*>(head), 8);
+  if (n > kMaxHeaderBytes)
+    throw FormatError(path, "header length " + std::to_string(n) + " is above the limit of " +
+                                std::to_string(kMaxHeaderBytes) + " bytes");
+  if (n > size - 8)
+    throw FormatError(path, "header length " + std::to_string(n) + " is larger than the file's remaining " +
+                                std::to_string(size - 8) + " bytes");
+  std::string text(static_cast<size_t>(n), '\0');
+  readAt(text.data(), text.size(), 8);
+  Metadata metadata;
+  std::vector<TensorInfo> tensors;
+  readHeader(path, text.data(), n, size - 8 - static_cast<size_t>(n), metadata, tensors);
+  return metadata;
 }
 
 const TensorInfo* File::find(const std::string& name) const {

@@ -113,6 +113,11 @@ private:
   void checkOwn(const TensorInfo& t) const;  // throws std::invalid_argument for another file's tensor
 };
 
+// The metadata of the file at `path`, reading only its header: the checks of File::read but for
+// the data's contents (a header listing the tensors is checked against the file's size). Throws
+// FormatError.
+Metadata readMetadata(const std::string& path);
+
 // "[2, 3]"
 std::string shapeText(const std::vector<int64_t>& shape);
 

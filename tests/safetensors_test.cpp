@@ -465,6 +465,24 @@ TEST_P(BadFileTest, IsRejectedWithItsReason) {
 INSTANTIATE_TEST_SUITE_P(Safetensors, BadFileTest, ::testing::ValuesIn(badFiles()),
                          [](const ::testing::TestParamInfo<BadFile>& info) { return std::string(info.param.name); });
 
+// readMetadata reads the header alone, with the same checks: every bad file above gives File's
+// message, and a good file's metadata comes back whole.
+TEST(Safetensors, ReadMetadataChecksTheHeaderAsReadDoes) {
+  TempDir dir;
+  const fs::path path = dir.path() / "m.safetensors";
+  for (const BadFile& bad : badFiles()) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bad.bytes;
+    const std::string whole = formatErrorOf([&] { File::read(path.string()); });
+    const std::string header = formatErrorOf([&] { readMetadata(path.string()); });
+    EXPECT_EQ(header, whole) << bad.name;
+  }
+  const Metadata meta = {{"step", "12"}, {"config", "name: x\n"}};
+  write(path.string(), {Tensor::f32("w", {3, 4}, std::vector<float>(12, 1.0f)), Tensor::i64("n", {1}, {7})}, meta);
+  EXPECT_EQ(readMetadata(path.string()), meta);
+  fs::resize_file(path, fs::file_size(path) - 1);  // the data, not the header, is cut: still found
+  EXPECT_NE(formatErrorOf([&] { readMetadata(path.string()); }).find("end beyond the data buffer"), std::string::npos);
+}
+
 TEST(Safetensors, ReadChecksADamagedFileOnDisk) {
   TempDir dir;
   const fs::path path = dir.path() / "cut.safetensors";
