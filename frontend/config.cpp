@@ -256,7 +256,8 @@ void parseModel(const CfgNode& n, ModelConfig& m) {
 }
 
 void parseTrain(const CfgNode& n, TrainConfig& t) {
-  n.checkKeys({"loss", "optimizer", "batch_size", "steps", "epochs", "log_every", "lr_schedule", "warmup_steps"});
+  n.checkKeys({"loss", "optimizer", "batch_size", "steps", "epochs", "log_every", "lr_schedule", "warmup_steps",
+               "checkpoint"});
   t.loss = n.getChoice("loss", t.loss, {"mse"});
   if (n.has("optimizer")) {
     const CfgNode o = n.child("optimizer");
@@ -291,6 +292,15 @@ void parseTrain(const CfgNode& n, TrainConfig& t) {
   t.logEvery = n.getIntIn("log_every", t.logEvery, 1, INT64_MAX);
   t.lrSchedule = n.getChoice("lr_schedule", t.lrSchedule, {"constant", "cosine"});
   t.warmupSteps = n.getIntIn("warmup_steps", t.warmupSteps, 0, INT64_MAX);
+  if (n.has("checkpoint")) {
+    const CfgNode c = n.child("checkpoint");
+    if (!c.isMap()) c.fail("expected a map {dir, every, keep}");
+    c.checkKeys({"dir", "every", "keep"});
+    t.checkpoint.dir = c.getString("dir", t.checkpoint.dir);
+    if (c.has("dir") && t.checkpoint.dir.empty()) c.child("dir").fail("an empty folder name; leave the key out for no checkpoints");
+    t.checkpoint.every = c.getIntIn("every", t.checkpoint.every, 0, INT64_MAX);
+    t.checkpoint.keep = c.getIntIn("keep", t.checkpoint.keep, 0, 1 << 30);
+  }
 }
 
 void parseCompiler(const CfgNode& n, CompilerConfig& c) {

@@ -84,6 +84,13 @@ struct OptimizerConfig {
   double clipGradNorm = 0.0;  // 0: off
 };
 
+// train.checkpoint: where and how often `train` saves (frontend/checkpoint.h).
+struct CheckpointConfig {
+  std::string dir;      // "" (the default): no checkpoints; relative to the working folder
+  int64_t every = 0;    // also every this many steps; 0: only at the end (and on SIGINT/SIGTERM)
+  int64_t keep = 3;     // the newest this many step checkpoints stay; 0 keeps all; a run's final one always stays
+};
+
 struct TrainConfig {
   std::string loss = "mse";
   OptimizerConfig optimizer;
@@ -93,6 +100,7 @@ struct TrainConfig {
   int64_t logEvery = 100;
   std::string lrSchedule = "constant";  // constant | cosine
   int64_t warmupSteps = 0;
+  CheckpointConfig checkpoint;
 };
 
 struct CompilerConfig {
@@ -119,5 +127,10 @@ struct Config {
 Config loadConfig(const std::string& file, const std::vector<std::string>& overrides);
 // Parses a config from YAML text (tests); `file` names it in messages.
 Config parseConfig(const std::string& yamlText, const std::string& file, const std::vector<std::string>& overrides);
+
+// The config as YAML with every key the config alone decides written out (defaults filled in,
+// --set overrides applied), in README's order; parseConfig of it gives the same config, and its
+// resolvedConfigYaml the same text. Checkpoints keep it (frontend/checkpoint.h).
+std::string resolvedConfigYaml(const Config& cfg);
 
 }  // namespace pa

@@ -122,6 +122,56 @@ std::vector<CsvCell> splitCsvLine(const std::string& line) {
   return cells;
 }
 
+}  // namespace
+
+CsvTable readCsvTable(std::istream& in, const std::string& path, bool hasHeader, const std::string& suffix) {
+  auto fail = [&](int64_t lineNo, size_t col, const std::string& message) {
+    throw UserError(path + ":" + std::to_string(lineNo) + ":" + std::to_string(col) + ": " + message + suffix);
+  };
+  CsvTable t;
+  std::string line;
+  int64_t lineNo = 0, headerLine = 0;
+  while (std::getline(in, line)) {
+    ++lineNo;
+    if (lineNo == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte-order mark
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::vector<CsvCell> cells = splitCsvLine(line);
+    if (hasHeader && t.header.empty()) {
+      headerLine = lineNo;
+      for (const CsvCell& c : cells) t.header.push_back(c.text);
+      continue;
+    }
+    if (t.header.empty())
+      for (size_t i = 0; i < cells.size(); ++i) t.header.push_back("column" + std::to_string(i));
+    // A short row is located where its next cell would start (just past the line's last
+    // character), a long one at its first extra cell.
+    if (cells.size() != t.header.size())
+      fail(lineNo,
+           cells.size() > t.header.size() ? cells[t.header.size()].column : line.find_last_not_of(" \t\r") + 2,
+           "expected " + std::to_string(t.header.size()) + " cells, got " + std::to_string(cells.size()));
+    std::vector<double> row;
+    for (size_t i = 0; i < cells.size(); ++i) {
+      const std::string& s = cells[i].text;
+      double v = 0;
+      const NumberParse parsed = parseNumber(s, v);
+      const std::string where = "column '" + t.header[i] + "': ";
+      if (parsed == NumberParse::NotANumber) fail(lineNo, cells[i].column, where + "'" + s + "' is not a number");
+      if (parsed == NumberParse::NotFinite)
+        fail(lineNo, cells[i].column, where + s + " (NaN or infinite values cannot be trained on)");
+      if (parsed == NumberParse::Overflow || std::fabs(v) > FLT_MAX)
+        fail(lineNo, cells[i].column, where + s + " is beyond float32 (data is stored in float32: |x| <= 3.4e38)");
+      row.push_back(v);
+    }
+    t.rows.push_back(std::move(row));
+  }
+  t.empty = lineNo == 0;
+  if (!t.empty && t.rows.empty())  // at the header, or at the last (blank) line of a file without one
+    fail(headerLine ? headerLine : lineNo, 1, "no data rows" + std::string(headerLine ? " below the header" : ""));
+  return t;
+}
+
+namespace {
+
 void makeCsv(const DataConfig& d, const std::string& baseDir, Dataset& all) {
   namespace fs = std::filesystem;
   const fs::path path = fs::path(d.path).is_absolute() ? fs::path(d.path) : fs::path(baseDir) / d.path;
@@ -132,50 +182,10 @@ void makeCsv(const DataConfig& d, const std::string& baseDir, Dataset& all) {
   // Errors inside the file name the cell and the key that named the file.
   const std::string pathKey = d.where.location("data.path");
   const std::string byKey = " (the CSV file of data.path" + (pathKey.empty() ? "" : ", " + pathKey) + ")";
-  auto fail = [&](int64_t lineNo, size_t col, const std::string& message) {
-    throw UserError(path.string() + ":" + std::to_string(lineNo) + ":" + std::to_string(col) + ": " + message +
-                    byKey);
-  };
-  std::string line;
-  int64_t lineNo = 0, headerLine = 0;
-  std::vector<std::string> header;
-  std::vector<std::vector<double>> rows;
-  while (std::getline(in, line)) {
-    ++lineNo;
-    if (lineNo == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte-order mark
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::vector<CsvCell> cells = splitCsvLine(line);
-    if (d.header && header.empty()) {
-      headerLine = lineNo;
-      for (const CsvCell& c : cells) header.push_back(c.text);
-      continue;
-    }
-    if (header.empty())
-      for (size_t i = 0; i < cells.size(); ++i) header.push_back("column" + std::to_string(i));
-    // A short row is located where its next cell would start (just past the line's last
-    // character), a long one at its first extra cell.
-    if (cells.size() != header.size())
-      fail(lineNo,
-           cells.size() > header.size() ? cells[header.size()].column : line.find_last_not_of(" \t\r") + 2,
-           "expected " + std::to_string(header.size()) + " cells, got " + std::to_string(cells.size()));
-    std::vector<double> row;
-    for (size_t i = 0; i < cells.size(); ++i) {
-      const std::string& s = cells[i].text;
-      double v = 0;
-      const NumberParse parsed = parseNumber(s, v);
-      const std::string where = "column '" + header[i] + "': ";
-      if (parsed == NumberParse::NotANumber) fail(lineNo, cells[i].column, where + "'" + s + "' is not a number");
-      if (parsed == NumberParse::NotFinite)
-        fail(lineNo, cells[i].column, where + s + " (NaN or infinite values cannot be trained on)");
-      if (parsed == NumberParse::Overflow || std::fabs(v) > FLT_MAX)
-        fail(lineNo, cells[i].column, where + s + " is beyond float32 (data is stored in float32: |x| <= 3.4e38)");
-      row.push_back(v);
-    }
-    rows.push_back(std::move(row));
-  }
-  if (lineNo == 0) d.where.fail("data.path", "the CSV file '" + path.string() + "' is empty");
-  if (rows.empty())  // at the header, or at the last (blank) line of a file without one
-    fail(headerLine ? headerLine : lineNo, 1, "no data rows" + std::string(headerLine ? " below the header" : ""));
+  const CsvTable table = readCsvTable(in, path.string(), d.header, byKey);
+  if (table.empty) d.where.fail("data.path", "the CSV file '" + path.string() + "' is empty");
+  const std::vector<std::string>& header = table.header;
+  const std::vector<std::vector<double>>& rows = table.rows;
   auto indexOf = [&](const std::string& name, const char* key) {
     auto it = std::find(header.begin(), header.end(), name);
     if (it == header.end())

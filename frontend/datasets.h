@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,17 @@ struct DataSplit {
   Dataset train, validation;
   std::string description;  // one line for the run's header
 };
+
+// A CSV file of numbers: the header's names (column0, column1, ... without one) and the rows.
+struct CsvTable {
+  std::vector<std::string> header;
+  std::vector<std::vector<double>> rows;
+  bool empty = false;  // the file has no line at all
+};
+// Reads `in` (the file `path`): every row as long as the header, every cell a finite number
+// within float32. Throws UserError "<path>:<line>:<col>: <problem><suffix>", also for a file with
+// lines but no data row.
+CsvTable readCsvTable(std::istream& in, const std::string& path, bool hasHeader, const std::string& suffix);
 
 // Builds the data of `cfg` with the run's seed; CSV paths are relative to `baseDir`.
 // Throws UserError for a missing or unreadable file, non-numeric cells, NaN, values beyond

@@ -9,8 +9,10 @@ namespace pa {
 class MetricsWriter {
 public:
   // ".csv" writes CSV with a header; ".jsonl" or ".json" write one JSON object per line.
-  // Throws UserError when the file cannot be opened or the extension is unknown.
-  explicit MetricsWriter(const std::string& path);
+  // With `keepThroughStep` >= 0 (a resumed run) an existing file of the same kind is continued:
+  // its rows of steps up to that one stay, later ones (steps the resumed checkpoint had not
+  // reached) go. Throws UserError when the file cannot be opened or the extension is unknown.
+  explicit MetricsWriter(const std::string& path, int64_t keepThroughStep = -1);
   // `valLoss` < 0 when no validation ran at this step.
   void write(int64_t step, double loss, double valLoss, double lr, double stepMs);
 

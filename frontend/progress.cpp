@@ -22,8 +22,8 @@ std::string formatDuration(double s) {
   return buf;
 }
 
-Progress::Progress(int64_t total, int64_t logEvery, ProgressMode mode, std::FILE* out)
-    : total_(total), logEvery_(logEvery), out_(out), start_(std::chrono::steady_clock::now()), lastDraw_(start_) {
+Progress::Progress(int64_t total, int64_t logEvery, ProgressMode mode, std::FILE* out, int64_t done)
+    : total_(total), logEvery_(logEvery), done_(done), out_(out), start_(std::chrono::steady_clock::now()), lastDraw_(start_) {
   quiet_ = mode == ProgressMode::Quiet;
   bar_ = mode == ProgressMode::Bar || (mode == ProgressMode::Auto && isatty(fileno(out)));
 }
@@ -34,7 +34,7 @@ double Progress::elapsedSeconds() const {
 
 void Progress::drawBar(int64_t step, double loss, double val) {
   const double el = elapsedSeconds();
-  const double rate = el > 0 ? static_cast<double>(step) / el : 0.0;
+  const double rate = el > 0 ? static_cast<double>(step - done_) / el : 0.0;
   const int width = 24;
   const int filled = total_ ? static_cast<int>(width * step / total_) : width;
   std::string bar(static_cast<size_t>(filled), '=');
@@ -63,9 +63,17 @@ void Progress::step(int64_t step, double loss, double val, double lr) {
     char valBuf[32] = "";
     if (val >= 0) std::snprintf(valBuf, sizeof valBuf, "  val %.6e", val);
     std::fprintf(out_, "step %lld/%lld  loss %.6e%s  lr %.3e  %.1f steps/s\n", (long long)step, (long long)total_, loss,
-                 valBuf, lr, el > 0 ? static_cast<double>(step) / el : 0.0);
+                 valBuf, lr, el > 0 ? static_cast<double>(step - done_) / el : 0.0);
     std::fflush(out_);
   }
+}
+
+void Progress::note(const std::string& text) {
+  if (quiet_) return;
+  if (bar_ && drawn_) std::fprintf(out_, "\r\033[K");
+  std::fprintf(out_, "%s\n", text.c_str());
+  std::fflush(out_);
+  drawn_ = false;
 }
 
 void Progress::finish() {

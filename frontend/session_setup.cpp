@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/rng.h"
+#include "frontend/checkpoint.h"
 #include "frontend/datasets.h"
 #include "frontend/model_builder.h"
 #include "frontend/trainer.h"
@@ -123,8 +124,8 @@ std::string humanCount(int64_t n) {
   return s;
 }
 
-// The device to train on: --device, else the config's; "cuda", or "cpu" with why and how the
-// precision runs there (the run's header shows it).
+}  // namespace
+
 std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   const std::string dev = opt.device.empty() ? cfg.device : opt.device;
   if (dev != "auto" && dev != "cpu" && dev != "cuda")
@@ -154,6 +155,8 @@ std::string resolveDevice(const Config& cfg, const RunOptions& opt) {
   std::string device = dev == "auto" ? "cpu (auto: " + (driver.available() ? std::string("this config needs the CPU") : driver.unavailableReason()) + ")" : "cpu";
   return device + cpuNote;
 }
+
+namespace {
 
 // The run's header (README, "The `train` command"): the model, the device, what was compiled,
 // the data; with --verbose, every pass's statistics.
@@ -209,7 +212,26 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
   return tg;
 }
 
-std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) {
+PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
+  // The files named on the command line are read first, so that a damaged or mistaken one fails
+  // at once, before the data, the graph and the device's kernels.
+  std::unique_ptr<Checkpoint> resume;
+  if (!opt.resumeFrom.empty()) {
+    const std::string folder = findCheckpoint(opt.resumeFrom, "--resume");
+    try {
+      resume = std::make_unique<Checkpoint>(readCheckpoint(folder));
+    } catch (const UserError& e) {
+      throw UserError(std::string("--resume: ") + e.what());
+    }
+  }
+  std::unique_ptr<safetensors::File> weights;
+  if (!opt.initFrom.empty()) {
+    try {
+      weights = std::make_unique<safetensors::File>(safetensors::File::read(opt.initFrom));
+    } catch (const UserError& e) {
+      throw UserError(std::string("--init-from: ") + e.what());
+    }
+  }
   const std::string device = resolveDevice(cfg, opt);
   DataSplit data = loadTrainingData(cfg);
   const int64_t batch = cfg.train.batchSize;
@@ -219,9 +241,21 @@ std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) {
   const int64_t evalBatch = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
   BuiltModel eval = compileValidationGraph(cfg, tg, data.train.xShape, data.train.yShape, evalBatch);
 
+  PreparedRun run;
+  const Graph& g = tg.model.graph;
+  for (ValueId p : g.params()) run.shapes[g.value(p).name] = std::vector<int64_t>(g.shape(p).begin(), g.shape(p).end());
+  std::map<std::string, std::vector<double>> given = opt.initialParams;
+  std::string partialReport;
+  if (weights) given = readWeights(*weights, g, opt.initFromPartial, &partialReport, "--init-from");
+  if (resume) {
+    const std::string diff = firstParameterDifference(g, resume->shapes);
+    if (!diff.empty()) throw UserError("--resume " + resume->folder + ": the model differs from the checkpoint's: " + diff);
+    given = resume->state.params;
+  }
+
   SessionSpec spec;
-  spec.initialValues = [seed = cfg.seed, given = opt.initialParams](const Graph& g, ValueId p) {
-    return initialValues(g, p, seed, given);
+  spec.initialValues = [seed = cfg.seed, given = std::move(given)](const Graph& graph, ValueId p) {
+    return initialValues(graph, p, seed, given);
   };
   spec.train = SessionGraph{std::move(tg.model.graph), tg.model.x, tg.model.y};
   spec.validation = SessionGraph{std::move(eval.graph), eval.x, eval.y};
@@ -242,8 +276,32 @@ std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) {
   spec.device = device;
   spec.dumpKernelsDir = opt.dumpKernelsDir;
   spec.announceCompile = opt.printSummary;
+  spec.recordBatches = !opt.dumpBatchesPath.empty();
 
-  std::unique_ptr<Session> session;
+  RunRecord& rec = run.record;
+  Config planned = cfg;  // as the run is planned: --steps sets its length
+  if (opt.steps >= 0) {
+    planned.train.steps = opt.steps;
+    planned.train.epochs = 0;
+  }
+  rec.configYaml = resolvedConfigYaml(planned);
+  std::error_code ec;
+  rec.configFile = cfg.file.empty() ? "" : std::filesystem::absolute(cfg.file, ec).string();
+  rec.precision = cfg.precision;
+  rec.totalSteps = spec.steps;
+  rec.batchSize = batch;
+  rec.adam = spec.adam;
+  rec.schedule = spec.schedule;
+  rec.sampleX = data.train.xShape;
+  rec.sampleY = data.train.yShape;
+  rec.trainSamples = nTrain;
+  rec.dataFingerprint = dataFingerprint(spec.trainData.x, spec.trainData.y);
+  if (spec.recordBatches) {
+    run.trainData = spec.trainData;
+    run.validationData = spec.validationData;
+  }
+
+  std::unique_ptr<Session>& session = run.session;
   if (device == "cuda") {
     try {
       session = makeCudaSession(std::move(spec));
@@ -253,11 +311,40 @@ std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) {
   } else {
     session = makeCpuSession(std::move(spec));
   }
+  std::vector<std::string> warnings;
+  if (resume) {
+    try {
+      session->restore(resume->state);
+    } catch (const UserError& e) {
+      throw UserError("--resume " + resume->folder + ": cannot continue on this run's data: " + e.what() +
+                      " (--init-from " + resume->folder + "/" + kModelFile + " starts a new run from its weights)");
+    }
+    run.resumedFrom = resume->folder;
+    const std::string flag = "--resume " + resume->folder + ": ";
+    for (const std::string& d : configDifferences(resume->record.configYaml, rec.configYaml))
+      warnings.push_back(flag + d);
+    if (resume->record.dataFingerprint != rec.dataFingerprint)
+      warnings.push_back(flag + "the training data differs from the checkpoint's (same sample count, other values)");
+    if (resume->record.totalSteps != rec.totalSteps && (rec.schedule.cosine || resume->record.schedule.cosine))
+      warnings.push_back(flag + "the run is " + std::to_string(rec.totalSteps) + " steps long, the checkpoint's " +
+                         std::to_string(resume->record.totalSteps) +
+                         ": the cosine schedule's learning rates from here on differ from the uninterrupted run's");
+  }
   TrainResult& r = session->result();
   r.forwardNodes = tg.forwardNodes;
   r.passes = tg.stats;
-  if (opt.printSummary) printHeader(cfg, opt, *session, data.description, nTrain, nVal, batch);
-  return session;
+  if (opt.printSummary) {
+    printHeader(cfg, opt, *session, data.description, nTrain, nVal, batch);
+    if (!partialReport.empty()) std::printf("%s\n", partialReport.c_str());
+    if (resume)
+      std::printf("resumed from %s at step %lld of %lld\n", resume->folder.c_str(), (long long)resume->state.step,
+                  (long long)rec.totalSteps);
+    std::fflush(stdout);
+  }
+  for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  return run;
 }
+
+std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt) { return prepareRun(cfg, opt).session; }
 
 }  // namespace pa

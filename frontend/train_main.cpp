@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 
+#include "frontend/checkpoint.h"
 #include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/trainer.h"
@@ -30,15 +32,20 @@ int64_t parseSteps(const std::string& text) {
 }
 
 // The output folders and files are checked before the (possibly long) compile, so that a typo
-// there fails at once and names its flag.
+// there fails at once and names its flag (or key). Returns why `dir` cannot take output, or "".
+std::string outputDirProblem(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) return "is a file; expected a folder";
+  fs::create_directories(dir, ec);
+  if (ec) return "cannot create the folder: " + ec.message();
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) return std::string("cannot write in the folder: ") + std::strerror(errno);
+  return "";
+}
+
 void checkOutputDir(const std::string& flag, const std::string& dir) {
   if (dir.empty()) return;
-  const std::string what = flag + " " + dir;
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) throw pa::UserError(what + ": is a file; expected a folder");
-  fs::create_directories(dir, ec);
-  if (ec) throw pa::UserError(what + ": cannot create the folder: " + ec.message());
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw pa::UserError(what + ": cannot write in the folder: " + std::strerror(errno));
+  const std::string why = outputDirProblem(dir);
+  if (!why.empty()) throw pa::UserError(flag + " " + dir + ": " + why);
 }
 
 void checkOutputFile(const std::string& flag, const std::string& file) {
@@ -52,6 +59,35 @@ void checkOutputFile(const std::string& flag, const std::string& file) {
     throw pa::UserError(what + ": cannot write the file: " + std::strerror(errno));
 }
 
+// --config, or with --resume and no --config the config the checkpoint holds.
+pa::Config loadRunConfig(const std::string& path, const std::vector<std::string>& sets, const pa::RunOptions& opt) {
+  if (!path.empty() || opt.resumeFrom.empty()) {
+    if (path.empty()) throw pa::UserError("--config: required: the model's YAML file (or --resume a checkpoint)");
+    return pa::loadConfig(path, sets);
+  }
+  const std::string model = (fs::path(pa::findCheckpoint(opt.resumeFrom, "--resume")) / pa::kModelFile).string();
+  try {
+    return pa::configFromWeights(pa::safetensors::readMetadata(model), model, sets, "--resume");
+  } catch (const pa::safetensors::FormatError& e) {
+    throw pa::UserError(std::string("--resume: ") + e.what());
+  }
+}
+
+// Flags that make no sense together, or without another.
+void checkFlagCombinations(const pa::RunOptions& opt, bool compare) {
+  auto refuse = [](const std::string& a, const std::string& b) {
+    throw pa::UserError(a + " cannot be combined with " + b);
+  };
+  if (!opt.resumeFrom.empty() && !opt.initFrom.empty())
+    refuse("--resume", "--init-from (a resumed run continues the checkpoint's weights and optimizer state)");
+  if (opt.initFromPartial && opt.initFrom.empty()) throw pa::UserError("--init-from-partial needs --init-from FILE");
+  if (compare) {
+    if (!opt.resumeFrom.empty()) refuse("--compare", "--resume (it trains from fresh or --init-from weights)");
+    if (!opt.checkpointDir.empty()) refuse("--compare", "--checkpoint-dir (--compare writes no checkpoints)");
+    if (!opt.dumpBatchesPath.empty()) refuse("--compare", "--dump-batches");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,7 +95,8 @@ int main(int argc, char** argv) {
   std::string configPath, progress = "auto", steps;
   std::vector<std::string> sets;
   pa::RunOptions opt;
-  app.add_option("--config,-c", configPath, "the model's YAML file")->required();
+  app.add_option("--config,-c", configPath,
+                 "the model's YAML file (required, except with --resume: then the checkpoint's config is the default)");
   app.add_option("--set", sets, "override a config key: key.path=value (repeatable; list items by index)");
   app.add_option("--device", opt.device, "auto | cpu | cuda (overrides the config's device)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
@@ -71,10 +108,24 @@ int main(int argc, char** argv) {
   app.add_option("--progress", progress, "auto | bar | lines | none (auto: a bar on a terminal, lines otherwise)")
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   app.add_flag("--verbose,-v", opt.verbose, "print each pass's statistics");
+  app.add_option("--checkpoint-dir", opt.checkpointDir,
+                 "save checkpoints under DIR (overrides train.checkpoint.dir): every train.checkpoint.every steps, "
+                 "on Ctrl-C/SIGTERM and at the end");
+  app.add_option("--resume", opt.resumeFrom,
+                 "continue the checkpoint DIR|FILE names (a folder of checkpoints: its latest), bit for bit");
+  app.add_option("--init-from", opt.initFrom,
+                 "start from the weights of FILE.safetensors (graph parameter names and shapes), fresh optimizer state");
+  app.add_flag("--init-from-partial", opt.initFromPartial,
+               "with --init-from: load the tensors that match, start the others from the seed, and list them");
+  app.add_option("--dump-batches", opt.dumpBatchesPath,
+                 "write the data split and every step's training rows to FILE.safetensors at the end");
   bool compare = false;
   app.add_flag("--no-fuse", opt.noFuse, "train the primitive graph: leave the fusion passes out");
   app.add_flag("--compare", compare,
                "train the fused and the unfused graph side by side from the same weights; exit 1 if they disagree");
+  // A file size limit (ulimit -f) makes a write fail with EFBIG and a message, not kill the
+  // process half way through a file.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -89,10 +140,17 @@ int main(int argc, char** argv) {
                                       : pa::ProgressMode::Auto;
   try {
     if (!steps.empty()) opt.steps = parseSteps(steps);
-    const pa::Config cfg = pa::loadConfig(configPath, sets);
+    checkFlagCombinations(opt, compare);
+    const pa::Config cfg = loadRunConfig(configPath, sets, opt);
     checkOutputFile("--metrics", opt.metricsPath);
+    checkOutputFile("--dump-batches", opt.dumpBatchesPath);
     checkOutputDir("--dump-graph", opt.dumpGraphDir);
     checkOutputDir("--dump-kernels", opt.dumpKernelsDir);
+    checkOutputDir("--checkpoint-dir", opt.checkpointDir);
+    if (opt.checkpointDir.empty() && !cfg.train.checkpoint.dir.empty() && !compare) {
+      const std::string why = outputDirProblem(cfg.train.checkpoint.dir);
+      if (!why.empty()) cfg.where.fail("train.checkpoint.dir", cfg.train.checkpoint.dir + ": " + why);
+    }
     if (compare) return pa::compareFusedUnfused(cfg, opt, stdout).agree ? 0 : 1;
     opt.catchInterrupts = true;
     const pa::TrainResult r = pa::train(cfg, opt);

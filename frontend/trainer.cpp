@@ -1,5 +1,5 @@
-// The training loop: steps a session, reports progress, validation and metrics, stops on
-// divergence or Ctrl-C, and prints the closing summary.
+// The training loop: steps a session, reports progress, validation and metrics, saves
+// checkpoints, stops on divergence or Ctrl-C, and prints the closing summary.
 #include "frontend/trainer.h"
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -18,17 +19,57 @@
 
 namespace pa {
 
+namespace {
+
+// --dump-batches: the run's data split and the training rows of every step it took, so that
+// another program (a PyTorch mirror, a NumPy check) can feed the very same batches.
+void dumpBatches(const std::string& path, const PreparedRun& run, int64_t firstStep) {
+  using safetensors::Tensor;
+  auto withCount = [](int64_t n, const std::vector<int64_t>& sample) {
+    std::vector<int64_t> s{n};
+    s.insert(s.end(), sample.begin(), sample.end());
+    return s;
+  };
+  const RunRecord& r = run.record;
+  const std::vector<int64_t>& rows = run.session->recordedBatches();
+  const int64_t steps = static_cast<int64_t>(rows.size()) / std::max<int64_t>(r.batchSize, 1);
+  const std::vector<Tensor> tensors = {
+      Tensor::f32("train.x", withCount(run.trainData.count, r.sampleX), run.trainData.x),
+      Tensor::f32("train.y", withCount(run.trainData.count, r.sampleY), run.trainData.y),
+      Tensor::f32("validation.x", withCount(run.validationData.count, r.sampleX), run.validationData.x),
+      Tensor::f32("validation.y", withCount(run.validationData.count, r.sampleY), run.validationData.y),
+      Tensor::i64("batches", {steps, r.batchSize}, rows),
+  };
+  try {
+    safetensors::write(path, tensors, {{"first_step", std::to_string(firstStep)}, {"config", r.configYaml}});
+  } catch (const UserError& e) {
+    throw UserError(std::string("--dump-batches: ") + e.what());
+  }
+}
+
+}  // namespace
+
 TrainResult train(const Config& cfg, const RunOptions& opt) {
-  std::unique_ptr<Session> session = makeSession(cfg, opt);
+  PreparedRun run = prepareRun(cfg, opt);
+  Session* session = run.session.get();
+  // --checkpoint-dir, else train.checkpoint.dir, else a resumed run saves beside its checkpoint.
+  std::string checkpointDir = opt.checkpointDir.empty() ? cfg.train.checkpoint.dir : opt.checkpointDir;
+  if (checkpointDir.empty() && !run.resumedFrom.empty()) {
+    const std::filesystem::path from(run.resumedFrom);
+    checkpointDir = from.has_parent_path() ? from.parent_path().string() : ".";
+  }
+  const CheckpointConfig& ckpt = cfg.train.checkpoint;
   std::unique_ptr<InterruptGuard> interrupts;
   if (opt.catchInterrupts) interrupts = std::make_unique<InterruptGuard>();
-  int64_t steps = session->totalSteps();
+  const int64_t done = session->stepsTaken();  // > 0 when resumed
+  int64_t steps = session->totalSteps();       // the last step
   const int64_t plannedSteps = steps;
   const int64_t logEvery = cfg.train.logEvery;
   std::unique_ptr<MetricsWriter> metrics;
-  if (!opt.metricsPath.empty()) metrics = std::make_unique<MetricsWriter>(opt.metricsPath);
-  Progress progress(steps, logEvery, opt.progress);
+  if (!opt.metricsPath.empty()) metrics = std::make_unique<MetricsWriter>(opt.metricsPath, run.resumedFrom.empty() ? -1 : done);
+  Progress progress(steps, logEvery, opt.progress, stderr, done);
   TrainResult& res = session->result();
+  res.firstStep = done + 1;
   double lastVal = -1.0, stepSeconds = 0.0;
   // Losses come back in batches from an asynchronous (GPU) session: at every log step, at the
   // end, and every quarter second for the progress bar (a synchronous session reports every
@@ -36,7 +77,7 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
   // outside the timing.
   using Clock = std::chrono::steady_clock;
   Clock::time_point since = Clock::now();
-  int64_t reported = 0;
+  int64_t reported = done;
   // Reports every step taken so far, except the last one when `holdLast` (the caller reports it
   // with its validation loss); returns the batch's mean milliseconds per step.
   auto collect = [&](bool holdLast) {
@@ -81,34 +122,62 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
     }
     since = Clock::now();
   };
-  for (int64_t step = 1; step <= steps; ++step) {
+  // Saves the state after the steps queued so far, whose losses the caller has checked (a
+  // diverged step is never saved), then prunes the folder; outside the step timing.
+  std::string lastCheckpoint;
+  auto save = [&](bool final) {
+    const Clock::time_point start = Clock::now();
+    lastCheckpoint = writeCheckpoint(checkpointDir, session->state(), run.shapes, run.record, final);
+    pruneCheckpoints(checkpointDir, ckpt.keep);
+    progress.note("checkpoint " + lastCheckpoint);
+    since += Clock::now() - start;
+  };
+  for (int64_t step = done + 1; step <= steps; ++step) {
     if (interrupts && interrupts->interrupted()) {  // the steps queued so far finish; the last is the end
       steps = step - 1;
-      if (steps > 0) logStep(steps);
+      if (steps > done) logStep(steps);
       break;
     }
     session->enqueueStep(step);
-    if (step % logEvery == 0 || step == steps) logStep(step);
+    const bool log = step % logEvery == 0 || step == steps;
+    if (log) logStep(step);
     else if (!session->asynchronous() || Clock::now() - since > std::chrono::milliseconds(250)) collect(false);
+    if (!checkpointDir.empty() && ckpt.every > 0 && step % ckpt.every == 0 && step != steps) {
+      if (!log) collect(false);
+      save(false);
+    }
   }
   progress.finish();
   if (debugSwitches().profile) session->printProfile(stderr, 40);
-  if (steps == 0) lastVal = session->validate();
+  if (steps == done) lastVal = session->validate();
   if (!std::isfinite(lastVal))
     throw std::runtime_error("the validation loss of the initial weights is " + std::to_string(lastVal));
-  res.finalValidation = lastVal;
-  res.secondsPerStep = steps ? stepSeconds / static_cast<double>(steps) : 0.0;
-  res.finalParams = session->params();
   if (interrupts && interrupts->interrupted()) res.interruptedBy = interrupts->signal();
+  // Every run that has a checkpoint folder ends with a checkpoint; only one that took all its
+  // steps is final (pruning keeps final checkpoints).
+  if (!checkpointDir.empty()) save(!res.interruptedBy);
+  if (!opt.dumpBatchesPath.empty()) dumpBatches(opt.dumpBatchesPath, run, done + 1);
+  const int64_t taken = steps - done;
+  res.finalValidation = lastVal;
+  res.secondsPerStep = taken ? stepSeconds / static_cast<double>(taken) : 0.0;
+  res.finalParams = session->params();
+  res.checkpoint = lastCheckpoint;
   if (opt.printSummary) {
     if (res.interruptedBy)
       std::printf("interrupted (%s) after step %lld of %lld\n", res.interruptedBy == SIGINT ? "Ctrl-C" : "SIGTERM",
                   (long long)steps, (long long)plannedSteps);
-    std::printf("done: %lld steps in %s (%.3f ms/step)", (long long)steps, formatDuration(progress.elapsedSeconds()).c_str(),
+    if (done > 0 && taken == 0 && !res.interruptedBy)
+      std::printf("nothing to train: the checkpoint is at step %lld and the run has %lld steps (raise train.steps or "
+                  "--steps to go on)\n",
+                  (long long)done, (long long)plannedSteps);
+    std::printf("done: %lld steps in %s (%.3f ms/step)", (long long)taken, formatDuration(progress.elapsedSeconds()).c_str(),
                 res.secondsPerStep * 1e3);
+    if (done > 0) std::printf(", steps %lld-%lld", (long long)done + 1, (long long)steps);
     if (!res.losses.empty()) std::printf("; final loss %.6e", res.losses.back());
     if (lastVal >= 0) std::printf("; validation MSE %.6e", lastVal);
     std::printf("\n");
+    if (!lastCheckpoint.empty())
+      std::printf("checkpoint: %s (continue with --resume %s)\n", lastCheckpoint.c_str(), checkpointDir.c_str());
     if (session->launchesPerStep() > 0)
       std::printf("GPU step: %d kernel launches, %s\n", session->launchesPerStep(),
                   session->replaysCudaGraph() ? "replayed as one CUDA graph" : "launched one by one (PA_CUDA_GRAPH=0)");

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "frontend/checkpoint.h"
 #include "frontend/config.h"
 #include "frontend/model_builder.h"
 #include "frontend/progress.h"
@@ -37,6 +38,12 @@ struct RunOptions {
   std::function<void(Graph&)> testGraphHook;
   // Initial parameter values by name (tests, golden runs); others are initialised from the seed.
   std::map<std::string, std::vector<double>> initialParams;
+  // Keeping what is trained (README "Save, resume, predict").
+  std::string initFrom;          // --init-from FILE: starting weights from a safetensors file
+  bool initFromPartial = false;  // --init-from-partial: load the tensors that match, seed the rest
+  std::string resumeFrom;        // --resume DIR|FILE: continue a checkpoint
+  std::string checkpointDir;     // --checkpoint-dir: overrides train.checkpoint.dir
+  std::string dumpBatchesPath;   // --dump-batches FILE: the data and every step's rows, as safetensors
 };
 
 // The training step's graph: the model lowered for `batch`, the forward passes, autodiff and
@@ -56,9 +63,25 @@ BuiltModel compileValidationGraph(const Config& cfg, const TrainingGraph& tg, co
 // The learning rate of `step` (from 1) of `total`: warm-up, then the configured schedule.
 double scheduledLr(const TrainConfig& t, int64_t step, int64_t total);
 
+// The device to run on: --device, else the config's; "cuda", or "cpu" with why and how the
+// precision runs there (the run's header shows it). Throws UserError for cuda without a GPU.
+std::string resolveDevice(const Config& cfg, const RunOptions& opt);
+
+// A session ready to train, with what its checkpoints record.
+struct PreparedRun {
+  std::unique_ptr<Session> session;
+  RunRecord record;
+  std::map<std::string, std::vector<int64_t>> shapes;  // every parameter's shape, by name
+  std::string resumedFrom;  // the checkpoint folder of --resume, else ""
+  Samples trainData, validationData;  // with --dump-batches only (the session holds its own copy)
+};
+
 // Loads the data, builds and compiles the model, and makes the session for the device the
-// config and --device choose (runtime/cpu_session.h, runtime/cuda_session.h). Throws UserError
-// for configuration problems.
+// config and --device choose (runtime/cpu_session.h, runtime/cuda_session.h); starts it from
+// --init-from's weights or --resume's checkpoint, both read and checked against the graph
+// before the device compiles anything. Throws UserError for configuration problems and for
+// weights or checkpoints that do not fit.
+PreparedRun prepareRun(const Config& cfg, const RunOptions& opt);
 std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt);
 
 // Trains as configured. Throws UserError (exit 2) for configuration problems and

@@ -60,8 +60,8 @@ TEST(Layers, RegistryListsKindsAndLayersPrintTheirResolvedConfig) {
   ASSERT_EQ(c.model.layers.size(), 3u);
   EXPECT_EQ(c.model.layers[0]->resolved(), "linear: {units: 8, activation: none, bias: true}");
   EXPECT_EQ(c.model.layers[1]->resolved(),
-            "attention: {heads: 2, kv_heads: 2, head_dim: auto, causal: true, align: top-left, "
-            "window: {left: -1, right: -1}, sinks: 0, sink_logits: false, residual: false}");
+            "attention: {heads: 2, kv_heads: 2, causal: true, align: top-left, "
+            "window: {}, sinks: 0, sink_logits: false, residual: false}");
   EXPECT_EQ(c.model.layers[1]->path, "model.layers[1]");
 }
 

@@ -21,12 +21,16 @@ public:
   bool residual = false;
 
   ValueId lower(LayerLowering& L, ValueId x) const override;
+  // Valid YAML that parses back to this layer: an unbounded window side and a head_dim derived
+  // from the width (known only when the layer is lowered) are left out.
   std::string resolved() const override {
     auto b = [](bool v) { return v ? "true" : "false"; };
+    std::string window;
+    if (windowLeft >= 0) window += "left: " + std::to_string(windowLeft);
+    if (windowRight >= 0) window += (window.empty() ? "" : ", ") + std::string("right: ") + std::to_string(windowRight);
     return "attention: {heads: " + std::to_string(heads) + ", kv_heads: " + std::to_string(kvHeads) +
-           ", head_dim: " + (headDim ? std::to_string(headDim) : std::string("auto")) + ", causal: " + b(causal) +
-           ", align: " + align + ", window: {left: " + std::to_string(windowLeft) +
-           ", right: " + std::to_string(windowRight) + "}, sinks: " + std::to_string(sinks) +
+           (headDim ? ", head_dim: " + std::to_string(headDim) : std::string()) + ", causal: " + b(causal) +
+           ", align: " + align + ", window: {" + window + "}, sinks: " + std::to_string(sinks) +
            ", sink_logits: " + b(sinkLogits) + ", residual: " + b(residual) + "}";
   }
 };

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -15,6 +18,7 @@
 #include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/datasets.h"
+#include "frontend/predict.h"
 #include "frontend/trainer.h"
 #include "graph/verifier.h"
 #include "passes/fusion.h"
@@ -514,6 +518,100 @@ TEST(TrainOnGpu, LossesOfManyQueuedStepsComeBackInOrder) {
       EXPECT_EQ(some.back(), all[static_cast<size_t>(s - 1)]) << "step " << s;
     }
   }
+}
+
+// Checkpoints on the GPU: a run of 200 steps and one of 100 resumed for 100 more give the same
+// losses and final weights, byte for byte, with a fixed GEMM provider (`auto` measures at start)
+// and, for attention, without atomics (compiler.deterministic).
+struct GpuResumeCase {
+  std::string name, config;
+  std::vector<std::string> sets;
+};
+
+class ResumeOnGpu : public ::testing::TestWithParam<GpuResumeCase> {};
+
+TEST_P(ResumeOnGpu, TwoHundredStepsEqualOneHundredPlusResume) {
+  PA_REQUIRE_GPU();
+  const GpuResumeCase& c = GetParam();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("pa_gpu_resume_" + c.name)).string();
+  std::filesystem::remove_all(dir);
+  std::vector<std::string> sets = c.sets;
+  sets.insert(sets.end(), {"train.log_every=50", "train.checkpoint.every=100"});
+  const Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", sets);
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cuda";
+  o.steps = 200;
+  o.checkpointDir = dir;
+  const TrainResult full = train(cfg, o);
+  ASSERT_EQ(full.losses.size(), 200u);
+  o.checkpointDir.clear();
+  o.resumeFrom = dir + "/step-00000100";
+  const TrainResult rest = train(cfg, o);
+  ASSERT_EQ(rest.losses.size(), 100u);
+  int differ = 0;
+  for (size_t i = 0; i < 100; ++i) differ += std::memcmp(&rest.losses[i], &full.losses[100 + i], sizeof(double)) != 0;
+  EXPECT_EQ(differ, 0) << "step 101: " << rest.losses[0] << " resumed, " << full.losses[100] << " uninterrupted";
+  for (const auto& [name, v] : full.finalParams) EXPECT_EQ(rest.finalParams.at(name), v) << name;
+  std::printf("  %s: steps 101-200 resumed from step 100: %d of 100 losses differ; final loss %.9e\n", c.name.c_str(),
+              differ, rest.losses.back());
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Examples, ResumeOnGpu,
+    ::testing::Values(GpuResumeCase{"sine_mlp_generated", "sine_mlp", {"compiler.gemm=generated"}},
+                      GpuResumeCase{"sine_mlp_cublaslt", "sine_mlp", {"compiler.gemm=cublaslt"}},
+                      GpuResumeCase{"sine_attention_generated", "sine_attention",
+                                    {"compiler.gemm=generated", "compiler.deterministic=true"}},
+                      GpuResumeCase{"attn_block_cublaslt", "attn_block",
+                                    {"compiler.gemm=cublaslt", "compiler.deterministic=true", "data.samples=256"}},
+                      GpuResumeCase{"sine_attention_bf16", "sine_attention",
+                                    {"precision=bf16", "compiler.gemm=generated", "compiler.deterministic=true"}}),
+    [](const ::testing::TestParamInfo<GpuResumeCase>& i) { return i.param.name; });
+
+// predict on the GPU gives the CPU's predictions (fp32: the same float64-free forward, kernels
+// of other summation orders: 1e-5 of the output's scale).
+TEST(PredictOnGpu, MatchesTheCpu) {
+  PA_REQUIRE_GPU();
+  const std::string dir = (std::filesystem::temp_directory_path() / "pa_gpu_predict").string();
+  std::filesystem::remove_all(dir);
+  for (const char* name : {"sine_attention", "mlp_tiny"}) {
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + name + ".yaml", {});
+    RunOptions o;
+    o.progress = ProgressMode::Quiet;
+    o.printSummary = false;
+    o.device = "cuda";
+    o.steps = 50;
+    o.checkpointDir = dir + "/" + name;
+    train(cfg, o);
+    PredictOptions p;
+    p.configPath = sourceDir() + "/configs/" + name + ".yaml";
+    p.weights = o.checkpointDir;
+    p.split = "validation";
+    p.device = "cuda";
+    p.output = dir + "/gpu.csv";
+    const PredictResult gpu = predict(p);
+    p.device = "cpu";
+    p.output = dir + "/cpu.csv";
+    const PredictResult cpu = predict(p);
+    EXPECT_EQ(gpu.device, "cuda");
+    EXPECT_EQ(gpu.rows, cpu.rows);
+    std::ifstream a(dir + "/gpu.csv"), b(dir + "/cpu.csv");
+    std::string la, lb;
+    std::getline(a, la);
+    std::getline(b, lb);
+    double worst = 0, scale = 0;
+    while (std::getline(a, la) && std::getline(b, lb)) {
+      worst = std::max(worst, std::fabs(std::stod(la) - std::stod(lb)));
+      scale = std::max(scale, std::fabs(std::stod(lb)));
+    }
+    std::printf("  predict %s: %lld rows, GPU MSE %.9e, CPU MSE %.9e, largest difference %.2e of %.2e\n", name,
+                (long long)gpu.rows, gpu.mse, cpu.mse, worst, scale);
+    EXPECT_LE(worst, 1e-5 * scale) << name;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CompareOnGpu, FusedAndUnfusedAgree) {

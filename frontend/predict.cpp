@@ -1,0 +1,181 @@
+// `predict`: weights and a config to a forward graph, rows in, a CSV of predictions out.
+#include "frontend/predict.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "frontend/checkpoint.h"
+#include "frontend/atomic_file.h"
+#include "frontend/datasets.h"
+#include "frontend/model_builder.h"
+#include "frontend/trainer.h"
+#include "passes/pipeline.h"
+#include "runtime/predictor.h"
+
+namespace pa {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The rows to predict: inputs, and targets when the input has them.
+struct Rows {
+  std::vector<float> x, y;
+  int64_t count = 0;
+  bool targets = false;
+  std::vector<std::string> targetNames;  // the input file's, when it has them
+};
+
+std::string weightsFileOf(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return (fs::path(findCheckpoint(path, "--weights")) / kModelFile).string();
+  if (!fs::exists(path, ec)) throw UserError("--weights " + path + ": no such file or folder");
+  return path;
+}
+
+// The config: --config, else the one a checkpoint's weights hold.
+Config configOf(const PredictOptions& opt, const safetensors::File& weights) {
+  if (!opt.configPath.empty()) return loadConfig(opt.configPath, opt.sets);
+  return configFromWeights(weights.metadata(), weights.name(), opt.sets, "--config: required");
+}
+
+std::vector<int64_t> shapeFromMetadata(const safetensors::File& f, const std::string& key) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) return {};
+  std::vector<int64_t> s;
+  std::string digits;
+  for (char c : it->second + ",") {
+    if (c >= '0' && c <= '9') digits += c;
+    else if (!digits.empty()) {
+      s.push_back(std::stoll(digits));
+      digits.clear();
+    }
+  }
+  return s;
+}
+
+Rows readInput(const std::string& path, int64_t features, int64_t targets) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw UserError("--input " + path + ": is a folder; expected a CSV file");
+  std::ifstream in(path);
+  if (!in) throw UserError("--input " + path + ": cannot read the file");
+  const CsvTable t = readCsvTable(in, path, true, " (--input)");
+  if (t.empty) throw UserError("--input " + path + ": the file is empty");
+  const int64_t cols = static_cast<int64_t>(t.header.size());
+  Rows r;
+  r.targets = cols == features + targets;
+  if (cols != features && !r.targets)
+    throw UserError(path + ":1:1: " + std::to_string(cols) + " columns; the model takes " + std::to_string(features) +
+                    " input values a row: give " + std::to_string(features) + " columns (inputs), or " +
+                    std::to_string(features + targets) + " (inputs, then the " + std::to_string(targets) +
+                    " target values) for the MSE too (--input)");
+  if (r.targets) r.targetNames.assign(t.header.begin() + features, t.header.end());
+  r.count = static_cast<int64_t>(t.rows.size());
+  for (const std::vector<double>& row : t.rows) {
+    r.x.insert(r.x.end(), row.begin(), row.begin() + features);
+    if (r.targets) r.y.insert(r.y.end(), row.begin() + features, row.end());
+  }
+  return r;
+}
+
+void append(Rows& r, const Dataset& d) {
+  r.x.insert(r.x.end(), d.x.begin(), d.x.end());
+  r.y.insert(r.y.end(), d.y.begin(), d.y.end());
+  r.count += d.count;
+  r.targets = true;
+}
+
+}  // namespace
+
+PredictResult predict(const PredictOptions& opt) {
+  if (opt.input.empty() == opt.split.empty())
+    throw UserError("give --input FILE.csv or --split validation|train|all (one of them)");
+  if (!opt.split.empty() && opt.split != "validation" && opt.split != "train" && opt.split != "all")
+    throw UserError("--split " + opt.split + ": valid choices are validation, train, all");
+  if (opt.output.empty()) throw UserError("--output: required: the CSV file to write");
+  const std::string weightsFile = weightsFileOf(opt.weights);
+  std::unique_ptr<safetensors::File> weights;
+  try {
+    weights = std::make_unique<safetensors::File>(safetensors::File::read(weightsFile));
+  } catch (const UserError& e) {
+    throw UserError(std::string("--weights: ") + e.what());
+  }
+  const Config cfg = configOf(opt, *weights);
+  const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
+
+  std::vector<int64_t> sampleX = shapeFromMetadata(*weights, "input_shape"), sampleY = shapeFromMetadata(*weights, "target_shape");
+  Rows rows;
+  if (!opt.split.empty() || sampleX.empty() || sampleY.empty()) {
+    const DataSplit data = loadData(cfg.data, cfg.seed, baseDir);
+    sampleX = data.train.xShape;
+    sampleY = data.train.yShape;
+    if (opt.split == "validation" || opt.split == "all") append(rows, data.validation);
+    if (opt.split == "train" || opt.split == "all") append(rows, data.train);
+    if (!opt.split.empty() && rows.count == 0)
+      throw UserError("--split " + opt.split + ": the config's data has no " + opt.split + " rows (data.validation is 0)");
+  }
+  const int64_t features = numel(Shape(sampleX.begin(), sampleX.end())), targets = numel(Shape(sampleY.begin(), sampleY.end()));
+  if (!opt.input.empty()) rows = readInput(opt.input, features, targets);
+  std::vector<std::string> names = rows.targetNames;
+  if (names.empty() && cfg.data.kind == "csv" && static_cast<int64_t>(cfg.data.targets.size()) == targets) names = cfg.data.targets;
+  for (int64_t i = static_cast<int64_t>(names.size()); i < targets; ++i) names.push_back("y" + std::to_string(i));
+
+  // The validation graph of a training run: the model and its forward passes, for `batch` rows.
+  const int64_t batch = std::max<int64_t>(1, std::min(opt.batch > 0 ? opt.batch : cfg.train.batchSize, rows.count));
+  BuiltModel m = buildModel(cfg, sampleX, sampleY, batch);
+  PipelineOptions popt;
+  popt.target = passTargetOf(cfg.precision);
+  runPipeline(m.graph, trainPipeline(cfg.compiler.passes, cfg.precision, false).validation, popt);
+  const std::map<std::string, std::vector<double>> params = readWeights(*weights, m.graph, false, nullptr, "--weights");
+  RunOptions ropt;
+  ropt.device = opt.device;
+  PredictResult result;
+  result.device = resolveDevice(cfg, ropt);
+  std::unique_ptr<Predictor> predictor =
+      result.device == "cuda" ? makeCudaPredictor(std::move(m.graph), m.x, m.y, cfg.precision, cfg.compiler.gemm, params)
+                              : makeCpuPredictor(std::move(m.graph), m.x, m.y, cfg.precision, params);
+
+  // Whole batches; the last one is padded with zero rows whose predictions are dropped (rows
+  // are independent: nothing in a model mixes the samples of a batch).
+  std::vector<float> out(static_cast<size_t>(rows.count * targets));
+  std::vector<float> x(static_cast<size_t>(batch * features)), y(static_cast<size_t>(batch * targets)),
+      p(static_cast<size_t>(batch * targets));
+  for (int64_t at = 0; at < rows.count; at += batch) {
+    const int64_t n = std::min(batch, rows.count - at);
+    std::fill(x.begin(), x.end(), 0.0f);
+    std::fill(y.begin(), y.end(), 0.0f);
+    std::copy_n(rows.x.begin() + at * features, n * features, x.begin());
+    if (rows.targets) std::copy_n(rows.y.begin() + at * targets, n * targets, y.begin());
+    predictor->run(x.data(), y.data(), p.data());
+    std::copy_n(p.begin(), n * targets, out.begin() + at * targets);
+  }
+  result.rows = rows.count;
+  if (rows.targets) {
+    double sq = 0;
+    for (size_t i = 0; i < out.size(); ++i) sq += (static_cast<double>(out[i]) - rows.y[i]) * (static_cast<double>(out[i]) - rows.y[i]);
+    result.mse = out.empty() ? 0.0 : sq / static_cast<double>(out.size());
+  }
+
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) text += (i ? "," : "") + names[i];
+  text += "\n";
+  char buf[32];
+  for (int64_t r = 0; r < rows.count; ++r) {
+    for (int64_t t = 0; t < targets; ++t) {
+      std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(out[static_cast<size_t>(r * targets + t)]));
+      text += (t ? "," : "") + std::string(buf);
+    }
+    text += "\n";
+  }
+  try {
+    writeFileAtomically(opt.output, text);
+  } catch (const UserError& e) {
+    throw UserError(std::string("--output: ") + e.what());
+  }
+  return result;
+}
+
+}  // namespace pa

@@ -1,0 +1,32 @@
+// `predict`: the fused forward graph of a config with trained weights, over the rows of a CSV
+// file or of the config's own data, written as a CSV of predictions (README "Save, resume,
+// predict").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pa {
+
+struct PredictOptions {
+  std::string configPath;         // --config; "" takes the config the weights' checkpoint holds
+  std::vector<std::string> sets;  // --set key.path=value
+  std::string weights;            // --weights: a safetensors file, a checkpoint folder, or a folder of them
+  std::string input;              // --input CSV
+  std::string split;              // --split validation | train | all (the config's data)
+  std::string output;             // --output CSV
+  std::string device;             // --device auto | cpu | cuda ("" = the config's)
+  int64_t batch = 0;              // --batch: rows per forward pass; 0 = train.batch_size
+};
+
+struct PredictResult {
+  int64_t rows = 0;
+  double mse = -1;  // over every target value when the input has targets, else -1
+  std::string device;
+};
+
+// Throws UserError for mistakes in the flags, the config, the weights or the input file.
+PredictResult predict(const PredictOptions& opt);
+
+}  // namespace pa
