@@ -18,6 +18,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The Python helpers of the tests (README "Dependencies"): pip, where they are missing. A machine
+# without them still builds; the tests that need them are skipped with a message.
+if ! python3 -c "import numpy, safetensors, yaml" 2>/dev/null; then
+  echo "bootstrap: installing the Python test helpers numpy, safetensors, pyyaml"
+  python3 -m pip install -q --disable-pip-version-check numpy safetensors pyyaml 2>/dev/null ||
+    echo "bootstrap: pip could not install them; tests/interop/check_interop.py will be skipped"
+fi
+
 # The CUDA toolkit (nvcc, NVRTC headers) is optional for the CPU build; cmake/cuda.cmake says
 # what it adds when it is found. Nothing links libcuda: the driver is loaded at run time.
 export PATH="$PATH:/usr/local/cuda/bin"
