@@ -8,8 +8,8 @@ namespace pa {
 
 namespace {
 const OpInfo kOps[] = {
-#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, TensorCoreIns, Fp32Outs) \
-  {OpKind::Name, Kebab, MinIn, MaxIn, FusionKind::Fusion, GradKind::Grad, Attrs, TensorCoreIns, Fp32Outs},
+#define PA_OP(Name, Kebab, MinIn, MaxIn, Fusion, Grad, Attrs, TensorCoreIns, Fp32Ins, Fp32Outs) \
+  {OpKind::Name, Kebab, MinIn, MaxIn, FusionKind::Fusion, GradKind::Grad, Attrs, TensorCoreIns, Fp32Ins, Fp32Outs},
 #include "graph/ops.def"
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == kNumOps, "op table out of step with ops.def");

@@ -33,8 +33,10 @@ struct OpInfo {
   GradKind grad;
   const char* attrs;  // space-separated attribute names
   uint32_t tensorCoreInputs;  // slots(): inputs multiplied on tensor cores (bf16 under precision: bf16)
+  uint32_t fp32Inputs;        // slots(): inputs read as fp32 whatever the precision (sink logits, log-sum-exp)
   uint32_t fp32Outputs;       // slots(): outputs written in fp32 whatever the precision
   bool isTensorCoreInput(size_t i) const { return i < 32 && (tensorCoreInputs >> i & 1u) != 0; }
+  bool isFp32Input(size_t i) const { return i < 32 && (fp32Inputs >> i & 1u) != 0; }
   bool isFp32Output(size_t i) const { return i < 32 && (fp32Outputs >> i & 1u) != 0; }
 };
 

@@ -8,7 +8,11 @@
 // nothing extra. What the GEMMs and the attention kernels multiply on the tensor cores must be
 // bf16: a parameter or input used there gets one Cast node per step (a bf16 copy of the weight).
 // The attention kernels also write their outputs in bf16; one that is a graph output is cast to
-// fp32 after it.
+// fp32 after it. What a kernel reads as fp32 whatever the precision (ops.def's fp32Inputs: the
+// sink logits, the log-sum-exp) gets an fp32 operand, by a Cast where the value is bf16. A
+// Reshape keeps its input's storage type: it has no arithmetic to round for, and the sink logits
+// reach the attention kernels as reshapes of their fp32 parameter, which so stay unrounded, as
+// under PyTorch's autocast.
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -30,6 +34,7 @@ int64_t lowerToBf16(Graph& g) {
       DType t = DType::BF16;
       if (leaf || outputs.count(v) || opInfo(n.op).isFp32Output(i)) t = DType::F32;
       if (n.op == OpKind::Cast) t = g.value(v).type.dtype;
+      if (n.op == OpKind::Reshape && !outputs.count(v)) t = g.value(n.inputs[0]).type.dtype;  // set: topological order
       g.setDtype(v, t);
     }
   }
@@ -51,20 +56,23 @@ int64_t lowerToBf16(Graph& g) {
         if (out == v) g.setOutput(name, c);
     }
   }
-  std::map<ValueId, ValueId> castOf;
+  // The inputs the tensor cores read (ops.def's tensorCoreInputs column: GEMM operands A and B;
+  // attention's q, k, v, o, dO) in bf16, those of the fp32Inputs column in fp32: one Cast per
+  // value and dtype.
+  std::map<std::pair<ValueId, DType>, ValueId> castOf;
   for (NodeId id : order) {
-    // The inputs the tensor cores read (ops.def's tensorCoreInputs column: GEMM operands A and
-    // B; attention's q, k, v, o, dO).
     for (size_t slot = 0; slot < g.node(id).inputs.size(); ++slot) {
-      if (!opInfo(g.node(id).op).isTensorCoreInput(slot)) continue;
+      const OpInfo& info = opInfo(g.node(id).op);
+      if (!info.isTensorCoreInput(slot) && !info.isFp32Input(slot)) continue;
+      const DType want = info.isTensorCoreInput(slot) ? DType::BF16 : DType::F32;
       const ValueId v = g.node(id).inputs[slot];
-      if (g.value(v).type.dtype == DType::BF16) continue;
-      auto it = castOf.find(v);
+      if (g.value(v).type.dtype == want) continue;
+      auto it = castOf.find({v, want});
       if (it == castOf.end()) {
         AttrMap a;
-        a.set<attr::DType>("bf16");
-        const ValueId c = g.add(OpKind::Cast, {v}, a, g.value(v).name + ".bf16");
-        it = castOf.emplace(v, c).first;
+        a.set<attr::DType>(want == DType::BF16 ? "bf16" : "f32");
+        const ValueId c = g.add(OpKind::Cast, {v}, a, g.value(v).name + (want == DType::BF16 ? ".bf16" : ".f32"));
+        it = castOf.emplace(std::make_pair(v, want), c).first;
         ++casts;
       }
       g.node(id).inputs[slot] = it->second;  // g.add may move nodes: index again
