@@ -181,6 +181,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   staging_ = cuda::PinnedBuffer(stepBytes_ * kStagingSlots);
   for (int i = 0; i < kStagingSlots; ++i) slotDone_.push_back(std::make_unique<cuda::Event>());
   lossRing_ = cuda::DeviceBuffer(kLossRing * sizeof(float));
+  lossRing_.fill32(0);  // drainLosses copies the whole ring, slots not yet written too
   lossHost_ = cuda::PinnedBuffer(kLossRing * sizeof(float));
 
   int64_t paramCount = 0;
