@@ -571,6 +571,35 @@ INSTANTIATE_TEST_SUITE_P(
                                     {"precision=bf16", "compiler.gemm=generated", "compiler.deterministic=true"}}),
     [](const ::testing::TestParamInfo<GpuResumeCase>& i) { return i.param.name; });
 
+// bf16 with learnable sinks far from their zero initialisation: the GPU's sink-logit gradients
+// follow the rounding CPU executor's (the attention bar of Metric::Bf16, 5e-2). The kernels read
+// the sink logits as fp32; lower-bf16 once stored them in bf16, and heads read pairs of bf16 values
+// as one float or read past the buffer, which zero sinks (the initialisation) hid.
+TEST(TrainOnGpu, Bf16SinkLogitsReachTheAttentionKernels) {
+  PA_REQUIRE_GPU();
+  const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml",
+                                {"precision=bf16", "data.samples=256", "compiler.gemm=generated"});
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cpu";
+  std::unique_ptr<Session> cpu = makeSession(cfg, o);
+  o.initialParams = cpu->params();
+  o.initialParams["layers.1.sink_logits"] = {2.0, -1.5, 0.75, 3.0};
+  cpu->setParams(o.initialParams);
+  o.device = "cuda";
+  std::unique_ptr<Session> gpu = makeSession(cfg, o);
+  const double lossCpu = cpu->step(1), lossGpu = gpu->step(1);
+  const std::vector<double> a = cpu->gradients().at("layers.1.sink_logits"), b = gpu->gradients().at("layers.1.sink_logits");
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), norm += a[i] * a[i];
+  const double rel = std::sqrt(diff / norm);
+  std::printf("  bf16 sinks {2, -1.5, 0.75, 3}: loss cpu %.6e gpu %.6e; sink-logit gradient difference %.2e of its norm\n",
+              lossCpu, lossGpu, rel);
+  EXPECT_LE(rel, 5e-2);
+  EXPECT_NEAR(lossGpu, lossCpu, 1e-2 * lossCpu);
+}
+
 // predict on the GPU gives the CPU's predictions (fp32: the same float64-free forward, kernels
 // of other summation orders: 1e-5 of the output's scale).
 TEST(PredictOnGpu, MatchesTheCpu) {
