@@ -2,6 +2,7 @@
 // weights files to a graph.
 #include "frontend/checkpoint.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -218,10 +219,16 @@ std::string writeCheckpoint(const std::string& root, const TrainingState& state,
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw UserError(root + ": cannot create the checkpoint folder: " + ec.message());
-  // Temporary folders of earlier saves that died (a kill, a full disk) hold nothing of value.
+  // Temporary folders of earlier saves that died (a kill, a full disk) hold nothing of value;
+  // those of a process still running (another run saving here) are left to it.
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string n = it->path().filename().string();
-    if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) fs::remove_all(it->path(), ec);
+    if (n.rfind(".tmp-", 0) != 0 && n.rfind(".old-", 0) != 0) continue;
+    const std::string owner = n.substr(n.find_last_of('-') + 1);
+    const bool digits = !owner.empty() && owner.size() < 10 && owner.find_first_not_of("0123456789") == std::string::npos;
+    const pid_t ownerPid = digits ? static_cast<pid_t>(std::stol(owner)) : 0;
+    if (ownerPid > 0 && ownerPid != ::getpid() && (::kill(ownerPid, 0) == 0 || errno == EPERM)) continue;
+    fs::remove_all(it->path(), ec);
   }
   ec.clear();
   fs::create_directory(tmp, ec);

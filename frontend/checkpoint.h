@@ -12,7 +12,8 @@
 //                                        the resolved config (YAML) and the project version
 // A checkpoint is written into DIR/.tmp-step-...-<pid>, both files fsync'ed, and the folder
 // renamed into place, so DIR only ever holds whole checkpoints; a crash leaves at most a
-// temporary folder, which is never read and is removed by the next save into DIR.
+// temporary folder, which is never read and is removed by the next save into DIR (unless the
+// process that made it still runs).
 #pragma once
 
 #include <cstdint>

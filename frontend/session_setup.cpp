@@ -250,6 +250,10 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   if (resume) {
     const std::string diff = firstParameterDifference(g, resume->shapes);
     if (!diff.empty()) throw UserError("--resume " + resume->folder + ": the model differs from the checkpoint's: " + diff);
+    const std::string why = BatchOrder(nTrain, cfg.seed, cfg.data.shuffle).incompatibility(resume->state.order);
+    if (!why.empty())
+      throw UserError("--resume " + resume->folder + ": cannot continue on this run's data: " + why + " (--init-from " +
+                      resume->folder + "/" + kModelFile + " starts a new run from its weights)");
     given = resume->state.params;
   }
 
@@ -313,12 +317,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   }
   std::vector<std::string> warnings;
   if (resume) {
-    try {
-      session->restore(resume->state);
-    } catch (const UserError& e) {
-      throw UserError("--resume " + resume->folder + ": cannot continue on this run's data: " + e.what() +
-                      " (--init-from " + resume->folder + "/" + kModelFile + " starts a new run from its weights)");
-    }
+    session->restore(resume->state);  // its batch order was checked above, before compiling
     run.resumedFrom = resume->folder;
     const std::string flag = "--resume " + resume->folder + ": ";
     for (const std::string& d : configDifferences(resume->record.configYaml, rec.configYaml))

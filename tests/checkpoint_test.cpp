@@ -212,6 +212,24 @@ TEST(Checkpoint, KeepsTheNewestAndEveryFinalOne) {
   fs::remove_all(dir);
 }
 
+// A save removes what saves that died left (temporary folders of processes that are gone), not
+// the temporary folder of a process still running.
+TEST(Checkpoint, ASaveRemovesTheTemporariesOfDeadSavesOnly) {
+  const fs::path dir = tempDir("leftovers");
+  const fs::path dead = dir / ".tmp-step-00000007-999999999", alive = dir / ".tmp-step-00000007-1";
+  fs::create_directories(dead);
+  fs::create_directories(alive);
+  std::ofstream(dead / kModelFile) << "half";
+  RunOptions o = quiet();
+  o.steps = 1;
+  o.checkpointDir = dir.string();
+  train(loadConfig(example("sine_mlp"), {"data.samples=200", "train.batch_size=16"}), o);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive));  // pid 1 runs
+  EXPECT_TRUE(fs::exists(dir / "step-00000001" / kStateFile));
+  fs::remove_all(dir);
+}
+
 // A resumed run whose model differs names the first parameter that differs, with both shapes;
 // one on other data says so; options that change the trajectory only warn.
 TEST(Checkpoint, ResumeRefusesAnotherModelAndOtherData) {
@@ -406,6 +424,8 @@ TEST(Checkpoint, CommandLineMistakesExitTwo) {
   EXPECT_EQ(runCommand(base + "--checkpoint-dir " + (dir / "file").string(), nullptr, &err), 2);
   EXPECT_NE(err.find("--checkpoint-dir " + (dir / "file").string() + ": is a file"), std::string::npos) << err;
   EXPECT_EQ(runCommand(base + "--checkpoint-dir " + (dir / "file" / "sub").string(), nullptr, &err), 2);
+  EXPECT_EQ(runCommand(base + "--checkpoint-dir /proc/pa-no-such-folder", nullptr, &err), 2);
+  EXPECT_NE(err.find("--checkpoint-dir /proc/pa-no-such-folder: cannot create the folder"), std::string::npos) << err;
   EXPECT_EQ(runCommand(base + "--set train.checkpoint.dir=" + (dir / "file").string(), nullptr, &err), 2);
   EXPECT_NE(err.find("train.checkpoint.dir: "), std::string::npos) << err;
   EXPECT_EQ(runCommand(base + "--resume " + dir.string() + " --init-from w.safetensors", nullptr, &err), 2);
