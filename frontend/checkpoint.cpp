@@ -40,9 +40,8 @@ std::string hex64(uint64_t v) {
 // The step of a folder named step-NNNNNNNN, or -1.
 int64_t stepOfFolder(const std::string& name) {
   if (name.rfind(kFolderPrefix, 0) != 0 || name.size() == std::strlen(kFolderPrefix)) return -1;
-  const std::string digits = name.substr(std::strlen(kFolderPrefix));
-  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) return -1;
-  return std::stoll(digits);
+  int64_t step = -1;
+  return parseCount(name.substr(std::strlen(kFolderPrefix)), step) ? step : -1;
 }
 
 bool isCheckpointFolder(const fs::path& p) {
@@ -85,15 +84,17 @@ const std::string& meta(const safetensors::File& f, const std::string& key) {
 
 int64_t metaInt(const safetensors::File& f, const std::string& key, int64_t lo) {
   const std::string& v = meta(f, key);
-  const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() <= 18;
-  const int64_t n = digits ? std::stoll(v) : -1;
-  if (!digits || n < lo)
+  int64_t n = -1;
+  if (!parseCount(v, n) || n < lo)
     throw safetensors::FormatError(f.name(), "metadata '" + key + "' is '" + v + "', expected a whole number of at least " +
                                                  std::to_string(lo));
   return n;
 }
 
-std::vector<int64_t> metaShape(const safetensors::File& f, const std::string& key) {
+}  // namespace
+
+std::vector<int64_t> metadataShape(const safetensors::File& f, const std::string& key) {
+  if (!f.metadata().count(key)) return {};
   const std::string& v = meta(f, key);
   nlohmann::json j = nlohmann::json::parse(v, nullptr, false);
   std::vector<int64_t> s;
@@ -105,6 +106,8 @@ std::vector<int64_t> metaShape(const safetensors::File& f, const std::string& ke
   if (!ok) throw safetensors::FormatError(f.name(), "metadata '" + key + "' is '" + v + "', expected a shape like [64, 1]");
   return s;
 }
+
+namespace {
 
 // Settings from a JSON metadata value; missing or mistyped fields are a damaged file.
 nlohmann::json metaJson(const safetensors::File& f, const std::string& key) {
@@ -224,9 +227,9 @@ std::string writeCheckpoint(const std::string& root, const TrainingState& state,
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string n = it->path().filename().string();
     if (n.rfind(".tmp-", 0) != 0 && n.rfind(".old-", 0) != 0) continue;
-    const std::string owner = n.substr(n.find_last_of('-') + 1);
-    const bool digits = !owner.empty() && owner.size() < 10 && owner.find_first_not_of("0123456789") == std::string::npos;
-    const pid_t ownerPid = digits ? static_cast<pid_t>(std::stol(owner)) : 0;
+    int64_t owner = 0;
+    const bool named = parseCount(n.substr(n.find_last_of('-') + 1), owner) && owner > 0 && owner <= INT32_MAX;
+    const pid_t ownerPid = named ? static_cast<pid_t>(owner) : 0;
     if (ownerPid > 0 && ownerPid != ::getpid() && (::kill(ownerPid, 0) == 0 || errno == EPERM)) continue;
     fs::remove_all(it->path(), ec);
   }
@@ -349,8 +352,10 @@ Checkpoint readCheckpoint(const std::string& folder) {
   r.totalSteps = metaInt(state, "total_steps", 0);
   r.batchSize = metaInt(state, "batch_size", 1);
   r.trainSamples = metaInt(state, "train_samples", 0);
-  r.sampleX = metaShape(model, "input_shape");
-  r.sampleY = metaShape(model, "target_shape");
+  r.sampleX = metadataShape(model, "input_shape");
+  r.sampleY = metadataShape(model, "target_shape");
+  if (r.sampleX.empty() || r.sampleY.empty())
+    throw safetensors::FormatError(model.name(), "metadata 'input_shape' or 'target_shape' is missing");
   const std::string& fp = meta(state, "data_fingerprint");
   char* end = nullptr;
   r.dataFingerprint = std::strtoull(fp.c_str(), &end, 16);

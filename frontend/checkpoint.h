@@ -95,6 +95,10 @@ std::vector<std::string> configDifferences(const std::string& checkpointYaml, co
 Config configFromWeights(const safetensors::Metadata& metadata, const std::string& file,
                          const std::vector<std::string>& overrides, const std::string& flag);
 
+// A sample shape a weights file's metadata holds (`input_shape`, `target_shape`: "[64, 1]"), or {}
+// when the key is absent. Throws safetensors::FormatError for a value that is no such shape.
+std::vector<int64_t> metadataShape(const safetensors::File& f, const std::string& key);
+
 // Parameter values for `g` from a safetensors file (--init-from, predict --weights): by name,
 // floating-point tensors of the parameter's shape. Missing, extra, mis-shaped or non-float
 // tensors throw one UserError listing them all (name, expected and found shape and dtype) unless

@@ -113,6 +113,18 @@ std::vector<std::string> CfgNode::keys() const {
   return r;
 }
 
+bool parseCount(const std::string& s, int64_t& v) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  int64_t n = 0;
+  for (char c : s) {
+    const int d = c - '0';
+    if (n > (INT64_MAX - d) / 10) return false;
+    n = n * 10 + d;
+  }
+  v = n;
+  return true;
+}
+
 NumberParse parseNumber(const std::string& s, double& v) {
   // strtod, not stod: stod throws on underflow, so 1e-320 (a denormal) would be "not a number".
   if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return NumberParse::NotANumber;

@@ -40,6 +40,9 @@ std::string formatNumber(double v);
 // Reads a decimal number as strtod does, whole string only.
 enum class NumberParse { Ok, NotANumber, NotFinite, Overflow };
 NumberParse parseNumber(const std::string& text, double& value);
+// A count written in decimal digits alone (no sign, no exponent, no blanks) that fits an int64;
+// false for anything else.
+bool parseCount(const std::string& text, int64_t& value);
 
 class CfgNode {
 public:

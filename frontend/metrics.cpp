@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "frontend/config_node.h"
 
 namespace pa {
 
@@ -29,9 +30,7 @@ std::vector<std::string> keptRows(const std::string& path, bool csv, int64_t las
   while (std::getline(in, line)) {
     int64_t step = -1;
     if (csv) {
-      const std::string first = line.substr(0, line.find(','));
-      if (!first.empty() && first.find_first_not_of("0123456789") == std::string::npos && first.size() < 19)
-        step = std::stoll(first);
+      if (!parseCount(line.substr(0, line.find(',')), step)) step = -1;
     } else {
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) step = j["step"].get<int64_t>();

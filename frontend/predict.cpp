@@ -42,21 +42,6 @@ Config configOf(const PredictOptions& opt, const safetensors::File& weights) {
   return configFromWeights(weights.metadata(), weights.name(), opt.sets, "--config: required");
 }
 
-std::vector<int64_t> shapeFromMetadata(const safetensors::File& f, const std::string& key) {
-  auto it = f.metadata().find(key);
-  if (it == f.metadata().end()) return {};
-  std::vector<int64_t> s;
-  std::string digits;
-  for (char c : it->second + ",") {
-    if (c >= '0' && c <= '9') digits += c;
-    else if (!digits.empty()) {
-      s.push_back(std::stoll(digits));
-      digits.clear();
-    }
-  }
-  return s;
-}
-
 Rows readInput(const std::string& path, int64_t features, int64_t targets) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw UserError("--input " + path + ": is a folder; expected a CSV file");
@@ -106,7 +91,7 @@ PredictResult predict(const PredictOptions& opt) {
   const Config cfg = configOf(opt, *weights);
   const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
 
-  std::vector<int64_t> sampleX = shapeFromMetadata(*weights, "input_shape"), sampleY = shapeFromMetadata(*weights, "target_shape");
+  std::vector<int64_t> sampleX = metadataShape(*weights, "input_shape"), sampleY = metadataShape(*weights, "target_shape");
   Rows rows;
   if (!opt.split.empty() || sampleX.empty() || sampleY.empty()) {
     const DataSplit data = loadData(cfg.data, cfg.seed, baseDir);

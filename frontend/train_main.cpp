@@ -22,12 +22,12 @@ namespace fs = std::filesystem;
 
 // --steps N: a count, with a message for people (CLI11's own check prints the range of a double).
 int64_t parseSteps(const std::string& text) {
-  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-  errno = 0;
-  const long long v = digits ? std::strtoll(text.c_str(), nullptr, 10) : -1;
-  if (!digits || errno == ERANGE)
+  int64_t v = 0;
+  if (!pa::parseCount(text, v)) {
+    const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
     throw pa::UserError("--steps " + text + ": expected a whole number of steps, 0 or more" +
                         (digits ? " and at most " + std::to_string(INT64_MAX) : ""));
+  }
   return v;
 }
 

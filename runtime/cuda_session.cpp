@@ -80,7 +80,7 @@ public:
   TrainResult& result() override { return res_; }
   std::map<std::string, std::vector<double>> params() const override { return readAll(false); }
   std::map<std::string, std::vector<double>> gradients() const override { return readAll(true); }
-  int64_t stepsTaken() const override { return stepsTaken_; }
+  int64_t stepsTaken() const override { return restoredSteps_ + queued_; }
   TrainingState state() const override;
   void restore(const TrainingState& s) override;
   void setParams(const std::map<std::string, std::vector<double>>& values) override {
@@ -128,7 +128,7 @@ private:
   std::vector<double> ready_;  // losses read back, not yet taken
   std::vector<Param> params_;
   std::unique_ptr<BatchOrder> order_;
-  int64_t stepsTaken_ = 0;
+  int64_t restoredSteps_ = 0;  // steps a restored state had taken, beyond this session's queued_
   bool useGraph_ = true;
   DeviceSummary summary_;
   TrainResult res_;
@@ -244,7 +244,7 @@ CudaSession::~CudaSession() {
 // Adam's moments live in two blocks laid out as the parameter block (runner_->paramOffset).
 TrainingState CudaSession::state() const {
   TrainingState s;
-  s.step = stepsTaken_;
+  s.step = stepsTaken();
   s.params = readAll(false);
   std::vector<float> m(m_.bytes() / sizeof(float)), v(v_.bytes() / sizeof(float));
   m_.download(m.data(), m_.bytes());
@@ -276,7 +276,7 @@ void CudaSession::restore(const TrainingState& s) {
   m_.upload(m.data(), m_.bytes());
   v_.upload(v.data(), v_.bytes());
   order_->restore(s.order);
-  stepsTaken_ = s.step;
+  restoredSteps_ = s.step - queued_;
 }
 
 void CudaSession::queueStepKernels() {
@@ -330,7 +330,6 @@ void CudaSession::enqueueStep(int64_t step) {
   std::memcpy(staging, &head, sizeof head);
   const int64_t batch = spec_.batchSize;
   const int64_t* rows = order_->next(batch);
-  ++stepsTaken_;
   if (spec_.recordBatches) batchLog_.insert(batchLog_.end(), rows, rows + batch);
   int32_t* idx = reinterpret_cast<int32_t*>(staging + sizeof head);
   for (int64_t i = 0; i < batch; ++i) idx[i] = static_cast<int32_t>(rows[i]);

@@ -65,6 +65,19 @@ TEST(Layers, RegistryListsKindsAndLayersPrintTheirResolvedConfig) {
   EXPECT_EQ(c.model.layers[1]->path, "model.layers[1]");
 }
 
+// Counts in metadata, CSV steps, folder names and --steps: digits alone, within int64.
+TEST(ConfigErrors, ParseCountTakesDigitsWithinInt64Only) {
+  int64_t v = -1;
+  EXPECT_TRUE(parseCount("0", v));
+  EXPECT_EQ(v, 0);
+  EXPECT_TRUE(parseCount("007", v));
+  EXPECT_EQ(v, 7);
+  EXPECT_TRUE(parseCount("9223372036854775807", v));
+  EXPECT_EQ(v, INT64_MAX);
+  for (const char* bad : {"", "9223372036854775808", "99999999999999999999", "+1", "-1", "1e3", " 1", "1 ", "0x10"})
+    EXPECT_FALSE(parseCount(bad, v)) << bad;
+}
+
 TEST(ConfigErrors, GoodConfigTrains) { EXPECT_EQ(errorOf(kGood), ""); }
 
 TEST(ConfigErrors, MalformedYamlNamesLineAndColumn) {
