@@ -21,7 +21,9 @@ std::string num(double v);
 std::string ll(int64_t v);
 // GELU (the erf form) of the expression `x`.
 std::string geluOf(const std::string& x);
-// dy ⊙ act′(x) for act relu | gelu (ReluGrad, GeluGrad, matmul-act-grad's epilogues); `x` is
+// GELU's tanh form of the expression `x`.
+std::string geluTanhOf(const std::string& x);
+// dy ⊙ act′(x) for act relu | gelu | silu | gelu_tanh (ReluGrad, GeluGrad, matmul-act-grad's epilogues); `x` is
 // read more than once, so it should name a value.
 std::string activationGradOf(const std::string& act, const std::string& dy, const std::string& x);
 // `s` with every character that is not a letter or digit replaced by '_'.

@@ -30,7 +30,17 @@ std::string num(double v) {
 }
 std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
 std::string geluOf(const std::string& x) { return "0.5f * " + x + " * (1.0f + erff(" + x + " * 0.70710678118654752f))"; }
+std::string geluTanhOf(const std::string& x) {
+  return "0.5f * " + x + " * (1.0f + tanhf(0.79788456080286536f * (" + x + " + 0.044715f * " + x + " * " + x + " * " + x + ")))";
+}
 std::string activationGradOf(const std::string& act, const std::string& dy, const std::string& x) {
+  if (act == "silu")
+    return dy + " * (1.0f / (1.0f + expf(-" + x + "))) * (1.0f + " + x + " * (1.0f - 1.0f / (1.0f + expf(-" + x + "))))";
+  if (act == "gelu_tanh")
+    return dy + " * (0.5f * (1.0f + tanhf(0.79788456080286536f * (" + x + " + 0.044715f * " + x + " * " + x + " * " + x +
+           "))) + 0.5f * " + x + " * (1.0f - tanhf(0.79788456080286536f * (" + x + " + 0.044715f * " + x + " * " + x + " * " + x +
+           ")) * tanhf(0.79788456080286536f * (" + x + " + 0.044715f * " + x + " * " + x + " * " + x +
+           "))) * 0.79788456080286536f * (1.0f + 0.134145f * " + x + " * " + x + "))";
   if (act == "gelu")
     return dy + " * (0.5f * (1.0f + erff(" + x + " * 0.70710678118654752f)) + " + x + " * 0.39894228040143268f * expf(-0.5f * " + x +
            " * " + x + "))";

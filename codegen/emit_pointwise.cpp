@@ -34,12 +34,16 @@ std::string exprCode(const ExprNode& x) {
   case OpKind::Tanh: return "tanhf(" + t(0) + ")";
   case OpKind::Sigmoid: return "1.0f / (1.0f + expf(-" + t(0) + "))";
   case OpKind::Exp: return "expf(" + t(0) + ")";
+  case OpKind::Silu: return t(0) + " / (1.0f + expf(-" + t(0) + "))";
+  case OpKind::GeluTanh: return geluTanhOf(t(0));
   case OpKind::BroadcastTo: return t(0);
   case OpKind::Cast: return t(0);  // the store rounds to the output's dtype
   case OpKind::ReluGrad: return activationGradOf("relu", t(0), t(1));
   case OpKind::GeluGrad: return activationGradOf("gelu", t(0), t(1));
   case OpKind::TanhGrad: return t(0) + " * (1.0f - " + t(1) + " * " + t(1) + ")";
   case OpKind::SigmoidGrad: return t(0) + " * " + t(1) + " * (1.0f - " + t(1) + ")";
+  case OpKind::SiluGrad: return activationGradOf("silu", t(0), t(1));
+  case OpKind::GeluTanhGrad: return activationGradOf("gelu_tanh", t(0), t(1));
   default: throw std::logic_error(std::string("no expression code for op ") + opName(x.op));
   }
 }
@@ -208,11 +212,15 @@ NodeKernels emitGelu(const Ctx& c) { return primitive(c); }
 NodeKernels emitTanh(const Ctx& c) { return primitive(c); }
 NodeKernels emitSigmoid(const Ctx& c) { return primitive(c); }
 NodeKernels emitExp(const Ctx& c) { return primitive(c); }
+NodeKernels emitSilu(const Ctx& c) { return primitive(c); }
+NodeKernels emitGeluTanh(const Ctx& c) { return primitive(c); }
 NodeKernels emitBroadcastTo(const Ctx& c) { return primitive(c); }
 NodeKernels emitReluGrad(const Ctx& c) { return primitive(c); }
 NodeKernels emitGeluGrad(const Ctx& c) { return primitive(c); }
 NodeKernels emitTanhGrad(const Ctx& c) { return primitive(c); }
 NodeKernels emitSigmoidGrad(const Ctx& c) { return primitive(c); }
+NodeKernels emitSiluGrad(const Ctx& c) { return primitive(c); }
+NodeKernels emitGeluTanhGrad(const Ctx& c) { return primitive(c); }
 NodeKernels emitFusedElementwise(const Ctx& c) { return elementwise(c, parseExpr(c.n.attrs.get<attr::Expr>())); }
 
 NodeKernels emitSoftmax(const Ctx& c) {

@@ -14,7 +14,7 @@ bool isExprOp(OpKind op) {
   case OpKind::Add: case OpKind::Sub: case OpKind::Mul: case OpKind::Div: case OpKind::Scale:
   case OpKind::Relu: case OpKind::Gelu: case OpKind::Tanh: case OpKind::Sigmoid: case OpKind::Exp:
   case OpKind::BroadcastTo: case OpKind::ReluGrad: case OpKind::GeluGrad: case OpKind::TanhGrad:
-  case OpKind::SigmoidGrad:
+  case OpKind::SigmoidGrad: case OpKind::Silu: case OpKind::GeluTanh: case OpKind::SiluGrad: case OpKind::GeluTanhGrad:
     return true;
   default:
     return false;

@@ -114,6 +114,48 @@ Types inferGelu(const Graph& g, const Node& n) { return unary(g, n); }
 Types inferTanh(const Graph& g, const Node& n) { return unary(g, n); }
 Types inferSigmoid(const Graph& g, const Node& n) { return unary(g, n); }
 Types inferExp(const Graph& g, const Node& n) { return unary(g, n); }
+Types inferSilu(const Graph& g, const Node& n) { return unary(g, n); }
+Types inferGeluTanh(const Graph& g, const Node& n) { return unary(g, n); }
+
+// The normalised input [..., F] and a gain (and bias) of [F]; its row statistics are [...]:
+// x's shape without the last axis.
+Shape normRows(const Graph& g, const Node& n, int params) {
+  const Shape& x = in(g, n, 0);
+  if (x.empty()) fail(n, std::string(opName(n.op)) + " needs an input of rank >= 1, got a scalar");
+  for (int i = 1; i <= params; ++i)
+    if (in(g, n, i) != Shape{x.back()})
+      fail(n, std::string(i == 1 ? "the gain " : "the bias ") + shapeString(in(g, n, i)) + " must be [" +
+                  std::to_string(x.back()) + "], the last axis of the input " + shapeString(x));
+  if (!(n.attrs.get<attr::Eps>() > 0.0)) fail(n, "eps must be > 0, got " + std::to_string(n.attrs.get<attr::Eps>()));
+  return Shape(x.begin(), x.end() - 1);
+}
+Types normForward(const Graph& g, const Node& n, int params, int stats) {
+  const Shape rows = normRows(g, n, params);
+  Types t = one(in(g, n, 0), dt(g, n));
+  for (int i = 0; i < stats; ++i) t.push_back(TensorType{rows, DType::F32});
+  if (static_cast<int>(n.inputs.size()) == params + 2) {
+    if (in(g, n, params + 1) != in(g, n, 0))
+      fail(n, "the residual " + shapeString(in(g, n, params + 1)) + " must have the input's shape " + shapeString(in(g, n, 0)));
+    t.push_back(TensorType{in(g, n, 0), dt(g, n)});
+  }
+  return t;
+}
+Types inferLayerNorm(const Graph& g, const Node& n) { return normForward(g, n, 2, 2); }
+Types inferRmsNorm(const Graph& g, const Node& n) { return normForward(g, n, 1, 1); }
+
+// Rope's [B, H, S, D] view of its input: the position axis and the feature axis by layout.
+Types inferRope(const Graph& g, const Node& n) {
+  const Shape& x = in(g, n, 0);
+  const std::string layout = n.attrs.get<attr::Layout>();
+  if (layout != "bhsd" && layout != "bshd") fail(n, "rope: layout must be bhsd or bshd, got '" + layout + "'");
+  if (x.size() != 4) fail(n, "rope needs a [batch, heads, seq, head_dim] input (or [batch, seq, heads, head_dim] with layout bshd), got " + shapeString(x));
+  const int64_t dims = n.attrs.get<attr::RopeDims>();
+  if (dims < 0 || dims > x[3] || dims % 2 != 0)
+    fail(n, "rope: dims must be even and at most the head dim " + std::to_string(x[3]) + " (0: all), got " + std::to_string(dims));
+  if (dims == 0 && x[3] % 2 != 0) fail(n, "rope: the head dim " + std::to_string(x[3]) + " is odd; set dims to an even count");
+  if (!(n.attrs.get<attr::RopeBase>() > 0.0)) fail(n, "rope: base must be > 0, got " + std::to_string(n.attrs.get<attr::RopeBase>()));
+  return unary(g, n);
+}
 
 int axisOf(const Node& n, const Shape& s) {
   const int64_t axis = n.attrs.get<attr::Axis>();
@@ -340,6 +382,29 @@ Types inferReluGrad(const Graph& g, const Node& n) { return sameAsBoth(g, n); }
 Types inferGeluGrad(const Graph& g, const Node& n) { return sameAsBoth(g, n); }
 Types inferTanhGrad(const Graph& g, const Node& n) { return sameAsBoth(g, n); }
 Types inferSigmoidGrad(const Graph& g, const Node& n) { return sameAsBoth(g, n); }
+Types inferSiluGrad(const Graph& g, const Node& n) { return sameAsBoth(g, n); }
+Types inferGeluTanhGrad(const Graph& g, const Node& n) { return sameAsBoth(g, n); }
+
+// (dy, x, gain, stats..[, d sum]) -> (dx, d gain[, d bias]).
+Types normBackward(const Graph& g, const Node& n, int stats, bool bias) {
+  const Shape& dy = in(g, n, 0);
+  const Shape& x = in(g, n, 1);
+  if (dy != x) fail(n, "gradient " + shapeString(dy) + " and saved input " + shapeString(x) + " differ");
+  if (x.empty()) fail(n, "needs an input of rank >= 1");
+  if (in(g, n, 2) != Shape{x.back()}) fail(n, "the gain " + shapeString(in(g, n, 2)) + " must be [" + std::to_string(x.back()) + "]");
+  const Shape rows(x.begin(), x.end() - 1);
+  for (int i = 0; i < stats; ++i)
+    if (in(g, n, 3 + i) != rows) fail(n, "row statistics " + shapeString(in(g, n, 3 + i)) + " must be " + shapeString(rows));
+  if (static_cast<int>(n.inputs.size()) == 4 + stats && in(g, n, 3 + stats) != x)
+    fail(n, "the sum's gradient " + shapeString(in(g, n, 3 + stats)) + " must have the input's shape " + shapeString(x));
+  Types t = one(x, dt(g, n));
+  t.push_back(TensorType{Shape{x.back()}, dt(g, n)});
+  if (bias) t.push_back(TensorType{Shape{x.back()}, dt(g, n)});
+  return t;
+}
+Types inferLayerNormGrad(const Graph& g, const Node& n) { return normBackward(g, n, 2, true); }
+Types inferRmsNormGrad(const Graph& g, const Node& n) { return normBackward(g, n, 1, false); }
+
 Types inferSoftmaxGrad(const Graph& g, const Node& n) {
   axisOf(n, in(g, n, 0));
   return sameAsBoth(g, n);

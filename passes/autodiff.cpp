@@ -14,7 +14,8 @@ namespace {
 struct GradCtx {
   Graph& g;
   const Node& n;
-  ValueId dy;                       // gradient of the node's first output
+  ValueId dy;                       // gradient of the node's first output (kNoValue when only another output has one)
+  llvm::SmallVector<ValueId, 4> dys; // gradient of each output, kNoValue when none
   const std::vector<char>& needs;   // needs[v]: v depends on a value we differentiate for
   llvm::SmallVector<ValueId, 4> dx; // result per input, kNoValue when none
 
@@ -118,6 +119,43 @@ void gradGelu(GradCtx& c) { c.give(0, c.op(OpKind::GeluGrad, {c.dy, c.in(0)})); 
 void gradTanh(GradCtx& c) { c.give(0, c.op(OpKind::TanhGrad, {c.dy, c.out()})); }
 void gradSigmoid(GradCtx& c) { c.give(0, c.op(OpKind::SigmoidGrad, {c.dy, c.out()})); }
 void gradExp(GradCtx& c) { c.give(0, c.op(OpKind::Mul, {c.dy, c.out()})); }
+void gradSilu(GradCtx& c) { c.give(0, c.op(OpKind::SiluGrad, {c.dy, c.in(0)})); }
+void gradGeluTanh(GradCtx& c) { c.give(0, c.op(OpKind::GeluTanhGrad, {c.dy, c.in(0)})); }
+
+// A norm's gradient node reads what was normalised (the sum, when the node also added a
+// residual), the gain and the saved row statistics; the sum's own gradient (from its other uses)
+// joins dx inside the node, and x and the residual both receive that dx.
+void normGrad(GradCtx& c, OpKind gradOp, int params, int stats) {
+  const bool fused = static_cast<int>(c.n.inputs.size()) == params + 2;
+  const ValueId dsum = fused ? c.dys[static_cast<size_t>(1 + stats)] : kNoValue;
+  if (c.dy == kNoValue) {  // only the sum is used on: the norm's output has no gradient
+    if (dsum == kNoValue) return;
+    c.give(0, dsum);
+    c.give(params + 1, dsum);
+    return;
+  }
+  llvm::SmallVector<ValueId, 6> ins{c.dy, fused ? c.n.outputs[static_cast<size_t>(1 + stats)] : c.in(0)};
+  ins.push_back(c.in(1));  // the gain
+  for (int i = 0; i < stats; ++i) ins.push_back(c.n.outputs[static_cast<size_t>(1 + i)]);
+  if (dsum != kNoValue) ins.push_back(dsum);
+  AttrMap a;
+  a.set<attr::Eps>(c.n.attrs.get<attr::Eps>());
+  const ValueId first = c.op(gradOp, ins, a);
+  const Node& grad = c.g.producer(first);
+  const llvm::SmallVector<ValueId, 3> outs(grad.outputs.begin(), grad.outputs.end());
+  if (c.wants(0)) c.give(0, outs[0]);
+  if (fused && c.wants(params + 1)) c.give(params + 1, outs[0]);
+  for (int i = 1; i <= params; ++i)
+    if (c.wants(i)) c.give(i, outs[static_cast<size_t>(i)]);
+}
+void gradLayerNorm(GradCtx& c) { normGrad(c, OpKind::LayerNormGrad, 2, 2); }
+void gradRmsNorm(GradCtx& c) { normGrad(c, OpKind::RmsNormGrad, 1, 1); }
+
+void gradRope(GradCtx& c) {
+  AttrMap a = c.n.attrs;
+  a.set<attr::Inverse>(!c.n.attrs.get<attr::Inverse>());  // a rotation's transpose is its inverse
+  c.give(0, c.op(OpKind::Rope, {c.dy}, a));
+}
 
 void gradSoftmax(GradCtx& c) {
   AttrMap a;
@@ -226,6 +264,10 @@ void gradGeluGrad(GradCtx& c) { noRule(c); }
 void gradMatMulActGrad(GradCtx& c) { noRule(c); }
 void gradTanhGrad(GradCtx& c) { noRule(c); }
 void gradSigmoidGrad(GradCtx& c) { noRule(c); }
+void gradSiluGrad(GradCtx& c) { noRule(c); }
+void gradGeluTanhGrad(GradCtx& c) { noRule(c); }
+void gradLayerNormGrad(GradCtx& c) { noRule(c); }
+void gradRmsNormGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxSinkGrad(GradCtx& c) { noRule(c); }
 void gradFlashAttentionGrad(GradCtx& c) { noRule(c); }
@@ -244,9 +286,16 @@ void backprop(Graph& g, const std::vector<NodeId>& order, std::vector<ValueId>& 
     // A copy, not a reference: rules read `n` while adding nodes (stable storage makes a
     // reference safe too, but a copy keeps the rules independent of that guarantee).
     const Node n = g.node(*it);
-    const ValueId dy = grad[n.outputs[0]];
-    if (dy == kNoValue || !needs[n.outputs[0]] || opInfo(n.op).grad == GradKind::Leaf) continue;
-    GradCtx c{g, n, dy, needs, llvm::SmallVector<ValueId, 4>(n.inputs.size(), kNoValue)};
+    if (opInfo(n.op).grad == GradKind::Leaf) continue;
+    llvm::SmallVector<ValueId, 4> dys;
+    bool any = false;
+    for (ValueId v : n.outputs) {
+      dys.push_back(needs[v] ? grad[v] : kNoValue);
+      any |= dys.back() != kNoValue;
+    }
+    // Only the norms (fused with a residual) have a rule for a gradient of a later output alone.
+    if (!any || (dys[0] == kNoValue && n.op != OpKind::LayerNorm && n.op != OpKind::RmsNorm)) continue;
+    GradCtx c{g, n, dys[0], dys, needs, llvm::SmallVector<ValueId, 4>(n.inputs.size(), kNoValue)};
     kGrad[static_cast<int>(n.op)](c);
     grad.resize(g.numValues(), kNoValue);
     needs.resize(g.numValues(), 0);

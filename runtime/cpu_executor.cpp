@@ -89,6 +89,36 @@ template <class T> void execGelu(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Gelu, c.i
 template <class T> void execTanh(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Tanh, c.in(0), c.out(), c.outCount()); }
 template <class T> void execSigmoid(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Sigmoid, c.in(0), c.out(), c.outCount()); }
 template <class T> void execExp(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Exp, c.in(0), c.out(), c.outCount()); }
+template <class T> void execSilu(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::Silu, c.in(0), c.out(), c.outCount()); }
+template <class T> void execGeluTanh(Ctx<T>& c) { cpu::unary(cpu::UnaryOp::GeluTanh, c.in(0), c.out(), c.outCount()); }
+
+// Rows and features of a norm's input [..., F].
+template <class T> std::pair<int64_t, int64_t> normRows(Ctx<T>& c) {
+  const int64_t f = c.inShape(0).back();
+  return {f ? c.outCount() / f : 0, f};
+}
+template <class T>
+void execLayerNorm(Ctx<T>& c) {
+  const auto [rows, f] = normRows(c);
+  const bool fused = c.n.inputs.size() == 4;
+  cpu::norm(c.in(0), fused ? c.in(3) : nullptr, c.in(1), c.in(2), c.out(0), c.out(1), c.out(2), fused ? c.out(3) : nullptr,
+            rows, f, getAttr<attr::Eps>(c.n.attrs));
+}
+template <class T>
+void execRmsNorm(Ctx<T>& c) {
+  const auto [rows, f] = normRows(c);
+  const bool fused = c.n.inputs.size() == 3;
+  cpu::norm(c.in(0), fused ? c.in(2) : nullptr, c.in(1), static_cast<const T*>(nullptr), c.out(0), static_cast<T*>(nullptr),
+            c.out(1), fused ? c.out(2) : nullptr, rows, f, getAttr<attr::Eps>(c.n.attrs));
+}
+template <class T>
+void execRope(Ctx<T>& c) {
+  const Shape& s = c.inShape(0);
+  const bool bshd = getAttr<attr::Layout>(c.n.attrs) == "bshd";
+  const int64_t dims = getAttr<attr::RopeDims>(c.n.attrs);
+  cpu::rope(c.in(0), c.out(), s[0], bshd ? s[2] : s[1], bshd ? s[1] : s[2], s[3], bshd, dims ? dims : s[3],
+            getAttr<attr::RopeBase>(c.n.attrs), getAttr<attr::Interleaved>(c.n.attrs), getAttr<attr::Inverse>(c.n.attrs));
+}
 
 template <class T>
 void execSoftmax(Ctx<T>& c) {
@@ -361,6 +391,10 @@ void execFusedElementwise(Ctx<T>& c) {
         case OpKind::GeluGrad: cpu::unaryGrad(cpu::UnaryGradOp::Gelu, a, b, r, len); break;
         case OpKind::TanhGrad: cpu::unaryGrad(cpu::UnaryGradOp::Tanh, a, b, r, len); break;
         case OpKind::SigmoidGrad: cpu::unaryGrad(cpu::UnaryGradOp::Sigmoid, a, b, r, len); break;
+        case OpKind::Silu: cpu::unary(cpu::UnaryOp::Silu, a, r, len); break;
+        case OpKind::GeluTanh: cpu::unary(cpu::UnaryOp::GeluTanh, a, r, len); break;
+        case OpKind::SiluGrad: cpu::unaryGrad(cpu::UnaryGradOp::Silu, a, b, r, len); break;
+        case OpKind::GeluTanhGrad: cpu::unaryGrad(cpu::UnaryGradOp::GeluTanh, a, b, r, len); break;
         default: assert(false && "op not allowed in an elementwise expression (isExprOp)");
         }
         val[i] = r;
@@ -375,6 +409,20 @@ template <class T> void execReluGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradO
 template <class T> void execGeluGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradOp::Gelu, c.in(0), c.in(1), c.out(), c.outCount()); }
 template <class T> void execTanhGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradOp::Tanh, c.in(0), c.in(1), c.out(), c.outCount()); }
 template <class T> void execSigmoidGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradOp::Sigmoid, c.in(0), c.in(1), c.out(), c.outCount()); }
+template <class T> void execSiluGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradOp::Silu, c.in(0), c.in(1), c.out(), c.outCount()); }
+template <class T> void execGeluTanhGrad(Ctx<T>& c) { cpu::unaryGrad(cpu::UnaryGradOp::GeluTanh, c.in(0), c.in(1), c.out(), c.outCount()); }
+template <class T>
+void execLayerNormGrad(Ctx<T>& c) {
+  const auto [rows, f] = normRows(c);
+  cpu::normGrad(c.in(0), c.in(1), c.in(2), c.in(3), c.in(4), c.n.inputs.size() == 6 ? c.in(5) : nullptr, c.out(0), c.out(1),
+                c.out(2), rows, f);
+}
+template <class T>
+void execRmsNormGrad(Ctx<T>& c) {
+  const auto [rows, f] = normRows(c);
+  cpu::normGrad(c.in(0), c.in(1), c.in(2), static_cast<const T*>(nullptr), c.in(3), c.n.inputs.size() == 5 ? c.in(4) : nullptr,
+                c.out(0), c.out(1), static_cast<T*>(nullptr), rows, f);
+}
 
 template <class T>
 void execSoftmaxGrad(Ctx<T>& c) {

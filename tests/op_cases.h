@@ -81,6 +81,48 @@ inline std::vector<OpCase> allCases() {
   c.push_back(unaryCase("Tanh", OpKind::Tanh));
   c.push_back(unaryCase("Sigmoid", OpKind::Sigmoid));
   c.push_back(unaryCase("Exp", OpKind::Exp));
+  c.push_back(unaryCase("Silu", OpKind::Silu));
+  c.push_back(unaryCase("GeluTanh", OpKind::GeluTanh));
+  // Norms over the last axis, odd widths and a single feature; fused with a residual, the loss
+  // reads both the normalised output and the sum, so both gradients flow into the node.
+  for (int64_t f : {int64_t{5}, int64_t{1}, int64_t{33}}) {
+    for (bool fused : {false, true}) {
+      const std::string tail = "_f" + std::to_string(f) + (fused ? "_residual" : "");
+      c.push_back({"LayerNorm" + tail, OpKind::LayerNorm, [=](Graph& g) {
+                     std::vector<ValueId> ins{P(g, "x", {2, 3, f}), P(g, "gain", {f}), P(g, "bias", {f})};
+                     if (fused) ins.push_back(P(g, "r", {2, 3, f}));
+                     const ValueId y = g.add(OpKind::LayerNorm, ins, AttrMap().set<attr::Eps>(1e-3));
+                     if (!fused) return y;
+                     const Node& n = g.producer(y);
+                     return g.add(OpKind::Add, {y, g.add(OpKind::Scale, {n.outputs[3]}, AttrMap().set<attr::ScaleFactor>(0.5))});
+                   }});
+      c.push_back({"RmsNorm" + tail, OpKind::RmsNorm, [=](Graph& g) {
+                     std::vector<ValueId> ins{P(g, "x", {2, 3, f}), P(g, "gain", {f})};
+                     if (fused) ins.push_back(P(g, "r", {2, 3, f}));
+                     const ValueId y = g.add(OpKind::RmsNorm, ins, AttrMap().set<attr::Eps>(1e-3));
+                     if (!fused) return y;
+                     const Node& n = g.producer(y);
+                     return g.add(OpKind::Add, {y, g.add(OpKind::Scale, {n.outputs[2]}, AttrMap().set<attr::ScaleFactor>(0.5))});
+                   }});
+    }
+  }
+  struct RopeCase {
+    const char* name;
+    Shape x;
+    const char* layout;
+    int64_t dims;
+    bool interleaved;
+  };
+  for (const RopeCase& r : {RopeCase{"halfSplit_bhsd", {2, 3, 5, 8}, "bhsd", 0, false},
+                            RopeCase{"interleaved_bhsd", {2, 3, 5, 8}, "bhsd", 0, true},
+                            RopeCase{"halfSplit_bshd_partialDims", {2, 7, 3, 10}, "bshd", 4, false},
+                            RopeCase{"interleaved_bshd_partialDims", {1, 9, 2, 6}, "bshd", 2, true}}) {
+    c.push_back({std::string("Rope_") + r.name, OpKind::Rope, [=](Graph& g) {
+                   return g.add(OpKind::Rope, {P(g, "x", r.x)},
+                                AttrMap().set<attr::Layout>(std::string(r.layout)).set<attr::RopeDims>(r.dims)
+                                    .set<attr::Interleaved>(r.interleaved).set<attr::RopeBase>(100.0));
+                 }});
+  }
   c.push_back({"Softmax_lastAxis", OpKind::Softmax, [](Graph& g) {
                  return g.add(OpKind::Softmax, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Axis>(-1));
                }});

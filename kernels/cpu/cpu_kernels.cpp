@@ -51,6 +51,10 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, co
 }
 
 double geluCdf(double x) { return 0.5 * (1.0 + std::erf(x * M_SQRT1_2)); }
+// GELU's tanh form: x · ½(1 + tanh(√(2/π)(x + 0.044715x³))); geluTanhGate is the factor after x.
+constexpr double kGeluTanhC = 0.7978845608028654;  // sqrt(2/pi)
+double geluTanhGate(double x) { return 0.5 * (1.0 + std::tanh(kGeluTanhC * (x + 0.044715 * x * x * x))); }
+double sigmoidOf(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 }  // namespace
 
@@ -123,6 +127,14 @@ void unary(UnaryOp op, const T* x, T* y, int64_t n) {
 #pragma omp parallel for if (n > kParallelMin) schedule(static)
     for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
     break;
+  case UnaryOp::Silu:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(x[i] * sigmoidOf(x[i]));
+    break;
+  case UnaryOp::GeluTanh:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(x[i] * geluTanhGate(x[i]));
+    break;
   }
 }
 
@@ -161,6 +173,110 @@ void unaryGrad(UnaryGradOp op, const T* dy, const T* s, T* dx, int64_t n) {
 #pragma omp parallel for if (n > kParallelMin) schedule(static)
     for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * s[i] * (T(1) - s[i]);
     break;
+  case UnaryGradOp::Silu:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = s[i], sg = sigmoidOf(x);
+      dx[i] = static_cast<T>(dy[i] * sg * (1.0 + x * (1.0 - sg)));
+    }
+    break;
+  case UnaryGradOp::GeluTanh:
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = s[i], t = std::tanh(kGeluTanhC * (x + 0.044715 * x * x * x));
+      dx[i] = static_cast<T>(dy[i] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kGeluTanhC * (1.0 + 3.0 * 0.044715 * x * x)));
+    }
+    break;
+  }
+}
+
+template <class T>
+void norm(const T* x, const T* residual, const T* gain, const T* bias, T* y, T* mean, T* rstd, T* sum, int64_t rows,
+          int64_t f, double eps) {
+  const bool rms = mean == nullptr;
+#pragma omp parallel for if (rows * f > kParallelMin) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * f;
+    T* yr = y + r * f;
+    const T* src = xr;  // what is normalised: x, or x + residual (written to `sum` first)
+    if (residual) {
+      T* sr = sum + r * f;
+      for (int64_t j = 0; j < f; ++j) sr[j] = xr[j] + residual[r * f + j];
+      src = sr;
+    }
+    double mu = 0.0;
+    if (!rms) {
+      for (int64_t j = 0; j < f; ++j) mu += src[j];
+      mu /= static_cast<double>(f);
+    }
+    double var = 0.0;
+    for (int64_t j = 0; j < f; ++j) var += (src[j] - mu) * (src[j] - mu);
+    const double rs = 1.0 / std::sqrt(var / static_cast<double>(f) + eps);
+    for (int64_t j = 0; j < f; ++j)
+      yr[j] = static_cast<T>((src[j] - mu) * rs * gain[j] + (bias ? static_cast<double>(bias[j]) : 0.0));
+    if (!rms) mean[r] = static_cast<T>(mu);
+    rstd[r] = static_cast<T>(rs);
+  }
+}
+
+template <class T>
+void normGrad(const T* dy, const T* x, const T* gain, const T* mean, const T* rstd, const T* dsum, T* dx, T* dgain,
+              T* dbias, int64_t rows, int64_t f) {
+#pragma omp parallel for if (rows * f > kParallelMin) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* dyr = dy + r * f;
+    const T* xr = x + r * f;
+    const double mu = mean ? static_cast<double>(mean[r]) : 0.0, rs = rstd[r];
+    double sumG = 0.0, sumGx = 0.0;  // Σ ĝ and Σ ĝ·x̂, with ĝ = dy·gain
+    for (int64_t j = 0; j < f; ++j) {
+      const double gh = static_cast<double>(dyr[j]) * gain[j], xh = (xr[j] - mu) * rs;
+      sumG += gh;
+      sumGx += gh * xh;
+    }
+    const double meanG = mean ? sumG / static_cast<double>(f) : 0.0, meanGx = sumGx / static_cast<double>(f);
+    for (int64_t j = 0; j < f; ++j) {
+      const double gh = static_cast<double>(dyr[j]) * gain[j], xh = (xr[j] - mu) * rs;
+      dx[r * f + j] = static_cast<T>(rs * (gh - meanG - xh * meanGx) + (dsum ? static_cast<double>(dsum[r * f + j]) : 0.0));
+    }
+  }
+  std::vector<double> accG(static_cast<size_t>(f), 0.0), accB(static_cast<size_t>(f), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double mu = mean ? static_cast<double>(mean[r]) : 0.0, rs = rstd[r];
+    for (int64_t j = 0; j < f; ++j) {
+      accG[static_cast<size_t>(j)] += static_cast<double>(dy[r * f + j]) * (x[r * f + j] - mu) * rs;
+      accB[static_cast<size_t>(j)] += dy[r * f + j];
+    }
+  }
+  for (int64_t j = 0; j < f; ++j) {
+    dgain[j] = static_cast<T>(accG[static_cast<size_t>(j)]);
+    if (dbias) dbias[j] = static_cast<T>(accB[static_cast<size_t>(j)]);
+  }
+}
+
+template <class T>
+void rope(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool bshd, int64_t dims, double base,
+          bool interleaved, bool inverse) {
+  const int64_t half = dims / 2;
+  std::vector<double> invFreq(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) invFreq[static_cast<size_t>(j)] = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(dims));
+  const double sign = inverse ? -1.0 : 1.0;
+#pragma omp parallel for if (batch * heads * seq * dim > kParallelMin) schedule(static)
+  for (int64_t bh = 0; bh < batch * heads; ++bh) {
+    const int64_t b = bh / heads, h = bh % heads;
+    for (int64_t s = 0; s < seq; ++s) {
+      const int64_t row = bshd ? ((b * seq + s) * heads + h) * dim : ((b * heads + h) * seq + s) * dim;
+      const T* xr = x + row;
+      T* yr = y + row;
+      for (int64_t j = dims; j < dim; ++j) yr[j] = xr[j];
+      for (int64_t j = 0; j < half; ++j) {
+        const double angle = static_cast<double>(s) * invFreq[static_cast<size_t>(j)];
+        const double c = std::cos(angle), sn = sign * std::sin(angle);
+        const int64_t i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
+        const double a = xr[i0], bb = xr[i1];
+        yr[i0] = static_cast<T>(a * c - bb * sn);
+        yr[i1] = static_cast<T>(a * sn + bb * c);
+      }
+    }
   }
 }
 
@@ -319,7 +435,10 @@ void adamStep(T* p, const T* g, T* m, T* v, int64_t n, const AdamHyper& h, int64
   template void attentionMask<T>(const T*, T*, int64_t, int64_t, int64_t, const AttentionMaskSpec&, double); \
   template double mse<T>(const T*, const T*, int64_t);                                                    \
   template void biasActivation<T>(T*, const T*, T*, int64_t, int64_t, Activation);                                                    \
-  template void adamStep<T>(T*, const T*, T*, T*, int64_t, const AdamHyper&, int64_t, double);
+  template void adamStep<T>(T*, const T*, T*, T*, int64_t, const AdamHyper&, int64_t, double);               \
+  template void norm<T>(const T*, const T*, const T*, const T*, T*, T*, T*, T*, int64_t, int64_t, double);   \
+  template void normGrad<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t); \
+  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, bool, int64_t, double, bool, bool);
 
 PA_INSTANTIATE(float)
 PA_INSTANTIATE(double)

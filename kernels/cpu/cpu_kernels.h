@@ -33,7 +33,7 @@ enum class BinaryOp { Add, Sub, Mul, Div };
 template <class T>
 void binary(BinaryOp op, const T* a, const Strided& sa, const T* b, const Strided& sb, T* out);
 
-enum class UnaryOp { Relu, Gelu, Tanh, Sigmoid, Exp };
+enum class UnaryOp { Relu, Gelu, Tanh, Sigmoid, Exp, Silu, GeluTanh };
 template <class T>
 void unary(UnaryOp op, const T* x, T* y, int64_t n);
 template <class T>
@@ -41,8 +41,8 @@ void scale(const T* x, T* y, int64_t n, double factor);
 template <class T>
 void fill(T* y, int64_t n, double value);
 
-enum class UnaryGradOp { Relu, Gelu, Tanh, Sigmoid };
-// dx = dy * f'(saved), where saved is x for Relu/Gelu and y for Tanh/Sigmoid.
+enum class UnaryGradOp { Relu, Gelu, Tanh, Sigmoid, Silu, GeluTanh };
+// dx = dy * f'(saved), where saved is x for Relu/Gelu/Silu/GeluTanh and y for Tanh/Sigmoid.
 template <class T>
 void unaryGrad(UnaryGradOp op, const T* dy, const T* saved, T* dx, int64_t n);
 
@@ -76,6 +76,27 @@ void attentionMask(const T* x, T* y, int64_t batch, int64_t qLen, int64_t kLen, 
 enum class Activation { None, Relu, Gelu };
 template <class T>
 void biasActivation(T* y, const T* bias, T* pre, int64_t rows, int64_t n, Activation act);
+
+// Normalises each row of [rows, f]: layer norm y = (x - μ)·rstd·gain + bias, or RMS norm
+// (mean == nullptr, bias == nullptr) y = x·rstd·gain, with rstd = 1/sqrt(var + eps) and var the
+// mean square about μ (about 0 for RMS). With `residual` (may be null) it normalises x + residual
+// and writes that sum to `sum`. Statistics accumulate in double.
+template <class T>
+void norm(const T* x, const T* residual, const T* gain, const T* bias, T* y, T* mean, T* rstd, T* sum, int64_t rows,
+          int64_t f, double eps);
+// The gradient of norm() from its saved statistics: dx = rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) with
+// ĝ = dy·gain (no mean(ĝ) term for RMS, mean == nullptr), plus dsum (may be null); d gain = Σ dy·x̂
+// and d bias = Σ dy over rows (dbias may be null), summed in a fixed order.
+template <class T>
+void normGrad(const T* dy, const T* x, const T* gain, const T* mean, const T* rstd, const T* dsum, T* dx, T* dgain,
+              T* dbias, int64_t rows, int64_t f);
+
+// Rotary position embedding over [batch, heads, seq, dim] (or [batch, seq, heads, dim] when
+// bshd): feature pair j < dims/2, (j, j + dims/2) or (2j, 2j+1) when interleaved, turns by
+// s·base^(-2j/dims) at position s (the other way when inverse); features from `dims` on pass.
+template <class T>
+void rope(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool bshd, int64_t dims, double base,
+          bool interleaved, bool inverse);
 
 // Mean of squared differences over n elements.
 template <class T>
