@@ -125,7 +125,7 @@ void parseData(const CfgNode& n, DataConfig& d) {
   const std::vector<std::string> common = {"kind", "validation", "shuffle"};
   std::vector<std::string> allowed = common;
   if (d.kind == "sine")
-    allowed.insert(allowed.end(), {"samples", "noise", "window", "horizon", "channels", "target", "period"});
+    allowed.insert(allowed.end(), {"samples", "noise", "window", "horizon", "channels", "target", "period", "delay"});
   else if (d.kind == "function")
     allowed.insert(allowed.end(), {"samples", "noise", "fn", "inputs", "range"});
   else
@@ -139,7 +139,13 @@ void parseData(const CfgNode& n, DataConfig& d) {
     d.window = n.getIntIn("window", d.window, 1, 1 << 20);
     d.horizon = n.getIntIn("horizon", d.horizon, 1, 1 << 20);
     d.channels = n.getIntIn("channels", d.channels, 1, 1 << 16);
-    d.target = n.getChoice("target", d.target, {"next", "sequence"});
+    d.target = n.getChoice("target", d.target, {"next", "sequence", "delayed"});
+    if (d.target == "delayed") {
+      if (!n.has("delay")) n.child("target").fail("target delayed needs data.delay, how many steps back each position's target lies");
+      d.delay = n.getIntIn("delay", 0, 1, 1 << 20);
+    } else if (n.has("delay")) {
+      n.child("delay").fail("delay is for target: delayed (target is " + d.target + ")");
+    }
     if (n.has("period")) {
       const CfgNode p = n.child("period");
       const std::vector<double> v = p.asDoubles();

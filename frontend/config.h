@@ -39,7 +39,9 @@ struct DataConfig {
   bool shuffle = true;
   // sine
   int64_t window = 64, horizon = 1, channels = 1;
-  std::string target = "next";  // next: the `horizon` values after the window; sequence: x[t+horizon] for each t
+  std::string target = "next";  // next: the `horizon` values after the window; sequence: x[t+horizon] for each t;
+                                // delayed: x[t-delay] for each t
+  int64_t delay = 0;              // target delayed: how many steps back
   double periodMin = 8.0, periodMax = 64.0;  // in time steps
   // function
   std::string fn = "sin";  // sin | cos | sinc | gaussian | cubic | abs

@@ -52,7 +52,7 @@ std::string dataYaml(const DataConfig& d) {
   std::string s = "{kind: " + d.kind + ", validation: " + number(d.validation) + ", shuffle: " + (d.shuffle ? "true" : "false");
   if (d.kind == "sine") {
     s += ", samples: " + std::to_string(d.samples) + ", noise: " + number(d.noise) + ", window: " + std::to_string(d.window) +
-         ", horizon: " + std::to_string(d.horizon) + ", channels: " + std::to_string(d.channels) + ", target: " + d.target +
+         ", horizon: " + std::to_string(d.horizon) + ", channels: " + std::to_string(d.channels) + ", target: " + d.target + (d.target == "delayed" ? ", delay: " + std::to_string(d.delay) : std::string()) +
          ", period: [" + number(d.periodMin) + ", " + number(d.periodMax) + "]";
   } else if (d.kind == "function") {
     s += ", samples: " + std::to_string(d.samples) + ", noise: " + number(d.noise) + ", fn: " + d.fn +

@@ -19,7 +19,8 @@ int64_t Dataset::ySize() const { return std::accumulate(yShape.begin(), yShape.e
 namespace {
 
 // Sample i of a sine task: channel c is sin((c+1)·(2π t / period) + phase_c) plus noise on the
-// inputs; the target is channel 0's clean signal `horizon` steps ahead.
+// inputs; the target is channel 0's clean signal `horizon` steps ahead (or `delay` steps back:
+// before the window starts, the signal continues backwards, which the inputs cannot show).
 // Generated data is held in memory as float32; a size beyond kMaxDataValues is refused before
 // allocating (it was std::bad_alloc, exit 1). Sample indices are 32-bit on the GPU.
 constexpr double kMaxDataValues = 4294967296.0;  // 2^32 floats: 16 GiB
@@ -38,6 +39,7 @@ void makeSine(const DataConfig& d, uint64_t seed, Dataset& all) {
   all.count = d.samples;
   all.xShape = {w, ch};
   all.yShape = d.target == "next" ? std::vector<int64_t>{h} : std::vector<int64_t>{w, 1};
+  const int64_t shift = d.target == "delayed" ? -d.delay : h;  // target at t: channel 0 at t + shift
   all.x.resize(static_cast<size_t>(all.count * w * ch));
   all.y.resize(static_cast<size_t>(all.count * all.ySize()));
   Rng rng = Rng::stream(seed, "data/sine");
@@ -54,7 +56,7 @@ void makeSine(const DataConfig& d, uint64_t seed, Dataset& all) {
     if (d.target == "next")
       for (int64_t k = 0; k < h; ++k) y[k] = static_cast<float>(signal(w + k, 0));
     else
-      for (int64_t t = 0; t < w; ++t) y[t] = static_cast<float>(signal(t + h, 0));
+      for (int64_t t = 0; t < w; ++t) y[t] = static_cast<float>(signal(t + shift, 0));
   }
 }
 

@@ -11,17 +11,52 @@
 
 namespace pa {
 
+// A normalisation over the last axis: `kind` layer | rms, or empty for none.
+struct NormSpec {
+  std::string kind;
+  double eps = 1e-5;
+  bool on() const { return !kind.empty(); }
+};
+// `rms`, `layer`, or a map {kind: layer|rms, eps: 1e-5}.
+NormSpec parseNormSpec(const CfgNode& n);
+// "{kind: rms, eps: 1e-05}": valid YAML that parses back to the same spec.
+std::string printNorm(const NormSpec& n);
+// The shortest decimal text that reads back as exactly `v` (for resolved configs).
+std::string exactNumber(double v);
+
+// The options every residual block shares (attention, mlp, linear): a norm before the body,
+// the residual add, a norm after it.
+struct BlockOptions {
+  NormSpec preNorm, postNorm;
+  bool residual = false;
+};
+// Parses pre_norm, post_norm and residual (the caller lists them in checkKeys).
+BlockOptions parseBlockOptions(const CfgNode& n);
+// ", residual: true, pre_norm: {...}" (norms only when set).
+std::string printBlockOptions(const BlockOptions& b);
+
 // What every layer's lowering shares: parameters named under the layer ("layers.<i>.<what>"),
 // and the linear map (attention's projections are linear maps too).
 struct LayerLowering {
   Graph& g;
-  std::string prefix;  // "layers.<i>"
+  std::string prefix;     // "layers.<i>", or "blocks.<r>.<key>" inside a repeat
+  bool inRepeat = false;  // a repeat nested in a repeat names its parameters under the prefix
 
   ValueId param(const std::string& what, Shape shape, const std::string& init);
-  // x [..., in] -> [..., units]; activation relu | gelu | tanh | sigmoid | none.
+  // x [..., in] -> [..., units]; activation relu | gelu | gelu_tanh | silu | tanh | sigmoid | none.
   ValueId linear(ValueId x, int64_t units, const std::string& activation, bool bias, const std::string& what);
   // [B, S, heads*hd] -> [B, heads, S, hd]
   ValueId splitHeads(ValueId v, int64_t heads, int64_t hd);
+  // LayerNorm or RmsNorm over the last axis; parameters <what>gain (ones) and <what>bias (zeros).
+  ValueId norm(ValueId x, const NormSpec& spec, const std::string& what);
+  // pre norm -> body -> residual add (x + body) -> post norm; the norms' parameters are norm_*.
+  template <class Body>
+  ValueId block(ValueId x, const BlockOptions& b, Body body) {
+    ValueId h = b.preNorm.on() ? norm(x, b.preNorm, "norm_") : x;
+    h = body(h);
+    if (b.residual) h = g.add(OpKind::Add, {x, h});
+    return b.postNorm.on() ? norm(h, b.postNorm, "norm_") : h;
+  }
 };
 
 class Layer {
