@@ -10,6 +10,8 @@ namespace pa {
 
 std::unique_ptr<RewritePattern> makeFuseLinearPattern();
 std::unique_ptr<RewritePattern> makeFuseLinearGradPattern();
+// Add -> LayerNorm | RmsNorm becomes one norm node with a residual input and the sum as an output.
+std::unique_ptr<RewritePattern> makeFuseNormPattern();
 // Builds a FlashAttention node only where every target runs it (common/flash_attention_limits.h);
 // a subgraph left unfused for that reason gets a line in `notes`, when given.
 std::unique_ptr<RewritePattern> makeFuseAttentionPattern(const PassTarget& target = {},

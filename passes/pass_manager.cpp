@@ -36,6 +36,8 @@ void registerBuiltins(PassRegistry& r) {
   };
   r.add({"fuse-linear", "MatMul -> Add(bias) -> ReLU | GELU become one FusedLinear", {}, {"autodiff"},
          greedy(&makeFuseLinearPattern)});
+  r.add({"fuse-norm", "Add -> LayerNorm | RmsNorm (a residual add and the next norm) become one norm node that also writes the sum",
+         {}, {"autodiff"}, greedy(&makeFuseNormPattern)});
   r.add({"fuse-linear-grad", "MatMul -> ReluGrad | GeluGrad in the backward become one MatMulActGrad", {"autodiff"},
          {"fuse-elementwise"}, greedy(&makeFuseLinearGradPattern)});
   r.add({"fuse-attention",
