@@ -55,13 +55,13 @@ std::string replaced(std::string s, const std::string& from, const std::string& 
 TEST(Layers, RegistryListsKindsAndLayersPrintTheirResolvedConfig) {
   std::vector<std::string> kinds;
   for (const LayerKind& k : layerKinds()) kinds.push_back(k.name);
-  EXPECT_EQ(kinds, (std::vector<std::string>{"linear", "attention"}));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"linear", "attention", "mlp", "norm", "position", "repeat"}));
   const Config c = parseConfig(kGood, "model.yaml", {});
   ASSERT_EQ(c.model.layers.size(), 3u);
-  EXPECT_EQ(c.model.layers[0]->resolved(), "linear: {units: 8, activation: none, bias: true}");
+  EXPECT_EQ(c.model.layers[0]->resolved(), "linear: {units: 8, activation: none, bias: true, residual: false}");
   EXPECT_EQ(c.model.layers[1]->resolved(),
             "attention: {heads: 2, kv_heads: 2, causal: true, align: top-left, "
-            "window: {}, sinks: 0, sink_logits: false, residual: false}");
+            "window: {}, sinks: 0, sink_logits: false, bias: true, residual: false}");
   EXPECT_EQ(c.model.layers[1]->path, "model.layers[1]");
 }
 

@@ -91,6 +91,46 @@ Graph runAndCompare(const BuiltModel& m, const std::vector<std::string>& passes,
   return fusedForward;
 }
 
+// ---- fuse-norm ---------------------------------------------------------------------------
+
+TEST(FuseNorm, ResidualAddAndNextNormBecomeOneNodeThatWritesTheSum) {
+  // Pre-norm blocks: every residual add but the last feeds the next block's norm and the next
+  // residual add; the last feeds the final norm only.
+  const std::string layers =
+      "  layers:\n"
+      "    - linear: {units: 6}\n"
+      "    - mlp: {hidden: 5, activation: silu, pre_norm: rms, residual: true}\n"
+      "    - mlp: {hidden: 5, pre_norm: layer, residual: true}\n"
+      "    - attention: {heads: 2, causal: true, pre_norm: rms, residual: true}\n"
+      "    - norm: layer\n"
+      "    - linear: {units: 1}\n";
+  const BuiltModel m = build("  input: [4, 3]\n" + layers, {4, 3}, {4, 1});
+  auto before = countOps(m.graph);
+  EXPECT_EQ(before[OpKind::Add], 3 + 10);  // residuals, and the biases of 10 linear maps
+  const Graph g = runAndCompare(m, {"fuse-norm"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::Add], before[OpKind::Add] - 3);
+  EXPECT_EQ(c[OpKind::RmsNorm] + c[OpKind::LayerNorm], 4);
+  int fused = 0;
+  for (NodeId id : g.topoOrder()) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::RmsNorm) fused += n.inputs.size() == 3;
+    if (n.op == OpKind::LayerNorm) fused += n.inputs.size() == 4;
+  }
+  EXPECT_EQ(fused, 3);
+}
+
+TEST(FuseNorm, BroadcastAddsAndSumsThatAreOutputsOnly) {
+  // A bias-like broadcast add before a norm stays: the sum would not be a full row of each input.
+  const std::string nodes =
+      "  input: [5]\n  params: {b: {shape: [5]}, g: {shape: [5], init: ones}, w: {shape: [5, 1]}}\n  nodes:\n"
+      "    - {op: add, inputs: [input, b], output: h}\n"
+      "    - {op: rms-norm, inputs: [h, g], output: n}\n"
+      "    - {op: matmul, inputs: [n, w], output: y}\n";
+  const Graph g = runAndCompare(build(nodes, {5}, {1}), {"fuse-norm"});
+  EXPECT_EQ(countOps(g)[OpKind::Add], 1);
+}
+
 // ---- fuse-linear -------------------------------------------------------------------------
 
 TEST(FuseLinear, MatMulBiasReluBecomesOneNode) {

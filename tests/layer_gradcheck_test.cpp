@@ -1,5 +1,6 @@
-// Both layer kinds, lowered by the frontend from YAML, against finite differences in float64:
-// linear with every activation, attention with every mask combination and GQA ratio.
+// Every layer kind, lowered by the frontend from YAML, against finite differences in float64:
+// linear with every activation, attention with every mask combination and GQA ratio, rotary
+// positions and block norms, mlp with every activation, norm, position and repeat.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,7 +50,7 @@ TEST_P(LayerGradCheck, MatchesFiniteDifferencesInFloat64) {
 
 std::vector<LayerCase> layerCases() {
   std::vector<LayerCase> cs;
-  for (const char* act : {"relu", "gelu", "tanh", "sigmoid", "none"}) {
+  for (const char* act : {"relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "none"}) {
     cs.push_back({std::string("linear_") + act,
                   std::string("    - linear: {units: 5, activation: ") + act + "}\n    - linear: {units: 2, bias: false}\n",
                   {3}, {2}});
@@ -81,6 +82,20 @@ std::vector<LayerCase> layerCases() {
       }
     }
   }
+  // Transformer blocks (odd widths, a head dim rope only partly turns).
+  const LayerCase blocks[] = {
+      {"attention_rope_preRms_kv2", "    - attention: {heads: 4, kv_heads: 2, head_dim: 4, causal: true, rope: {base: 50}, pre_norm: rms, residual: true, bias: false}\n    - linear: {units: 1}\n", {5, 6}, {5, 1}},
+      {"attention_ropeInterleavedPartial_postLayer", "    - attention: {heads: 2, head_dim: 6, rope: {dims: 4, interleaved: true}, post_norm: layer, residual: true, sink_logits: true}\n    - linear: {units: 1}\n", {5, 6}, {5, 1}},
+      {"mlp_gelu_tanh_preLayer", "    - mlp: {hidden: 7, activation: gelu_tanh, pre_norm: {kind: layer, eps: 0.01}, residual: true}\n    - linear: {units: 2}\n", {3, 5}, {3, 2}},
+      {"mlp_swiglu_noBias", "    - mlp: {hidden: 6, activation: swiglu, bias: false, residual: true, pre_norm: rms}\n    - linear: {units: 2}\n", {3, 5}, {3, 2}},
+      {"mlp_silu_postRms", "    - mlp: {hidden: 4, activation: silu, post_norm: rms}\n    - linear: {units: 2}\n", {5}, {2}},
+      {"linear_residual_preNorm", "    - linear: {units: 5, activation: relu, residual: true, pre_norm: layer}\n    - linear: {units: 2}\n", {5}, {2}},
+      {"norm_layer_and_rms", "    - linear: {units: 5}\n    - norm: layer\n    - norm: {kind: rms, eps: 0.1}\n    - linear: {units: 2}\n", {3}, {2}},
+      {"position_learned", "    - position: {kind: learned}\n    - attention: {heads: 2, causal: true}\n    - linear: {units: 1}\n", {5, 4}, {5, 1}},
+      {"position_sinusoidal", "    - position: {kind: sinusoidal}\n    - attention: {heads: 1}\n    - linear: {units: 1}\n", {5, 3}, {5, 1}},
+      {"repeat_alternatingWindows", "    - repeat: {times: 3, layers: [{attention: {heads: 2, causal: true, pre_norm: rms, residual: true, rope: true}}, {mlp: {hidden: 6, activation: swiglu, pre_norm: rms, residual: true}}], overrides: [{attention: {window: 1}}, {}]}\n    - norm: rms\n    - linear: {units: 1}\n", {5, 4}, {5, 1}},
+  };
+  for (const LayerCase& b : blocks) cs.push_back(b);
   return cs;
 }
 
