@@ -50,7 +50,7 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 //   medium  64×64 tiles: 4× the blocks, for batched products too small for large tiles;
 //   small   32×32 tiles of 64 threads: tiny models (a 3×5 output gets one 64-thread block).
 NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
-                 const std::string& init) {
+                 const std::string& init, int cOutput = 0) {
   const int64_t m = q.m, n = q.n, k = q.k;
   // bf16 operands on an sm_90a device go to the wgmma kernel when their contiguous extents and
   // batch strides allow 16-byte copies. Elsewhere they are widened into the scratch buffer first
@@ -87,6 +87,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
                        {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
                        {"TC", plan.swap ? "true" : "false"},
                        {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
+                       {"COUT", "out" + std::to_string(cOutput)},
                        {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
   NodeKernels nk;
   // Scratch, in floats: [widened or transposed A][widened or transposed B][split partial sums].
@@ -269,6 +270,14 @@ NodeKernels emitFusedLinear(const Ctx& c) {
     epi += "    pre[i] = v;\n    v = " + geluOf("v") + ";\n";
   }
   if (act == "relu") epi += "    v = fmaxf(v, 0.0f);\n";
+  if (act == "swiglu") {
+    // One GEMM for both projections: the pre-activations (gate, up pairs, with their biases) are
+    // the product's output, out1; then silu(gate)·up into out0.
+    NodeKernels nk = gemm(c, q, epi, members, init, 1);
+    nk.kernels.push_back(perIndexKernel(c, "swiglu", numel(c.out(0)), swigluStatement("out0", "out1"),
+                                        {{KernelArg::Output, 1}, {KernelArg::Output, 0}}));
+    return nk;
+  }
   return gemm(c, q, epi, members, init);
 }
 
@@ -291,7 +300,7 @@ LibraryGemm libraryGemmOf(const Graph& g, NodeId id) {
     lg.bias = n.inputs.size() == 3;
     const std::string act = n.attrs.get<attr::Activation>();
     lg.relu = act == "relu";
-    lg.output = act == "gelu" ? 1 : 0;  // the saved pre-activation; out0 = GELU(out1) afterwards
+    lg.output = act == "gelu" || act == "swiglu" ? 1 : 0;  // the saved pre-activation; out0 = GELU(out1) or SwiGLU's pairs afterwards
     break;
   }
   default: return lg;
@@ -311,6 +320,15 @@ NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, boo
   if (n.op == OpKind::MatMulActGrad) {
     body = "    const float s = in2[i];\n    out0[i] = " + activationGradOf(n.attrs.get<attr::GradActivation>(), "v", "s") + ";\n";
     args = {{KernelArg::Input, 2}, {KernelArg::Output, 0}};
+  } else if (n.op == OpKind::FusedLinear && n.attrs.get<attr::Activation>() == "swiglu") {
+    NodeKernels nk;
+    if (lg.bias && !libraryBias)
+      nk.kernels.push_back(finish(c, "epilogue", kLibraryEpilogue,
+                                  {{"COUNT", ll(numel(c.out(1)))}, {"SOURCE", "out1"}, {"BODY", "    out1[i] = v + in2[i % " + ll(lg.geometry.n) + "];\n"}},
+                                  {gridFor(numel(c.out(1))), 1, 1}, kThreads, {{KernelArg::Input, 2}, {KernelArg::Output, 1}}));
+    nk.kernels.push_back(perIndexKernel(c, "swiglu", numel(c.out(0)), swigluStatement("out0", "out1"),
+                                        {{KernelArg::Output, 1}, {KernelArg::Output, 0}}));
+    return nk;
   } else if (n.op == OpKind::FusedLinear) {
     const bool gelu = lg.output == 1;
     const bool addBias = lg.bias && !libraryBias, relu = lg.relu && !libraryRelu;

@@ -50,6 +50,11 @@ std::string argType(DType t, bool output);
 Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, TemplateVars vars, std::array<unsigned, 3> grid,
               unsigned block, std::vector<KernelArg> args, std::vector<std::string> headers = {}, unsigned smem = 0);
 
+// silu(g)·u of a (gate, up) pair read from `pre` at 2i and 2i+1, as a statement storing to `out`[i].
+std::string swigluStatement(const std::string& out, const std::string& pre);
+// A kernel of one thread per index i < count running `body` (codegen/templates/pointwise.h, kPerIndex).
+Kernel perIndexKernel(const Ctx& c, const std::string& part, int64_t count, const std::string& body, std::vector<KernelArg> args);
+
 // Blocks of kThreads for `work` items, grid-stride beyond 65535·8.
 unsigned gridFor(int64_t work);
 // Every input, then every output, of the node, as pointers.

@@ -197,6 +197,37 @@ NodeKernels softmaxGradRows(const Ctx& c, const std::string& finishCode) {
 
 // ---- per-op emitters ---------------------------------------------------------------------
 
+std::string swigluStatement(const std::string& out, const std::string& pre) {
+  return "    { const float g = " + pre + "[2 * i], u = " + pre + "[2 * i + 1];\n      " + out +
+         "[i] = g / (1.0f + expf(-g)) * u; }\n";
+}
+
+Kernel perIndexKernel(const Ctx& c, const std::string& part, int64_t count, const std::string& body, std::vector<KernelArg> args) {
+  return finish(c, part, kPerIndex, {{"COUNT", ll(count)}, {"BODY", body}}, {gridFor(count), 1, 1}, kThreads, std::move(args));
+}
+
+NodeKernels emitInterleave(const Ctx& c) {
+  NodeKernels nk;
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)), "    out0[2 * i] = in0[i];\n    out0[2 * i + 1] = in1[i];\n", allArgs(c.n)));
+  return nk;
+}
+NodeKernels emitDeinterleave(const Ctx& c) {
+  NodeKernels nk;
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()),
+                                      "    out0[i] = in0[2 * i + " + std::to_string(c.n.attrs.get<attr::Part>()) + "];\n", allArgs(c.n)));
+  return nk;
+}
+NodeKernels emitSwigluGrad(const Ctx& c) {
+  NodeKernels nk;
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)),
+                                      "    const float g = in1[2 * i], u = in1[2 * i + 1], d = in0[i];\n"
+                                      "    const float s = 1.0f / (1.0f + expf(-g));\n"
+                                      "    out0[2 * i] = d * u * s * (1.0f + g * (1.0f - s));\n"
+                                      "    out0[2 * i + 1] = d * g * s;\n",
+                                      allArgs(c.n)));
+  return nk;
+}
+
 NodeKernels emitInput(const Ctx&) { return {}; }
 NodeKernels emitParam(const Ctx&) { return {}; }
 NodeKernels emitConstant(const Ctx&) { return {}; }

@@ -296,12 +296,41 @@ Types inferFusedLinear(const Graph& g, const Node& n) {
   if (n.inputs.size() == 3 && in(g, n, 2) != Shape{units})
     fail(n, "bias " + shapeString(in(g, n, 2)) + " must be [" + std::to_string(units) + "]");
   const std::string act = n.attrs.get<attr::Activation>();
-  if (act != "none" && act != "relu" && act != "gelu") fail(n, "activation must be none, relu or gelu, got '" + act + "'");
+  if (act != "none" && act != "relu" && act != "gelu" && act != "swiglu")
+    fail(n, "activation must be none, relu, gelu or swiglu, got '" + act + "'");
+  if (act == "swiglu" && units % 2 != 0) fail(n, "swiglu pairs the weight's columns (gate, up), but it has " + std::to_string(units));
   Shape out = x;
-  out.back() = units;
+  out.back() = act == "swiglu" ? units / 2 : units;
   Types t = one(out, dt(g, n));
-  if (act == "gelu") t.push_back(TensorType{out, dt(g, n)});  // the pre-activation, for the backward
+  out.back() = units;
+  if (act == "gelu" || act == "swiglu") t.push_back(TensorType{out, dt(g, n)});  // the pre-activation, for the backward
   return t;
+}
+
+Types inferInterleave(const Graph& g, const Node& n) {
+  const Shape& a = in(g, n, 0);
+  if (a.empty() || in(g, n, 1) != a)
+    fail(n, "interleave needs two inputs of one shape [..., N], got " + shapeString(a) + " and " + shapeString(in(g, n, 1)));
+  Shape out = a;
+  out.back() *= 2;
+  return one(out, dt(g, n));
+}
+Types inferDeinterleave(const Graph& g, const Node& n) {
+  const Shape& x = in(g, n, 0);
+  if (x.empty() || x.back() % 2 != 0) fail(n, "deinterleave needs an even last axis, got " + shapeString(x));
+  const int64_t part = n.attrs.get<attr::Part>();
+  if (part != 0 && part != 1) fail(n, "part must be 0 or 1, got " + std::to_string(part));
+  Shape out = x;
+  out.back() /= 2;
+  return one(out, dt(g, n));
+}
+Types inferSwigluGrad(const Graph& g, const Node& n) {
+  const Shape& dy = in(g, n, 0);
+  Shape pre = dy;
+  if (!dy.empty()) pre.back() *= 2;
+  if (dy.empty() || in(g, n, 1) != pre)
+    fail(n, "swiglu-grad needs dy [..., N] and the pre-activations [..., 2N], got " + shapeString(dy) + " and " + shapeString(in(g, n, 1)));
+  return one(pre, dt(g, n));
 }
 
 // The [B, H, S, D] view of a flash operand laid out as the node's `layout` says ("bhsd", or

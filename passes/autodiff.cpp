@@ -238,7 +238,8 @@ void gradFusedLinear(GradCtx& c) {
   ValueId dpre = c.dy;
   if (act == "relu") dpre = c.op(OpKind::ReluGrad, {c.dy, c.out()});
   else if (act == "gelu") dpre = c.op(OpKind::GeluGrad, {c.dy, c.n.outputs[1]});
-  const int64_t k = c.shape(x).back(), units = c.shape(c.out()).back();
+  else if (act == "swiglu") dpre = c.op(OpKind::SwigluGrad, {c.dy, c.n.outputs[1]});  // both halves: one dX and one dW GEMM
+  const int64_t k = c.shape(x).back(), units = c.shape(dpre).back();
   if (c.wants(0)) c.give(0, c.matmul(dpre, w, false, !tw));
   if (c.wants(1)) {
     const ValueId x2 = c.reshape(x, Shape{numel(c.shape(x)) / k, k});
@@ -246,6 +247,16 @@ void gradFusedLinear(GradCtx& c) {
     c.give(1, tw ? c.matmul(d2, x2, true, false) : c.matmul(x2, d2, true, false));
   }
   if (c.n.inputs.size() == 3 && c.wants(2)) c.give(2, c.sumTo(dpre, c.shape(c.in(2))));
+}
+
+void gradInterleave(GradCtx& c) {
+  for (int i = 0; i < 2; ++i)
+    if (c.wants(i)) c.give(i, c.op(OpKind::Deinterleave, {c.dy}, AttrMap().set<attr::Part>(i)));
+}
+void gradDeinterleave(GradCtx& c) {
+  const ValueId zero = c.g.addConstant(0.0, c.shape(c.dy));
+  const bool odd = c.n.attrs.get<attr::Part>() == 1;
+  c.give(0, c.op(OpKind::Interleave, {odd ? zero : c.dy, odd ? c.dy : zero}));
 }
 
 void gradFlashAttention(GradCtx& c) {
@@ -265,6 +276,7 @@ void gradMatMulActGrad(GradCtx& c) { noRule(c); }
 void gradTanhGrad(GradCtx& c) { noRule(c); }
 void gradSigmoidGrad(GradCtx& c) { noRule(c); }
 void gradSiluGrad(GradCtx& c) { noRule(c); }
+void gradSwigluGrad(GradCtx& c) { noRule(c); }
 void gradGeluTanhGrad(GradCtx& c) { noRule(c); }
 void gradLayerNormGrad(GradCtx& c) { noRule(c); }
 void gradRmsNormGrad(GradCtx& c) { noRule(c); }

@@ -1,4 +1,5 @@
-// fuse-linear: MatMul(x, W) -> Add(bias) -> ReLU | GELU becomes one FusedLinear node.
+// fuse-linear: MatMul(x, W) -> Add(bias) -> ReLU | GELU becomes one FusedLinear node, and a
+// SwiGLU's two projections one FusedLinear over their interleaved weights.
 //
 // Note on shared intermediates: the chain stops at the first value with another user (or that
 // is a graph output), and a MatMul whose own output is shared is not fused at all. Recomputing
@@ -72,6 +73,57 @@ public:
   }
 };
 
+// A linear map without activation, as fuse-linear leaves it: FusedLinear (activation none, w not
+// transposed) or a MatMul of x by a plain weight matrix.
+struct LinearMap {
+  ValueId x = kNoValue, w = kNoValue, bias = kNoValue;
+  NodeId node = 0;
+};
+bool asLinearMap(RewriteContext& ctx, ValueId v, LinearMap& out) {
+  const Graph& g = ctx.graph();
+  if (!ctx.hasSingleUse(v)) return false;
+  if (const Node* f = ctx.producerIf(v, OpKind::FusedLinear)) {
+    if (f->attrs.get<attr::Activation>() != "none" || f->attrs.get<attr::TransposeW>()) return false;
+    out = {f->inputs[0], f->inputs[1], f->inputs.size() == 3 ? f->inputs[2] : kNoValue, f->id};
+    return true;
+  }
+  if (const Node* m = ctx.producerIf(v, OpKind::MatMul)) {
+    if (m->attrs.get<attr::TransposeA>() || m->attrs.get<attr::TransposeB>() || g.shape(m->inputs[1]).size() != 2) return false;
+    out = {m->inputs[0], m->inputs[1], kNoValue, m->id};
+    return true;
+  }
+  return false;
+}
+
+// SwiGLU: Mul(Silu(x·Wg [+ bg]), x·Wu [+ bu]) becomes one FusedLinear (activation swiglu) over
+// the weights interleaved column by column (gate, up), so both projections are one GEMM, and so
+// are their dX and dW products in the backward.
+class FuseSwigluPattern final : public RewritePattern {
+public:
+  const char* name() const override { return "swiglu"; }
+  bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
+    Graph& g = ctx.graph();
+    const Node mul = g.node(root);
+    if (mul.op != OpKind::Mul || mul.inputs[0] == mul.inputs[1]) return false;
+    for (int gateSide = 0; gateSide < 2; ++gateSide) {
+      const Node* silu = ctx.producerIf(mul.inputs[static_cast<size_t>(gateSide)], OpKind::Silu);
+      if (!silu || !ctx.hasSingleUse(silu->outputs[0])) continue;
+      LinearMap gate, up;
+      if (!asLinearMap(ctx, silu->inputs[0], gate) || !asLinearMap(ctx, mul.inputs[static_cast<size_t>(1 - gateSide)], up)) continue;
+      if (gate.x != up.x || g.shape(gate.w) != g.shape(up.w) || (gate.bias == kNoValue) != (up.bias == kNoValue)) continue;
+      if (g.shape(mul.outputs[0]) != g.shape(silu->outputs[0])) continue;  // no broadcasting in the product
+      if (gate.bias != kNoValue && g.shape(gate.bias) != g.shape(up.bias)) continue;
+      std::vector<ValueId> ins{gate.x, g.add(OpKind::Interleave, {gate.w, up.w})};
+      if (gate.bias != kNoValue) ins.push_back(g.add(OpKind::Interleave, {gate.bias, up.bias}));
+      const ValueId fused = g.add(OpKind::FusedLinear, ins, AttrMap().set<attr::Activation>("swiglu"));
+      const NodeId siluId = silu->id;
+      ctx.replace(mul.outputs[0], fused, {root, siluId, gate.node, up.node});
+      return true;
+    }
+    return false;
+  }
+};
+
 // After autodiff: a layer's incoming gradient is a MatMul (the next layer's dX), and the first
 // thing done with it is the activation's derivative, ReluGrad(dy, x) or GeluGrad(dy, x). The
 // pair becomes one MatMulActGrad, the derivative applied as the GEMM's epilogue, which saves a
@@ -102,5 +154,6 @@ public:
 
 std::unique_ptr<RewritePattern> makeFuseLinearPattern() { return std::make_unique<FuseLinearPattern>(); }
 std::unique_ptr<RewritePattern> makeFuseLinearGradPattern() { return std::make_unique<FuseLinearGradPattern>(); }
+std::unique_ptr<RewritePattern> makeFuseSwigluPattern() { return std::make_unique<FuseSwigluPattern>(); }
 
 }  // namespace pa

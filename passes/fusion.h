@@ -10,6 +10,9 @@ namespace pa {
 
 std::unique_ptr<RewritePattern> makeFuseLinearPattern();
 std::unique_ptr<RewritePattern> makeFuseLinearGradPattern();
+// Mul(Silu(x·Wg + bg), x·Wu + bu) becomes FusedLinear(x, interleave(Wg, Wu)[, interleave(bg, bu)])
+// with activation swiglu (after the linear pattern has fused each projection with its bias).
+std::unique_ptr<RewritePattern> makeFuseSwigluPattern();
 // Add -> LayerNorm | RmsNorm becomes one norm node with a residual input and the sum as an output.
 std::unique_ptr<RewritePattern> makeFuseNormPattern();
 // Builds a FlashAttention node only where every target runs it (common/flash_attention_limits.h);

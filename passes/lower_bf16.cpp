@@ -21,6 +21,25 @@
 
 namespace pa {
 
+namespace {
+
+// Every user of v reads it as a tensor-core operand (an interleaved weight pair, say): storing v
+// in bf16 then takes the place of each user's cast and rounds the same way.
+bool feedsTensorCoresOnly(const Graph& g, ValueId v) {
+  bool any = false;
+  for (const Node& n : g.nodes()) {
+    if (n.erased) continue;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i] != v) continue;
+      if (!opInfo(n.op).isTensorCoreInput(i)) return false;
+      any = true;
+    }
+  }
+  return any;
+}
+
+}  // namespace
+
 int64_t lowerToBf16(Graph& g) {
   if (g.storageTypes()) throw std::logic_error("lower-bf16 runs once");
   std::set<ValueId> outputs;
@@ -35,8 +54,18 @@ int64_t lowerToBf16(Graph& g) {
       if (leaf || outputs.count(v) || opInfo(n.op).isFp32Output(i)) t = DType::F32;
       if (n.op == OpKind::Cast) t = g.value(v).type.dtype;
       if (n.op == OpKind::Reshape && !outputs.count(v)) t = g.value(n.inputs[0]).type.dtype;  // set: topological order
+      if (n.op == OpKind::Interleave && !outputs.count(v) && !feedsTensorCoresOnly(g, v))
+        t = g.value(n.inputs[0]).type.dtype == DType::F32 || g.value(n.inputs[1]).type.dtype == DType::F32 ? DType::F32 : DType::BF16;
       g.setDtype(v, t);
     }
+  }
+  // A weight gradient split back into its halves (the swiglu pair's dW) is stored fp32 by its
+  // GEMM, as an unsplit one is: the halves are fp32 graph outputs.
+  for (NodeId id : order) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::Deinterleave || g.value(n.outputs[0]).type.dtype != DType::F32) continue;
+    const ValueId in = n.inputs[0];
+    if (opInfo(g.producer(in).op).grad != GradKind::Leaf) g.setDtype(in, DType::F32);
   }
   g.setStorageTypes();
   int64_t casts = 0;

@@ -34,8 +34,15 @@ void registerBuiltins(PassRegistry& r) {
       s.counters["patterns matched"] = applyPatternsGreedily(g, ps);
     };
   };
-  r.add({"fuse-linear", "MatMul -> Add(bias) -> ReLU | GELU become one FusedLinear", {}, {"autodiff"},
-         greedy(&makeFuseLinearPattern)});
+  r.add({"fuse-linear", "MatMul -> Add(bias) -> ReLU | GELU become one FusedLinear; a SwiGLU's two projections one FusedLinear (swiglu)",
+         {}, {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget&) {
+           std::vector<std::unique_ptr<RewritePattern>> ps;
+           ps.push_back(makeFuseLinearPattern());
+           s.counters["patterns matched"] = applyPatternsGreedily(g, ps);
+           ps.clear();
+           ps.push_back(makeFuseSwigluPattern());
+           s.counters["swiglu pairs"] = applyPatternsGreedily(g, ps);
+         }});
   r.add({"fuse-norm", "Add -> LayerNorm | RmsNorm (a residual add and the next norm) become one norm node that also writes the sum",
          {}, {"autodiff"}, greedy(&makeFuseNormPattern)});
   r.add({"fuse-linear-grad", "MatMul -> ReluGrad | GeluGrad in the backward become one MatMulActGrad", {"autodiff"},

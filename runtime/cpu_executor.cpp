@@ -229,12 +229,25 @@ void execFusedLinear(Ctx<T>& c) {
   const Shape& w = c.inShape(1);
   const bool tw = getAttr<attr::TransposeW>(c.n.attrs);
   const int64_t k = x.back(), n = tw ? w[0] : w[1], rows = numel(x) / std::max<int64_t>(k, 1);
-  cpu::matmul(c.in(0), c.in(1), c.out(), 1, false, false, rows, n, k, false, tw);
   const std::string act = getAttr<attr::Activation>(c.n.attrs);
+  if (act == "swiglu") {  // the pre-activations (gate, up pairs) into out1, then out0 from them
+    cpu::matmul(c.in(0), c.in(1), c.out(1), 1, false, false, rows, n, k, false, tw);
+    cpu::biasActivation(c.out(1), c.n.inputs.size() == 3 ? c.in(2) : nullptr, static_cast<T*>(nullptr), rows, n, cpu::Activation::None);
+    cpu::swiglu(c.out(1), c.out(0), rows * (n / 2));
+    return;
+  }
+  cpu::matmul(c.in(0), c.in(1), c.out(), 1, false, false, rows, n, k, false, tw);
   const cpu::Activation a = act == "relu" ? cpu::Activation::Relu : act == "gelu" ? cpu::Activation::Gelu : cpu::Activation::None;
   cpu::biasActivation(c.out(), c.n.inputs.size() == 3 ? c.in(2) : nullptr, a == cpu::Activation::Gelu ? c.out(1) : nullptr,
                       rows, n, a);
 }
+
+template <class T>
+void execInterleave(Ctx<T>& c) { cpu::interleave(c.in(0), c.in(1), c.out(), numel(c.inShape(0))); }
+template <class T>
+void execDeinterleave(Ctx<T>& c) { cpu::deinterleave(c.in(0), c.out(), c.outCount(), static_cast<int>(getAttr<attr::Part>(c.n.attrs))); }
+template <class T>
+void execSwigluGrad(Ctx<T>& c) { cpu::swigluGrad(c.in(0), c.in(1), c.out(), numel(c.inShape(0))); }
 
 bool bshd(const Node& n) { return n.attrs.get<attr::Layout>() == "bshd"; }
 

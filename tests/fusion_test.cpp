@@ -91,6 +91,38 @@ Graph runAndCompare(const BuiltModel& m, const std::vector<std::string>& passes,
   return fusedForward;
 }
 
+// ---- fuse-linear: SwiGLU -------------------------------------------------------------------
+
+TEST(FuseSwiglu, GateAndUpProjectionsBecomeOneFusedLinear) {
+  for (const char* bias : {"true", "false"}) {
+    const BuiltModel m = build(std::string("  input: [3, 4]\n  layers:\n    - mlp: {hidden: 5, activation: swiglu, bias: ") + bias +
+                                   "}\n    - linear: {units: 1}\n",
+                               {3, 4}, {3, 1});
+    const Graph g = runAndCompare(m, {"fuse-linear"});
+    auto c = countOps(g);
+    EXPECT_EQ(c[OpKind::Silu] + c[OpKind::Mul], 0) << bias;
+    EXPECT_EQ(c[OpKind::MatMul], std::string(bias) == "true" ? 0 : 1);  // the down projection, a bare product without bias
+    EXPECT_EQ(c[OpKind::Interleave], std::string(bias) == "true" ? 2 : 1);
+    int swiglu = 0;
+    for (NodeId id : g.topoOrder())
+      swiglu += g.node(id).op == OpKind::FusedLinear && g.node(id).attrs.get<attr::Activation>() == "swiglu";
+    EXPECT_EQ(swiglu, 1);
+  }
+}
+
+TEST(FuseSwiglu, DifferentInputsOrAnotherUserLeaveThePairAlone) {
+  const std::string nodes =
+      "  input: [4]\n  params: {a: {shape: [4, 3]}, b: {shape: [4, 3]}, w: {shape: [3, 1]}}\n  nodes:\n"
+      "    - {op: matmul, inputs: [input, a], output: g}\n"
+      "    - {op: silu, inputs: [g], output: s}\n"
+      "    - {op: relu, inputs: [input], output: r}\n"
+      "    - {op: matmul, inputs: [r, b], output: u}\n"  // another x
+      "    - {op: mul, inputs: [s, u], output: h}\n"
+      "    - {op: matmul, inputs: [h, w], output: y}\n";
+  const Graph g = runAndCompare(build(nodes, {4}, {1}), {"fuse-linear"});
+  EXPECT_EQ(countOps(g)[OpKind::Silu], 1);
+}
+
 // ---- fuse-norm ---------------------------------------------------------------------------
 
 TEST(FuseNorm, ResidualAddAndNextNormBecomeOneNodeThatWritesTheSum) {

@@ -178,6 +178,18 @@ inline std::vector<OpCase> allCases() {
       }
     }
   }
+  for (bool bias : {false, true}) {
+    c.push_back({std::string("FusedLinear_swiglu") + (bias ? "_bias" : ""), OpKind::FusedLinear, [=](Graph& g) {
+                   std::vector<ValueId> ins{P(g, "x", {2, 3, 4}), P(g, "w", {4, 6})};
+                   if (bias) ins.push_back(P(g, "b", {6}));
+                   return g.add(OpKind::FusedLinear, ins, AttrMap().set<attr::Activation>("swiglu"));
+                 }});
+  }
+  c.push_back({"Interleave", OpKind::Interleave, [](Graph& g) { return g.add(OpKind::Interleave, {P(g, "a", {3, 5}), P(g, "b", {3, 5})}); }});
+  for (int part : {0, 1})
+    c.push_back({"Deinterleave_part" + std::to_string(part), OpKind::Deinterleave, [=](Graph& g) {
+                   return g.add(OpKind::Deinterleave, {P(g, "x", {2, 3, 6})}, AttrMap().set<attr::Part>(part));
+                 }});
   struct Flash {
     const char* name;
     int64_t hq, hk, sq, sk;

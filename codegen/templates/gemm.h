@@ -29,7 +29,7 @@ ${EPILOGUE}    return v;
 inline constexpr const char* kGemm = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, out0, epilogue);
+${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, ${COUT}, epilogue);
 }
 )";
 
@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}($
 inline constexpr const char* kGemmTail = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::simtGemmTail<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, out0, scratch + ${PARTS}, epilogue);
+${EPIINIT}  pa::gemm::simtGemmTail<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, ${COUT}, scratch + ${PARTS}, epilogue);
 }
 )";
 
@@ -52,7 +52,7 @@ ${EPIINIT}  pa::gemm::simtGemmTail<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}
 inline constexpr const char* kGemmTailReduce = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::simtTailReduce<${NAME}_problem, pa::gemm::${CONFIG}>(scratch + ${PARTS}, out0, epilogue);
+${EPIINIT}  pa::gemm::simtTailReduce<${NAME}_problem, pa::gemm::${CONFIG}>(scratch + ${PARTS}, ${COUT}, epilogue);
 }
 )";
 
@@ -60,7 +60,7 @@ ${EPIINIT}  pa::gemm::simtTailReduce<${NAME}_problem, pa::gemm::${CONFIG}>(scrat
 inline constexpr const char* kGemmReduce = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch + ${PARTS}, out0, epilogue);
+${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch + ${PARTS}, ${COUT}, epilogue);
 }
 )";
 

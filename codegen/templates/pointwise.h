@@ -14,6 +14,15 @@ ${OFFSETS}${BODY}    out0[idx] = t${RESULT};
 }
 )";
 
+// A thread per index i < COUNT, the body reading and writing what it names (interleave,
+// deinterleave, SwiGLU and its gradient over (gate, up) pairs).
+inline constexpr const char* kPerIndex = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < ${COUNT}; i += (long long)gridDim.x * 256) {
+${BODY}  }
+}
+)";
+
 // out[idx] = in0[src], src from the output index term by term (Permute, Reshape, RepeatHeads).
 inline constexpr const char* kGather = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {

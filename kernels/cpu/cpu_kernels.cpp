@@ -254,6 +254,40 @@ void normGrad(const T* dy, const T* x, const T* gain, const T* mean, const T* rs
 }
 
 template <class T>
+void swiglu(const T* pre, T* h, int64_t count) {
+#pragma omp parallel for if (count > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const double g = pre[2 * i];
+    h[i] = static_cast<T>(g * sigmoidOf(g) * pre[2 * i + 1]);
+  }
+}
+
+template <class T>
+void swigluGrad(const T* dy, const T* pre, T* dpre, int64_t count) {
+#pragma omp parallel for if (count > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const double g = pre[2 * i], u = pre[2 * i + 1], sg = sigmoidOf(g), d = dy[i];
+    dpre[2 * i] = static_cast<T>(d * u * sg * (1.0 + g * (1.0 - sg)));
+    dpre[2 * i + 1] = static_cast<T>(d * g * sg);
+  }
+}
+
+template <class T>
+void interleave(const T* a, const T* b, T* out, int64_t count) {
+#pragma omp parallel for if (count > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    out[2 * i] = a[i];
+    out[2 * i + 1] = b[i];
+  }
+}
+
+template <class T>
+void deinterleave(const T* x, T* out, int64_t count, int part) {
+#pragma omp parallel for if (count > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < count; ++i) out[i] = x[2 * i + part];
+}
+
+template <class T>
 void rope(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool bshd, int64_t dims, double base,
           bool interleaved, bool inverse) {
   const int64_t half = dims / 2;
@@ -438,7 +472,11 @@ void adamStep(T* p, const T* g, T* m, T* v, int64_t n, const AdamHyper& h, int64
   template void adamStep<T>(T*, const T*, T*, T*, int64_t, const AdamHyper&, int64_t, double);               \
   template void norm<T>(const T*, const T*, const T*, const T*, T*, T*, T*, T*, int64_t, int64_t, double);   \
   template void normGrad<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t); \
-  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, bool, int64_t, double, bool, bool);
+  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, bool, int64_t, double, bool, bool); \
+  template void swiglu<T>(const T*, T*, int64_t);                                                          \
+  template void swigluGrad<T>(const T*, const T*, T*, int64_t);                                            \
+  template void interleave<T>(const T*, const T*, T*, int64_t);                                            \
+  template void deinterleave<T>(const T*, T*, int64_t, int);
 
 PA_INSTANTIATE(float)
 PA_INSTANTIATE(double)

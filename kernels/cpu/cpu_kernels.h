@@ -98,6 +98,19 @@ template <class T>
 void rope(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool bshd, int64_t dims, double base,
           bool interleaved, bool inverse);
 
+// SwiGLU over (gate, up) pairs: h[r, j] = silu(pre[r, 2j]) · pre[r, 2j+1] for `count` = rows·N
+// outputs; its gradient d pre[2j] = dy·up·silu'(gate), d pre[2j+1] = dy·silu(gate).
+template <class T>
+void swiglu(const T* pre, T* h, int64_t count);
+template <class T>
+void swigluGrad(const T* dy, const T* pre, T* dpre, int64_t count);
+// out[r, 2j] = a[r, j], out[r, 2j+1] = b[r, j] over `count` = rows·N pairs; and back: out[r, j] =
+// x[r, 2j + part].
+template <class T>
+void interleave(const T* a, const T* b, T* out, int64_t count);
+template <class T>
+void deinterleave(const T* x, T* out, int64_t count, int part);
+
 // Mean of squared differences over n elements.
 template <class T>
 double mse(const T* pred, const T* target, int64_t n);
