@@ -49,8 +49,11 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 //   tail    large tiles whose last, partial wave is split along K (fp32; see "tail split");
 //   medium  64×64 tiles: 4× the blocks, for batched products too small for large tiles;
 //   small   32×32 tiles of 64 threads: tiny models (a 3×5 output gets one 64-thread block).
+// `pairBody`, when not empty, makes the epilogue a pair epilogue (kernels/gemm_common.cuh): it
+// runs after each column pair's v0 and v1 went through `epilogue`; `cOutput` is the output the
+// product writes.
 NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
-                 const std::string& init, int cOutput = 0) {
+                 const std::string& init, int cOutput = 0, const std::string& pairBody = std::string()) {
   const int64_t m = q.m, n = q.n, k = q.k;
   // bf16 operands on an sm_90a device go to the wgmma kernel when their contiguous extents and
   // batch strides allow 16-byte copies. Elsewhere they are widened into the scratch buffer first
@@ -61,10 +64,12 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   // fp32 operands with precision tf32 on an sm_90a device: the same kernel on TF32, which reads B
   // K-major and A K-major or, from registers, M-major: tf32Plan says which operand is first
   // copied transposed into the scratch (K a multiple of 4: 16-byte rows for TMA).
+  // A pair epilogue needs C's own rows (no swapped product).
   const bool wgmmaTf32 = c.opt->wgmma && c.opt->tf32 && !wide[0] && !wide[1] && k % 4 == 0 && (k + 31) / 32 <= 65535 &&
                          q.batch <= 65535 &&  // (the transpose kernels' grid)
                          (c.opt->gemmTile != GemmTile::Auto || c.opt->tf32BLoad != Tf32BLoad::Auto ||  // forced: wherever it can
-                          tf32WgmmaPays(q, c.opt->tf32BLoad));
+                          tf32WgmmaPays(q, c.opt->tf32BLoad)) &&
+                         (pairBody.empty() || !tf32Plan(q, c.opt->tf32BLoad).swap);
   const bool wgmma = wgmmaBf16 || wgmmaTf32;
   const bool tf32 = !wgmma && (c.opt->tf32 || wide[0] || wide[1]);
   // The product the kernel computes: TF32 wgmma's from tf32Plan, the node's elsewhere.
@@ -87,7 +92,8 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
                        {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
                        {"TC", plan.swap ? "true" : "false"},
                        {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
-                       {"COUT", "out" + std::to_string(cOutput)},
+                       {"COUT", "out" + std::to_string(cOutput)}, {"PAIRS", pairBody.empty() ? "false" : "true"},
+                       {"PAIRBODY", pairBody},
                        {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
   NodeKernels nk;
   // Scratch, in floats: [widened or transposed A][widened or transposed B][split partial sums].
@@ -271,12 +277,11 @@ NodeKernels emitFusedLinear(const Ctx& c) {
   }
   if (act == "relu") epi += "    v = fmaxf(v, 0.0f);\n";
   if (act == "swiglu") {
-    // One GEMM for both projections: the pre-activations (gate, up pairs, with their biases) are
-    // the product's output, out1; then silu(gate)·up into out0.
-    NodeKernels nk = gemm(c, q, epi, members, init, 1);
-    nk.kernels.push_back(perIndexKernel(c, "swiglu", numel(c.out(0)), swigluStatement("out0", "out1"),
-                                        {{KernelArg::Output, 1}, {KernelArg::Output, 0}}));
-    return nk;
+    // One GEMM for both projections: the pre-activations (gate, up column pairs, with their
+    // biases) are the product's output, out1, and a pair epilogue writes silu(gate)·up to out0.
+    members += "  " + argType(c.outType(0), true) + " h;\n";
+    init += "  epilogue.h = out0;\n";
+    return gemm(c, q, epi, members, init, 1, "    h[i / 2] = v0 / (1.0f + expf(-v0)) * v1;\n");
   }
   return gemm(c, q, epi, members, init);
 }

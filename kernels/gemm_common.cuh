@@ -19,6 +19,13 @@
  * returning the value stored at C[i] (i = b·M·N + m·N + n); it may also write side outputs
  * (FusedLinear's pre-activation). It is called exactly once for every element of C.
  *
+ * Pair epilogues. A functor whose `kPairs` is true sees C's elements two at a time instead:
+ * pair(v0, v1, m, n, i) with n even replaces v0 and v1 (C[i] and C[i + 1]) and may write side
+ * outputs from both (SwiGLU's silu(gate)·up of a (gate, up) column pair). Such a node has N even,
+ * so every thread that holds column n even also holds n + 1 (the SIMT micro-tiles hold groups of
+ * 4, the mma.sync and wgmma fragments pairs, the reduce kernels walk pairs), and the transposed
+ * wgmma epilogue (pairs along M) is never used with one. epiPair() calls either kind.
+ *
  * Vector access. A float4 load of 4 consecutive elements needs the contiguous dimension (the
  * leading dimension, since tensors are dense) and the batch stride to be multiples of 4 (known at
  * compile time) and the base pointer 16-byte aligned (checked once per block); otherwise, and at
@@ -55,8 +62,20 @@ __device__ __forceinline__ bool alignedC(pa_bf16_out) { return true; }
 
 // The epilogue of a plain product.
 struct Identity {
+  static constexpr bool kPairs = false;
   __device__ __forceinline__ float operator()(float v, long long, long long, long long) const { return v; }
 };
+
+// C's elements n and n + 1 (n even) of row m, at i and i + 1, through the epilogue.
+template <class Epi>
+__device__ __forceinline__ void epiPair(const Epi& epi, float& v0, float& v1, long long m, long long n, long long i) {
+  if constexpr (Epi::kPairs) {
+    epi.pair(v0, v1, m, n, i);
+  } else {
+    v0 = epi(v0, m, n, i);
+    v1 = epi(v1, m, n + 1, i + 1);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Block-tile raster: output tile (tm, tn) of block `pid`, grouped by kGroupM tile rows.
@@ -82,11 +101,22 @@ template <class P, class Epi, class CPtr>
 __device__ __forceinline__ void splitReduce(const float* __restrict__ parts, CPtr C, const Epi& epi) {
   constexpr long long MN = P::M * P::N, N = P::N;
   constexpr int S = P::splits;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < MN; i += (long long)gridDim.x * blockDim.x) {
-    float v = parts[i];
+  if constexpr (Epi::kPairs) {
+    static_assert(N % 2 == 0, "a pair epilogue needs N even");
+    for (long long i = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < MN; i += 2 * (long long)gridDim.x * blockDim.x) {
+      float v0 = parts[i], v1 = parts[i + 1];
 #pragma unroll
-    for (int z = 1; z < S; ++z) v += parts[z * MN + i];
-    C[i] = epi(v, i / N, i % N, i);
+      for (int z = 1; z < S; ++z) v0 += parts[z * MN + i], v1 += parts[z * MN + i + 1];
+      epi.pair(v0, v1, i / N, i % N, i);
+      C[i] = v0, C[i + 1] = v1;
+    }
+  } else {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < MN; i += (long long)gridDim.x * blockDim.x) {
+      float v = parts[i];
+#pragma unroll
+      for (int z = 1; z < S; ++z) v += parts[z * MN + i];
+      C[i] = epi(v, i / N, i % N, i);
+    }
   }
 }
 

@@ -319,12 +319,16 @@ __device__ __forceinline__ void simtTile(const float* __restrict__ A, const floa
         }
         const long long at = m * N + n;
         if (vecC && n + 3 < N) {
-          float4 o;
-          o.x = epi(v[0], m, n + 0, i0 + at + 0);
-          o.y = epi(v[1], m, n + 1, i0 + at + 1);
-          o.z = epi(v[2], m, n + 2, i0 + at + 2);
-          o.w = epi(v[3], m, n + 3, i0 + at + 3);
-          storeC4(C, at, o);
+          epiPair(epi, v[0], v[1], m, n, i0 + at);
+          epiPair(epi, v[2], v[3], m, n + 2, i0 + at + 2);
+          storeC4(C, at, make_float4(v[0], v[1], v[2], v[3]));
+        } else if constexpr (Epi::kPairs) {  // N is even: a pair starting inside C ends inside it
+#pragma unroll
+          for (int j = 0; j < 4; j += 2)
+            if (n + j < N) {
+              epiPair(epi, v[j], v[j + 1], m, n + j, i0 + at + j);
+              C[at + j] = v[j], C[at + j + 1] = v[j + 1];
+            }
         } else {
 #pragma unroll
           for (int j = 0; j < 4; ++j)
@@ -376,7 +380,8 @@ __device__ __forceinline__ void simtTailReduce(const float* __restrict__ parts, 
   constexpr long long BM = Cfg::BM, BN = Cfg::BN, M = P::M, N = P::N;
   constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN;
   constexpr long long kWhole = TilesM * TilesN - P::tailTiles, kCount = P::tailTiles * BM * BN;
-  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < kCount; e += (long long)gridDim.x * blockDim.x) {
+  constexpr long long kStep = Epi::kPairs ? 2 : 1;  // pairs: e even, so col and n are even (BN is)
+  for (long long e = kStep * ((long long)blockIdx.x * blockDim.x + threadIdx.x); e < kCount; e += kStep * (long long)gridDim.x * blockDim.x) {
     const long long t = e / (BM * BN), r = e % (BM * BN) / BN, col = e % BN;
     long long tm, tn;
     tileOf<TilesM, TilesN>(kWhole + t, tm, tn);
@@ -385,7 +390,15 @@ __device__ __forceinline__ void simtTailReduce(const float* __restrict__ parts, 
     float v = parts[e];
 #pragma unroll
     for (int z = 1; z < P::tailSplits; ++z) v += parts[z * kCount + e];
-    C[m * N + n] = epi(v, m, n, m * N + n);
+    if constexpr (Epi::kPairs) {
+      float v1 = parts[e + 1];
+#pragma unroll
+      for (int z = 1; z < P::tailSplits; ++z) v1 += parts[z * kCount + e + 1];
+      epi.pair(v, v1, m, n, m * N + n);
+      C[m * N + n] = v, C[m * N + n + 1] = v1;
+    } else {
+      C[m * N + n] = epi(v, m, n, m * N + n);
+    }
   }
 }
 

@@ -176,11 +176,11 @@ __device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const floa
         const long long n = n0 + wn0 + j * 8 + 2 * t;
         const long long at = m * N + n;
         const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-        if (vecC && n + 1 < N) {
-          float2 o;
-          o.x = epi(v0, m, n, b * M * N + at);
-          o.y = epi(v1, m, n + 1, b * M * N + at + 1);
-          storeC2(C, at, o);
+        if ((vecC || Epi::kPairs) && n + 1 < N) {
+          float2 o = make_float2(v0, v1);
+          epiPair(epi, o.x, o.y, m, n, b * M * N + at);
+          if (vecC) storeC2(C, at, o);
+          else C[at] = o.x, C[at + 1] = o.y;
         } else {
           if (n < N) C[at] = epi(v0, m, n, b * M * N + at);
           if (n + 1 < N) C[at + 1] = epi(v1, m, n + 1, b * M * N + at + 1);

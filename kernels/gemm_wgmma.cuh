@@ -427,6 +427,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
     const long long tileRow = item.m0 + consumer * 64, n0 = item.n0, b = item.b;
     unsigned char* const out = E::bytes(C) + (item.b + item.split) * M * N * E::kBytes;
     if constexpr (P::transC) {
+      static_assert(!Epi::kPairs, "a pair epilogue runs on C's own rows (codegen never swaps its product)");
       transposedEpilogue(tileRow, n0, b, out, staged);
       continue;
     }
@@ -444,8 +445,13 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
           const int col = 8 * j + 2 * t, byte = (8 * jj + 2 * t) * E::kBytes;
           const long long n = n0 + col, at = m * N + n;
           float2 o = make_float2(0.0f, 0.0f);  // the functor runs exactly once for every element of C
-          if (m < M && n < N) o.x = epi(acc[4 * j + 2 * h], m, n, b * M * N + at);
-          if (m < M && n + 1 < N) o.y = epi(acc[4 * j + 2 * h + 1], m, n + 1, b * M * N + at + 1);
+          if (m < M && n + 1 < N) {
+            o = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            epiPair(epi, o.x, o.y, m, n, b * M * N + at);
+          } else {
+            if (m < M && n < N) o.x = epi(acc[4 * j + 2 * h], m, n, b * M * N + at);
+            if (m < M && n + 1 < N) o.y = epi(acc[4 * j + 2 * h + 1], m, n + 1, b * M * N + at + 1);
+          }
           E::storePair(staged + r * 256 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), o);
         }
       }

@@ -45,7 +45,7 @@ inline std::vector<Variant> allVariants() {
       batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
       add("MatMul_batched", batched, tf32, tile);
       if (tile == GemmTile::Medium) continue;
-      for (const char* act : {"none", "relu", "gelu"})
+      for (const char* act : {"none", "relu", "gelu", "swiglu"})
         for (bool bias : {false, true})
           for (bool tw : {false, true}) {
             GemmProblem p;

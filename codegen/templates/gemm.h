@@ -19,9 +19,15 @@ struct ${NAME}_problem {
   static constexpr long long batch = ${BATCH};
 };
 struct ${NAME}_epilogue {
-${EPIMEMBERS}  __device__ __forceinline__ float operator()(float v, long long m, long long n, long long i) const {
+${EPIMEMBERS}  static constexpr bool kPairs = ${PAIRS};
+  __device__ __forceinline__ float operator()(float v, long long m, long long n, long long i) const {
 ${EPILOGUE}    return v;
   }
+  // Columns n and n + 1 (n even) together, where kPairs (kernels/gemm_common.cuh, "Pair epilogues").
+  __device__ __forceinline__ void pair(float& v0, float& v1, long long m, long long n, long long i) const {
+    v0 = (*this)(v0, m, n, i);
+    v1 = (*this)(v1, m, n + 1, i + 1);
+${PAIRBODY}  }
 };
 )";
 

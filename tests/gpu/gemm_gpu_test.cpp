@@ -118,17 +118,18 @@ std::vector<GemmCase> allCases() {
   const Shape xs[] = {{5, 7, 129}, {64, 256}};
   const int64_t units[] = {255, 1000};
   for (int s = 0; s < 2; ++s)
-    for (const char* act : {"none", "relu", "gelu"})
+    for (const char* act : {"none", "relu", "gelu", "swiglu"})
       for (bool bias : {false, true})
         for (bool tw : {false, true}) {
           GemmProblem p;
           p.fused = true;
           p.a = xs[s];
           const int64_t k = xs[s].back();
-          p.b = tw ? Shape{units[s], k} : Shape{k, units[s]};
+          const int64_t nu = std::string(act) == "swiglu" ? units[s] + units[s] % 2 : units[s];  // swiglu: column pairs
+          p.b = tw ? Shape{nu, k} : Shape{k, nu};
           p.tb = tw, p.act = act, p.bias = bias;
           const std::string base = std::string("FusedLinear_") + act + (bias ? "_bias" : "") + (tw ? "_tW" : "") + "_" +
-                                   dims(p.a) + "_" + std::to_string(units[s]);
+                                   dims(p.a) + "_" + std::to_string(nu);
           for (bool tf32 : {false, true}) {
             for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tf32, tile);
             add(base, p, tf32, GemmTile::Large, 2);  // the epilogue in the split-K reduce
@@ -212,7 +213,7 @@ std::vector<Bf16Case> bf16Cases() {
     const std::string base = "MatMulBatched_" + dims(bt.a) + (bt.ta ? "T" : "") + "_" + dims(bt.b) + (bt.tb ? "T" : "");
     for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, true);
   }
-  for (const char* act : {"none", "relu", "gelu"})
+  for (const char* act : {"none", "relu", "gelu", "swiglu"})
     for (bool tw : {false, true}) {
       GemmProblem p;
       p.fused = true, p.act = act, p.bias = true, p.tb = tw;

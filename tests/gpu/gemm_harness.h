@@ -81,7 +81,8 @@ inline void uploadStored(cuda::DeviceBuffer& buf, std::vector<float>& values, DT
   buf.upload(bits.data(), bits.size() * sizeof(uint16_t));
 }
 
-// Float64 reference of every output of the node (out0, and FusedLinear-GELU's pre-activation).
+// Float64 reference of every output of the node (out0, and FusedLinear-GELU's or -SwiGLU's
+// pre-activation).
 inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, const std::vector<std::vector<float>>& in) {
   const Node& n = g.node(id);
   const Shape& a = g.shape(n.inputs[0]);
@@ -118,6 +119,14 @@ inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, con
       for (int64_t j = 0; j < nn; ++j) {
         double v = row[j] + (bias ? in[2][j] : 0.0);
         const size_t at = static_cast<size_t>((bi * m + i) * nn + j);
+        if (act == "swiglu") {  // out1: the pre-activations; out0: silu(gate)·up of each column pair
+          out[1][at] = v;
+          if (j % 2 == 1) {
+            const double g = out[1][at - 1];
+            out[0][at / 2] = g / (1.0 + std::exp(-g)) * v;
+          }
+          continue;
+        }
         if (act == "gelu") {
           out[1][at] = v;
           v = 0.5 * v * (1.0 + std::erf(v * 0.70710678118654752));
