@@ -8,9 +8,8 @@ fixtures (bench/fixtures/*_resolved.yaml, or any given with --config).
 
 For each config, with random weights from pa_numpy.init_params (non-trivial gains, biases, sink
 logits and position tables) on random inputs:
- - NumPy: parses it, lists the parameters, runs the forward pass with its float32 error scale,
-   and counts the step's FLOPs (pa_torch_blocks.step_flops needs torch, so without torch only
-   parameter counts are shown);
+ - NumPy: parses it, lists the layers with their parameter prefixes, runs the forward pass
+   with its float32 error scale, and counts the step's FLOPs (pa_numpy.step_flops);
  - torch float64 ("explicit" attention) against NumPy float64: must agree within 1e-10 relative
    (the two are independent formulations of the same definitions: a wrong rope pairing, norm,
    override or parameter name is off by far more);
@@ -42,21 +41,6 @@ FIXTURES = [  # file, input shape, target shape, batch, edits (--set) that shrin
 ]
 
 
-def apply_set(cfg, assignment):
-    """`a.b.0.c=value` (value parsed as YAML) on a loaded config; list items by index, as train's
-    --set."""
-    path, _, value = assignment.partition("=")
-    keys = path.split(".")
-    node = cfg
-    for k in keys[:-1]:
-        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
-    last = keys[-1]
-    if isinstance(node, list):
-        node[int(last)] = yaml.safe_load(value)
-    else:
-        node[last] = yaml.safe_load(value)
-
-
 def check(name, cfg, xs, ys, batch, use_torch, failures):
     model = pn.Model.from_config(cfg, xs, ys)
     shapes = model.param_shapes()
@@ -70,6 +54,7 @@ def check(name, cfg, xs, ys, batch, use_torch, failures):
     y = rng.normal(size=[batch] + list(ys)).astype(np.float32)
     ref, scale = model.forward_with_error_scale(params, x)
     loss = pn.mse(ref, y)
+    print(f"   step FLOPs at batch {batch}: {pn.step_flops(model, batch):.4g}")
     print(f"   numpy: loss {loss:.12g}, |pred| mean {np.abs(ref).mean():.3g}, "
           f"f32 scale / |pred| median {np.median(scale / np.maximum(np.abs(ref), 1e-30)):.2e}")
     if not np.isfinite(ref).all() or not np.isfinite(scale).all():
@@ -78,7 +63,6 @@ def check(name, cfg, xs, ys, batch, use_torch, failures):
         return
     import torch
     import pa_torch_blocks as tb
-    print(f"   step FLOPs at batch {batch}: {tb.step_flops(model, batch):.4g}")
 
     def run(dtype, attention):
         m = tb.build(model, attention, dtype)
@@ -138,7 +122,7 @@ def main(argv=None):
         with open(path) as f:
             cfg = yaml.safe_load(f)
         for s in sets + a.set:
-            apply_set(cfg, s)
+            pn.apply_set(cfg, s)
         try:
             check(os.path.basename(path), cfg, xs, ys, batch, use_torch, failures)
         except Exception as e:  # report and go on with the next config

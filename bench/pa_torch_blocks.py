@@ -344,21 +344,5 @@ def build(model, attention="explicit", dtype=torch.float32):
 
 
 def step_flops(model, batch):
-    """The analytic FLOPs of one training step (forward + backward) of pa_numpy model `model` at
-    batch size `batch`: 6 * (weight-matrix parameters) * tokens for the matrix products (2 forward,
-    4 backward: dX and dW), plus, per attention layer, 4 * B * H * D * (visible query-key pairs)
-    forward (QK^T and PV, 2 FLOPs a multiply-add) times 3 for forward + backward. Tokens are B *
-    (the positions of a layer's input: S for [S, F], 1 for a flat sample); elementwise work (norms,
-    activations, softmax, Adam) and FlashAttention's recomputation of QK^T are not counted."""
-    total = 0
-    shapes = model.param_shapes()
-    for spec, prefix, shape in zip(model.layers, model.prefixes, model.input_shapes):
-        tokens = batch * int(np.prod(shape[:-1]))
-        for name, shp in shapes.items():
-            if name.startswith(prefix + ".") and name.endswith("weight") and len(shp) == 2:
-                total += 6 * shp[0] * shp[1] * tokens
-        if isinstance(spec, pn.Attention):
-            hq, _, hd = pn.Model._heads(spec, shape[-1])
-            pairs = int(pn.attention_visible(spec, shape[0]).sum())
-            total += 3 * 4 * batch * hq * hd * pairs
-    return total
+    """pa_numpy.step_flops (the analytic FLOPs of one training step)."""
+    return pn.step_flops(model, batch)

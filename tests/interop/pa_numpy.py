@@ -399,6 +399,38 @@ def expand_layers(entries) -> list:
     return out
 
 
+def apply_set(config: dict, assignment: str) -> None:
+    """`a.b.0.c=value` on a loaded config, as train's --set: list items by index, the value parsed
+    as YAML, missing maps created."""
+    path, eq, value = assignment.partition("=")
+    if not eq or not path or "" in path.split("."):
+        raise ValueError(f"--set {assignment!r}: expected key.path=value")
+    keys = path.split(".")
+    node = config
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+    last = keys[-1]
+    if isinstance(node, list):
+        node[int(last)] = yaml.safe_load(value)
+    else:
+        node[last] = yaml.safe_load(value)
+
+
+def sample_shapes(config: dict):
+    """One sample's (input, target) shapes from a config's data section, for the kinds whose shapes
+    follow from it alone (sine, function); None for others (a CSV file's columns)."""
+    d = config.get("data") or {}
+    kind = d.get("kind", "sine")
+    if kind == "sine":
+        window, channels = int(d.get("window", 64)), int(d.get("channels", 1))
+        target = d.get("target", "next")
+        y = [window, 1] if target in ("sequence", "delayed") else [int(d.get("horizon", 1))]
+        return [window, channels], y
+    if kind == "function":
+        return [int(d.get("inputs", 1))], [1]
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The attention mask, from README "Attention masks".
 
@@ -885,6 +917,27 @@ class Model:
 
 
 # ---------------------------------------------------------------------------------------------
+
+def step_flops(model, batch):
+    """The analytic FLOPs of one training step (forward + backward) of pa_numpy model `model` at
+    batch size `batch`: 6 * (weight-matrix parameters) * tokens for the matrix products (2 forward,
+    4 backward: dX and dW), plus, per attention layer, 4 * B * H * D * (visible query-key pairs)
+    forward (QK^T and PV, 2 FLOPs a multiply-add) times 3 for forward + backward. Tokens are B *
+    (the positions of a layer's input: S for [S, F], 1 for a flat sample); elementwise work (norms,
+    activations, softmax, Adam) and FlashAttention's recomputation of QK^T are not counted."""
+    total = 0
+    shapes = model.param_shapes()
+    for spec, prefix, shape in zip(model.layers, model.prefixes, model.input_shapes):
+        tokens = batch * int(np.prod(shape[:-1]))
+        for name, shp in shapes.items():
+            if name.startswith(prefix + ".") and name.endswith("weight") and len(shp) == 2:
+                total += 6 * shp[0] * shp[1] * tokens
+        if isinstance(spec, Attention):
+            hq, _, hd = Model._heads(spec, shape[-1])
+            pairs = int(attention_visible(spec, shape[0]).sum())
+            total += 3 * 4 * batch * hq * hd * pairs
+    return total
+
 
 def mse(pred: np.ndarray, y: np.ndarray) -> float:
     """Mean over every element of (pred - y)^2, y reshaped to pred's shape, in float64."""
