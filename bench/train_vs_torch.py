@@ -231,8 +231,13 @@ def worker(spec):
                     model = compile_model(model, "default" if variant == "compile" else "max-autotune-no-cudagraphs")
                 opt = torch.optim.Adam(model.parameters(), lr=lr, fused=cuda)
                 step = make_step(model, opt)
-                ms, n, cs, reps = timed(lambda i: step(xpool[i % n_pool], ypool[i % n_pool]),
-                                        3 if variant == "eager" else 4)
+                counter = iter(range(1 << 62))  # every queued step takes the next batch of the pool
+
+                def run(_, step=step, counter=counter):
+                    b = next(counter) % n_pool
+                    step(xpool[b], ypool[b])
+
+                ms, n, cs, reps = timed(run, 3 if variant == "eager" else 4)
                 report(variant, ms, n, cs, reps)
             elif variant == "graph":
                 if not cuda:
@@ -253,12 +258,27 @@ def graph_variant(torch, F, fresh_model, compile_model, make_step, lr, xpool, yp
     """The compiled model's whole step in one CUDA graph: the batch is chosen on the device
     (index_select with an index the graph advances), so a replay needs nothing from the host."""
     t0 = time.perf_counter()
-    model = fresh_model()
     how = "torch.compile (default) model, whole step in one CUDA graph"
     try:
-        model = compile_model(model, "default")
+        model, opt, idx, body = _graph_step(torch, F, compile_model(fresh_model(), "default"), lr, xpool, ypool,
+                                            n_pool, bf16)
     except Exception as e:  # the eager model in the graph then, and say so
-        model, how = fresh_model(), f"eager model in one CUDA graph (compile failed: {type(e).__name__})"
+        how = f"eager model in one CUDA graph (compiled: {type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        torch.cuda.synchronize()
+        model, opt, idx, body = _graph_step(torch, F, fresh_model(), lr, xpool, ypool, n_pool, bf16)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        body()
+    torch.cuda.synchronize()
+    setup_s = time.perf_counter() - t0
+    ms, n, _, reps = timed(lambda i: graph.replay(), 3)
+    return ms, n, setup_s, reps, how
+
+
+def _graph_step(torch, F, model, lr, xpool, ypool, n_pool, bf16):
+    """The step's body for capture (the batch picked on the device by an index the step
+    advances), after warm-up runs off the capture stream, as the CUDA graph docs ask."""
     opt = torch.optim.Adam(model.parameters(), lr=lr, fused=True, capturable=True)
     idx = torch.zeros(1, dtype=torch.long, device=xpool.device)
 
@@ -276,20 +296,13 @@ def graph_variant(torch, F, fresh_model, compile_model, make_step, lr, xpool, yp
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (compiles) off the capture stream, as the docs ask
+    with torch.cuda.stream(side):  # warm-up (compiles) off the capture stream
         for _ in range(4):
             opt.zero_grad(set_to_none=True)
             body()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        body()
-    torch.cuda.synchronize()
-    setup_s = time.perf_counter() - t0
-    ms, n, _, reps = timed(lambda i: graph.replay(), 3)
-    return ms, n, setup_s, reps, how
+    return model, opt, idx, body
 
 
 def sdpa_setup(torch, spec, pnm, batch, dev):
@@ -365,8 +378,10 @@ def sdpa_setup(torch, spec, pnm, batch, dev):
         flags = {"cudnn": "enable_cudnn_sdp", "flash": "enable_flash_sdp", "efficient": "enable_mem_efficient_sdp",
                  "math": "enable_math_sdp"}
         for name, fn in flags.items():
+            # math stays on as the fallback for a layer whose mask the chosen backend cannot take
+            # (PyTorch tries math last); a layer that falls back shows as a slow step, not an error
             if hasattr(torch.backends.cuda, fn):
-                getattr(torch.backends.cuda, fn)(name == chosen)
+                getattr(torch.backends.cuda, fn)(name in (chosen, "math"))
     log(f"  SDPA probe ({spec['model']}, {spec['precision']}, one layer fwd+bwd ms): {probe}; "
         f"PyTorch's default picks {default}; using {chosen}")
     return {"probe_ms": probe, "default_pick": default, "used": chosen}
