@@ -81,6 +81,14 @@ CASES = [
     # kept (a step takes ~0.2 s on two cores), but one row is 65,536 inputs, and the NumPy float64
     # forward with its error scale takes ~0.3 s a row on this machine
     Case("attn_block", "attn_block.yaml", ["data.samples=64", "train.batch_size=8"], predict_rows=8),
+    # S 1024 -> 48 (delay 200 -> 20), batch 8 -> 4: the blocks' widths (512, 8 x 64 heads over 2
+    # KV heads, SwiGLU 1536) are kept; the window of 128 is shrunk to 8 so that it masks
+    Case("tiny_gpt", "tiny_gpt.yaml",
+         ["data.samples=64", "data.window=48", "model.input=[48, 8]", "data.delay=20", "train.batch_size=4",
+          "model.layers.1.repeat.overrides=[{attention: {window: 8}}, {}]"], predict_rows=8),
+    Case("tiny_llama", "tiny_llama.yaml",
+         ["data.samples=64", "data.window=48", "model.input=[48, 8]", "data.delay=20", "train.batch_size=4"],
+         predict_rows=8),
 ]
 
 # Options that no example sets: an unfused attention (head dim 12 is not a multiple of 8, so
@@ -88,7 +96,30 @@ CASES = [
 # two-sided window, a sink without sink logits, no residual, and GELU; a fused one that is not
 # causal, with a two-sided window, sinks and sink logits; linear layers with GELU, sigmoid, tanh
 # and no bias, on three inputs.
+BLOCK_LAYERS = (
+    "[{linear: {units: 16, activation: gelu_tanh}}, {position: {kind: sinusoidal}}, {position: {kind: learned}}, "
+    "{norm: {kind: layer}}, "
+    "{attention: {heads: 4, kv_heads: 2, head_dim: 6, causal: true, window: 3, sinks: 1, sink_logits: true, "
+    "bias: false, rope: {base: 500, dims: 4}, residual: true, post_norm: {kind: layer, eps: 0.001}}}, "
+    "{repeat: {times: 3, layers: ["
+    "{attention: {heads: 2, causal: false, window: {left: 2, right: 1}, rope: {interleaved: true}, residual: true, "
+    "pre_norm: rms}}, "
+    "{mlp: {hidden: 24, activation: swiglu, residual: true, pre_norm: layer}}, "
+    "{mlp: {hidden: 20, activation: gelu, bias: false, post_norm: rms}}, {norm: rms}], "
+    "overrides: [{attention: {causal: true, window: {}}, mlp_1: {activation: relu}}, {mlp_0: {activation: silu}}, "
+    "{mlp_1: {activation: gelu_tanh, residual: true}}]}}, "
+    "{linear: {units: 16, activation: silu, bias: false, residual: true, pre_norm: {kind: rms, eps: 1e-6}}}, "
+    "{linear: {units: 1}}]")
+
 VARIANTS = [
+    # Every layer kind and option of the transformer blocks in one small model (the fixture
+    # bench/fixtures/all_layers_resolved.yaml): positions, both norms as layers and as pre/post
+    # norms, rope half-split on part of the head and interleaved, bias-free and GQA attention
+    # with a window, sinks and sink logits, a two-sided window, each mlp activation, a linear
+    # residual block, and a repeat whose overrides cycle over three patterns.
+    Case("blocks_opts", "tiny_llama.yaml",
+         ["data.samples=128", "data.window=12", "data.channels=3", "data.delay=3", "model.input=[12, 3]",
+          "train.batch_size=8", "model.layers=" + BLOCK_LAYERS]),
     Case("attn_unfused_opts", "sine_attention.yaml",
          ["data.samples=128", "model.layers.1.attention={heads: 3, kv_heads: 1, head_dim: 12, "
           "causal: false, window: {left: 5, right: 3}, sinks: 1, sink_logits: false, residual: false}",
