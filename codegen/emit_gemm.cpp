@@ -92,9 +92,10 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
                        {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
                        {"TC", plan.swap ? "true" : "false"},
                        {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
-                       {"COUT", "out" + std::to_string(cOutput)}, {"PAIRS", pairBody.empty() ? "false" : "true"},
+                       {"PAIRS", pairBody.empty() ? "false" : "true"},
                        {"PAIRBODY", pairBody},
                        {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
+  const std::string cOut = "out" + std::to_string(cOutput);
   NodeKernels nk;
   // Scratch, in floats: [widened or transposed A][widened or transposed B][split partial sums].
   // The product reads each operand from the node, or its copy.
@@ -183,12 +184,14 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
     kv["PROBLEM"] = problem("");
     kv["EPIINIT"] = init;
     kv["PARTS"] = ll(scratchFloats);
+    kv["COUT"] = cOut;
     kv.erase("ALGO");  // (simtGemmTail)
     const int64_t blocks = tiles - tail.tiles + tail.tiles * tail.splits;
     nk.kernels.push_back(finish(c, "", kGemmTail, kv, {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(v.threads),
                                 join(join(operandArgs, epilogueArgs), scratchArg), {header}, v.sharedBytes));
     const int64_t count = tail.tiles * v.bm * v.bn;
-    TemplateVars rv = {{"PROBLEM", problem("reduce", tailReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"CONFIG", v.config}};
+    TemplateVars rv = {{"PROBLEM", problem("reduce", tailReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"CONFIG", v.config},
+                       {"COUT", cOut}};
     nk.kernels.push_back(finish(c, "reduce", kGemmTailReduce, rv, {gridFor(count), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
                                 {tailReduceHeader}));
     nk.scratchBytes = static_cast<size_t>(scratchFloats + tail.splits * count) * sizeof(float);
@@ -198,6 +201,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
     kv["EPIINIT"] = init;
+    kv["COUT"] = cOut;
     const std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
     nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {header}, v.sharedBytes));
     nk.scratchBytes = static_cast<size_t>(scratchFloats) * sizeof(float);
@@ -208,7 +212,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   kv["PARTS"] = ll(scratchFloats);
   nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), join(operandArgs, scratchArg),
                               {header}, v.sharedBytes));
-  TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}};
+  TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"COUT", cOut}};
   nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
                               {splitReduceHeader}));
   nk.scratchBytes = static_cast<size_t>(scratchFloats + splits * m * n) * sizeof(float);

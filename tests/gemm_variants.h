@@ -65,7 +65,7 @@ inline std::vector<Variant> allVariants() {
 // cuBLASLt may or may not have applied, and matmul-act-grad's two derivatives.
 inline std::vector<Variant> libraryEpilogues() {
   std::vector<Variant> out;
-  for (const char* act : {"none", "relu", "gelu"})
+  for (const char* act : {"none", "relu", "gelu", "swiglu"})
     for (bool bias : {false, true})
       for (int applied = 0; applied < 4; ++applied) {
         GemmProblem p;
@@ -75,7 +75,7 @@ inline std::vector<Variant> libraryEpilogues() {
         Graph g;
         const NodeId id = gemmtest::buildGraph(g, p);
         for (const codegen::Kernel& k : codegen::libraryGemmEpilogue(g, id, applied & 1, applied & 2).kernels)
-          out.push_back({std::string("lib_") + act + (bias ? "_bias" : "") + "_" + std::to_string(applied), k});
+          out.push_back({std::string("lib_") + act + (bias ? "_bias" : "") + "_" + std::to_string(applied) + "_" + k.name, k});
       }
   for (const char* act : {"relu", "gelu"}) {
     Graph g;

@@ -448,13 +448,15 @@ const std::vector<std::string> kKnownKeys = {
     "residual", "op", "shape", "init", "perm", "axis", "axes", "value", "transpose_a", "transpose_b", "repeats",
     "expr", "layout", "fill", "keepdims", "dtype", "data", "loss", "optimizer", "lr", "betas", "eps", "weight_decay",
     "clip_grad_norm", "batch_size", "steps", "epochs", "log_every", "lr_schedule", "warmup_steps", "fuse", "passes",
-    "gemm", "deterministic", "type"};
+    "gemm", "deterministic", "type", "mlp", "norm", "position", "repeat", "hidden", "rope", "pre_norm", "post_norm", "times",
+    "overrides", "base", "dims", "interleaved", "delay", "part", "inverse"};
 // Op names and attribute values a hand-written node may use, valid or not.
 const std::vector<std::string> kOps = {
     "constant", "matmul", "add", "sub", "mul", "div", "scale", "relu", "gelu", "tanh", "sigmoid", "exp", "softmax",
     "permute", "reshape", "broadcast-to", "sum", "mean", "sum-to", "attention-mask", "repeat-heads", "mse-loss",
     "cast", "fused-linear", "flash-attention", "fused-elementwise", "relu-grad", "gelu-grad", "tanh-grad",
     "sigmoid-grad", "softmax-grad", "softmax-sink-grad", "flash-attention-grad", "matmul-act-grad", "input", "param",
+    "silu", "gelu-tanh", "layer-norm", "rms-norm", "rope", "interleave", "deinterleave", "swiglu-grad", "layer-norm-grad",
     "nope"};
 
 std::string anyValue(Rng& r) {
@@ -587,18 +589,30 @@ std::string layerMutation(Rng& r, YNode& model) {
   if (item.kind != Kind::Map || item.entries.empty() || item.entries[0].second.kind != Kind::Map) return "";
   YNode& l = item.entries[0].second;
   static const std::vector<std::string> kAttentionKeys = {"heads", "kv_heads", "head_dim", "window", "sinks", "causal",
-                                                         "align", "sink_logits", "residual"};
+                                                         "align", "sink_logits", "residual", "rope", "pre_norm", "post_norm", "bias"};
   if (item.entries[0].first == "attention") {
     const std::string key = r.pick(kAttentionKeys);
     std::string v;
-    if (key == "causal" || key == "sink_logits" || key == "residual") v = r.percent(50) ? "true" : "false";
+    if (key == "causal" || key == "sink_logits" || key == "residual" || key == "bias") v = r.percent(50) ? "true" : "false";
+    else if (key == "rope") v = r.pick<std::string>({"true", "{dims: 2}", "{dims: 3}", "{base: 0}", "{interleaved: true, dims: 4}", "{dims: 4096}"});
+    else if (key == "pre_norm" || key == "post_norm") v = r.pick<std::string>({"rms", "layer", "{kind: rms, eps: 0}", "batch", "{eps: 1}"});
     else if (key == "align") v = r.percent(50) ? "bottom-right" : "top-left";
     else if (key == "window" && r.percent(50)) v = r.pick<std::string>({"{left: 0, right: 0}", "{right: 100}", "{left: 100, right: 100}", "{}", "{left: 9000000000000000000}", "0"});
     else v = r.pick<std::string>({"1", "2", "3", "5", "6", "7", "8", "9", "16", "64", "100", "4096", "65536"});
     l.set(key, S(v));
     return "attention " + key + " = " + v;
   }
-  const int k = static_cast<int>(r.below(3));
+  const int k = static_cast<int>(r.below(4));
+  if (k == 3) {  // a transformer layer: norm, mlp, position, or a repeated block
+    const std::string yaml = r.pick<std::string>(
+        {"{norm: rms}", "{norm: {kind: layer, eps: 1.0e-3}}", "{mlp: {hidden: 5, activation: swiglu, residual: true, pre_norm: rms}}",
+         "{mlp: {hidden: 3, activation: gelu_tanh, post_norm: layer}}", "{position: {kind: sinusoidal}}", "{position: {kind: learned}}",
+         "{repeat: {times: 2, layers: [{attention: {heads: 1, causal: true, rope: true, pre_norm: rms, residual: true}}, "
+         "{mlp: {hidden: 4, activation: swiglu, residual: true}}], overrides: [{attention: {window: 1}}, {}]}}",
+         "{repeat: {times: 3, layers: [{norm: rms}, {linear: {units: 2}}]}}"});
+    ls->items.insert(ls->items.begin() + static_cast<std::ptrdiff_t>(r.below(ls->items.size() + 1)), YNode::scalar(yaml));
+    return "transformer layer inserted: " + yaml;
+  }
   if (k == 0) {
     const std::string v = r.pick<std::string>({"1", "3", "5", "64", "1000", "100000"});
     l.set("units", S(v));
