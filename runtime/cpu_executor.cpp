@@ -97,19 +97,33 @@ template <class T> std::pair<int64_t, int64_t> normRows(Ctx<T>& c) {
   const int64_t f = c.inShape(0).back();
   return {f ? c.outCount() / f : 0, f};
 }
+// A fused norm's x + residual, written to its sum output and returned as what is normalised.
+// Stored in bf16 (lower-bf16), the sum is rounded before it is normalised, as the CUDA kernel
+// does and as an Add node followed by the norm would.
+template <class T>
+const T* residualSum(Ctx<T>& c, int residualInput, int sumOutput) {
+  const T* x = c.in(0);
+  const T* r = c.in(residualInput);
+  T* s = c.out(sumOutput);
+  const int64_t n = c.outCount();
+  for (int64_t i = 0; i < n; ++i) s[i] = x[i] + r[i];
+  if (c.g.value(c.n.outputs[static_cast<size_t>(sumOutput)]).type.dtype == DType::BF16)
+    for (int64_t i = 0; i < n; ++i) s[i] = static_cast<T>(roundToBf16(static_cast<float>(s[i])));
+  return s;
+}
 template <class T>
 void execLayerNorm(Ctx<T>& c) {
   const auto [rows, f] = normRows(c);
-  const bool fused = c.n.inputs.size() == 4;
-  cpu::norm(c.in(0), fused ? c.in(3) : nullptr, c.in(1), c.in(2), c.out(0), c.out(1), c.out(2), fused ? c.out(3) : nullptr,
-            rows, f, getAttr<attr::Eps>(c.n.attrs));
+  const T* x = c.n.inputs.size() == 4 ? residualSum(c, 3, 3) : c.in(0);
+  cpu::norm(x, static_cast<const T*>(nullptr), c.in(1), c.in(2), c.out(0), c.out(1), c.out(2), static_cast<T*>(nullptr), rows,
+            f, getAttr<attr::Eps>(c.n.attrs));
 }
 template <class T>
 void execRmsNorm(Ctx<T>& c) {
   const auto [rows, f] = normRows(c);
-  const bool fused = c.n.inputs.size() == 3;
-  cpu::norm(c.in(0), fused ? c.in(2) : nullptr, c.in(1), static_cast<const T*>(nullptr), c.out(0), static_cast<T*>(nullptr),
-            c.out(1), fused ? c.out(2) : nullptr, rows, f, getAttr<attr::Eps>(c.n.attrs));
+  const T* x = c.n.inputs.size() == 3 ? residualSum(c, 2, 2) : c.in(0);
+  cpu::norm(x, static_cast<const T*>(nullptr), c.in(1), static_cast<const T*>(nullptr), c.out(0), static_cast<T*>(nullptr),
+            c.out(1), static_cast<T*>(nullptr), rows, f, getAttr<attr::Eps>(c.n.attrs));
 }
 template <class T>
 void execRope(Ctx<T>& c) {

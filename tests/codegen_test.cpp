@@ -16,7 +16,11 @@
 #include "codegen/emit.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
+#include "passes/autodiff.h"
+#include "passes/fusion.h"
 #include "tests/nvrtc/compile_in_parallel.h"
+#include "tests/op_cases.h"
+#include "tests/test_util.h"
 #include "tests/training_graph.h"
 
 namespace pa {
@@ -39,6 +43,46 @@ const std::vector<GraphCase> kGraphCases = {
     {"sine_mlp", false, "bf16"},  {"sine_mlp", true, "bf16"},  {"sine_attention", false, "bf16"},
     {"sine_attention", true, "bf16"}, {"function_mlp", false, "bf16"}, {"mlp_tiny", false, "bf16"},
     {"mlp_wide", false, "bf16"},  {"attn_block", false, "bf16"}, {"attn_block", true, "bf16"}};
+
+// Every op case of tests/op_cases.h (the graphs the GPU suite runs: forward and backward through a
+// weighted-sum loss, in fp32 and lowered to bf16), each node's kernels compiled for sm_90a, a
+// cubin with ptxas, as the runner builds them on an H100. The example configs reach only some
+// ops (not the norms or rope, say), so this is where every op's emitter meets NVRTC.
+TEST(GeneratedKernels, EveryOpCasesKernelsCompile) {
+  const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
+  if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
+  codegen::EmitOptions opt;
+  opt.wgmma = true;
+  std::vector<test::CompileUnit> units;
+  std::set<OpKind> compiled;
+  for (const test::OpCase& oc : test::allCases()) {
+    for (bool bf16 : {false, true}) {
+      Graph g;
+      const ValueId out = oc.build(g);
+      if (bf16) g.setOutput("op", out);
+      test::addWeightedSumLoss(g, out);
+      appendBackward(g, g.output("loss"), g.params());
+      if (bf16) lowerToBf16(g);
+      const std::string label = oc.name + (bf16 ? "_bf16" : "");
+      for (NodeId id : g.topoOrder()) {
+        const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+        if (nk.external) continue;
+        for (const codegen::Kernel& k : nk.kernels) units.push_back({label + "/" + k.name, k.name, k.source});
+        if (!nk.kernels.empty()) compiled.insert(g.node(id).op);
+      }
+    }
+  }
+  for (OpKind op : {OpKind::LayerNorm, OpKind::RmsNorm, OpKind::LayerNormGrad, OpKind::RmsNormGrad, OpKind::Rope})
+    EXPECT_TRUE(compiled.count(op)) << opName(op) << " has no kernel in any op case";
+  test::CompileOptions options;
+  options.arch = "sm_90a";
+  test::CompileStats stats;
+  options.stats = &stats;
+  const auto wall = std::chrono::steady_clock::now();
+  for (const std::string& f : test::compileInParallel(units, options)) ADD_FAILURE() << f;
+  std::printf("sm_90a: %zu kernels, %zu distinct programs; %.1f s wall\n", stats.units, stats.programs,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count());
+}
 
 // Every graph's own kernels, for each target in one parallel batch over all the graphs: each
 // kernel is its own program, as the runner compiles it, and kernels that differ only in their

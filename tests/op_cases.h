@@ -106,6 +106,34 @@ inline std::vector<OpCase> allCases() {
                    }});
     }
   }
+  // The GPU kernels' other row layouts: a row per block (F > 512: three 256-feature chunks, the
+  // last partial) and many rows (a warp per row, two rows per warp, the last block partial), so
+  // the gradients' per-block partial sums of d gain and d bias have several blocks to add.
+  struct NormCase {
+    const char* name;
+    Shape x;
+    bool residual;
+  };
+  for (const NormCase& n : {NormCase{"f700_residual", {2, 700}, true}, NormCase{"f700", {2, 700}, false},
+                            NormCase{"rows2100_f2", {2100, 2}, false}, NormCase{"rows2100_f2_residual", {2100, 2}, true}}) {
+    const int64_t f = n.x.back();
+    c.push_back({std::string("LayerNorm_") + n.name, OpKind::LayerNorm, [=](Graph& g) {
+                   std::vector<ValueId> ins{P(g, "x", n.x), P(g, "gain", {f}), P(g, "bias", {f})};
+                   if (n.residual) ins.push_back(P(g, "r", n.x));
+                   const ValueId y = g.add(OpKind::LayerNorm, ins, AttrMap().set<attr::Eps>(1e-3));
+                   if (!n.residual) return y;
+                   const Node& node = g.producer(y);
+                   return g.add(OpKind::Add, {y, g.add(OpKind::Scale, {node.outputs[3]}, AttrMap().set<attr::ScaleFactor>(0.5))});
+                 }});
+    c.push_back({std::string("RmsNorm_") + n.name, OpKind::RmsNorm, [=](Graph& g) {
+                   std::vector<ValueId> ins{P(g, "x", n.x), P(g, "gain", {f})};
+                   if (n.residual) ins.push_back(P(g, "r", n.x));
+                   const ValueId y = g.add(OpKind::RmsNorm, ins, AttrMap().set<attr::Eps>(1e-3));
+                   if (!n.residual) return y;
+                   const Node& node = g.producer(y);
+                   return g.add(OpKind::Add, {y, g.add(OpKind::Scale, {node.outputs[2]}, AttrMap().set<attr::ScaleFactor>(0.5))});
+                 }});
+  }
   struct RopeCase {
     const char* name;
     Shape x;
@@ -116,7 +144,8 @@ inline std::vector<OpCase> allCases() {
   for (const RopeCase& r : {RopeCase{"halfSplit_bhsd", {2, 3, 5, 8}, "bhsd", 0, false},
                             RopeCase{"interleaved_bhsd", {2, 3, 5, 8}, "bhsd", 0, true},
                             RopeCase{"halfSplit_bshd_partialDims", {2, 7, 3, 10}, "bshd", 4, false},
-                            RopeCase{"interleaved_bshd_partialDims", {1, 9, 2, 6}, "bshd", 2, true}}) {
+                            RopeCase{"interleaved_bshd_partialDims", {1, 9, 2, 6}, "bshd", 2, true},
+                            RopeCase{"halfSplit_bhsd_longSeq", {1, 2, 300, 6}, "bhsd", 4, false}}) {
     c.push_back({std::string("Rope_") + r.name, OpKind::Rope, [=](Graph& g) {
                    return g.add(OpKind::Rope, {P(g, "x", r.x)},
                                 AttrMap().set<attr::Layout>(std::string(r.layout)).set<attr::RopeDims>(r.dims)

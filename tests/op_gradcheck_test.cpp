@@ -21,6 +21,8 @@ const std::map<OpKind, OpKind> kEmittedBy = {
     {OpKind::TanhGrad, OpKind::Tanh},       {OpKind::SigmoidGrad, OpKind::Sigmoid},
     {OpKind::SoftmaxGrad, OpKind::Softmax}, {OpKind::SoftmaxSinkGrad, OpKind::Softmax},
     {OpKind::FlashAttentionGrad, OpKind::FlashAttention},
+    {OpKind::SiluGrad, OpKind::Silu},       {OpKind::GeluTanhGrad, OpKind::GeluTanh},
+    {OpKind::LayerNormGrad, OpKind::LayerNorm}, {OpKind::RmsNormGrad, OpKind::RmsNorm},
 };
 
 class OpGradCheck : public ::testing::TestWithParam<OpCase> {};

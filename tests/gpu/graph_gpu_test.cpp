@@ -268,6 +268,66 @@ TEST(OpOnGpu, LargeReductionsMatchTheFloat64CpuExecutor) {
   }
 }
 
+// The norms and rope at sizes the op cases leave out: tiny_gpt's 8192 rows of 512 features (a
+// warp per row, four rows per warp in the gradient), rows of 1536, 5000 and 20000 features (a
+// block of 256, 512 and 1024 threads per row, several rows per block in the gradient; at 20000
+// the row no longer fits the registers), with and without the residual, forward and backward;
+// the fused tiny_gpt norm in bf16 too. Rope at positions up to 1e5, where an angle formed in
+// float would be off by milliradians: within 1e-5 of the float64 reference.
+TEST(OpOnGpu, LargeNormsAndRopeMatchTheFloat64CpuExecutor) {
+  PA_REQUIRE_GPU();
+  struct NormCase {
+    const char* name;
+    Shape x;
+    OpKind op;
+    bool residual, bf16;
+  };
+  for (const NormCase& c : {NormCase{"layer_norm_tiny_gpt_residual", {8, 1024, 512}, OpKind::LayerNorm, true, false},
+                            NormCase{"layer_norm_tiny_gpt_residual_bf16", {8, 1024, 512}, OpKind::LayerNorm, true, true},
+                            NormCase{"rms_norm_tiny_gpt", {8192, 512}, OpKind::RmsNorm, false, false},
+                            NormCase{"layer_norm_f1536", {600, 1536}, OpKind::LayerNorm, false, false},
+                            NormCase{"rms_norm_f5000_residual", {300, 5000}, OpKind::RmsNorm, true, false},
+                            NormCase{"layer_norm_f20000", {40, 20000}, OpKind::LayerNorm, false, false}}) {
+    SCOPED_TRACE(c.name);
+    Graph g;
+    const int64_t f = c.x.back();
+    std::vector<ValueId> ins{g.addParam("x", c.x, "xavier"), g.addParam("gain", {f}, "xavier")};
+    if (c.op == OpKind::LayerNorm) ins.push_back(g.addParam("bias", {f}, "xavier"));
+    if (c.residual) ins.push_back(g.addParam("r", c.x, "xavier"));
+    ValueId y = g.add(c.op, ins);
+    if (c.residual) y = g.add(OpKind::Add, {y, g.producer(y).outputs.back()});  // both the output and the sum have gradients
+    if (c.bf16) g.setOutput("op", y);
+    test::addWeightedSumLoss(g, y);
+    appendBackward(g, g.output("loss"), g.params());
+    if (!c.bf16) {
+      compareOnGpu(g, 13, 1.0, Metric::MaxElement);
+      continue;
+    }
+    lowerToBf16(g);
+    verifyGraph(g);
+    compareOnGpu(g, 13, 1.0, Metric::Bf16, {}, nullptr, {"loss"});
+  }
+  {
+    SCOPED_TRACE("rope_long_positions");
+    Graph g;
+    const ValueId x = g.addInput("x", {1, 100001, 2, 8});  // bshd: [B, S, H, D]
+    g.setOutput("y", g.add(OpKind::Rope, {x}, AttrMap().set<attr::Layout>(std::string("bshd")).set<attr::Interleaved>(true)));
+    CpuExecutor<double> cpu(g);
+    test::fillRandom(cpu.data(x), numel(g.shape(x)), 14);
+    cpu.run();
+    CudaGraphRunner gpu(g, device());
+    const std::vector<float> xf(cpu.data(x), cpu.data(x) + numel(g.shape(x)));
+    gpu.upload(x, xf.data());
+    gpu.run();
+    const ValueId y = g.output("y");
+    std::vector<float> got(static_cast<size_t>(numel(g.shape(y))), NAN);
+    gpu.download(y, got.data());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - cpu.data(y)[i]));
+    EXPECT_LE(worst, 1e-5) << "inputs in [-1, 1], outputs at most √2";
+  }
+}
+
 // MatMulActGrad (a matmul with ReluGrad/GeluGrad as its epilogue) on awkward shapes, every
 // transpose, batched, and a long K that takes the split-K path (the epilogue then runs in the
 // reduce kernel). Forward only: the op is backward-only.
