@@ -23,6 +23,7 @@ const std::map<OpKind, OpKind> kEmittedBy = {
     {OpKind::FlashAttentionGrad, OpKind::FlashAttention},
     {OpKind::SiluGrad, OpKind::Silu},       {OpKind::GeluTanhGrad, OpKind::GeluTanh},
     {OpKind::LayerNormGrad, OpKind::LayerNorm}, {OpKind::RmsNormGrad, OpKind::RmsNorm},
+    {OpKind::SwigluGrad, OpKind::FusedLinear},
 };
 
 class OpGradCheck : public ::testing::TestWithParam<OpCase> {};
