@@ -7,7 +7,7 @@
 // owning features lane + k·T (k < V = ⌈F/T⌉): one warp per row up to F = 512 (8 rows per
 // 256-thread block), above that the whole block (T = 256, 512 or 1024, so V stays ≤ 16 up to
 // F = 16384; beyond, V grows and the arrays leave the registers, which is slow but correct).
-// Row statistics are fp32 sums over the row (pa_rowSum2, a fixed-order tree). The gradients'
+// Row statistics are fp32 sums over the row (pa::norm::rowSum2 (kernels/norm.cuh), a fixed-order tree). The gradients'
 // d gain and d bias are column sums over the rows: each block adds its rows' terms per feature
 // and writes a partial row to scratch; a second kernel adds the partial rows in a fixed order
 // (in double). No atomics, so every run gives the same bits.
@@ -72,12 +72,12 @@ NodeKernels normForward(const Ctx& c, int params) {
   const int64_t blocks = std::max<int64_t>(1, (rows + rowsPerBlock - 1) / rowsPerBlock);
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "", kNormForward,
-                              {{"ROWSUM", kRowSum}, {"BLOCK", std::to_string(l.block)}, {"TPR", std::to_string(l.threads)},
+                              {{"BLOCK", std::to_string(l.block)}, {"TPR", std::to_string(l.threads)},
                                {"VPT", std::to_string(l.perThread)}, {"F", ll(f)}, {"ROWS", ll(rows)}, {"UNROLL", unrollOf(l)},
                                {"LOAD", load}, {"CENTER", layer ? "1" : "0"}, {"EPS", num(c.n.attrs.get<attr::Eps>())},
                                {"BIAS", layer ? " + in2[j]" : ""},
                                {"STATS", layer ? "    out1[row] = mu;\n    out2[row] = rs;\n" : "    out1[row] = rs;\n"}},
-                              {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(l.block), allArgs(c.n)));
+                              {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(l.block), allArgs(c.n), {"kernels/norm.cuh"}));
   return nk;
 }
 
@@ -100,12 +100,12 @@ NodeKernels normGrad(const Ctx& c, bool layer) {
   rowArgs.push_back({KernelArg::Scratch, 0});
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "rows", kNormGradRows,
-                              {{"ROWSUM", kRowSum}, {"BLOCK", std::to_string(l.block)}, {"TPR", std::to_string(l.threads)},
+                              {{"BLOCK", std::to_string(l.block)}, {"TPR", std::to_string(l.threads)},
                                {"VPT", std::to_string(l.perThread)}, {"F", ll(f)}, {"ROWS", ll(rows)}, {"UNROLL", unrollOf(l)},
                                {"RPG", std::to_string(rowsPerGroup)}, {"MEAN", layer ? "in3[row]" : "0.0f"},
                                {"RSTD", layer ? "in4[row]" : "in3[row]"}, {"CENTER", layer ? "1" : "0"},
                                {"DSUM", dsum ? " + " + dsumIn + "[base + j]" : ""}},
-                              {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(l.block), rowArgs));
+                              {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(l.block), rowArgs, {"kernels/norm.cuh"}));
   std::vector<KernelArg> colArgs{{KernelArg::Output, 1}};
   if (layer) colArgs.push_back({KernelArg::Output, 2});
   colArgs.push_back({KernelArg::Scratch, 0});

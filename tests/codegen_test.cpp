@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <map>
 #include <vector>
 
 #include "codegen/embedded_kernels.h"
@@ -42,7 +43,44 @@ const std::vector<GraphCase> kGraphCases = {
     {"mlp_wide", true},           {"attn_block", false},       {"attn_block", true},
     {"sine_mlp", false, "bf16"},  {"sine_mlp", true, "bf16"},  {"sine_attention", false, "bf16"},
     {"sine_attention", true, "bf16"}, {"function_mlp", false, "bf16"}, {"mlp_tiny", false, "bf16"},
-    {"mlp_wide", false, "bf16"},  {"attn_block", false, "bf16"}, {"attn_block", true, "bf16"}};
+    {"mlp_wide", false, "bf16"},  {"attn_block", false, "bf16"}, {"attn_block", true, "bf16"},
+    {"tiny_gpt", false},          {"tiny_gpt", false, "bf16"}, {"tiny_llama", true}};
+
+// The runner compiles a graph's kernels as a few programs, each the concatenation of many
+// kernels' sources (runtime/cuda_graph_runner.cpp, "Note on parallel compilation"): whatever a
+// kernel's source defines besides its kernel must come from an embedded header (included once),
+// or two kernels of one kind in a program define it twice. tiny_gpt, fused and in bf16, has
+// several kernels of every kind its transformer blocks make.
+TEST(GeneratedKernels, AGraphsKernelsCompileAsOneProgram) {
+  const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
+  if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
+  for (const char* precision : {"fp32", "bf16"}) {
+    const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/tiny_gpt.yaml",
+                                  {"data.samples=16", "data.window=32", "model.input=[32, 8]", "data.delay=5", "train.batch_size=2",
+                                   std::string("precision=") + precision});
+    DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+    const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, cfg.train.batchSize).model.graph;
+    codegen::EmitOptions opt;
+    opt.wgmma = true;
+    test::CompileUnit unit{std::string("tiny_gpt ") + precision + " as one program", "", ""};
+    std::map<OpKind, int> kernels;
+    for (NodeId id : g.topoOrder()) {
+      const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+      if (nk.external) continue;
+      for (const codegen::Kernel& k : nk.kernels) {
+        unit.source += k.source + "\n";
+        if (unit.kernelName.empty()) unit.kernelName = k.name;
+        ++kernels[g.node(id).op];
+      }
+    }
+    EXPECT_GE(kernels[OpKind::RmsNorm], 2);
+    EXPECT_GE(kernels[OpKind::RmsNormGrad], 2);
+    EXPECT_GE(kernels[OpKind::Rope], 2);
+    test::CompileOptions options;
+    options.arch = "sm_90a";
+    for (const std::string& f : test::compileInParallel({unit}, options)) ADD_FAILURE() << f;
+  }
+}
 
 // Every op case of tests/op_cases.h (the graphs the GPU suite runs: forward and backward through a
 // weighted-sum loss, in fp32 and lowered to bf16), each node's kernels compiled for sm_90a, a

@@ -4,41 +4,11 @@
 
 namespace pa::codegen::templates {
 
-// The sum of one or two floats over the T threads of a row: a warp (T = 32), or the whole block
-// (T = blockDim.x, one row per block). A butterfly, then warp partials added in a fixed order,
-// so every thread of the row gets the same bits. `sh` holds 2 * (T / 32) floats and may be
-// reused right after the call (the next call's first barrier protects it).
-inline constexpr const char* kRowSum = R"(
-template <int T>
-__device__ __forceinline__ void pa_rowSum2(float& a, float& b, float* sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    a += __shfl_xor_sync(0xffffffffu, a, o);
-    b += __shfl_xor_sync(0xffffffffu, b, o);
-  }
-  if (T > 32) {
-    const int w = threadIdx.x / 32;
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) {
-      sh[w] = a;
-      sh[T / 32 + w] = b;
-    }
-    __syncthreads();
-    a = 0.0f;
-    b = 0.0f;
-#pragma unroll
-    for (int i = 0; i < T / 32; ++i) {
-      a += sh[i];
-      b += sh[T / 32 + i];
-    }
-  }
-}
-)";
-
 // LayerNorm / RmsNorm forward: T threads per row (a warp, or the block), each holding features
 // lane + k·T (k < V) of its row in registers; ${LOAD} sets v[k] from feature j (x, or the rounded
 // x + residual, which it also stores). Two-pass statistics (mean, then squares about it) in fp32.
-inline constexpr const char* kNormForward = R"(${ROWSUM}
+inline constexpr const char* kNormForward = R"(
+#include "kernels/norm.cuh"
 extern "C" __global__ void __launch_bounds__(${BLOCK}) ${NAME}(${PARAMS}) {
   constexpr int T = ${TPR}, V = ${VPT};
   constexpr long long F = ${F};
@@ -60,7 +30,7 @@ ${LOAD}    }
     float s = 0.0f, unused = 0.0f;
 #pragma unroll ${UNROLL}
     for (int k = 0; k < V; ++k) s += v[k];
-    pa_rowSum2<T>(s, unused, sh);
+    pa::norm::rowSum2<T>(s, unused, sh);
     mu = s / (float)F;
   }
   float q = 0.0f, unused2 = 0.0f;
@@ -69,7 +39,7 @@ ${LOAD}    }
     const float d = lane + (long long)k * T < F ? v[k] - mu : 0.0f;
     q += d * d;
   }
-  pa_rowSum2<T>(q, unused2, sh);
+  pa::norm::rowSum2<T>(q, unused2, sh);
   const float rs = 1.0f / sqrtf(q / (float)F + ${EPS});
 #pragma unroll ${UNROLL}
   for (int k = 0; k < V; ++k) {
@@ -86,7 +56,8 @@ ${STATS}  }
 // while every thread sums dy·x̂ and dy over its rows for its own features. The W groups' sums
 // are then added in group order and the block writes its partial row: scratch[q][block][F]
 // (q = 0: d gain, 1: d bias). No atomics: the second kernel adds the partial rows in order.
-inline constexpr const char* kNormGradRows = R"(${ROWSUM}
+inline constexpr const char* kNormGradRows = R"(
+#include "kernels/norm.cuh"
 extern "C" __global__ void __launch_bounds__(${BLOCK}) ${NAME}(${PARAMS}) {
   constexpr int T = ${TPR}, V = ${VPT}, W = ${BLOCK} / T;
   constexpr long long F = ${F};
@@ -120,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(${BLOCK}) ${NAME}(${PARAMS}) {
       sg += gh[k];
       sgx += gh[k] * xh[k];
     }
-    pa_rowSum2<T>(sg, sgx, sh);
+    pa::norm::rowSum2<T>(sg, sgx, sh);
     const float mg = ${CENTER} ? sg / (float)F : 0.0f, mgx = sgx / (float)F;
 #pragma unroll ${UNROLL}
     for (int k = 0; k < V; ++k) {

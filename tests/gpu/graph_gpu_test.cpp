@@ -370,13 +370,25 @@ TEST(OpOnGpu, MatMulActGradMatchesTheFloat64CpuExecutor) {
 struct StepCase {
   std::string config;
   bool noFuse;
+  std::vector<std::string> sets = {};
 };
+
+// tiny_gpt and tiny_llama at 128 positions and batch 2 (the width, heads and head dim of the
+// configs), so the float64 CPU step stays quick; the windowed layers see 32 back.
+const std::vector<std::string> kTinyLlamaSmall = {"data.window=128", "model.input=[128, 8]", "data.delay=40", "train.batch_size=2"};
+std::vector<std::string> tinyGptSmall() {
+  std::vector<std::string> s = kTinyLlamaSmall;
+  s.push_back("model.layers.1.repeat.overrides.0.attention.window=32");
+  return s;
+}
 
 class TrainingStepOnGpu : public ::testing::TestWithParam<StepCase> {};
 
 TEST_P(TrainingStepOnGpu, LossAndEveryGradientMatchTheCpu) {
   PA_REQUIRE_GPU();
-  const Config cfg = loadConfig(sourceDir() + "/configs/" + GetParam().config + ".yaml", {"data.samples=64"});
+  std::vector<std::string> sets = GetParam().sets;
+  sets.push_back("data.samples=64");
+  const Config cfg = loadConfig(sourceDir() + "/configs/" + GetParam().config + ".yaml", sets);
   DataSplit data = loadData(cfg.data, cfg.seed, sourceDir() + "/configs");
   RunOptions opt;
   opt.noFuse = GetParam().noFuse;
@@ -387,8 +399,9 @@ TEST_P(TrainingStepOnGpu, LossAndEveryGradientMatchTheCpu) {
 // One whole bf16 training step (fused and unfused) against the rounding float64 executor.
 TEST_P(TrainingStepOnGpu, Bf16LossAndEveryGradientMatchTheCpu) {
   PA_REQUIRE_GPU();
-  const Config cfg =
-      loadConfig(sourceDir() + "/configs/" + GetParam().config + ".yaml", {"data.samples=64", "precision=bf16"});
+  std::vector<std::string> sets = GetParam().sets;
+  sets.insert(sets.end(), {"data.samples=64", "precision=bf16"});
+  const Config cfg = loadConfig(sourceDir() + "/configs/" + GetParam().config + ".yaml", sets);
   DataSplit data = loadData(cfg.data, cfg.seed, sourceDir() + "/configs");
   RunOptions opt;
   opt.noFuse = GetParam().noFuse;
@@ -402,7 +415,9 @@ INSTANTIATE_TEST_SUITE_P(Configs, TrainingStepOnGpu,
                                            StepCase{"sine_attention", false}, StepCase{"sine_attention", true},
                                            StepCase{"function_mlp", false}, StepCase{"mlp_tiny", false},
                                            StepCase{"mlp_wide", false}, StepCase{"mlp_wide", true},
-                                           StepCase{"attn_block", false}, StepCase{"attn_block", true}),
+                                           StepCase{"attn_block", false}, StepCase{"attn_block", true},
+                                           StepCase{"tiny_gpt", false, tinyGptSmall()}, StepCase{"tiny_gpt", true, tinyGptSmall()},
+                                           StepCase{"tiny_llama", false, kTinyLlamaSmall}, StepCase{"tiny_llama", true, kTinyLlamaSmall}),
                          [](const ::testing::TestParamInfo<StepCase>& i) {
                            return i.param.config + (i.param.noFuse ? "_unfused" : "_fused");
                          });
@@ -444,6 +459,25 @@ TEST_P(TrainOnGpu, LossTrajectoryMatchesTheCpuOver100Steps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, TrainOnGpu, ::testing::Values("sine_mlp", "sine_attention", "function_mlp", "mlp_tiny"));
+
+// The transformers over 100 steps, narrowed (width 128, 8 heads of 16, hidden 384) so the CPU
+// side takes seconds: the fused GPU step (norms with their residuals, rope, swiglu's one GEMM,
+// windowed and full attention with sink logits) tracks the CPU's.
+TEST(TrainOnGpu, TinyTransformersTrackTheCpuOver100Steps) {
+  PA_REQUIRE_GPU();
+  for (const char* name : {"tiny_gpt", "tiny_llama"}) {
+    std::vector<std::string> sets = std::string(name) == "tiny_gpt" ? tinyGptSmall() : kTinyLlamaSmall;
+    sets.insert(sets.end(), {"data.samples=256", "train.steps=100", "train.log_every=50", "model.layers.0.linear.units=128",
+                             "model.layers.1.repeat.layers.0.attention.head_dim=16", "model.layers.1.repeat.layers.1.mlp.hidden=384"});
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + name + ".yaml", sets);
+    TrainResult cpu, gpu;
+    const double worst = cpuGpuLossDifference(cfg, &cpu, &gpu);
+    ASSERT_EQ(cpu.losses.size(), 100u);
+    std::printf("  %s: largest relative loss difference over 100 steps %.2e; loss %.4e -> %.4e\n", name, worst, cpu.losses.front(),
+                cpu.losses.back());
+    EXPECT_LE(worst, 1e-4) << name;
+  }
+}
 
 // precision: bf16 trains: sine_mlp (the default example) on the GPU reaches the validation bar
 // the fp32 run is held to (5e-3, README), and tracks the CPU's bf16 emulation for its first
