@@ -26,6 +26,10 @@ TEST(GemmEmit, LibraryEpiloguesDoWhatTheLibraryLeft) {
   EXPECT_TRUE(hasKernel.count("lib_relu_bias_1"));  // ReLU not applied
   EXPECT_TRUE(hasKernel.count("lib_gelu_3"));       // GELU is never cuBLASLt's (tanh form)
   EXPECT_TRUE(hasKernel.count("lib_actgrad_relu") && hasKernel.count("lib_actgrad_gelu"));
+  // SwiGLU's pairs always run after the library product; a bias it did not add runs first.
+  EXPECT_TRUE(hasKernel.count("lib_swiglu_3") && !hasKernel.count("lib_swiglu_3_2"));
+  EXPECT_TRUE(hasKernel.count("lib_swiglu_bias_0") && hasKernel.count("lib_swiglu_bias_0_2"));
+  EXPECT_FALSE(hasKernel.count("lib_swiglu_bias_1_2"));
   for (const Variant& v : gemmtest::libraryEpilogues()) {
     if (v.name.find("gelu") != std::string::npos) {
       EXPECT_NE(v.kernel.source.find("erff("), std::string::npos) << v.name;

@@ -162,6 +162,17 @@ TEST(TransformerConfigs, MistakesNameTheKey) {
       "6 exceeds the head dim 4");
   has(errorOf(kBlocks, {"model.layers.1.repeat.overrides=[{atention: {window: 2}}]"}), "did you mean 'attention'");
   has(errorOf(kBlocks, {"model.layers.1.repeat.overrides=[{attention: {windw: 2}}]"}), "did you mean 'window'");
+  // A mistake inside an override written in the file is reported at its line and column.
+  {
+    std::string yaml = kBlocks;
+    yaml.replace(yaml.find("{window: 2}"), 11, "{windw: 2}");
+    const std::string e = errorOf(yaml);
+    has(e, "model.yaml:12:");
+    has(e, "model.layers[1].repeat.overrides[0].attention.windw");
+    std::string missing = kBlocks;
+    missing.replace(missing.find("overrides: [{attention: {window: 2}}, {}]"), 41, "overrides: [{attention: {heads: 3}}, {}]");
+    has(errorOf(missing), "model.yaml:12:");  // 3 heads do not divide the width: named at the override
+  }
   has(errorOf(kBlocks, {"model.layers.1.repeat.times=0"}), "times");
   has(errorOf(kBlocks, {"model.layers.1.repeat.layers=[]"}), "non-empty list of layers");
   has(errorOf(kBlocks, {"model.layers.1.repeat.layers.1.mlp.activation=swiglo"}), "did you mean 'swiglu'");

@@ -92,15 +92,36 @@ std::unique_ptr<Layer> parseRepeatLayer(const CfgNode& n) {
         run.push_back(l->base[j]);
         continue;
       }
-      // The item with this repeat's keys in place of (or beside) its own; messages about them
-      // point into the override.
+      // The layer parsed from the override's own map with the written layer's other keys lent
+      // to it for the parse (and taken back after): every key keeps its place in the file, so a
+      // mistake is reported where it is written (YAML::Clone would drop the positions).
       const CfgNode item = list.item(j);
-      const std::string kind = kinds[j];
-      YAML::Node merged = YAML::Clone(item.yaml());
-      if (!merged[kind].IsMap()) merged[kind] = YAML::Node(YAML::NodeType::Map);
       const CfgNode change = o->child(l->keys[j]);
-      for (const std::string& key : change.keys()) merged[kind][key] = change.yaml()[key];
-      run.push_back(parseLayer(item.with(merged, o->path() + "." + l->keys[j])));
+      const YAML::Node base = item.yaml()[kinds[j]];
+      if (!base.IsMap() && !base.IsNull())
+        change.fail("the layer " + l->keys[j] + " is written as a single value; write it as a map to override its keys");
+      YAML::Node body = change.yaml();
+      const YAML::Node& lookup = body;  // (a const lookup inserts nothing)
+      std::vector<YAML::Node> lent;
+      if (base.IsMap())
+        for (auto it = base.begin(); it != base.end(); ++it)
+          if (!lookup[change.scalarKey(it->first)]) {
+            body.force_insert(it->first, it->second);
+            lent.push_back(it->first);
+          }
+      std::shared_ptr<Layer> layer;
+      try {
+        for (const LayerKind& k : layerKinds())
+          if (kinds[j] == k.name) layer = k.parse(change.with(body, change.path()));
+        layer->kind = kinds[j];
+        layer->path = o->path();  // messages name the override: ...overrides[0].attention.heads
+        layer->location = change.location();
+      } catch (...) {
+        for (const YAML::Node& k : lent) body.remove(k);
+        throw;
+      }
+      for (const YAML::Node& k : lent) body.remove(k);
+      run.push_back(layer);
     }
     l->runs.push_back(std::move(run));
   }
