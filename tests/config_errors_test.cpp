@@ -10,6 +10,7 @@
 #include "frontend/config.h"
 #include "frontend/model_builder.h"
 #include "frontend/trainer.h"
+#include "tests/config_error_of.h"
 #include "runtime/cuda/cuda_driver.h"
 
 namespace pa {
@@ -29,20 +30,7 @@ const char* kGood =
     "train: {batch_size: 4, steps: 2}\n";
 
 // Parses (and, for shape errors, builds) a config; returns the error message or "" if none.
-std::string errorOf(const std::string& yaml, const std::vector<std::string>& sets = {}) {
-  try {
-    Config c = parseConfig(yaml, "model.yaml", sets);
-    RunOptions o;
-    o.device = "cpu";
-    o.progress = ProgressMode::Quiet;
-    o.printSummary = false;
-    o.steps = 1;
-    train(c, o);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string errorOf(const std::string& yaml, const std::vector<std::string>& sets = {}) { return test::configErrorOf(yaml, sets); }
 
 std::string replaced(std::string s, const std::string& from, const std::string& to) {
   const size_t at = s.find(from);

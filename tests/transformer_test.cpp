@@ -11,26 +11,14 @@
 #include "frontend/datasets.h"
 #include "frontend/model_builder.h"
 #include "frontend/trainer.h"
+#include "tests/config_error_of.h"
 #include "runtime/cpu_executor.h"
 #include "test_util.h"
 
 namespace pa {
 namespace {
 
-std::string errorOf(const std::string& yaml, const std::vector<std::string>& sets = {}) {
-  try {
-    Config c = parseConfig(yaml, "model.yaml", sets);
-    RunOptions o;
-    o.device = "cpu";
-    o.progress = ProgressMode::Quiet;
-    o.printSummary = false;
-    o.steps = 1;
-    train(c, o);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string errorOf(const std::string& yaml, const std::vector<std::string>& sets = {}) { return test::configErrorOf(yaml, sets); }
 
 const char* kBlocks =
     "name: t\n"
