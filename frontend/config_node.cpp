@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -214,6 +215,12 @@ double CfgNode::getPositive(const std::string& key, double dflt, double hi) cons
   const double v = c.asDouble();
   if (!(v > 0) || v > hi) c.fail("must be greater than 0 and at most " + formatNumber(hi) + ", got " + c.asString());
   return v;
+}
+
+std::string exactNumber(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 std::string formatNumber(double v) {

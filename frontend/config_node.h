@@ -36,6 +36,8 @@ std::string joinChoices(const std::vector<std::string>& choices);
 std::string suggestion(const std::string& word, const std::vector<std::string>& choices, const std::string& what);
 // A number as a person writes it: 1000, 1e+12, 0.9.
 std::string formatNumber(double v);
+// The shortest decimal text that reads back as exactly `v` (resolved configs).
+std::string exactNumber(double v);
 
 // Reads a decimal number as strtod does, whole string only.
 enum class NumberParse { Ok, NotANumber, NotFinite, Overflow };

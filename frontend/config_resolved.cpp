@@ -1,5 +1,4 @@
 // A config printed back as YAML with its defaults filled in (what checkpoints keep).
-#include <charconv>
 #include <string>
 #include <vector>
 
@@ -8,13 +7,6 @@
 namespace pa {
 
 namespace {
-
-// The shortest decimal text that reads back as the same double.
-std::string number(double v) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
 
 // A string as one YAML scalar, quoted where plain text would be read as something else.
 std::string scalar(const std::string& s) {
@@ -49,14 +41,14 @@ std::string flow(const YAML::Node& n) {
 }
 
 std::string dataYaml(const DataConfig& d) {
-  std::string s = "{kind: " + d.kind + ", validation: " + number(d.validation) + ", shuffle: " + (d.shuffle ? "true" : "false");
+  std::string s = "{kind: " + d.kind + ", validation: " + exactNumber(d.validation) + ", shuffle: " + (d.shuffle ? "true" : "false");
   if (d.kind == "sine") {
-    s += ", samples: " + std::to_string(d.samples) + ", noise: " + number(d.noise) + ", window: " + std::to_string(d.window) +
+    s += ", samples: " + std::to_string(d.samples) + ", noise: " + exactNumber(d.noise) + ", window: " + std::to_string(d.window) +
          ", horizon: " + std::to_string(d.horizon) + ", channels: " + std::to_string(d.channels) + ", target: " + d.target + (d.target == "delayed" ? ", delay: " + std::to_string(d.delay) : std::string()) +
-         ", period: [" + number(d.periodMin) + ", " + number(d.periodMax) + "]";
+         ", period: [" + exactNumber(d.periodMin) + ", " + exactNumber(d.periodMax) + "]";
   } else if (d.kind == "function") {
-    s += ", samples: " + std::to_string(d.samples) + ", noise: " + number(d.noise) + ", fn: " + d.fn +
-         ", inputs: " + std::to_string(d.inputs) + ", range: [" + number(d.rangeLo) + ", " + number(d.rangeHi) + "]";
+    s += ", samples: " + std::to_string(d.samples) + ", noise: " + exactNumber(d.noise) + ", fn: " + d.fn +
+         ", inputs: " + std::to_string(d.inputs) + ", range: [" + exactNumber(d.rangeLo) + ", " + exactNumber(d.rangeHi) + "]";
   } else {
     s += ", path: " + scalar(d.path) + ", header: " + (d.header ? "true" : "false");
     // Left out, the columns are decided by the file (all but the targets; the last column).
@@ -91,9 +83,9 @@ std::string modelYaml(const ModelConfig& m) {
 std::string trainYaml(const TrainConfig& t) {
   const OptimizerConfig& o = t.optimizer;
   std::string s = "train:\n  loss: " + t.loss + "\n";
-  s += "  optimizer: {type: " + o.type + ", lr: " + number(o.lr) + ", betas: [" + number(o.beta1) + ", " + number(o.beta2) +
-       "], eps: " + number(o.eps) + ", weight_decay: " + number(o.weightDecay) +
-       ", clip_grad_norm: " + number(o.clipGradNorm) + "}\n";
+  s += "  optimizer: {type: " + o.type + ", lr: " + exactNumber(o.lr) + ", betas: [" + exactNumber(o.beta1) + ", " + exactNumber(o.beta2) +
+       "], eps: " + exactNumber(o.eps) + ", weight_decay: " + exactNumber(o.weightDecay) +
+       ", clip_grad_norm: " + exactNumber(o.clipGradNorm) + "}\n";
   s += "  batch_size: " + std::to_string(t.batchSize) + "\n";
   // steps and epochs > 0 together are refused; epochs 0 is "off".
   if (t.epochs > 0) s += "  epochs: " + std::to_string(t.epochs) + "\n";

@@ -140,13 +140,11 @@ void normGrad(GradCtx& c, OpKind gradOp, int params, int stats) {
   if (dsum != kNoValue) ins.push_back(dsum);
   AttrMap a;
   a.set<attr::Eps>(c.n.attrs.get<attr::Eps>());
-  const ValueId first = c.op(gradOp, ins, a);
-  const Node& grad = c.g.producer(first);
-  const llvm::SmallVector<ValueId, 3> outs(grad.outputs.begin(), grad.outputs.end());
-  if (c.wants(0)) c.give(0, outs[0]);
-  if (fused && c.wants(params + 1)) c.give(params + 1, outs[0]);
+  const Node& grad = c.g.producer(c.op(gradOp, ins, a));
+  if (c.wants(0)) c.give(0, grad.outputs[0]);
+  if (fused && c.wants(params + 1)) c.give(params + 1, grad.outputs[0]);
   for (int i = 1; i <= params; ++i)
-    if (c.wants(i)) c.give(i, outs[static_cast<size_t>(i)]);
+    if (c.wants(i)) c.give(i, grad.outputs[static_cast<size_t>(i)]);
 }
 void gradLayerNorm(GradCtx& c) { normGrad(c, OpKind::LayerNormGrad, 2, 2); }
 void gradRmsNorm(GradCtx& c) { normGrad(c, OpKind::RmsNormGrad, 1, 1); }
@@ -305,8 +303,10 @@ void backprop(Graph& g, const std::vector<NodeId>& order, std::vector<ValueId>& 
       dys.push_back(needs[v] ? grad[v] : kNoValue);
       any |= dys.back() != kNoValue;
     }
-    // Only the norms (fused with a residual) have a rule for a gradient of a later output alone.
-    if (!any || (dys[0] == kNoValue && n.op != OpKind::LayerNorm && n.op != OpKind::RmsNorm)) continue;
+    // A later output alone carries a gradient only where it is a value the model uses on (a fused
+    // norm's sum); the others (log-sum-exp, saved pre-activations) are read by backward nodes
+    // only, and a YAML node cannot name them (reserved ':' names).
+    if (!any) continue;
     GradCtx c{g, n, dys[0], dys, needs, llvm::SmallVector<ValueId, 4>(n.inputs.size(), kNoValue)};
     kGrad[static_cast<int>(n.op)](c);
     grad.resize(g.numValues(), kNoValue);

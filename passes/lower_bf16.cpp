@@ -21,30 +21,20 @@
 
 namespace pa {
 
-namespace {
-
-// Every user of v reads it as a tensor-core operand (an interleaved weight pair, say): storing v
-// in bf16 then takes the place of each user's cast and rounds the same way.
-bool feedsTensorCoresOnly(const Graph& g, ValueId v) {
-  bool any = false;
-  for (const Node& n : g.nodes()) {
-    if (n.erased) continue;
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      if (n.inputs[i] != v) continue;
-      if (!opInfo(n.op).isTensorCoreInput(i)) return false;
-      any = true;
-    }
-  }
-  return any;
-}
-
-}  // namespace
-
 int64_t lowerToBf16(Graph& g) {
   if (g.storageTypes()) throw std::logic_error("lower-bf16 runs once");
   std::set<ValueId> outputs;
   for (const auto& kv : g.outputs()) outputs.insert(kv.second);
   const std::vector<NodeId> order = g.topoOrder();
+  const std::vector<std::vector<NodeId>> users = g.users();
+  // Every user of v reads it as a tensor-core operand (an interleaved weight pair, say): storing v
+  // in bf16 then takes the place of each user's cast and rounds the same way.
+  auto feedsTensorCoresOnly = [&](ValueId v) {
+    for (NodeId u : users[v])
+      for (size_t i = 0; i < g.node(u).inputs.size(); ++i)
+        if (g.node(u).inputs[i] == v && !opInfo(g.node(u).op).isTensorCoreInput(i)) return false;
+    return !users[v].empty();
+  };
   for (NodeId id : order) {
     const Node& n = g.node(id);
     const bool leaf = opInfo(n.op).grad == GradKind::Leaf;  // params, inputs, constants
@@ -54,7 +44,7 @@ int64_t lowerToBf16(Graph& g) {
       if (leaf || outputs.count(v) || opInfo(n.op).isFp32Output(i)) t = DType::F32;
       if (n.op == OpKind::Cast) t = g.value(v).type.dtype;
       if (n.op == OpKind::Reshape && !outputs.count(v)) t = g.value(n.inputs[0]).type.dtype;  // set: topological order
-      if (n.op == OpKind::Interleave && !outputs.count(v) && !feedsTensorCoresOnly(g, v))
+      if (n.op == OpKind::Interleave && !outputs.count(v) && !feedsTensorCoresOnly(v))
         t = g.value(n.inputs[0]).type.dtype == DType::F32 || g.value(n.inputs[1]).type.dtype == DType::F32 ? DType::F32 : DType::BF16;
       g.setDtype(v, t);
     }

@@ -115,15 +115,14 @@ template <class T>
 void execLayerNorm(Ctx<T>& c) {
   const auto [rows, f] = normRows(c);
   const T* x = c.n.inputs.size() == 4 ? residualSum(c, 3, 3) : c.in(0);
-  cpu::norm(x, static_cast<const T*>(nullptr), c.in(1), c.in(2), c.out(0), c.out(1), c.out(2), static_cast<T*>(nullptr), rows,
-            f, getAttr<attr::Eps>(c.n.attrs));
+  cpu::norm(x, c.in(1), c.in(2), c.out(0), c.out(1), c.out(2), rows, f, getAttr<attr::Eps>(c.n.attrs));
 }
 template <class T>
 void execRmsNorm(Ctx<T>& c) {
   const auto [rows, f] = normRows(c);
   const T* x = c.n.inputs.size() == 3 ? residualSum(c, 2, 2) : c.in(0);
-  cpu::norm(x, static_cast<const T*>(nullptr), c.in(1), static_cast<const T*>(nullptr), c.out(0), static_cast<T*>(nullptr),
-            c.out(1), static_cast<T*>(nullptr), rows, f, getAttr<attr::Eps>(c.n.attrs));
+  cpu::norm(x, c.in(1), static_cast<const T*>(nullptr), c.out(0), static_cast<T*>(nullptr), c.out(1), rows, f,
+            getAttr<attr::Eps>(c.n.attrs));
 }
 template <class T>
 void execRope(Ctx<T>& c) {

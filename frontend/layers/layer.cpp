@@ -2,7 +2,6 @@
 // nothing references) and the lowering helpers the kinds share.
 #include "frontend/layers/layer.h"
 
-#include <charconv>
 #include <stdexcept>
 
 namespace pa {
@@ -75,12 +74,6 @@ ValueId LayerLowering::norm(ValueId x, const NormSpec& spec, const std::string& 
   return g.add(OpKind::LayerNorm, {x, gain, param(what + "bias", {f}, "zeros")}, a);
 }
 
-std::string exactNumber(double v) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
 NormSpec parseNormSpec(const CfgNode& n) {
   NormSpec s;
   if (n.isScalar()) {
@@ -115,10 +108,5 @@ std::string printBlockOptions(const BlockOptions& b) {
   return s;
 }
 
-ValueId LayerLowering::splitHeads(ValueId v, int64_t heads, int64_t hd) {
-  const Shape& s = g.shape(v);
-  ValueId r = g.add(OpKind::Reshape, {v}, AttrMap().set<attr::Shape>({s[0], s[1], heads, hd}));
-  return g.add(OpKind::Permute, {r}, AttrMap().set<attr::Perm>({0, 2, 1, 3}));
-}
 
 }  // namespace pa

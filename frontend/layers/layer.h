@@ -21,8 +21,6 @@ struct NormSpec {
 NormSpec parseNormSpec(const CfgNode& n);
 // "{kind: rms, eps: 1e-05}": valid YAML that parses back to the same spec.
 std::string printNorm(const NormSpec& n);
-// The shortest decimal text that reads back as exactly `v` (for resolved configs).
-std::string exactNumber(double v);
 
 // The options every residual block shares (attention, mlp, linear): a norm before the body,
 // the residual add, a norm after it.
@@ -45,8 +43,6 @@ struct LayerLowering {
   ValueId param(const std::string& what, Shape shape, const std::string& init);
   // x [..., in] -> [..., units]; activation relu | gelu | gelu_tanh | silu | tanh | sigmoid | none.
   ValueId linear(ValueId x, int64_t units, const std::string& activation, bool bias, const std::string& what);
-  // [B, S, heads*hd] -> [B, heads, S, hd]
-  ValueId splitHeads(ValueId v, int64_t heads, int64_t hd);
   // LayerNorm or RmsNorm over the last axis; parameters <what>gain (ones) and <what>bias (zeros).
   ValueId norm(ValueId x, const NormSpec& spec, const std::string& what);
   // pre norm -> body -> residual add (x + body) -> post norm; the norms' parameters are norm_*.

@@ -191,19 +191,12 @@ void unaryGrad(UnaryGradOp op, const T* dy, const T* s, T* dx, int64_t n) {
 }
 
 template <class T>
-void norm(const T* x, const T* residual, const T* gain, const T* bias, T* y, T* mean, T* rstd, T* sum, int64_t rows,
-          int64_t f, double eps) {
+void norm(const T* x, const T* gain, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t f, double eps) {
   const bool rms = mean == nullptr;
 #pragma omp parallel for if (rows * f > kParallelMin) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * f;
+    const T* src = x + r * f;
     T* yr = y + r * f;
-    const T* src = xr;  // what is normalised: x, or x + residual (written to `sum` first)
-    if (residual) {
-      T* sr = sum + r * f;
-      for (int64_t j = 0; j < f; ++j) sr[j] = xr[j] + residual[r * f + j];
-      src = sr;
-    }
     double mu = 0.0;
     if (!rms) {
       for (int64_t j = 0; j < f; ++j) mu += src[j];
@@ -470,7 +463,7 @@ void adamStep(T* p, const T* g, T* m, T* v, int64_t n, const AdamHyper& h, int64
   template double mse<T>(const T*, const T*, int64_t);                                                    \
   template void biasActivation<T>(T*, const T*, T*, int64_t, int64_t, Activation);                                                    \
   template void adamStep<T>(T*, const T*, T*, T*, int64_t, const AdamHyper&, int64_t, double);               \
-  template void norm<T>(const T*, const T*, const T*, const T*, T*, T*, T*, T*, int64_t, int64_t, double);   \
+  template void norm<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double);                 \
   template void normGrad<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t); \
   template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, bool, int64_t, double, bool, bool); \
   template void swiglu<T>(const T*, T*, int64_t);                                                          \

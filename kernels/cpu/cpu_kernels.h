@@ -79,11 +79,10 @@ void biasActivation(T* y, const T* bias, T* pre, int64_t rows, int64_t n, Activa
 
 // Normalises each row of [rows, f]: layer norm y = (x - μ)·rstd·gain + bias, or RMS norm
 // (mean == nullptr, bias == nullptr) y = x·rstd·gain, with rstd = 1/sqrt(var + eps) and var the
-// mean square about μ (about 0 for RMS). With `residual` (may be null) it normalises x + residual
-// and writes that sum to `sum`. Statistics accumulate in double.
+// mean square about μ (about 0 for RMS). Statistics accumulate in double. (A fused residual's
+// sum is the executor's: it rounds it to its storage type before normalising.)
 template <class T>
-void norm(const T* x, const T* residual, const T* gain, const T* bias, T* y, T* mean, T* rstd, T* sum, int64_t rows,
-          int64_t f, double eps);
+void norm(const T* x, const T* gain, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t f, double eps);
 // The gradient of norm() from its saved statistics: dx = rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) with
 // ĝ = dy·gain (no mean(ĝ) term for RMS, mean == nullptr), plus dsum (may be null); d gain = Σ dy·x̂
 // and d bias = Σ dy over rows (dbias may be null), summed in a fixed order.
