@@ -14,16 +14,20 @@ public:
   int64_t times = 1;
   std::string name = "blocks";
   std::vector<std::string> keys;                               // per layer of the list: kind, or kind_k
-  std::vector<std::shared_ptr<const Layer>> base;              // the list as written, for printing
-  std::vector<std::vector<std::shared_ptr<const Layer>>> runs;  // [repeat][layer], overrides applied
-  std::string overrides;                                       // as written, flow YAML ("" when none)
+  std::vector<std::shared_ptr<const Layer>> base;                 // the list as written, for printing
+  // [override][layer]: the list with override i applied; repeat r lowers variants[r % size]
+  // (one variant, the list itself, without overrides).
+  std::vector<std::vector<std::shared_ptr<const Layer>>> variants;
+  std::string overrides;                                          // as written, flow YAML ("" when none)
 
   ValueId lower(LayerLowering& L, ValueId x) const override {
-    for (size_t r = 0; r < runs.size(); ++r)
-      for (size_t j = 0; j < runs[r].size(); ++j) {
+    for (int64_t r = 0; r < times; ++r) {
+      const auto& layers = variants[static_cast<size_t>(r) % variants.size()];
+      for (size_t j = 0; j < layers.size(); ++j) {
         LayerLowering sub{L.g, (L.inRepeat ? L.prefix + "." : std::string()) + name + "." + std::to_string(r) + "." + keys[j], true};
-        x = runs[r][j]->lower(sub, x);
+        x = layers[j]->lower(sub, x);
       }
+    }
     return x;
   }
   std::string resolved() const override {
@@ -35,8 +39,8 @@ public:
   }
   std::string origin() const override { return "repeat.times = " + std::to_string(times); }
   bool hasRelu() const override {
-    for (const auto& run : runs)
-      for (const auto& l : run)
+    for (const auto& variant : variants)
+      for (const auto& l : variant)
         if (l->hasRelu()) return true;
     return false;
   }
@@ -84,11 +88,12 @@ std::unique_ptr<Layer> parseRepeatLayer(const CfgNode& n) {
     e << YAML::Flow << ov.yaml();
     l->overrides = e.c_str();
   }
-  for (int64_t r = 0; r < l->times; ++r) {
+  if (overrides.empty()) l->variants.push_back(l->base);
+  for (const CfgNode& ov : overrides) {
+    const CfgNode* o = &ov;
     std::vector<std::shared_ptr<const Layer>> run;
-    const CfgNode* o = overrides.empty() ? nullptr : &overrides[static_cast<size_t>(r) % overrides.size()];
     for (size_t j = 0; j < list.size(); ++j) {
-      if (!o || !o->has(l->keys[j])) {
+      if (!o->has(l->keys[j])) {
         run.push_back(l->base[j]);
         continue;
       }
@@ -123,7 +128,7 @@ std::unique_ptr<Layer> parseRepeatLayer(const CfgNode& n) {
       for (const YAML::Node& k : lent) body.remove(k);
       run.push_back(layer);
     }
-    l->runs.push_back(std::move(run));
+    l->variants.push_back(std::move(run));
   }
   return l;
 }
