@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "codegen/emit.h"
+#include "graph/node_attrs.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/training_kernels.h"
 #include "common/debug.h"
@@ -356,6 +358,20 @@ void CudaSession::printProfile(std::FILE* out, int top) {
   for (size_t i = 0; i < nodes.size() && static_cast<int>(i) < top; ++i)
     std::fprintf(out, "  %8.4f ms %5.1f%%  %s\n", nodes[i].ms, 100.0 * nodes[i].ms / std::max(total, 1e-12),
                  nodes[i].label.c_str());
+  // Every node, summed by op (with a FusedLinear's activation), largest first.
+  std::map<std::string, std::pair<int, double>> byOp;
+  for (const auto& n : nodes) {
+    const Node& node = spec_.train.graph.node(n.node);
+    std::string key = opName(node.op);
+    if (node.op == OpKind::FusedLinear) key += " (" + node.attrs.get<attr::Activation>() + ")";
+    byOp[key].first += 1;
+    byOp[key].second += n.ms;
+  }
+  std::vector<std::pair<std::string, std::pair<int, double>>> ops(byOp.begin(), byOp.end());
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::fprintf(out, "by op (nodes, total ms, share):\n");
+  for (const auto& [op, v] : ops)
+    std::fprintf(out, "  %-32s %4d  %8.4f ms %5.1f%%\n", op.c_str(), v.first, v.second, 100.0 * v.second / std::max(total, 1e-12));
   const auto& choices = runner_->gemmChoices();
   if (!choices.empty()) {
     std::fprintf(out, "GEMM provider choices (compiler.gemm %s), ms per run measured at start:\n", gemmProviderName(spec_.gemm));
