@@ -5,7 +5,7 @@ Loads build/bench/libpa_flash_bench.so (ctypes), hands it torch tensors' data po
 current stream, and times both with triton.testing.do_bench (CUDA events, warm-up, median).
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
-usage: attention_vs_torch.py [--lib PATH] [--quick] [--out FILE]
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama] [--out FILE]
 """
 import argparse
 import ctypes
@@ -190,6 +190,38 @@ def gqa_masks(fl, lines):
         print(lines[-1], flush=True)
 
 
+def tiny_llama(fl, lines):
+    """tiny_llama's attention (configs/tiny_llama.yaml: b8, 8 query heads over 2 KV heads, s1024, d64,
+    causal) in each precision: ours (GQA read in place) against PyTorch's SDPA backends on K and V
+    repeated to 8 heads beforehand (outside the timed region), as the PyTorch mirror's step runs it."""
+    lines.append("\n## tiny_llama attention: b8 hq8 hk2 s1024 d64 causal, ms (CUDA events, median of many back-to-back "
+                 "calls: GPU-bound); bwd = f+b − fwd; ratio = PyTorch / ours (>1: ours faster)\n")
+    lines.append("| dtype | PyTorch backend | ours fwd | torch fwd | ours bwd | torch bwd | ratio fwd | ratio bwd | rel err O |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    b, hq, hk, s, d = 8, 8, 2, 1024, 64
+    for dt in (torch.bfloat16, torch.float32):
+        q = torch.randn(b, hq, s, d, device="cuda", dtype=dt)
+        k, v = (torch.randn(b, hk, s, d, device="cuda", dtype=dt) for _ in range(2))
+        ours = Ours(fl, q, k, v, causal=True)
+        t_of, t_ofb = bench(ours.fwd), bench(ours.fwd_bwd)
+        kr, vr = (t.repeat_interleave(hq // hk, dim=1) for t in (k, v))
+        backends = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)) if dt == torch.bfloat16 \
+            else (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH))
+        ours.fwd()
+        for name, be in backends:
+            f, fb = torch_fns(q, kr, vr, ours.do, True, be)
+            try:
+                t_tf, t_tfb = bench(f), bench(fb)
+            except RuntimeError as e:  # a backend may refuse a shape or dtype
+                print(f"{name} failed: {e}", file=sys.stderr)
+                continue
+            err = rel_err(ours.o, f())
+            lines.append(f"| {str(dt).split('.')[-1]} | {name} | {t_of:.4f} | {t_tf:.4f} | {t_ofb - t_of:.4f} | "
+                         f"{t_tfb - t_tf:.4f} | {t_tf / t_of:.2f} | {(t_tfb - t_tf) / (t_ofb - t_of):.2f} | {err:.1e} |")
+            print(lines[-1], flush=True)
+        del q, k, v, kr, vr, ours
+
+
 def fp32_seed(fl, lines):
     lines.append("\n## fp32 B=1 H=8 D=64, not causal, µs, the default kernels (on the H100: the forward on the FP64 "
                  "tensor cores from 24 blocks, the backward on FFMA); ratio = SDPA default / ours (>1: ours faster)\n")
@@ -341,6 +373,8 @@ def main():
                       f"tile={os.environ.get('PA_FLASH_FWD_TILE', '-')} mt={os.environ.get('PA_FLASH_FWD_MT', '-')} "
                       f"wg={os.environ.get('PA_FLASH_FWD_WG', '-')} st={os.environ.get('PA_FLASH_FWD_STAGES', '-')}: {fl_f / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
+    if "tinyllama" in a.only:
+        tiny_llama(fl, lines)
     if "fp32" in a.only:
         fp32_seed(fl, lines)
     if "gqa" in a.only:
