@@ -4,6 +4,8 @@
 // codegen/gemm_plan.h's.
 #include <algorithm>
 #include <cassert>
+#include <cmath>
+#include <cstdio>
 
 #include "codegen/emit_internal.h"
 #include "codegen/gemm_plan.h"
@@ -241,6 +243,23 @@ GemmGeometry matmulGeometry(const Ctx& c) {
   return q;
 }
 
+// FusedLinear (rope)'s turn of the column pair (n, n + 1), n even, of row m, held in the float
+// lvalues v0 and v1: row m of [..., S, N] is position m mod S, the pair is j = (n mod head_dim) / 2
+// of its head, and pairs from dims/2 on keep their values. invFreq = base^(-2j/dims) as
+// exp2(2j · (-log2(base) / dims)) in double.
+std::string ropePairStatement(const Ctx& c, const std::string& v0, const std::string& v1, const std::string& m, const std::string& n) {
+  const AttrMap& a = c.n.attrs;
+  const Shape& x = c.in(0);
+  const int64_t hd = a.get<attr::HeadDim>(), dims = a.get<attr::RopeDims>() ? a.get<attr::RopeDims>() : hd;
+  const double rate = -std::log2(a.get<attr::RopeBase>()) / static_cast<double>(dims);
+  char rateText[40];
+  std::snprintf(rateText, sizeof rateText, "%.17g", rate);
+  const std::string d = "(" + n + " % " + ll(hd) + ")";
+  return "    if (" + d + " < " + ll(dims) + ") {\n  " +
+         ropeTurn("(double)(" + m + " % " + ll(x[x.size() - 2]) + ") * exp2((double)" + d + " * " + rateText + ")", v0, v1, false) +
+         "    }\n";
+}
+
 GemmGeometry fusedLinearGeometry(const Ctx& c) {
   const Shape& x = c.in(0);
   const Shape& w = c.in(1);
@@ -287,6 +306,7 @@ NodeKernels emitFusedLinear(const Ctx& c) {
     init += "  epilogue.h = out0;\n";
     return gemm(c, q, epi, members, init, 1, "    h[i / 2] = v0 / (1.0f + expf(-v0)) * v1;\n");
   }
+  if (act == "rope") return gemm(c, q, epi, members, init, 0, ropePairStatement(c, "v0", "v1", "m", "n"));
   return gemm(c, q, epi, members, init);
 }
 
@@ -337,6 +357,19 @@ NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, boo
                                   {gridFor(numel(c.out(1))), 1, 1}, kThreads, {{KernelArg::Input, 2}, {KernelArg::Output, 1}}));
     nk.kernels.push_back(perIndexKernel(c, "swiglu", numel(c.out(0)), swigluStatement("out0", "out1"),
                                         {{KernelArg::Output, 1}, {KernelArg::Output, 0}}));
+    return nk;
+  } else if (n.op == OpKind::FusedLinear && n.attrs.get<attr::Activation>() == "rope") {
+    // One thread per column pair of the product, turned in place (after the bias, if the library did not add it).
+    const int64_t units = lg.geometry.n;
+    body = "    const long long at = 2 * i, m = at / " + ll(units) + ", n = at % " + ll(units) + ";\n    float v0 = out0[at], v1 = out0[at + 1];\n";
+    args = {{KernelArg::Output, 0}};
+    if (lg.bias && !libraryBias) {
+      body += "    v0 += in2[n];\n    v1 += in2[n + 1];\n";
+      args.insert(args.begin(), {KernelArg::Input, 2});
+    }
+    body += ropePairStatement(c, "v0", "v1", "m", "n") + "    out0[at] = v0;\n    out0[at + 1] = v1;\n";
+    NodeKernels nk;
+    nk.kernels.push_back(perIndexKernel(c, "rope", count / 2, body, args));
     return nk;
   } else if (n.op == OpKind::FusedLinear) {
     const bool gelu = lg.output == 1;

@@ -50,6 +50,9 @@ std::string argType(DType t, bool output);
 Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, TemplateVars vars, std::array<unsigned, 3> grid,
               unsigned block, std::vector<KernelArg> args, std::vector<std::string> headers = {}, unsigned smem = 0);
 
+// Statements turning the float lvalues `a` and `b` (a feature pair) by the double expression
+// `angle` (the other way where `inverse`), as the rope kernel and FusedLinear (rope) do.
+std::string ropeTurn(const std::string& angle, const std::string& a, const std::string& b, bool inverse);
 // silu(g)·u of a (gate, up) pair read from `pre` at 2i and 2i+1, as a statement storing to `out`[i].
 std::string swigluStatement(const std::string& out, const std::string& pre);
 // A kernel of one thread per index i < count running `body` (codegen/templates/pointwise.h, kPerIndex).

@@ -135,6 +135,23 @@ NodeKernels emitRmsNorm(const Ctx& c) { return normForward(c, 1); }
 NodeKernels emitLayerNormGrad(const Ctx& c) { return normGrad(c, true); }
 NodeKernels emitRmsNormGrad(const Ctx& c) { return normGrad(c, false); }
 
+// Note on the turn's precision. The angle position · invFreq is formed in double (the CPU
+// reference's product) and reduced modulo 2π there (Cody-Waite, two constants), so the float
+// sincosf sees |r| ≤ π whatever the position: the error stays at float's own (~1e-7 absolute)
+// at position 1e5, where a float product alone would be off by ~5e-3 radians.
+std::string ropeTurn(const std::string& angle, const std::string& a, const std::string& b, bool inverse) {
+  return "    { const double angle = " + angle + ";\n"
+         "      const double turns = rint(angle * 0.15915494309189535);\n"
+         "      double r = fma(-turns, 6.283185307179586, angle);\n"
+         "      r = fma(-turns, 2.4492935982947064e-16, r);\n"
+         "      float sn, cs;\n"
+         "      sincosf((float)r, &sn, &cs);\n" +
+         std::string(inverse ? "      sn = -sn;  // inverse: the other way\n" : "") +
+         "      const float a0 = " + a + ", b0 = " + b + ";\n"
+         "      " + a + " = a0 * cs - b0 * sn;\n"
+         "      " + b + " = a0 * sn + b0 * cs; }\n";
+}
+
 NodeKernels emitRope(const Ctx& c) {
   const Shape& x = c.in(0);
   const AttrMap& a = c.n.attrs;
@@ -160,7 +177,7 @@ NodeKernels emitRope(const Ctx& c) {
                               {{"FREQCOUNT", std::to_string(std::max<int64_t>(half, 1))}, {"INVFREQ", freqs},
                                {"COUNT", ll(count)}, {"ITEMS", ll(std::max<int64_t>(items, 1))}, {"D", ll(d)},
                                {"HALF", ll(half)}, {"DIMS", ll(dims)}, {"POS", pos},
-                               {"INVERSE", a.get<attr::Inverse>() ? "    sn = -sn;  // inverse: the other way\n" : ""},
+                               {"TURN", ropeTurn("(double)pos * " + c.kernelName() + "_invFreq[item]", "a", "b", a.get<attr::Inverse>())},
                                {"I0", interleaved ? "2 * item" : "item"},
                                {"I1", interleaved ? "2 * item + 1" : "item + " + ll(half)}},
                               {gridFor(count), 1, 1}, kThreads, allArgs(c.n)));

@@ -296,9 +296,18 @@ Types inferFusedLinear(const Graph& g, const Node& n) {
   if (n.inputs.size() == 3 && in(g, n, 2) != Shape{units})
     fail(n, "bias " + shapeString(in(g, n, 2)) + " must be [" + std::to_string(units) + "]");
   const std::string act = n.attrs.get<attr::Activation>();
-  if (act != "none" && act != "relu" && act != "gelu" && act != "swiglu")
-    fail(n, "activation must be none, relu, gelu or swiglu, got '" + act + "'");
+  if (act != "none" && act != "relu" && act != "gelu" && act != "swiglu" && act != "rope")
+    fail(n, "activation must be none, relu, gelu, swiglu or rope, got '" + act + "'");
   if (act == "swiglu" && units % 2 != 0) fail(n, "swiglu pairs the weight's columns (gate, up), but it has " + std::to_string(units));
+  if (act == "rope") {
+    const int64_t hd = n.attrs.get<attr::HeadDim>(), dims = n.attrs.get<attr::RopeDims>();
+    const double base = n.attrs.get<attr::RopeBase>();
+    if (x.size() < 2) fail(n, "rope needs x [..., S, K] (the positions count along S), got " + shapeString(x));
+    if (hd <= 0 || hd % 2 != 0 || units % hd != 0)
+      fail(n, "rope's head_dim must be even, positive and divide the " + std::to_string(units) + " columns, got " + std::to_string(hd));
+    if (dims < 0 || dims % 2 != 0 || dims > hd) fail(n, "rope's dims must be even and at most head_dim " + std::to_string(hd) + ", got " + std::to_string(dims));
+    if (!(base > 0.0)) fail(n, "rope's base must be > 0, got " + std::to_string(base));
+  }
   Shape out = x;
   out.back() = act == "swiglu" ? units / 2 : units;
   Types t = one(out, dt(g, n));

@@ -73,12 +73,8 @@ public:
   }
 };
 
-// A linear map without activation, as fuse-linear leaves it: FusedLinear (activation none, w not
-// transposed) or a MatMul of x by a plain weight matrix.
-struct LinearMap {
-  ValueId x = kNoValue, w = kNoValue, bias = kNoValue;
-  NodeId node = 0;
-};
+}  // namespace
+
 bool asLinearMap(RewriteContext& ctx, ValueId v, LinearMap& out) {
   const Graph& g = ctx.graph();
   if (!ctx.hasSingleUse(v)) return false;
@@ -94,6 +90,8 @@ bool asLinearMap(RewriteContext& ctx, ValueId v, LinearMap& out) {
   }
   return false;
 }
+
+namespace {
 
 // SwiGLU: Mul(Silu(x·Wg [+ bg]), x·Wu [+ bu]) becomes one FusedLinear (activation swiglu) over
 // the weights interleaved column by column (gate, up), so both projections are one GEMM, and so

@@ -8,6 +8,15 @@
 
 namespace pa {
 
+// A linear map without activation, as fuse-linear leaves it: FusedLinear (activation none, w not
+// transposed) or a MatMul of x by a plain weight matrix. asLinearMap says whether `v`, used once,
+// is one, and which.
+struct LinearMap {
+  ValueId x = kNoValue, w = kNoValue, bias = kNoValue;
+  NodeId node = 0;
+};
+bool asLinearMap(RewriteContext& ctx, ValueId v, LinearMap& out);
+
 std::unique_ptr<RewritePattern> makeFuseLinearPattern();
 std::unique_ptr<RewritePattern> makeFuseLinearGradPattern();
 // Mul(Silu(x·Wg + bg), x·Wu + bu) becomes FusedLinear(x, interleave(Wg, Wu)[, interleave(bg, bu)])
@@ -21,6 +30,9 @@ std::unique_ptr<RewritePattern> makeFuseAttentionPattern(const PassTarget& targe
                                                          std::vector<std::string>* notes = nullptr);
 // Permute([0, 2, 1, 3]) around a FlashAttention folded into its layout attribute ("bshd").
 std::unique_ptr<RewritePattern> makeFoldAttentionLayoutPattern();
+// The rotary embedding of a FlashAttention's Q and K, each Rope(Reshape(x·W [+ b])), folded into
+// their projections' epilogues (FusedLinear, activation rope).
+std::unique_ptr<RewritePattern> makeFoldRopePattern();
 
 // Fuses chains of elementwise and broadcast ops into FusedElementwise nodes; returns the number
 // of fused nodes made and adds the number of ops absorbed to `absorbed`.

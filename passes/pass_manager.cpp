@@ -48,7 +48,7 @@ void registerBuiltins(PassRegistry& r) {
   r.add({"fuse-linear-grad", "MatMul -> ReluGrad | GeluGrad in the backward become one MatMulActGrad", {"autodiff"},
          {"fuse-elementwise"}, greedy(&makeFuseLinearGradPattern)});
   r.add({"fuse-attention",
-         "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention, reading the heads' permutes in place", {},
+         "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention, reading the heads' permutes in place; the rotary embedding of its Q and K moves into their projections' epilogues", {},
          {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget& target) {
            std::vector<std::unique_ptr<RewritePattern>> ps;
            ps.push_back(makeFuseAttentionPattern(target, &s.notes));
@@ -56,6 +56,9 @@ void registerBuiltins(PassRegistry& r) {
            ps.clear();
            ps.push_back(makeFoldAttentionLayoutPattern());
            s.counters["layouts folded"] = applyPatternsGreedily(g, ps);
+           ps.clear();
+           ps.push_back(makeFoldRopePattern());
+           s.counters["ropes folded"] = applyPatternsGreedily(g, ps);
          }});
   r.add({"fuse-elementwise", "chains of elementwise and broadcast ops become one FusedElementwise", {}, {},
          [](Graph& g, PassStats& s, const PassTarget&) {

@@ -250,6 +250,13 @@ void execFusedLinear(Ctx<T>& c) {
     return;
   }
   cpu::matmul(c.in(0), c.in(1), c.out(), 1, false, false, rows, n, k, false, tw);
+  if (act == "rope") {  // x·w + b, then the turn in place (a pair is read before it is written)
+    cpu::biasActivation(c.out(), c.n.inputs.size() == 3 ? c.in(2) : nullptr, static_cast<T*>(nullptr), rows, n, cpu::Activation::None);
+    const int64_t seq = x[x.size() - 2], hd = getAttr<attr::HeadDim>(c.n.attrs);
+    const int64_t dims = getAttr<attr::RopeDims>(c.n.attrs);
+    cpu::rope(c.out(), c.out(), seq ? rows / seq : 0, n / hd, seq, hd, true, dims ? dims : hd, getAttr<attr::RopeBase>(c.n.attrs), true, false);
+    return;
+  }
   const cpu::Activation a = act == "relu" ? cpu::Activation::Relu : act == "gelu" ? cpu::Activation::Gelu : cpu::Activation::None;
   cpu::biasActivation(c.out(), c.n.inputs.size() == 3 ? c.in(2) : nullptr, a == cpu::Activation::Gelu ? c.out(1) : nullptr,
                       rows, n, a);

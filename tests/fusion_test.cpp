@@ -441,6 +441,56 @@ INSTANTIATE_TEST_SUITE_P(
                  false}),
     [](const ::testing::TestParamInfo<HandCase>& i) { return i.param.name; });
 
+// ---- fold-rope (in fuse-attention) ----------------------------------------------------------
+
+struct RopeSpelling {
+  std::string name, yaml;
+  bool folds;
+  int64_t headDim = 16;
+};
+
+class FoldRope : public ::testing::TestWithParam<RopeSpelling> {};
+
+// The rope on Q and K moves into the projections' epilogues (FusedLinear, activation rope), and
+// loss and every gradient stay those of the unfused graph (half-split pairing included, which the
+// fold matches through a reorder of both projections' columns).
+TEST_P(FoldRope, RotaryEmbeddingMovesIntoTheProjections) {
+  const BuiltModel m = build("  input: [6, 32]\n  layers:\n    - attention: {" + GetParam().yaml + "}\n    - linear: {units: 1}\n",
+                             {6, 32}, {6, 1});
+  EXPECT_EQ(countOps(m.graph)[OpKind::Rope], 2);
+  const Graph g = runAndCompare(m, {"fuse-linear", "fuse-attention"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::FlashAttention], 1);
+  EXPECT_EQ(c[OpKind::Rope], GetParam().folds ? 0 : 2);
+  int roped = 0;
+  for (NodeId id : g.topoOrder()) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::FusedLinear || n.attrs.get<attr::Activation>() != "rope") continue;
+    ++roped;
+    EXPECT_EQ(n.attrs.get<attr::HeadDim>(), GetParam().headDim);
+  }
+  EXPECT_EQ(roped, GetParam().folds ? 2 : 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pairings, FoldRope,
+    ::testing::Values(RopeSpelling{"halfSplit", "heads: 2, causal: true, rope: {base: 50}", true},
+                      RopeSpelling{"halfSplitNoBias", "heads: 2, causal: true, bias: false, rope: {base: 50}", true},
+                      RopeSpelling{"interleaved", "heads: 2, causal: true, rope: {base: 50, interleaved: true}", true},
+                      RopeSpelling{"interleavedSomeDims", "heads: 2, rope: {base: 50, dims: 6, interleaved: true}", true},
+                      RopeSpelling{"gqaHalfSplit", "heads: 4, kv_heads: 2, causal: true, window: 2, sinks: 1, rope: {base: 50}", true, 8},
+                      RopeSpelling{"gqaDefaults", "heads: 2, kv_heads: 1, causal: true, window: 2, sinks: 1, rope: true", true},
+                      // A half-split rope of fewer than all features is no permute of the columns: left alone.
+                      RopeSpelling{"halfSplitSomeDims", "heads: 2, causal: true, rope: {base: 50, dims: 8}", false}),
+    [](const ::testing::TestParamInfo<RopeSpelling>& i) { return i.param.name; });
+
+TEST(FoldRope, WithoutTheAttentionNodeTheRopeStays) {
+  const BuiltModel m = build("  input: [6, 32]\n  layers:\n    - attention: {heads: 2, rope: true}\n    - linear: {units: 1}\n",
+                             {6, 32}, {6, 1});
+  const Graph g = runAndCompare(m, {"fuse-linear"});
+  EXPECT_EQ(countOps(g)[OpKind::Rope], 2);
+}
+
 // A FlashAttention node is built only where every target runs it: the CUDA kernels need a head
 // dim that is a multiple of 8 in [8, 256] (fp32 training: at most 128), so such attention stays
 // unfused on the CPU too (one graph for every target), and --verbose says why.

@@ -30,9 +30,16 @@ TEST(GemmEmit, LibraryEpiloguesDoWhatTheLibraryLeft) {
   EXPECT_TRUE(hasKernel.count("lib_swiglu_3") && !hasKernel.count("lib_swiglu_3_2"));
   EXPECT_TRUE(hasKernel.count("lib_swiglu_bias_0") && hasKernel.count("lib_swiglu_bias_0_2"));
   EXPECT_FALSE(hasKernel.count("lib_swiglu_bias_1_2"));
+  // Rope's turn always runs after the library product, with a bias it did not add in the same pass.
+  EXPECT_TRUE(hasKernel.count("lib_rope_3") && !hasKernel.count("lib_rope_3_2"));
+  EXPECT_TRUE(hasKernel.count("lib_rope_bias_0") && !hasKernel.count("lib_rope_bias_0_2"));
   for (const Variant& v : gemmtest::libraryEpilogues()) {
     if (v.name.find("gelu") != std::string::npos) {
       EXPECT_NE(v.kernel.source.find("erff("), std::string::npos) << v.name;
+    }
+    if (v.name.find("rope") != std::string::npos) {
+      EXPECT_NE(v.kernel.source.find("sincosf("), std::string::npos) << v.name;
+      EXPECT_EQ(v.kernel.source.find("in2[n]") != std::string::npos, v.name == "lib_rope_bias_0" || v.name == "lib_rope_bias_2") << v.name;
     }
     if (v.name == "lib_relu_bias_1") {
       EXPECT_NE(v.kernel.source.find("fmaxf("), std::string::npos);

@@ -45,7 +45,7 @@ inline std::vector<Variant> allVariants() {
       batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
       add("MatMul_batched", batched, tf32, tile);
       if (tile == GemmTile::Medium) continue;
-      for (const char* act : {"none", "relu", "gelu", "swiglu"})
+      for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
         for (bool bias : {false, true})
           for (bool tw : {false, true}) {
             GemmProblem p;
@@ -65,7 +65,7 @@ inline std::vector<Variant> allVariants() {
 // cuBLASLt may or may not have applied, and matmul-act-grad's two derivatives.
 inline std::vector<Variant> libraryEpilogues() {
   std::vector<Variant> out;
-  for (const char* act : {"none", "relu", "gelu", "swiglu"})
+  for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
     for (bool bias : {false, true})
       for (int applied = 0; applied < 4; ++applied) {
         GemmProblem p;

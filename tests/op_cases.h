@@ -214,6 +214,25 @@ inline std::vector<OpCase> allCases() {
                    return g.add(OpKind::FusedLinear, ins, AttrMap().set<attr::Activation>("swiglu"));
                  }});
   }
+  struct RopeLinear {
+    const char* name;
+    Shape x, w;
+    int64_t headDim, dims;
+    bool bias, tw;
+  };
+  for (const RopeLinear& r : {RopeLinear{"heads2", {2, 7, 5}, {5, 12}, 6, 0, false, false},
+                              RopeLinear{"heads2_bias_someDims", {2, 7, 5}, {5, 12}, 6, 4, true, false},
+                              RopeLinear{"transposedW", {3, 4, 3}, {8, 3}, 4, 0, true, true},
+                              RopeLinear{"rank2", {5, 4}, {4, 4}, 2, 0, false, false},
+                              RopeLinear{"longSeq", {1, 300, 4}, {4, 8}, 8, 6, true, false}}) {
+    c.push_back({std::string("FusedLinear_rope_") + r.name, OpKind::FusedLinear, [=](Graph& g) {
+                   std::vector<ValueId> ins{P(g, "x", r.x), P(g, "w", r.w)};
+                   if (r.bias) ins.push_back(P(g, "b", {r.tw ? r.w[0] : r.w[1]}));
+                   return g.add(OpKind::FusedLinear, ins,
+                                AttrMap().set<attr::Activation>("rope").set<attr::TransposeW>(r.tw).set<attr::HeadDim>(r.headDim)
+                                    .set<attr::RopeDims>(r.dims).set<attr::RopeBase>(100.0));
+                 }});
+  }
   c.push_back({"Interleave", OpKind::Interleave, [](Graph& g) { return g.add(OpKind::Interleave, {P(g, "a", {3, 5}), P(g, "b", {3, 5})}); }});
   for (int part : {0, 1})
     c.push_back({"Deinterleave_part" + std::to_string(part), OpKind::Deinterleave, [=](Graph& g) {

@@ -142,11 +142,8 @@ ${STORE}  }
 }
 )";
 
-// Rope: a thread per (row, item); items < HALF are the feature pairs, which turn, the rest the
-// features from DIMS on, copied. The angle position · invFreq[pair] is formed in double (the
-// CPU reference's product, bit for bit) and reduced modulo 2π there (Cody-Waite, two constants),
-// so the float sincosf sees |r| ≤ π whatever the position: ~1e-7 absolute at position 1e5, where
-// a float product alone would be off by ~5e-3 radians.
+// Rope: a thread per (row, item); items < HALF are the feature pairs, which turn (${TURN}: see
+// ropeTurn in codegen/emit_norm.cpp), the rest the features from DIMS on, copied.
 inline constexpr const char* kRope = R"(
 __device__ const double ${NAME}_invFreq[${FREQCOUNT}] = {${INVFREQ}};
 
@@ -160,16 +157,10 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
       continue;
     }
     const long long pos = ${POS};
-    const double angle = (double)pos * ${NAME}_invFreq[item];
-    const double turns = rint(angle * 0.15915494309189535);
-    double r = fma(-turns, 6.283185307179586, angle);
-    r = fma(-turns, 2.4492935982947064e-16, r);
-    float sn, cs;
-    sincosf((float)r, &sn, &cs);
-${INVERSE}    const long long i0 = base + ${I0}, i1 = base + ${I1};
-    const float a = in0[i0], b = in0[i1];
-    out0[i0] = a * cs - b * sn;
-    out0[i1] = a * sn + b * cs;
+    const long long i0 = base + ${I0}, i1 = base + ${I1};
+    float a = in0[i0], b = in0[i1];
+${TURN}    out0[i0] = a;
+    out0[i1] = b;
   }
 }
 )";

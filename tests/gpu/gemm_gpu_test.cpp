@@ -118,16 +118,18 @@ std::vector<GemmCase> allCases() {
   const Shape xs[] = {{5, 7, 129}, {64, 256}};
   const int64_t units[] = {255, 1000};
   for (int s = 0; s < 2; ++s)
-    for (const char* act : {"none", "relu", "gelu", "swiglu"})
+    for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
       for (bool bias : {false, true})
         for (bool tw : {false, true}) {
           GemmProblem p;
           p.fused = true;
           p.a = xs[s];
           const int64_t k = xs[s].back();
-          const int64_t nu = std::string(act) == "swiglu" ? units[s] + units[s] % 2 : units[s];  // swiglu: column pairs
+          const bool pairs = std::string(act) == "swiglu" || std::string(act) == "rope";
+          const int64_t nu = pairs ? units[s] + units[s] % 2 : units[s];  // column pairs (rope: heads of 8)
           p.b = tw ? Shape{nu, k} : Shape{k, nu};
           p.tb = tw, p.act = act, p.bias = bias;
+          p.ropeDims = s == 1 ? 6 : 0;  // some features of each head left unturned
           const std::string base = std::string("FusedLinear_") + act + (bias ? "_bias" : "") + (tw ? "_tW" : "") + "_" +
                                    dims(p.a) + "_" + std::to_string(nu);
           for (bool tf32 : {false, true}) {
@@ -213,7 +215,7 @@ std::vector<Bf16Case> bf16Cases() {
     const std::string base = "MatMulBatched_" + dims(bt.a) + (bt.ta ? "T" : "") + "_" + dims(bt.b) + (bt.tb ? "T" : "");
     for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, true);
   }
-  for (const char* act : {"none", "relu", "gelu", "swiglu"})
+  for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
     for (bool tw : {false, true}) {
       GemmProblem p;
       p.fused = true, p.act = act, p.bias = true, p.tb = tw;
@@ -330,6 +332,13 @@ void expectSwigluWithin(const std::vector<float>& got, const std::vector<double>
   EXPECT_LE(worst, 1.0) << "swiglu output: worst error in units of the propagated bar";
 }
 
+// Rope turns column pairs, which keeps each pair's Euclidean norm: an error within bar·max|pre| per
+// element is at most √2·bar·max|pre| per pair after the turn, and max|pre| ≤ √2·max|out| (a
+// pair's larger element is at least its norm/√2), so the bar relative to max|out| doubles.
+double ropeFactor(const Node& n) {
+  return n.op == OpKind::FusedLinear && n.attrs.get<attr::Activation>() == "rope" ? 2.0 : 1.0;
+}
+
 // Uploads fresh random inputs (seeds `seed` + input index) to a one-node graph's runner, runs
 // it, and returns every output's errors against the float64 reference.
 std::vector<Errors> runAgainstReference(CudaGraphRunner& runner, const Graph& g, NodeId id, uint64_t seed) {
@@ -386,7 +395,7 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
     std::vector<float> got(want[o].size());
     gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
     if (swiglu && o == 0) expectSwigluWithin(got, want[1], bar);
-    else expectWithin(compare(got, want[o]), bar, o, c.name, numel(g.shape(n.outputs[0])) >= (1 << 20));
+    else expectWithin(compare(got, want[o]), bar * ropeFactor(n), o, c.name, numel(g.shape(n.outputs[0])) >= (1 << 20));
   }
 }
 
@@ -435,7 +444,8 @@ TEST_P(GemmBf16OnGpu, MatchesFloat64Reference) {
         gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
       }
       const double bar = g.value(n.outputs[o]).type.dtype == DType::BF16 ? 1e-2 : 1e-3;
-      expectWithin(compare(got, want[o]), bar, o, c.name + (launch ? " (second launch)" : ""), numel(g.shape(n.outputs[0])) >= (1 << 19));
+      expectWithin(compare(got, want[o]), bar * ropeFactor(n), o, c.name + (launch ? " (second launch)" : ""),
+                   numel(g.shape(n.outputs[0])) >= (1 << 19));
       if (launch == 0) first[o] = got;
       else EXPECT_EQ(std::memcmp(got.data(), first[o].data(), got.size() * sizeof(float)), 0) << "output " << o << " differs between launches";
     }
@@ -481,7 +491,7 @@ TEST_P(GemmOnCublasLt, MatchesFloat64Reference) {
   CudaGraphRunner runner(g, device(), opt);
   ASSERT_EQ(runner.gemmProviderOf(id), "cublaslt");
   const std::vector<Errors> errors = runAgainstReference(runner, g, id, std::hash<std::string>{}(c.name));
-  const double bar = c.opt.tf32 ? 1e-3 : 1e-5;
+  const double bar = (c.opt.tf32 ? 1e-3 : 1e-5) * ropeFactor(g.node(id));
   for (size_t o = 0; o < errors.size(); ++o) {
     const Errors& e = errors[o];
     EXPECT_TRUE(e.finite) << "output " << o;
@@ -521,7 +531,7 @@ TEST(GemmOnCublasLtTransposedB, MatchesFloat64Reference) {
     ASSERT_EQ(runner.gemmChoices().size(), 1u);
     EXPECT_TRUE(runner.gemmChoices()[0].transposedB);
     const std::vector<Errors> errors = runAgainstReference(runner, g, id, std::hash<std::string>{}(c.name) + 5);
-    const double bar = c.opt.tf32 ? 1e-3 : 1e-5;
+    const double bar = (c.opt.tf32 ? 1e-3 : 1e-5) * ropeFactor(g.node(id));
     for (size_t o = 0; o < errors.size(); ++o) {
       const Errors& e = errors[o];
       EXPECT_TRUE(e.finite);

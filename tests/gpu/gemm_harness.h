@@ -27,6 +27,7 @@ struct GemmProblem {
   bool ta = false, tb = false;  // FusedLinear: tb is transpose_w
   std::string act = "none";
   bool bias = false;
+  int64_t headDim = 8, ropeDims = 0;  // activation rope: base 100
 };
 
 // MatMul C[m, n] = op(A)·op(B) with A stored [k, m] when `ta` (else [m, k]) and B stored [n, k]
@@ -49,6 +50,7 @@ inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
     if (p.bias) ins.push_back(g.addParam("bias", Shape{units}, "zeros"));
     attrs.set<attr::Activation>(p.act);
     attrs.set<attr::TransposeW>(p.tb);
+    if (p.act == "rope") attrs.set<attr::HeadDim>(p.headDim).set<attr::RopeDims>(p.ropeDims).set<attr::RopeBase>(100.0);
     out = g.add(OpKind::FusedLinear, ins, attrs);
   } else {
     attrs.set<attr::TransposeA>(p.ta);
@@ -82,7 +84,8 @@ inline void uploadStored(cuda::DeviceBuffer& buf, std::vector<float>& values, DT
 }
 
 // Float64 reference of every output of the node (out0, and FusedLinear-GELU's or -SwiGLU's
-// pre-activation).
+// pre-activation). Rope turns each head's column pairs (c, c + 1), c < dims, of row i by
+// (i mod S)·base^(-c/dims), S the second-to-last extent of x.
 inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, const std::vector<std::vector<float>>& in) {
   const Node& n = g.node(id);
   const Shape& a = g.shape(n.inputs[0]);
@@ -133,6 +136,18 @@ inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, con
         }
         if (act == "relu") v = std::max(v, 0.0);
         out[0][at] = v;
+      }
+      if (act == "rope") {
+        double* y = out[0].data() + (bi * m + i) * nn;
+        const int64_t hd = n.attrs.get<attr::HeadDim>(), dims = n.attrs.get<attr::RopeDims>() ? n.attrs.get<attr::RopeDims>() : hd;
+        const double pos = static_cast<double>(i % a[a.size() - 2]), base = n.attrs.get<attr::RopeBase>();
+        for (int64_t c = 0; c < nn; c += 2) {
+          if (c % hd >= dims) continue;
+          const double angle = pos * std::pow(base, -static_cast<double>(c % hd) / static_cast<double>(dims));
+          const double y0 = y[c], y1 = y[c + 1];
+          y[c] = y0 * std::cos(angle) - y1 * std::sin(angle);
+          y[c + 1] = y0 * std::sin(angle) + y1 * std::cos(angle);
+        }
       }
     }
   return out;
