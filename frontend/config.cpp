@@ -339,15 +339,17 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
     const CfgNode f = n.child("fuse");
     std::vector<std::string> kinds;
     if (f.isScalar()) {
-      if (f.asBool()) kinds = {"linear", "attention", "norm", "elementwise"};
+      if (f.asBool()) kinds = {"linear", "attention", "rope", "norm", "elementwise"};
     } else {
-      if (!f.isSequence()) f.fail("expected true, false or a list of linear, attention, norm, elementwise");
-      const std::vector<std::string> fusions = {"linear", "attention", "norm", "elementwise"};
+      if (!f.isSequence()) f.fail("expected true, false or a list of linear, attention, rope, norm, elementwise");
+      const std::vector<std::string> fusions = {"linear", "attention", "rope", "norm", "elementwise"};
       for (size_t i = 0; i < f.size(); ++i) {
         const std::string k = f.item(i).asString();
         if (std::find(fusions.begin(), fusions.end(), k) == fusions.end())
           f.item(i).fail("'" + k + "' is not a fusion" + suggestion(k, fusions, "fusions"));
         if (std::find(kinds.begin(), kinds.end(), k) != kinds.end()) f.item(i).fail("'" + k + "' is listed twice");
+        if (k == "rope" && std::find(kinds.begin(), kinds.end(), "attention") == kinds.end())
+          f.item(i).fail("rope folds into the attention nodes' projections: list attention before it");
         kinds.push_back(k);
       }
     }

@@ -132,8 +132,9 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
     for (ValueId v : n.inputs) last[root[v]] = std::max(last[root[v]], pos);
     for (ValueId v : n.outputs) {
       if (n.op == OpKind::Param) continue;
-      if (aliasReshapes && n.op == OpKind::Reshape && planned[root[n.inputs[0]]] &&
-          g.value(n.inputs[0]).type.dtype == g.value(v).type.dtype) {
+      const bool aliasable = aliasReshapes && n.op == OpKind::Reshape &&
+                             (planned[root[n.inputs[0]]] || g.producer(root[n.inputs[0]]).op == OpKind::Param);
+      if (aliasable && g.value(n.inputs[0]).type.dtype == g.value(v).type.dtype) {
         root[v] = root[n.inputs[0]];
         last[root[v]] = std::max(last[root[v]], pos);
         continue;

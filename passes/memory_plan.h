@@ -29,7 +29,9 @@ constexpr size_t kGreedyBySizeLimit = 4096;
 // With `aliasReshapes`, a Reshape's output shares its input's bytes (tensors are contiguous,
 // so a reshape changes no byte): the two are planned as one value living from the first's
 // producer to the last user of either, and the executor need not copy (the GPU runner skips
-// those kernels); a reshape that changes the dtype is a copy. With `storageSizes`, sizes and
+// those kernels); a reshape that changes the dtype is a copy. A reshape of a parameter (or of
+// such a reshape) shares the parameter's bytes, outside the arena: it gets no offset, and the
+// executor binds it to the parameter's address. With `storageSizes`, sizes and
 // offsets count 4-byte units and each value takes its dtype's bytes (a bf16 value half as many
 // units as elements: the GPU's arena); without, one unit per element whatever the dtype (the
 // CPU executor keeps every value in its own float or double).

@@ -48,7 +48,7 @@ void registerBuiltins(PassRegistry& r) {
   r.add({"fuse-linear-grad", "MatMul -> ReluGrad | GeluGrad in the backward become one MatMulActGrad", {"autodiff"},
          {"fuse-elementwise"}, greedy(&makeFuseLinearGradPattern)});
   r.add({"fuse-attention",
-         "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention, reading the heads' permutes in place; the rotary embedding of its Q and K moves into their projections' epilogues", {},
+         "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention, reading the heads' permutes in place", {},
          {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget& target) {
            std::vector<std::unique_ptr<RewritePattern>> ps;
            ps.push_back(makeFuseAttentionPattern(target, &s.notes));
@@ -56,7 +56,10 @@ void registerBuiltins(PassRegistry& r) {
            ps.clear();
            ps.push_back(makeFoldAttentionLayoutPattern());
            s.counters["layouts folded"] = applyPatternsGreedily(g, ps);
-           ps.clear();
+         }});
+  r.add({"fuse-rope", "the rotary embedding of a FlashAttention's Q and K moves into their projections' GEMM epilogues",
+         {"fuse-attention"}, {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget&) {
+           std::vector<std::unique_ptr<RewritePattern>> ps;
            ps.push_back(makeFoldRopePattern());
            s.counters["ropes folded"] = applyPatternsGreedily(g, ps);
          }});

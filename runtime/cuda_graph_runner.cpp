@@ -62,6 +62,14 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   }
   params_ = cuda::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(paramFloats_, 16)) * sizeof(float));
   params_.fill32(0);
+  // Reshapes of parameters the plan aliased (no offset): bound to the parameter's bytes.
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::Reshape || offset_[static_cast<size_t>(n.outputs[0])] >= 0) continue;
+    const auto a = paramAlias_.find(n.inputs[0]);
+    const ValueId root = a == paramAlias_.end() ? n.inputs[0] : a->second;
+    if (g.producer(root).op == OpKind::Param) paramAlias_[n.outputs[0]] = root;
+  }
 
   launches_.resize(g.numNodes());
   const codegen::EmitOptions emit = emitOptionsFor(device_, opt.tf32);
@@ -76,8 +84,9 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       continue;
     }
     // A reshape whose output shares its input's bytes has nothing to do.
-    if (n.op == OpKind::Reshape && offset_[static_cast<size_t>(n.inputs[0])] >= 0 &&
-        offset_[static_cast<size_t>(n.inputs[0])] == offset_[static_cast<size_t>(n.outputs[0])])
+    if (n.op == OpKind::Reshape && ((offset_[static_cast<size_t>(n.inputs[0])] >= 0 &&
+                                     offset_[static_cast<size_t>(n.inputs[0])] == offset_[static_cast<size_t>(n.outputs[0])]) ||
+                                    paramAlias_.count(n.outputs[0])))
       continue;
     size_t scratchBytes = nk.scratchBytes;
     if (opt.tuneGemmTiles && opt.gemm != GemmProvider::Cublaslt && codegen::libraryGemmOf(g, id).supported)
@@ -216,6 +225,8 @@ int64_t CudaGraphRunner::paramOffset(ValueId p) const {
 }
 
 cuda::CUdeviceptr CudaGraphRunner::ptr(ValueId v) const {
+  const auto alias = paramAlias_.find(v);
+  if (alias != paramAlias_.end()) v = alias->second;
   auto it = paramOffset_.find(v);
   if (it != paramOffset_.end()) return params_.ptr() + static_cast<cuda::CUdeviceptr>(it->second) * sizeof(float);
   auto sh = sharedParam_.find(v);

@@ -121,6 +121,7 @@ private:
   cuda::DeviceBuffer arena_, params_;
   std::vector<int64_t> offset_;                        // arena offset (floats) per value, -1 if none
   std::map<ValueId, int64_t> paramOffset_;             // offset in params_ (floats)
+  std::map<ValueId, ValueId> paramAlias_;              // a reshape of a parameter -> the parameter
   std::map<ValueId, cuda::CUdeviceptr> sharedParam_;   // parameters of the runner shared with
   std::map<NodeId, cuda::DeviceBuffer> scratch_;       // flash backward workspaces
   std::vector<std::vector<Launch>> launches_;          // per node id

@@ -458,7 +458,7 @@ TEST_P(FoldRope, RotaryEmbeddingMovesIntoTheProjections) {
   const BuiltModel m = build("  input: [6, 32]\n  layers:\n    - attention: {" + GetParam().yaml + "}\n    - linear: {units: 1}\n",
                              {6, 32}, {6, 1});
   EXPECT_EQ(countOps(m.graph)[OpKind::Rope], 2);
-  const Graph g = runAndCompare(m, {"fuse-linear", "fuse-attention"});
+  const Graph g = runAndCompare(m, {"fuse-linear", "fuse-attention", "fuse-rope"});
   auto c = countOps(g);
   EXPECT_EQ(c[OpKind::FlashAttention], 1);
   EXPECT_EQ(c[OpKind::Rope], GetParam().folds ? 0 : 2);
@@ -484,11 +484,12 @@ INSTANTIATE_TEST_SUITE_P(
                       RopeSpelling{"halfSplitSomeDims", "heads: 2, causal: true, rope: {base: 50, dims: 8}", false}),
     [](const ::testing::TestParamInfo<RopeSpelling>& i) { return i.param.name; });
 
-TEST(FoldRope, WithoutTheAttentionNodeTheRopeStays) {
+TEST(FoldRope, WithoutTheRopePassTheRopeStays) {
   const BuiltModel m = build("  input: [6, 32]\n  layers:\n    - attention: {heads: 2, rope: true}\n    - linear: {units: 1}\n",
                              {6, 32}, {6, 1});
-  const Graph g = runAndCompare(m, {"fuse-linear"});
+  const Graph g = runAndCompare(m, {"fuse-linear", "fuse-attention"});
   EXPECT_EQ(countOps(g)[OpKind::Rope], 2);
+  EXPECT_EQ(countOps(g)[OpKind::FlashAttention], 1);
 }
 
 // A FlashAttention node is built only where every target runs it: the CUDA kernels need a head
@@ -686,6 +687,24 @@ TEST(MemoryPlan, NoTwoLiveValuesShareBytesWithAndWithoutReshapeAliases) {
     // No size expectation: an alias lengthens its input's life, so the greedy peak can go
     // either way by a few elements (measured: 482016 vs 482000 fused); what it saves is the copy.
   }
+}
+
+// A reshape of a parameter, and a reshape of that, share the parameter's bytes under aliasing:
+// no arena offset (the GPU runner binds them to the parameter); without aliasing each is a copy.
+TEST(MemoryPlan, ReshapesOfParametersShareTheParameter) {
+  Graph g;
+  const ValueId w = g.addParam("w", {4, 6}, "xavier");
+  const ValueId r1 = g.add(OpKind::Reshape, {w}, AttrMap().set<attr::Shape>({2, 12}));
+  const ValueId r2 = g.add(OpKind::Reshape, {r1}, AttrMap().set<attr::Shape>({24}));
+  const ValueId y = g.add(OpKind::Permute, {r1}, AttrMap().set<attr::Perm>({1, 0}));
+  g.setOutput("y", y);
+  g.setOutput("r2", r2);
+  const MemoryPlan aliased = planMemory(g, 16, true), plain = planMemory(g, 16, false);
+  EXPECT_EQ(aliased.offset[r1], -1);
+  EXPECT_EQ(aliased.offset[r2], -1);
+  EXPECT_GE(aliased.offset[y], 0);
+  EXPECT_GE(plain.offset[r1], 0);
+  EXPECT_GE(plain.offset[r2], 0);
 }
 
 // precision: bf16 on the GPU's plan: bf16 values take half the bytes, a reshape changing the
