@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
       const pa::CompareResult r = pa::compareFusedUnfused(cfg, opt, stdout);
       if (!plotPath.empty()) {
         const std::string json = writeCompareJson(cfg, r);
-        drawPlot(plotPath, {"--compare", json}, json);
+        drawPlot(plotPath, {"--compare", json, "--title", cfg.name + ": fused against unfused"}, json);
       }
       return r.agree ? 0 : 1;
     }
@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
       opt.metricsPath = plotMetrics;
     }
     const pa::TrainResult r = pa::train(cfg, opt);
-    if (!plotPath.empty()) drawPlot(plotPath, {"--metrics", opt.metricsPath}, plotMetrics);
+    if (!plotPath.empty()) drawPlot(plotPath, {"--metrics", opt.metricsPath, "--title", cfg.name}, plotMetrics);
     if (r.interruptedBy) return 128 + r.interruptedBy;  // the shell's convention: 130 for Ctrl-C
   } catch (const pa::UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

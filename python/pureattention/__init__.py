@@ -222,4 +222,10 @@ class Model:
         return f"<pureattention.Model {self.name}: {self.steps_taken} steps taken>"
 
 
-from . import plot  # noqa: E402  (plot imports matplotlib lazily)
+def __getattr__(name):
+    # `pureattention.plot` on first use: matplotlib is only needed for pictures, and
+    # `python3 -m pureattention.plot` must not find the module imported already.
+    if name == "plot":
+        import importlib
+        return importlib.import_module(".plot", __name__)
+    raise AttributeError(f"module 'pureattention' has no attribute {name!r}")
