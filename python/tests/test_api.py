@@ -1,5 +1,6 @@
 """The module's API against the commands: round trips, errors, interrupts (README "Python")."""
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -30,12 +31,14 @@ def test_train_returns_metrics_as_arrays(small_yaml):
 def test_train_matches_the_command(small_yaml, train_bin, tmp_path):
     m = pa.Model.from_yaml(small_yaml)
     run = m.train(steps=20)
-    out = tmp_path / "m.csv"
+    out = tmp_path / "m.jsonl"  # JSON numbers read back as the same doubles
     subprocess.run([train_bin, "-c", str(small_yaml), "--steps", "20", "--metrics", str(out), "--progress", "none"],
                    check=True, capture_output=True)
-    rows = list(csv.DictReader(open(out)))
-    assert [float(r["loss"]) for r in rows] == [float(f"{x:.9g}") for x in run.loss] or \
-        np.allclose([float(r["loss"]) for r in rows], run.loss, rtol=1e-9, atol=0)
+    rows = [json.loads(line) for line in open(out)]
+    assert np.array_equal([r["loss"] for r in rows], run.loss)
+    assert [r["step"] for r in rows] == run.step.tolist()
+    val = [np.nan if r["val_loss"] is None else r["val_loss"] for r in rows]
+    assert np.array_equal(val, run.val_loss, equal_nan=True)
 
 
 def test_train_continues_like_resume(small_yaml):
