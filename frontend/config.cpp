@@ -121,14 +121,14 @@ void applyOverride(YAML::Node& root, const std::string& text, ConfigSource& src)
 constexpr double kFloatMax = FLT_MAX;
 
 void parseData(const CfgNode& n, DataConfig& d) {
-  d.kind = n.getChoice("kind", d.kind, {"sine", "function", "csv"});
+  d.kind = n.getChoice("kind", d.kind, {"sine", "function", "csv", "arrays"});
   const std::vector<std::string> common = {"kind", "validation", "shuffle"};
   std::vector<std::string> allowed = common;
   if (d.kind == "sine")
     allowed.insert(allowed.end(), {"samples", "noise", "window", "horizon", "channels", "target", "period", "delay"});
   else if (d.kind == "function")
     allowed.insert(allowed.end(), {"samples", "noise", "fn", "inputs", "range"});
-  else
+  else if (d.kind == "csv")
     allowed.insert(allowed.end(), {"path", "features", "targets", "header"});
   n.checkKeys(allowed);
   d.validation = n.getDoubleIn("validation", d.validation, 0.0, 0.9);
@@ -168,7 +168,7 @@ void parseData(const CfgNode& n, DataConfig& d) {
       d.rangeLo = v[0];
       d.rangeHi = v[1];
     }
-  } else {
+  } else if (d.kind == "csv") {
     d.path = n.child("path").asString();
     if (d.path.empty()) n.child("path").fail("expected the CSV file's path, got an empty string");
     d.header = n.getBool("header", d.header);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "frontend/layers/layer.h"
 
 namespace pa {
+
+struct Dataset;  // frontend/datasets.h
 
 // Where the keys of a config were set, for mistakes found after parsing (a data file, the batch
 // size against the data): a key's file:line:col, its --set flag, or the file alone for a key
@@ -32,7 +35,7 @@ private:
 };
 
 struct DataConfig {
-  std::string kind = "sine";  // sine | function | csv
+  std::string kind = "sine";  // sine | function | csv | arrays
   int64_t samples = 4096;     // sine, function
   double noise = 0.01;        // std of Gaussian noise added to inputs (sine) or targets (function)
   double validation = 0.1;    // fraction held out
@@ -51,6 +54,9 @@ struct DataConfig {
   std::string path;  // relative to the config file's folder
   std::vector<std::string> features, targets;
   bool header = true;
+  // arrays: the samples, given by a library caller (the Python module's Model.train(x=, y=));
+  // split for validation as any other kind's
+  std::shared_ptr<const Dataset> arrays;
   ConfigLocator where;  // the config's keys, for data errors found when loading
 };
 

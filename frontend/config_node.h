@@ -16,11 +16,14 @@ namespace pa {
 class ConfigError : public UserError {
 public:
   ConfigError(const std::string& location, const std::string& keyPath, const std::string& message)
-      : UserError(location + ": " + (keyPath.empty() ? "" : keyPath + ": ") + message), keyPath_(keyPath) {}
+      : UserError(location + ": " + (keyPath.empty() ? "" : keyPath + ": ") + message), location_(location),
+        keyPath_(keyPath) {}
+  // "file:line:col", the file alone, or the --set flag that gave the key.
+  const std::string& location() const { return location_; }
   const std::string& keyPath() const { return keyPath_; }
 
 private:
-  std::string keyPath_;
+  std::string location_, keyPath_;
 };
 
 // Where the config came from: the file, and the key paths that --set replaced.

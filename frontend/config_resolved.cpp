@@ -49,7 +49,7 @@ std::string dataYaml(const DataConfig& d) {
   } else if (d.kind == "function") {
     s += ", samples: " + std::to_string(d.samples) + ", noise: " + exactNumber(d.noise) + ", fn: " + d.fn +
          ", inputs: " + std::to_string(d.inputs) + ", range: [" + exactNumber(d.rangeLo) + ", " + exactNumber(d.rangeHi) + "]";
-  } else {
+  } else if (d.kind == "csv") {
     s += ", path: " + scalar(d.path) + ", header: " + (d.header ? "true" : "false");
     // Left out, the columns are decided by the file (all but the targets; the last column).
     if (!d.features.empty()) s += ", features: " + names(d.features);

@@ -245,9 +245,15 @@ DataSplit loadData(const DataConfig& cfg, uint64_t seed, const std::string& base
   } else if (cfg.kind == "function") {
     makeFunction(cfg, seed, all);
     split.description = "function: y = mean(" + cfg.fn + "(x_i)) over " + std::to_string(cfg.inputs) + " input(s)";
-  } else {
+  } else if (cfg.kind == "csv") {
     makeCsv(cfg, baseDir, all);
     split.description = "csv: " + cfg.path + ", " + std::to_string(all.count) + " rows";
+  } else {
+    if (!cfg.arrays)
+      cfg.where.fail("data.kind", "arrays: the samples come from a library caller (Python: Model.train(x=..., y=...)), "
+                                  "and none were given");
+    all = *cfg.arrays;
+    split.description = "arrays: " + std::to_string(all.count) + " rows";
   }
   std::vector<int64_t> idx(static_cast<size_t>(all.count));
   std::iota(idx.begin(), idx.end(), 0);

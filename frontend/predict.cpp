@@ -73,7 +73,43 @@ void append(Rows& r, const Dataset& d) {
   r.targets = true;
 }
 
+// The validation graph of a training run: the model and its forward passes, for `batch` rows.
+BuiltModel predictionGraph(const Config& cfg, const std::vector<int64_t>& sampleX, const std::vector<int64_t>& sampleY,
+                           int64_t batch) {
+  BuiltModel m = buildModel(cfg, sampleX, sampleY, batch);
+  PipelineOptions popt;
+  popt.target = passTargetOf(cfg.precision);
+  runPipeline(m.graph, trainPipeline(cfg.compiler.passes, cfg.precision, false).validation, popt);
+  return m;
+}
+
 }  // namespace
+
+std::vector<float> predictRows(const Config& cfg, const std::vector<int64_t>& sampleX, const std::vector<int64_t>& sampleY,
+                               const std::map<std::string, std::vector<double>>& params, const std::string& device,
+                               int64_t batchOption, const float* xs, const float* ys, int64_t rows) {
+  const int64_t features = numel(Shape(sampleX.begin(), sampleX.end())), targets = numel(Shape(sampleY.begin(), sampleY.end()));
+  const int64_t batch = std::max<int64_t>(1, std::min(batchOption > 0 ? batchOption : cfg.train.batchSize, rows));
+  BuiltModel m = predictionGraph(cfg, sampleX, sampleY, batch);
+  std::unique_ptr<Predictor> predictor =
+      device == "cuda" ? makeCudaPredictor(std::move(m.graph), m.x, m.y, cfg.precision, cfg.compiler.gemm, params)
+                       : makeCpuPredictor(std::move(m.graph), m.x, m.y, cfg.precision, params);
+  // Whole batches; the last one is padded with zero rows whose predictions are dropped (rows
+  // are independent: nothing in a model mixes the samples of a batch).
+  std::vector<float> out(static_cast<size_t>(rows * targets));
+  std::vector<float> x(static_cast<size_t>(batch * features)), y(static_cast<size_t>(batch * targets)),
+      p(static_cast<size_t>(batch * targets));
+  for (int64_t at = 0; at < rows; at += batch) {
+    const int64_t n = std::min(batch, rows - at);
+    std::fill(x.begin(), x.end(), 0.0f);
+    std::fill(y.begin(), y.end(), 0.0f);
+    std::copy_n(xs + at * features, n * features, x.begin());
+    if (ys) std::copy_n(ys + at * targets, n * targets, y.begin());
+    predictor->run(x.data(), y.data(), p.data());
+    std::copy_n(p.begin(), n * targets, out.begin() + at * targets);
+  }
+  return out;
+}
 
 PredictResult predict(const PredictOptions& opt) {
   if (opt.input.empty() == opt.split.empty())
@@ -108,35 +144,15 @@ PredictResult predict(const PredictOptions& opt) {
   if (names.empty() && cfg.data.kind == "csv" && static_cast<int64_t>(cfg.data.targets.size()) == targets) names = cfg.data.targets;
   for (int64_t i = static_cast<int64_t>(names.size()); i < targets; ++i) names.push_back("y" + std::to_string(i));
 
-  // The validation graph of a training run: the model and its forward passes, for `batch` rows.
-  const int64_t batch = std::max<int64_t>(1, std::min(opt.batch > 0 ? opt.batch : cfg.train.batchSize, rows.count));
-  BuiltModel m = buildModel(cfg, sampleX, sampleY, batch);
-  PipelineOptions popt;
-  popt.target = passTargetOf(cfg.precision);
-  runPipeline(m.graph, trainPipeline(cfg.compiler.passes, cfg.precision, false).validation, popt);
-  const std::map<std::string, std::vector<double>> params = readWeights(*weights, m.graph, false, nullptr, "--weights");
+  // The weights are read against the prediction graph (any batch: parameters do not depend on it).
+  const std::map<std::string, std::vector<double>> params =
+      readWeights(*weights, predictionGraph(cfg, sampleX, sampleY, 1).graph, false, nullptr, "--weights");
   RunOptions ropt;
   ropt.device = opt.device;
   PredictResult result;
   result.device = resolveDevice(cfg, ropt);
-  std::unique_ptr<Predictor> predictor =
-      result.device == "cuda" ? makeCudaPredictor(std::move(m.graph), m.x, m.y, cfg.precision, cfg.compiler.gemm, params)
-                              : makeCpuPredictor(std::move(m.graph), m.x, m.y, cfg.precision, params);
-
-  // Whole batches; the last one is padded with zero rows whose predictions are dropped (rows
-  // are independent: nothing in a model mixes the samples of a batch).
-  std::vector<float> out(static_cast<size_t>(rows.count * targets));
-  std::vector<float> x(static_cast<size_t>(batch * features)), y(static_cast<size_t>(batch * targets)),
-      p(static_cast<size_t>(batch * targets));
-  for (int64_t at = 0; at < rows.count; at += batch) {
-    const int64_t n = std::min(batch, rows.count - at);
-    std::fill(x.begin(), x.end(), 0.0f);
-    std::fill(y.begin(), y.end(), 0.0f);
-    std::copy_n(rows.x.begin() + at * features, n * features, x.begin());
-    if (rows.targets) std::copy_n(rows.y.begin() + at * targets, n * targets, y.begin());
-    predictor->run(x.data(), y.data(), p.data());
-    std::copy_n(p.begin(), n * targets, out.begin() + at * targets);
-  }
+  const std::vector<float> out = predictRows(cfg, sampleX, sampleY, params, result.device, opt.batch, rows.x.data(),
+                                             rows.targets ? rows.y.data() : nullptr, rows.count);
   result.rows = rows.count;
   if (rows.targets) {
     double sq = 0;

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "frontend/config.h"
 
 namespace pa {
 
@@ -19,6 +22,16 @@ struct PredictOptions {
   std::string device;             // --device auto | cpu | cuda ("" = the config's)
   int64_t batch = 0;              // --batch: rows per forward pass; 0 = train.batch_size
 };
+
+// Predictions for `rows` rows of `x` (each the numel of `sampleX` values) with the weights
+// `params` (every parameter of the model by name), `device` a resolveDevice() answer: the
+// validation graph of a training run for min(train.batch_size, rows) rows a batch (the last
+// batch padded with zero rows). `y`, when not null, holds the targets (the graph's loss reads
+// them; zeros otherwise). Returns rows × numel(sampleY) values. `predict` and the Python
+// module's Model.predict both run it.
+std::vector<float> predictRows(const Config& cfg, const std::vector<int64_t>& sampleX, const std::vector<int64_t>& sampleY,
+                               const std::map<std::string, std::vector<double>>& params, const std::string& device,
+                               int64_t batch, const float* x, const float* y, int64_t rows);
 
 struct PredictResult {
   int64_t rows = 0;

@@ -216,6 +216,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   // The files named on the command line are read first, so that a damaged or mistaken one fails
   // at once, before the data, the graph and the device's kernels.
   std::unique_ptr<Checkpoint> resume;
+  if (opt.resumeState) resume = std::make_unique<Checkpoint>(*opt.resumeState);
   if (!opt.resumeFrom.empty()) {
     const std::string folder = findCheckpoint(opt.resumeFrom, "--resume");
     try {
@@ -319,7 +320,8 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   if (resume) {
     session->restore(resume->state);  // its batch order was checked above, before compiling
     run.resumedFrom = resume->folder;
-    const std::string flag = "--resume " + resume->folder + ": ";
+    // A checkpoint in memory (RunOptions::resumeState) has no folder.
+    const std::string flag = resume->folder.empty() ? "the model's state: " : "--resume " + resume->folder + ": ";
     for (const std::string& d : configDifferences(resume->record.configYaml, rec.configYaml))
       warnings.push_back(flag + d);
     if (resume->record.dataFingerprint != rec.dataFingerprint)

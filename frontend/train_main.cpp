@@ -1,7 +1,10 @@
 // `train`: the command-line entry point. User mistakes exit 2 with one clear message.
 #include <CLI/CLI.hpp>
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <csignal>
@@ -10,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 
 #include "frontend/checkpoint.h"
 #include "frontend/compare.h"
@@ -73,6 +77,75 @@ pa::Config loadRunConfig(const std::string& path, const std::vector<std::string>
   }
 }
 
+// --plot: the pictures are drawn by the Python module (python3 -m pureattention.plot, matplotlib),
+// from the run's metrics file or the comparison's figures as JSON; this program draws nothing.
+// The build tree's module (build/python, beside this program) is found without installing it.
+// Runs python3 with `args` after `-m pureattention.plot`; returns its exit status (-1: not run).
+int runPlotModule(const std::vector<std::string>& args) {
+  std::error_code ec;
+  const fs::path here = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  std::string pythonPath;
+  if (!ec && fs::exists(here / "python" / "pureattention" / "plot.py", ec)) pythonPath = (here / "python").string();
+  std::vector<std::string> argv = {"python3", "-m", "pureattention.plot"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (!pythonPath.empty()) {
+      const char* old = std::getenv("PYTHONPATH");
+      ::setenv("PYTHONPATH", (pythonPath + (old && *old ? ":" + std::string(old) : "")).c_str(), 1);
+    }
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    ::execvp("python3", cargv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// --plot FILE: a .png or .svg name in a writable folder, and a Python that can draw it; checked
+// before compiling.
+void checkPlot(const std::string& file) {
+  if (file.empty()) return;
+  const std::string ext = fs::path(file).extension().string();
+  if (ext != ".png" && ext != ".svg") throw pa::UserError("--plot " + file + ": expected a .png or .svg file name");
+  checkOutputFile("--plot", file);
+  if (runPlotModule({"--check"}) != 0)
+    throw pa::UserError("--plot " + file + ": python3 -m pureattention.plot cannot run: it needs the Python module "
+                        "(pip install ., README \"Python\") and matplotlib");
+}
+
+// Draws `args` (--metrics FILE / --compare FILE.json) into `file`; removes `temporary` after.
+void drawPlot(const std::string& file, const std::vector<std::string>& args, const std::string& temporary) {
+  std::vector<std::string> all = args;
+  all.push_back(file);
+  const int status = runPlotModule(all);
+  std::error_code ec;
+  if (!temporary.empty()) fs::remove(temporary, ec);
+  if (status != 0)
+    throw std::runtime_error("--plot " + file + ": python3 -m pureattention.plot failed (exit " + std::to_string(status) + ")");
+  std::printf("plot: %s\n", file.c_str());
+}
+
+// The figures of --compare as the plot module reads them (pureattention.plot.compare).
+std::string writeCompareJson(const pa::Config& cfg, const pa::CompareResult& r) {
+  auto side = [](const pa::TrainResult& t) {
+    return nlohmann::json{{"loss", t.losses}, {"seconds_per_step", t.secondsPerStep}, {"nodes", t.trainNodes},
+                          {"activation_bytes", t.activationBytes}, {"device", t.device}};
+  };
+  const nlohmann::json j = {{"name", cfg.name},        {"fused", side(r.fused)}, {"unfused", side(r.unfused)},
+                            {"tolerance", r.tolerance}, {"agree", r.agree},       {"max_loss_rel_diff", r.maxLossRelDiff}};
+  const std::string path = (fs::temp_directory_path() / ("pa-compare-" + std::to_string(::getpid()) + ".json")).string();
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
 // Flags that make no sense together, or without another.
 void checkFlagCombinations(const pa::RunOptions& opt, bool compare) {
   auto refuse = [](const std::string& a, const std::string& b) {
@@ -119,6 +192,9 @@ int main(int argc, char** argv) {
                "with --init-from: load the tensors that match, start the others from the seed, and list them");
   app.add_option("--dump-batches", opt.dumpBatchesPath,
                  "write the data split and every step's training rows to FILE.safetensors at the end");
+  std::string plotPath;
+  app.add_option("--plot", plotPath,
+                 "draw the run (with --compare: the comparison) into FILE.png|svg with the Python module (matplotlib)");
   bool compare = false;
   app.add_flag("--no-fuse", opt.noFuse, "train the primitive graph: leave the fusion passes out");
   app.add_flag("--compare", compare,
@@ -147,13 +223,28 @@ int main(int argc, char** argv) {
     checkOutputDir("--dump-graph", opt.dumpGraphDir);
     checkOutputDir("--dump-kernels", opt.dumpKernelsDir);
     checkOutputDir("--checkpoint-dir", opt.checkpointDir);
+    checkPlot(plotPath);
     if (opt.checkpointDir.empty() && !cfg.train.checkpoint.dir.empty() && !compare) {
       const std::string why = outputDirProblem(cfg.train.checkpoint.dir);
       if (!why.empty()) cfg.where.fail("train.checkpoint.dir", cfg.train.checkpoint.dir + ": " + why);
     }
-    if (compare) return pa::compareFusedUnfused(cfg, opt, stdout).agree ? 0 : 1;
+    if (compare) {
+      const pa::CompareResult r = pa::compareFusedUnfused(cfg, opt, stdout);
+      if (!plotPath.empty()) {
+        const std::string json = writeCompareJson(cfg, r);
+        drawPlot(plotPath, {"--compare", json, "--title", cfg.name + ": fused against unfused"}, json);
+      }
+      return r.agree ? 0 : 1;
+    }
     opt.catchInterrupts = true;
+    // --plot draws from the metrics file: --metrics, else a temporary one.
+    std::string plotMetrics;
+    if (!plotPath.empty() && opt.metricsPath.empty()) {
+      plotMetrics = (fs::temp_directory_path() / ("pa-plot-" + std::to_string(::getpid()) + ".csv")).string();
+      opt.metricsPath = plotMetrics;
+    }
     const pa::TrainResult r = pa::train(cfg, opt);
+    if (!plotPath.empty()) drawPlot(plotPath, {"--metrics", opt.metricsPath, "--title", cfg.name}, plotMetrics);
     if (r.interruptedBy) return 128 + r.interruptedBy;  // the shell's convention: 130 for Ctrl-C
   } catch (const pa::UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -51,6 +51,10 @@ void dumpBatches(const std::string& path, const PreparedRun& run, int64_t firstS
 
 TrainResult train(const Config& cfg, const RunOptions& opt) {
   PreparedRun run = prepareRun(cfg, opt);
+  return trainPrepared(cfg, opt, run);
+}
+
+TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun& run) {
   Session* session = run.session.get();
   // --checkpoint-dir, else train.checkpoint.dir, else a resumed run saves beside its checkpoint.
   std::string checkpointDir = opt.checkpointDir.empty() ? cfg.train.checkpoint.dir : opt.checkpointDir;
@@ -99,6 +103,7 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
       const double lr = scheduledLr(cfg.train, step, steps);
       progress.step(step, losses[i], lastVal, lr);
       if (metrics) metrics->write(step, losses[i], -1.0, lr, ms);
+      if (opt.onStep) opt.onStep(StepMetrics{step, losses[i], -1.0, lr, ms});
     }
     return ms;
   };
@@ -119,6 +124,7 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
       const double lr = scheduledLr(cfg.train, at, plannedSteps);
       progress.step(at, res.losses.back(), lastVal, lr);
       if (metrics) metrics->write(at, res.losses.back(), lastVal, lr, ms);
+      if (opt.onStep) opt.onStep(StepMetrics{at, res.losses.back(), lastVal, lr, ms});
     }
     since = Clock::now();
   };
@@ -133,7 +139,8 @@ TrainResult train(const Config& cfg, const RunOptions& opt) {
     since += Clock::now() - start;
   };
   for (int64_t step = done + 1; step <= steps; ++step) {
-    if (interrupts && interrupts->interrupted()) {  // the steps queued so far finish; the last is the end
+    // Ctrl-C, or a library caller's stop: the steps queued so far finish; the last is the end.
+    if ((interrupts && interrupts->interrupted()) || (opt.stopRequested && opt.stopRequested())) {
       steps = step - 1;
       if (steps > done) logStep(steps);
       break;

@@ -19,6 +19,12 @@
 
 namespace pa {
 
+// One step's metrics, as --metrics writes them; valLoss < 0 where no validation ran.
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0, valLoss = -1, lr = 0, ms = 0;
+};
+
 struct RunOptions {
   int64_t steps = -1;              // >= 0 overrides train.steps / epochs
   std::string device;              // overrides config.device when not empty
@@ -33,6 +39,10 @@ struct RunOptions {
   // `train`: Ctrl-C (SIGINT) or SIGTERM stops after the step in flight, with a summary
   // (TrainResult::interruptedBy); off for library callers, whose signals stay theirs.
   bool catchInterrupts = false;
+  // Library callers (the Python module): every step's metrics as they are reported, and a check
+  // between steps that stops training after the step in flight when it returns true.
+  std::function<void(const StepMetrics&)> onStep;
+  std::function<bool()> stopRequested;
   // Tests only: edits the finished training graph (e.g. injects a bug that --compare must catch).
   // compareFusedUnfused applies it to the fused graph alone.
   std::function<void(Graph&)> testGraphHook;
@@ -42,6 +52,7 @@ struct RunOptions {
   std::string initFrom;          // --init-from FILE: starting weights from a safetensors file
   bool initFromPartial = false;  // --init-from-partial: load the tensors that match, seed the rest
   std::string resumeFrom;        // --resume DIR|FILE: continue a checkpoint
+  std::shared_ptr<const Checkpoint> resumeState;  // the same from a checkpoint in memory (library callers)
   std::string checkpointDir;     // --checkpoint-dir: overrides train.checkpoint.dir
   std::string dumpBatchesPath;   // --dump-batches FILE: the data and every step's rows, as safetensors
 };
@@ -87,5 +98,8 @@ std::unique_ptr<Session> makeSession(const Config& cfg, const RunOptions& opt);
 // Trains as configured. Throws UserError (exit 2) for configuration problems and
 // std::runtime_error (exit 1) when training diverges (a NaN or infinite loss).
 TrainResult train(const Config& cfg, const RunOptions& opt);
+// The training loop of train() over a session prepareRun() made; `run` keeps the session, whose
+// state() is then the trained one (the Python module keeps it).
+TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun& run);
 
 }  // namespace pa

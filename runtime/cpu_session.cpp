@@ -73,7 +73,7 @@ CpuSession<T>::CpuSession(SessionSpec spec) : spec_(std::move(spec)) {
   Graph& g = spec_.train.graph;
   if (!spec_.dumpKernelsDir.empty()) {
     const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir);
-    std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
+    if (spec_.announceCompile) std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
   }
   exec_ = std::make_unique<CpuExecutor<T>>(g);
   evalExec_ = std::make_unique<CpuExecutor<T>>(spec_.validation.graph);

@@ -141,7 +141,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   const bool tf32 = spec_.precision == Precision::Tf32;
   if (!spec_.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
     const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), tf32));
-    std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
+    if (spec_.announceCompile) std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
   }
   useGraph_ = spec_.cudaGraph && debugSwitches().cudaGraphs;
   device().makeCurrent();  // the primary context, before the stream that belongs to it

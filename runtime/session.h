@@ -105,7 +105,7 @@ struct SessionSpec {
   LrSchedule schedule;
   std::string device;            // how the run names the device ("cpu (auto: ...)", "cuda")
   std::string dumpKernelsDir;    // --dump-kernels: write the step's CUDA kernels here
-  bool announceCompile = false;  // GPU: say that compiling starts (it takes seconds on a cold cache)
+  bool announceCompile = false;  // say that compiling starts (GPU: seconds on a cold cache) and where kernels were dumped
   bool recordBatches = false;    // --dump-batches: keep the rows of every step (Session::recordedBatches)
 };
 

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 # Each package and why it is here: README, "Dependencies".
 packages=(cmake ninja-build g++ libyaml-cpp-dev libopenblas-openmp-dev libgtest-dev libbenchmark-dev
-          llvm-14-dev libncurses-dev zlib1g-dev libcli11-dev nlohmann-json3-dev)
+          llvm-14-dev libncurses-dev zlib1g-dev libcli11-dev nlohmann-json3-dev python3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,6 +24,12 @@ if ! python3 -c "import numpy, safetensors, yaml" 2>/dev/null; then
   echo "bootstrap: installing the Python test helpers numpy, safetensors, pyyaml"
   python3 -m pip install -q --disable-pip-version-check numpy safetensors pyyaml 2>/dev/null ||
     echo "bootstrap: pip could not install them; tests/interop/check_interop.py will be skipped"
+fi
+# The Python module (README "Python"): nanobind to build it, pytest and matplotlib to test it.
+if ! python3 -c "import nanobind, pytest, matplotlib" 2>/dev/null; then
+  echo "bootstrap: installing nanobind, pytest, matplotlib for the Python module"
+  python3 -m pip install -q --disable-pip-version-check nanobind pytest matplotlib 2>/dev/null ||
+    echo "bootstrap: pip could not install them; the Python module is not built and its tests are skipped"
 fi
 
 # The CUDA toolkit (nvcc, NVRTC headers) is optional for the CPU build; cmake/cuda.cmake says

@@ -4,7 +4,8 @@ of shared/DESIGN.md (README "Layout"):
 
     common < graph, kernels < passes < codegen < runtime < frontend
 
-graph and kernels sit side by side and may not include each other. tests/ and bench/ may include
+graph and kernels sit side by side and may not include each other. tests/, bench/ and python/ (the
+bindings, above frontend) may include
 anything. Prints every offending include as file:line and exits 1; exits 0 when there is none.
 `--self-test` checks the checker on a small tree with known offences (ctest runs both)."""
 import pathlib

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 # -O1: compiles about as fast as -O0 and runs the tests several times faster; asserts stay on.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" "-DCMAKE_C_FLAGS_DEBUG=-O1 -g1" \
-      -DPA_SANITIZE=ON -DPA_BUILD_BENCH=OFF "$@" >/dev/null
+      -DPA_SANITIZE=ON -DPA_BUILD_BENCH=OFF -DPA_BUILD_PYTHON=OFF "$@" >/dev/null
 cmake --build build-asan -j"$(nproc)" --target train cpu_tests
 
 # Reports end the process with a nonzero status (UBSan's through -fno-sanitize-recover); the

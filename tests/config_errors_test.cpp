@@ -177,7 +177,7 @@ TEST(ConfigErrors, ShapeMismatchNamesTheNodeAndBothShapes) {
 
 TEST(ConfigErrors, BadChoiceListsValidChoices) {
   const std::string e = errorOf(replaced(kGood, "kind: sine", "kind: sin"));
-  EXPECT_NE(e.find("'sin' is not valid; did you mean 'sine'? Valid choices: sine, function, csv"), std::string::npos) << e;
+  EXPECT_NE(e.find("'sin' is not valid; did you mean 'sine'? Valid choices: sine, function, csv, arrays"), std::string::npos) << e;
 }
 
 TEST(ConfigErrors, SetOverridesAreCheckedAndNamed) {
@@ -320,7 +320,7 @@ TEST(ConfigErrors, NumbersAtTheEdgesOfDouble) {
 
 TEST(ConfigErrors, MessagesWithoutASuggestionArePunctuated) {
   std::string e = errorOf(replaced(kGood, "kind: sine", "kind: xyzzy"));
-  EXPECT_NE(e.find("'xyzzy' is not valid. Valid choices: sine, function, csv"), std::string::npos) << e;
+  EXPECT_NE(e.find("'xyzzy' is not valid. Valid choices: sine, function, csv, arrays"), std::string::npos) << e;
   e = errorOf(replaced(kGood, "steps: 2", "qqqqqqq: 2"));
   EXPECT_NE(e.find("unknown key 'qqqqqqq'. Valid keys: "), std::string::npos) << e;
   e = errorOf(replaced(kGood, "    - linear: {units: 1}\n", "    - qqqqqqq: {units: 1}\n"));
