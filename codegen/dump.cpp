@@ -5,6 +5,7 @@
 
 #include "codegen/emit.h"
 #include "codegen/embedded_kernels.h"
+#include "passes/memory_plan.h"
 
 namespace pa::codegen {
 
@@ -34,8 +35,11 @@ int dumpKernels(const Graph& g, const std::string& dir) { return dumpKernels(g, 
 
 int dumpKernels(const Graph& g, const std::string& dir, const EmitOptions& opt) {
   std::filesystem::create_directories(dir);
+  // The GPU runner's plan: a reshape that shares its input's bytes launches nothing.
+  const MemoryPlan plan = planMemory(g, 16, /*aliasReshapes=*/true, /*storageSizes=*/true);
   int written = 0;
   for (NodeId id : g.topoOrder()) {
+    if (aliasedReshape(g, id, plan)) continue;
     for (const Kernel& k : emitNode(g, id, opt).kernels) {
       std::ofstream(std::filesystem::path(dir) / (k.name + ".cu")) << selfContainedSource(k);
       ++written;

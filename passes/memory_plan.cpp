@@ -175,6 +175,13 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
   return plan;
 }
 
+bool aliasedReshape(const Graph& g, NodeId id, const MemoryPlan& plan) {
+  const Node& n = g.node(id);
+  if (n.op != OpKind::Reshape) return false;
+  const int64_t in = plan.offset[static_cast<size_t>(n.inputs[0])], out = plan.offset[static_cast<size_t>(n.outputs[0])];
+  return in == out && g.value(n.inputs[0]).type.dtype == g.value(n.outputs[0]).type.dtype;
+}
+
 namespace {
 
 int64_t saturatingMul(int64_t a, int64_t b) {

@@ -39,6 +39,10 @@ constexpr size_t kGreedyBySizeLimit = 4096;
 // holds that), the plan gives up: arenaElements and naiveElements are INT64_MAX and no value
 // has an offset. checkFitsMemory rejects such a graph before anything runs it.
 MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16, bool aliasReshapes = false, bool storageSizes = false);
+// Whether node `id` is a Reshape whose output shares its input's bytes in `plan` (planned with
+// aliasReshapes): in the arena at the input's offset, or a parameter's (neither has an offset).
+// The GPU runner launches nothing for it, and --dump-kernels writes nothing.
+bool aliasedReshape(const Graph& g, NodeId id, const MemoryPlan& plan);
 
 // How a backend stores a training step, for memoryNeed.
 struct MemoryLayout {

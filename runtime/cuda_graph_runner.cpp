@@ -84,10 +84,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       continue;
     }
     // A reshape whose output shares its input's bytes has nothing to do.
-    if (n.op == OpKind::Reshape && ((offset_[static_cast<size_t>(n.inputs[0])] >= 0 &&
-                                     offset_[static_cast<size_t>(n.inputs[0])] == offset_[static_cast<size_t>(n.outputs[0])]) ||
-                                    paramAlias_.count(n.outputs[0])))
-      continue;
+    if (aliasedReshape(g, id, plan)) continue;
     size_t scratchBytes = nk.scratchBytes;
     if (opt.tuneGemmTiles && opt.gemm != GemmProvider::Cublaslt && codegen::libraryGemmOf(g, id).supported)
       scratchBytes = std::max(scratchBytes, addTileVariants(id, nk, emit));

@@ -3,10 +3,14 @@
 // byte-identical run to run. codegen_test.cpp compiles the kernels (label nvrtc).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "codegen/emit.h"
+#include "graph/node_attrs.h"
 #include "tests/training_graph.h"
 
 namespace pa {
@@ -25,6 +29,34 @@ TEST(CodegenEmit, EveryOpOfTheTrainingGraphsHasKernelsExceptLeaves) {
       }
     }
   }
+}
+
+// --dump-kernels writes what the GPU runner launches: no copy kernel for a reshape that shares its
+// input's bytes (in the arena, or a parameter's), one for a reshape that changes the dtype.
+TEST(CodegenEmit, DumpLeavesOutReshapesThatShareTheirInputsBytes) {
+  Graph g;
+  const ValueId w = g.addParam("w", {4, 6}, "xavier");
+  const ValueId x = g.addInput("x", {2, 3});
+  const ValueId wr = g.add(OpKind::Reshape, {w}, AttrMap().set<attr::Shape>({2, 12}));  // a parameter's bytes
+  const ValueId r = g.add(OpKind::Relu, {x});
+  const ValueId rr = g.add(OpKind::Reshape, {r}, AttrMap().set<attr::Shape>({6}));  // the arena's bytes
+  g.setOutput("p", g.add(OpKind::Permute, {wr}, AttrMap().set<attr::Perm>({1, 0})));
+  g.setOutput("s", g.add(OpKind::Relu, {rr}));
+  g.setStorageTypes();
+  const ValueId b = g.add(OpKind::Cast, {r}, AttrMap().set<attr::DType>("bf16"));
+  g.setDtype(b, DType::BF16);
+  const ValueId br = g.add(OpKind::Reshape, {b}, AttrMap().set<attr::Shape>({6}));
+  g.setDtype(br, DType::F32);  // read back as fp32: a copy
+  g.setOutput("c", br);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("pa_dump_alias_" + std::to_string(::getpid()));
+  const int written = codegen::dumpKernels(g, dir.string());
+  std::vector<std::string> reshapes;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().find("_reshape") != std::string::npos) reshapes.push_back(e.path().filename().string());
+  ASSERT_EQ(reshapes.size(), 1u);  // only the dtype-changing one
+  EXPECT_EQ(reshapes[0], "k" + std::to_string(g.producer(br).id) + "_reshape.cu");
+  EXPECT_EQ(written, 5);  // relu, permute, relu, cast, the copying reshape
+  std::filesystem::remove_all(dir);
 }
 
 // The forward, dK/dV and dQ kernels the FlashAttention nodes of `g` emit (not the preprocess and
