@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <cstdio>
 
 #include "codegen/emit_internal.h"
 #include "codegen/gemm_plan.h"
@@ -251,12 +250,10 @@ std::string ropePairStatement(const Ctx& c, const std::string& v0, const std::st
   const AttrMap& a = c.n.attrs;
   const Shape& x = c.in(0);
   const int64_t hd = a.get<attr::HeadDim>(), dims = a.get<attr::RopeDims>() ? a.get<attr::RopeDims>() : hd;
-  const double rate = -std::log2(a.get<attr::RopeBase>()) / static_cast<double>(dims);
-  char rateText[40];
-  std::snprintf(rateText, sizeof rateText, "%.17g", rate);
+  const std::string rate = exactDouble(-std::log2(a.get<attr::RopeBase>()) / static_cast<double>(dims));
   const std::string d = "(" + n + " % " + ll(hd) + ")";
   return "    if (" + d + " < " + ll(dims) + ") {\n  " +
-         ropeTurn("(double)(" + m + " % " + ll(x[x.size() - 2]) + ") * exp2((double)" + d + " * " + rateText + ")", v0, v1, false) +
+         ropeTurn("(double)(" + m + " % " + ll(x[x.size() - 2]) + ") * exp2((double)" + d + " * " + rate + ")", v0, v1, false) +
          "    }\n";
 }
 

@@ -16,8 +16,10 @@ constexpr unsigned kThreads = 256;
 
 inline const EmitOptions kDefaultOptions{};
 
-// A float literal (infinities as bit patterns), an int64 literal.
+// A float literal (infinities as bit patterns), a double literal that reads back to `v` exactly,
+// an int64 literal.
 std::string num(double v);
+std::string exactDouble(double v);
 std::string ll(int64_t v);
 // GELU (the erf form) of the expression `x`.
 std::string geluOf(const std::string& x);

@@ -28,6 +28,13 @@ std::string num(double v) {
   if (s.find_first_of(".eE") == std::string::npos) s.insert(s.size() - 1, ".0");
   return s;
 }
+std::string exactDouble(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
 std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
 std::string geluOf(const std::string& x) { return "0.5f * " + x + " * (1.0f + erff(" + x + " * 0.70710678118654752f))"; }
 std::string geluTanhOf(const std::string& x) {

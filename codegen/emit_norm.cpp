@@ -13,7 +13,6 @@
 // (in double). No atomics, so every run gives the same bits.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <stdexcept>
 
 #include "codegen/emit_internal.h"
@@ -119,14 +118,6 @@ NodeKernels normGrad(const Ctx& c, bool layer) {
   return nk;
 }
 
-// A double literal that reads back to `v` exactly.
-std::string exactDouble(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  std::string s = buf;
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
 
 }  // namespace
 

@@ -227,15 +227,15 @@ void gradMseLoss(GradCtx& c) {
   if (c.wants(1)) c.give(1, c.scale(dp, -1.0));
 }
 
-// FusedLinear (rope)'s turn applied to `v` [..., S, N] (inverse: the other way), as a rope op over
-// its heads: [rows / S, S, N / head_dim, head_dim], layout bshd, adjacent pairs.
-ValueId ropeOfRows(GradCtx& c, ValueId v, bool inverse) {
+// FusedLinear (rope)'s inverse turn of `v` [..., S, N] (its transpose: the gradient), as a rope op
+// over its heads: [rows / S, S, N / head_dim, head_dim], layout bshd, adjacent pairs.
+ValueId inverseRopeOfRows(GradCtx& c, ValueId v) {
   const Shape& s = c.shape(v);
   const int64_t hd = c.n.attrs.get<attr::HeadDim>(), seq = s[s.size() - 2], units = s.back();
   const ValueId heads = c.reshape(v, Shape{numel(s) / (seq * units), seq, units / hd, hd});
   AttrMap a;
   a.set<attr::Layout>("bshd").set<attr::RopeBase>(c.n.attrs.get<attr::RopeBase>()).set<attr::RopeDims>(c.n.attrs.get<attr::RopeDims>());
-  a.set<attr::Interleaved>(true).set<attr::Inverse>(inverse);
+  a.set<attr::Interleaved>(true).set<attr::Inverse>(true);
   return c.op(OpKind::Rope, {heads}, a);
 }
 
@@ -249,7 +249,7 @@ void gradFusedLinear(GradCtx& c) {
   if (act == "relu") dpre = c.op(OpKind::ReluGrad, {c.dy, c.out()});
   else if (act == "gelu") dpre = c.op(OpKind::GeluGrad, {c.dy, c.n.outputs[1]});
   else if (act == "swiglu") dpre = c.op(OpKind::SwigluGrad, {c.dy, c.n.outputs[1]});  // both halves: one dX and one dW GEMM
-  else if (act == "rope") dpre = c.reshape(ropeOfRows(c, c.dy, true), c.shape(c.dy));  // the inverse turn; nothing saved
+  else if (act == "rope") dpre = c.reshape(inverseRopeOfRows(c, c.dy), c.shape(c.dy));  // nothing saved
   const int64_t k = c.shape(x).back(), units = c.shape(dpre).back();
   if (c.wants(0)) c.give(0, c.matmul(dpre, w, false, !tw));
   if (c.wants(1)) {

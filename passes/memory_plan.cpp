@@ -150,6 +150,7 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
   std::vector<Item> items;
   MemoryPlan plan;
   plan.offset.assign(nv, -1);
+  plan.root = root;
   // Each value holds at most kMaxElements (Graph::add), so one size cannot overflow; their sum
   // bounds every offset and the arena, so once it is known to fit, nothing below can overflow.
   constexpr int64_t kMaxTotal = int64_t{1} << 62;
@@ -177,9 +178,7 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
 
 bool aliasedReshape(const Graph& g, NodeId id, const MemoryPlan& plan) {
   const Node& n = g.node(id);
-  if (n.op != OpKind::Reshape) return false;
-  const int64_t in = plan.offset[static_cast<size_t>(n.inputs[0])], out = plan.offset[static_cast<size_t>(n.outputs[0])];
-  return in == out && g.value(n.inputs[0]).type.dtype == g.value(n.outputs[0]).type.dtype;
+  return n.op == OpKind::Reshape && plan.root[static_cast<size_t>(n.outputs[0])] != n.outputs[0];
 }
 
 namespace {

@@ -11,6 +11,7 @@ namespace pa {
 
 struct MemoryPlan {
   std::vector<int64_t> offset;  // per ValueId, in elements (or 4-byte units); -1 for values not in the arena
+  std::vector<ValueId> root;    // per ValueId: the value whose bytes it uses (itself unless an aliased reshape)
   int64_t arenaElements = 0;    // the arena's size: the peak of simultaneously live activations
   int64_t naiveElements = 0;    // what one buffer per value would need
   int64_t placementSteps = 0;   // work done placing values (comparisons, free-list operations), for tests
@@ -40,8 +41,7 @@ constexpr size_t kGreedyBySizeLimit = 4096;
 // has an offset. checkFitsMemory rejects such a graph before anything runs it.
 MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16, bool aliasReshapes = false, bool storageSizes = false);
 // Whether node `id` is a Reshape whose output shares its input's bytes in `plan` (planned with
-// aliasReshapes): in the arena at the input's offset, or a parameter's (neither has an offset).
-// The GPU runner launches nothing for it, and --dump-kernels writes nothing.
+// aliasReshapes): the GPU runner launches nothing for it, and --dump-kernels writes nothing.
 bool aliasedReshape(const Graph& g, NodeId id, const MemoryPlan& plan);
 
 // How a backend stores a training step, for memoryNeed.

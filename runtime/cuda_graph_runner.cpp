@@ -46,6 +46,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   checkFitsMemory(g, static_cast<int64_t>(info.totalMemory), "GPU " + std::to_string(info.ordinal) + " (" + info.name + ")",
                   layout, &plan);
   offset_ = plan.offset;
+  root_ = plan.root;
   arenaBytes_ = static_cast<size_t>(plan.arenaElements) * sizeof(float);
   arena_ = cuda::DeviceBuffer(std::max<size_t>(arenaBytes_, 16));
   for (ValueId p : g.params()) {
@@ -62,14 +63,6 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   }
   params_ = cuda::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(paramFloats_, 16)) * sizeof(float));
   params_.fill32(0);
-  // Reshapes of parameters the plan aliased (no offset): bound to the parameter's bytes.
-  for (NodeId id : order_) {
-    const Node& n = g.node(id);
-    if (n.op != OpKind::Reshape || offset_[static_cast<size_t>(n.outputs[0])] >= 0) continue;
-    const auto a = paramAlias_.find(n.inputs[0]);
-    const ValueId root = a == paramAlias_.end() ? n.inputs[0] : a->second;
-    if (g.producer(root).op == OpKind::Param) paramAlias_[n.outputs[0]] = root;
-  }
 
   launches_.resize(g.numNodes());
   const codegen::EmitOptions emit = emitOptionsFor(device_, opt.tf32);
@@ -222,8 +215,7 @@ int64_t CudaGraphRunner::paramOffset(ValueId p) const {
 }
 
 cuda::CUdeviceptr CudaGraphRunner::ptr(ValueId v) const {
-  const auto alias = paramAlias_.find(v);
-  if (alias != paramAlias_.end()) v = alias->second;
+  v = root_[static_cast<size_t>(v)];  // an aliased reshape: its input's bytes (a parameter's, or the arena's)
   auto it = paramOffset_.find(v);
   if (it != paramOffset_.end()) return params_.ptr() + static_cast<cuda::CUdeviceptr>(it->second) * sizeof(float);
   auto sh = sharedParam_.find(v);

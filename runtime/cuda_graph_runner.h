@@ -120,8 +120,8 @@ private:
   std::vector<NodeId> order_;
   cuda::DeviceBuffer arena_, params_;
   std::vector<int64_t> offset_;                        // arena offset (floats) per value, -1 if none
+  std::vector<ValueId> root_;                          // per value: whose bytes it uses (MemoryPlan::root)
   std::map<ValueId, int64_t> paramOffset_;             // offset in params_ (floats)
-  std::map<ValueId, ValueId> paramAlias_;              // a reshape of a parameter -> the parameter
   std::map<ValueId, cuda::CUdeviceptr> sharedParam_;   // parameters of the runner shared with
   std::map<NodeId, cuda::DeviceBuffer> scratch_;       // flash backward workspaces
   std::vector<std::vector<Launch>> launches_;          // per node id

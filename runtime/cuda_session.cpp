@@ -10,10 +10,10 @@
 #include <utility>
 
 #include "codegen/emit.h"
-#include "graph/node_attrs.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/training_kernels.h"
 #include "common/debug.h"
+#include "graph/node_attrs.h"
 #include "passes/autodiff.h"
 #include "runtime/batch_order.h"
 #include "runtime/cuda/cublaslt.h"

@@ -9,8 +9,11 @@ SOURCE = pathlib.Path(os.environ.get("PA_SOURCE_DIR", pathlib.Path(__file__).res
 
 
 def _binary(var, name):
+    """The command `name` (from $var, PATH or build/), or the test is skipped."""
     path = os.environ.get(var) or shutil.which(name) or str(SOURCE / "build" / name)
-    return path if os.path.exists(path) else None
+    if not os.path.exists(path):
+        pytest.skip(f"the {name} command is not built")
+    return path
 
 
 @pytest.fixture
@@ -20,18 +23,12 @@ def source():
 
 @pytest.fixture
 def train_bin():
-    p = _binary("PA_TRAIN_BINARY", "train")
-    if not p:
-        pytest.skip("the train command is not built")
-    return p
+    return _binary("PA_TRAIN_BINARY", "train")
 
 
 @pytest.fixture
 def predict_bin():
-    p = _binary("PA_PREDICT_BINARY", "predict")
-    if not p:
-        pytest.skip("the predict command is not built")
-    return p
+    return _binary("PA_PREDICT_BINARY", "predict")
 
 
 # A small, fast model: the sine data, two linear layers, CPU.
