@@ -3,15 +3,26 @@
 // constants of the source; every value is read and written through its storage type's view
 // (finish()'s argType), so any mix of fp32 and bf16 operands that lower-bf16 makes compiles.
 //
-// Note on the row layout. A row of F features is held in registers by T threads, thread `lane`
-// owning features lane + k·T (k < V = ⌈F/T⌉): one warp per row up to F = 512 (8 rows per
-// 256-thread block), above that the whole block (T = 256, 512 or 1024, so V stays ≤ 16 up to
-// F = 16384; beyond, V grows and the arrays leave the registers, which is slow but correct).
-// Row statistics are fp32 sums over the row (pa::norm::rowSum2 (kernels/norm.cuh), a fixed-order tree). The gradients'
-// d gain and d bias are column sums over the rows: each block adds its rows' terms per feature
-// and writes a partial row to scratch; a second kernel adds the partial rows in a fixed order
-// (in double). No atomics, so every run gives the same bits.
+// Note on the row layout (kernels/norm.cuh draws it). A row of F features is cut into chunks of N
+// consecutive features: N = 8 where some tensor the kernel moves in chunks is bf16 and 8 divides F
+// (16 bytes of bf16), else 4 where 4 divides F (16 bytes of fp32, 8 of bf16), else 1 (the scalar
+// layout, for widths such as 1, 3, 17 or 513). The row's T threads, whole warps, each hold chunks
+// lane + k·T (k < V = ⌈(F / N) / T⌉) in registers, at most 16 features a thread: T is the fewest
+// of 32, 64, 128 and 256 that keeps to that, with 256 / T rows per 256-thread block (a warp per
+// row up to F = 512); wider rows take a block each of T threads, the fewest multiple of 32 that
+// keeps to it, up to 1024 (beyond F = 16384 V grows and the arrays leave the registers, which is
+// slow but correct). Every chunk moves in vector accesses when the kernel's tensors are 16-byte
+// aligned, one element at a time otherwise, with the same results.
+// Row statistics are fp32 sums over the row (pa::norm::rowSum2, a fixed-order tree). The
+// gradients' d gain and d bias are column sums over the rows: each block adds its rows' terms per
+// feature and writes a partial row to scratch; a second kernel adds the partial rows in a fixed
+// order (in double). A row group of the gradient takes the fewest rows that keep the blocks to at
+// most kGradBlocksPerSm per SM (EmitOptions::sms), and blocks of several rows are compiled so that
+// an SM holds that many at once: one wave of blocks fills the device, while the partial rows, one
+// per block, stay few beside the rows' own traffic. No atomics, so every run on a device gives the
+// same bits.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <stdexcept>
 
@@ -26,15 +37,61 @@ using namespace templates;
 namespace {
 
 struct RowLayout {
-  int threads;  // T: threads per row
-  int block;    // threads per block (T, or 256 rows of a warp each)
-  int perThread;  // V = ⌈F / T⌉ (at least 1, so that F = 0 still compiles)
+  int chunk;      // N: consecutive features a thread moves at once (8, 4 or 1; divides F)
+  int threads;    // T: threads per row
+  int block;      // threads per block: 256 (256 / T rows), or T above that
+  int perThread;  // V = ⌈(F / N) / T⌉ chunks (at least 1, so that F = 0 still compiles)
 };
 
-RowLayout rowLayout(int64_t f) {
-  if (f <= 512) return {32, static_cast<int>(kThreads), static_cast<int>(std::max<int64_t>(1, (f + 31) / 32))};
-  const int t = f <= 4096 ? 256 : f <= 8192 ? 512 : 1024;
-  return {t, t, static_cast<int>((f + t - 1) / t)};
+// The features a thread holds in registers (up to F = 16384).
+constexpr int64_t kFeaturesPerThread = 16;
+// The gradient's blocks per SM: its grid holds at most this many per SM, and its blocks of
+// several rows (which keep their column sums in shared memory) are compiled to fit this many at once.
+constexpr int kGradBlocksPerSm = 4;
+
+// `bf16`: some tensor the kernel moves in chunks is stored in bf16.
+RowLayout rowLayout(int64_t f, bool bf16) {
+  const int n = bf16 && f % 8 == 0 ? 8 : f % 4 == 0 ? 4 : 1;
+  const int64_t chunks = std::max<int64_t>(1, f / n), most = std::max<int64_t>(1, kFeaturesPerThread / n);
+  int64_t t = 32;
+  while (t < static_cast<int64_t>(kThreads) && t * most < chunks) t *= 2;
+  if (t * most < chunks) t = std::min<int64_t>(1024, 32 * ((chunks + 32 * most - 1) / (32 * most)));
+  return {n, static_cast<int>(t), static_cast<int>(std::max<int64_t>(t, kThreads)), static_cast<int>((chunks + t - 1) / t)};
+}
+
+// Whether any input or output of the node is stored in bf16 (the statistics never are).
+bool anyBf16(const Ctx& c) {
+  for (size_t i = 0; i < c.n.inputs.size(); ++i)
+    if (c.inType(static_cast<int>(i)) == DType::BF16) return true;
+  for (size_t i = 0; i < c.n.outputs.size(); ++i)
+    if (c.outType(static_cast<int>(i)) == DType::BF16) return true;
+  return false;
+}
+
+// The argument names finish() gives `args`, as a call's argument list.
+std::string argNames(const std::vector<KernelArg>& args) {
+  std::string s;
+  for (const KernelArg& a : args) {
+    s += s.empty() ? "" : ", ";
+    switch (a.kind) {
+    case KernelArg::Input: s += "in" + std::to_string(a.index); break;
+    case KernelArg::Output: s += "out" + std::to_string(a.index); break;
+    case KernelArg::Scratch: s += "scratch"; break;
+    case KernelArg::InputTensorMap:
+    case KernelArg::ScratchTensorMap: assert(false && "the norm kernels take no tensor maps"); break;
+    }
+  }
+  return s;
+}
+
+// Floats of the row sums' shared memory (kernels/norm.cuh's rowSum2): 2 * (T / 32) per row.
+std::string rowSumFloats(const RowLayout& l) { return std::to_string(l.threads > 32 ? 2 * (l.block / 32) : 1); }
+
+// The kernel's run-time alignment check over the tensors it moves in chunks.
+std::string alignedCheck(const std::vector<std::string>& names) {
+  std::string s = "pa::norm::allAligned16(";
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s + ")";
 }
 
 // Rows and features of a norm's (or its gradient's) input [..., F].
@@ -44,7 +101,7 @@ std::pair<int64_t, int64_t> rowsOf(const Ctx& c) {
   return {f ? numel(x) / f : 0, f};
 }
 
-std::string unrollOf(const RowLayout& l) { return l.perThread <= 32 ? "" : "1"; }
+std::string unrollOf(const RowLayout& l) { return l.perThread * l.chunk <= 32 ? "" : "1"; }
 
 // `v` rounded to the storage type of output `i` (the fused sum is normalised as stored).
 std::string roundedTo(const Ctx& c, int i, const std::string& v) {
@@ -55,27 +112,38 @@ std::string roundedTo(const Ctx& c, int i, const std::string& v) {
 // LayerNorm (params = 2: gain, bias) and RmsNorm (params = 1: gain).
 NodeKernels normForward(const Ctx& c, int params) {
   const auto [rows, f] = rowsOf(c);
-  const RowLayout l = rowLayout(f);
+  const RowLayout l = rowLayout(f, anyBf16(c));
   const bool layer = params == 2;
   const bool fused = static_cast<int>(c.n.inputs.size()) == params + 2;
   const int stats = layer ? 2 : 1;
-  std::string load;
+  std::vector<std::string> chunked{"in0", "in1", "out0"};
+  if (layer) chunked.push_back("in2");
+  std::string load = "        pa::norm::load(in0, base + j, v[k], vec);\n", sum;
   if (fused) {
-    const std::string r = "in" + std::to_string(params + 1), s = "out" + std::to_string(1 + stats);
-    load = "      const float s = in0[base + j] + " + r + "[base + j];\n      " + s + "[base + j] = s;\n      v[k] = " +
-           roundedTo(c, 1 + stats, "s") + ";\n";
-  } else {
-    load = "      v[k] = in0[base + j];\n";
+    const std::string r = "in" + std::to_string(params + 1), out = "out" + std::to_string(1 + stats);
+    chunked.push_back(r);
+    chunked.push_back(out);
+    load = "        float r[N];\n" + load + "        pa::norm::load(" + r + ", base + j, r, vec);\n" +
+           "#pragma unroll\n        for (int e = 0; e < N; ++e) v[k][e] += r[e];\n";
+    // The sum is stored, then normalised as stored.
+    const std::string rounded = roundedTo(c, 1 + stats, "v[k][e]");
+    sum = "#pragma unroll " + unrollOf(l) + "\n    for (int k = 0; k < V; ++k) {\n" +
+          "      const long long j = (lane + (long long)k * T) * N;\n      if (j >= F) continue;\n" +
+          "      pa::norm::store(" + out + ", base + j, v[k], vec);\n" +
+          (rounded == "v[k][e]" ? "" : "#pragma unroll\n      for (int e = 0; e < N; ++e) v[k][e] = " + rounded + ";\n") + "    }\n";
   }
   const int64_t rowsPerBlock = l.block / l.threads;
   const int64_t blocks = std::max<int64_t>(1, (rows + rowsPerBlock - 1) / rowsPerBlock);
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "", kNormForward,
                               {{"BLOCK", std::to_string(l.block)}, {"TPR", std::to_string(l.threads)},
-                               {"VPT", std::to_string(l.perThread)}, {"F", ll(f)}, {"ROWS", ll(rows)}, {"UNROLL", unrollOf(l)},
-                               {"LOAD", load}, {"CENTER", layer ? "1" : "0"}, {"EPS", num(c.n.attrs.get<attr::Eps>())},
-                               {"BIAS", layer ? " + in2[j]" : ""},
-                               {"STATS", layer ? "    out1[row] = mu;\n    out2[row] = rs;\n" : "    out1[row] = rs;\n"}},
+                               {"VPT", std::to_string(l.perThread)}, {"VEC", std::to_string(l.chunk)}, {"F", ll(f)},
+                               {"ROWS", ll(rows)}, {"UNROLL", unrollOf(l)}, {"ALIGNED", alignedCheck(chunked)}, {"LOAD", load},
+                               {"SUM", sum}, {"CENTER", layer ? "1" : "0"}, {"EPS", num(c.n.attrs.get<attr::Eps>())},
+                               {"BIASDECL", layer ? ", b[V][N]" : ""},
+                               {"BIASLOAD", layer ? "      pa::norm::load(in2, j, b[k], vec);\n" : ""}, {"BIAS", layer ? " + b[k][e]" : ""},
+                               {"STATS", layer ? "    out1[row] = mu;\n    out2[row] = rs;\n" : "    out1[row] = rs;\n"},
+                               {"SH", rowSumFloats(l)}, {"ARGS", argNames(allArgs(c.n))}},
                               {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(l.block), allArgs(c.n), {"kernels/norm.cuh"}));
   return nk;
 }
@@ -84,15 +152,17 @@ NodeKernels normForward(const Ctx& c, int params) {
 // RmsNormGrad (dy, x, gain, rstd[, dsum]; dx, dgain).
 NodeKernels normGrad(const Ctx& c, bool layer) {
   const auto [rows, f] = rowsOf(c);
-  const RowLayout l = rowLayout(f);
+  const RowLayout l = rowLayout(f, anyBf16(c));
   const int stats = layer ? 2 : 1;
   const bool dsum = static_cast<int>(c.n.inputs.size()) == 4 + stats;
-  // About 256 blocks' worth of rows or fewer (tiny_gpt's 8192 rows of 512: 4 rows per warp), so
-  // the partial rows stay a small fraction of the traffic.
+  // Rows per group: the fewest that keep the blocks to kGradBlocksPerSm per SM (the note above).
   const int64_t groups = l.block / l.threads;
-  const int64_t rowsPerGroup = std::max<int64_t>(1, (rows + groups * 256 - 1) / (groups * 256));
+  const int64_t target = kGradBlocksPerSm * std::max(1, c.opt->sms);
+  const int64_t rowsPerGroup = std::max<int64_t>(1, (rows + groups * target - 1) / (groups * target));
   const int64_t blocks = std::max<int64_t>(1, (rows + groups * rowsPerGroup - 1) / (groups * rowsPerGroup));
   const std::string dsumIn = "in" + std::to_string(3 + stats);
+  std::vector<std::string> chunked{"in0", "in1", "in2", "out0", "scratch"};
+  if (dsum) chunked.push_back(dsumIn);
   std::vector<KernelArg> rowArgs;
   for (size_t i = 0; i < c.n.inputs.size(); ++i) rowArgs.push_back({KernelArg::Input, static_cast<int>(i)});
   rowArgs.push_back({KernelArg::Output, 0});
@@ -100,15 +170,22 @@ NodeKernels normGrad(const Ctx& c, bool layer) {
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "rows", kNormGradRows,
                               {{"BLOCK", std::to_string(l.block)}, {"TPR", std::to_string(l.threads)},
-                               {"VPT", std::to_string(l.perThread)}, {"F", ll(f)}, {"ROWS", ll(rows)}, {"UNROLL", unrollOf(l)},
-                               {"RPG", std::to_string(rowsPerGroup)}, {"MEAN", layer ? "in3[row]" : "0.0f"},
-                               {"RSTD", layer ? "in4[row]" : "in3[row]"}, {"CENTER", layer ? "1" : "0"},
-                               {"DSUM", dsum ? " + " + dsumIn + "[base + j]" : ""}},
+                               {"VPT", std::to_string(l.perThread)}, {"VEC", std::to_string(l.chunk)}, {"F", ll(f)},
+                               {"ROWS", ll(rows)}, {"UNROLL", unrollOf(l)}, {"ALIGNED", alignedCheck(chunked)},
+                               {"RPG", std::to_string(rowsPerGroup)},
+                               {"MINBLOCKS", groups > 1 ? ", " + std::to_string(kGradBlocksPerSm) : ""},
+                               {"MEAN", layer ? "in3[row]" : "0.0f"}, {"RSTD", layer ? "in4[row]" : "in3[row]"},
+                               {"CENTER", layer ? "1" : "0"},
+                               {"DSUMLOAD", dsum ? "        float ds[N];\n        pa::norm::load(" + dsumIn + ", base + j, ds, vec);\n" : ""},
+                               {"DSUMFOLD", dsum ? "          gh[k][e] = rs * gh[k][e] + ds[e];\n" : ""},
+                               {"DX", dsum ? "gh[k][e] - rs * (mg + xh[k][e] * mgx)" : "rs * (gh[k][e] - mg - xh[k][e] * mgx)"},
+                               {"SH", rowSumFloats(l)}, {"PART", groups > 1 ? ll(std::max<int64_t>(1, stats * groups * f)) : "1"},
+                               {"ARGS", argNames(rowArgs)}},
                               {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(l.block), rowArgs, {"kernels/norm.cuh"}));
   std::vector<KernelArg> colArgs{{KernelArg::Output, 1}};
   if (layer) colArgs.push_back({KernelArg::Output, 2});
   colArgs.push_back({KernelArg::Scratch, 0});
-  const int64_t colBlocks = std::max<int64_t>(1, (f + 31) / 32);
+  const int64_t colBlocks = std::max<int64_t>(1, (f + 7) / 8);
   nk.kernels.push_back(finish(c, "columns", kNormGradColumns,
                               {{"F", ll(f)}, {"PARTS", ll(blocks)},
                                {"STORE", layer ? "    if (blockIdx.y == 0) out1[j] = (float)s;\n    else out2[j] = (float)s;\n"

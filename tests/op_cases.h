@@ -83,9 +83,11 @@ inline std::vector<OpCase> allCases() {
   c.push_back(unaryCase("Exp", OpKind::Exp));
   c.push_back(unaryCase("Silu", OpKind::Silu));
   c.push_back(unaryCase("GeluTanh", OpKind::GeluTanh));
-  // Norms over the last axis, odd widths and a single feature; fused with a residual, the loss
-  // reads both the normalised output and the sum, so both gradients flow into the node.
-  for (int64_t f : {int64_t{5}, int64_t{1}, int64_t{33}}) {
+  // Norms over the last axis: odd widths and a single feature (the GPU kernels move them one
+  // feature at a time), 12 (chunks of 4 features) and 64 (chunks of 8 in bf16, 4 in fp32); fused
+  // with a residual, the loss reads both the normalised output and the sum, so both gradients
+  // flow into the node.
+  for (int64_t f : {int64_t{5}, int64_t{1}, int64_t{33}, int64_t{12}, int64_t{64}}) {
     for (bool fused : {false, true}) {
       const std::string tail = "_f" + std::to_string(f) + (fused ? "_residual" : "");
       c.push_back({"LayerNorm" + tail, OpKind::LayerNorm, [=](Graph& g) {
@@ -106,15 +108,20 @@ inline std::vector<OpCase> allCases() {
                    }});
     }
   }
-  // The GPU kernels' other row layouts: a row per block (F > 512: three 256-feature chunks, the
-  // last partial) and many rows (a warp per row, two rows per warp, the last block partial), so
-  // the gradients' per-block partial sums of d gain and d bias have several blocks to add.
+  // The GPU kernels' other row layouts (kernels/norm.cuh): 512 features (a warp per row, chunks
+  // of 8 in bf16, 4 in fp32), 513 (two warps per row, one feature at a time), 700 and 1000 (two
+  // warps per row, four rows per block, the last chunks on some lanes only), 4104 (a block of 288
+  // threads per row, likewise), and many rows (a warp per row, the last block partial), so the
+  // gradients' per-block partial sums of d gain and d bias have several blocks to add.
   struct NormCase {
     const char* name;
     Shape x;
     bool residual;
   };
-  for (const NormCase& n : {NormCase{"f700_residual", {2, 700}, true}, NormCase{"f700", {2, 700}, false},
+  for (const NormCase& n : {NormCase{"f512", {3, 512}, false}, NormCase{"f512_residual", {3, 512}, true},
+                            NormCase{"f513_residual", {2, 513}, true}, NormCase{"f700_residual", {2, 700}, true},
+                            NormCase{"f700", {2, 700}, false}, NormCase{"f1000_residual", {2, 1000}, true},
+                            NormCase{"f4104", {2, 4104}, false}, NormCase{"f4104_residual", {2, 4104}, true},
                             NormCase{"rows2100_f2", {2100, 2}, false}, NormCase{"rows2100_f2_residual", {2100, 2}, true}}) {
     const int64_t f = n.x.back();
     c.push_back({std::string("LayerNorm_") + n.name, OpKind::LayerNorm, [=](Graph& g) {

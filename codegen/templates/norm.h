@@ -4,140 +4,228 @@
 
 namespace pa::codegen::templates {
 
-// LayerNorm / RmsNorm forward: T threads per row (a warp, or the block), each holding features
-// lane + k·T (k < V) of its row in registers; ${LOAD} sets v[k] from feature j (x, or the rounded
-// x + residual, which it also stores). Two-pass statistics (mean, then squares about it) in fp32.
+// LayerNorm / RmsNorm forward: T threads per row, W = BLOCK / T rows per block, each thread
+// holding chunks lane + k·T (k < V) of N consecutive features of its row in registers
+// (kernels/norm.cuh's row layout); ${LOAD} sets v[k] from the chunk at feature j (x, or x +
+// residual), then ${SUM} stores that sum and rounds it as stored. Two-pass statistics (mean, then
+// squares about it) in fp32. The row's code is compiled twice, with vector accesses and element
+// by element, and ${ALIGNED} picks one for the whole block, so no branch splits a phase's loads;
+// each phase issues its loads before its stores (pa::norm::store).
 inline constexpr const char* kNormForward = R"(
 #include "kernels/norm.cuh"
-extern "C" __global__ void __launch_bounds__(${BLOCK}) ${NAME}(${PARAMS}) {
-  constexpr int T = ${TPR}, V = ${VPT};
+template <bool vec>
+__device__ __forceinline__ void ${NAME}_row(${PARAMS}, float* sh) {
+  constexpr int T = ${TPR}, V = ${VPT}, N = ${VEC}, W = ${BLOCK} / T;
   constexpr long long F = ${F};
-  __shared__ float sh[2 * (T / 32)];
   const int lane = threadIdx.x % T;
-  const long long row = (long long)blockIdx.x * (${BLOCK} / T) + threadIdx.x / T;
-  if (row >= ${ROWS}) return;  // the row's threads leave together (a warp, or the block)
+  const long long row = (long long)blockIdx.x * W + threadIdx.x / T;
+  if (row >= ${ROWS}) return;  // the row's threads leave together (kernels/norm.cuh: its own barriers)
   const long long base = row * F;
-  float v[V];
+  float v[V][N];
 #pragma unroll ${UNROLL}
   for (int k = 0; k < V; ++k) {
-    const long long j = lane + (long long)k * T;
-    v[k] = 0.0f;
+    const long long j = (lane + (long long)k * T) * N;
     if (j < F) {
-${LOAD}    }
+${LOAD}    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) v[k][e] = 0.0f;
+    }
   }
-  float mu = 0.0f;
+${SUM}  float mu = 0.0f;
   if (${CENTER}) {
     float s = 0.0f, unused = 0.0f;
 #pragma unroll ${UNROLL}
-    for (int k = 0; k < V; ++k) s += v[k];
-    pa::norm::rowSum2<T>(s, unused, sh);
+    for (int k = 0; k < V; ++k) {
+#pragma unroll
+      for (int e = 0; e < N; ++e) s += v[k][e];
+    }
+    pa::norm::rowSum2<T, W>(s, unused, sh);
     mu = s / (float)F;
   }
   float q = 0.0f, unused2 = 0.0f;
 #pragma unroll ${UNROLL}
   for (int k = 0; k < V; ++k) {
-    const float d = lane + (long long)k * T < F ? v[k] - mu : 0.0f;
-    q += d * d;
+    if ((lane + (long long)k * T) * N >= F) continue;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float d = v[k][e] - mu;
+      q += d * d;
+    }
   }
-  pa::norm::rowSum2<T>(q, unused2, sh);
+  pa::norm::rowSum2<T, W>(q, unused2, sh);
   const float rs = 1.0f / sqrtf(q / (float)F + ${EPS});
+  float g[V][N]${BIASDECL};
 #pragma unroll ${UNROLL}
   for (int k = 0; k < V; ++k) {
-    const long long j = lane + (long long)k * T;
-    if (j < F) out0[base + j] = (v[k] - mu) * rs * in1[j]${BIAS};
+    const long long j = (lane + (long long)k * T) * N;
+    if (j >= F) continue;
+    pa::norm::load(in1, j, g[k], vec);
+${BIASLOAD}  }
+#pragma unroll ${UNROLL}
+  for (int k = 0; k < V; ++k) {
+    const long long j = (lane + (long long)k * T) * N;
+    if (j >= F) continue;
+    float y[N];
+#pragma unroll
+    for (int e = 0; e < N; ++e) y[e] = (v[k][e] - mu) * rs * g[k][e]${BIAS};
+    pa::norm::store(out0, base + j, y, vec);
   }
   if (lane == 0) {
 ${STATS}  }
 }
-)";
 
-// LayerNormGrad / RmsNormGrad, first kernel: dx row by row (the row mapping of kNormForward,
-// W = BLOCK / T row groups per block, each taking ${RPG} rows: row (block·RPG + i)·W + group),
-// while every thread sums dy·x̂ and dy over its rows for its own features. The W groups' sums
-// are then added in group order and the block writes its partial row: scratch[q][block][F]
-// (q = 0: d gain, 1: d bias). No atomics: the second kernel adds the partial rows in order.
-inline constexpr const char* kNormGradRows = R"(
-#include "kernels/norm.cuh"
 extern "C" __global__ void __launch_bounds__(${BLOCK}) ${NAME}(${PARAMS}) {
-  constexpr int T = ${TPR}, V = ${VPT}, W = ${BLOCK} / T;
-  constexpr long long F = ${F};
-  __shared__ float sh[2 * (T / 32)];
-  __shared__ float part[2][${BLOCK}];
-  const int lane = threadIdx.x % T, group = threadIdx.x / T;
-  float accG[V], accB[V];
-#pragma unroll ${UNROLL}
-  for (int k = 0; k < V; ++k) {
-    accG[k] = 0.0f;
-    accB[k] = 0.0f;
-  }
-  for (int i = 0; i < ${RPG}; ++i) {
-    const long long row = ((long long)blockIdx.x * ${RPG} + i) * W + group;
-    if (row >= ${ROWS}) break;  // the same for every thread of the row (a warp, or the block)
-    const long long base = row * F;
-    const float mu = ${MEAN}, rs = ${RSTD};
-    float dyv[V], xh[V], gh[V];
-    float sg = 0.0f, sgx = 0.0f;  // Σ ĝ and Σ ĝ·x̂ over the row, ĝ = dy·gain
-#pragma unroll ${UNROLL}
-    for (int k = 0; k < V; ++k) {
-      const long long j = lane + (long long)k * T;
-      dyv[k] = 0.0f;
-      xh[k] = 0.0f;
-      gh[k] = 0.0f;
-      if (j < F) {
-        dyv[k] = in0[base + j];
-        xh[k] = (in1[base + j] - mu) * rs;
-        gh[k] = dyv[k] * in2[j];
-      }
-      sg += gh[k];
-      sgx += gh[k] * xh[k];
-    }
-    pa::norm::rowSum2<T>(sg, sgx, sh);
-    const float mg = ${CENTER} ? sg / (float)F : 0.0f, mgx = sgx / (float)F;
-#pragma unroll ${UNROLL}
-    for (int k = 0; k < V; ++k) {
-      const long long j = lane + (long long)k * T;
-      if (j < F) out0[base + j] = rs * (gh[k] - mg - xh[k] * mgx)${DSUM};
-      accG[k] += dyv[k] * xh[k];
-      accB[k] += dyv[k];
-    }
-  }
-#pragma unroll ${UNROLL}
-  for (int k = 0; k < V; ++k) {
-    __syncthreads();  // the previous feature's sums have been read
-    part[0][threadIdx.x] = accG[k];
-    part[1][threadIdx.x] = accB[k];
-    __syncthreads();
-    const long long j = lane + (long long)k * T;
-    if (group == 0 && j < F) {
-      float g = 0.0f, b = 0.0f;
-      for (int w = 0; w < W; ++w) {
-        g += part[0][w * T + lane];
-        b += part[1][w * T + lane];
-      }
-      scratch[(long long)blockIdx.x * F + j] = g;
-      if (${CENTER}) scratch[((long long)gridDim.x + blockIdx.x) * F + j] = b;
-    }
-  }
+  __shared__ float sh[${SH}];
+  if (${ALIGNED}) ${NAME}_row<true>(${ARGS}, sh);
+  else ${NAME}_row<false>(${ARGS}, sh);
 }
 )";
 
-// The norm gradients' second kernel: block (x, y) adds, for 32 features and quantity y (0: d
-// gain, 1: d bias), the ${PARTS} partial rows in double: 8 strided slices, then the slices in order.
+// LayerNormGrad / RmsNormGrad, first kernel: dx row by row (the row layout of kNormForward and
+// its two copies of the code, W = BLOCK / T row groups per block, each taking ${RPG} rows: row
+// (block·RPG + i)·W + group), while every thread sums dy·x̂ and dy over its rows for its own
+// features: in registers when W = 1, else in its group's slice of the shared partial rows `part`
+// ([q][group][F], which keeps the registers to the row itself). The block's partial row is then
+// written to scratch[q][block][F] (q = 0: d gain, 1: d bias), for W > 1 each feature adding the
+// W groups' sums in group order. No atomics: the second kernel adds the partial rows in order.
+// With a d sum (the sum's other gradient), ${DSUMLOAD} loads its chunk beside dy and x, and
+// ${DSUMFOLD} folds it into ĝ once the row sums have read ĝ:
+// dx = (rs·ĝ + d sum) − rs·(mean ĝ + x̂·mean ĝx̂), so the row needs no third array of registers.
+// ${MINBLOCKS} asks, for W > 1, for the blocks per SM that the emitter sizes the grid for.
+inline constexpr const char* kNormGradRows = R"(
+#include "kernels/norm.cuh"
+template <bool vec>
+__device__ __forceinline__ void ${NAME}_rows(${PARAMS}, float* sh, float* part) {
+  constexpr int T = ${TPR}, V = ${VPT}, N = ${VEC}, W = ${BLOCK} / T, Q = ${CENTER} ? 2 : 1;
+  constexpr long long F = ${F};
+  const int lane = threadIdx.x % T, group = threadIdx.x / T;
+  float* const partG = W > 1 ? part + group * F : part;                // this group's d gain sums
+  float* const partB = W > 1 ? part + ((Q - 1) * W + group) * F : part;  // and d bias sums (Q = 2)
+  float accG[W == 1 ? V : 1][N], accB[W == 1 ? V : 1][N];
+#pragma unroll ${UNROLL}
+  for (int k = 0; k < V; ++k) {
+    const long long j = (lane + (long long)k * T) * N;
+    if constexpr (W == 1) {
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        accG[k][e] = 0.0f;
+        accB[k][e] = 0.0f;
+      }
+    } else if (j < F) {
+      const float zero[N] = {};
+      pa::norm::storeShared(partG, j, zero);
+      if constexpr (Q == 2) pa::norm::storeShared(partB, j, zero);
+    }
+  }
+  for (int i = 0; i < ${RPG}; ++i) {
+    const long long row = ((long long)blockIdx.x * ${RPG} + i) * W + group;
+    if (row >= ${ROWS}) break;  // the same for every thread of the row
+    const long long base = row * F;
+    const float mu = ${MEAN}, rs = ${RSTD};
+    float gh[V][N], xh[V][N];     // ĝ = dy·gain and x̂ of the thread's chunks
+    float sg = 0.0f, sgx = 0.0f;  // Σ ĝ and Σ ĝ·x̂ over the row
+#pragma unroll ${UNROLL}
+    for (int k = 0; k < V; ++k) {
+      const long long j = (lane + (long long)k * T) * N;
+      if (j >= F) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          gh[k][e] = 0.0f;
+          xh[k][e] = 0.0f;
+        }
+        continue;
+      }
+      float dy[N], g[N];
+      pa::norm::load(in0, base + j, dy, vec);
+      pa::norm::load(in1, base + j, xh[k], vec);
+      pa::norm::load(in2, j, g, vec);
+${DSUMLOAD}#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        xh[k][e] = (xh[k][e] - mu) * rs;
+        gh[k][e] = dy[e] * g[e];
+        sg += gh[k][e];
+        sgx += gh[k][e] * xh[k][e];
+${DSUMFOLD}      }
+      if constexpr (W == 1) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          accG[k][e] += dy[e] * xh[k][e];
+          accB[k][e] += dy[e];
+        }
+      } else {
+        float a[N];
+        pa::norm::load(partG, j, a, true);
+#pragma unroll
+        for (int e = 0; e < N; ++e) a[e] += dy[e] * xh[k][e];
+        pa::norm::storeShared(partG, j, a);
+        if constexpr (Q == 2) {
+          pa::norm::load(partB, j, a, true);
+#pragma unroll
+          for (int e = 0; e < N; ++e) a[e] += dy[e];
+          pa::norm::storeShared(partB, j, a);
+        }
+      }
+    }
+    pa::norm::rowSum2<T, W>(sg, sgx, sh);
+    const float mg = ${CENTER} ? sg / (float)F : 0.0f, mgx = sgx / (float)F;
+#pragma unroll ${UNROLL}
+    for (int k = 0; k < V; ++k) {
+      const long long j = (lane + (long long)k * T) * N;
+      if (j >= F) continue;
+      float d[N];
+#pragma unroll
+      for (int e = 0; e < N; ++e) d[e] = ${DX};
+      pa::norm::store(out0, base + j, d, vec);
+    }
+  }
+  if constexpr (W == 1) {
+#pragma unroll ${UNROLL}
+    for (int k = 0; k < V; ++k) {
+      const long long j = (lane + (long long)k * T) * N;
+      if (j >= F) continue;
+      pa::norm::store(scratch, (long long)blockIdx.x * F + j, accG[k], vec);
+      if constexpr (Q == 2) pa::norm::store(scratch, ((long long)gridDim.x + blockIdx.x) * F + j, accB[k], vec);
+    }
+  } else {
+    __syncthreads();
+    for (long long f = threadIdx.x; f < F; f += ${BLOCK}) {
+      float g = 0.0f, b = 0.0f;
+      for (int w = 0; w < W; ++w) {
+        g += part[w * F + f];
+        if constexpr (Q == 2) b += part[(W + w) * F + f];
+      }
+      scratch[(long long)blockIdx.x * F + f] = g;
+      if constexpr (Q == 2) scratch[((long long)gridDim.x + blockIdx.x) * F + f] = b;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(${BLOCK}${MINBLOCKS}) ${NAME}(${PARAMS}) {
+  __shared__ float sh[${SH}];
+  __shared__ __align__(16) float part[${PART}];
+  if (${ALIGNED}) ${NAME}_rows<true>(${ARGS}, sh, part);
+  else ${NAME}_rows<false>(${ARGS}, sh, part);
+}
+)";
+
+// The norm gradients' second kernel: block (x, y) adds, for 8 features and quantity y (0: d gain,
+// 1: d bias), the ${PARTS} partial rows in double: 32 strided slices (slice s: rows s, s + 32, ...),
+// then the slices in order.
 inline constexpr const char* kNormGradColumns = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
-  __shared__ double red[8][32];
-  const int lane = threadIdx.x % 32, ty = threadIdx.x / 32;
-  const long long j = (long long)blockIdx.x * 32 + lane;
+  __shared__ double red[32][8];
+  const int lane = threadIdx.x % 8, slice = threadIdx.x / 8;
+  const long long j = (long long)blockIdx.x * 8 + lane;
   const float* src = scratch + (long long)blockIdx.y * ${PARTS} * ${F};
   double acc = 0.0;
   if (j < ${F})
-    for (long long p = ty; p < ${PARTS}; p += 8) acc += (double)src[p * ${F} + j];
-  red[ty][lane] = acc;
+    for (long long p = slice; p < ${PARTS}; p += 32) acc += (double)src[p * ${F} + j];
+  red[slice][lane] = acc;
   __syncthreads();
-  if (ty == 0 && j < ${F}) {
+  if (slice == 0 && j < ${F}) {
     double s = 0.0;
 #pragma unroll
-    for (int t = 0; t < 8; ++t) s += red[t][lane];
+    for (int t = 0; t < 32; ++t) s += red[t][lane];
 ${STORE}  }
 }
 )";

@@ -24,6 +24,7 @@
 #include "passes/fusion.h"
 #include "runtime/cuda/cublaslt.h"
 #include "runtime/cuda_graph_runner.h"
+#include "runtime/kernel_params.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "../op_cases.h"
 #include "../test_util.h"
@@ -268,12 +269,15 @@ TEST(OpOnGpu, LargeReductionsMatchTheFloat64CpuExecutor) {
   }
 }
 
-// The norms and rope at sizes the op cases leave out: tiny_gpt's 8192 rows of 512 features (a
-// warp per row, four rows per warp in the gradient), rows of 1536, 5000 and 20000 features (a
-// block of 256, 512 and 1024 threads per row, several rows per block in the gradient; at 20000
-// the row no longer fits the registers), with and without the residual, forward and backward;
-// the fused tiny_gpt norm in bf16 too. Rope at positions up to 1e5, where an angle formed in
-// float would be off by milliradians: within 1e-5 of the float64 reference.
+// The norms and rope at sizes the op cases leave out (the row layouts of kernels/norm.cuh):
+// tiny_gpt's and tiny_llama's 8192 rows of 512 features (a warp per row, chunks of 4 features in
+// fp32 and 8 in bf16, two rows per warp in the gradient), 9000 rows of 20 (chunks of 4 in both,
+// most lanes idle, three rows per warp in the gradient), rows of 1000 and 1536 (two and four
+// warps per row, several rows per block, several rows per group in the gradient for 1000), rows
+// of 4104, 5000 and 20000 features (a block of 288, 320 and 1024 threads per row, at 4104 three
+// rows per block in the gradient; at 20000 the row no longer fits the registers), with and
+// without the residual, forward and backward, fp32 and bf16. Rope at positions up to 1e5, where
+// an angle formed in float would be off by milliradians: within 1e-5 of the float64 reference.
 TEST(OpOnGpu, LargeNormsAndRopeMatchTheFloat64CpuExecutor) {
   PA_REQUIRE_GPU();
   struct NormCase {
@@ -285,7 +289,13 @@ TEST(OpOnGpu, LargeNormsAndRopeMatchTheFloat64CpuExecutor) {
   for (const NormCase& c : {NormCase{"layer_norm_tiny_gpt_residual", {8, 1024, 512}, OpKind::LayerNorm, true, false},
                             NormCase{"layer_norm_tiny_gpt_residual_bf16", {8, 1024, 512}, OpKind::LayerNorm, true, true},
                             NormCase{"rms_norm_tiny_gpt", {8192, 512}, OpKind::RmsNorm, false, false},
+                            NormCase{"rms_norm_tiny_llama_residual_bf16", {8192, 512}, OpKind::RmsNorm, true, true},
+                            NormCase{"rms_norm_f20", {9000, 20}, OpKind::RmsNorm, false, false},
+                            NormCase{"layer_norm_f20_residual_bf16", {9000, 20}, OpKind::LayerNorm, true, true},
+                            NormCase{"layer_norm_f1000", {8192, 1000}, OpKind::LayerNorm, false, false},
+                            NormCase{"rms_norm_f1000_residual_bf16", {8192, 1000}, OpKind::RmsNorm, true, true},
                             NormCase{"layer_norm_f1536", {600, 1536}, OpKind::LayerNorm, false, false},
+                            NormCase{"layer_norm_f4104_residual_bf16", {1200, 4104}, OpKind::LayerNorm, true, true},
                             NormCase{"rms_norm_f5000_residual", {300, 5000}, OpKind::RmsNorm, true, false},
                             NormCase{"layer_norm_f20000", {40, 20000}, OpKind::LayerNorm, false, false}}) {
     SCOPED_TRACE(c.name);
@@ -325,6 +335,108 @@ TEST(OpOnGpu, LargeNormsAndRopeMatchTheFloat64CpuExecutor) {
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - cpu.data(y)[i]));
     EXPECT_LE(worst, 1e-5) << "inputs in [-1, 1], outputs at most √2";
+  }
+}
+
+// The norm kernels move their chunks in 16-byte accesses when every tensor they move is 16-byte
+// aligned (as the runner places them all) and one element at a time otherwise; both must give
+// the same bits. Each norm node's kernels run on buffers at aligned addresses, then on buffers
+// one element past them (the runner never makes those), from the same input bytes.
+TEST(OpOnGpu, NormKernelsGiveTheSameBitsOnUnalignedTensors) {
+  PA_REQUIRE_GPU();
+  struct NormCase {
+    const char* name;
+    Shape x;
+    OpKind op;
+    bool residual, bf16;
+  };
+  const codegen::EmitOptions emit = CudaGraphRunner::emitOptionsFor(device(), false);
+  for (const NormCase& c : {NormCase{"layer_norm_f512_residual_bf16", {1000, 512}, OpKind::LayerNorm, true, true},
+                            NormCase{"rms_norm_f512", {1000, 512}, OpKind::RmsNorm, false, false},
+                            NormCase{"layer_norm_f12_bf16", {1000, 12}, OpKind::LayerNorm, false, true},
+                            NormCase{"rms_norm_f1000_residual", {3000, 1000}, OpKind::RmsNorm, true, false},
+                            NormCase{"layer_norm_f4104_residual_bf16", {700, 4104}, OpKind::LayerNorm, true, true}}) {
+    SCOPED_TRACE(c.name);
+    Graph g;
+    const int64_t f = c.x.back();
+    std::vector<ValueId> ins{g.addParam("x", c.x, "xavier"), g.addParam("gain", {f}, "xavier")};
+    if (c.op == OpKind::LayerNorm) ins.push_back(g.addParam("bias", {f}, "xavier"));
+    if (c.residual) ins.push_back(g.addParam("r", c.x, "xavier"));
+    ValueId y = g.add(c.op, ins);
+    if (c.residual) y = g.add(OpKind::Add, {y, g.producer(y).outputs.back()});
+    g.setOutput("op", y);
+    test::addWeightedSumLoss(g, y);
+    appendBackward(g, g.output("loss"), g.params());
+    if (c.bf16) lowerToBf16(g);
+    int nodes = 0;
+    for (NodeId id : g.topoOrder()) {
+      const Node& n = g.node(id);
+      if (n.op != OpKind::LayerNorm && n.op != OpKind::RmsNorm && n.op != OpKind::LayerNormGrad && n.op != OpKind::RmsNormGrad)
+        continue;
+      ++nodes;
+      const codegen::NodeKernels nk = codegen::emitNode(g, id, emit);
+      std::vector<std::unique_ptr<CudaModule>> modules;
+      std::vector<cuda::CUfunction> functions;
+      for (const codegen::Kernel& k : nk.kernels) {
+        modules.push_back(std::make_unique<CudaModule>(codegen::selfContainedSource(k), device()));
+        functions.push_back(modules.back()->function(k.name.c_str()));
+      }
+      auto bytesOf = [&](ValueId v) { return static_cast<size_t>(numel(g.shape(v))) * dtypeSize(g.value(v).type.dtype); };
+      std::vector<std::vector<unsigned char>> inputBytes;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const ValueId v = n.inputs[i];
+        std::vector<double> vals(static_cast<size_t>(numel(g.shape(v))));
+        test::fillRandom(vals.data(), numel(g.shape(v)), 100 + i);
+        std::vector<unsigned char> bytes(bytesOf(v));
+        for (size_t e = 0; e < vals.size(); ++e) {
+          const float x = static_cast<float>(vals[e]);
+          if (g.value(v).type.dtype == DType::BF16) {
+            const uint16_t b = bf16Bits(x);
+            std::memcpy(bytes.data() + 2 * e, &b, 2);
+          } else {
+            std::memcpy(bytes.data() + 4 * e, &x, 4);
+          }
+        }
+        inputBytes.push_back(std::move(bytes));
+      }
+      // Every output's bytes after the node's kernels ran on buffers at their own (256-byte aligned)
+      // addresses, or one element of each value's type past them (every access element-aligned).
+      auto run = [&](bool aligned) {
+        std::vector<cuda::DeviceBuffer> in, out;
+        auto at = [&](const cuda::DeviceBuffer& b, ValueId v) {
+          return b.ptr() + (aligned ? 0 : static_cast<cuda::CUdeviceptr>(dtypeSize(g.value(v).type.dtype)));
+        };
+        for (size_t i = 0; i < n.inputs.size(); ++i) {
+          in.emplace_back(inputBytes[i].size() + 16);
+          PA_CU_CHECK(cuMemcpyHtoD(at(in.back(), n.inputs[i]), inputBytes[i].data(), inputBytes[i].size()));
+        }
+        for (ValueId v : n.outputs) {
+          out.emplace_back(bytesOf(v) + 16);
+          out.back().fill32(0x7fc00000u);
+        }
+        cuda::DeviceBuffer scratch(nk.scratchBytes + 16);
+        for (size_t k = 0; k < nk.kernels.size(); ++k) {
+          const codegen::Kernel& kernel = nk.kernels[k];
+          const cuda::KernelParams params = launchParams(
+              kernel, [&](int i) { return at(in[static_cast<size_t>(i)], n.inputs[static_cast<size_t>(i)]); },
+              [&](int i) { return at(out[static_cast<size_t>(i)], n.outputs[static_cast<size_t>(i)]); },
+              scratch.ptr() + (aligned ? 0 : sizeof(float)));
+          PA_CU_CHECK(cuLaunchKernel(functions[k], kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0], kernel.block[1],
+                                     kernel.block[2], kernel.sharedBytes, nullptr, params.data(), nullptr));
+        }
+        PA_CU_CHECK(cuCtxSynchronize());
+        std::vector<std::vector<unsigned char>> bytes;
+        for (size_t i = 0; i < n.outputs.size(); ++i) {
+          bytes.emplace_back(bytesOf(n.outputs[i]));
+          PA_CU_CHECK(cuMemcpyDtoH(bytes.back().data(), at(out[i], n.outputs[i]), bytes.back().size()));
+        }
+        return bytes;
+      };
+      const auto want = run(true), got = run(false);
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_TRUE(want[i] == got[i]) << n.name << " (" << opName(n.op) << ") output " << i << " differs unaligned";
+    }
+    EXPECT_EQ(nodes, 2);  // the forward and its gradient
   }
 }
 
