@@ -11,7 +11,20 @@ namespace pa::codegen {
 std::string trainingKernelsSource() {
   return R"(// PureAttention training kernels: batch gather, gradient norm, multi-tensor Adam, loss record.
 struct PaStepHeader { double lr, c1, c2, decay; long long lossSlot; long long pad[3]; };
-struct PaChunk { float* param; const float* grad; long long state; long long count; };
+struct PaChunk { float* param; const float* grad; long long state; long long count; unsigned short* mirror; };
+
+// Rounded to the nearest bf16, ties to even, as the Cast kernels store (kernels/storage.cuh).
+__device__ __forceinline__ unsigned short paToBf16(float x) {
+#if __CUDA_ARCH__ >= 800
+  unsigned short h;
+  asm("{ cvt.rn.bf16.f32 %0, %1; }" : "=h"(h) : "f"(x));
+  return h;
+#else
+  const unsigned u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // NaN stays NaN
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ src, const char* __restrict__ step,
                                                                   float* __restrict__ dst, long long rowSize, long long rows) {
@@ -60,6 +73,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_clip_scale(const double* __
 }
 
 // One block per chunk of one parameter; m and v are flat buffers laid out like the parameters.
+// A chunk with a mirror also stores each updated weight's bf16 copy there.
 extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* __restrict__ chunks, float* __restrict__ m,
                                                                  float* __restrict__ v, const PaStepHeader* __restrict__ step,
                                                                  double beta1, double beta2, double eps,
@@ -75,7 +89,9 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
     const double vi = beta2 * vc[i] + (1.0 - beta2) * gi * gi;
     mc[i] = (float)mi;
     vc[i] = (float)vi;
-    c.param[i] = (float)(c.param[i] * decay - lr * (mi / c1) / (sqrt(vi / c2) + eps));
+    const float p = (float)(c.param[i] * decay - lr * (mi / c1) / (sqrt(vi / c2) + eps));
+    c.param[i] = p;
+    if (c.mirror) c.mirror[i] = paToBf16(p);
   }
 }
 

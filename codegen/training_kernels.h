@@ -26,8 +26,9 @@ struct AdamChunk {
   uint64_t grad = 0;   // device pointer to its gradient
   int64_t state = 0;   // offset (floats) of the slice in the flat m and v buffers
   int64_t count = 0;   // values in the slice
+  uint64_t mirror = 0;  // device pointer to the slice's bf16 copy (CudaRunnerOptions::mirrorParamCasts), or 0
 };
-static_assert(sizeof(AdamChunk) == 32, "AdamChunk is mirrored in the kernel source");
+static_assert(sizeof(AdamChunk) == 40, "AdamChunk is mirrored in the kernel source");
 
 constexpr int64_t kAdamChunkValues = 8192;  // values per block of the multi-tensor kernels
 

@@ -63,6 +63,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   }
   params_ = cuda::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(paramFloats_, 16)) * sizeof(float));
   params_.fill32(0);
+  planParamMirrors(opt);
 
   launches_.resize(g.numNodes());
   const codegen::EmitOptions emit = emitOptionsFor(device_, opt.tf32);
@@ -76,8 +77,9 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       if (n.op == OpKind::FlashAttentionGrad) scratch_.emplace(id, cuda::DeviceBuffer(std::max<size_t>(flash_->backwardWorkspaceBytes(cfg), 16)));
       continue;
     }
-    // A reshape whose output shares its input's bytes has nothing to do.
-    if (aliasedReshape(g, id, plan)) continue;
+    // A reshape whose output shares its input's bytes has nothing to do, nor has a cast whose
+    // output is another runner's mirror.
+    if (aliasedReshape(g, id, plan) || skipped_[static_cast<size_t>(id)] == kReadsOtherMirror) continue;
     size_t scratchBytes = nk.scratchBytes;
     if (opt.tuneGemmTiles && opt.gemm != GemmProvider::Cublaslt && codegen::libraryGemmOf(g, id).supported)
       scratchBytes = std::max(scratchBytes, addTileVariants(id, nk, emit));
@@ -108,6 +110,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   chooseGemmProviders(opt);
   baseLaunches_ = 0;  // plus the launcher's, counted by run()
   for (NodeId id : order_) {
+    if (skipped_[static_cast<size_t>(id)]) continue;
     auto it = library_.find(id);
     baseLaunches_ += it != library_.end() && it->second.use ? it->second.launches
                                                                : static_cast<int>(launches_[static_cast<size_t>(id)].size());
@@ -209,6 +212,61 @@ CudaGraphRunner::~CudaGraphRunner() {
     if (m) cuda::Driver::instance().api().cuModuleUnload(m);
 }
 
+// Note on parameter mirrors. Under precision bf16 every weight a GEMM or the attention kernels
+// read gets a Cast to bf16 each step (passes/lower_bf16.cpp). Its input only changes where the
+// parameter is written: by upload() from the host, and by the optimizer on the device. So the
+// cast's output lives in `mirrors_` (one 256-byte-aligned slot per parameter, shared by every
+// cast of it: they write the same bits), upload() reruns the casts, and the session's Adam
+// kernel rounds each updated weight into its slot as it stores it, with the cast's rounding
+// (to nearest, ties to even). The step then launches no cast of a parameter, and its results
+// are bit for bit those of the step that did.
+void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
+  skipped_.assign(g_.numNodes(), 0);
+  std::map<ValueId, int64_t> slot;  // owned parameter -> byte offset in mirrors_
+  std::vector<std::pair<NodeId, ValueId>> owned;
+  int64_t bytes = 0;
+  for (NodeId id : order_) {
+    const Node& n = g_.node(id);
+    if (n.op != OpKind::Cast || g_.value(n.outputs[0]).type.dtype != DType::BF16) continue;
+    const ValueId p = root_[static_cast<size_t>(n.inputs[0])];
+    if (opt.mirrorParamCasts && paramOffset_.count(p)) {
+      if (!slot.count(p)) {
+        slot[p] = bytes;
+        bytes += alignUp(numel(g_.shape(p)) * 2, 256);
+      }
+      owned.emplace_back(id, p);
+    } else if (sharedParam_.count(p)) {
+      const CudaGraphRunner& other = *opt.shareParamsWith;
+      const cuda::CUdeviceptr m = other.paramMirror(other.g_.findValue(g_.value(p).name));
+      if (!m) continue;
+      mirrorPtr_[n.outputs[0]] = m;
+      skipped_[static_cast<size_t>(id)] = kReadsOtherMirror;
+    }
+  }
+  if (bytes == 0) return;
+  mirrors_ = cuda::DeviceBuffer(static_cast<size_t>(bytes));
+  mirrors_.fill32(0);
+  for (const auto& [p, at] : slot) paramMirror_[p] = mirrors_.ptr() + static_cast<cuda::CUdeviceptr>(at);
+  for (const auto& [id, p] : owned) {
+    mirrorPtr_[g_.node(id).outputs[0]] = paramMirror_.at(p);
+    mirrorCasts_[p].push_back(id);
+    skipped_[static_cast<size_t>(id)] = kWritesMirror;
+  }
+}
+
+cuda::CUdeviceptr CudaGraphRunner::paramMirror(ValueId p) const {
+  auto it = paramMirror_.find(p);
+  return it == paramMirror_.end() ? 0 : it->second;
+}
+
+void CudaGraphRunner::refreshMirror(ValueId param) {
+  auto it = mirrorCasts_.find(param);
+  if (it == mirrorCasts_.end()) return;
+  for (NodeId id : it->second)
+    for (const Launch& l : launches_[static_cast<size_t>(id)]) l.enqueue(nullptr);
+  PA_CU_CHECK(cuCtxSynchronize());
+}
+
 int64_t CudaGraphRunner::paramOffset(ValueId p) const {
   auto it = paramOffset_.find(p);
   return it == paramOffset_.end() ? -1 : it->second;
@@ -216,6 +274,7 @@ int64_t CudaGraphRunner::paramOffset(ValueId p) const {
 
 cuda::CUdeviceptr CudaGraphRunner::ptr(ValueId v) const {
   v = root_[static_cast<size_t>(v)];  // an aliased reshape: its input's bytes (a parameter's, or the arena's)
+  if (auto m = mirrorPtr_.find(v); m != mirrorPtr_.end()) return m->second;
   auto it = paramOffset_.find(v);
   if (it != paramOffset_.end()) return params_.ptr() + static_cast<cuda::CUdeviceptr>(it->second) * sizeof(float);
   auto sh = sharedParam_.find(v);
@@ -232,6 +291,7 @@ void CudaGraphRunner::upload(ValueId v, const float* host) {
     return;
   }
   PA_CU_CHECK(cuMemcpyHtoD(ptr(v), host, count * sizeof(float)));
+  refreshMirror(v);
 }
 
 void CudaGraphRunner::download(ValueId v, float* host) const {
@@ -256,6 +316,7 @@ std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream s
   std::vector<NodeId> timed;
   for (NodeId id : order_) {
     const Node& n = g_.node(id);
+    if (skipped_[static_cast<size_t>(id)]) continue;
     if (!launches_[static_cast<size_t>(id)].empty() || library_.count(id) || n.op == OpKind::FlashAttention ||
         n.op == OpKind::FlashAttentionGrad)
       timed.push_back(id);
@@ -300,6 +361,7 @@ FlashAttentionConfig CudaGraphRunner::flashConfig(const Node& n) const {
 }
 
 void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
+  if (skipped_[static_cast<size_t>(id)]) return;
   const Node& n = g_.node(id);
   if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad) {
     const FlashAttentionConfig cfg = flashConfig(n);

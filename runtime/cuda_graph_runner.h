@@ -32,6 +32,12 @@ struct CudaRunnerOptions {
   // Parameters with the same name live in that runner's buffers instead of new ones (the
   // validation graph reads the training graph's weights in place).
   const class CudaGraphRunner* shareParamsWith = nullptr;
+  // precision bf16: a Cast of a parameter to bf16 (the tensor cores' copy of a weight) writes a
+  // persistent mirror instead of an arena value, and run() skips it. The mirror is refreshed by
+  // upload() of the parameter; whoever changes the parameter on the device writes it too
+  // (CudaSession's Adam, through paramMirror). A runner sharing this one's parameters reads
+  // its mirrors in place of its own casts.
+  bool mirrorParamCasts = false;
 };
 
 class CudaGraphRunner {
@@ -68,6 +74,8 @@ public:
   cuda::CUdeviceptr paramBlock() const { return params_.ptr(); }
   int64_t paramOffset(ValueId p) const;  // in floats, or -1 when `p` lives in another runner
   int64_t paramBlockFloats() const { return paramFloats_; }
+  // The bf16 mirror of owned parameter `p` (CudaRunnerOptions::mirrorParamCasts), or 0.
+  cuda::CUdeviceptr paramMirror(ValueId p) const;
   size_t arenaBytes() const { return arenaBytes_; }
   // Kernel launches per run(): generated kernels plus the FlashAttention launcher's.
   int launchesPerRun() const { return launchesPerRun_; }
@@ -115,6 +123,8 @@ private:
   // kernels (compiled and given arguments alike, whichever provider runs).
   std::vector<Launch*> nodeLaunches(NodeId id);
   cuda::CUdeviceptr ptr(ValueId v) const;
+  void planParamMirrors(const CudaRunnerOptions& opt);
+  void refreshMirror(ValueId param);  // runs the casts that write the mirror of `param`, waits
   const Graph& g_;
   const cuda::Device& device_;
   std::vector<NodeId> order_;
@@ -124,6 +134,12 @@ private:
   std::map<ValueId, int64_t> paramOffset_;             // offset in params_ (floats)
   std::map<ValueId, cuda::CUdeviceptr> sharedParam_;   // parameters of the runner shared with
   std::map<NodeId, cuda::DeviceBuffer> scratch_;       // flash backward workspaces
+  cuda::DeviceBuffer mirrors_;                         // bf16 mirrors of the parameters
+  std::map<ValueId, cuda::CUdeviceptr> mirrorPtr_;      // a mirrored cast's output: where its bytes are
+  std::map<ValueId, cuda::CUdeviceptr> paramMirror_;    // an owned parameter: its mirror
+  std::map<ValueId, std::vector<NodeId>> mirrorCasts_;  // an owned parameter: the casts that write its mirror
+  enum : char { kRuns = 0, kWritesMirror = 1, kReadsOtherMirror = 2 };
+  std::vector<char> skipped_;                          // per node: kRuns, or a mirrored cast run() skips
   std::vector<std::vector<Launch>> launches_;          // per node id
   std::map<NodeId, std::vector<std::vector<Launch>>> tileVariants_;  // other tiles of a generated GEMM
   bool tuningFilled_ = false;

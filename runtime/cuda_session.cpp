@@ -155,6 +155,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   ropt.tf32 = tf32;
   ropt.deterministic = spec_.deterministic;
   ropt.gemm = spec_.gemm;
+  ropt.mirrorParamCasts = true;  // bf16: Adam writes the weights' bf16 copies (no cast kernels in the step)
   if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
     throw SessionSettingError("compiler.gemm",
                               "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());
@@ -204,6 +205,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
       c.grad = runner_->devicePtr(p.grad) + static_cast<uint64_t>(at) * sizeof(float);
       c.state = offset + at;
       c.count = std::min(codegen::kAdamChunkValues, p.count - at);
+      if (const cuda::CUdeviceptr m = runner_->paramMirror(pv)) c.mirror = m + static_cast<uint64_t>(at) * sizeof(uint16_t);
       chunks.push_back(c);
     }
     paramCount += p.count;

@@ -275,7 +275,8 @@ void CudaGraphRunner::fillForTuning(cuda::Stream& stream) {
   CudaModule fillModule(kFillSource, device_);
   const cuda::CUfunction f = fillModule.function("pa_fill_uniform");
   unsigned seed = 0x9e3779b9u;
-  for (const cuda::DeviceBuffer* b : {&arena_, &params_}) {
+  for (const cuda::DeviceBuffer* b : {&arena_, &params_, &mirrors_}) {
+    if (b->bytes() == 0) continue;
     cuda::CUdeviceptr p = b->ptr();
     unsigned long long count = b->bytes() / sizeof(float);
     void* args[] = {&p, &count, &seed};

@@ -17,6 +17,7 @@
 #include "codegen/emit.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
+#include "codegen/training_kernels.h"
 #include "passes/autodiff.h"
 #include "passes/fusion.h"
 #include "tests/nvrtc/compile_in_parallel.h"
@@ -292,6 +293,25 @@ TEST(KernelCache, KeyCoversSourceHeadersArchAndOptions) {
   r.headers = {{"h.h", "// x"}};
   EXPECT_NE(cache.keyOf(r), base);
   EXPECT_NE(cache.keyOf(smallKernel("out[threadIdx.x] = 3.0f;")), base);
+}
+
+// The training step's own kernels (batch gather, gradient norm, Adam with its bf16 mirror
+// stores, loss record) compile as the session builds them, for every production target, with
+// no warning: sm_90a as a cubin, sm_80 and sm_75 (the software rounding branch) as PTX.
+TEST(GeneratedKernels, TrainingKernelsCompileForEveryTarget) {
+  const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
+  if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
+  const std::string src = codegen::trainingKernelsSource();
+  for (const char* name : {"pa_gather_rows", "pa_grad_sumsq", "pa_clip_scale", "pa_adam_multi", "pa_record_loss"})
+    EXPECT_NE(src.find(std::string(name) + "("), std::string::npos) << name;
+  for (const char* arch : {"sm_90a", "sm_80", "sm_75"}) {
+    test::CompileOptions options;
+    options.arch = arch;
+    options.rejectWarnings = true;
+    options.embeddedHeaders = false;  // the module is compiled from this source alone
+    for (const std::string& f : test::compileInParallel({{std::string("training kernels ") + arch, "pa_adam_multi", src}}, options))
+      ADD_FAILURE() << f;
+  }
 }
 
 }  // namespace
