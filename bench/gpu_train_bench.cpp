@@ -5,6 +5,7 @@
 // the first enqueue to the last loss read back) / N, after 10 warm-up steps (the first one runs
 // eagerly and the second captures the CUDA graph). The host only waits at the end of each
 // repetition, as in training, so host overhead counts where the device is faster than it.
+// model_gflop is the step's model FLOPs (codegen/flops.h) and tflops that over the median time.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -62,10 +63,12 @@ int main(int argc, char** argv) {
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
     std::printf("{\"config\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"steps\": %lld, \"reps\": %d, "
-                "\"ms_per_step\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"launches_per_step\": %d, \"cuda_graph\": %s, "
+                "\"ms_per_step\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"model_gflop\": %.4f, \"tflops\": %.3f, "
+                "\"launches_per_step\": %d, \"cuda_graph\": %s, "
                 "\"activation_mib\": %.2f, \"last_loss\": %.6e, \"device\": \"%s\", \"gemm\": \"%s\"}\n",
                 cfg.name.c_str(), pa::precisionName(cfg.precision), (long long)cfg.train.batchSize, (long long)steps, reps,
-                sorted[sorted.size() / 2], sorted.front(), sorted.back(), s->launchesPerStep(),
+                sorted[sorted.size() / 2], sorted.front(), sorted.back(), s->result().stepFlops * 1e-9,
+                s->result().stepFlops / (sorted[sorted.size() / 2] * 1e-3) * 1e-12, s->launchesPerStep(),
                 s->replaysCudaGraph() ? "true" : "false", static_cast<double>(s->result().activationBytes) / (1 << 20),
                 lastLoss, s->result().device.c_str(), s->result().gemm.c_str());
     return 0;

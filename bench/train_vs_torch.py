@@ -53,9 +53,11 @@ uses batch i mod n (the graph variant advances a device-side index inside the gr
 its own dataset's batches (N distinct rows of the config's data).
 
 FLOPs (analytic, pa_numpy.step_flops): 6 * (weight-matrix parameters) * tokens for the
-matrix products, plus per attention layer 3 * 4 * B * heads * head_dim * (visible query-key
-pairs under its causal/window/sink mask); norms, activations, softmax and Adam are not counted,
-nor FlashAttention's recomputation. "this / ours" is the variant's ms over ours (> 1: ours is
+matrix products, plus per attention layer 3.5 * 4 * B * heads * head_dim * (visible query-key
+pairs under its causal/window/sink mask: the backward's five products, the recomputed QK^T among
+them, as FlashAttention's papers count; tables before 2026-11-26's third session used 3); norms,
+activations, softmax and Adam are not counted; gpu_train_bench's model_gflop counts the same
+(codegen/flops.h). "this / ours" is the variant's ms over ours (> 1: ours is
 faster). TFLOP/s = FLOPs / step time, against the H100 SXM's dense
 peak: bf16 989, tf32 494, fp32 67 (no tensor cores) TFLOP/s.
 

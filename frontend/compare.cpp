@@ -196,6 +196,9 @@ CompareResult compareFusedUnfused(const Config& cfg, const RunOptions& optIn, st
   std::fprintf(out, "%-28s %16s %16s\n", "", "fused", "unfused");
   std::fprintf(out, "%-28s %16.3f %16.3f   (%s)\n", "time per step (ms)", r.fused.secondsPerStep * 1e3,
                r.unfused.secondsPerStep * 1e3, timing.c_str());
+  auto rate = [&](double seconds) { return seconds > 0 ? r.fused.stepFlops / seconds * 1e-12 : 0.0; };
+  std::fprintf(out, "%-28s %16.4g %16.4g   (model FLOPs of the fused graph, %.3f GFLOP a step, over each time)\n",
+               "model TFLOP/s", rate(r.fused.secondsPerStep), rate(r.unfused.secondsPerStep), r.fused.stepFlops * 1e-9);
   if (fused->launchesPerStep() > 0)
     std::fprintf(out, "%-28s %16d %16d   (%s)\n", "kernel launches per step", fused->launchesPerStep(), free->launchesPerStep(),
                  fused->replaysCudaGraph() ? "each step replays one CUDA graph" : "launched one by one");

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "codegen/emit.h"
+#include "codegen/flops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "passes/autodiff.h"
 #include "runtime/batch_order.h"
@@ -102,6 +103,7 @@ CpuSession<T>::CpuSession(SessionSpec spec) : spec_(std::move(spec)) {
   res_.device = spec_.device;
   res_.parameterCount = paramCount;
   res_.trainNodes = g.liveNodeCount();
+  res_.stepFlops = codegen::modelFlops(g);
   res_.activationBytes = exec_->arenaBytes();
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "codegen/emit.h"
+#include "codegen/flops.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/training_kernels.h"
 #include "common/debug.h"
@@ -226,6 +227,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   res_.device = spec_.device + " (" + device().info().name + ")";
   res_.parameterCount = paramCount;
   res_.trainNodes = g.liveNodeCount();
+  res_.stepFlops = codegen::modelFlops(g);
   res_.activationBytes = runner_->arenaBytes();
   res_.gemm = gemmSummary(spec_.gemm, *runner_, *evalRunner_);
   summary_.generatedKernels = runner_->generatedKernels() + evalRunner_->generatedKernels();

@@ -28,6 +28,7 @@ struct TrainResult {
   int64_t parameterCount = 0;
   size_t forwardNodes = 0, trainNodes = 0;  // live nodes: forward graph, whole training step
   size_t activationBytes = 0;               // peak activation memory of the step (memory plan)
+  double stepFlops = 0;                     // model FLOPs of one training step (codegen/flops.h)
   std::vector<PassStats> passes;            // statistics of every pass the training graph went through
   int interruptedBy = 0;  // the signal that stopped training early (catchInterrupts), else 0
   std::string device;

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "codegen/emit.h"
+#include "codegen/flops.h"
+#include "common/attention_mask.h"
 #include "graph/node_attrs.h"
 #include "tests/training_graph.h"
 
@@ -123,6 +125,36 @@ TEST(CodegenEmit, SourceIsByteIdenticalRunToRun) {
   const std::string b = all(trainingGraph("sine_attention", false));
   EXPECT_FALSE(a.empty());
   EXPECT_EQ(a, b);
+}
+
+// The model FLOPs of a step (codegen/flops.h) are 6 × weights × tokens for the linear layers plus
+// 3.5 × 4·B·Hq·D × (visible query-key pairs) for each attention, the pairs counted here key by
+// key with the mask predicate, and the weights from the parameters (every 2-D "weight").
+TEST(CodegenEmit, ModelFlopsAreSixTimesWeightsTimesTokensPlusAttention) {
+  for (const char* name : {"sine_attention", "attn_block", "tiny_gpt", "tiny_llama"}) {
+    const Graph g = trainingGraph(name, /*noFuse=*/false);
+    const Shape x = g.shape(g.findValue("input"));
+    const double tokens = static_cast<double>(numel(x) / x.back());
+    double weights = 0;
+    for (ValueId p : g.params()) {
+      const std::string& n = g.value(p).name;
+      if (g.shape(p).size() == 2 && n.size() >= 6 && n.compare(n.size() - 6, 6, "weight") == 0) weights += static_cast<double>(numel(g.shape(p)));
+    }
+    double attention = 0;
+    int layers = 0;
+    for (NodeId id : g.topoOrder()) {
+      if (g.node(id).op != OpKind::FlashAttention) continue;
+      const FlashAttentionConfig f = codegen::flashConfigOf(g, g.node(id));
+      double pairs = 0;
+      for (long long q = 0; q < f.qLen; ++q)
+        for (long long k = 0; k < f.kLen; ++k) pairs += keyVisible(f.mask, q, k, f.qLen, f.kLen);
+      attention += 3.5 * 4.0 * f.batch * f.heads * f.headDim * pairs;
+      ++layers;
+    }
+    EXPECT_GE(layers, 1) << name;
+    const double expected = 6.0 * weights * tokens + attention;
+    EXPECT_NEAR(codegen::modelFlops(g), expected, 1e-12 * expected) << name;
+  }
 }
 
 }  // namespace

@@ -922,9 +922,11 @@ def step_flops(model, batch):
     """The analytic FLOPs of one training step (forward + backward) of pa_numpy model `model` at
     batch size `batch`: 6 * (weight-matrix parameters) * tokens for the matrix products (2 forward,
     4 backward: dX and dW), plus, per attention layer, 4 * B * H * D * (visible query-key pairs)
-    forward (QK^T and PV, 2 FLOPs a multiply-add) times 3 for forward + backward. Tokens are B *
-    (the positions of a layer's input: S for [S, F], 1 for a flat sample); elementwise work (norms,
-    activations, softmax, Adam) and FlashAttention's recomputation of QK^T are not counted."""
+    forward (QK^T and PV, 2 FLOPs a multiply-add) times 3.5 for forward + backward (the backward's
+    five products, FlashAttention's recomputed QK^T among them, as its papers count; the C++
+    counterpart is codegen/flops.h). Tokens are B * (the positions of a layer's input: S for
+    [S, F], 1 for a flat sample); elementwise work (norms, activations, softmax, Adam) is not
+    counted."""
     total = 0
     shapes = model.param_shapes()
     for spec, prefix, shape in zip(model.layers, model.prefixes, model.input_shapes):
@@ -935,7 +937,7 @@ def step_flops(model, batch):
         if isinstance(spec, Attention):
             hq, _, hd = Model._heads(spec, shape[-1])
             pairs = int(attention_visible(spec, shape[0]).sum())
-            total += 3 * 4 * batch * hq * hd * pairs
+            total += 7 * 2 * batch * hq * hd * pairs  # 3.5 * 4
     return total
 
 

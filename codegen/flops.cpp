@@ -1,0 +1,61 @@
+// Model FLOPs of a training graph (codegen/flops.h).
+#include "codegen/flops.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "codegen/emit.h"
+#include "common/attention_mask.h"
+
+namespace pa::codegen {
+
+namespace {
+
+// Query-key pairs the mask leaves visible, over one head of one batch entry.
+double visiblePairs(const FlashAttentionConfig& f) {
+  double pairs = 0;
+  for (long long q = 0; q < f.qLen; ++q) {
+    long long lo = 0, hi = 0;
+    attentionBand(f.mask, q, f.qLen, f.kLen, &lo, &hi);
+    const long long band = std::max(0LL, hi - lo + 1);
+    const long long sinkLimit = attentionSinkLimit(f.mask, q, f.qLen, f.kLen);  // keys 0..sinkLimit, -1: none
+    const long long sinksInBand = std::max(0LL, std::min(sinkLimit, hi) - lo + 1);
+    pairs += static_cast<double>(band + std::max(0LL, sinkLimit + 1) - sinksInBand);
+  }
+  return pairs;
+}
+
+}  // namespace
+
+double modelFlops(const Graph& g) {
+  // The forward pass: what the loss depends on.
+  std::vector<char> forward(g.numNodes(), 1);
+  if (g.outputs().count("loss")) {
+    const ValueId loss = g.output("loss");
+    std::fill(forward.begin(), forward.end(), 0);
+    std::vector<ValueId> todo{loss};
+    while (!todo.empty()) {
+      const NodeId id = g.value(todo.back()).producer;
+      todo.pop_back();
+      if (forward[static_cast<size_t>(id)]) continue;
+      forward[static_cast<size_t>(id)] = 1;
+      for (ValueId v : g.node(id).inputs) todo.push_back(v);
+    }
+  }
+  double total = 0;
+  for (NodeId id : g.topoOrder()) {
+    if (!forward[static_cast<size_t>(id)]) continue;
+    const Node& n = g.node(id);
+    if (n.op == OpKind::MatMul || n.op == OpKind::FusedLinear) {
+      const GemmGeometry geo = libraryGemmOf(g, id).geometry;
+      total += 3 * 2.0 * static_cast<double>(geo.batch) * static_cast<double>(geo.m) * static_cast<double>(geo.n) *
+               static_cast<double>(geo.k);
+    } else if (n.op == OpKind::FlashAttention) {
+      const FlashAttentionConfig f = flashConfigOf(g, n);
+      total += 3.5 * 4.0 * f.batch * f.heads * f.headDim * visiblePairs(f);
+    }
+  }
+  return total;
+}
+
+}  // namespace pa::codegen
