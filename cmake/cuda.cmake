@@ -56,8 +56,8 @@ add_custom_command(
   COMMENT "Embedding kernel templates"
   VERBATIM)
 
-# NVRTC wrapper and the embedded sources (codegen).
-add_library(pa_nvrtc STATIC ${PA_ROOT}/codegen/nvrtc_compiler.cpp ${PA_EMBEDDED_CPP})
+# NVRTC wrapper, the kernel cache (memory and disk) and the embedded sources (codegen).
+add_library(pa_nvrtc STATIC ${PA_ROOT}/codegen/nvrtc_compiler.cpp ${PA_ROOT}/codegen/kernel_cache.cpp ${PA_EMBEDDED_CPP})
 target_include_directories(pa_nvrtc PUBLIC ${PA_ROOT})
 target_link_libraries(pa_nvrtc PUBLIC ${CMAKE_DL_LIBS})
 set_target_properties(pa_nvrtc PROPERTIES POSITION_INDEPENDENT_CODE ON)

@@ -1,6 +1,7 @@
 // From a config and the command line to a runtime session: the data, the compiled training and
 // validation graphs, the initial parameters, the device; and the run's header.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -213,6 +214,9 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
 }
 
 PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point started = Clock::now();
+  auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   // The files named on the command line are read first, so that a damaged or mistaken one fails
   // at once, before the data, the graph and the device's kernels.
   std::unique_ptr<Checkpoint> resume;
@@ -235,12 +239,14 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   }
   const std::string device = resolveDevice(cfg, opt);
   DataSplit data = loadTrainingData(cfg);
+  const Clock::time_point dataDone = Clock::now();
   const int64_t batch = cfg.train.batchSize;
   TrainingGraph tg = compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, batch);
   // The validation graph: the same model and passes, forward only.
   const int64_t nTrain = data.train.count, nVal = data.validation.count;
   const int64_t evalBatch = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
   BuiltModel eval = compileValidationGraph(cfg, tg, data.train.xShape, data.train.yShape, evalBatch);
+  const Clock::time_point graphsDone = Clock::now();
 
   PreparedRun run;
   const Graph& g = tg.model.graph;
@@ -334,6 +340,16 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   TrainResult& r = session->result();
   r.forwardNodes = tg.forwardNodes;
   r.passes = tg.stats;
+  r.startup = {{"checks and data", seconds(started, dataDone)}, {"graphs and passes", seconds(dataDone, graphsDone)}};
+  const double sessionSeconds = seconds(graphsDone, Clock::now());
+  if (const DeviceSummary* d = session->deviceSummary()) {
+    r.startup.push_back({"kernels (compiled or from the cache)", d->compileSeconds});
+    r.startup.push_back({"GEMM choice measured", d->gemmChoiceSeconds});
+    r.startup.push_back({"the rest of the device session (plans, uploads)",
+                         std::max(0.0, sessionSeconds - d->compileSeconds - d->gemmChoiceSeconds)});
+  } else {
+    r.startup.push_back({"session", sessionSeconds});
+  }
   if (opt.printSummary) {
     printHeader(cfg, opt, *session, data.description, nTrain, nVal, batch);
     if (!partialReport.empty()) std::printf("%s\n", partialReport.c_str());

@@ -21,6 +21,21 @@ namespace pa {
 
 namespace {
 
+// --verbose's start-up line: "start-up 0.84 s: checks and data 0.10 s, ...".
+std::string startupLine(const std::vector<std::pair<std::string, double>>& phases) {
+  double total = 0;
+  std::string parts;
+  for (const auto& [what, s] : phases) {
+    total += s;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s%s %.3f s", parts.empty() ? "" : ", ", what.c_str(), s);
+    parts += buf;
+  }
+  char head[64];
+  std::snprintf(head, sizeof head, "start-up %.3f s: ", total);
+  return head + parts;
+}
+
 // --dump-batches: the run's data split and the training rows of every step it took, so that
 // another program (a PyTorch mirror, a NumPy check) can feed the very same batches.
 void dumpBatches(const std::string& path, const PreparedRun& run, int64_t firstStep) {
@@ -145,7 +160,18 @@ TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun&
       if (steps > done) logStep(steps);
       break;
     }
-    session->enqueueStep(step);
+    if (step <= done + 2) {
+      // Start-up: the first step runs eagerly, the second captures the CUDA graph (GPU).
+      const Clock::time_point start = Clock::now();
+      session->enqueueStep(step);
+      const bool gpu = session->asynchronous();
+      res.startup.push_back({step == done + 1 ? (gpu ? "first step queued (runs eagerly)" : "first step")
+                                              : (gpu ? "second step queued (captures the CUDA graph)" : "second step"),
+                             std::chrono::duration<double>(Clock::now() - start).count()});
+      if (opt.verbose && (step == done + 2 || step == steps)) progress.note(startupLine(res.startup));
+    } else {
+      session->enqueueStep(step);
+    }
     const bool log = step % logEvery == 0 || step == steps;
     if (log) logStep(step);
     else if (!session->asynchronous() || Clock::now() - since > std::chrono::milliseconds(250)) collect(false);

@@ -236,6 +236,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   summary_.compiled = static_cast<long long>(after.misses - before.misses);
   summary_.fromCache = static_cast<long long>(after.memoryHits + after.diskHits - before.memoryHits - before.diskHits);
   summary_.compileSeconds = runner_->compileSeconds() + evalRunner_->compileSeconds();
+  summary_.gemmChoiceSeconds = runner_->gemmStats().tuneSeconds + evalRunner_->gemmStats().tuneSeconds;
   summary_.activationBytes = runner_->arenaBytes();
   summary_.paramAndAdamBytes = 3 * stateBytes;
 }

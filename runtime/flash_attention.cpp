@@ -2,9 +2,14 @@
 // backward's workspace (see flash_attention.h and docs/flash_attention.md).
 #include "runtime/flash_attention.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <thread>
 
 #include "codegen/embedded_kernels.h"
+#include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
 
 namespace pa {
@@ -91,7 +96,7 @@ static FlashTensorView view(const FlashTensor& t) {
   return FlashTensorView{t.ptr, t.batchStride, t.headStride, t.seqStride};
 }
 
-const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) {
+unsigned long long FlashAttention::keyOf(const FlashKernelSpec& spec) {
   // Integer key: launches happen every training step, so the hit path builds no strings.
   // Every field of the spec that changes the source has its own digits (mtiles < 16).
   unsigned long long key = (unsigned long long)spec.kind * 4 + spec.dtype;
@@ -99,23 +104,73 @@ const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) 
   key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
   key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
   key = (key * 2 + spec.tf32) * 2 + spec.f64;
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = loaded_.find(key);
-  if (it != loaded_.end()) return it->second;
-  const std::string name = spec.name();
+  return key;
+}
+
+codegen::CompileRequest FlashAttention::requestOf(const FlashKernelSpec& spec) const {
   codegen::CompileRequest req;
-  req.kernelName = name;
+  req.kernelName = spec.name();
   req.source = spec.source();
   req.headers = codegen::embeddedKernelHeaders();
   req.arch = device_.info().arch();
-  const codegen::CompileResult res = codegen::Nvrtc::instance().compile(req);
+  return req;
+}
+
+// Call with mutex_ held.
+const FlashAttention::Loaded& FlashAttention::loadCompiled(unsigned long long key, const FlashKernelSpec& spec,
+                                                           const codegen::CompileResult& res) {
   device_.makeCurrent();
   Loaded l;
   PA_CU_CHECK(cuModuleLoadData(&l.module, res.cubin.data()));
-  PA_CU_CHECK(cuModuleGetFunction(&l.function, l.module, name.c_str()));
+  PA_CU_CHECK(cuModuleGetFunction(&l.function, l.module, spec.name().c_str()));
   if (spec.sharedBytes() > 48 * 1024)
     PA_CU_CHECK(cuFuncSetAttribute(l.function, cuda::kFuncAttrMaxDynamicSharedSizeBytes, spec.sharedBytes()));
   return loaded_.emplace(key, l).first->second;
+}
+
+const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) {
+  const unsigned long long key = keyOf(spec);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = loaded_.find(key);
+  if (it != loaded_.end()) return it->second;
+  return loadCompiled(key, spec, codegen::KernelCache::instance().compile(requestOf(spec)));
+}
+
+void FlashAttention::prepare(const std::vector<std::pair<FlashAttentionConfig, bool>>& problems) {
+  std::vector<FlashKernelSpec> specs;
+  std::vector<unsigned long long> keys;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [cfg, backward] : problems)
+      for (const FlashKernelSpec& spec : flashKernelsOf(cfg, backward, target_, tuning_)) {
+        const unsigned long long key = keyOf(spec);
+        if (loaded_.count(key) || std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+        specs.push_back(spec);
+        keys.push_back(key);
+      }
+  }
+  std::vector<codegen::CompileResult> results(specs.size());
+  std::vector<std::exception_ptr> errors(specs.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < specs.size();) {
+      try {
+        results[i] = codegen::KernelCache::instance().compile(requestOf(specs[i]));
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>(specs.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (!loaded_.count(keys[i])) loadCompiled(keys[i], specs[i], results[i]);
 }
 
 void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY,

@@ -5,9 +5,11 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "codegen/flash_spec.h"
+#include "codegen/nvrtc_compiler.h"
 #include "runtime/cuda/cuda_device.h"
 
 namespace pa {
@@ -43,8 +45,9 @@ struct FlashBackwardArgs {
 // What the kernel choice needs to know of a device.
 FlashTarget flashTargetOf(const cuda::DeviceInfo& info);
 
-// Runs the kernels on one device. Instantiations are compiled by NVRTC on first use and cached
-// for the lifetime of the object; launches are asynchronous on the given stream.
+// Runs the kernels on one device. Instantiations are compiled by NVRTC through the kernel cache
+// (memory and disk, codegen/kernel_cache.h) on first use, or ahead of it by prepare(), and kept
+// loaded for the lifetime of the object; launches are asynchronous on the given stream.
 class FlashAttention {
  public:
   explicit FlashAttention(const cuda::Device& device);
@@ -57,6 +60,9 @@ class FlashAttention {
   void forward(const FlashAttentionConfig& cfg, const FlashForwardArgs& args, cuda::CUstream stream);
   size_t backwardWorkspaceBytes(const FlashAttentionConfig& cfg) const;
   void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream);
+  // Compiles (in parallel, one thread per kernel up to the core count) and loads every kernel the
+  // problems' launches will use ({config, backward} pairs), so that no launch compiles.
+  void prepare(const std::vector<std::pair<FlashAttentionConfig, bool>>& problems);
 
   // Overrides of the kernel choice for tuning sweeps and tests (bench/, tests/ only); the default
   // follows the choosers' rules. Applies to the launches after the call.
@@ -71,6 +77,9 @@ class FlashAttention {
     cuda::CUfunction function = nullptr;
   };
   const Loaded& load(const FlashKernelSpec& spec);
+  static unsigned long long keyOf(const FlashKernelSpec& spec);
+  codegen::CompileRequest requestOf(const FlashKernelSpec& spec) const;
+  const Loaded& loadCompiled(unsigned long long key, const FlashKernelSpec& spec, const codegen::CompileResult& res);
   void launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY, const FlashKernelParams& params,
               cuda::CUstream stream);
   FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;

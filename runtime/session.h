@@ -29,6 +29,9 @@ struct TrainResult {
   size_t forwardNodes = 0, trainNodes = 0;  // live nodes: forward graph, whole training step
   size_t activationBytes = 0;               // peak activation memory of the step (memory plan)
   double stepFlops = 0;                     // model FLOPs of one training step (codegen/flops.h)
+  // Start-up phases in order, (what, seconds): filled by the frontend and the training loop,
+  // printed by --verbose once the first steps are queued.
+  std::vector<std::pair<std::string, double>> startup;
   std::vector<PassStats> passes;            // statistics of every pass the training graph went through
   int interruptedBy = 0;  // the signal that stopped training early (catchInterrupts), else 0
   std::string device;
@@ -114,7 +117,8 @@ struct SessionSpec {
 struct DeviceSummary {
   int generatedKernels = 0, trainPrograms = 0, validationPrograms = 0;
   long long compiled = 0, fromCache = 0;  // kernel cache: compiled now, found in memory or on disk
-  double compileSeconds = 0;
+  double compileSeconds = 0;     // NVRTC (or the kernel cache) for every kernel, FlashAttention's included
+  double gemmChoiceSeconds = 0;  // measuring GEMM tiles and providers (not what the autotune cache answered)
   size_t activationBytes = 0, paramAndAdamBytes = 0;
 };
 

@@ -105,6 +105,28 @@ TEST(Convergence, FunctionMlpFitsSineBelowOneThousandth) {
   EXPECT_LT(r.finalValidation, 1e-3);
 }
 
+// --verbose's start-up line reads TrainResult::startup: the frontend's phases, then the first two
+// steps, each timed (non-negative, and the whole no longer than the run took around it).
+TEST(Startup, PhasesAreRecordedInOrder) {
+  const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_mlp.yaml", {"data.samples=256", "train.steps=3"});
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cpu";
+  const auto t0 = std::chrono::steady_clock::now();
+  const TrainResult r = train(cfg, o);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::vector<std::string> names = {"checks and data", "graphs and passes", "session", "first step", "second step"};
+  ASSERT_EQ(r.startup.size(), names.size());
+  double sum = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(r.startup[i].first, names[i]);
+    EXPECT_GE(r.startup[i].second, 0.0) << names[i];
+    sum += r.startup[i].second;
+  }
+  EXPECT_LE(sum, wall);
+}
+
 TEST(Determinism, SameSeedGivesBitIdenticalLosses) {
   const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml", {"train.steps=20"});
   const TrainResult a = train(cfg, quiet());

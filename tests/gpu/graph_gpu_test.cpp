@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "codegen/emit.h"
+#include "codegen/kernel_cache.h"
 #include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/datasets.h"
@@ -676,6 +677,35 @@ void expectBitIdenticalLosses(Session& x, Session& y, int64_t steps) {
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(std::isfinite(a[i])) << "step " << i + 1;
     EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  }
+}
+
+// The session compiles every kernel its steps launch, FlashAttention's among them, before the
+// first step: the first steps (the eager one and the captured one) ask the kernel cache for
+// nothing. And the FlashAttention kernels go through the kernel cache like the generated ones: a
+// second session of the same model compiles nothing.
+TEST(TrainOnGpu, EveryKernelIsReadyBeforeTheFirstStep) {
+  PA_REQUIRE_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    const Config cfg = loadConfig(sourceDir() + "/configs/attn_block.yaml", {"data.samples=256", std::string("precision=") + precision});
+    RunOptions o;
+    o.progress = ProgressMode::Quiet;
+    o.printSummary = false;
+    o.device = "cuda";
+    std::unique_ptr<Session> first = makeSession(cfg, o);
+    const codegen::KernelCacheStats before = codegen::KernelCache::instance().stats();
+    for (int64_t step = 1; step <= 3; ++step) first->enqueueStep(step);
+    for (double l : first->takeLosses()) EXPECT_TRUE(std::isfinite(l)) << precision;
+    const codegen::KernelCacheStats after = codegen::KernelCache::instance().stats();
+    EXPECT_EQ(after.misses, before.misses) << precision;
+    EXPECT_EQ(after.memoryHits + after.diskHits, before.memoryHits + before.diskHits) << precision;
+    std::unique_ptr<Session> second = makeSession(cfg, o);
+    EXPECT_EQ(codegen::KernelCache::instance().stats().misses, after.misses) << precision;
+    const DeviceSummary* d = second->deviceSummary();
+    ASSERT_NE(d, nullptr);
+    EXPECT_EQ(d->compiled, 0) << precision;
+    std::printf("  attn_block %s: second session %lld kernels from the cache, compile phase %.3f s, GEMM choice %.3f s\n",
+                precision, d->fromCache, d->compileSeconds, d->gemmChoiceSeconds);
   }
 }
 
