@@ -425,8 +425,18 @@ double CudaSession::validate() {
 
 }  // namespace
 
+namespace {
+int deviceOrdinal = 0;
+}
+
+void setCudaDeviceOrdinal(int ordinal) { deviceOrdinal = ordinal; }
+
 cuda::Device& cudaDevice0() {
-  static cuda::Device d(0);
+  static cuda::Device d([] {
+    int count = 1;
+    if (cuda::Driver::instance().available()) PA_CU_CHECK(cuDeviceGetCount(&count));
+    return deviceOrdinal % std::max(count, 1);
+  }());
   return d;
 }
 
