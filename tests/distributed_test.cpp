@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <sstream>
 
 #include "frontend/checkpoint.h"
@@ -138,6 +139,8 @@ struct Case {
   const char* precision;
   double lossTol, paramTol;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.config << " " << c.precision; }
 
 class DataParallelMatch : public ::testing::TestWithParam<Case> {};
 
