@@ -13,6 +13,7 @@ struct DebugSwitches {
   bool kernelDiskCache = true;      // PA_KERNEL_CACHE=0: compile every kernel afresh, cache nothing on disk
   bool profile = false;             // PA_PROFILE=1: after GPU training, time every node of the step and print the slowest
   bool cudaGraphs = true;           // PA_CUDA_GRAPH=0: launch every kernel of every GPU step instead of replaying a CUDA graph
+  bool checkReplicas = false;       // PA_CHECK_REPLICAS=1: data parallel: compare every rank's parameters after every step (on in debug builds)
 };
 
 // An on/off switch as read now: `dflt` when unset or empty, false for "0", "false" or "off", else
@@ -33,6 +34,11 @@ inline const DebugSwitches& debugSwitches() {
     d.kernelDiskCache = flag("PA_KERNEL_CACHE", true);
     d.cudaGraphs = flag("PA_CUDA_GRAPH", true);
     d.profile = flag("PA_PROFILE", false);
+#ifdef NDEBUG
+    d.checkReplicas = flag("PA_CHECK_REPLICAS", false);
+#else
+    d.checkReplicas = flag("PA_CHECK_REPLICAS", true);
+#endif
     return d;
   }();
   return s;

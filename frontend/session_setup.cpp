@@ -12,6 +12,7 @@
 #include "common/rng.h"
 #include "frontend/checkpoint.h"
 #include "frontend/datasets.h"
+#include "frontend/distributed.h"
 #include "frontend/model_builder.h"
 #include "frontend/trainer.h"
 #include "passes/pipeline.h"
@@ -238,10 +239,17 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
     }
   }
   const std::string device = resolveDevice(cfg, opt);
+  // Data parallel: train.batch_size is the global batch, split evenly over the ranks.
+  const int ranks = opt.comm ? opt.comm->size() : 1;
+  const int64_t batch = cfg.train.batchSize;
+  if (batch % ranks != 0)
+    cfg.where.fail("train.batch_size", std::to_string(batch) + " (the global batch) does not split evenly over " +
+                                           std::to_string(ranks) + " ranks: use a multiple of " + std::to_string(ranks) +
+                                           ", or launch a number of ranks that divides it");
+  const int64_t rankBatch = batch / ranks;
   DataSplit data = loadTrainingData(cfg);
   const Clock::time_point dataDone = Clock::now();
-  const int64_t batch = cfg.train.batchSize;
-  TrainingGraph tg = compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, batch);
+  TrainingGraph tg = compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, rankBatch);
   // The validation graph: the same model and passes, forward only.
   const int64_t nTrain = data.train.count, nVal = data.validation.count;
   const int64_t evalBatch = std::min<int64_t>(batch, std::max<int64_t>(nVal, 1));
@@ -270,7 +278,11 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   };
   spec.train = SessionGraph{std::move(tg.model.graph), tg.model.x, tg.model.y};
   spec.validation = SessionGraph{std::move(eval.graph), eval.x, eval.y};
-  spec.batchSize = batch;
+  spec.batchSize = rankBatch;
+  spec.globalBatch = batch;
+  spec.comm = opt.comm;
+  const bool nccl = opt.comm && device == "cuda";
+  spec.nccl = nccl;
   spec.validationBatch = evalBatch;
   spec.steps = stepsToTrain(cfg, opt, nTrain);
   spec.trainData = samplesOf(std::move(data.train));
@@ -286,7 +298,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.schedule = lrScheduleOf(cfg.train);
   spec.device = device;
   spec.dumpKernelsDir = opt.dumpKernelsDir;
-  spec.announceCompile = opt.printSummary;
+  spec.announceCompile = opt.printSummary && leadsRun(opt);
   spec.recordBatches = !opt.dumpBatchesPath.empty();
 
   RunRecord& rec = run.record;
@@ -312,8 +324,17 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
     run.validationData = spec.validationData;
   }
 
+  if (ranks > 1) {  // the ranks must read the same data (a data.path on each host)
+    const std::vector<std::string> all = opt.comm->allGather(std::to_string(rec.dataFingerprint), rendezvousTimeout());
+    for (size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0])
+        throw UserError("rank " + std::to_string(r) + "'s training data differs from rank 0's (same config, other values): "
+                        "every rank must read the same data");
+  }
+
   std::unique_ptr<Session>& session = run.session;
   if (device == "cuda") {
+    if (opt.comm) setCudaDeviceOrdinal(opt.comm->localRank());
     try {
       session = makeCudaSession(std::move(spec));
     } catch (const SessionSettingError& e) {
@@ -350,15 +371,20 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   } else {
     r.startup.push_back({"session", sessionSeconds});
   }
-  if (opt.printSummary) {
+  if (opt.printSummary && leadsRun(opt)) {
     printHeader(cfg, opt, *session, data.description, nTrain, nVal, batch);
+    if (opt.comm)
+      std::printf("data parallel: %d rank%s (%s), %lld rows of each batch of %lld per rank; gradients all-reduced with %s\n",
+                  ranks, ranks == 1 ? "" : "s", opt.comm->describe().c_str(), (long long)rankBatch, (long long)batch,
+                  nccl ? "NCCL" : ranks == 1 ? "no other rank (one process)" : "MPI, summed in rank order");
     if (!partialReport.empty()) std::printf("%s\n", partialReport.c_str());
     if (resume)
       std::printf("resumed from %s at step %lld of %lld\n", resume->folder.c_str(), (long long)resume->state.step,
                   (long long)rec.totalSteps);
     std::fflush(stdout);
   }
-  for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  if (leadsRun(opt))
+    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   return run;
 }
 

@@ -18,6 +18,7 @@
 #include "frontend/checkpoint.h"
 #include "frontend/compare.h"
 #include "frontend/config.h"
+#include "frontend/distributed.h"
 #include "frontend/trainer.h"
 
 namespace {
@@ -161,6 +162,18 @@ void checkFlagCombinations(const pa::RunOptions& opt, bool compare) {
   }
 }
 
+// What every rank of a data-parallel run must agree on: the resolved config and the flags that
+// change what a step computes (output paths may differ).
+std::string jobDescription(const pa::Config& cfg, const pa::RunOptions& opt) {
+  pa::Config planned = cfg;
+  if (opt.steps >= 0) {
+    planned.train.steps = opt.steps;
+    planned.train.epochs = 0;
+  }
+  return pa::resolvedConfigYaml(planned) + "flags:\n  device: " + opt.device + "\n  no_fuse: " +
+         (opt.noFuse ? "true" : "false") + "\n  init_from: " + opt.initFrom + "\n  resume: " + opt.resumeFrom + "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -195,7 +208,10 @@ int main(int argc, char** argv) {
   std::string plotPath;
   app.add_option("--plot", plotPath,
                  "draw the run (with --compare: the comparison) into FILE.png|svg with the Python module (matplotlib)");
-  bool compare = false;
+  bool compare = false, distributed = false;
+  app.add_flag("--distributed", distributed,
+               "take the data-parallel path as one process too: gradients averaged through the communicator (on "
+               "the GPU an NCCL all-reduce inside the captured step); mpirun/srun launches of several ranks take it anyway");
   app.add_flag("--no-fuse", opt.noFuse, "train the primitive graph: leave the fusion passes out");
   app.add_flag("--compare", compare,
                "train the fused and the unfused graph side by side from the same weights; exit 1 if they disagree");
@@ -214,19 +230,40 @@ int main(int argc, char** argv) {
                  : progress == "lines" ? pa::ProgressMode::Lines
                  : progress == "none" ? pa::ProgressMode::Quiet
                                       : pa::ProgressMode::Auto;
+  // Data parallel: every rank prints its own error; until the ranks have met, a rank that failed
+  // tells the others at the rendezvous, so that all of them stop with its message.
+  std::shared_ptr<pa::Communicator> comm;
+  bool met = false;
+  int code = 0;
+  std::string failure;
   try {
     if (!steps.empty()) opt.steps = parseSteps(steps);
     checkFlagCombinations(opt, compare);
+    comm = pa::startCommunicator(distributed);
+    opt.comm = comm;
+    if (comm && compare)
+      throw pa::UserError("--compare trains in one process: run it without mpirun/srun and without --distributed");
     const pa::Config cfg = loadRunConfig(configPath, sets, opt);
-    checkOutputFile("--metrics", opt.metricsPath);
-    checkOutputFile("--dump-batches", opt.dumpBatchesPath);
-    checkOutputDir("--dump-graph", opt.dumpGraphDir);
-    checkOutputDir("--dump-kernels", opt.dumpKernelsDir);
-    checkOutputDir("--checkpoint-dir", opt.checkpointDir);
-    checkPlot(plotPath);
-    if (opt.checkpointDir.empty() && !cfg.train.checkpoint.dir.empty() && !compare) {
-      const std::string why = outputDirProblem(cfg.train.checkpoint.dir);
-      if (!why.empty()) cfg.where.fail("train.checkpoint.dir", cfg.train.checkpoint.dir + ": " + why);
+    // Rank 0 alone writes; the other ranks neither check nor create its outputs.
+    if (pa::leadsRun(opt)) {
+      checkOutputFile("--metrics", opt.metricsPath);
+      checkOutputFile("--dump-batches", opt.dumpBatchesPath);
+      checkOutputDir("--dump-graph", opt.dumpGraphDir);
+      checkOutputDir("--dump-kernels", opt.dumpKernelsDir);
+      checkOutputDir("--checkpoint-dir", opt.checkpointDir);
+      checkPlot(plotPath);
+      if (opt.checkpointDir.empty() && !cfg.train.checkpoint.dir.empty() && !compare) {
+        const std::string why = outputDirProblem(cfg.train.checkpoint.dir);
+        if (!why.empty()) cfg.where.fail("train.checkpoint.dir", cfg.train.checkpoint.dir + ": " + why);
+      }
+    } else {
+      opt.dumpGraphDir.clear();
+      opt.dumpKernelsDir.clear();
+      plotPath.clear();
+    }
+    if (comm && comm->size() > 1) {
+      met = true;
+      pa::meetRanks(*comm, jobDescription(cfg, opt), "");
     }
     if (compare) {
       const pa::CompareResult r = pa::compareFusedUnfused(cfg, opt, stdout);
@@ -234,7 +271,7 @@ int main(int argc, char** argv) {
         const std::string json = writeCompareJson(cfg, r);
         drawPlot(plotPath, {"--compare", json, "--title", cfg.name + ": fused against unfused"}, json);
       }
-      return r.agree ? 0 : 1;
+      return r.agree ? 0 : 1;  // one process (refused above with a communicator)
     }
     opt.catchInterrupts = true;
     // --plot draws from the metrics file: --metrics, else a temporary one.
@@ -245,13 +282,24 @@ int main(int argc, char** argv) {
     }
     const pa::TrainResult r = pa::train(cfg, opt);
     if (!plotPath.empty()) drawPlot(plotPath, {"--metrics", opt.metricsPath, "--title", cfg.name}, plotMetrics);
-    if (r.interruptedBy) return 128 + r.interruptedBy;  // the shell's convention: 130 for Ctrl-C
+    if (r.interruptedBy) code = 128 + r.interruptedBy;  // the shell's convention: 130 for Ctrl-C
   } catch (const pa::UserError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    failure = e.what();
+    code = 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    failure = e.what();
+    code = 1;
   }
-  return 0;
+  if (!failure.empty()) {
+    std::fprintf(stderr, "error: %s\n", failure.c_str());
+    std::fflush(stderr);
+    if (comm && comm->size() > 1 && !met) {
+      try {
+        pa::meetRanks(*comm, "", failure);
+      } catch (const std::exception&) {  // this rank's message is printed already
+      }
+    }
+  }
+  std::fflush(stdout);
+  return comm ? comm->finish(code, pa::rendezvousTimeout()) : code;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/debug.h"
+#include "frontend/distributed.h"
 #include "frontend/interrupt.h"
 #include "frontend/metrics.h"
 
@@ -77,6 +78,11 @@ TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun&
     const std::filesystem::path from(run.resumedFrom);
     checkpointDir = from.has_parent_path() ? from.parent_path().string() : ".";
   }
+  // Data parallel: the other ranks hold the same state and write nothing.
+  const bool lead = leadsRun(opt);
+  Communicator* comm = opt.comm && opt.comm->size() > 1 ? opt.comm.get() : nullptr;
+  if (!lead) checkpointDir.clear();
+  const bool printSummary = opt.printSummary && lead;
   const CheckpointConfig& ckpt = cfg.train.checkpoint;
   std::unique_ptr<InterruptGuard> interrupts;
   if (opt.catchInterrupts) interrupts = std::make_unique<InterruptGuard>();
@@ -85,8 +91,9 @@ TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun&
   const int64_t plannedSteps = steps;
   const int64_t logEvery = cfg.train.logEvery;
   std::unique_ptr<MetricsWriter> metrics;
-  if (!opt.metricsPath.empty()) metrics = std::make_unique<MetricsWriter>(opt.metricsPath, run.resumedFrom.empty() ? -1 : done);
-  Progress progress(steps, logEvery, opt.progress, stderr, done);
+  if (!opt.metricsPath.empty() && lead)
+    metrics = std::make_unique<MetricsWriter>(opt.metricsPath, run.resumedFrom.empty() ? -1 : done);
+  Progress progress(steps, logEvery, lead ? opt.progress : ProgressMode::Quiet, stderr, done);
   TrainResult& res = session->result();
   res.firstStep = done + 1;
   double lastVal = -1.0, stepSeconds = 0.0;
@@ -168,10 +175,14 @@ TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun&
       res.startup.push_back({step == done + 1 ? (gpu ? "first step queued (runs eagerly)" : "first step")
                                               : (gpu ? "second step queued (captures the CUDA graph)" : "second step"),
                              std::chrono::duration<double>(Clock::now() - start).count()});
-      if (opt.verbose && (step == done + 2 || step == steps)) progress.note(startupLine(res.startup));
+      if (opt.verbose && lead && (step == done + 2 || step == steps)) {
+        if (opt.progress == ProgressMode::Quiet) std::printf("%s\n", startupLine(res.startup).c_str());
+        else progress.note(startupLine(res.startup));
+      }
     } else {
       session->enqueueStep(step);
     }
+    if (comm && debugSwitches().checkReplicas) checkReplicasAgree(*comm, session->params(), "after step " + std::to_string(step));
     const bool log = step % logEvery == 0 || step == steps;
     if (log) logStep(step);
     else if (!session->asynchronous() || Clock::now() - since > std::chrono::milliseconds(250)) collect(false);
@@ -189,13 +200,14 @@ TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun&
   // Every run that has a checkpoint folder ends with a checkpoint; only one that took all its
   // steps is final (pruning keeps final checkpoints).
   if (!checkpointDir.empty()) save(!res.interruptedBy);
-  if (!opt.dumpBatchesPath.empty()) dumpBatches(opt.dumpBatchesPath, run, done + 1);
+  if (!opt.dumpBatchesPath.empty() && lead) dumpBatches(opt.dumpBatchesPath, run, done + 1);
+  if (comm) checkReplicasAgree(*comm, session->params(), "at the end (step " + std::to_string(steps) + ")");
   const int64_t taken = steps - done;
   res.finalValidation = lastVal;
   res.secondsPerStep = taken ? stepSeconds / static_cast<double>(taken) : 0.0;
   res.finalParams = session->params();
   res.checkpoint = lastCheckpoint;
-  if (opt.printSummary) {
+  if (printSummary) {
     if (res.interruptedBy)
       std::printf("interrupted (%s) after step %lld of %lld\n", res.interruptedBy == SIGINT ? "Ctrl-C" : "SIGTERM",
                   (long long)steps, (long long)plannedSteps);
@@ -211,6 +223,9 @@ TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun&
     std::printf("\n");
     if (!lastCheckpoint.empty())
       std::printf("checkpoint: %s (continue with --resume %s)\n", lastCheckpoint.c_str(), checkpointDir.c_str());
+    if (comm)
+      std::printf("data parallel: parameters identical on all %d ranks at the end%s\n", comm->size(),
+                  debugSwitches().checkReplicas ? " and after every step" : "");
     if (session->launchesPerStep() > 0)
       std::printf("GPU step: %d kernel launches, %s\n", session->launchesPerStep(),
                   session->replaysCudaGraph() ? "replayed as one CUDA graph" : "launched one by one (PA_CUDA_GRAPH=0)");

@@ -15,6 +15,7 @@
 #include "frontend/model_builder.h"
 #include "frontend/progress.h"
 #include "passes/pass_manager.h"
+#include "runtime/communicator.h"
 #include "runtime/session.h"
 
 namespace pa {
@@ -55,7 +56,13 @@ struct RunOptions {
   std::shared_ptr<const Checkpoint> resumeState;  // the same from a checkpoint in memory (library callers)
   std::string checkpointDir;     // --checkpoint-dir: overrides train.checkpoint.dir
   std::string dumpBatchesPath;   // --dump-batches FILE: the data and every step's rows, as safetensors
+  // Data parallel (frontend/distributed.h): the ranks, null for one process. Every rank trains
+  // its share of each batch; rank 0 alone prints, writes metrics, checkpoints and dumps.
+  std::shared_ptr<Communicator> comm;
 };
+
+// Whether this process reports for the run: rank 0, or the only process.
+inline bool leadsRun(const RunOptions& opt) { return !opt.comm || opt.comm->rank() == 0; }
 
 // The training step's graph: the model lowered for `batch`, the forward passes, autodiff and
 // the clean-up passes (README, "Passes"); dumps to opt.dumpGraphDir when set.

@@ -59,7 +59,11 @@ public:
 
 private:
   double runStep(int64_t step);
+  // Data parallel: replaces this rank's gradients by their mean over the ranks (one flat
+  // buffer, the loss at its end) and returns the mean loss, the same on every rank.
+  double averageOverRanks(double loss);
   SessionSpec spec_;
+  std::vector<T> flat_;  // the all-reduce's buffer
   std::vector<double> pending_;  // losses not yet taken
   std::unique_ptr<CpuExecutor<T>> exec_, evalExec_;
   std::vector<ParamState<T>> params_;
@@ -148,16 +152,44 @@ double CpuSession<T>::validate() {
   T* ex = evalExec_->data(spec_.validation.x);
   T* ey = evalExec_->data(spec_.validation.y);
   const ValueId loss = spec_.validation.graph.output("loss");
-  double acc = 0.0;
-  for (int64_t c = 0; c < chunks; ++c) {
+  // With several ranks, rank r validates chunks r, r + size, ...; each chunk's loss reaches every
+  // rank through a sum whose other terms are zeros, and the losses are added in chunk order, so
+  // the result is the one process's to the bit.
+  const int rank = spec_.comm ? spec_.comm->rank() : 0, ranks = spec_.comm ? spec_.comm->size() : 1;
+  std::vector<double> losses(static_cast<size_t>(chunks), 0.0);
+  for (int64_t c = rank; c < chunks; c += ranks) {
     const float* sx = val.x.data() + c * batch * xs;
     const float* sy = val.y.data() + c * batch * ys;
     std::copy(sx, sx + batch * xs, ex);
     std::copy(sy, sy + batch * ys, ey);
     evalExec_->run();
-    acc += static_cast<double>(evalExec_->data(loss)[0]);
+    losses[static_cast<size_t>(c)] = static_cast<double>(evalExec_->data(loss)[0]);
   }
+  if (ranks > 1) spec_.comm->allReduceSum(losses.data(), losses.size());
+  double acc = 0.0;
+  for (double l : losses) acc += l;
   return acc / static_cast<double>(chunks);
+}
+
+template <class T>
+double CpuSession<T>::averageOverRanks(double loss) {
+  flat_.clear();
+  for (const ParamState<T>& p : params_) {
+    const T* gp = exec_->data(p.grad);
+    flat_.insert(flat_.end(), gp, gp + p.value.size());
+  }
+  flat_.push_back(static_cast<T>(loss));
+  spec_.comm->allReduceSum(flat_.data(), flat_.size());
+  // Each rank's loss is the mean over its equal share of the batch, so the batch's mean loss and
+  // its gradient are the means of the ranks'.
+  const T scale = T(1) / static_cast<T>(spec_.comm->size());
+  size_t at = 0;
+  for (const ParamState<T>& p : params_) {
+    T* gp = exec_->data(p.grad);
+    for (size_t i = 0; i < p.value.size(); ++i) gp[i] = flat_[at + i] * scale;
+    at += p.value.size();
+  }
+  return static_cast<double>(flat_[at] * scale);
 }
 
 template <class T>
@@ -165,9 +197,11 @@ double CpuSession<T>::runStep(int64_t step) {
   const Samples& data = spec_.trainData;
   const int64_t batch = spec_.batchSize;
   const int64_t xs = data.xSize, ys = data.ySize;
-  const int64_t* rows = order_->next(batch);
+  const int64_t global = spec_.globalBatch > 0 ? spec_.globalBatch : batch;
+  const int64_t* all = order_->next(global);
+  const int64_t* rows = all + (spec_.comm ? spec_.comm->rank() : 0) * batch;
   ++stepsTaken_;
-  if (spec_.recordBatches) batchLog_.insert(batchLog_.end(), rows, rows + batch);
+  if (spec_.recordBatches) batchLog_.insert(batchLog_.end(), all, all + global);
   T* xIn = exec_->data(spec_.train.x);
   T* yIn = exec_->data(spec_.train.y);
   for (int64_t b = 0; b < batch; ++b) {
@@ -176,7 +210,8 @@ double CpuSession<T>::runStep(int64_t step) {
     std::copy(data.y.begin() + s * ys, data.y.begin() + (s + 1) * ys, yIn + b * ys);
   }
   exec_->run();
-  const double loss = static_cast<double>(exec_->data(spec_.train.graph.output("loss"))[0]);
+  double loss = static_cast<double>(exec_->data(spec_.train.graph.output("loss"))[0]);
+  if (spec_.comm) loss = averageOverRanks(loss);
   if (!std::isfinite(loss)) return loss;  // the caller reports divergence; parameters stay as they were
   double gradScale = 1.0;
   const double clip = spec_.adam.clipGradNorm;

@@ -18,6 +18,7 @@
 #include "passes/autodiff.h"
 #include "runtime/batch_order.h"
 #include "runtime/cuda/cublaslt.h"
+#include "runtime/cuda/nccl.h"
 #include "runtime/cuda_graph_runner.h"
 
 namespace pa {
@@ -73,7 +74,8 @@ public:
   int launchesPerStep() const override {
     if (graph_.ready()) return static_cast<int>(graph_.nodeCount());
     const bool clip = spec_.adam.clipGradNorm > 0 && chunkCount_ > 0;
-    return 2 + runner_->launchesPerRun() + (clip ? 2 : 0) + (chunkCount_ > 0 ? 1 : 0) + 1;  // gather x, y; graph; clip; Adam; loss
+    return 2 + runner_->launchesPerRun() + (nccl_ ? 1 : 0) + (clip ? 2 : 0) + (chunkCount_ > 0 ? 1 : 0) +
+           1;  // gather x, y; graph; all-reduce; clip; Adam; loss
   }
   bool replaysCudaGraph() const override { return graph_.ready(); }
   const DeviceSummary* deviceSummary() const override { return &summary_; }
@@ -131,6 +133,8 @@ private:
   std::vector<double> ready_;  // losses read back, not yet taken
   std::vector<Param> params_;
   std::unique_ptr<BatchOrder> order_;
+  // Data parallel: the ranks' NCCL communicator (spec_.nccl), the step's all-reduce after the backward.
+  std::unique_ptr<cuda::NcclComm> nccl_;
   int64_t restoredSteps_ = 0;  // steps a restored state had taken, beyond this session's queued_
   bool useGraph_ = true;
   DeviceSummary summary_;
@@ -147,6 +151,19 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   useGraph_ = spec_.cudaGraph && debugSwitches().cudaGraphs;
   device().makeCurrent();  // the primary context, before the stream that belongs to it
   stream_ = std::make_unique<cuda::Stream>();
+  if (spec_.nccl) {
+    // Every rank loads NCCL or fails alike; rank 0's id reaches the others through the host
+    // communicator (MPI), then every rank joins the NCCL communicator on its device.
+    const cuda::Nccl& lib = cuda::Nccl::instance();
+    if (!lib.available())
+      throw UserError("data-parallel training on the GPU needs NCCL: " + lib.unavailableReason() +
+                      " (pip install nvidia-nccl-cu13, or PyTorch, ships it)");
+    Communicator& host = *spec_.comm;
+    cuda::NcclUniqueId id{};
+    if (host.rank() == 0) id = lib.uniqueId();
+    host.broadcast(&id, sizeof id, 0);
+    nccl_ = std::make_unique<cuda::NcclComm>(id, host.size(), host.rank());
+  }
   if (spec_.announceCompile) {
     std::printf("compiling the training step's kernels with NVRTC for %s ...\n", device().info().arch().c_str());
     std::fflush(stdout);
@@ -225,6 +242,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
 
   order_ = std::make_unique<BatchOrder>(spec_.trainData.count, spec_.seed, spec_.shuffle);
   res_.device = spec_.device + " (" + device().info().name + ")";
+  if (nccl_) res_.device += ", NCCL " + cuda::Nccl::instance().version();
   res_.parameterCount = paramCount;
   res_.trainNodes = g.liveNodeCount();
   res_.stepFlops = codegen::modelFlops(g);
@@ -298,6 +316,12 @@ void CudaSession::queueStepKernels() {
     CudaModule::launch(gather_, rowSize * n, args, s);
   }
   runner_->run(s);
+  if (nccl_) {  // the mean over the ranks of every gradient and the loss, one NCCL launch
+    nccl_->groupStart();
+    for (const Param& p : params_) nccl_->allReduceMean(runner_->devicePtr(p.grad), static_cast<size_t>(p.count), s);
+    nccl_->allReduceMean(runner_->devicePtr(spec_.train.graph.output("loss")), 1, s);
+    nccl_->groupEnd();
+  }
   cuda::CUdeviceptr chunks = chunks_.ptr(), partial = partial_.ptr(), clip = 0;
   const unsigned blocks = static_cast<unsigned>(chunkCount_);
   const AdamSettings& adam = spec_.adam;
@@ -336,8 +360,10 @@ void CudaSession::enqueueStep(int64_t step) {
   head.lossSlot = queued_ % kLossRing;
   std::memcpy(staging, &head, sizeof head);
   const int64_t batch = spec_.batchSize;
-  const int64_t* rows = order_->next(batch);
-  if (spec_.recordBatches) batchLog_.insert(batchLog_.end(), rows, rows + batch);
+  const int64_t global = spec_.globalBatch > 0 ? spec_.globalBatch : batch;
+  const int64_t* all = order_->next(global);
+  const int64_t* rows = all + (spec_.comm ? spec_.comm->rank() : 0) * batch;
+  if (spec_.recordBatches) batchLog_.insert(batchLog_.end(), all, all + global);
   int32_t* idx = reinterpret_cast<int32_t*>(staging + sizeof head);
   for (int64_t i = 0; i < batch; ++i) idx[i] = static_cast<int32_t>(rows[i]);
   PA_CU_CHECK(cuMemcpyHtoDAsync(stepBlock_.ptr(), staging, stepBytes_, stream_->get()));
@@ -430,8 +456,18 @@ double CudaSession::validate() {
 
 }  // namespace
 
+namespace {
+int deviceOrdinal = 0;
+}
+
+void setCudaDeviceOrdinal(int ordinal) { deviceOrdinal = ordinal; }
+
 cuda::Device& cudaDevice0() {
-  static cuda::Device d(0);
+  static cuda::Device d([] {
+    int count = 1;
+    if (cuda::Driver::instance().available()) PA_CU_CHECK(cuDeviceGetCount(&count));
+    return deviceOrdinal % std::max(count, 1);
+  }());
   return d;
 }
 

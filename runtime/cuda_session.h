@@ -12,8 +12,10 @@ namespace cuda {
 class Device;
 }
 
-// The device sessions and predictors run on: device 0, opened once per process.
+// The device sessions and predictors run on, opened once per process: device 0, or the one
+// setCudaDeviceOrdinal chose before (a data-parallel rank's local rank, modulo the devices).
 cuda::Device& cudaDevice0();
+void setCudaDeviceOrdinal(int ordinal);
 
 // Compiles both graphs for device 0. Throws SessionSettingError for compiler.gemm: cublaslt
 // without cuBLASLt; codegen::NvrtcError, cuda::CudaError as the runner does.

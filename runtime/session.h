@@ -16,6 +16,7 @@
 #include "graph/graph.h"
 #include "passes/pass_manager.h"
 #include "runtime/batch_order.h"
+#include "runtime/communicator.h"
 
 namespace pa {
 
@@ -111,6 +112,14 @@ struct SessionSpec {
   std::string dumpKernelsDir;    // --dump-kernels: write the step's CUDA kernels here
   bool announceCompile = false;  // say that compiling starts (GPU: seconds on a cold cache) and where kernels were dumped
   bool recordBatches = false;    // --dump-batches: keep the rows of every step (Session::recordedBatches)
+  // Data parallel (README "Data-parallel training"): the ranks, or null for a run of one process.
+  // Every rank draws the same global batches of globalBatch rows and trains rows
+  // [rank * batchSize, (rank + 1) * batchSize) of each; the step's gradients and loss are
+  // averaged over the ranks before the optimizer, so every rank applies the same update.
+  std::shared_ptr<Communicator> comm;
+  int64_t globalBatch = 0;       // 0: batchSize (one rank)
+  // GPU: all-reduce on the device with NCCL (inside the captured step), even with one rank.
+  bool nccl = false;
 };
 
 // What a GPU session compiled and placed at start, for the run's header.
@@ -170,7 +179,7 @@ public:
   // this session's data (BatchOrder::incompatibility).
   virtual void restore(const TrainingState& s) = 0;
   // With SessionSpec::recordBatches, the training rows of every step queued by this session, in
-  // order (batch size entries a step); else empty.
+  // order (the global batch's entries a step, every rank's); else empty.
   const std::vector<int64_t>& recordedBatches() const { return batchLog_; }
 
 protected:

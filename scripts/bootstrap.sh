@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 # Each package and why it is here: README, "Dependencies".
 packages=(cmake ninja-build g++ libyaml-cpp-dev libopenblas-openmp-dev libgtest-dev libbenchmark-dev
-          llvm-14-dev libncurses-dev zlib1g-dev libcli11-dev nlohmann-json3-dev python3-dev)
+          llvm-14-dev libncurses-dev zlib1g-dev libcli11-dev nlohmann-json3-dev python3-dev
+          libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
