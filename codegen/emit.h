@@ -96,6 +96,8 @@ NodeKernels emitNode(const Graph& g, NodeId id, const EmitOptions& opt);
 // Whether a flash-attention(-grad) node's q, k, v, o and their gradients are [B, S, H, D]
 // (attribute layout: "bshd", read and written with strides) instead of [B, H, S, D].
 bool flashLayoutBshd(const Node& n);
+// flash-attention-qkv(-grad): Q, K and V are heads of one packed [B, S, Hq + 2 Hk, D] operand.
+bool flashPackedQkv(const Node& n);
 // The launcher's problem description of a flash-attention or flash-attention-grad node (fp32, or
 // bf16 where lower-bf16 stored q in bf16). `tf32` (precision: tf32) puts fp32 attention on the
 // TF32 tensor cores.

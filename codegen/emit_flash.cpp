@@ -10,10 +10,20 @@ using detail::Ctx;
 
 bool flashLayoutBshd(const Node& n) { return n.attrs.get<attr::Layout>() == "bshd"; }
 
+bool flashPackedQkv(const Node& n) { return n.op == OpKind::FlashAttentionQkv || n.op == OpKind::FlashAttentionQkvGrad; }
+
 FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n, bool tf32) {
   const Ctx c{g, n};
-  Shape q = c.in(0), k = c.in(1);
-  if (flashLayoutBshd(n)) std::swap(q[1], q[2]), std::swap(k[1], k[2]);  // the [B, H, S, D] view
+  Shape q, k;
+  if (flashPackedQkv(n)) {  // [B, S, Hq + 2 Hk, D]: the [B, H, S, D] views of its Q and K
+    const Shape& x = c.in(0);
+    const int64_t hk = n.attrs.get<attr::KvHeads>();
+    q = {x[0], x[2] - 2 * hk, x[1], x[3]};
+    k = {x[0], hk, x[1], x[3]};
+  } else {
+    q = c.in(0), k = c.in(1);
+    if (flashLayoutBshd(n)) std::swap(q[1], q[2]), std::swap(k[1], k[2]);  // the [B, H, S, D] view
+  }
   FlashAttentionConfig f;
   f.dtype = c.inType(0) == DType::BF16 ? kFlashBF16 : kFlashF32;
   f.batch = static_cast<int>(q[0]);
@@ -24,7 +34,8 @@ FlashAttentionConfig flashConfigOf(const Graph& g, const Node& n, bool tf32) {
   f.headDim = static_cast<int>(q[3]);
   f.scale = static_cast<float>(c.n.attrs.get<attr::AttnScale>());
   f.mask = maskSpecOf(c.n.attrs);
-  f.sinkLogits = c.n.op == OpKind::FlashAttention ? c.n.inputs.size() == 4 : c.n.inputs.size() == 7;
+  // The sink logits are the last input, when the node has its op's largest arity.
+  f.sinkLogits = static_cast<int>(c.n.inputs.size()) == opInfo(c.n.op).maxInputs;
   f.tf32 = tf32 && f.dtype == kFlashF32;
   return f;
 }
@@ -69,6 +80,7 @@ NodeKernels flashKernels(const Ctx& c, const std::vector<FlashKernelKind>& kinds
 }  // namespace
 
 NodeKernels emitFlashAttention(const Ctx& c) { return flashKernels(c, {FlashKernelKind::kForward}); }
+NodeKernels emitFlashAttentionQkv(const Ctx& c) { return emitFlashAttention(c); }
 NodeKernels emitFlashAttentionGrad(const Ctx& c) {
   // dQ from the dK/dV kernel's per-key-block shares (fp32, short keys), from its atomics (fp32
   // beyond; the default, non-deterministic backward), or from its own kernel.
@@ -84,6 +96,7 @@ NodeKernels emitFlashAttentionGrad(const Ctx& c) {
   kinds.push_back(FlashKernelKind::kBwdDkDvReduce);
   return flashKernels(c, kinds);
 }
+NodeKernels emitFlashAttentionQkvGrad(const Ctx& c) { return emitFlashAttentionGrad(c); }
 
 }  // namespace detail
 

@@ -240,11 +240,16 @@ NodeKernels emitRope(const Ctx& c) {
   const int64_t count = rows * items;
   // Rows are [B, H, S] (bhsd) or [B, S, H] (bshd) in memory order; the position is s.
   const std::string pos = bshd ? "(row / " + ll(heads) + ") % " + ll(seq) : "row % " + ll(seq);
+  // Heads from `turnHeads` on (a packed QKV's V) pass unchanged: the pair is stored as read.
+  const int64_t turnHeads = a.get<attr::RopeHeads>();
+  const std::string head = bshd ? "row % " + ll(heads) : "(row / " + ll(seq) + ") % " + ll(heads);
+  const std::string passHead =
+      turnHeads > 0 && turnHeads < heads ? "    if (" + head + " >= " + ll(turnHeads) + ") {\n      out0[i0] = a;\n      out0[i1] = b;\n      continue;\n    }\n" : "";
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "", kRope,
                               {{"FREQCOUNT", std::to_string(std::max<int64_t>(half, 1))}, {"INVFREQ", freqs},
                                {"COUNT", ll(count)}, {"ITEMS", ll(std::max<int64_t>(items, 1))}, {"D", ll(d)},
-                               {"HALF", ll(half)}, {"DIMS", ll(dims)}, {"POS", pos},
+                               {"HALF", ll(half)}, {"DIMS", ll(dims)}, {"POS", pos}, {"PASSHEAD", passHead},
                                {"TURN", ropeTurn("(double)pos * " + c.kernelName() + "_invFreq[item]", "a", "b", a.get<attr::Inverse>())},
                                {"I0", interleaved ? "2 * item" : "item"},
                                {"I1", interleaved ? "2 * item + 1" : "item + " + ll(half)}},

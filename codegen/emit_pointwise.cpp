@@ -217,6 +217,32 @@ NodeKernels emitDeinterleave(const Ctx& c) {
                                       "    out0[i] = in0[2 * i + " + std::to_string(c.n.attrs.get<attr::Part>()) + "];\n", allArgs(c.n)));
   return nk;
 }
+NodeKernels emitConcat(const Ctx& c) {
+  // Output column j of each row: the part whose columns [from, from + width) hold it.
+  const int64_t width = c.out().back();
+  std::string body = "    const long long r = i / " + ll(width) + ", j = i % " + ll(width) + ";\n";
+  int64_t from = 0;
+  for (size_t p = 0; p < c.n.inputs.size(); ++p) {
+    const int64_t w = c.in(static_cast<int>(p)).back();
+    const std::string in = "in" + std::to_string(p);
+    const std::string read = in + "[r * " + ll(w) + " + j - " + ll(from) + "]";
+    if (p + 1 == c.n.inputs.size()) body += "    else out0[i] = " + read + ";\n";
+    else body += std::string(p ? "    else " : "    ") + "if (j < " + ll(from + w) + ") out0[i] = " + read + ";\n";
+    from += w;
+  }
+  NodeKernels nk;
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()), body, allArgs(c.n)));
+  return nk;
+}
+NodeKernels emitSlice(const Ctx& c) {
+  const int64_t length = c.n.attrs.get<attr::Length>();
+  NodeKernels nk;
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()),
+                                      "    out0[i] = in0[(i / " + ll(length) + ") * " + ll(c.in(0).back()) + " + " +
+                                          ll(c.n.attrs.get<attr::Start>()) + " + i % " + ll(length) + "];\n",
+                                      allArgs(c.n)));
+  return nk;
+}
 NodeKernels emitSwigluGrad(const Ctx& c) {
   NodeKernels nk;
   nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)),

@@ -343,8 +343,8 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
       // issue 27), only when listed.
       if (f.asBool()) kinds = {"linear", "attention", "norm", "elementwise"};
     } else {
-      if (!f.isSequence()) f.fail("expected true, false or a list of linear, attention, rope, norm, elementwise");
-      const std::vector<std::string> fusions = {"linear", "attention", "rope", "norm", "elementwise"};
+      if (!f.isSequence()) f.fail("expected true, false or a list of linear, attention, qkv, rope, norm, elementwise");
+      const std::vector<std::string> fusions = {"linear", "attention", "qkv", "rope", "norm", "elementwise"};
       for (size_t i = 0; i < f.size(); ++i) {
         const std::string k = f.item(i).asString();
         if (std::find(fusions.begin(), fusions.end(), k) == fusions.end())
@@ -352,6 +352,8 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
         if (std::find(kinds.begin(), kinds.end(), k) != kinds.end()) f.item(i).fail("'" + k + "' is listed twice");
         if (k == "rope" && std::find(kinds.begin(), kinds.end(), "attention") == kinds.end())
           f.item(i).fail("rope folds into the attention nodes' projections: list attention before it");
+        if (k == "qkv" && std::find(kinds.begin(), kinds.end(), "attention") == kinds.end())
+          f.item(i).fail("qkv packs the attention nodes' projections: list attention before it");
         kinds.push_back(k);
       }
     }

@@ -154,6 +154,8 @@ Types inferRope(const Graph& g, const Node& n) {
     fail(n, "rope: dims must be even and at most the head dim " + std::to_string(x[3]) + " (0: all), got " + std::to_string(dims));
   if (dims == 0 && x[3] % 2 != 0) fail(n, "rope: the head dim " + std::to_string(x[3]) + " is odd; set dims to an even count");
   if (!(n.attrs.get<attr::RopeBase>() > 0.0)) fail(n, "rope: base must be > 0, got " + std::to_string(n.attrs.get<attr::RopeBase>()));
+  const int64_t heads = n.attrs.get<attr::RopeHeads>(), h = layout == "bshd" ? x[2] : x[1];
+  if (heads < 0 || heads > h) fail(n, "rope: heads must be 0 (all) to " + std::to_string(h) + ", got " + std::to_string(heads));
   return unary(g, n);
 }
 
@@ -333,6 +335,27 @@ Types inferDeinterleave(const Graph& g, const Node& n) {
   out.back() /= 2;
   return one(out, dt(g, n));
 }
+Types inferConcat(const Graph& g, const Node& n) {
+  Shape out = in(g, n, 0);
+  if (out.empty()) fail(n, "concat needs inputs of rank >= 1");
+  out.back() = 0;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const Shape& s = in(g, n, static_cast<int>(i));
+    if (s.size() != out.size() || !std::equal(s.begin(), s.end() - 1, out.begin()))
+      fail(n, "concat's inputs must agree on every axis but the last, got " + shapeString(in(g, n, 0)) + " and " + shapeString(s));
+    out.back() += s.back();
+  }
+  return one(out, dt(g, n));
+}
+Types inferSlice(const Graph& g, const Node& n) {
+  const Shape& x = in(g, n, 0);
+  const int64_t start = n.attrs.get<attr::Start>(), length = n.attrs.get<attr::Length>();
+  if (x.empty() || start < 0 || length < 1 || start + length > x.back())
+    fail(n, "slice [" + std::to_string(start) + ", " + std::to_string(start + length) + ") is not inside the last axis of " + shapeString(x));
+  Shape out = x;
+  out.back() = length;
+  return one(out, dt(g, n));
+}
 Types inferSwigluGrad(const Graph& g, const Node& n) {
   const Shape& dy = in(g, n, 0);
   Shape pre = dy;
@@ -390,6 +413,50 @@ Types inferFlashAttentionGrad(const Graph& g, const Node& n) {
   Types t;
   for (int i = 0; i < 3; ++i) t.push_back(TensorType{in(g, n, i), dt(g, n)});
   if (n.inputs.size() == 7) t.push_back(TensorType{in(g, n, 6), dt(g, n)});
+  return t;
+}
+
+// The packed operand [B, S, Hq + 2 Hk, D] of the qkv flash ops: returns [B, Hq, S, D] (o's
+// logical shape) after checking the heads, the mask attributes and the layout.
+Shape flashQkvShapes(const Graph& g, const Node& n) {
+  const std::string layout = n.attrs.get<attr::Layout>();
+  if (layout != "bhsd" && layout != "bshd") fail(n, "layout must be 'bhsd' or 'bshd', got '" + layout + "'");
+  const Shape& x = in(g, n, 0);
+  const int64_t hk = n.attrs.get<attr::KvHeads>();
+  if (x.size() != 4) fail(n, "qkv must be [batch, seq, heads + 2 kv_heads, head_dim], got " + shapeString(x));
+  const int64_t hq = x[2] - 2 * hk;
+  if (hk < 1 || hq < 1 || hq % hk != 0)
+    fail(n, "qkv " + shapeString(x) + " has " + std::to_string(x[2]) + " heads, not heads + 2 kv_heads with kv_heads " +
+                std::to_string(hk) + " dividing heads");
+  if (n.attrs.get<attr::WindowLeft>() < -1 || n.attrs.get<attr::WindowRight>() < -1 || n.attrs.get<attr::Sinks>() < 0)
+    fail(n, "window offsets must be >= -1 and sinks >= 0");
+  const std::string align = n.attrs.get<attr::Align>();
+  if (align != "top-left" && align != "bottom-right") fail(n, "align must be 'top-left' or 'bottom-right'");
+  return Shape{x[0], hq, x[1], x[3]};
+}
+Shape flashQkvOutShape(const Node& n, const Shape& logical) {
+  if (n.attrs.get<attr::Layout>() == "bshd") return Shape{logical[0], logical[2], logical[1], logical[3]};
+  return logical;
+}
+
+Types inferFlashAttentionQkv(const Graph& g, const Node& n) {
+  const Shape q = flashQkvShapes(g, n);
+  if (n.inputs.size() == 2 && in(g, n, 1) != Shape{q[1]})
+    fail(n, "sink logits " + shapeString(in(g, n, 1)) + " must be [" + std::to_string(q[1]) + "] (one per query head)");
+  Types t = one(flashQkvOutShape(n, q), dt(g, n));
+  t.push_back(TensorType{Shape{q[0], q[1], q[2]}, dt(g, n)});
+  return t;
+}
+
+Types inferFlashAttentionQkvGrad(const Graph& g, const Node& n) {
+  const Shape q = flashQkvShapes(g, n);
+  const Shape o = flashQkvOutShape(n, q);
+  if (in(g, n, 1) != o || in(g, n, 3) != o) fail(n, "o and do must be " + shapeString(o));
+  if (in(g, n, 2) != Shape{q[0], q[1], q[2]}) fail(n, "lse must be [batch, heads, seq]");
+  if (n.inputs.size() == 5 && in(g, n, 4) != Shape{q[1]})
+    fail(n, "sink logits " + shapeString(in(g, n, 4)) + " must be [" + std::to_string(q[1]) + "] (one per query head)");
+  Types t = one(in(g, n, 0), dt(g, n));
+  if (n.inputs.size() == 5) t.push_back(TensorType{in(g, n, 4), dt(g, n)});
   return t;
 }
 

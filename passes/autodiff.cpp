@@ -270,6 +270,40 @@ void gradDeinterleave(GradCtx& c) {
   c.give(0, c.op(OpKind::Interleave, {odd ? zero : c.dy, odd ? c.dy : zero}));
 }
 
+void gradConcat(GradCtx& c) {
+  int64_t start = 0;
+  for (size_t i = 0; i < c.n.inputs.size(); ++i) {
+    const int64_t width = c.shape(c.in(static_cast<int>(i))).back();
+    if (c.wants(static_cast<int>(i)))
+      c.give(static_cast<int>(i), c.op(OpKind::Slice, {c.dy}, AttrMap().set<attr::Start>(start).set<attr::Length>(width)));
+    start += width;
+  }
+}
+void gradSlice(GradCtx& c) {
+  // dy in its place along the last axis, zeros on either side.
+  const Shape& x = c.shape(c.in(0));
+  const int64_t start = c.n.attrs.get<attr::Start>(), end = start + c.n.attrs.get<attr::Length>();
+  auto zeros = [&](int64_t width) {
+    Shape s = x;
+    s.back() = width;
+    return c.g.addConstant(0.0, s);
+  };
+  llvm::SmallVector<ValueId, 3> parts;
+  if (start > 0) parts.push_back(zeros(start));
+  parts.push_back(c.dy);
+  if (end < x.back()) parts.push_back(zeros(x.back() - end));
+  c.give(0, parts.size() == 1 ? c.dy : c.op(OpKind::Concat, parts));
+}
+
+void gradFlashAttentionQkv(GradCtx& c) {
+  llvm::SmallVector<ValueId, 5> ins{c.in(0), c.n.outputs[0], c.n.outputs[1], c.dy};
+  if (c.n.inputs.size() == 2) ins.push_back(c.in(1));
+  const ValueId first = c.op(OpKind::FlashAttentionQkvGrad, ins, c.n.attrs);
+  const Node& grad = c.g.producer(first);
+  for (size_t i = 0; i < c.n.inputs.size(); ++i)
+    if (c.wants(static_cast<int>(i))) c.give(static_cast<int>(i), grad.outputs[i]);
+}
+
 void gradFlashAttention(GradCtx& c) {
   llvm::SmallVector<ValueId, 7> ins{c.in(0), c.in(1), c.in(2), c.n.outputs[0], c.n.outputs[1], c.dy};
   if (c.n.inputs.size() == 4) ins.push_back(c.in(3));
@@ -294,6 +328,7 @@ void gradRmsNormGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxSinkGrad(GradCtx& c) { noRule(c); }
 void gradFlashAttentionGrad(GradCtx& c) { noRule(c); }
+void gradFlashAttentionQkvGrad(GradCtx& c) { noRule(c); }
 
 using GradFn = void (*)(GradCtx&);
 const GradFn kGrad[] = {

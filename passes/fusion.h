@@ -33,6 +33,9 @@ std::unique_ptr<RewritePattern> makeFoldAttentionLayoutPattern();
 // The rotary embedding of a FlashAttention's Q and K, each Rope(Reshape(x·W [+ b])), folded into
 // their projections' epilogues (FusedLinear, activation rope).
 std::unique_ptr<RewritePattern> makeFoldRopePattern();
+// A FlashAttention's Q, K and V, three projections of one input (with rope on Q and K or not),
+// become one GEMM over the concatenated weights and a FlashAttentionQkv reading the packed result.
+std::unique_ptr<RewritePattern> makeFuseQkvPattern();
 
 // Fuses chains of elementwise and broadcast ops into FusedElementwise nodes; returns the number
 // of fused nodes made and adds the number of ops absorbed to `absorbed`.

@@ -44,16 +44,19 @@ int64_t lowerToBf16(Graph& g) {
       if (leaf || outputs.count(v) || opInfo(n.op).isFp32Output(i)) t = DType::F32;
       if (n.op == OpKind::Cast) t = g.value(v).type.dtype;
       if (n.op == OpKind::Reshape && !outputs.count(v)) t = g.value(n.inputs[0]).type.dtype;  // set: topological order
-      if (n.op == OpKind::Interleave && !outputs.count(v) && !feedsTensorCoresOnly(v))
-        t = g.value(n.inputs[0]).type.dtype == DType::F32 || g.value(n.inputs[1]).type.dtype == DType::F32 ? DType::F32 : DType::BF16;
+      if ((n.op == OpKind::Interleave || n.op == OpKind::Concat) && !outputs.count(v) && !feedsTensorCoresOnly(v)) {
+        t = DType::BF16;
+        for (ValueId in : n.inputs)
+          if (g.value(in).type.dtype == DType::F32) t = DType::F32;
+      }
       g.setDtype(v, t);
     }
   }
-  // A weight gradient split back into its halves (the swiglu pair's dW) is stored fp32 by its
-  // GEMM, as an unsplit one is: the halves are fp32 graph outputs.
+  // A weight gradient split back into its parts (the swiglu pair's dW, the packed QKV's dW and
+  // d bias) is stored fp32 by its GEMM, as an unsplit one is: the parts are fp32 graph outputs.
   for (NodeId id : order) {
     const Node& n = g.node(id);
-    if (n.op != OpKind::Deinterleave || g.value(n.outputs[0]).type.dtype != DType::F32) continue;
+    if ((n.op != OpKind::Deinterleave && n.op != OpKind::Slice) || g.value(n.outputs[0]).type.dtype != DType::F32) continue;
     const ValueId in = n.inputs[0];
     if (opInfo(g.producer(in).op).grad != GradKind::Leaf) g.setDtype(in, DType::F32);
   }
@@ -62,7 +65,10 @@ int64_t lowerToBf16(Graph& g) {
   // The attention kernels write o, dQ, dK and dV in q's dtype: where one of them is a graph
   // output (a gradient of q, k or v as parameters), it stays bf16 and a Cast gives the fp32 output.
   for (NodeId id : order) {
-    if (g.node(id).op != OpKind::FlashAttention && g.node(id).op != OpKind::FlashAttentionGrad) continue;
+    const OpKind op = g.node(id).op;
+    if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad && op != OpKind::FlashAttentionQkv &&
+        op != OpKind::FlashAttentionQkvGrad)
+      continue;
     for (size_t i = 0; i < g.node(id).outputs.size(); ++i) {
       const ValueId v = g.node(id).outputs[i];
       if (opInfo(g.node(id).op).isFp32Output(i) || g.value(v).type.dtype == DType::BF16) continue;

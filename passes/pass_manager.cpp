@@ -63,6 +63,13 @@ void registerBuiltins(PassRegistry& r) {
            ps.push_back(makeFoldRopePattern());
            s.counters["ropes folded"] = applyPatternsGreedily(g, ps);
          }});
+  r.add({"fuse-qkv",
+         "a FlashAttention's Q, K and V projections of one input become one GEMM over the concatenated weights, read packed",
+         {"fuse-attention"}, {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget&) {
+           std::vector<std::unique_ptr<RewritePattern>> ps;
+           ps.push_back(makeFuseQkvPattern());
+           s.counters["qkv packed"] = applyPatternsGreedily(g, ps);
+         }});
   r.add({"fuse-elementwise", "chains of elementwise and broadcast ops become one FusedElementwise", {}, {},
          [](Graph& g, PassStats& s, const PassTarget&) {
            int64_t absorbed = 0;

@@ -130,7 +130,8 @@ void execRope(Ctx<T>& c) {
   const bool bshd = getAttr<attr::Layout>(c.n.attrs) == "bshd";
   const int64_t dims = getAttr<attr::RopeDims>(c.n.attrs);
   cpu::rope(c.in(0), c.out(), s[0], bshd ? s[2] : s[1], bshd ? s[1] : s[2], s[3], bshd, dims ? dims : s[3],
-            getAttr<attr::RopeBase>(c.n.attrs), getAttr<attr::Interleaved>(c.n.attrs), getAttr<attr::Inverse>(c.n.attrs));
+            getAttr<attr::RopeBase>(c.n.attrs), getAttr<attr::Interleaved>(c.n.attrs), getAttr<attr::Inverse>(c.n.attrs),
+            getAttr<attr::RopeHeads>(c.n.attrs));
 }
 
 template <class T>
@@ -267,6 +268,23 @@ void execInterleave(Ctx<T>& c) { cpu::interleave(c.in(0), c.in(1), c.out(), nume
 template <class T>
 void execDeinterleave(Ctx<T>& c) { cpu::deinterleave(c.in(0), c.out(), c.outCount(), static_cast<int>(getAttr<attr::Part>(c.n.attrs))); }
 template <class T>
+void execConcat(Ctx<T>& c) {
+  std::vector<const T*> parts;
+  std::vector<int64_t> widths;
+  for (size_t i = 0; i < c.n.inputs.size(); ++i) {
+    parts.push_back(c.in(static_cast<int>(i)));
+    widths.push_back(c.inShape(static_cast<int>(i)).back());
+  }
+  const int64_t width = c.outShape().back();
+  cpu::concat(parts, widths, c.out(), width ? c.outCount() / width : 0);
+}
+template <class T>
+void execSlice(Ctx<T>& c) {
+  const int64_t width = c.inShape(0).back();
+  cpu::slice(c.in(0), c.out(), width ? numel(c.inShape(0)) / width : 0, width, getAttr<attr::Start>(c.n.attrs),
+             getAttr<attr::Length>(c.n.attrs));
+}
+template <class T>
 void execSwigluGrad(Ctx<T>& c) { cpu::swigluGrad(c.in(0), c.in(1), c.out(), numel(c.inShape(0))); }
 
 bool bshd(const Node& n) { return n.attrs.get<attr::Layout>() == "bshd"; }
@@ -361,6 +379,81 @@ void execFlashAttentionGrad(Ctx<T>& c) {
   T* dv = f.out(c.out(2), false);
   cpu::flashAttentionBackward(q, k, v, o, c.in(4), dO, sink ? c.in(6) : nullptr, dq, dk, dv, sink ? c.out(3) : nullptr, s);
   f.finish();
+}
+
+// The packed [B, S, Hq + 2 Hk, D] operand of the qkv flash ops: heads [h0, h0 + count) copied to
+// or from a [B, count, S, D] buffer, the order the CPU kernels read.
+template <class T>
+void unpackHeads(const T* packed, T* dst, const cpu::FlashShape& s, int64_t h0, int64_t count) {
+  const int64_t heads = s.qHeads + 2 * s.kvHeads, d = s.headDim;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < count; ++h)
+      for (int64_t q = 0; q < s.qLen; ++q) {
+        const T* src = packed + ((b * s.qLen + q) * heads + h0 + h) * d;
+        std::copy(src, src + d, dst + ((b * count + h) * s.qLen + q) * d);
+      }
+}
+template <class T>
+void packHeads(const T* src, T* packed, const cpu::FlashShape& s, int64_t h0, int64_t count) {
+  const int64_t heads = s.qHeads + 2 * s.kvHeads, d = s.headDim;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < count; ++h)
+      for (int64_t q = 0; q < s.qLen; ++q) {
+        const T* from = src + ((b * count + h) * s.qLen + q) * d;
+        std::copy(from, from + d, packed + ((b * s.qLen + q) * heads + h0 + h) * d);
+      }
+}
+
+cpu::FlashShape flashQkvShape(const Graph& g, const Node& n) {
+  const Shape& x = g.shape(n.inputs[0]);
+  cpu::FlashShape s;
+  s.batch = x[0];
+  s.kvHeads = n.attrs.get<attr::KvHeads>();
+  s.qHeads = x[2] - 2 * s.kvHeads;
+  s.qLen = s.kvLen = x[1];
+  s.headDim = x[3];
+  s.scale = n.attrs.get<attr::AttnScale>();
+  s.mask = maskSpecOf(n.attrs);
+  return s;
+}
+
+// Q, K and V of a packed operand, each [B, H, S, D].
+template <class T>
+struct UnpackedQkv {
+  UnpackedQkv(const T* packed, const cpu::FlashShape& s)
+      : q(static_cast<size_t>(s.batch * s.qHeads * s.qLen * s.headDim)), k(static_cast<size_t>(s.batch * s.kvHeads * s.qLen * s.headDim)),
+        v(k.size()) {
+    unpackHeads(packed, q.data(), s, 0, s.qHeads);
+    unpackHeads(packed, k.data(), s, s.qHeads, s.kvHeads);
+    unpackHeads(packed, v.data(), s, s.qHeads + s.kvHeads, s.kvHeads);
+  }
+  std::vector<T> q, k, v;
+};
+
+template <class T>
+void execFlashAttentionQkv(Ctx<T>& c) {
+  const cpu::FlashShape s = flashQkvShape(c.g, c.n);
+  const UnpackedQkv<T> u(c.in(0), s);
+  FlashOperands<T> f(s, bshd(c.n));
+  cpu::flashAttentionForward(u.q.data(), u.k.data(), u.v.data(), c.n.inputs.size() == 2 ? c.in(1) : nullptr,
+                             f.out(c.out(0), true), c.out(1), s);
+  f.finish();
+}
+
+template <class T>
+void execFlashAttentionQkvGrad(Ctx<T>& c) {
+  const cpu::FlashShape s = flashQkvShape(c.g, c.n);
+  const bool sink = c.n.inputs.size() == 5;
+  const UnpackedQkv<T> u(c.in(0), s);
+  FlashOperands<T> f(s, bshd(c.n));
+  const T* o = f.in(c.in(1), true);
+  const T* dO = f.in(c.in(3), true);
+  std::vector<T> dq(u.q.size()), dk(u.k.size()), dv(u.v.size());
+  cpu::flashAttentionBackward(u.q.data(), u.k.data(), u.v.data(), o, c.in(2), dO, sink ? c.in(4) : nullptr, dq.data(), dk.data(),
+                              dv.data(), sink ? c.out(1) : nullptr, s);
+  packHeads(dq.data(), c.out(0), s, 0, s.qHeads);
+  packHeads(dk.data(), c.out(0), s, s.qHeads, s.kvHeads);
+  packHeads(dv.data(), c.out(0), s, s.qHeads + s.kvHeads, s.kvHeads);
 }
 
 // Evaluates the expression over chunks of the output, one primitive kernel per expression node

@@ -74,9 +74,10 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     if (nk.external) {
       if (!flash_) flash_ = std::make_unique<FlashAttention>(device_);
       const FlashAttentionConfig cfg = flashConfig(n);
-      flash_->validate(cfg, n.op == OpKind::FlashAttentionGrad);
-      flashProblems.emplace_back(cfg, n.op == OpKind::FlashAttentionGrad);
-      if (n.op == OpKind::FlashAttentionGrad) scratch_.emplace(id, cuda::DeviceBuffer(std::max<size_t>(flash_->backwardWorkspaceBytes(cfg), 16)));
+      const bool backward = n.op == OpKind::FlashAttentionGrad || n.op == OpKind::FlashAttentionQkvGrad;
+      flash_->validate(cfg, backward);
+      flashProblems.emplace_back(cfg, backward);
+      if (backward) scratch_.emplace(id, cuda::DeviceBuffer(std::max<size_t>(flash_->backwardWorkspaceBytes(cfg), 16)));
       continue;
     }
     // A reshape whose output shares its input's bytes has nothing to do, nor has a cast whose
@@ -341,7 +342,7 @@ std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream s
     const Node& n = g_.node(id);
     if (skipped_[static_cast<size_t>(id)]) continue;
     if (!launches_[static_cast<size_t>(id)].empty() || library_.count(id) || n.op == OpKind::FlashAttention ||
-        n.op == OpKind::FlashAttentionGrad)
+        n.op == OpKind::FlashAttentionGrad || codegen::flashPackedQkv(n))
       timed.push_back(id);
   }
   std::vector<std::unique_ptr<cuda::Event>> events;
@@ -383,9 +384,69 @@ FlashAttentionConfig CudaGraphRunner::flashConfig(const Node& n) const {
   return cfg;
 }
 
+// flash-attention-qkv(-grad): Q, K and V (and dQ, dK, dV) are strided views of one packed
+// [B, S, Hq + 2 Hk, D] buffer: heads [0, Hq), [Hq, Hq + Hk) and [Hq + Hk, Hq + 2 Hk), each row
+// (Hq + 2 Hk)·D elements long. fuse-qkv builds the node only where D is a multiple of 8, so every
+// view's base and strides are multiples of 16 bytes, as the kernels' cp.async loads need.
+void CudaGraphRunner::runPackedFlash(NodeId id, cuda::CUstream stream) {
+  const Node& n = g_.node(id);
+  const FlashAttentionConfig cfg = flashConfig(n);
+  const long long d = cfg.headDim, row = static_cast<long long>(cfg.heads + 2 * cfg.kvHeads) * d;
+  const unsigned long long elem = cfg.dtype == kFlashF32 ? 4 : 2;
+  auto packed = [&](ValueId v, int firstHead) {
+    FlashTensor t;
+    t.ptr = ptr(v) + static_cast<unsigned long long>(firstHead) * d * elem;
+    t.seqStride = row;
+    t.headStride = d;
+    t.batchStride = row * cfg.qLen;
+    return t;
+  };
+  auto out = [&](ValueId v) {  // o and dO in the node's layout
+    FlashTensor t = FlashTensor::contiguous(ptr(v), cfg.heads, cfg.qLen, cfg.headDim);
+    if (codegen::flashLayoutBshd(n)) {
+      t.headStride = d;
+      t.seqStride = static_cast<long long>(cfg.heads) * d;
+    }
+    return t;
+  };
+  const ValueId qkv = n.inputs[0];
+  if (n.op == OpKind::FlashAttentionQkv) {
+    FlashForwardArgs a;
+    a.q = packed(qkv, 0);
+    a.k = packed(qkv, cfg.heads);
+    a.v = packed(qkv, cfg.heads + cfg.kvHeads);
+    a.o = out(n.outputs[0]);
+    a.lse = ptr(n.outputs[1]);
+    if (cfg.sinkLogits) a.sinkLogits = ptr(n.inputs[1]);
+    flash_->forward(cfg, a, stream);
+    return;
+  }
+  FlashBackwardArgs a;
+  a.q = packed(qkv, 0);
+  a.k = packed(qkv, cfg.heads);
+  a.v = packed(qkv, cfg.heads + cfg.kvHeads);
+  a.o = out(n.inputs[1]);
+  a.lse = ptr(n.inputs[2]);
+  a.dO = out(n.inputs[3]);
+  const ValueId dqkv = n.outputs[0];
+  a.dQ = packed(dqkv, 0);
+  a.dK = packed(dqkv, cfg.heads);
+  a.dV = packed(dqkv, cfg.heads + cfg.kvHeads);
+  if (cfg.sinkLogits) {
+    a.sinkLogits = ptr(n.inputs[4]);
+    a.dSinkLogits = ptr(n.outputs[1]);
+  }
+  a.workspace = scratch_.at(id).ptr();
+  flash_->backward(cfg, a, stream);
+}
+
 void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
   if (skipped_[static_cast<size_t>(id)]) return;
   const Node& n = g_.node(id);
+  if (codegen::flashPackedQkv(n)) {
+    runPackedFlash(id, stream);
+    return;
+  }
   if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad) {
     const FlashAttentionConfig cfg = flashConfig(n);
     // [B, H, S, D] contiguous, or [B, S, H, D] (layout "bshd": the projections' own layout).

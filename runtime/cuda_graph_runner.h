@@ -109,6 +109,7 @@ private:
   struct Launch;
   struct LibraryNode;
   void runNode(NodeId id, cuda::CUstream stream);
+  void runPackedFlash(NodeId id, cuda::CUstream stream);  // flash-attention-qkv(-grad)
   void compile();
   void planLibraryGemms(const CudaRunnerOptions& opt);
   void chooseGemmProviders(const CudaRunnerOptions& opt);

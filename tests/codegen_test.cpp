@@ -34,8 +34,16 @@ struct GraphCase {
   std::string config;
   bool noFuse;
   std::string precision = "fp32";
-  std::string name() const { return config + (noFuse ? "_unfused" : "_fused") + (precision == "fp32" ? "" : "_" + precision); }
+  std::vector<std::string> sets = {};
+  std::string label = "";  // names a case with `sets`
+  std::string name() const {
+    return config + (noFuse ? "_unfused" : "_fused") + (precision == "fp32" ? "" : "_" + precision) + label;
+  }
 };
+
+// fuse-qkv on: the packed projection, its concatenated weights and split gradients, the rope of
+// the packed Q and K.
+const std::vector<std::string> kQkv = {"compiler.fuse=[linear, attention, qkv, norm, elementwise]"};
 
 const std::vector<GraphCase> kGraphCases = {
     {"sine_mlp", false},          {"sine_mlp", true},          {"sine_attention", false},
@@ -45,7 +53,9 @@ const std::vector<GraphCase> kGraphCases = {
     {"sine_mlp", false, "bf16"},  {"sine_mlp", true, "bf16"},  {"sine_attention", false, "bf16"},
     {"sine_attention", true, "bf16"}, {"function_mlp", false, "bf16"}, {"mlp_tiny", false, "bf16"},
     {"mlp_wide", false, "bf16"},  {"attn_block", false, "bf16"}, {"attn_block", true, "bf16"},
-    {"tiny_gpt", false},          {"tiny_gpt", false, "bf16"}, {"tiny_llama", true}};
+    {"tiny_gpt", false},          {"tiny_gpt", false, "bf16"}, {"tiny_llama", true},
+    {"sine_attention", false, "fp32", kQkv, "_qkv"}, {"attn_block", false, "bf16", kQkv, "_qkv"},
+    {"tiny_llama", false, "fp32", kQkv, "_qkv"}, {"tiny_llama", false, "bf16", kQkv, "_qkv"}};
 
 // The runner compiles a graph's kernels as a few programs, each the concatenation of many
 // kernels' sources (runtime/cuda_graph_runner.cpp, "Note on parallel compilation"): whatever a
@@ -135,7 +145,7 @@ TEST(GeneratedKernels, EveryConfigsKernelsCompileForEveryTarget) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
   std::vector<Graph> graphs;
-  for (const GraphCase& c : kGraphCases) graphs.push_back(trainingGraph(c.config, c.noFuse, c.precision));
+  for (const GraphCase& c : kGraphCases) graphs.push_back(trainingGraph(c.config, c.noFuse, c.precision, c.sets));
   for (const char* arch : {"sm_80", "sm_90a"}) {
     codegen::EmitOptions opt;
     opt.wgmma = std::string(arch) == "sm_90a";

@@ -413,6 +413,9 @@ TEST(ConfigErrors, MistakesFoundByMutatingTheExamples) {
   e = errorOf(std::string(kGood) + "compiler: {fuse: [linear, rope, attention]}\n");
   EXPECT_NE(e.find("model.yaml:10:27: compiler.fuse[1]: rope folds into the attention nodes' projections: list attention before it"),
             std::string::npos) << e;
+  e = errorOf(std::string(kGood) + "compiler: {fuse: [linear, qkv, attention]}\n");
+  EXPECT_NE(e.find("model.yaml:10:27: compiler.fuse[1]: qkv packs the attention nodes' projections: list attention before it"),
+            std::string::npos) << e;
   e = errorOf("name: t\ndata: {kind: function}\nmodel:\n  params: {w: {shape: [1, 1]}}\n"
               "  nodes: [{op: matmul, inputs: {a: 1}, output: y}]\n");
   EXPECT_NE(e.find("model.yaml:5:32: model.nodes[0].inputs: expected a value name or a list of them, got a map"),

@@ -44,12 +44,12 @@ BuiltModel build(const std::string& modelYaml, std::vector<int64_t> input, std::
 // Loss and every parameter gradient of two whole training graphs agree on the same random
 // parameters and inputs. Float64 throughout: the fused kernels reorder sums, so agreement is to
 // rounding (~1e-15 relative), asserted at 1e-10.
-void expectSameLossAndGradients(const Graph& before, const Graph& after, uint64_t seed) {
-  CpuExecutor<double> eb(before), ea(after);
+// Runs both graphs on the same random parameters (matched by name) and inputs.
+void runOnSameData(const Graph& before, const Graph& after, uint64_t seed, CpuExecutor<double>& eb, CpuExecutor<double>& ea,
+                   std::vector<std::vector<double>>& storage) {
   const auto params = test::randomParams(before, seed);
   std::map<std::string, std::vector<double>> byName;
   for (const auto& kv : params) byName[before.value(kv.first).name] = kv.second;
-  std::vector<std::vector<double>> storage;
   storage.reserve(2 * byName.size());
   for (auto [g, ex] : {std::pair<const Graph*, CpuExecutor<double>*>{&before, &eb}, {&after, &ea}}) {
     for (ValueId p : g->params()) {
@@ -59,6 +59,34 @@ void expectSameLossAndGradients(const Graph& before, const Graph& after, uint64_
     for (ValueId in : g->inputs()) test::fillRandom(ex->data(in), numel(g->shape(in)), seed + in);
     ex->run();
   }
+}
+
+// The largest difference of the loss and of any parameter gradient between two training graphs,
+// each relative to max(1, the first graph's magnitude).
+double worstDifference(const Graph& before, const Graph& after, uint64_t seed) {
+  CpuExecutor<double> eb(before), ea(after);
+  std::vector<std::vector<double>> storage;
+  runOnSameData(before, after, seed, eb, ea, storage);
+  const double lb = eb.data(before.output("loss"))[0];
+  double worst = std::fabs(ea.data(after.output("loss"))[0] - lb) / std::max(1.0, std::fabs(lb));
+  for (ValueId p : before.params()) {
+    const std::string name = gradOutputName(before.value(p).name);
+    const double* gb = eb.data(before.output(name));
+    const double* ga = ea.data(after.output(name));
+    double diff = 0, scale = 0;
+    for (int64_t i = 0; i < numel(before.shape(p)); ++i) {
+      diff = std::max(diff, std::fabs(ga[i] - gb[i]));
+      scale = std::max(scale, std::fabs(gb[i]));
+    }
+    worst = std::max(worst, diff / std::max(1.0, scale));
+  }
+  return worst;
+}
+
+void expectSameLossAndGradients(const Graph& before, const Graph& after, uint64_t seed) {
+  CpuExecutor<double> eb(before), ea(after);
+  std::vector<std::vector<double>> storage;
+  runOnSameData(before, after, seed, eb, ea, storage);
   const double lb = eb.data(before.output("loss"))[0], la = ea.data(after.output("loss"))[0];
   EXPECT_TRUE(std::isfinite(lb));
   EXPECT_NEAR(la, lb, 1e-10 * std::max(1.0, std::fabs(lb)));
@@ -121,6 +149,195 @@ TEST(FuseSwiglu, DifferentInputsOrAnotherUserLeaveThePairAlone) {
       "    - {op: matmul, inputs: [h, w], output: y}\n";
   const Graph g = runAndCompare(build(nodes, {4}, {1}), {"fuse-linear"});
   EXPECT_EQ(countOps(g)[OpKind::Silu], 1);
+}
+
+// ---- fuse-qkv ----------------------------------------------------------------------------
+
+struct QkvSpelling {
+  std::string name, yaml;
+  bool linear;  // fuse-linear first: FusedLinear projections; else MatMul (then Add) ones
+  bool bias, rope;
+};
+void PrintTo(const QkvSpelling& c, std::ostream* os) { *os << c.name; }
+
+class FuseQkv : public ::testing::TestWithParam<QkvSpelling> {};
+
+const Node* onlyNodeOf(const Graph& g, OpKind op) {
+  const Node* found = nullptr;
+  for (NodeId id : g.topoOrder())
+    if (g.node(id).op == op) {
+      EXPECT_EQ(found, nullptr) << "more than one " << opName(op);
+      found = &g.node(id);
+    }
+  return found;
+}
+
+// The three projections become one GEMM over the concatenated weights and the attention reads its
+// packed result; loss and every gradient are the unfused graph's.
+TEST_P(FuseQkv, ProjectionsBecomeOneGemmThatTheAttentionReadsPacked) {
+  const QkvSpelling& p = GetParam();
+  const BuiltModel m = build("  input: [6, 32]\n  layers:\n    - attention: {" + p.yaml + "}\n    - linear: {units: 1}\n",
+                             {6, 32}, {6, 1});
+  std::vector<std::string> passes;
+  if (p.linear) passes.push_back("fuse-linear");
+  passes.insert(passes.end(), {"fuse-attention", "fuse-qkv"});
+  const Graph g = runAndCompare(m, passes);
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::FlashAttention], 0);
+  EXPECT_EQ(c[OpKind::FlashAttentionQkv], 1);
+  EXPECT_EQ(c[OpKind::Concat], p.bias ? 2 : 1);
+  EXPECT_EQ(c[OpKind::Rope], p.rope ? 1 : 0);
+  EXPECT_EQ(c[OpKind::MatMul] + c[OpKind::FusedLinear], 3);  // the packed projection, the output one, the last layer
+  const Node* f = onlyNodeOf(g, OpKind::FlashAttentionQkv);
+  ASSERT_NE(f, nullptr);
+  const Shape& qkv = g.shape(f->inputs[0]);
+  ASSERT_EQ(qkv.size(), 4u);
+  EXPECT_EQ(qkv[2], f->attrs.get<attr::KvHeads>() * 2 + g.shape(f->outputs[1])[1]);
+  if (p.rope) {
+    const Node* rope = onlyNodeOf(g, OpKind::Rope);
+    ASSERT_NE(rope, nullptr);
+    EXPECT_EQ(rope->attrs.get<attr::RopeHeads>(), qkv[2] - f->attrs.get<attr::KvHeads>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Spellings, FuseQkv,
+    ::testing::Values(QkvSpelling{"bias_fusedLinear", "heads: 2, causal: true", true, true, false},
+                      QkvSpelling{"bias_matmulAdd", "heads: 2, causal: true", false, true, false},
+                      QkvSpelling{"noBias_fusedLinear", "heads: 2, bias: false", true, false, false},
+                      QkvSpelling{"noBias_matmul", "heads: 2, bias: false", false, false, false},
+                      QkvSpelling{"gqa_windowSinksSinkLogits", "heads: 4, kv_heads: 2, causal: true, window: 2, sinks: 1, sink_logits: true",
+                                  true, true, false},
+                      QkvSpelling{"gqa4_ropeHalfSplit_noBias", "heads: 4, kv_heads: 1, causal: true, bias: false, rope: {base: 50}", true,
+                                  false, true},
+                      QkvSpelling{"ropeInterleavedSomeDims_matmulAdd", "heads: 2, rope: {base: 50, dims: 6, interleaved: true}", false,
+                                  true, true},
+                      QkvSpelling{"ropeHalfSplitSomeDims", "heads: 2, causal: true, rope: {base: 50, dims: 8}", true, true, true},
+                      QkvSpelling{"llamaBlock", "heads: 4, kv_heads: 2, head_dim: 8, causal: true, rope: true, bias: false, "
+                                                "pre_norm: rms, residual: true",
+                                  true, false, true}),
+    [](const ::testing::TestParamInfo<QkvSpelling>& i) { return i.param.name; });
+
+// Q, K, V split into heads by hand and left in [B, H, S, D] (the output is not permuted back, so
+// the attention keeps layout bhsd and its inputs are the permutes): packed all the same, o in bhsd.
+const char* kQkvBhsd =
+    "  input: [6, 32]\n  params: {wq: {shape: [32, 16]}, wk: {shape: [32, 16]}, wv: {shape: [32, 16]}, w: {shape: [96, 1]}}\n"
+    "  nodes:\n"
+    "    - {op: matmul, inputs: [input, wq], output: q0}\n"
+    "    - {op: reshape, inputs: [q0], shape: [-1, 6, 2, 8], output: q1}\n"
+    "    - {op: permute, inputs: [q1], perm: [0, 2, 1, 3], output: q}\n"
+    "    - {op: matmul, inputs: [input, wk], output: k0}\n"
+    "    - {op: reshape, inputs: [k0], shape: [-1, 6, 2, 8], output: k1}\n"
+    "    - {op: permute, inputs: [k1], perm: [0, 2, 1, 3], output: k}\n"
+    "    - {op: V_INPUT, output: vx}\n"
+    "    - {op: matmul, inputs: [vx, wv], output: v0}\n"
+    "    - {op: reshape, inputs: [v0], shape: [-1, 6, 2, 8], output: v1}\n"
+    "    - {op: permute, inputs: [v1], perm: [0, 2, 1, 3], output: v}\n"
+    "    - {op: matmul, inputs: [q, k], transpose_b: true, output: s}\n"
+    "    - {op: scale, inputs: [s], value: 0.35, output: s1}\n"
+    "    - {op: attention-mask, inputs: [s1], causal: true, output: s2}\n"
+    "    - {op: softmax, inputs: [s2], output: p}\n"
+    "    - {op: matmul, inputs: [p, v], output: o}\n"
+    "    - {op: reshape, inputs: [o], shape: [-1, 96], output: of}\n"
+    "    - {op: matmul, inputs: [of, w], output: y}\n";
+
+std::string qkvBhsd(const std::string& vInput) {
+  std::string y = kQkvBhsd;
+  y.replace(y.find("op: V_INPUT"), 11, vInput);
+  return y;
+}
+
+TEST(FuseQkvLayout, VFromAnotherValueIsNotPacked) {
+  const Graph g = runAndCompare(build(qkvBhsd("op: scale, inputs: [input], value: 1.0"), {6, 32}, {1}),
+                                {"fuse-attention", "fuse-qkv"});
+  // V's input is another value (a Scale of x, even by 1): not one input, nothing packed.
+  EXPECT_EQ(countOps(g)[OpKind::FlashAttention], 1);
+  EXPECT_EQ(countOps(g)[OpKind::FlashAttentionQkv], 0);
+  const Graph h = runAndCompare(build(qkvBhsd("op: reshape, inputs: [input], shape: [-1, 6, 32]"), {6, 32}, {1}),
+                                {"fuse-attention", "fuse-qkv"});
+  EXPECT_EQ(countOps(h)[OpKind::FlashAttention], 1) << "a reshape of x is another value too";
+}
+
+TEST(FuseQkvLayout, BhsdOperandsArePackedAndTheOutputStaysBhsd) {
+  std::string y = kQkvBhsd;
+  y.erase(y.find("    - {op: V_INPUT"), std::string("    - {op: V_INPUT, output: vx}\n").size());
+  y.replace(y.find("inputs: [vx, wv]"), 16, "inputs: [input, wv]");
+  const Graph g = runAndCompare(build(y, {6, 32}, {1}), {"fuse-attention", "fuse-qkv"});
+  auto c = countOps(g);
+  EXPECT_EQ(c[OpKind::FlashAttentionQkv], 1);
+  EXPECT_EQ(c[OpKind::Permute], 0);
+  const Node* f = onlyNodeOf(g, OpKind::FlashAttentionQkv);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->attrs.get<attr::Layout>(), "bhsd");
+  EXPECT_EQ(g.shape(f->outputs[0]), (Shape{2, 2, 6, 8}));
+}
+
+// fuse-rope folds the turn into the Q and K projections' epilogues, which are then no plain linear
+// maps: whichever of the two passes runs first takes the attention.
+TEST(FuseQkvLayout, RopeFoldAndQkvPackingTakeTurns) {
+  const BuiltModel m = build("  input: [6, 32]\n  layers:\n    - attention: {heads: 2, causal: true, rope: true}\n"
+                             "    - linear: {units: 1}\n",
+                             {6, 32}, {6, 1});
+  const Graph ropeFirst = runAndCompare(m, {"fuse-linear", "fuse-attention", "fuse-rope", "fuse-qkv"});
+  EXPECT_EQ(countOps(ropeFirst)[OpKind::FlashAttention], 1);
+  EXPECT_EQ(countOps(ropeFirst)[OpKind::FlashAttentionQkv], 0);
+  const Graph qkvFirst = runAndCompare(m, {"fuse-linear", "fuse-attention", "fuse-qkv", "fuse-rope"});
+  EXPECT_EQ(countOps(qkvFirst)[OpKind::FlashAttentionQkv], 1);
+  EXPECT_EQ(countOps(qkvFirst)[OpKind::Rope], 1);
+}
+
+// The comparison catches a wrong packing: K's weight where Q's belongs, or V's heads turned too.
+TEST(FuseQkvLayout, AWrongOffsetOrTurnChangesTheLoss) {
+  const BuiltModel m = build("  input: [6, 32]\n  layers:\n    - attention: {heads: 2, causal: true, rope: true}\n"
+                             "    - linear: {units: 1}\n",
+                             {6, 32}, {6, 1});
+  const Graph fused = runAndCompare(m, {"fuse-linear", "fuse-attention", "fuse-qkv"});
+  for (int mutation = 0; mutation < 2; ++mutation) {
+    Graph before = m.graph, after = fused;
+    int edited = 0;
+    for (NodeId id : after.topoOrder()) {
+      Node& n = after.node(id);
+      if (mutation == 0 && n.op == OpKind::Concat && after.shape(n.inputs[0]).size() == 2 && ++edited)
+        std::swap(n.inputs[0], n.inputs[1]);
+      if (mutation == 1 && n.op == OpKind::Rope && ++edited) n.attrs.set<attr::RopeHeads>(0);
+    }
+    ASSERT_EQ(edited, 1);
+    for (Graph* g : {&before, &after}) appendBackward(*g, g->output("loss"), g->params());
+    EXPECT_GT(worstDifference(before, after, 7), 1e-6) << "mutation " << mutation;
+  }
+}
+
+// precision: bf16: the concatenated weight is stored bf16 (only the GEMM reads it), the split
+// weight and bias gradients fp32, and the packed attention reads and writes bf16.
+TEST(FuseQkvLayout, Bf16StorageOfThePackedProjection) {
+  const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml",
+                                {"data.samples=64", "precision=bf16", "compiler.fuse=[linear, attention, qkv, elementwise]"});
+  const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+  const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, 8).model.graph;
+  verifyGraph(g);
+  int concats = 0, slices = 0, packed = 0;
+  for (NodeId id : g.topoOrder()) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Concat) {
+      ++concats;
+      const bool weight = g.shape(n.outputs[0]).size() == 2;
+      EXPECT_EQ(g.value(n.outputs[0]).type.dtype, weight ? DType::BF16 : DType::F32) << n.name;
+    }
+    if (n.op == OpKind::Slice) {
+      ++slices;
+      EXPECT_EQ(g.value(n.outputs[0]).type.dtype, DType::F32) << n.name;
+      EXPECT_EQ(g.value(n.inputs[0]).type.dtype, DType::F32) << n.name << ": the GEMM stores the weight gradient in fp32";
+    }
+    if (n.op == OpKind::FlashAttentionQkv || n.op == OpKind::FlashAttentionQkvGrad) {
+      ++packed;
+      EXPECT_EQ(g.value(n.inputs[0]).type.dtype, DType::BF16) << n.name;
+      EXPECT_EQ(g.value(n.outputs[0]).type.dtype, DType::BF16) << n.name;
+      EXPECT_EQ(g.value(n.outputs[1]).type.dtype, DType::F32) << n.name << ": lse / d sink logits";
+    }
+  }
+  EXPECT_EQ(concats, 2);
+  EXPECT_EQ(slices, 6);
+  EXPECT_EQ(packed, 2);
 }
 
 // ---- fuse-norm ---------------------------------------------------------------------------

@@ -148,6 +148,13 @@ inline std::vector<OpCase> allCases() {
     int64_t dims;
     bool interleaved;
   };
+  // heads: only the first turn (a packed QKV's Q and K), the rest pass unchanged.
+  for (const char* layout : {"bshd", "bhsd"})
+    c.push_back({std::string("Rope_firstHeads_") + layout, OpKind::Rope, [=](Graph& g) {
+                   const bool bshd = std::string(layout) == "bshd";
+                   return g.add(OpKind::Rope, {P(g, "x", bshd ? Shape{2, 5, 4, 8} : Shape{2, 4, 5, 8})},
+                                AttrMap().set<attr::Layout>(std::string(layout)).set<attr::RopeHeads>(3).set<attr::RopeBase>(100.0));
+                 }});
   for (const RopeCase& r : {RopeCase{"halfSplit_bhsd", {2, 3, 5, 8}, "bhsd", 0, false},
                             RopeCase{"interleaved_bhsd", {2, 3, 5, 8}, "bhsd", 0, true},
                             RopeCase{"halfSplit_bshd_partialDims", {2, 7, 3, 10}, "bshd", 4, false},
@@ -283,6 +290,27 @@ inline std::vector<OpCase> allCases() {
                    return g.add(OpKind::FlashAttention, ins, a);
                  }});
   }
+  // Packed QKV [B, S, Hq + 2 Hk, D]: heads 0..Hq-1 are Q, then Hk of K, then Hk of V.
+  for (const Flash& f : {flashes[0], flashes[7], flashes[6]}) {
+    for (const char* layout : {"bshd", "bhsd"}) {
+      if (f.sq != f.sk) continue;
+      c.push_back({std::string("FlashAttentionQkv_") + layout + "_" + f.name, OpKind::FlashAttentionQkv, [f, layout](Graph& g) {
+                     AttrMap a = f.mask;
+                     a.set<attr::AttnScale>(0.6).set<attr::Layout>(std::string(layout)).set<attr::KvHeads>(f.hk);
+                     std::vector<ValueId> ins{P(g, "qkv", {2, f.sq, f.hq + 2 * f.hk, 8})};
+                     if (f.sink) ins.push_back(P(g, "sink", {f.hq}));
+                     return g.add(OpKind::FlashAttentionQkv, ins, a);
+                   }});
+    }
+  }
+  c.push_back({"Concat_three", OpKind::Concat, [](Graph& g) {
+                 return g.add(OpKind::Concat, {P(g, "a", {2, 3, 4}), P(g, "b", {2, 3, 1}), P(g, "c", {2, 3, 5})});
+               }});
+  c.push_back({"Concat_vectors", OpKind::Concat, [](Graph& g) { return g.add(OpKind::Concat, {P(g, "a", {3}), P(g, "b", {6})}); }});
+  for (int64_t start : {0, 2, 5})
+    c.push_back({"Slice_start" + std::to_string(start), OpKind::Slice, [=](Graph& g) {
+                   return g.add(OpKind::Slice, {P(g, "x", {2, 3, 7})}, AttrMap().set<attr::Start>(start).set<attr::Length>(2));
+                 }});
   c.push_back({"FusedElementwise_reluOfBroadcastAdd", OpKind::FusedElementwise, [](Graph& g) {
                  return g.add(OpKind::FusedElementwise, {P(g, "x", {2, 3, 4}), P(g, "b", {4})},
                               AttrMap().set<attr::Expr>("relu(add($0, $1))").set<attr::Shape>({2, 3, 4}));

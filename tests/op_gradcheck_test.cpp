@@ -20,7 +20,7 @@ const std::map<OpKind, OpKind> kEmittedBy = {
     {OpKind::ReluGrad, OpKind::Relu},       {OpKind::GeluGrad, OpKind::Gelu},
     {OpKind::TanhGrad, OpKind::Tanh},       {OpKind::SigmoidGrad, OpKind::Sigmoid},
     {OpKind::SoftmaxGrad, OpKind::Softmax}, {OpKind::SoftmaxSinkGrad, OpKind::Softmax},
-    {OpKind::FlashAttentionGrad, OpKind::FlashAttention},
+    {OpKind::FlashAttentionGrad, OpKind::FlashAttention}, {OpKind::FlashAttentionQkvGrad, OpKind::FlashAttentionQkv},
     {OpKind::SiluGrad, OpKind::Silu},       {OpKind::GeluTanhGrad, OpKind::GeluTanh},
     {OpKind::LayerNormGrad, OpKind::LayerNorm}, {OpKind::RmsNormGrad, OpKind::RmsNorm},
     {OpKind::SwigluGrad, OpKind::FusedLinear},

@@ -211,6 +211,36 @@ TEST(Compare, FusedAndUnfusedAgreeOnTheExamples) {
   }
 }
 
+// fuse-qkv: the attention examples with their projections packed, fp32 and bf16, and tiny_llama
+// narrowed (rope on the packed Q and K, GQA, pre-norm blocks).
+TEST(Compare, PackedQkvAgreesOnTheAttentionExamples) {
+  const std::string fuse = "compiler.fuse=[linear, attention, qkv, norm, elementwise]";
+  struct Case {
+    const char* config;
+    std::vector<std::string> sets;
+  };
+  const Case cases[] = {
+      {"sine_attention", {"train.steps=40", fuse}},
+      {"sine_attention", {"train.steps=3", "data.samples=256", "precision=bf16", "model.layers.2.linear.activation=gelu", fuse}},
+      {"tiny_llama",
+       {"train.steps=3", "data.window=32", "model.input=[32, 8]", "data.delay=8", "data.samples=16", "train.batch_size=2",
+        "model.layers.0.linear.units=64", "model.layers.1.repeat.layers.0.attention.head_dim=8",
+        "model.layers.1.repeat.layers.1.mlp.hidden=96", fuse}}};
+  for (const Case& c : cases) {
+    const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/" + c.config + ".yaml", c.sets);
+    RunOptions o = quiet();
+    int packed = 0;
+    o.testGraphHook = [&](Graph& g) {
+      for (const Node& n : g.nodes()) packed += !n.erased && n.op == OpKind::FlashAttentionQkv;
+    };
+    std::FILE* sink = std::tmpfile();
+    const CompareResult r = compareFusedUnfused(cfg, o, sink);
+    std::fclose(sink);
+    EXPECT_TRUE(r.agree) << c.config << " " << c.sets[c.sets.size() - 2];
+    EXPECT_GE(packed, 1) << c.config << ": the fused graph has a packed attention";
+  }
+}
+
 // bf16: each graph against the unfused fp32 graph (see the note in frontend/compare.h). The
 // attention example agrees (with GELU for its ReLU, so its gradients decide too, and as it is);
 // the same with a bug injected into the fused graph (FlashAttention's window narrowed from 16 to

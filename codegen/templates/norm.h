@@ -247,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
     const long long pos = ${POS};
     const long long i0 = base + ${I0}, i1 = base + ${I1};
     float a = in0[i0], b = in0[i1];
-${TURN}    out0[i0] = a;
+${PASSHEAD}${TURN}    out0[i0] = a;
     out0[i1] = b;
   }
 }

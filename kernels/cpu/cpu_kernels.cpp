@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -282,7 +283,7 @@ void deinterleave(const T* x, T* out, int64_t count, int part) {
 
 template <class T>
 void rope(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool bshd, int64_t dims, double base,
-          bool interleaved, bool inverse) {
+          bool interleaved, bool inverse, int64_t turnHeads) {
   const int64_t half = dims / 2;
   std::vector<double> invFreq(static_cast<size_t>(half));
   for (int64_t j = 0; j < half; ++j) invFreq[static_cast<size_t>(j)] = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(dims));
@@ -294,6 +295,10 @@ void rope(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64_t d
       const int64_t row = bshd ? ((b * seq + s) * heads + h) * dim : ((b * heads + h) * seq + s) * dim;
       const T* xr = x + row;
       T* yr = y + row;
+      if (turnHeads > 0 && h >= turnHeads) {
+        std::copy(xr, xr + dim, yr);
+        continue;
+      }
       for (int64_t j = dims; j < dim; ++j) yr[j] = xr[j];
       for (int64_t j = 0; j < half; ++j) {
         const double angle = static_cast<double>(s) * invFreq[static_cast<size_t>(j)];
@@ -305,6 +310,26 @@ void rope(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64_t d
       }
     }
   }
+}
+
+template <class T>
+void concat(const std::vector<const T*>& parts, const std::vector<int64_t>& widths, T* out, int64_t rows) {
+  int64_t width = 0;
+  for (int64_t w : widths) width += w;
+#pragma omp parallel for if (rows * width > kParallelMin) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = out + r * width;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      std::copy(parts[i] + r * widths[i], parts[i] + (r + 1) * widths[i], dst);
+      dst += widths[i];
+    }
+  }
+}
+
+template <class T>
+void slice(const T* x, T* out, int64_t rows, int64_t width, int64_t start, int64_t length) {
+#pragma omp parallel for if (rows * length > kParallelMin) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) std::copy(x + r * width + start, x + r * width + start + length, out + r * length);
 }
 
 template <class T>
@@ -465,7 +490,9 @@ void adamStep(T* p, const T* g, T* m, T* v, int64_t n, const AdamHyper& h, int64
   template void adamStep<T>(T*, const T*, T*, T*, int64_t, const AdamHyper&, int64_t, double);               \
   template void norm<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double);                 \
   template void normGrad<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t); \
-  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, bool, int64_t, double, bool, bool); \
+  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, bool, int64_t, double, bool, bool, int64_t); \
+  template void concat<T>(const std::vector<const T*>&, const std::vector<int64_t>&, T*, int64_t);         \
+  template void slice<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t);                                \
   template void swiglu<T>(const T*, T*, int64_t);                                                          \
   template void swigluGrad<T>(const T*, const T*, T*, int64_t);                                            \
   template void interleave<T>(const T*, const T*, T*, int64_t);                                            \

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/attention_mask.h"
 
@@ -92,10 +93,11 @@ void normGrad(const T* dy, const T* x, const T* gain, const T* mean, const T* rs
 
 // Rotary position embedding over [batch, heads, seq, dim] (or [batch, seq, heads, dim] when
 // bshd): feature pair j < dims/2, (j, j + dims/2) or (2j, 2j+1) when interleaved, turns by
-// s·base^(-2j/dims) at position s (the other way when inverse); features from `dims` on pass.
+// s·base^(-2j/dims) at position s (the other way when inverse); features from `dims` on pass, and
+// so do heads from `turnHeads` on when it is > 0.
 template <class T>
 void rope(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool bshd, int64_t dims, double base,
-          bool interleaved, bool inverse);
+          bool interleaved, bool inverse, int64_t turnHeads = 0);
 
 // SwiGLU over (gate, up) pairs: h[r, j] = silu(pre[r, 2j]) · pre[r, 2j+1] for `count` = rows·N
 // outputs; its gradient d pre[2j] = dy·up·silu'(gate), d pre[2j+1] = dy·silu(gate).
@@ -109,6 +111,12 @@ template <class T>
 void interleave(const T* a, const T* b, T* out, int64_t count);
 template <class T>
 void deinterleave(const T* x, T* out, int64_t count, int part);
+// Along the last axis of `rows` rows: out = [a | b | ...] (widths[i] columns from part i), and
+// out[r, j] = x[r, start + j] for j < length (x `width` columns wide).
+template <class T>
+void concat(const std::vector<const T*>& parts, const std::vector<int64_t>& widths, T* out, int64_t rows);
+template <class T>
+void slice(const T* x, T* out, int64_t rows, int64_t width, int64_t start, int64_t length);
 
 // Mean of squared differences over n elements.
 template <class T>

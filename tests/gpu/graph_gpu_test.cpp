@@ -484,6 +484,7 @@ struct StepCase {
   std::string config;
   bool noFuse;
   std::vector<std::string> sets = {};
+  std::string label = "";  // tells cases of one config apart
 };
 
 // tiny_gpt and tiny_llama at 128 positions and batch 2 (the width, heads and head dim of the
@@ -492,6 +493,11 @@ const std::vector<std::string> kTinyLlamaSmall = {"data.window=128", "model.inpu
 std::vector<std::string> tinyGptSmall() {
   std::vector<std::string> s = kTinyLlamaSmall;
   s.push_back("model.layers.1.repeat.overrides.0.attention.window=32");
+  return s;
+}
+// fuse-qkv on: the projections one GEMM, the attention reading Q, K, V packed (strided views).
+std::vector<std::string> withQkv(std::vector<std::string> s) {
+  s.push_back("compiler.fuse=[linear, attention, qkv, norm, elementwise]");
   return s;
 }
 
@@ -530,9 +536,13 @@ INSTANTIATE_TEST_SUITE_P(Configs, TrainingStepOnGpu,
                                            StepCase{"mlp_wide", false}, StepCase{"mlp_wide", true},
                                            StepCase{"attn_block", false}, StepCase{"attn_block", true},
                                            StepCase{"tiny_gpt", false, tinyGptSmall()}, StepCase{"tiny_gpt", true, tinyGptSmall()},
-                                           StepCase{"tiny_llama", false, kTinyLlamaSmall}, StepCase{"tiny_llama", true, kTinyLlamaSmall}),
+                                           StepCase{"tiny_llama", false, kTinyLlamaSmall}, StepCase{"tiny_llama", true, kTinyLlamaSmall},
+                                           StepCase{"sine_attention", false, withQkv({}), "_qkv"},
+                                           StepCase{"attn_block", false, withQkv({}), "_qkv"},
+                                           StepCase{"tiny_gpt", false, withQkv(tinyGptSmall()), "_qkv"},
+                                           StepCase{"tiny_llama", false, withQkv(kTinyLlamaSmall), "_qkv"}),
                          [](const ::testing::TestParamInfo<StepCase>& i) {
-                           return i.param.config + (i.param.noFuse ? "_unfused" : "_fused");
+                           return i.param.config + (i.param.noFuse ? "_unfused" : "_fused") + i.param.label;
                          });
 
 // Training on the GPU follows the CPU trajectory: same initial weights, same batches, fp32 on
@@ -879,6 +889,22 @@ TEST(PredictOnGpu, MatchesTheCpu) {
   std::filesystem::remove_all(dir);
 }
 
+// fuse-qkv's packed projection and attention, trained 100 steps on the GPU and on the CPU.
+TEST(TrainOnGpu, PackedQkvTracksTheCpuOver100Steps) {
+  PA_REQUIRE_GPU();
+  std::vector<std::string> llama = kTinyLlamaSmall;
+  llama.insert(llama.end(), {"data.samples=256", "model.layers.0.linear.units=128", "model.layers.1.repeat.layers.0.attention.head_dim=16",
+                             "model.layers.1.repeat.layers.1.mlp.hidden=384"});
+  for (const auto& [name, sets] : {std::make_pair("sine_attention", withQkv({})), std::make_pair("tiny_llama", withQkv(llama))}) {
+    std::vector<std::string> s = sets;
+    s.insert(s.end(), {"train.steps=100", "train.log_every=50"});
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + name + ".yaml", s);
+    const double worst = cpuGpuLossDifference(cfg);
+    std::printf("  %s with fuse-qkv: largest relative loss difference over 100 steps %.2e\n", name, worst);
+    EXPECT_LE(worst, 1e-4) << name;
+  }
+}
+
 TEST(CompareOnGpu, FusedAndUnfusedAgree) {
   PA_REQUIRE_GPU();
   const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml", {"train.steps=20"});
@@ -890,6 +916,21 @@ TEST(CompareOnGpu, FusedAndUnfusedAgree) {
   std::printf("  compare on the GPU: loss %.2e, step-1 gradients within tolerance: %s; nodes %zu vs %zu\n", r.maxLossRelDiff,
               r.agree ? "yes" : "no", r.fused.trainNodes, r.unfused.trainNodes);
   EXPECT_TRUE(r.agree);
+}
+
+TEST(CompareOnGpu, PackedQkvAgreesWithTheUnfusedGraph) {
+  PA_REQUIRE_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    std::vector<std::string> sets = withQkv(kTinyLlamaSmall);
+    sets.insert(sets.end(), {"train.steps=5", "data.samples=64", std::string("precision=") + precision});
+    const Config cfg = loadConfig(sourceDir() + "/configs/tiny_llama.yaml", sets);
+    RunOptions o;
+    o.device = "cuda";
+    std::FILE* sink = std::tmpfile();
+    const CompareResult r = compareFusedUnfused(cfg, o, sink);
+    std::fclose(sink);
+    EXPECT_TRUE(r.agree) << precision;
+  }
 }
 
 }  // namespace
