@@ -50,7 +50,7 @@ double modelFlops(const Graph& g) {
       const GemmGeometry geo = libraryGemmOf(g, id).geometry;
       total += 3 * 2.0 * static_cast<double>(geo.batch) * static_cast<double>(geo.m) * static_cast<double>(geo.n) *
                static_cast<double>(geo.k);
-    } else if (n.op == OpKind::FlashAttention) {
+    } else if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionQkv) {
       const FlashAttentionConfig f = flashConfigOf(g, n);
       total += 3.5 * 4.0 * f.batch * f.heads * f.headDim * visiblePairs(f);
     }

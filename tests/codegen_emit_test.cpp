@@ -131,8 +131,10 @@ TEST(CodegenEmit, SourceIsByteIdenticalRunToRun) {
 // 3.5 × 4·B·Hq·D × (visible query-key pairs) for each attention, the pairs counted here key by
 // key with the mask predicate, and the weights from the parameters (every 2-D "weight").
 TEST(CodegenEmit, ModelFlopsAreSixTimesWeightsTimesTokensPlusAttention) {
-  for (const char* name : {"sine_attention", "attn_block", "tiny_gpt", "tiny_llama"}) {
-    const Graph g = trainingGraph(name, /*noFuse=*/false);
+  for (const char* name : {"sine_attention", "attn_block", "tiny_gpt", "tiny_llama", "tiny_llama qkv"}) {
+    const bool qkv = std::string(name) == "tiny_llama qkv";
+    const Graph g = qkv ? trainingGraph("tiny_llama", false, "fp32", {"compiler.fuse=[linear, attention, qkv, norm, elementwise]"})
+                        : trainingGraph(name, /*noFuse=*/false);
     const Shape x = g.shape(g.findValue("input"));
     const double tokens = static_cast<double>(numel(x) / x.back());
     double weights = 0;
@@ -143,7 +145,7 @@ TEST(CodegenEmit, ModelFlopsAreSixTimesWeightsTimesTokensPlusAttention) {
     double attention = 0;
     int layers = 0;
     for (NodeId id : g.topoOrder()) {
-      if (g.node(id).op != OpKind::FlashAttention) continue;
+      if (g.node(id).op != OpKind::FlashAttention && g.node(id).op != OpKind::FlashAttentionQkv) continue;
       const FlashAttentionConfig f = codegen::flashConfigOf(g, g.node(id));
       double pairs = 0;
       for (long long q = 0; q < f.qLen; ++q)
