@@ -42,16 +42,29 @@ void makeSine(const DataConfig& d, uint64_t seed, Dataset& all) {
   const int64_t shift = d.target == "delayed" ? -d.delay : h;  // target at t: channel 0 at t + shift
   all.x.resize(static_cast<size_t>(all.count * w * ch));
   all.y.resize(static_cast<size_t>(all.count * all.ySize()));
+  // Samples are drawn from one stream in order: a period, a phase per channel, then a normal (two
+  // draws) per input value. The states where each sample starts are found first by stepping the
+  // generator (cheap), so that the samples, whose sines and logarithms are the cost, can be made
+  // in parallel with exactly the numbers of the sequential loop.
   Rng rng = Rng::stream(seed, "data/sine");
-  std::vector<double> phase(static_cast<size_t>(ch));
+  const int64_t drawsPerSample = 1 + ch + 2 * w * ch;
+  std::vector<Rng::State> start(static_cast<size_t>(all.count));
   for (int64_t i = 0; i < all.count; ++i) {
-    const double period = rng.uniform(d.periodMin, d.periodMax);
+    start[static_cast<size_t>(i)] = rng.state();
+    for (int64_t k = 0; k < drawsPerSample; ++k) rng.next();
+  }
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t i = 0; i < all.count; ++i) {
+    Rng r(0);
+    r.setState(start[static_cast<size_t>(i)]);
+    std::vector<double> phase(static_cast<size_t>(ch));
+    const double period = r.uniform(d.periodMin, d.periodMax);
     const double omega = 6.283185307179586 / period;
-    for (double& p : phase) p = rng.uniform(0.0, 6.283185307179586);
+    for (double& p : phase) p = r.uniform(0.0, 6.283185307179586);
     auto signal = [&](int64_t t, int64_t c) { return std::sin((c + 1) * omega * t + phase[c]); };
     float* x = all.x.data() + i * w * ch;
     for (int64_t t = 0; t < w; ++t)
-      for (int64_t c = 0; c < ch; ++c) x[t * ch + c] = static_cast<float>(signal(t, c) + d.noise * rng.normal());
+      for (int64_t c = 0; c < ch; ++c) x[t * ch + c] = static_cast<float>(signal(t, c) + d.noise * r.normal());
     float* y = all.y.data() + i * all.ySize();
     if (d.target == "next")
       for (int64_t k = 0; k < h; ++k) y[k] = static_cast<float>(signal(w + k, 0));

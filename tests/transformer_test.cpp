@@ -7,6 +7,7 @@
 #include <complex>
 #include <set>
 
+#include "common/rng.h"
 #include "frontend/config.h"
 #include "frontend/datasets.h"
 #include "frontend/model_builder.h"
@@ -137,6 +138,31 @@ TEST(SineData, DelayedTargetIsChannelZeroStepsBack) {
     for (int64_t t = 15; t < 40; ++t)
       worst = std::max(worst, static_cast<double>(std::fabs(d.train.y[static_cast<size_t>(i * 40 + t)] - d.train.x[static_cast<size_t>((i * 40 + t - 15) * 3)])));
   EXPECT_LT(worst, 1e-6);  // float32 storage of the same sine
+}
+
+// The sine samples are made in parallel from per-sample generator states: they equal, bit for
+// bit, one sequential pass over the stream (a period, a phase per channel, a normal per value).
+TEST(SineData, ParallelSamplesEqualTheSequentialStream) {
+  const Config c = parseConfig("name: t\ndata: {kind: sine, window: 5, channels: 3, samples: 37, noise: 0.5, target: next, "
+                               "horizon: 2, validation: 0, shuffle: false}\nmodel: {input: [5, 3], layers: [{linear: {units: 2}}]}\n",
+                               "d.yaml", {});
+  const DataSplit d = loadData(c.data, c.seed, ".");
+  ASSERT_EQ(d.train.count, 37);
+  Rng rng = Rng::stream(c.seed, "data/sine");
+  int differ = 0;
+  for (int64_t i = 0; i < 37; ++i) {
+    const double omega = 6.283185307179586 / rng.uniform(c.data.periodMin, c.data.periodMax);
+    double phase[3];
+    for (double& p : phase) p = rng.uniform(0.0, 6.283185307179586);
+    for (int64_t t = 0; t < 5; ++t)
+      for (int64_t ch = 0; ch < 3; ++ch) {
+        const float want = static_cast<float>(std::sin((ch + 1) * omega * t + phase[ch]) + 0.5 * rng.normal());
+        differ += d.train.x[static_cast<size_t>((i * 5 + t) * 3 + ch)] != want;
+      }
+    for (int64_t k = 0; k < 2; ++k)
+      differ += d.train.y[static_cast<size_t>(i * 2 + k)] != static_cast<float>(std::sin(omega * (5 + k) + phase[0]));
+  }
+  EXPECT_EQ(differ, 0);
 }
 
 TEST(TransformerConfigs, MistakesNameTheKey) {
