@@ -366,8 +366,12 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   if (const DeviceSummary* d = session->deviceSummary()) {
     r.startup.push_back({"kernels (compiled or from the cache)", d->compileSeconds});
     r.startup.push_back({"GEMM choice measured", d->gemmChoiceSeconds});
-    r.startup.push_back({"the rest of the device session (plans, uploads)",
-                         std::max(0.0, sessionSeconds - d->compileSeconds - d->gemmChoiceSeconds)});
+    r.startup.push_back({"CUDA context", d->contextSeconds});
+    r.startup.push_back({"data upload", d->dataSeconds});
+    r.startup.push_back({"parameters made and uploaded", d->paramSeconds});
+    r.startup.push_back({"the rest of the device session (plans, module loads)",
+                         std::max(0.0, sessionSeconds - d->compileSeconds - d->gemmChoiceSeconds - d->contextSeconds -
+                                           d->dataSeconds - d->paramSeconds)});
   } else {
     r.startup.push_back({"session", sessionSeconds});
   }

@@ -4,6 +4,7 @@
 #include "runtime/cuda_session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -149,8 +150,12 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
     if (spec_.announceCompile) std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
   }
   useGraph_ = spec_.cudaGraph && debugSwitches().cudaGraphs;
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  Clock::time_point t = Clock::now();
   device().makeCurrent();  // the primary context, before the stream that belongs to it
   stream_ = std::make_unique<cuda::Stream>();
+  summary_.contextSeconds = since(t);
   if (spec_.nccl) {
     // Every rank loads NCCL or fails alike; rank 0's id reaches the others through the host
     // communicator (MPI), then every rank joins the NCCL communicator on its device.
@@ -193,10 +198,12 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
     b.upload(host.data(), host.size() * sizeof(float));
     return b;
   };
+  t = Clock::now();
   trainX_ = toDevice(spec_.trainData.x);
   trainY_ = toDevice(spec_.trainData.y);
   valX_ = toDevice(spec_.validationData.x);
   valY_ = toDevice(spec_.validationData.y);
+  summary_.dataSeconds = since(t);
   stepBytes_ = sizeof(codegen::StepHeader) + static_cast<size_t>(spec_.batchSize) * sizeof(int32_t);
   stepBlock_ = cuda::DeviceBuffer(stepBytes_);
   staging_ = cuda::PinnedBuffer(stepBytes_ * kStagingSlots);
@@ -207,6 +214,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
 
   int64_t paramCount = 0;
   std::vector<codegen::AdamChunk> chunks;
+  t = Clock::now();
   for (ValueId pv : g.params()) {
     Param p;
     p.name = g.value(pv).name;
@@ -229,6 +237,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
     paramCount += p.count;
     params_.push_back(std::move(p));
   }
+  summary_.paramSeconds = since(t);
   chunkCount_ = static_cast<int64_t>(chunks.size());
   chunks_ = cuda::DeviceBuffer(std::max<size_t>(chunks.size(), 1) * sizeof(codegen::AdamChunk));
   chunks_.upload(chunks.data(), chunks.size() * sizeof(codegen::AdamChunk));

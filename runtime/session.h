@@ -128,6 +128,9 @@ struct DeviceSummary {
   long long compiled = 0, fromCache = 0;  // kernel cache: compiled now, found in memory or on disk
   double compileSeconds = 0;     // NVRTC (or the kernel cache) for every kernel, FlashAttention's included
   double gemmChoiceSeconds = 0;  // measuring GEMM tiles and providers (not what the autotune cache answered)
+  double contextSeconds = 0;     // the device's context and the session's stream
+  double dataSeconds = 0;        // uploading the training and validation samples
+  double paramSeconds = 0;       // initial parameter values made and uploaded
   size_t activationBytes = 0, paramAndAdamBytes = 0;
 };
 
