@@ -3,12 +3,13 @@
 
 #include <cublasLt.h>
 #include <dlfcn.h>
-#include <glob.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+
+#include "runtime/cuda/dynamic_library.h"
 
 namespace pa::cuda {
 
@@ -42,23 +43,6 @@ void ltCheck(cublasStatus_t s, const char* call) {
 }
 
 // Where a CUDA toolkit or PyTorch's wheels keep the library, after the loader's own search.
-std::vector<std::string> candidatePaths() {
-  std::vector<std::string> paths;
-  if (const char* env = std::getenv("PA_CUBLASLT_LIBRARY"); env && *env) return {env};
-  paths.push_back("libcublasLt.so.13");
-  paths.push_back("/usr/local/cuda/lib64/libcublasLt.so.13");
-  for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libcublasLt.so.13",
-                              "/usr/local/lib/python3*/site-packages/nvidia/cu13/lib/libcublasLt.so.13",
-                              "/usr/lib/python3/dist-packages/nvidia/cu13/lib/libcublasLt.so.13",
-                              "/usr/local/lib/python3*/dist-packages/nvidia/cublas/lib/libcublasLt.so.13",
-                              "/usr/local/lib/python3*/site-packages/nvidia/cublas/lib/libcublasLt.so.13"}) {
-    glob_t g{};
-    if (glob(pattern, 0, nullptr, &g) == 0)
-      for (size_t i = 0; i < g.gl_pathc; ++i) paths.push_back(g.gl_pathv[i]);
-    globfree(&g);
-  }
-  return paths;
-}
 
 }  // namespace
 
@@ -101,23 +85,20 @@ CublasLt& CublasLt::instance() {
 
 CublasLt::CublasLt() : api_(std::make_unique<Api>()) {
   std::string tried;
-  for (const std::string& p : candidatePaths()) {
-    handle_ = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_) {
-      path_ = p;
-      break;
-    }
-    tried += (tried.empty() ? "" : ", ") + p;
-  }
+  handle_ = openFirstLibrary(
+      libraryCandidates("PA_CUBLASLT_LIBRARY", {"libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.13"},
+                        {"/usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libcublasLt.so.13",
+                         "/usr/local/lib/python3*/site-packages/nvidia/cu13/lib/libcublasLt.so.13",
+                         "/usr/lib/python3/dist-packages/nvidia/cu13/lib/libcublasLt.so.13",
+                         "/usr/local/lib/python3*/dist-packages/nvidia/cublas/lib/libcublasLt.so.13",
+                         "/usr/local/lib/python3*/site-packages/nvidia/cublas/lib/libcublasLt.so.13"}),
+      path_, tried);
   if (!handle_) {
     reason_ = "libcublasLt.so.13 was not found (tried " + tried + "; PA_CUBLASLT_LIBRARY names it)";
     return;
   }
   std::string missing;
-  auto resolve = [&](auto& slot, const char* name) {
-    slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(dlsym(handle_, name));
-    if (!slot && missing.empty()) missing = name;
-  };
+  auto resolve = [&](auto& slot, const char* name) { resolveSymbol(handle_, slot, name, missing); };
 #define PA_LT_RESOLVE(name) resolve(api_->name, #name);
   PA_LT_RESOLVE(cublasLtCreate)
   PA_LT_RESOLVE(cublasLtDestroy)

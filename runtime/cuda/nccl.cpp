@@ -2,12 +2,11 @@
 #include "runtime/cuda/nccl.h"
 
 #include <dlfcn.h>
-#include <glob.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <type_traits>
 #include <vector>
+
+#include "runtime/cuda/dynamic_library.h"
 
 namespace pa::cuda {
 
@@ -19,22 +18,6 @@ using ncclResult = int;
 constexpr ncclResult kNcclSuccess = 0;
 constexpr int kNcclFloat32 = 7;
 constexpr int kNcclAvg = 4;
-
-std::vector<std::string> candidatePaths() {
-  if (const char* env = std::getenv("PA_NCCL_LIBRARY"); env && *env) return {env};
-  std::vector<std::string> paths = {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"};
-  for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/usr/lib/python3/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libnccl.so.2",
-                              "/usr/local/lib/python3*/site-packages/nvidia/cu13/lib/libnccl.so.2"}) {
-    glob_t g{};
-    if (glob(pattern, 0, nullptr, &g) == 0)
-      for (size_t i = 0; i < g.gl_pathc; ++i) paths.push_back(g.gl_pathv[i]);
-    globfree(&g);
-  }
-  return paths;
-}
 
 }  // namespace
 
@@ -62,23 +45,20 @@ Nccl& Nccl::instance() {
 
 Nccl::Nccl() : api_(std::make_unique<Api>()) {
   std::string tried;
-  for (const std::string& p : candidatePaths()) {
-    handle_ = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_) {
-      path_ = p;
-      break;
-    }
-    tried += (tried.empty() ? "" : ", ") + p;
-  }
+  handle_ = openFirstLibrary(
+      libraryCandidates("PA_NCCL_LIBRARY", {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"},
+                        {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                         "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                         "/usr/lib/python3/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                         "/usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libnccl.so.2",
+                         "/usr/local/lib/python3*/site-packages/nvidia/cu13/lib/libnccl.so.2"}),
+      path_, tried);
   if (!handle_) {
     reason_ = "libnccl.so.2 was not found (tried " + tried + "; PA_NCCL_LIBRARY names it)";
     return;
   }
   std::string missing;
-  auto resolve = [&](auto& slot, const char* name) {
-    slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(dlsym(handle_, name));
-    if (!slot && missing.empty()) missing = name;
-  };
+  auto resolve = [&](auto& slot, const char* name) { resolveSymbol(handle_, slot, name, missing); };
   resolve(api_->ncclGetVersion, "ncclGetVersion");
   resolve(api_->ncclGetUniqueId, "ncclGetUniqueId");
   resolve(api_->ncclCommInitRank, "ncclCommInitRank");
