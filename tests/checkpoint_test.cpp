@@ -22,6 +22,7 @@
 #include "frontend/datasets.h"
 #include "frontend/safetensors.h"
 #include "frontend/trainer.h"
+#include "tests/test_util.h"
 
 namespace pa {
 namespace {
@@ -43,12 +44,7 @@ RunOptions quiet() {
   return o;
 }
 
-std::string readFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::readFile;
 
 std::string example(const std::string& name) { return std::string(PA_SOURCE_DIR) + "/configs/" + name + ".yaml"; }
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "frontend/checkpoint.h"
+#include "tests/test_util.h"
 
 namespace pa {
 namespace {
@@ -27,12 +28,7 @@ fs::path tempDir(const std::string& name) {
   return d;
 }
 
-std::string readFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::readFile;
 
 std::string example(const std::string& name) { return std::string(PA_SOURCE_DIR) + "/configs/" + name + ".yaml"; }
 

@@ -1,12 +1,15 @@
-// Shared helpers of the CPU test suites: random inputs and finite-difference gradient checks.
+// Shared helpers of the CPU test suites: random inputs, finite-difference gradient checks, files.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,14 @@
 #include "runtime/cpu_executor.h"
 
 namespace pa::test {
+
+// The whole text of a file ("" when it cannot be read).
+inline std::string readFile(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 // Fills every parameter of `g` uniformly in [lo, hi] (per-parameter ranges override it).
 inline std::map<ValueId, std::vector<double>> randomParams(const Graph& g, uint64_t seed,

@@ -19,6 +19,7 @@
 #include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/trainer.h"
+#include "tests/test_util.h"
 
 namespace pa {
 namespace {
@@ -39,12 +40,7 @@ RunOptions quiet() {
   return o;
 }
 
-std::string readFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::readFile;
 
 // The golden run: values from tests/golden/mlp_adam_golden.py, an independent pure-Python
 // float64 implementation (plain lists; no shared code). The same data, initial weights and Adam
