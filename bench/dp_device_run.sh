@@ -7,8 +7,9 @@
 #   3. with 2 GPUs and mpirun: 2 ranks against 1 rank on the same global batches, and step-time
 #      scaling from 1 to 2 GPUs at a fixed per-GPU batch.
 # NCCL comes from $PA_NCCL_LIBRARY, else PyTorch's nvidia-nccl wheel. Without mpirun, Open MPI is
-# installed from Debian packages in $B/debs when there are any (dpkg, as root); else step 3 is
-# skipped with a note. The script keeps going after a failure and ends with a summary.
+# unpacked from $OMPI_TARBALL (a tar.xz of Debian's openmpi-bin and the libraries it needs, made on
+# the build machine) when given; else step 3 is skipped with a note. The script keeps going after
+# a failure and ends with a summary.
 set -uo pipefail
 B=${B:-/tmp/b}
 OUT=${OUT:-/tmp/dp_out}
@@ -64,15 +65,16 @@ if [ "$NGPU" -lt 2 ]; then
   note "one GPU: the 2-rank runs need a machine with 2 (nvidia-h100-x2)"
   exit 0
 fi
-if ! command -v mpirun >/dev/null && ls "$B"/debs/*.deb >/dev/null 2>&1 && command -v dpkg >/dev/null; then
-  dpkg -i --force-depends "$B"/debs/*.deb >"$OUT/openmpi-install.log" 2>&1
-  note "installed Open MPI from $B/debs: exit $? (log openmpi-install.log)"
+if ! command -v mpirun >/dev/null && [ -f "${OMPI_TARBALL:-}" ]; then
+  # Debian's Open MPI and the libraries it needs, at their own paths; files already there stay.
+  xz -dc "$OMPI_TARBALL" | tar -C / --skip-old-files -xf - >"$OUT/openmpi-install.log" 2>&1
+  note "unpacked Open MPI from $OMPI_TARBALL: exit $? ($(mpirun --version 2>&1 | head -1))"
 fi
 if ! command -v mpirun >/dev/null; then
-  note "no mpirun: the 2-rank runs are skipped (carry Debian's Open MPI packages in $B/debs, or install openmpi-bin)"
+  note "no mpirun: the 2-rank runs are skipped (carry Debian's Open MPI as OMPI_TARBALL, or install openmpi-bin)"
   exit 0
 fi
-MPI=(mpirun --allow-run-as-root --bind-to none -np 2 -x LD_LIBRARY_PATH -x PA_SOURCE_DIR -x PA_KERNEL_CACHE_DIR)
+MPI=(mpirun --allow-run-as-root --bind-to none -np 2 -x LD_LIBRARY_PATH -x PA_SOURCE_DIR -x PA_KERNEL_CACHE_DIR -x NCCL_NVLS_ENABLE=0)
 [ -n "${PA_NCCL_LIBRARY:-}" ] && MPI+=(-x PA_NCCL_LIBRARY)
 for cfg in attn_block tiny_gpt; do
   batch=$(sed -n 's/^ *batch_size: *\([0-9]*\).*/\1/p' "configs/$cfg.yaml" | head -1)

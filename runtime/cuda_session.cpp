@@ -118,9 +118,14 @@ private:
     return r;
   }
   void queueStepKernels();  // everything after the staging copy; captured as the CUDA graph
+  void allReduceGradients(cuda::CUstream s);  // the ranks' mean of every gradient and the loss, one NCCL launch
   void drainLosses();       // reads the ring for every queued step into ready_
   static cuda::Device& device() { return cudaDevice0(); }
   SessionSpec spec_;
+  // Data parallel: the ranks' NCCL communicator (spec_.nccl), the step's all-reduce after the backward.
+  // Declared before graph_ so that it is destroyed after it: NCCL (2.26 and later) will not free a
+  // communicator while a CUDA graph that captured its collectives lives, and waits for ever.
+  std::unique_ptr<cuda::NcclComm> nccl_;
   std::unique_ptr<cuda::Stream> stream_;
   std::unique_ptr<CudaGraphRunner> runner_, evalRunner_;
   std::unique_ptr<CudaModule> kernels_;
@@ -134,8 +139,6 @@ private:
   std::vector<double> ready_;  // losses read back, not yet taken
   std::vector<Param> params_;
   std::unique_ptr<BatchOrder> order_;
-  // Data parallel: the ranks' NCCL communicator (spec_.nccl), the step's all-reduce after the backward.
-  std::unique_ptr<cuda::NcclComm> nccl_;
   int64_t restoredSteps_ = 0;  // steps a restored state had taken, beyond this session's queued_
   bool useGraph_ = true;
   DeviceSummary summary_;
@@ -249,6 +252,13 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   m_.fill32(0);
   v_.fill32(0);
 
+  if (nccl_) {
+    // NCCL connects the ranks on a communicator's first collectives: the step's all-reduce runs
+    // once here (on buffers every step overwrites before reading), so that cost is start-up's,
+    // not the first step's.
+    allReduceGradients(stream_->get());
+    stream_->synchronize();
+  }
   order_ = std::make_unique<BatchOrder>(spec_.trainData.count, spec_.seed, spec_.shuffle);
   res_.device = spec_.device + " (" + device().info().name + ")";
   if (nccl_) res_.device += ", NCCL " + cuda::Nccl::instance().version();
@@ -313,6 +323,13 @@ void CudaSession::restore(const TrainingState& s) {
   restoredSteps_ = s.step - queued_;
 }
 
+void CudaSession::allReduceGradients(cuda::CUstream s) {
+  nccl_->groupStart();
+  for (const Param& p : params_) nccl_->allReduceMean(runner_->devicePtr(p.grad), static_cast<size_t>(p.count), s);
+  nccl_->allReduceMean(runner_->devicePtr(spec_.train.graph.output("loss")), 1, s);
+  nccl_->groupEnd();
+}
+
 void CudaSession::queueStepKernels() {
   const cuda::CUstream s = stream_->get();
   const int64_t batch = spec_.batchSize;
@@ -325,12 +342,7 @@ void CudaSession::queueStepKernels() {
     CudaModule::launch(gather_, rowSize * n, args, s);
   }
   runner_->run(s);
-  if (nccl_) {  // the mean over the ranks of every gradient and the loss, one NCCL launch
-    nccl_->groupStart();
-    for (const Param& p : params_) nccl_->allReduceMean(runner_->devicePtr(p.grad), static_cast<size_t>(p.count), s);
-    nccl_->allReduceMean(runner_->devicePtr(spec_.train.graph.output("loss")), 1, s);
-    nccl_->groupEnd();
-  }
+  if (nccl_) allReduceGradients(s);
   cuda::CUdeviceptr chunks = chunks_.ptr(), partial = partial_.ptr(), clip = 0;
   const unsigned blocks = static_cast<unsigned>(chunkCount_);
   const AdamSettings& adam = spec_.adam;
