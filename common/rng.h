@@ -49,7 +49,52 @@ public:
     return true;
   }
 
+  // The state `draws` calls of next() ahead of this one, in O(1) per call once made: xoshiro's
+  // step is linear over GF(2), so the step taken `draws` times is one 256 x 256 bit matrix (built
+  // by squaring, about 2 log2(draws) matrix products). For data generated in parallel with the
+  // numbers of one sequential stream.
+  class Jump {
+  public:
+    explicit Jump(uint64_t draws) {
+      Matrix step{}, acc{};
+      for (int col = 0; col < 256; ++col) {  // column col: the step applied to unit vector col
+        Rng r(0);
+        State unit{};
+        unit[static_cast<size_t>(col / 64)] = uint64_t{1} << (col % 64);
+        r.setRaw(unit);
+        r.next();
+        step[static_cast<size_t>(col)] = r.state();
+      }
+      for (int i = 0; i < 256; ++i) acc[static_cast<size_t>(i)][static_cast<size_t>(i / 64)] = uint64_t{1} << (i % 64);
+      for (; draws; draws >>= 1) {
+        if (draws & 1) acc = product(step, acc);
+        step = product(step, step);
+      }
+      m_ = acc;
+    }
+    State apply(const State& s) const { return times(m_, s); }
+
+  private:
+    using Matrix = std::array<State, 256>;  // column j of the matrix: the image of unit vector j
+    static State times(const Matrix& m, const State& v) {
+      State out{};
+      for (int j = 0; j < 256; ++j)
+        if ((v[static_cast<size_t>(j / 64)] >> (j % 64)) & 1)
+          for (size_t w = 0; w < 4; ++w) out[w] ^= m[static_cast<size_t>(j)][w];
+      return out;
+    }
+    static Matrix product(const Matrix& a, const Matrix& b) {  // a · b: b first, then a
+      Matrix c{};
+      for (size_t j = 0; j < 256; ++j) c[j] = times(a, b[j]);
+      return c;
+    }
+    Matrix m_{};
+  };
+
 private:
+  void setRaw(const State& s) {  // any state, the fixed point too (the jump's unit vectors)
+    for (size_t i = 0; i < 4; ++i) s_[i] = s[i];
+  }
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   static uint64_t splitmix(uint64_t& x) {
     uint64_t z = (x += 0x9e3779b97f4a7c15ull);

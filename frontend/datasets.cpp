@@ -43,16 +43,13 @@ void makeSine(const DataConfig& d, uint64_t seed, Dataset& all) {
   all.x.resize(static_cast<size_t>(all.count * w * ch));
   all.y.resize(static_cast<size_t>(all.count * all.ySize()));
   // Samples are drawn from one stream in order: a period, a phase per channel, then a normal (two
-  // draws) per input value. The states where each sample starts are found first by stepping the
-  // generator (cheap), so that the samples, whose sines and logarithms are the cost, can be made
-  // in parallel with exactly the numbers of the sequential loop.
-  Rng rng = Rng::stream(seed, "data/sine");
-  const int64_t drawsPerSample = 1 + ch + 2 * w * ch;
+  // draws) per input value. The states where each sample starts are found first by jumping the
+  // generator a sample's draws ahead, so that the samples, whose sines and logarithms are the
+  // cost, can be made in parallel with exactly the numbers of the sequential loop.
+  const Rng::State first = Rng::stream(seed, "data/sine").state();
+  const Rng::Jump sample(static_cast<uint64_t>(1 + ch + 2 * w * ch));
   std::vector<Rng::State> start(static_cast<size_t>(all.count));
-  for (int64_t i = 0; i < all.count; ++i) {
-    start[static_cast<size_t>(i)] = rng.state();
-    for (int64_t k = 0; k < drawsPerSample; ++k) rng.next();
-  }
+  for (int64_t i = 0; i < all.count; ++i) start[static_cast<size_t>(i)] = i ? sample.apply(start[static_cast<size_t>(i - 1)]) : first;
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t i = 0; i < all.count; ++i) {
     Rng r(0);

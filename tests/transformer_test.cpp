@@ -165,6 +165,16 @@ TEST(SineData, ParallelSamplesEqualTheSequentialStream) {
   EXPECT_EQ(differ, 0);
 }
 
+// Rng::Jump(n) lands where n calls of next() do, for counts around the word and power-of-two edges.
+TEST(SineData, GeneratorJumpEqualsStepping) {
+  for (uint64_t n : {0ull, 1ull, 2ull, 63ull, 64ull, 65ull, 255ull, 256ull, 1000ull, 131329ull}) {
+    Rng stepped = Rng::stream(7, "jump");
+    const Rng::State from = stepped.state();
+    for (uint64_t k = 0; k < n; ++k) stepped.next();
+    EXPECT_EQ(Rng::Jump(n).apply(from), stepped.state()) << n << " draws";
+  }
+}
+
 TEST(TransformerConfigs, MistakesNameTheKey) {
   auto has = [](const std::string& e, const std::string& what) {
     EXPECT_NE(e.find(what), std::string::npos) << "expected '" << what << "' in: " << e;
