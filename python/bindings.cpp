@@ -340,6 +340,8 @@ public:
       nb::gil_scoped_release release;
       out = predictRowsOnDevice(cfg_, state_->record.sampleX, state_->record.sampleY, state_->state.params, 0, at, rows);
     }
+    // Zero rows: a valid address all the same, as some consumers refuse an empty array at null.
+    if (rows == 0) out = cuda::DeviceBuffer(sizeof(float));
     auto* owned = new cuda::DeviceBuffer(std::move(out));
     nb::capsule del(owned, [](void* p) noexcept {
       try {

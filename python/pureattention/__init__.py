@@ -233,7 +233,16 @@ class Model:
             return self._m.predict(_float32("x", x))
         kind, ordinal = _dlpack_device(x)
         if kind == _KDL_CUDA and self._m.runs_on_cuda:
-            return _as_framework_of(x, self._m.predict_cuda(x))
+            if getattr(x, "requires_grad", False):
+                x = x.detach()  # PyTorch exports no tensor that requires grad; predict needs none
+            try:
+                out = self._m.predict_cuda(x)
+            except TypeError as e:
+                if "incompatible function arguments" not in str(e):
+                    raise
+                raise TypeError(f"predict: x ({type(x).__name__}, in CUDA memory) could not be read "
+                                "through DLPack: its __dlpack__() failed") from None
+            return _as_framework_of(x, out)
         if kind != _KDL_CPU:
             x = _to_host(x, kind, ordinal)
         return self._m.predict(_float32("x", np.from_dlpack(x)))

@@ -109,6 +109,19 @@ def test_dlpack_zero_rows_and_wrong_inputs(source):
     with pytest.raises(ValueError, match=r"rows of shape \(64,\)"):
         m.predict(torch.randn(4, 63, device="cuda"))
     assert tuple(m.predict(x).shape) == (4, 1)  # the model still works after the errors
+    assert tuple(m.predict(torch.randn(3, 64, device="cuda", requires_grad=True)).shape) == (3, 1)
+
+
+def test_unreadable_cuda_array_on_a_gpu_model_raises(source):
+    class Unreadable:
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, **kwargs):
+            raise BufferError("nothing behind it")
+    m = pa.Model.from_yaml(source / "configs" / "sine_mlp.yaml").to("cuda")
+    with pytest.raises(TypeError, match="could not be read through DLPack"):
+        m.predict(Unreadable())
 
 
 def test_dlpack_on_another_gpu_raises(source):
