@@ -13,6 +13,7 @@
 #include "frontend/model_builder.h"
 #include "frontend/trainer.h"
 #include "passes/pipeline.h"
+#include "runtime/cuda_session.h"
 #include "runtime/predictor.h"
 
 namespace pa {
@@ -85,15 +86,31 @@ BuiltModel predictionGraph(const Config& cfg, const std::vector<int64_t>& sample
 
 }  // namespace
 
+namespace {
+
+int64_t batchFor(const Config& cfg, int64_t batchOption, int64_t rows) {
+  return std::max<int64_t>(1, std::min(batchOption > 0 ? batchOption : cfg.train.batchSize, rows));
+}
+
+std::unique_ptr<Predictor> makePredictor(const Config& cfg, const std::vector<int64_t>& sampleX,
+                                         const std::vector<int64_t>& sampleY,
+                                         const std::map<std::string, std::vector<double>>& params,
+                                         const std::string& device, int64_t batch) {
+  BuiltModel m = predictionGraph(cfg, sampleX, sampleY, batch);
+  return device == "cuda" ? makeCudaPredictor(std::move(m.graph), m.x, m.y, cfg.precision, cfg.compiler.gemm, params)
+                          : makeCpuPredictor(std::move(m.graph), m.x, m.y, cfg.precision, params);
+}
+
+int64_t numelOf(const std::vector<int64_t>& s) { return numel(Shape(s.begin(), s.end())); }
+
+}  // namespace
+
 std::vector<float> predictRows(const Config& cfg, const std::vector<int64_t>& sampleX, const std::vector<int64_t>& sampleY,
                                const std::map<std::string, std::vector<double>>& params, const std::string& device,
                                int64_t batchOption, const float* xs, const float* ys, int64_t rows) {
-  const int64_t features = numel(Shape(sampleX.begin(), sampleX.end())), targets = numel(Shape(sampleY.begin(), sampleY.end()));
-  const int64_t batch = std::max<int64_t>(1, std::min(batchOption > 0 ? batchOption : cfg.train.batchSize, rows));
-  BuiltModel m = predictionGraph(cfg, sampleX, sampleY, batch);
-  std::unique_ptr<Predictor> predictor =
-      device == "cuda" ? makeCudaPredictor(std::move(m.graph), m.x, m.y, cfg.precision, cfg.compiler.gemm, params)
-                       : makeCpuPredictor(std::move(m.graph), m.x, m.y, cfg.precision, params);
+  const int64_t features = numelOf(sampleX), targets = numelOf(sampleY);
+  const int64_t batch = batchFor(cfg, batchOption, rows);
+  std::unique_ptr<Predictor> predictor = makePredictor(cfg, sampleX, sampleY, params, device, batch);
   // Whole batches; the last one is padded with zero rows whose predictions are dropped (rows
   // are independent: nothing in a model mixes the samples of a batch).
   std::vector<float> out(static_cast<size_t>(rows * targets));
@@ -109,6 +126,29 @@ std::vector<float> predictRows(const Config& cfg, const std::vector<int64_t>& sa
     std::copy_n(p.begin(), n * targets, out.begin() + at * targets);
   }
   return out;
+}
+
+cuda::DeviceBuffer predictRowsOnDevice(const Config& cfg, const std::vector<int64_t>& sampleX,
+                                       const std::vector<int64_t>& sampleY,
+                                       const std::map<std::string, std::vector<double>>& params, int64_t batchOption,
+                                       cuda::CUdeviceptr x, int64_t rows) {
+  const size_t inBytes = static_cast<size_t>(rows * numelOf(sampleX)) * sizeof(float);
+  const size_t outBytes = static_cast<size_t>(rows * numelOf(sampleY)) * sizeof(float);
+  const int ordinal = predictDeviceOrdinal();
+  if (rows == 0) return cuda::DeviceBuffer();
+  const std::string problem = cuda::deviceRangeProblem(x, inBytes, ordinal);
+  if (!problem.empty()) throw UserError("predict: x cannot be read on CUDA device " + std::to_string(ordinal) + ": " + problem);
+  std::unique_ptr<Predictor> predictor =
+      makePredictor(cfg, sampleX, sampleY, params, "cuda", batchFor(cfg, batchOption, rows));
+  cuda::DeviceBuffer out(outBytes);
+  predictor->runOnDevice(x, out.ptr(), rows);
+  return out;
+}
+
+int predictDeviceOrdinal() {
+  cuda::Device& device = cudaDevice0();
+  device.makeCurrent();
+  return device.info().ordinal;
 }
 
 PredictResult predict(const PredictOptions& opt) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "frontend/config.h"
+#include "runtime/cuda/cuda_device.h"
 
 namespace pa {
 
@@ -32,6 +33,22 @@ struct PredictOptions {
 std::vector<float> predictRows(const Config& cfg, const std::vector<int64_t>& sampleX, const std::vector<int64_t>& sampleY,
                                const std::map<std::string, std::vector<double>>& params, const std::string& device,
                                int64_t batch, const float* x, const float* y, int64_t rows);
+
+// predictRows for rows in CUDA memory, on the GPU (the device "cuda" resolves to): `x` is the
+// device address of rows × numel(sampleX) float32 values on that device, read through
+// device-to-device copies after all work queued on the device has finished
+// (Predictor::runOnDevice); the batches and kernels are predictRows's, so the values equal its
+// "cuda" answer bit for bit. Returns a new device allocation of rows × numel(sampleY) float32
+// predictions (none for 0 rows), complete when this returns. Throws UserError when `x` is not
+// that many bytes of memory of the device (predictDeviceOrdinal()).
+cuda::DeviceBuffer predictRowsOnDevice(const Config& cfg, const std::vector<int64_t>& sampleX,
+                                       const std::vector<int64_t>& sampleY,
+                                       const std::map<std::string, std::vector<double>>& params, int64_t batch,
+                                       cuda::CUdeviceptr x, int64_t rows);
+
+// The ordinal of the CUDA device predictions and training run on (its primary context made
+// current). Throws cuda::CudaError where there is none.
+int predictDeviceOrdinal();
 
 struct PredictResult {
   int64_t rows = 0;

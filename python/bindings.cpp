@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -38,6 +39,8 @@ namespace {
 using Array = nb::ndarray<nb::numpy, float, nb::c_contig>;
 using DoubleArray = nb::ndarray<nb::numpy, double, nb::c_contig>;
 using InArray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using AnyArray = nb::ndarray<nb::ro>;  // any dtype, layout and device: checked by the callee
+using CudaArray = nb::ndarray<float, nb::c_contig, nb::device::cuda>;
 
 // A NumPy array that owns `v`, of shape `shape`.
 template <class T>
@@ -57,6 +60,41 @@ std::string shapeText(const std::vector<int64_t>& s) {
   std::string t = "(";
   for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
   return t + (s.size() == 1 ? ",)" : ")");
+}
+
+template <class A>
+std::vector<int64_t> shapeOf(const A& x) {
+  std::vector<int64_t> s;
+  for (size_t i = 0; i < x.ndim(); ++i) s.push_back(static_cast<int64_t>(x.shape(i)));
+  return s;
+}
+
+// NumPy's name for a DLPack dtype ("float64", "bfloat16", "int32").
+std::string dtypeName(const nb::dlpack::dtype& t) {
+  using Code = nb::dlpack::dtype_code;
+  std::string kind;
+  switch (static_cast<Code>(t.code)) {
+  case Code::Int: kind = "int"; break;
+  case Code::UInt: kind = "uint"; break;
+  case Code::Float: kind = "float"; break;
+  case Code::Bfloat: kind = "bfloat"; break;
+  case Code::Complex: kind = "complex"; break;
+  case Code::Bool: return "bool";
+  default: kind = "dlpack-type-" + std::to_string(t.code) + "-"; break;
+  }
+  return kind + std::to_string(t.bits) + (t.lanes > 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+// Whether x's elements lie in row-major order without gaps (dimensions of extent 1 may have any
+// stride; an empty array is contiguous).
+bool rowMajor(const AnyArray& x) {
+  int64_t expected = 1;
+  for (size_t i = x.ndim(); i-- > 0;) {
+    if (x.shape(i) == 0) return true;
+    if (x.shape(i) != 1 && x.stride(i) != expected) return false;
+    expected *= static_cast<int64_t>(x.shape(i));
+  }
+  return true;
 }
 
 // A temporary folder, removed with everything in it when this goes.
@@ -246,25 +284,75 @@ public:
 
   Array predict(const InArray& x) {
     materialize();
-    const std::vector<int64_t>& sx = state_->record.sampleX;
-    // A row is the sample's shape, or as many values flat (the command's CSV rows).
-    int64_t rowValues = 1, sampleValues = 1;
-    for (size_t i = 1; i < x.ndim(); ++i) rowValues *= static_cast<int64_t>(x.shape(i));
-    for (int64_t d : sx) sampleValues *= d;
-    if (x.ndim() < 2 || rowValues != sampleValues)
-      throw nb::value_error(("predict: x of shape " + shapeText(shapeOf(x)) + "; the model takes rows of shape " +
-                             shapeText(sx) + ": expected (rows, " + shapeText(sx).substr(1) + " or (rows, " +
-                             std::to_string(sampleValues) + ")")
-                                .c_str());
-    const int64_t rows = static_cast<int64_t>(x.shape(0));
+    const int64_t rows = checkRows(shapeOf(x));
     std::vector<float> out;
     {
       nb::gil_scoped_release release;
       RunOptions ropt = options(false);
       const std::string device = resolveDevice(cfg_, ropt);
-      if (rows > 0) out = predictRows(cfg_, sx, state_->record.sampleY, state_->state.params, device, 0, x.data(), nullptr, rows);
+      if (rows > 0) out = predictRows(cfg_, state_->record.sampleX, state_->record.sampleY, state_->state.params, device,
+                                      0, x.data(), nullptr, rows);
     }
     return toNumpy(std::move(out), withRows(rows, state_->record.sampleY));
+  }
+
+  // Whether the model runs on the GPU (device cuda, or auto with one); a ValueError where it is
+  // told to and there is none.
+  bool runsOnCuda() const {
+    RunOptions ropt = options(false);
+    return resolveDevice(cfg_, ropt) == "cuda";
+  }
+
+  // predict for rows in CUDA memory on a model that runs on the GPU: the same batches and kernels
+  // as predict (so the same bits), fed and drained by device-to-device copies. The result is a
+  // new device allocation owned by the returned array (freed when the last array or tensor that
+  // wraps it goes), complete when this returns; x must be float32, row-major, on the model's
+  // device. Waits for all work queued on the device before reading x (README "DLPack and CUDA
+  // memory").
+  CudaArray predictCuda(const AnyArray& x) {
+    if (x.device_type() != nb::device::cuda::value)
+      throw nb::type_error(("predict_cuda: x is not in CUDA memory (DLPack device type " +
+                            std::to_string(x.device_type()) + ")")
+                               .c_str());
+    if (!runsOnCuda())
+      throw nb::value_error("predict: x is in CUDA memory but this model runs on the CPU (model.to(\"cuda\") runs it on the GPU)");
+    const int ordinal = predictDeviceOrdinal();
+    if (x.device_id() != ordinal)
+      throw nb::value_error(("predict: x is on CUDA device " + std::to_string(x.device_id()) + "; the model runs on device " +
+                             std::to_string(ordinal) + ": move x there first (PyTorch: x.to(\"cuda:" +
+                             std::to_string(ordinal) + "\"))")
+                                .c_str());
+    if (x.dtype() != nb::dtype<float>())
+      throw nb::type_error(("predict: x is a CUDA array of " + dtypeName(x.dtype()) +
+                            "; the model reads float32 on the GPU: convert it there first (PyTorch: x.float(); "
+                            "CuPy: x.astype(cupy.float32)), or pass a host array")
+                               .c_str());
+    if (!rowMajor(x))
+      throw nb::value_error(("predict: x is a CUDA array of shape " + shapeText(shapeOf(x)) +
+                             " that is not C-contiguous; the model reads its rows in place: make it contiguous first "
+                             "(PyTorch: x.contiguous(); CuPy: cupy.ascontiguousarray(x))")
+                                .c_str());
+    materialize();
+    const int64_t rows = checkRows(shapeOf(x));
+    const auto at = static_cast<cuda::CUdeviceptr>(reinterpret_cast<uintptr_t>(x.data()));
+    cuda::DeviceBuffer out;
+    {
+      nb::gil_scoped_release release;
+      out = predictRowsOnDevice(cfg_, state_->record.sampleX, state_->record.sampleY, state_->state.params, 0, at, rows);
+    }
+    // Zero rows: a valid address all the same, as some consumers refuse an empty array at null.
+    if (rows == 0) out = cuda::DeviceBuffer(sizeof(float));
+    auto* owned = new cuda::DeviceBuffer(std::move(out));
+    nb::capsule del(owned, [](void* p) noexcept {
+      try {
+        predictDeviceOrdinal();  // the device's context current on this thread, for cuMemFree
+      } catch (...) {
+      }
+      delete static_cast<cuda::DeviceBuffer*>(p);
+    });
+    const std::vector<size_t> shape = withRows(rows, state_->record.sampleY);
+    return CudaArray(reinterpret_cast<float*>(static_cast<uintptr_t>(owned->ptr())), shape.size(), shape.data(), del,
+                     nullptr, nb::dtype<float>(), nb::device::cuda::value, ordinal);
   }
 
   // --compare from the model's current weights; the table is what `train --compare` prints.
@@ -358,10 +446,19 @@ public:
   }
 
 private:
-  static std::vector<int64_t> shapeOf(const InArray& x) {
-    std::vector<int64_t> s;
-    for (size_t i = 0; i < x.ndim(); ++i) s.push_back(static_cast<int64_t>(x.shape(i)));
-    return s;
+  // The rows of an input of shape `shape`: a row is the sample's shape, or as many values flat
+  // (the command's CSV rows).
+  int64_t checkRows(const std::vector<int64_t>& shape) const {
+    const std::vector<int64_t>& sx = state_->record.sampleX;
+    int64_t rowValues = 1, sampleValues = 1;
+    for (size_t i = 1; i < shape.size(); ++i) rowValues *= shape[i];
+    for (int64_t d : sx) sampleValues *= d;
+    if (shape.size() < 2 || rowValues != sampleValues)
+      throw nb::value_error(("predict: x of shape " + shapeText(shape) + "; the model takes rows of shape " + shapeText(sx) +
+                             ": expected (rows, " + shapeText(sx).substr(1) + " or (rows, " + std::to_string(sampleValues) +
+                             ")")
+                                .c_str());
+    return shape[0];
   }
 
   RunOptions options(bool verbose) const {
@@ -450,6 +547,8 @@ NB_MODULE(_pureattention, m) {
       .def("load_state_dict", &Model::loadStateDict)
       .def("save", &Model::save)
       .def("predict", &Model::predict)
+      .def("predict_cuda", &Model::predictCuda)
+      .def_prop_ro("runs_on_cuda", &Model::runsOnCuda)
       .def("compare", &Model::compare, nb::arg("steps").none(), nb::arg("x").none(), nb::arg("y").none())
       .def("graphs", &Model::graphs)
       .def("kernels", &Model::kernels);

@@ -2,6 +2,8 @@
 #include "runtime/predictor.h"
 
 #include <algorithm>
+#include <cassert>
+#include <stdexcept>
 #include <utility>
 
 #include "runtime/cpu_executor.h"
@@ -9,6 +11,10 @@
 #include "runtime/cuda_session.h"
 
 namespace pa {
+
+void Predictor::runOnDevice(cuda::CUdeviceptr, cuda::CUdeviceptr, int64_t) {
+  throw std::logic_error("Predictor::runOnDevice: this predictor runs on the CPU");
+}
 
 namespace {
 
@@ -64,6 +70,31 @@ public:
     runner_->run(stream_->get());
     stream_->synchronize();
     runner_->download(prediction_, prediction);
+  }
+
+  void runOnDevice(cuda::CUdeviceptr x, cuda::CUdeviceptr prediction, int64_t rows) override {
+    // lower-bf16 keeps inputs and graph outputs fp32, so every copy below is of float32 bits.
+    assert(g_.value(x_).type.dtype == DType::F32 && g_.value(y_).type.dtype == DType::F32 &&
+           g_.value(prediction_).type.dtype == DType::F32 && "inputs and the prediction are fp32 in every precision");
+    const Shape& xs = g_.shape(x_);
+    const int64_t batch = xs.empty() ? 1 : xs[0];
+    const int64_t features = numel(xs) / batch, targets = numel(g_.shape(prediction_)) / batch;
+    const cuda::CUstream s = stream_->get();
+    const cuda::CUdeviceptr xb = runner_->devicePtr(x_), yb = runner_->devicePtr(y_), pb = runner_->devicePtr(prediction_);
+    constexpr size_t kFloat = sizeof(float);
+    cudaDevice0().makeCurrent();
+    PA_CU_CHECK(cuCtxSynchronize());
+    for (int64_t at = 0; at < rows; at += batch) {
+      const size_t n = static_cast<size_t>(std::min(batch, rows - at));
+      const size_t xRow = static_cast<size_t>(features), yRow = static_cast<size_t>(targets);
+      const size_t pad = static_cast<size_t>(batch) - n;
+      PA_CU_CHECK(cuMemcpyDtoDAsync(xb, x + static_cast<size_t>(at) * xRow * kFloat, n * xRow * kFloat, s));
+      if (pad > 0) PA_CU_CHECK(cuMemsetD32Async(xb + n * xRow * kFloat, 0u, pad * xRow, s));
+      PA_CU_CHECK(cuMemsetD32Async(yb, 0u, static_cast<size_t>(batch) * yRow, s));
+      runner_->run(s);
+      PA_CU_CHECK(cuMemcpyDtoDAsync(prediction + static_cast<size_t>(at) * yRow * kFloat, pb, n * yRow * kFloat, s));
+    }
+    stream_->synchronize();
   }
 
 private:

@@ -9,6 +9,7 @@
 
 #include "common/settings.h"
 #include "graph/graph.h"
+#include "runtime/cuda/cuda_driver.h"
 
 namespace pa {
 
@@ -18,6 +19,15 @@ public:
   // Predicts one batch: `x` holds batch × sample-input values, `y` batch × target values (the
   // graph's loss needs them; zeros serve when there are none); writes batch × prediction values.
   virtual void run(const float* x, const float* y, float* prediction) = 0;
+  // The device entry (CUDA predictors; the CPU's throws std::logic_error): `rows` rows of
+  // float32 inputs at device address `x` to their predictions at device address `prediction`,
+  // both row-major in the predictor's device's primary context, batch by batch as predictRows
+  // drives run() (the last batch padded with zero rows, the targets zeros), through
+  // device-to-device copies into and out of the graph's buffers: no host memory in between.
+  // Streams: it waits for all work queued in the context (any stream, PyTorch's included)
+  // before it reads `x`, queues its copies and kernels on its own stream, and waits for that
+  // stream before it returns, so the predictions are complete then.
+  virtual void runOnDevice(cuda::CUdeviceptr x, cuda::CUdeviceptr prediction, int64_t rows);
 };
 
 // Both take the graph with its parameters' values by name (every parameter must have one) and

@@ -28,6 +28,44 @@ def _float32(name, a):
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
+_KDL_CPU, _KDL_CUDA = 1, 2  # DLPack device types
+
+
+def _dlpack_device(x):
+    """(DLPack device type, ordinal) of `x`; host memory when it does not say."""
+    if not hasattr(x, "__dlpack_device__"):
+        return _KDL_CPU, 0
+    try:
+        kind, ordinal = x.__dlpack_device__()
+        return int(kind), int(ordinal)
+    except Exception as e:  # a broken producer: an error naming it, not a crash
+        raise TypeError(f"x: __dlpack_device__() of {type(x).__name__} failed: {e}") from e
+
+
+def _to_host(x, kind, ordinal):
+    """`x` (on DLPack device `kind`) copied to host memory: its framework's ``.cpu()``, else the
+    DLPack request for a host copy."""
+    where = "CUDA memory" if kind == _KDL_CUDA else f"DLPack device type {kind}"
+    try:
+        if hasattr(x, "cpu"):
+            return x.cpu()
+        return np.from_dlpack(x, device="cpu", copy=True)
+    except Exception as e:
+        raise TypeError(f"predict: x is in {where} (device {ordinal}) and this model runs on the CPU; "
+                        f"it could not be copied to host memory ({type(e).__name__}: {e}): pass a host "
+                        "array (PyTorch: x.cpu(); CuPy: x.get()), or run the model on the GPU "
+                        "(model.to(\"cuda\"))") from e
+
+
+def _as_framework_of(x, out):
+    """`out` (a DLPack CUDA array) as an array of x's framework where that is PyTorch or CuPy
+    (zero-copy, through DLPack); else `out` itself."""
+    import sys
+    root = type(x).__module__.partition(".")[0]
+    framework = sys.modules.get(root) if root in ("torch", "cupy") else None
+    return framework.from_dlpack(out) if framework is not None else out
+
+
 class Run:
     """The metrics of one `Model.train` call, one entry a step, as NumPy arrays.
 
@@ -181,15 +219,33 @@ class Model:
 
     # -- using it ---------------------------------------------------------------------------------
     def predict(self, x):
-        """Predictions for the rows of `x` (shape (rows, *input)), as ``predict`` computes them:
-        a NumPy array (rows, *target). Input from another device is copied to host memory first
-        (see README "Python": DLPack)."""
-        if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
-            dev = x.__dlpack_device__()[0] if hasattr(x, "__dlpack_device__") else 1
-            if dev != 1:  # kDLCPU
-                x = x.cpu() if hasattr(x, "cpu") else x
-            x = np.from_dlpack(x)
-        return self._m.predict(_float32("x", x))
+        """Predictions for the rows of `x` (shape (rows, *input)), as ``predict`` computes them.
+
+        Host input (NumPy, or any DLPack array in host memory) gives a NumPy array
+        (rows, *target). Input in CUDA memory (a ``__dlpack__`` array on a CUDA device, e.g. a
+        torch.cuda tensor) on a model that runs on the GPU stays there: the predictions are a
+        new CUDA array, a PyTorch tensor or CuPy array for input of those, else a DLPack array
+        (``__dlpack__``, ``__dlpack_device__``) for any ``from_dlpack``. It must be float32 and
+        C-contiguous on the model's device. A model that runs on the CPU copies CUDA input to
+        host memory first. See README "Python": DLPack and CUDA memory.
+        """
+        if isinstance(x, np.ndarray) or not hasattr(x, "__dlpack__"):
+            return self._m.predict(_float32("x", x))
+        kind, ordinal = _dlpack_device(x)
+        if kind == _KDL_CUDA and self._m.runs_on_cuda:
+            if getattr(x, "requires_grad", False):
+                x = x.detach()  # PyTorch exports no tensor that requires grad; predict needs none
+            try:
+                out = self._m.predict_cuda(x)
+            except TypeError as e:
+                if "incompatible function arguments" not in str(e):
+                    raise
+                raise TypeError(f"predict: x ({type(x).__name__}, in CUDA memory) could not be read "
+                                "through DLPack: its __dlpack__() failed") from None
+            return _as_framework_of(x, out)
+        if kind != _KDL_CPU:
+            x = _to_host(x, kind, ordinal)
+        return self._m.predict(_float32("x", np.from_dlpack(x)))
 
     def compare(self, steps=None, x=None, y=None):
         """``train --compare`` from the model's current weights: a `CompareResult`."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pureattention as pa
-from conftest import SMALL
+from conftest import SMALL, has_gpu
 
 
 def test_train_returns_metrics_as_arrays(small_yaml):
@@ -135,6 +135,63 @@ def test_wrong_arrays_raise_clearly(small_yaml):
         m.load_state_dict({"nope": np.zeros(3)})
     with pytest.warns(UserWarning, match="copied"):
         m.predict(np.zeros((2, 16), np.float64))
+
+
+class _FakeCudaArray:
+    """Claims CUDA memory through DLPack and cannot be exported: what a machine without a GPU
+    sees of a CUDA array."""
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, **kwargs):
+        raise BufferError("no device memory behind this fake")
+
+
+class _HostDlpackArray:
+    """A host array seen only through DLPack (another framework's CPU tensor)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+
+def test_cuda_input_on_a_cpu_model_is_a_clear_error_when_it_cannot_be_copied(small_yaml):
+    m = pa.Model.from_yaml(small_yaml)  # device: cpu
+    with pytest.raises(TypeError, match=r"CUDA memory \(device 0\) and this model runs on the CPU.*x\.cpu\(\)"):
+        m.predict(_FakeCudaArray())
+
+    class BrokenDevice(_FakeCudaArray):
+        def __dlpack_device__(self):
+            raise RuntimeError("broken")
+    with pytest.raises(TypeError, match="__dlpack_device__"):
+        m.predict(BrokenDevice())
+
+
+def test_cuda_input_on_a_cuda_model_without_a_gpu_names_the_missing_gpu(small_yaml):
+    if has_gpu():
+        pytest.skip("this machine has a GPU")
+    m = pa.Model.from_yaml(small_yaml).to("cuda")
+    with pytest.raises(ValueError, match="no GPU"):
+        m.predict(_FakeCudaArray())
+
+
+def test_the_cuda_entry_refuses_host_memory(small_yaml):
+    m = pa.Model.from_yaml(small_yaml)
+    with pytest.raises(TypeError, match="not in CUDA memory"):
+        m._m.predict_cuda(np.zeros((2, 16), np.float32))
+
+
+def test_host_dlpack_input_predicts_as_numpy(small_yaml):
+    m = pa.Model.from_yaml(small_yaml)
+    x = np.random.default_rng(2).standard_normal((5, 16)).astype(np.float32)
+    out = m.predict(_HostDlpackArray(x))
+    assert isinstance(out, np.ndarray) and np.array_equal(out, m.predict(x))
 
 
 def test_train_from_arrays(small_yaml):

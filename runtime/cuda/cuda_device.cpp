@@ -28,6 +28,22 @@ Device::~Device() {
 void Device::makeCurrent() const { PA_CU_CHECK(cuCtxSetCurrent(context_)); }
 void Device::synchronize() const { PA_CU_CHECK(cuCtxSynchronize()); }
 
+std::string deviceRangeProblem(CUdeviceptr ptr, size_t bytes, int ordinal) {
+  const DriverApi& api = Driver::instance().api();
+  int owner = -1;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  if (api.cuPointerGetAttribute(&owner, kPointerAttrDeviceOrdinal, ptr) != kCudaSuccess ||
+      api.cuPointerGetAttribute(&start, kPointerAttrRangeStartAddr, ptr) != kCudaSuccess ||
+      api.cuPointerGetAttribute(&size, kPointerAttrRangeSize, ptr) != kCudaSuccess)
+    return "its address is not memory the CUDA driver of this process allocated";
+  if (owner != ordinal)
+    return "it is memory of CUDA device " + std::to_string(owner) + ", not of device " + std::to_string(ordinal);
+  if (ptr < start || ptr - start > size || bytes > size - (ptr - start))
+    return "its " + std::to_string(bytes) + " bytes run past the end of its allocation";
+  return "";
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes) PA_CU_CHECK(cuMemAlloc(&ptr_, bytes));
 }

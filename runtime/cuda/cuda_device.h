@@ -40,7 +40,13 @@ class Device {
   CUcontext context_ = nullptr;
 };
 
-// Owning device allocation (tests and benchmarks).
+// Why `bytes` bytes at `ptr` cannot be read as memory of device `ordinal` ("" when they can):
+// not an address the driver knows, memory of another device, or past the end of its allocation.
+// Asks the driver about the address and touches nothing, so a wrong pointer from a caller is an
+// error message, not a fault.
+std::string deviceRangeProblem(CUdeviceptr ptr, size_t bytes, int ordinal);
+
+// Owning device allocation.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

@@ -61,6 +61,7 @@ Driver::Driver() {
   resolve(handle_, "cuMemcpyDtoHAsync_v2", api_.cuMemcpyDtoHAsync, missing);
   resolve(handle_, "cuMemcpyDtoDAsync_v2", api_.cuMemcpyDtoDAsync, missing);
   resolve(handle_, "cuMemsetD32Async", api_.cuMemsetD32Async, missing);
+  resolve(handle_, "cuPointerGetAttribute", api_.cuPointerGetAttribute, missing);
   resolve(handle_, "cuMemAllocHost_v2", api_.cuMemAllocHost, missing);
   resolve(handle_, "cuMemFreeHost", api_.cuMemFreeHost, missing);
   resolve(handle_, "cuStreamCreate", api_.cuStreamCreate, missing);

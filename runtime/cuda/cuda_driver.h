@@ -29,6 +29,9 @@ constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
 constexpr unsigned kStreamDefault = 0;              // CU_STREAM_DEFAULT: orders with the legacy stream
 constexpr int kStreamCaptureModeThreadLocal = 1;     // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+constexpr int kPointerAttrDeviceOrdinal = 9;         // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr int kPointerAttrRangeStartAddr = 11;       // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+constexpr int kPointerAttrRangeSize = 12;            // CU_POINTER_ATTRIBUTE_RANGE_SIZE
 
 // A failed driver call: file:line, the call's text and the driver's name and message for the code.
 class CudaError : public std::runtime_error {
@@ -70,6 +73,7 @@ struct DriverApi {
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
+  CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr);
   CUresult (*cuMemAllocHost)(void**, size_t);
   CUresult (*cuMemFreeHost)(void*);
   CUresult (*cuStreamCreate)(CUstream*, unsigned int);

@@ -889,6 +889,42 @@ TEST(PredictOnGpu, MatchesTheCpu) {
   std::filesystem::remove_all(dir);
 }
 
+// The predictor's device entry (rows in and predictions out in device memory) gives its host
+// entry's bits: the same batches and kernels, fed by device-to-device copies. A pointer that is
+// not the rows' memory is an error before anything is read.
+TEST(PredictOnGpu, DeviceRowsGiveTheHostRowsBits) {
+  PA_REQUIRE_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml",
+                                  {std::string("precision=") + precision, "train.batch_size=16"});
+    RunOptions o;
+    o.progress = ProgressMode::Quiet;
+    o.printSummary = false;
+    o.device = "cuda";
+    o.steps = 0;
+    PreparedRun run = prepareRun(cfg, o);
+    const TrainingState st = run.session->state();
+    const std::vector<int64_t>& sx = run.record.sampleX;
+    const std::vector<int64_t>& sy = run.record.sampleY;
+    int64_t features = 1;
+    for (int64_t d : sx) features *= d;
+    const int64_t rows = 37;  // batches of 16: the third one padded
+    std::vector<float> x(static_cast<size_t>(rows * features));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    const std::vector<float> host = predictRows(cfg, sx, sy, st.params, "cuda", 0, x.data(), nullptr, rows);
+    cuda::DeviceBuffer in(x.size() * sizeof(float));
+    in.upload(x.data(), in.bytes());
+    const cuda::DeviceBuffer out = predictRowsOnDevice(cfg, sx, sy, st.params, 0, in.ptr(), rows);
+    ASSERT_EQ(out.bytes(), host.size() * sizeof(float)) << precision;
+    std::vector<float> device(host.size());
+    out.download(device.data(), out.bytes());
+    EXPECT_EQ(std::memcmp(device.data(), host.data(), out.bytes()), 0) << precision;
+    EXPECT_THROW(predictRowsOnDevice(cfg, sx, sy, st.params, 0, in.ptr() + sizeof(float), rows), UserError) << precision;
+    EXPECT_THROW(predictRowsOnDevice(cfg, sx, sy, st.params, 0, 0x1000, rows), UserError) << precision;
+    EXPECT_EQ(predictRowsOnDevice(cfg, sx, sy, st.params, 0, 0, 0).bytes(), 0u) << precision;
+  }
+}
+
 // fuse-qkv's packed projection and attention, trained 100 steps on the GPU and on the CPU.
 TEST(TrainOnGpu, PackedQkvTracksTheCpuOver100Steps) {
   PA_REQUIRE_GPU();
