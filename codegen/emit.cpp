@@ -8,7 +8,8 @@
 //                (these in codegen/emit_pointwise.cpp, templates in codegen/templates/pointwise.h)
 //   gemm         MatMul, FusedLinear and MatMulActGrad (codegen/emit_gemm.cpp: kernels/gemm_*.cuh,
 //                tiles from codegen/gemm_plan.h, bias/activation epilogue functor);
-//   flash        FlashAttention and its gradient: the launcher's instantiations (codegen/emit_flash.cpp).
+//   flash        FlashAttention and its gradient: the launcher's instantiations (codegen/emit_flash.cpp);
+//   mlp          FusedMlp and its gradient: whole layer chains on chip (codegen/emit_mlp.cpp).
 // Shapes are baked into the source as constants, so each kernel is specialised to its node
 // and the generated text is byte-identical from run to run.
 #include "codegen/emit.h"

@@ -36,7 +36,7 @@ struct Kernel {
 
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order
-  size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed
+  size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed (zeroed once, at allocation)
   // Nodes the FlashAttention launcher runs (runtime/flash_attention.h) have `external` set; their
   // kernels are the launcher's instantiations, listed for --dump-kernels and the CI compile.
   bool external = false;

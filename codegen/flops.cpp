@@ -6,6 +6,7 @@
 
 #include "codegen/emit.h"
 #include "common/attention_mask.h"
+#include "graph/node_attrs.h"
 
 namespace pa::codegen {
 
@@ -50,6 +51,10 @@ double modelFlops(const Graph& g) {
       const GemmGeometry geo = libraryGemmOf(g, id).geometry;
       total += 3 * 2.0 * static_cast<double>(geo.batch) * static_cast<double>(geo.m) * static_cast<double>(geo.n) *
                static_cast<double>(geo.k);
+    } else if (n.op == OpKind::FusedMlp) {
+      const MlpSpec s = mlpSpecOf(g, n);
+      for (const MlpLayer& l : s.layers)
+        total += 3 * 2.0 * static_cast<double>(s.rows) * static_cast<double>(l.in) * static_cast<double>(l.out);
     } else if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionQkv) {
       const FlashAttentionConfig f = flashConfigOf(g, n);
       total += 3.5 * 4.0 * f.batch * f.heads * f.headDim * visiblePairs(f);

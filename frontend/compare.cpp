@@ -31,7 +31,7 @@ bool hasRelu(const Config& cfg) {
   for (const auto& l : cfg.model.layers)
     if (l->hasRelu()) return true;
   for (const ExplicitNode& n : cfg.model.nodes)
-    if (n.op == "relu" || n.op == "fused-linear" || n.op == "fused-elementwise") return true;  // may hold one
+    if (n.op == "relu" || n.op == "fused-linear" || n.op == "fused-mlp" || n.op == "fused-elementwise") return true;  // may hold one
   return false;
 }
 

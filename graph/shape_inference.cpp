@@ -5,6 +5,8 @@
 #include "graph/elementwise_expr.h"
 #include "common/errors.h"
 #include "graph/graph.h"
+#include "graph/node_attrs.h"
+#include "common/mlp_limits.h"
 
 namespace pa {
 
@@ -315,6 +317,97 @@ Types inferFusedLinear(const Graph& g, const Node& n) {
   Types t = one(out, dt(g, n));
   out.back() = units;
   if (act == "gelu" || act == "swiglu") t.push_back(TensorType{out, dt(g, n)});  // the pre-activation, for the backward
+  return t;
+}
+
+// fused-mlp(-grad): the activations and bias flags, checked against the layer count.
+std::vector<MlpActivation> mlpLayersOf(const Node& n, std::vector<bool>& bias) {
+  std::vector<MlpActivation> acts;
+  std::string bad;
+  if (!parseMlpActivations(n.attrs.get<attr::MlpActivations>(), acts, bad))
+    fail(n, "activations: '" + bad + "' is not one of none, relu, tanh, sigmoid (a comma-separated list, one per layer)");
+  if (static_cast<int64_t>(acts.size()) > kMlpMaxLayers)
+    fail(n, "has " + std::to_string(acts.size()) + " layers; a fused-mlp holds at most " + std::to_string(kMlpMaxLayers));
+  const std::vector<int64_t> b = n.attrs.get<attr::MlpBiases>();
+  if (!b.empty() && b.size() != acts.size())
+    fail(n, "biases lists " + std::to_string(b.size()) + " layers, activations " + std::to_string(acts.size()));
+  bias.assign(acts.size(), true);
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (b[i] != 0 && b[i] != 1) fail(n, "biases holds 0 or 1 per layer, got " + std::to_string(b[i]));
+    bias[i] = b[i] == 1;
+  }
+  return acts;
+}
+
+// A layer's weight [K, N]: a matrix whose K is `k` and whose widths fit the fused kernels.
+int64_t mlpWeightUnits(const Graph& g, const Node& n, int input, size_t layer, int64_t k) {
+  const Shape& w = in(g, n, input);
+  const std::string which = "layer " + std::to_string(layer + 1) + "'s weight ";
+  if (w.size() != 2) fail(n, which + shapeString(w) + " must be a matrix [K, N]");
+  if (w[0] != k) fail(n, which + shapeString(w) + " expects " + std::to_string(w[0]) + " inputs, the layer gets " + std::to_string(k));
+  if (w[1] < 1 || w[0] < 1 || w[0] > kMlpMaxWidth || w[1] > kMlpMaxWidth)
+    fail(n, which + shapeString(w) + ": a fused-mlp's widths are 1 to " + std::to_string(kMlpMaxWidth) +
+                " (the GPU kernel keeps a layer's weights in shared memory)");
+  return w[1];
+}
+
+Types inferFusedMlp(const Graph& g, const Node& n) {
+  std::vector<bool> bias;
+  const std::vector<MlpActivation> acts = mlpLayersOf(n, bias);
+  if (acts.empty()) fail(n, "needs at least one layer (attribute activations)");
+  size_t want = 1;
+  for (bool b : bias) want += b ? 2 : 1;
+  if (n.inputs.size() != want)
+    fail(n, "takes x and, per layer, a weight and a bias where biases says so: " + std::to_string(want) + " inputs, got " +
+                std::to_string(n.inputs.size()));
+  const Shape& x = in(g, n, 0);
+  if (x.empty()) fail(n, "x must be [..., K], got a scalar");
+  Shape rows(x.begin(), x.end() - 1);
+  int64_t k = x.back();
+  int input = 1;
+  Types hidden;
+  Shape out;
+  for (size_t i = 0; i < acts.size(); ++i) {
+    const int64_t units = mlpWeightUnits(g, n, input++, i, k);
+    if (bias[i]) {
+      if (in(g, n, input) != Shape{units})
+        fail(n, "layer " + std::to_string(i + 1) + "'s bias " + shapeString(in(g, n, input)) + " must be [" + std::to_string(units) + "]");
+      ++input;
+    }
+    out = rows;
+    out.push_back(units);
+    if (i + 1 < acts.size()) hidden.push_back(TensorType{out, dt(g, n)});
+    k = units;
+  }
+  Types t = one(out, dt(g, n));
+  t.append(hidden.begin(), hidden.end());
+  return t;
+}
+
+Types inferFusedMlpGrad(const Graph& g, const Node& n) {
+  std::vector<bool> bias;
+  const std::vector<MlpActivation> acts = mlpLayersOf(n, bias);
+  const size_t layers = acts.size();
+  if (layers == 0 || n.inputs.size() != 2 * layers + 2)
+    fail(n, "takes dy, x, the " + std::to_string(layers ? layers - 1 : 0) + " saved hidden outputs, y and the " +
+                std::to_string(layers) + " weights: " + std::to_string(2 * layers + 2) + " inputs, got " + std::to_string(n.inputs.size()));
+  const Shape& x = in(g, n, 1);
+  if (x.empty()) fail(n, "x must be [..., K], got a scalar");
+  const Shape rows(x.begin(), x.end() - 1);
+  Types t;
+  if (n.attrs.get<attr::InputGrad>()) t.push_back(TensorType{x, dt(g, n)});
+  int64_t k = x.back();
+  for (size_t i = 0; i < layers; ++i) {
+    const int64_t units = mlpWeightUnits(g, n, static_cast<int>(layers + 2 + i), i, k);
+    Shape h = rows;
+    h.push_back(units);
+    if (in(g, n, static_cast<int>(2 + i)) != h)
+      fail(n, "layer " + std::to_string(i + 1) + "'s saved output " + shapeString(in(g, n, static_cast<int>(2 + i))) + " must be " + shapeString(h));
+    if (i + 1 == layers && in(g, n, 0) != h) fail(n, "dy " + shapeString(in(g, n, 0)) + " must be " + shapeString(h));
+    t.push_back(TensorType{Shape{k, units}, dt(g, n)});
+    if (bias[i]) t.push_back(TensorType{Shape{units}, dt(g, n)});
+    k = units;
+  }
   return t;
 }
 

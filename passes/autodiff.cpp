@@ -260,6 +260,35 @@ void gradFusedLinear(GradCtx& c) {
   if (c.n.inputs.size() == 3 && c.wants(2)) c.give(2, c.sumTo(dpre, c.shape(c.in(2))));
 }
 
+// FusedMlp: one FusedMlpGrad reading the saved hidden outputs (every activation's derivative is
+// a function of its output) and writing dx (only when wanted), every dw and every db.
+void gradFusedMlp(GradCtx& c) {
+  for (size_t i = 1; i < c.dys.size(); ++i)
+    if (c.dys[i] != kNoValue)
+      throw std::logic_error("autodiff: fused-mlp node '" + c.n.name + "': its hidden outputs are saved for the backward, not used on");
+  if (c.dy == kNoValue) return;
+  const MlpSpec s = mlpSpecOf(c.g, c.n);
+  const size_t layers = s.layers.size();
+  llvm::SmallVector<ValueId, 8> ins{c.dy, c.in(0)};
+  for (size_t i = 1; i < layers; ++i) ins.push_back(c.n.outputs[i]);
+  ins.push_back(c.out());
+  for (const MlpLayer& l : s.layers) ins.push_back(c.in(l.weightInput));
+  AttrMap a;
+  a.set<attr::MlpActivations>(c.n.attrs.get<attr::MlpActivations>());
+  a.set<attr::MlpBiases>(c.n.attrs.get<attr::MlpBiases>());
+  a.set<attr::InputGrad>(c.wants(0));
+  const ValueId first = c.op(OpKind::FusedMlpGrad, ins, a);
+  const Node& grad = c.g.producer(first);
+  const MlpSpec gs = mlpSpecOf(c.g, grad);
+  if (gs.inputGrad) c.give(0, grad.outputs[0]);
+  for (size_t i = 0; i < layers; ++i) {
+    const MlpLayer& f = s.layers[i];
+    const MlpLayer& b = gs.layers[i];
+    if (c.wants(f.weightInput)) c.give(f.weightInput, grad.outputs[static_cast<size_t>(b.weightGradOutput)]);
+    if (f.bias && c.wants(f.biasInput)) c.give(f.biasInput, grad.outputs[static_cast<size_t>(b.biasGradOutput)]);
+  }
+}
+
 void gradInterleave(GradCtx& c) {
   for (int i = 0; i < 2; ++i)
     if (c.wants(i)) c.give(i, c.op(OpKind::Deinterleave, {c.dy}, AttrMap().set<attr::Part>(i)));
@@ -328,6 +357,7 @@ void gradRmsNormGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxSinkGrad(GradCtx& c) { noRule(c); }
 void gradFlashAttentionGrad(GradCtx& c) { noRule(c); }
+void gradFusedMlpGrad(GradCtx& c) { noRule(c); }
 void gradFlashAttentionQkvGrad(GradCtx& c) { noRule(c); }
 
 using GradFn = void (*)(GradCtx&);

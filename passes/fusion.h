@@ -36,6 +36,9 @@ std::unique_ptr<RewritePattern> makeFoldRopePattern();
 // A FlashAttention's Q, K and V, three projections of one input (with rope on Q and K or not),
 // become one GEMM over the concatenated weights and a FlashAttentionQkv reading the packed result.
 std::unique_ptr<RewritePattern> makeFuseQkvPattern();
+// A chain of FusedLinear layers (relu, none, or none then Tanh | Sigmoid) whose widths are at
+// most kMlpMaxWidth becomes one FusedMlp; nothing under a 16-bit target (precision bf16).
+std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target = {});
 
 // Fuses chains of elementwise and broadcast ops into FusedElementwise nodes; returns the number
 // of fused nodes made and adds the number of ops absorbed to `absorbed`.

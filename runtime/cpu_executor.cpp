@@ -263,6 +263,80 @@ void execFusedLinear(Ctx<T>& c) {
                       rows, n, a);
 }
 
+// fused-mlp: each layer as FusedLinear then the activation node would compute it (the same
+// kernels in the same order, so the float64 result equals the unfused graph's); the hidden
+// outputs are written as the next layer reads them (a bf16 output is rounded after the node, as
+// the CUDA kernel, which keeps the layer's input on chip, stores it).
+template <class T>
+void mlpActivate(MlpActivation a, T* y, int64_t count) {
+  switch (a) {
+  case MlpActivation::None: break;
+  case MlpActivation::Relu: cpu::unary(cpu::UnaryOp::Relu, y, y, count); break;
+  case MlpActivation::Tanh: cpu::unary(cpu::UnaryOp::Tanh, y, y, count); break;
+  case MlpActivation::Sigmoid: cpu::unary(cpu::UnaryOp::Sigmoid, y, y, count); break;
+  }
+}
+// dz = dh ⊙ act'(h) from the activation's output h (in place allowed).
+template <class T>
+void mlpActivationGrad(MlpActivation a, const T* dh, const T* h, T* dz, int64_t count) {
+  switch (a) {
+  case MlpActivation::None: std::copy(dh, dh + count, dz); break;
+  case MlpActivation::Relu: cpu::unaryGrad(cpu::UnaryGradOp::Relu, dh, h, dz, count); break;
+  case MlpActivation::Tanh: cpu::unaryGrad(cpu::UnaryGradOp::Tanh, dh, h, dz, count); break;
+  case MlpActivation::Sigmoid: cpu::unaryGrad(cpu::UnaryGradOp::Sigmoid, dh, h, dz, count); break;
+  }
+}
+
+template <class T>
+void execFusedMlp(Ctx<T>& c) {
+  const MlpSpec s = mlpSpecOf(c.g, c.n);
+  const size_t layers = s.layers.size();
+  const T* h = c.in(0);
+  for (size_t i = 0; i < layers; ++i) {
+    const MlpLayer& l = s.layers[i];
+    T* out = i + 1 == layers ? c.out(0) : c.out(static_cast<int>(i + 1));
+    cpu::matmul(h, c.in(l.weightInput), out, 1, false, false, s.rows, l.out, l.in, false, false);
+    cpu::biasActivation(out, l.bias ? c.in(l.biasInput) : nullptr, static_cast<T*>(nullptr), s.rows, l.out,
+                        l.act == MlpActivation::Relu ? cpu::Activation::Relu : cpu::Activation::None);
+    if (l.act != MlpActivation::Relu) mlpActivate(l.act, out, s.rows * l.out);
+    h = out;
+  }
+}
+
+// fused-mlp-grad: from the last layer down, dz_i = dh_i ⊙ act_i'(h_i), dw_i = h_(i-1)ᵀ·dz_i,
+// db_i = Σ_rows dz_i (double accumulation, SumTo's kernel), dh_(i-1) = dz_i·w_iᵀ.
+template <class T>
+void execFusedMlpGrad(Ctx<T>& c) {
+  const MlpSpec s = mlpSpecOf(c.g, c.n);
+  const int layers = static_cast<int>(s.layers.size());
+  std::vector<T> dz(static_cast<size_t>(s.rows * s.layers.back().out)), dh;
+  mlpActivationGrad(s.layers.back().act, c.in(0), c.in(layers + 1), dz.data(), s.rows * s.layers.back().out);
+  for (int i = layers - 1; i >= 0; --i) {
+    const MlpLayer& l = s.layers[static_cast<size_t>(i)];
+    const T* hPrev = c.in(1 + i);
+    cpu::matmul(hPrev, dz.data(), c.out(l.weightGradOutput), 1, false, false, l.in, l.out, s.rows, true, false);
+    if (l.bias) {
+      cpu::Strided v;
+      v.rank = 2;
+      v.extent[0] = s.rows;
+      v.extent[1] = l.out;
+      v.stride[0] = 0;
+      v.stride[1] = 1;
+      cpu::reduceSum(dz.data(), v, c.out(l.biasGradOutput), l.out, 1.0);
+    }
+    if (i == 0 && !s.inputGrad) break;
+    T* target = i == 0 ? c.out(0) : nullptr;
+    if (!target) {
+      dh.resize(static_cast<size_t>(s.rows * l.in));
+      target = dh.data();
+    }
+    cpu::matmul(dz.data(), c.in(layers + 2 + i), target, 1, false, false, s.rows, l.in, l.out, false, true);
+    if (i == 0) break;
+    dz.resize(static_cast<size_t>(s.rows * l.in));
+    mlpActivationGrad(s.layers[static_cast<size_t>(i - 1)].act, dh.data(), hPrev, dz.data(), s.rows * l.in);
+  }
+}
+
 template <class T>
 void execInterleave(Ctx<T>& c) { cpu::interleave(c.in(0), c.in(1), c.out(), numel(c.inShape(0))); }
 template <class T>

@@ -44,6 +44,8 @@ struct GraphCase {
 // fuse-qkv on: the packed projection, its concatenated weights and split gradients, the rope of
 // the packed Q and K.
 const std::vector<std::string> kQkv = {"compiler.fuse=[linear, attention, qkv, norm, elementwise]"};
+// fuse-mlp on: each MLP one forward and one backward kernel (fused-mlp, fused-mlp-grad).
+const std::vector<std::string> kMlp = {"compiler.fuse=[linear, elementwise, mlp]"};
 
 const std::vector<GraphCase> kGraphCases = {
     {"sine_mlp", false},          {"sine_mlp", true},          {"sine_attention", false},
@@ -55,7 +57,8 @@ const std::vector<GraphCase> kGraphCases = {
     {"mlp_wide", false, "bf16"},  {"attn_block", false, "bf16"}, {"attn_block", true, "bf16"},
     {"tiny_gpt", false},          {"tiny_gpt", false, "bf16"}, {"tiny_llama", true},
     {"sine_attention", false, "fp32", kQkv, "_qkv"}, {"attn_block", false, "bf16", kQkv, "_qkv"},
-    {"tiny_llama", false, "fp32", kQkv, "_qkv"}, {"tiny_llama", false, "bf16", kQkv, "_qkv"}};
+    {"tiny_llama", false, "fp32", kQkv, "_qkv"}, {"tiny_llama", false, "bf16", kQkv, "_qkv"},
+    {"mlp_tiny", false, "fp32", kMlp, "_mlp"}, {"sine_mlp", false, "tf32", kMlp, "_mlp"}, {"function_mlp", false, "fp32", kMlp, "_mlp"}};
 
 // The runner compiles a graph's kernels as a few programs, each the concatenation of many
 // kernels' sources (runtime/cuda_graph_runner.cpp, "Note on parallel compilation"): whatever a
@@ -169,6 +172,58 @@ TEST(GeneratedKernels, EveryConfigsKernelsCompileForEveryTarget) {
     std::printf("%s: %zu kernels, %zu distinct programs; %.1f s CPU, %.1f s wall\n", arch, stats.units, stats.programs,
                 double(std::clock() - cpu) / CLOCKS_PER_SEC,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count());
+  }
+}
+
+// fused-mlp and fused-mlp-grad on a few shapes (one row; odd widths; every width at the limit,
+// whose kernels take more than 48 KB of shared memory; a batch of more tiles than SMs, so the
+// forward strides over tiles and the backward's blocks take several each; dx and no dx), for
+// sm_80 and sm_90 (PTX: the front end) and sm_90a (a cubin through ptxas, as the runner builds
+// for an H100: registers and shared memory checked).
+TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
+  const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
+  if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
+  struct Case {
+    int64_t rows;
+    std::vector<int64_t> widths;
+    std::string acts;
+    std::vector<int64_t> biases;
+    bool inputGrad;
+  };
+  const std::vector<Case> cases = {{1, {3, 1, 3}, "relu,none", {1, 0}, true},
+                                   {256, {1, 64, 64, 1}, "relu,relu,none", {1, 1, 1}, false},
+                                   {257, {128, 128, 128, 128}, "tanh,sigmoid,none", {0, 1, 1}, true},
+                                   {10000, {100, 7, 100}, "relu,none", {1, 1}, true}};
+  std::vector<test::CompileUnit> units;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    Graph g;
+    const ValueId x = c.inputGrad ? g.addParam("x", Shape{c.rows, c.widths[0]}, "xavier") : g.addInput("x", Shape{c.rows, c.widths[0]});
+    std::vector<ValueId> ins{x};
+    for (size_t i = 0; i + 1 < c.widths.size(); ++i) {
+      ins.push_back(g.addParam("w" + std::to_string(i), Shape{c.widths[i], c.widths[i + 1]}, "xavier"));
+      if (c.biases[i]) ins.push_back(g.addParam("b" + std::to_string(i), Shape{c.widths[i + 1]}, "zeros"));
+    }
+    test::addWeightedSumLoss(g, g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(c.acts).set<attr::MlpBiases>(c.biases)));
+    appendBackward(g, g.output("loss"), g.params());
+    int mlpKernels = 0;
+    for (NodeId id : g.topoOrder()) {
+      const OpKind op = g.node(id).op;
+      if (op != OpKind::FusedMlp && op != OpKind::FusedMlpGrad) continue;
+      const codegen::NodeKernels nk = codegen::emitNode(g, id);
+      ASSERT_EQ(nk.kernels.size(), 1u);
+      if (op == OpKind::FusedMlpGrad) {
+        EXPECT_GT(nk.scratchBytes, 0u);
+      }
+      for (const codegen::Kernel& k : nk.kernels)
+        units.push_back({"case " + std::to_string(ci) + "/" + k.name, k.name, k.source}), ++mlpKernels;
+    }
+    EXPECT_EQ(mlpKernels, 2);
+  }
+  for (const char* arch : {"sm_80", "sm_90", "sm_90a"}) {
+    test::CompileOptions options;
+    options.arch = arch;
+    for (const std::string& f : test::compileInParallel(units, options)) ADD_FAILURE() << arch << ": " << f;
   }
 }
 

@@ -323,6 +323,30 @@ inline std::vector<OpCase> allCases() {
                  return g.add(OpKind::FusedElementwise, {P(g, "x", {2, 5})},
                               AttrMap().set<attr::Expr>("mul(gelu($0), $0)").set<attr::Shape>({2, 5}));
                }});
+  // FusedMlp on awkward shapes: one row, odd widths and rows, batched rows, layers with and
+  // without bias, every activation; the GPU runs its forward and backward kernels on them.
+  struct Mlp {
+    const char* name;
+    Shape x;
+    std::vector<int64_t> widths;
+    const char* acts;
+    std::vector<int64_t> biases;
+  };
+  const Mlp mlps[] = {{"FusedMlp_reluOneRow", {1, 3}, {5, 1}, "relu,none", {1, 1}},
+                      {"FusedMlp_relu7Rows", {7, 3}, {5, 4}, "relu,none", {1, 1}},
+                      {"FusedMlp_tanhSigmoidBatched", {2, 3, 5}, {4, 3, 2}, "tanh,sigmoid,none", {0, 1, 1}},
+                      {"FusedMlp_reluTanhNoBiases", {17, 1}, {9, 6}, "relu,tanh", {0, 0}}};
+  for (const Mlp& m : mlps)
+    c.push_back({m.name, OpKind::FusedMlp, [=](Graph& g) {
+                   std::vector<ValueId> ins{P(g, "x", m.x)};
+                   int64_t k = m.x.back();
+                   for (size_t i = 0; i < m.widths.size(); ++i) {
+                     ins.push_back(P(g, "w" + std::to_string(i + 1), {k, m.widths[i]}));
+                     if (m.biases[i]) ins.push_back(P(g, "b" + std::to_string(i + 1), {m.widths[i]}));
+                     k = m.widths[i];
+                   }
+                   return g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(m.acts).set<attr::MlpBiases>(m.biases));
+                 }});
   return c;
 }
 

@@ -23,7 +23,7 @@ const std::map<OpKind, OpKind> kEmittedBy = {
     {OpKind::FlashAttentionGrad, OpKind::FlashAttention}, {OpKind::FlashAttentionQkvGrad, OpKind::FlashAttentionQkv},
     {OpKind::SiluGrad, OpKind::Silu},       {OpKind::GeluTanhGrad, OpKind::GeluTanh},
     {OpKind::LayerNormGrad, OpKind::LayerNorm}, {OpKind::RmsNormGrad, OpKind::RmsNorm},
-    {OpKind::SwigluGrad, OpKind::FusedLinear},
+    {OpKind::SwigluGrad, OpKind::FusedLinear},      {OpKind::FusedMlpGrad, OpKind::FusedMlp},
 };
 
 class OpGradCheck : public ::testing::TestWithParam<OpCase> {};

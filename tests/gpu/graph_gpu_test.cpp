@@ -21,6 +21,7 @@
 #include "frontend/datasets.h"
 #include "frontend/predict.h"
 #include "frontend/trainer.h"
+#include "graph/node_attrs.h"
 #include "graph/verifier.h"
 #include "passes/fusion.h"
 #include "runtime/cuda/cublaslt.h"
@@ -501,6 +502,12 @@ std::vector<std::string> withQkv(std::vector<std::string> s) {
   return s;
 }
 
+// fuse-mlp on: each MLP one fused-mlp node (one forward kernel) and its gradient (one kernel).
+std::vector<std::string> withMlp(std::vector<std::string> s) {
+  s.push_back("compiler.fuse=[linear, elementwise, mlp]");
+  return s;
+}
+
 class TrainingStepOnGpu : public ::testing::TestWithParam<StepCase> {};
 
 TEST_P(TrainingStepOnGpu, LossAndEveryGradientMatchTheCpu) {
@@ -540,7 +547,10 @@ INSTANTIATE_TEST_SUITE_P(Configs, TrainingStepOnGpu,
                                            StepCase{"sine_attention", false, withQkv({}), "_qkv"},
                                            StepCase{"attn_block", false, withQkv({}), "_qkv"},
                                            StepCase{"tiny_gpt", false, withQkv(tinyGptSmall()), "_qkv"},
-                                           StepCase{"tiny_llama", false, withQkv(kTinyLlamaSmall), "_qkv"}),
+                                           StepCase{"tiny_llama", false, withQkv(kTinyLlamaSmall), "_qkv"},
+                                           StepCase{"mlp_tiny", false, withMlp({}), "_FusedMlp"},
+                                           StepCase{"sine_mlp", false, withMlp({}), "_FusedMlp"},
+                                           StepCase{"function_mlp", false, withMlp({}), "_FusedMlp"}),
                          [](const ::testing::TestParamInfo<StepCase>& i) {
                            return i.param.config + (i.param.noFuse ? "_unfused" : "_fused") + i.param.label;
                          });
@@ -938,6 +948,104 @@ TEST(TrainOnGpu, PackedQkvTracksTheCpuOver100Steps) {
     const double worst = cpuGpuLossDifference(cfg);
     std::printf("  %s with fuse-qkv: largest relative loss difference over 100 steps %.2e\n", name, worst);
     EXPECT_LE(worst, 1e-4) << name;
+  }
+}
+
+// ---- fused-mlp (issue 30) -------------------------------------------------------------------
+// All of them: graph_gpu_tests --gtest_filter='*FusedMlp*'.
+
+// A FusedMlp over x [rows, K0] (a parameter: dx is computed) with a weighted-sum loss and its
+// backward (one fused-mlp-grad node).
+Graph fusedMlpGraph(int64_t rows, const std::vector<int64_t>& widths, uint64_t variant) {
+  const MlpActivation cycle[] = {MlpActivation::Relu, MlpActivation::Tanh, MlpActivation::None, MlpActivation::Sigmoid};
+  Graph g;
+  std::vector<ValueId> ins{g.addParam("x", Shape{rows, widths[0]}, "xavier")};
+  std::vector<MlpActivation> acts;
+  std::vector<int64_t> biases;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    acts.push_back(i + 2 == widths.size() ? MlpActivation::None : cycle[(i + variant) % 4]);
+    biases.push_back((i + variant) % 3 != 1);
+    ins.push_back(g.addParam("w" + std::to_string(i + 1), Shape{widths[i], widths[i + 1]}, "xavier"));
+    if (biases.back()) ins.push_back(g.addParam("b" + std::to_string(i + 1), Shape{widths[i + 1]}, "zeros"));
+  }
+  const ValueId y = g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(mlpActivationsString(acts)).set<attr::MlpBiases>(biases));
+  g.setOutput("y", y);
+  test::addWeightedSumLoss(g, y);
+  appendBackward(g, g.output("loss"), g.params());
+  return g;
+}
+
+const std::vector<std::vector<int64_t>> kMlpWidths = {{1, 64, 64, 1}, {3, 1, 3}, {100, 128, 1}, {64, 100, 3, 128, 64}, {128, 128, 128}};
+
+// y, dx, every dw and db against the float64 CPU executor, rows 1, 7, 257 (and 4099: more tiles
+// than SMs, so the backward's blocks take several tiles each) × widths 1, 3, 64, 100, 128.
+// Tolerance from fp32 accumulation: each output is a sum of n ≤ max(K, rows) products per layer,
+// which fp32 gets within n·2^-24·Σ|terms| (worst case; ~√n·2^-24·‖terms‖ in practice). The CPU
+// fp32 backend makes the same sums in other orders (OpenBLAS), so its distance to float64 is that
+// error's size on these very values: Metric::Norm allows twice it (or 1e-4 relative), and
+// Metric::MaxElement bounds every element by 1e-4 of the largest (n·2^-24 ≤ 2.4e-4 at n = 4099,
+// 1.5e-5 at 257, and the observed errors are the √n kind).
+TEST(FusedMlpOnGpu, ForwardAndEveryGradientMatchTheFloat64CpuExecutor) {
+  PA_REQUIRE_GPU();
+  uint64_t variant = 0;
+  for (int64_t rows : {1, 7, 257, 4099})
+    for (const auto& widths : kMlpWidths) {
+      const Graph g = fusedMlpGraph(rows, widths, variant++);
+      SCOPED_TRACE("rows " + std::to_string(rows) + ", widths " + shapeString(Shape(widths.begin(), widths.end())));
+      compareOnGpu(g, 31 + variant, 1.0, Metric::Norm);
+      if (rows <= 257) compareOnGpu(g, 31 + variant, 1.0, Metric::MaxElement);
+    }
+}
+
+// The backward's weight and bias gradients are reductions over every row: per-block partial sums
+// added in block order by the last block, no float atomics, so two runs (and two runners) give
+// the same bits.
+TEST(FusedMlpOnGpu, BackwardIsBitwiseRepeatable) {
+  PA_REQUIRE_GPU();
+  const Graph g = fusedMlpGraph(4099, {64, 128, 64, 1}, 0);
+  const auto params = test::randomParams(g, 3);
+  auto runOnce = [&](CudaGraphRunner& gpu) {
+    for (const auto& [p, v] : params) {
+      std::vector<float> f(v.begin(), v.end());
+      gpu.upload(p, f.data());
+    }
+    for (ValueId in : g.inputs()) {
+      std::vector<double> d(static_cast<size_t>(numel(g.shape(in))));
+      test::fillRandom(d.data(), numel(g.shape(in)), 4);
+      std::vector<float> f(d.begin(), d.end());
+      gpu.upload(in, f.data());
+    }
+    gpu.run();
+    std::vector<float> all;
+    for (const auto& [name, v] : g.outputs()) {
+      std::vector<float> got(static_cast<size_t>(numel(g.shape(v))));
+      gpu.download(v, got.data());
+      all.insert(all.end(), got.begin(), got.end());
+    }
+    return all;
+  };
+  CudaGraphRunner a(g, device());
+  const std::vector<float> first = runOnce(a), second = runOnce(a);
+  CudaGraphRunner b(g, device());
+  const std::vector<float> third = runOnce(b);
+  ASSERT_EQ(first.size(), second.size());
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(first.data(), third.data(), first.size() * sizeof(float)), 0);
+}
+
+// Training with the fused MLP follows the CPU's trajectory over 100 steps (1e-4 relative), and
+// the step launches the fused kernels instead of the layers' GEMMs.
+TEST(FusedMlpOnGpu, TrainingTracksTheCpuOver100Steps) {
+  PA_REQUIRE_GPU();
+  for (const char* name : {"mlp_tiny", "sine_mlp", "function_mlp"}) {
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + name + ".yaml", withMlp({"train.steps=100", "train.log_every=50"}));
+    TrainResult cpu, gpu;
+    const double worst = cpuGpuLossDifference(cfg, &cpu, &gpu);
+    ASSERT_EQ(cpu.losses.size(), 100u) << name;
+    std::printf("  %s with fuse-mlp: largest relative loss difference over 100 steps %.2e; validation cpu %.6e gpu %.6e\n", name,
+                worst, cpu.finalValidation, gpu.finalValidation);
+    EXPECT_LE(worst, 1e-4) << name;
+    EXPECT_NEAR(gpu.finalValidation, cpu.finalValidation, 1e-4 * cpu.finalValidation) << name;
   }
 }
 

@@ -1,0 +1,105 @@
+// fuse-mlp: a chain of FusedLinear layers whose widths fit on chip becomes one FusedMlp node,
+// which the CUDA backend runs as one forward kernel (every layer over a tile of rows kept in
+// shared memory) and one backward kernel (activation, weight and bias gradients).
+//
+// Note on what a layer is. A FusedLinear with activation relu or none and a plain weight [K, N]
+// (not transposed), K and N at most kMlpMaxWidth; with none, a Tanh or Sigmoid that is its output's
+// only user joins the layer as its activation (fuse-linear leaves those apart). Layer i + 1 reads
+// layer i's output, which has no other user and is no graph output: the chain never recomputes
+// and never exposes a hidden value. A chain is at least two layers and at most kMlpMaxLayers
+// (a longer one is cut and the rest starts a chain of its own). Under precision bf16 (the target's
+// 16-bit activations) nothing is fused: the kernels compute in fp32 on fp32 operands, and a
+// bf16 version that reads bf16 weights is not written yet.
+#include "common/mlp_limits.h"
+#include "graph/node_attrs.h"
+#include "passes/fusion.h"
+
+namespace pa {
+
+namespace {
+
+struct Layer {
+  std::vector<NodeId> nodes;  // the FusedLinear, then the absorbed activation node if any
+  ValueId x = kNoValue, w = kNoValue, bias = kNoValue, out = kNoValue;
+  MlpActivation act = MlpActivation::None;
+};
+
+bool fitsWidth(int64_t w) { return w >= 1 && w <= kMlpMaxWidth; }
+
+// The FusedLinear `id` as a layer of a fused MLP (the note above); false when it is none.
+bool asLayer(RewriteContext& ctx, NodeId id, Layer& out) {
+  const Graph& g = ctx.graph();
+  const Node& n = g.node(id);
+  if (n.erased || n.op != OpKind::FusedLinear || n.attrs.get<attr::TransposeW>()) return false;
+  const std::string act = n.attrs.get<attr::Activation>();
+  if (act != "none" && act != "relu") return false;
+  const Shape& w = g.shape(n.inputs[1]);
+  if (w.size() != 2 || !fitsWidth(w[0]) || !fitsWidth(w[1])) return false;
+  if (g.value(n.inputs[0]).type.dtype != DType::F32 || g.value(n.outputs[0]).type.dtype != DType::F32) return false;
+  out = Layer{};
+  out.nodes = {id};
+  out.x = n.inputs[0];
+  out.w = n.inputs[1];
+  out.bias = n.inputs.size() == 3 ? n.inputs[2] : kNoValue;
+  out.out = n.outputs[0];
+  out.act = act == "relu" ? MlpActivation::Relu : MlpActivation::None;
+  if (out.act == MlpActivation::None && ctx.hasSingleUse(out.out) && !ctx.isOutput(out.out)) {
+    const Node& u = g.node(ctx.users(out.out)[0]);
+    if (u.op == OpKind::Tanh || u.op == OpKind::Sigmoid) {
+      out.act = u.op == OpKind::Tanh ? MlpActivation::Tanh : MlpActivation::Sigmoid;
+      out.nodes.push_back(u.id);
+      out.out = u.outputs[0];
+    }
+  }
+  return true;
+}
+
+// The layer reading `v` when `v` has that one user and is no graph output; false otherwise.
+bool nextLayer(RewriteContext& ctx, ValueId v, Layer& out) {
+  if (!ctx.hasSingleUse(v) || ctx.isOutput(v)) return false;
+  const NodeId u = ctx.users(v)[0];
+  return asLayer(ctx, u, out) && out.x == v;
+}
+
+class FuseMlpPattern final : public RewritePattern {
+public:
+  explicit FuseMlpPattern(const PassTarget& target) : target_(target) {}
+  const char* name() const override { return "mlp"; }
+  bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
+    if (target_.attention16Bit) return false;  // precision bf16: the note above
+    std::vector<Layer> chain(1);
+    if (!asLayer(ctx, root, chain[0])) return false;
+    Layer next;
+    while (static_cast<int64_t>(chain.size()) < kMlpMaxLayers && nextLayer(ctx, chain.back().out, next)) chain.push_back(next);
+    if (chain.size() < 2) return false;
+    Graph& g = ctx.graph();
+    std::vector<ValueId> ins{chain[0].x};
+    std::vector<MlpActivation> acts;
+    std::vector<int64_t> biases;
+    std::vector<NodeId> dead;
+    for (const Layer& l : chain) {
+      ins.push_back(l.w);
+      if (l.bias != kNoValue) ins.push_back(l.bias);
+      acts.push_back(l.act);
+      biases.push_back(l.bias != kNoValue ? 1 : 0);
+      dead.insert(dead.end(), l.nodes.begin(), l.nodes.end());
+    }
+    AttrMap a;
+    a.set<attr::MlpActivations>(mlpActivationsString(acts));
+    a.set<attr::MlpBiases>(biases);
+    const std::string origin = g.node(root).origin;
+    const ValueId y = g.add(OpKind::FusedMlp, ins, a);
+    g.node(g.value(y).producer).origin = origin;
+    ctx.replace(chain.back().out, y, dead);
+    return true;
+  }
+
+private:
+  PassTarget target_;
+};
+
+}  // namespace
+
+std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target) { return std::make_unique<FuseMlpPattern>(target); }
+
+}  // namespace pa

@@ -1,0 +1,279 @@
+// fuse-mlp and the fused-mlp ops on the CPU: which chains the pass takes and which it leaves, the
+// fused node against the unfused layers in float64 on awkward shapes (forward and every
+// gradient), errors of hand-written nodes, and mlp_tiny trained with and without the fusion.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "frontend/config.h"
+#include "frontend/model_builder.h"
+#include "frontend/trainer.h"
+#include "graph/node_attrs.h"
+#include "graph/verifier.h"
+#include "passes/autodiff.h"
+#include "passes/fusion.h"
+#include "passes/pass_manager.h"
+#include "runtime/cpu_executor.h"
+#include "tests/test_util.h"
+#include "tests/training_graph.h"
+
+namespace pa {
+namespace {
+
+int count(const Graph& g, OpKind op) {
+  int c = 0;
+  for (NodeId id : g.topoOrder()) c += g.node(id).op == op;
+  return c;
+}
+
+BuiltModel build(const std::string& modelYaml, std::vector<int64_t> input, std::vector<int64_t> target, int64_t batch = 3) {
+  const Config cfg = parseConfig("name: t\ndata: {kind: function}\nmodel:\n" + modelYaml, "test.yaml", {});
+  return buildModel(cfg, input, target, batch);
+}
+
+// The largest difference of the loss and of every parameter gradient between two training graphs
+// on the same random parameters (by name) and inputs, relative to max(1, the first's magnitude).
+double worstDifference(const Graph& a, const Graph& b, uint64_t seed) {
+  const auto params = test::randomParams(a, seed);
+  std::map<std::string, std::vector<double>> byName;
+  for (const auto& kv : params) byName[a.value(kv.first).name] = kv.second;
+  CpuExecutor<double> ea(a), eb(b);
+  std::vector<std::vector<double>> storage;
+  storage.reserve(2 * byName.size());
+  for (auto [g, ex] : {std::pair<const Graph*, CpuExecutor<double>*>{&a, &ea}, {&b, &eb}}) {
+    for (ValueId p : g->params()) {
+      storage.push_back(byName.at(g->value(p).name));
+      ex->bind(p, storage.back().data());
+    }
+    for (ValueId in : g->inputs()) test::fillRandom(ex->data(in), numel(g->shape(in)), seed + std::hash<std::string>{}(g->value(in).name));
+    ex->run();
+  }
+  double worst = 0;
+  for (const auto& [name, v] : a.outputs()) {
+    const ValueId w = b.output(name);
+    const double *x = ea.data(v), *y = eb.data(w);
+    double diff = 0, scale = 0;
+    for (int64_t i = 0; i < numel(a.shape(v)); ++i) {
+      EXPECT_TRUE(std::isfinite(x[i]) && std::isfinite(y[i])) << name;
+      diff = std::max(diff, std::fabs(x[i] - y[i]));
+      scale = std::max(scale, std::fabs(x[i]));
+    }
+    worst = std::max(worst, diff / std::max(1.0, scale));
+  }
+  return worst;
+}
+
+// Runs `passes` on a copy of the model and appends both backwards; returns the fused forward.
+Graph fuseAndCompare(const BuiltModel& m, const std::vector<std::string>& passes, const PassTarget& target = {}) {
+  Graph before = m.graph, after = m.graph;
+  PipelineOptions po;
+  po.target = target;
+  runPipeline(after, passes, po);
+  verifyGraph(after);
+  const Graph forward = after;
+  for (Graph* g : {&before, &after}) {
+    appendBackward(*g, g->output("loss"), g->params());
+    verifyGraph(*g);
+  }
+  EXPECT_LE(worstDifference(before, after, 11), 1e-12);
+  return forward;
+}
+
+const char* kThreeLayers =
+    "  layers: [{linear: {units: 7, activation: relu}}, {linear: {units: 5, activation: relu}}, {linear: {units: 2}}]\n";
+
+TEST(FuseMlp, ChainOfLinearLayersBecomesOneNode) {
+  const Graph g = fuseAndCompare(build(kThreeLayers, {3, 4}, {3, 2}), {"fuse-linear", "fuse-mlp"});
+  EXPECT_EQ(count(g, OpKind::FusedMlp), 1);
+  EXPECT_EQ(count(g, OpKind::FusedLinear), 0);
+  for (NodeId id : g.topoOrder())
+    if (g.node(id).op == OpKind::FusedMlp) {
+      EXPECT_EQ(g.node(id).attrs.get<attr::MlpActivations>(), "relu,relu,none");
+      EXPECT_EQ(g.node(id).attrs.get<attr::MlpBiases>(), (std::vector<int64_t>{1, 1, 1}));
+    }
+}
+
+TEST(FuseMlp, TanhAndSigmoidJoinTheirLayers) {
+  const Graph g = fuseAndCompare(build("  layers: [{linear: {units: 6, activation: tanh}}, {linear: {units: 3, activation: sigmoid}}, "
+                                       "{linear: {units: 1}}]\n",
+                                       {1}, {1}),
+                                 {"fuse-linear", "fuse-mlp"});
+  EXPECT_EQ(count(g, OpKind::FusedMlp), 1);
+  EXPECT_EQ(count(g, OpKind::Tanh) + count(g, OpKind::Sigmoid) + count(g, OpKind::FusedLinear), 0);
+}
+
+TEST(FuseMlp, AWidthOverTheLimitCutsTheChain) {
+  // 4 -> 129 -> 3 -> 2: layers 1 and 2 touch the 129-wide value, and layer 3 alone is no chain,
+  // so nothing fuses; 4 -> 128 -> 3 -> 2 fuses whole.
+  const Graph wide = fuseAndCompare(
+      build("  layers: [{linear: {units: 129, activation: relu}}, {linear: {units: 3}}, {linear: {units: 2}}]\n", {4}, {2}),
+      {"fuse-linear", "fuse-mlp"});
+  EXPECT_EQ(count(wide, OpKind::FusedMlp), 0);
+  EXPECT_EQ(count(wide, OpKind::FusedLinear), 3);
+  const Graph fits = fuseAndCompare(
+      build("  layers: [{linear: {units: 128, activation: relu}}, {linear: {units: 3}}, {linear: {units: 2}}]\n", {4}, {2}),
+      {"fuse-linear", "fuse-mlp"});
+  EXPECT_EQ(count(fits, OpKind::FusedMlp), 1);
+  const Graph wideInput = fuseAndCompare(
+      build("  layers: [{linear: {units: 8, activation: relu}}, {linear: {units: 3}}, {linear: {units: 2}}]\n", {130}, {2}),
+      {"fuse-linear", "fuse-mlp"});
+  EXPECT_EQ(count(wideInput, OpKind::FusedMlp), 1);  // the 130-wide first layer stays; the other two fuse
+  EXPECT_EQ(count(wideInput, OpKind::FusedLinear), 1);
+}
+
+TEST(FuseMlp, AnIntermediateWithAnotherUserStopsTheChain) {
+  const std::string nodes =
+      "  input: [4]\n  params: {w1: {shape: [4, 5]}, b1: {shape: [5]}, w2: {shape: [5, 5]}, w3: {shape: [5, 5]}}\n  nodes:\n"
+      "    - {op: matmul, inputs: [input, w1], output: m1}\n"
+      "    - {op: add, inputs: [m1, b1], output: a1}\n"
+      "    - {op: relu, inputs: [a1], output: h1}\n"
+      "    - {op: matmul, inputs: [h1, w2], output: m2}\n"
+      "    - {op: relu, inputs: [m2], output: h2}\n"
+      "    - {op: matmul, inputs: [h2, w3], output: m3}\n"
+      "    - {op: relu, inputs: [m3], output: h3}\n"
+      "    - {op: add, inputs: [h3, h1], output: y}\n";  // h1 read again: layers 1-2 cannot fuse
+  const Graph g = fuseAndCompare(build(nodes, {4}, {5}), {"fuse-linear", "fuse-mlp"});
+  EXPECT_EQ(count(g, OpKind::FusedMlp), 1);  // layers 2 and 3 (h2 has one user)
+  EXPECT_EQ(count(g, OpKind::FusedLinear), 1);
+}
+
+TEST(FuseMlp, Bf16TargetLeavesTheChainAlone) {
+  PassTarget bf16;
+  bf16.attention16Bit = true;
+  const Graph g = fuseAndCompare(build(kThreeLayers, {3, 4}, {3, 2}), {"fuse-linear", "fuse-mlp"}, bf16);
+  EXPECT_EQ(count(g, OpKind::FusedMlp), 0);
+  EXPECT_EQ(count(g, OpKind::FusedLinear), 3);
+  // The trainer's graph of a bf16 config with mlp listed: no FusedMlp either.
+  const Graph step = test::trainingGraph("mlp_tiny", false, "bf16", {"compiler.fuse=[linear, elementwise, mlp]"});
+  EXPECT_EQ(count(step, OpKind::FusedMlp), 0);
+}
+
+TEST(FuseMlp, OnlyWhenListed) {
+  EXPECT_EQ(count(test::trainingGraph("mlp_tiny", false), OpKind::FusedMlp), 0);
+  EXPECT_EQ(count(test::trainingGraph("mlp_tiny", false, "fp32", {"compiler.fuse=true"}), OpKind::FusedMlp), 0);
+  const Graph g = test::trainingGraph("mlp_tiny", false, "fp32", {"compiler.fuse=[linear, elementwise, mlp]"});
+  EXPECT_EQ(count(g, OpKind::FusedMlp), 1);
+  EXPECT_EQ(count(g, OpKind::FusedMlpGrad), 1);
+  EXPECT_EQ(count(g, OpKind::FusedLinear) + count(g, OpKind::MatMul) + count(g, OpKind::MatMulActGrad), 0);
+  for (const char* config : {"sine_mlp", "function_mlp"}) {
+    const Graph s = test::trainingGraph(config, false, "fp32", {"compiler.fuse=[linear, elementwise, mlp]"});
+    EXPECT_EQ(count(s, OpKind::FusedMlp), 1) << config;
+    EXPECT_EQ(count(s, OpKind::FusedMlpGrad), 1) << config;
+  }
+}
+
+TEST(FuseMlp, MlpNeedsLinearBeforeIt) {
+  try {
+    parseConfig("name: t\ndata: {kind: function}\nmodel: {layers: [{linear: {units: 1}}]}\ncompiler: {fuse: [mlp, linear]}\n",
+                "cfg.yaml", {});
+    FAIL() << "accepted mlp before linear";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("list linear before it"), std::string::npos) << e.what();
+  }
+}
+
+// ---- the ops against the unfused layers, float64 ------------------------------------------
+
+struct Shape3 {
+  int64_t rows;
+  std::vector<int64_t> widths;  // K0, N1, ..., NL
+  std::vector<MlpActivation> acts;
+  std::vector<int64_t> biases;
+};
+
+// x [rows, K0] (a parameter, so dx is checked too) through FusedLinear layers (with a Tanh or
+// Sigmoid after an activation-free one), or through one FusedMlp node.
+Graph mlpGraph(const Shape3& s, bool fused) {
+  Graph g;
+  const ValueId x = g.addParam("x", Shape{s.rows, s.widths[0]}, "xavier");
+  std::vector<ValueId> ins{x};
+  ValueId h = x;
+  for (size_t i = 0; i + 1 < s.widths.size(); ++i) {
+    const ValueId w = g.addParam("w" + std::to_string(i), Shape{s.widths[i], s.widths[i + 1]}, "xavier");
+    const ValueId b = s.biases[i] ? g.addParam("b" + std::to_string(i), Shape{s.widths[i + 1]}, "zeros") : kNoValue;
+    ins.push_back(w);
+    if (b != kNoValue) ins.push_back(b);
+    if (fused) continue;
+    std::vector<ValueId> li{h, w};
+    if (b != kNoValue) li.push_back(b);
+    h = g.add(OpKind::FusedLinear, li, AttrMap().set<attr::Activation>(s.acts[i] == MlpActivation::Relu ? "relu" : "none"));
+    if (s.acts[i] == MlpActivation::Tanh) h = g.add(OpKind::Tanh, {h});
+    if (s.acts[i] == MlpActivation::Sigmoid) h = g.add(OpKind::Sigmoid, {h});
+  }
+  if (fused) h = g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(mlpActivationsString(s.acts)).set<attr::MlpBiases>(s.biases));
+  g.setOutput("y", h);
+  test::addWeightedSumLoss(g, h);
+  appendBackward(g, g.output("loss"), g.params());
+  verifyGraph(g);
+  return g;
+}
+
+TEST(FusedMlpOp, MatchesTheUnfusedLayersOnAwkwardShapes) {
+  using A = MlpActivation;
+  const std::vector<std::vector<int64_t>> widthSets = {{1, 64, 64, 1}, {3, 1, 3}, {100, 128, 1}, {64, 100, 3, 128, 64}};
+  const A cycle[] = {A::Relu, A::Tanh, A::None, A::Sigmoid};
+  int cases = 0;
+  for (int64_t rows : {1, 7, 257})
+    for (const auto& widths : widthSets) {
+      Shape3 s{rows, widths, {}, {}};
+      for (size_t i = 0; i + 1 < widths.size(); ++i) {
+        s.acts.push_back(i + 2 == widths.size() ? A::None : cycle[(i + static_cast<size_t>(rows)) % 4]);
+        s.biases.push_back((i + static_cast<size_t>(rows)) % 3 != 1);
+      }
+      SCOPED_TRACE("rows " + std::to_string(rows) + ", layers " + mlpActivationsString(s.acts));
+      const Graph unfused = mlpGraph(s, false), fused = mlpGraph(s, true);
+      EXPECT_LE(worstDifference(unfused, fused, 100 + static_cast<uint64_t>(cases)), 1e-12);
+      ++cases;
+    }
+}
+
+TEST(FusedMlpOp, HandWrittenNodesGetClearErrors) {
+  const std::string head = "  input: [3]\n  params: {w1: {shape: [3, 4]}, b1: {shape: [4]}, w2: {shape: [4, 1]}, wide: {shape: [4, 129]}}\n"
+                           "  nodes:\n";
+  struct Bad {
+    std::string node, message;
+  };
+  const Bad bad[] = {
+      {"    - {op: fused-mlp, inputs: [input, w1, b1, w2], activations: 'relu,gelu', biases: [1, 0], output: y}\n", "'gelu' is not one of"},
+      {"    - {op: fused-mlp, inputs: [input, w1, b1, w2], activations: 'relu', output: y}\n", "inputs, got 4"},
+      {"    - {op: fused-mlp, inputs: [input, w1, b1, wide], activations: 'relu,none', biases: [1, 0], output: y}\n", "widths are 1 to 128"},
+      {"    - {op: fused-mlp, inputs: [input, w2, w1], activations: 'relu,none', biases: [0, 0], output: y}\n", "expects"},
+      {"    - {op: fused-mlp, inputs: [input, w1, b1, w2], activations: 'relu,none', biases: [1, 2], output: y}\n", "0 or 1"},
+  };
+  for (const Bad& b : bad) {
+    try {
+      build(head + b.node, {3}, {1});
+      ADD_FAILURE() << "accepted: " << b.node;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(b.message), std::string::npos) << e.what();
+    }
+  }
+  // A valid hand-written node trains like the layers it stands for.
+  const BuiltModel m = build(head + "    - {op: fused-mlp, inputs: [input, w1, b1, w2], activations: 'relu,none', biases: [1, 0], output: y}\n",
+                             {3}, {1});
+  EXPECT_EQ(count(m.graph, OpKind::FusedMlp), 1);
+}
+
+// mlp_tiny on the CPU with mlp fusion follows the run without it: the fused node calls the same
+// CPU kernels in the same order, so the float32 losses agree to rounding.
+TEST(FuseMlp, MlpTinyTrainsAsWithoutTheFusion) {
+  RunOptions o;
+  o.progress = ProgressMode::Quiet;
+  o.printSummary = false;
+  o.device = "cpu";
+  const std::string path = std::string(PA_SOURCE_DIR) + "/configs/mlp_tiny.yaml";
+  const TrainResult plain = train(loadConfig(path, {"train.steps=60", "train.log_every=30", "compiler.fuse=[linear, elementwise]"}), o);
+  const TrainResult fused = train(loadConfig(path, {"train.steps=60", "train.log_every=30", "compiler.fuse=[linear, elementwise, mlp]"}), o);
+  ASSERT_EQ(plain.losses.size(), 60u);
+  ASSERT_EQ(fused.losses.size(), plain.losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < plain.losses.size(); ++i) worst = std::max(worst, std::fabs(fused.losses[i] - plain.losses[i]) / plain.losses[i]);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_NEAR(fused.finalValidation, plain.finalValidation, 1e-5 * plain.finalValidation);
+}
+
+}  // namespace
+}  // namespace pa
