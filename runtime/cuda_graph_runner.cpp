@@ -87,6 +87,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     if (opt.tuneGemmTiles && opt.gemm != GemmProvider::Cublaslt && codegen::libraryGemmOf(g, id).supported)
       scratchBytes = std::max(scratchBytes, addTileVariants(id, nk, emit));
     if (scratchBytes > 0) scratch_.emplace(id, cuda::DeviceBuffer(scratchBytes));
+    if (nk.zeroScratch) scratch_.at(id).fill32(0);
     for (codegen::Kernel& k : nk.kernels) {
       Launch l;
       l.kernel = std::move(k);
