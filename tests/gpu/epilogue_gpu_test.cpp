@@ -83,8 +83,8 @@ int64_t applyOne(Graph& g, std::unique_ptr<RewritePattern> p) {
 // last-block-done sum beyond). Bounds: the gradient is fl(fl(fl(p − t)·fl(2/N))·dy), four
 // roundings of relative size ≤ u each against the exact (p − t)·(2/N)·dy, so ≤ 5u·|exact|; the
 // loss sums exact float differences squared in double (error ≤ N·2^-53 relative, negligible
-// beside u for N < 2^26) and rounds once to float: ≤ 2u relative. A second runner on new targets
-// checks that the chunk counter was reset (a stale counter would leave the loss unwritten).
+// beside u for N < 2^26) and rounds once to float: ≤ 2u relative. New targets on the same runner
+// check that the chunk counter was reset (a stale counter would leave the loss unwritten).
 TEST(EpilogueOnGpu, MseLossGradMatchesTheFloat64Reference) {
   PA_REQUIRE_GPU();
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {7, 3}, {257, 129}, {509, 129}, {8192, 256}, {8191, 257}};
@@ -96,11 +96,15 @@ TEST(EpilogueOnGpu, MseLossGradMatchesTheFloat64Reference) {
     g.setOutput("loss", g.add(OpKind::MseLoss, {p, t}, {}, "loss"));
     appendBackward(g, g.output("loss"), g.params());
     ASSERT_EQ(applyOne(g, makeFuseLossGradPattern()), 1);
+    // The same prediction against two targets: each checked on a runner of its own (three
+    // replays each, the same bits every time), then both on one runner, one after the other.
+    std::vector<double> losses;
     for (uint64_t seed : {1u, 2u}) {
-      const std::map<ValueId, std::vector<double>> values = {{p, floatValues(rows * units, seed)},
-                                                             {t, floatValues(rows * units, seed + 10)}};
+      const std::map<ValueId, std::vector<double>> values = {{p, floatValues(rows * units, 1)},
+                                                             {t, floatValues(rows * units, 10 + seed)}};
       const Results r = runBoth(g, values, {});
       const double loss = r.cpu.at("loss")[0];
+      losses.push_back(loss);
       EXPECT_LE(std::fabs(r.gpu.at("loss")[0] - loss), 2 * kU * loss) << "loss " << r.gpu.at("loss")[0] << " vs " << loss;
       const std::vector<double>& want = r.cpu.at("grad/p");
       const std::vector<float>& got = r.gpu.at("grad/p");
@@ -108,10 +112,22 @@ TEST(EpilogueOnGpu, MseLossGradMatchesTheFloat64Reference) {
       for (size_t i = 0; i < want.size(); ++i) bad += std::fabs(got[i] - want[i]) > 5 * kU * std::fabs(want[i]);
       EXPECT_EQ(bad, 0);
     }
+    // A chunk counter left set by the first run would leave the second loss unwritten (stale).
+    CudaGraphRunner gpu(g, test::gpuDevice());
+    const std::vector<double> pv = floatValues(rows * units, 1);
+    gpu.upload(p, std::vector<float>(pv.begin(), pv.end()).data());
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<double> tv = floatValues(rows * units, 11 + static_cast<uint64_t>(i));
+      gpu.upload(t, std::vector<float>(tv.begin(), tv.end()).data());
+      gpu.run();
+      float loss = NAN;
+      gpu.download(g.output("loss"), &loss);
+      EXPECT_LE(std::fabs(loss - losses[static_cast<size_t>(i)]), 2 * kU * losses[static_cast<size_t>(i)]) << "run " << i;
+    }
   }
 }
 
-// MatMulBiasGrad of one linear layer (x [rows, K], dY from an MSE on a bias-free output), both
+// MatMulBiasGrad of one linear layer (x [rows, K]; dY the gradient of an MSE on its output), both
 // operand sides (transpose_w puts dY in A), on the generated kernels and on cuBLASLt. Bounds: a
 // float32 sum of K products is within γ_K = K·u of the exact one relative to Σ|a||b| (Higham's
 // bound for recursive summation, which also covers blocked and split sums), plus u for the
