@@ -138,10 +138,13 @@ NodeKernels gather(const Ctx& c, const std::vector<int64_t>& extents, const std:
 // the part's double sum to scratch; a second adds the P parts of each output in order. Both
 // orders are fixed, so the result is deterministic, and every sum is in double as before.
 // Sums the input over the axes marked in `reduced` (the output keeps the others, in order).
-// `input` and `output` name the node's operands (default: its only ones), `x` the input's shape.
-NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor, int input = 0, int output = 0) {
+// `input` and `output` name the node's operands (default: its only ones); `prefix`, when not
+// empty, starts the kernels' names (a node with kernels of its own besides these).
+NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor, int input = 0, int output = 0,
+                   const std::string& prefix = std::string()) {
   const Shape& x = c.in(input);
   const std::string in = "in" + std::to_string(input), out = "out" + std::to_string(output);
+  auto part = [&](const std::string& p) { return prefix.empty() ? p : p.empty() ? prefix : prefix + "_" + p; };
   const Shape st = contiguousStrides(x);
   std::string kept, red;
   int64_t outCount = 1, redCount = 1;
@@ -166,18 +169,18 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
     const int64_t parts = std::min(wantParts, (redCount + kMinChunk - 1) / kMinChunk);
     const int64_t chunk = (redCount + parts - 1) / parts;
     const int64_t used = (redCount + chunk - 1) / chunk;
-    nk.kernels.push_back(finish(c, "partial", kReducePartial,
+    nk.kernels.push_back(finish(c, part("partial"), kReducePartial,
                                 {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
                                  {"CHUNK", ll(chunk)}, {"IN", in}},
                                 {static_cast<unsigned>(outBlocks), static_cast<unsigned>(used), 1}, kThreads,
                                 {{KernelArg::Input, input}, {KernelArg::Scratch, 0}}));
-    nk.kernels.push_back(finish(c, "final", kReduceFinal,
+    nk.kernels.push_back(finish(c, part("final"), kReduceFinal,
                                 {{"OUTCOUNT", ll(outCount)}, {"PARTS", ll(used)}, {"FACTOR", f}, {"OUT", out}},
                                 {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Output, output}, {KernelArg::Scratch, 0}}));
     nk.scratchBytes = static_cast<size_t>(used * outCount) * sizeof(double);
     return nk;
   }
-  nk.kernels.push_back(finish(c, "", kReduce,
+  nk.kernels.push_back(finish(c, part(""), kReduce,
                               {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
                                {"FACTOR", f}, {"IN", in}, {"OUT", out}},
                               {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Input, input}, {KernelArg::Output, output}}));
@@ -418,6 +421,6 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
   return nk;
 }
 
-NodeKernels columnSums(const Ctx& c, int input, int output) { return reduce(c, {true, false}, 1.0, input, output); }
+NodeKernels columnSums(const Ctx& c, int input, int output) { return reduce(c, {true, false}, 1.0, input, output, "colsum"); }
 
 }  // namespace pa::codegen::detail

@@ -267,7 +267,9 @@ TEST(EpilogueKernels, MatMulBiasGradOnBothProviders) {
   const NodeId id = findOp(g, OpKind::MatMulBiasGrad);
   const codegen::NodeKernels nk = codegen::emitNode(g, id);
   ASSERT_GE(nk.kernels.size(), 2u);
-  EXPECT_NE(nk.kernels.back().name.find("final"), std::string::npos);  // K = 8192: the split column sum
+  EXPECT_NE(nk.kernels.back().name.find("colsum_final"), std::string::npos);  // K = 8192: the split column sum
+  for (size_t i = 0; i < nk.kernels.size(); ++i)
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(nk.kernels[i].name, nk.kernels[j].name);
   const codegen::LibraryGemm lg = codegen::libraryGemmOf(g, id);
   EXPECT_TRUE(lg.supported);
   EXPECT_EQ(lg.biasGradOf, 1);
