@@ -36,7 +36,9 @@ struct Kernel {
 
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order
-  size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed (zeroed once, at allocation)
+  size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed
+  // The scratch must hold zeros before the first launch (a counter its kernels reset themselves).
+  bool zeroScratch = false;
   // Nodes the FlashAttention launcher runs (runtime/flash_attention.h) have `external` set; their
   // kernels are the launcher's instantiations, listed for --dump-kernels and the CI compile.
   bool external = false;
@@ -71,7 +73,7 @@ struct EmitOptions {
   std::string kernelSuffix;
 };
 
-// How a GEMM node (MatMul, FusedLinear, MatMulActGrad) maps onto a library GEMM (cuBLASLt):
+// How a GEMM node (MatMul, FusedLinear, MatMulActGrad, MatMulBiasGrad) maps onto a library GEMM (cuBLASLt):
 // the product, the bias (input 2) and ReLU it may apply, and the output it writes (FusedLinear
 // with GELU: the pre-activation, out1). `supported` is false for every other node.
 struct LibraryGemm {
@@ -79,10 +81,14 @@ struct LibraryGemm {
   GemmGeometry geometry;
   bool bias = false, relu = false;
   int output = 0;
+  // MatMulBiasGrad: the node input (0: A, 1: B) whose sums over K are its output 1; -1: none.
+  // The library may write them in place of a bias (bias is false then).
+  int biasGradOf = -1;
 };
 LibraryGemm libraryGemmOf(const Graph& g, NodeId id);
-// What remains of the node's epilogue once the library has written its product (with the bias
-// and ReLU where `libraryBias`/`libraryRelu`): zero or one elementwise kernel, in place.
+// What remains of the node's epilogue once the library has written its product (with the bias,
+// or MatMulBiasGrad's bias gradient, and ReLU where `libraryBias`/`libraryRelu`): zero or one
+// elementwise kernel, in place, or the bias gradient's column sums.
 NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, bool libraryRelu);
 // For an unbatched GEMM node with transposed B: one kernel copying B ([N, K]) to the node's
 // scratch as [K, N], so that the library can run the product without the transpose (a candidate

@@ -1,4 +1,4 @@
-// Emitters of the GEMM nodes (MatMul, FusedLinear, MatMulActGrad): the generated GEMM kernels
+// Emitters of the GEMM nodes (MatMul, FusedLinear, MatMulActGrad, MatMulBiasGrad): the generated GEMM kernels
 // with their epilogues, TMA maps and operand copies, and the mapping of a node onto a library GEMM
 // (cuBLASLt) with what remains of its epilogue. The choice of kernel, tiles and splits is
 // codegen/gemm_plan.h's.
@@ -155,7 +155,8 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   }
   std::vector<KernelArg> epilogueArgs;  // the epilogue's inputs (bias, saved activation) and the outputs
   for (const KernelArg& a : allArgs(c.n))
-    if (a.kind != KernelArg::Input || a.index >= 2) epilogueArgs.push_back(a);
+    if ((a.kind != KernelArg::Input || a.index >= 2) && !(c.n.op == OpKind::MatMulBiasGrad && a.kind == KernelArg::Output && a.index == 1))
+      epilogueArgs.push_back(a);  // (a bias gradient is not the product's: its own kernels write it)
   auto join = [](std::vector<KernelArg> a, const std::vector<KernelArg>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
@@ -280,6 +281,19 @@ NodeKernels emitMatMulActGrad(const Ctx& c) {
   return gemm(c, matmulGeometry(c), epi, members, init);
 }
 
+int biasGradInput(const Node& n) { return n.attrs.get<attr::BiasOperand>() == "a" ? 0 : 1; }
+
+// The product, then its bias gradient by SumTo's kernels over the summed operand (after the
+// product, so the two share the node's scratch). The GEMM kernels do not sum it themselves (yet):
+// on the generated path this node launches what MatMul + SumTo did; cuBLASLt writes both in one.
+NodeKernels emitMatMulBiasGrad(const Ctx& c) {
+  NodeKernels nk = gemm(c, matmulGeometry(c), "", "", "");
+  NodeKernels sums = columnSums(c, biasGradInput(c.n), 1);
+  for (Kernel& k : sums.kernels) nk.kernels.push_back(std::move(k));
+  nk.scratchBytes = std::max(nk.scratchBytes, sums.scratchBytes);
+  return nk;
+}
+
 NodeKernels emitFusedLinear(const Ctx& c) {
   const GemmGeometry q = fusedLinearGeometry(c);
   const std::string act = c.n.attrs.get<attr::Activation>();
@@ -321,6 +335,10 @@ LibraryGemm libraryGemmOf(const Graph& g, NodeId id) {
   switch (n.op) {
   case OpKind::MatMul:
   case OpKind::MatMulActGrad: lg.geometry = matmulGeometry(c); break;
+  case OpKind::MatMulBiasGrad:
+    lg.geometry = matmulGeometry(c);
+    lg.biasGradOf = biasGradInput(n);
+    break;
   case OpKind::FusedLinear: {
     lg.geometry = fusedLinearGeometry(c);
     lg.bias = n.inputs.size() == 3;
@@ -343,6 +361,7 @@ NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, boo
   const int64_t count = numel(c.out(0));
   std::string body;
   std::vector<KernelArg> args;
+  if (n.op == OpKind::MatMulBiasGrad) return libraryBias ? NodeKernels{} : columnSums(c, lg.biasGradOf, 1);
   if (n.op == OpKind::MatMulActGrad) {
     body = "    const float s = in2[i];\n    out0[i] = " + activationGradOf(n.attrs.get<attr::GradActivation>(), "v", "s") + ";\n";
     args = {{KernelArg::Input, 2}, {KernelArg::Output, 0}};

@@ -64,6 +64,10 @@ Kernel perIndexKernel(const Ctx& c, const std::string& part, int64_t count, cons
 unsigned gridFor(int64_t work);
 // Every input, then every output, of the node, as pointers.
 std::vector<KernelArg> allArgs(const Node& n);
+// The sums over the rows of node input `input`, a matrix [K, L], into output `output` [L]: SumTo's
+// kernels (a thread per column, or split along K, in double), so they equal a SumTo's bits. Their
+// names end in _colsum[_partial|_final], apart from the node's other kernels.
+NodeKernels columnSums(const Ctx& c, int input, int output);
 
 // The per-op emitters, one per op of graph/ops.def, defined in the family files
 // (emit_pointwise.cpp, emit_gemm.cpp, emit_flash.cpp).

@@ -141,8 +141,9 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
                                {"LAYERS", body}, {"C", std::to_string(blocks)}, {"FINAL", final}},
                               {static_cast<unsigned>(blocks), 1, 1}, kThreads, args, {"kernels/fused_mlp.cuh"},
                               static_cast<unsigned>(smemFloats * 4)));
-  // The slots, then the last-block counter (unsigned, zero at allocation: runtime/cuda_graph_runner.cpp).
+  // The slots, then the last-block counter (unsigned; zeroScratch has the runner zero it at allocation).
   nk.scratchBytes = static_cast<size_t>(blocks * p + 4) * sizeof(float);
+  nk.zeroScratch = true;  // the last-block counter starts at 0; the kernel returns it there
   return nk;
 }
 

@@ -138,8 +138,13 @@ NodeKernels gather(const Ctx& c, const std::vector<int64_t>& extents, const std:
 // the part's double sum to scratch; a second adds the P parts of each output in order. Both
 // orders are fixed, so the result is deterministic, and every sum is in double as before.
 // Sums the input over the axes marked in `reduced` (the output keeps the others, in order).
-NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor) {
-  const Shape& x = c.in(0);
+// `input` and `output` name the node's operands (default: its only ones); `prefix`, when not
+// empty, starts the kernels' names (a node with kernels of its own besides these).
+NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor, int input = 0, int output = 0,
+                   const std::string& prefix = std::string()) {
+  const Shape& x = c.in(input);
+  const std::string in = "in" + std::to_string(input), out = "out" + std::to_string(output);
+  auto part = [&](const std::string& p) { return prefix.empty() ? p : p.empty() ? prefix : prefix + "_" + p; };
   const Shape st = contiguousStrides(x);
   std::string kept, red;
   int64_t outCount = 1, redCount = 1;
@@ -164,20 +169,21 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
     const int64_t parts = std::min(wantParts, (redCount + kMinChunk - 1) / kMinChunk);
     const int64_t chunk = (redCount + parts - 1) / parts;
     const int64_t used = (redCount + chunk - 1) / chunk;
-    nk.kernels.push_back(finish(c, "partial", kReducePartial,
+    nk.kernels.push_back(finish(c, part("partial"), kReducePartial,
                                 {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
-                                 {"CHUNK", ll(chunk)}},
+                                 {"CHUNK", ll(chunk)}, {"IN", in}},
                                 {static_cast<unsigned>(outBlocks), static_cast<unsigned>(used), 1}, kThreads,
-                                {{KernelArg::Input, 0}, {KernelArg::Scratch, 0}}));
-    nk.kernels.push_back(finish(c, "final", kReduceFinal, {{"OUTCOUNT", ll(outCount)}, {"PARTS", ll(used)}, {"FACTOR", f}},
-                                {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Output, 0}, {KernelArg::Scratch, 0}}));
+                                {{KernelArg::Input, input}, {KernelArg::Scratch, 0}}));
+    nk.kernels.push_back(finish(c, part("final"), kReduceFinal,
+                                {{"OUTCOUNT", ll(outCount)}, {"PARTS", ll(used)}, {"FACTOR", f}, {"OUT", out}},
+                                {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Output, output}, {KernelArg::Scratch, 0}}));
     nk.scratchBytes = static_cast<size_t>(used * outCount) * sizeof(double);
     return nk;
   }
-  nk.kernels.push_back(finish(c, "", kReduce,
+  nk.kernels.push_back(finish(c, part(""), kReduce,
                               {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
-                               {"FACTOR", f}},
-                              {gridFor(outCount), 1, 1}, kThreads, allArgs(c.n)));
+                               {"FACTOR", f}, {"IN", in}, {"OUT", out}},
+                              {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Input, input}, {KernelArg::Output, output}}));
   return nk;
 }
 
@@ -370,11 +376,14 @@ NodeKernels emitAttentionMask(const Ctx& c) {
   return nk;
 }
 
+// MseLoss's split: one block up to kMseSplitAbove terms, else chunks of kMseChunk per block.
+constexpr int64_t kMseSplitAbove = 65536, kMseChunk = 8192;
+
 NodeKernels emitMseLoss(const Ctx& c) {
   const int64_t n = numel(c.in(0));
   const std::string denom = std::to_string(std::max<int64_t>(n, 1)) + ".0";
   NodeKernels nk;
-  constexpr int64_t kSplitAbove = 65536, kChunk = 8192;
+  constexpr int64_t kSplitAbove = kMseSplitAbove, kChunk = kMseChunk;
   if (n > kSplitAbove) {
     const int64_t parts = (n + kChunk - 1) / kChunk;
     nk.kernels.push_back(finish(c, "partial", kMsePartial, {{"COUNT", ll(n)}, {"CHUNK", ll(kChunk)}},
@@ -388,5 +397,30 @@ NodeKernels emitMseLoss(const Ctx& c) {
   nk.kernels.push_back(finish(c, "", kMse, {{"COUNT", ll(n)}, {"DENOM", denom}}, {1, 1, 1}, 1024, allArgs(c.n)));
   return nk;
 }
+
+// The loss and the prediction's gradient in one launch, the loss summed as MseLoss sums it (the
+// same split, chunks and trees: the same bits). Small: one block; large: one block per chunk and
+// a last-block-done final sum (kMseGradChunks), which needs the scratch zeroed once.
+NodeKernels emitMseLossGrad(const Ctx& c) {
+  const int64_t n = numel(c.in(0));
+  const std::string denom = std::to_string(std::max<int64_t>(n, 1)) + ".0";
+  const std::string scale = num(n ? 2.0 / static_cast<double>(n) : 0.0);
+  NodeKernels nk;
+  if (n > kMseSplitAbove) {
+    std::vector<KernelArg> args = allArgs(c.n);
+    args.push_back({KernelArg::Scratch, 0});
+    const int64_t parts = (n + kMseChunk - 1) / kMseChunk;
+    nk.kernels.push_back(finish(c, "", kMseGradChunks,
+                                {{"COUNT", ll(n)}, {"CHUNK", ll(kMseChunk)}, {"PARTS", ll(parts)}, {"DENOM", denom}, {"SCALE", scale}},
+                                {static_cast<unsigned>(parts), 1, 1}, kThreads, args));
+    nk.scratchBytes = static_cast<size_t>(parts) * sizeof(double) + sizeof(unsigned);
+    nk.zeroScratch = true;
+    return nk;
+  }
+  nk.kernels.push_back(finish(c, "", kMseGrad, {{"COUNT", ll(n)}, {"DENOM", denom}, {"SCALE", scale}}, {1, 1, 1}, 1024, allArgs(c.n)));
+  return nk;
+}
+
+NodeKernels columnSums(const Ctx& c, int input, int output) { return reduce(c, {true, false}, 1.0, input, output, "colsum"); }
 
 }  // namespace pa::codegen::detail

@@ -86,6 +86,31 @@ Types inferMatMulActGrad(const Graph& g, const Node& n) {
   return t;
 }
 
+// The weight-gradient product with its bias gradient: the summed operand is a plain matrix stored
+// [K, L] (the layer's dY, rows × units), so the sums run over its rows, K of the product.
+Types inferMatMulBiasGrad(const Graph& g, const Node& n) {
+  Types t = inferMatMul(g, n);
+  const std::string which = n.attrs.get<attr::BiasOperand>();
+  if (which != "a" && which != "b") fail(n, "matmul-bias-grad: bias_operand must be a or b, got '" + which + "'");
+  const bool a = which == "a";
+  const Shape& s = in(g, n, a ? 0 : 1);
+  if (g.shape(n.inputs[0]).size() != 2 || g.shape(n.inputs[1]).size() != 2)
+    fail(n, "matmul-bias-grad multiplies plain matrices, got " + shapeString(in(g, n, 0)) + " and " + shapeString(in(g, n, 1)));
+  if (a ? !n.attrs.get<attr::TransposeA>() : n.attrs.get<attr::TransposeB>())
+    fail(n, std::string("matmul-bias-grad: the summed operand ") + (a ? "a" : "b") + " must be stored [K, L] (" +
+                (a ? "transpose_a" : "no transpose_b") + ")");
+  t.push_back(TensorType{Shape{s[1]}, dt(g, n)});
+  return t;
+}
+
+// The loss and the prediction's gradient of one MSE: dy is the loss's incoming gradient.
+Types inferMseLossGrad(const Graph& g, const Node& n) {
+  if (in(g, n, 0) != in(g, n, 1))
+    fail(n, "prediction " + shapeString(in(g, n, 0)) + " and target " + shapeString(in(g, n, 1)) + " differ");
+  if (numel(in(g, n, 2)) != 1) fail(n, "mse-loss-grad: dy " + shapeString(in(g, n, 2)) + " must hold one element");
+  return Types{TensorType{Shape{}, dt(g, n)}, TensorType{in(g, n, 0), dt(g, n)}};
+}
+
 Types binary(const Graph& g, const Node& n) {
   Shape out;
   if (!broadcastShapes(in(g, n, 0), in(g, n, 1), out))

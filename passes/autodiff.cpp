@@ -347,6 +347,8 @@ void gradFusedElementwise(GradCtx& c);  // below: needs the backprop driver
 void gradReluGrad(GradCtx& c) { noRule(c); }
 void gradGeluGrad(GradCtx& c) { noRule(c); }
 void gradMatMulActGrad(GradCtx& c) { noRule(c); }
+void gradMatMulBiasGrad(GradCtx& c) { noRule(c); }
+void gradMseLossGrad(GradCtx& c) { noRule(c); }
 void gradTanhGrad(GradCtx& c) { noRule(c); }
 void gradSigmoidGrad(GradCtx& c) { noRule(c); }
 void gradSiluGrad(GradCtx& c) { noRule(c); }

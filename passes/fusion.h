@@ -19,6 +19,11 @@ bool asLinearMap(RewriteContext& ctx, ValueId v, LinearMap& out);
 
 std::unique_ptr<RewritePattern> makeFuseLinearPattern();
 std::unique_ptr<RewritePattern> makeFuseLinearGradPattern();
+// After autodiff: MseLoss and its gradient's Sub, Scale, Mul become one MseLossGrad.
+std::unique_ptr<RewritePattern> makeFuseLossGradPattern();
+// After autodiff: a weight-gradient MatMul and the SumTo of the same layer's bias gradient become
+// one MatMulBiasGrad.
+std::unique_ptr<RewritePattern> makeFuseBiasGradPattern();
 // Mul(Silu(x·Wg + bg), x·Wu + bu) becomes FusedLinear(x, interleave(Wg, Wu)[, interleave(bg, bu)])
 // with activation swiglu (after the linear pattern has fused each projection with its bias).
 std::unique_ptr<RewritePattern> makeFuseSwigluPattern();

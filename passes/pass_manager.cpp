@@ -47,6 +47,10 @@ void registerBuiltins(PassRegistry& r) {
          {}, {"autodiff"}, greedy(&makeFuseNormPattern)});
   r.add({"fuse-linear-grad", "MatMul -> ReluGrad | GeluGrad in the backward become one MatMulActGrad", {"autodiff"},
          {"fuse-elementwise"}, greedy(&makeFuseLinearGradPattern)});
+  r.add({"fuse-bias-grad", "a weight-gradient MatMul and its layer's bias-gradient SumTo become one MatMulBiasGrad",
+         {"autodiff"}, {"fuse-elementwise"}, greedy(&makeFuseBiasGradPattern)});
+  r.add({"fuse-loss", "MseLoss and its gradient (Sub, Scale, Mul) in the backward become one MseLossGrad", {"autodiff"},
+         {"fuse-elementwise"}, greedy(&makeFuseLossGradPattern)});
   r.add({"fuse-attention",
          "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention, reading the heads' permutes in place", {},
          {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget& target) {

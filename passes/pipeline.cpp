@@ -15,7 +15,8 @@ TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precisio
   }
   const bool bf16 = precision == Precision::Bf16;
   p.training = {"autodiff"};
-  if (linear) p.training.push_back("fuse-linear-grad");
+  if (elementwise) p.training.push_back("fuse-loss");
+  if (linear) p.training.insert(p.training.end(), {"fuse-linear-grad", "fuse-bias-grad"});
   if (elementwise) p.training.push_back("fuse-elementwise");
   p.training.insert(p.training.end(), {"cse", "dce"});
   if (bf16) p.training.push_back("lower-bf16");

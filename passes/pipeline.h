@@ -16,8 +16,11 @@ struct TrainPipeline {
 };
 
 // The forward passes are the configured ones (compiler.fuse, then compiler.passes), less the
-// fusions under `noFuse`. After autodiff the step is cleaned up: with linear fusion, the
-// backward's matmul + activation-derivative pairs fuse (fuse-linear-grad); elementwise fusion
+// fusions under `noFuse`. After autodiff, with elementwise fusion, the loss and its gradient
+// become one node (fuse-loss: the chain fuse-elementwise would otherwise make, with the loss in
+// the same kernel); with linear fusion, the backward's matmul + activation-derivative pairs fuse
+// (fuse-linear-grad) and the weight-gradient products take their bias gradients
+// (fuse-bias-grad); elementwise fusion
 // again when it is enabled (the backward has chains of its own); CSE, DCE; bf16 lowers the
 // finished graph to bf16 storage; the verifier last. The validation graph runs the forward
 // passes and, under bf16, the same lowering, so it computes what the training step's forward does.

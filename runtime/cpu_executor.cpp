@@ -71,6 +71,19 @@ void execMatMulActGrad(Ctx<T>& c) {
   cpu::unaryGrad(op, c.out(), c.in(2), c.out(), c.outCount());
 }
 
+// The product, then the sums over K of the summed operand, stored [K, L], in the order of the
+// SumTo it replaces (row by row, in double), so the result equals the unfused graph's.
+template <class T>
+void execMatMulBiasGrad(Ctx<T>& c) {
+  execMatMul(c);
+  const Shape& s = c.inShape(getAttr<attr::BiasOperand>(c.n.attrs) == "a" ? 0 : 1);
+  cpu::Strided v;
+  v.rank = 2;
+  v.extent[0] = s[0], v.extent[1] = s[1];
+  v.stride[0] = 0, v.stride[1] = 1;
+  cpu::reduceSum(c.in(getAttr<attr::BiasOperand>(c.n.attrs) == "a" ? 0 : 1), v, c.out(1), s[1], 1.0);
+}
+
 template <class T>
 void binary(Ctx<T>& c, cpu::BinaryOp op) {
   cpu::binary(op, c.in(0), broadcastView(c.inShape(0), c.outShape()), c.in(1),
@@ -235,6 +248,23 @@ void execRepeatHeads(Ctx<T>& c) {
 template <class T>
 void execMseLoss(Ctx<T>& c) {
   c.out()[0] = static_cast<T>(cpu::mse(c.in(0), c.in(1), numel(c.inShape(0))));
+}
+
+// The loss as MseLoss computes it, and the gradient as autodiff's Sub, Scale, Mul do: each step
+// in T, in that order, so the fused node equals the graph it replaces.
+template <class T>
+void execMseLossGrad(Ctx<T>& c) {
+  const int64_t n = numel(c.inShape(0));
+  c.out(0)[0] = static_cast<T>(cpu::mse(c.in(0), c.in(1), n));
+  const T f = static_cast<T>(n ? 2.0 / static_cast<double>(n) : 0.0), dy = c.in(2)[0];
+  const T* p = c.in(0);
+  const T* t = c.in(1);
+  T* d = c.out(1);
+  for (int64_t i = 0; i < n; ++i) {
+    const T diff = p[i] - t[i];
+    const T scaled = diff * f;
+    d[i] = scaled * dy;
+  }
 }
 
 template <class T>

@@ -86,8 +86,8 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     size_t scratchBytes = nk.scratchBytes;
     if (opt.tuneGemmTiles && opt.gemm != GemmProvider::Cublaslt && codegen::libraryGemmOf(g, id).supported)
       scratchBytes = std::max(scratchBytes, addTileVariants(id, nk, emit));
-    // Zeroed once: a kernel may keep a counter there that it returns to 0 itself (fused-mlp-grad).
-    if (scratchBytes > 0) scratch_.emplace(id, cuda::DeviceBuffer(scratchBytes)).first->second.fill32(0);
+    if (scratchBytes > 0) scratch_.emplace(id, cuda::DeviceBuffer(scratchBytes));
+    if (nk.zeroScratch) scratch_.at(id).fill32(0);
     for (codegen::Kernel& k : nk.kernels) {
       Launch l;
       l.kernel = std::move(k);

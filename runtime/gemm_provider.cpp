@@ -79,7 +79,8 @@ std::string CudaGraphRunner::gemmProviderOf(NodeId id) const {
 void CudaGraphRunner::runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream) {
   const Node& n = g_.node(id);
   const cuda::LtPlan& plan = l.transposed ? *l.planT : *l.plan;
-  const cuda::CUdeviceptr bias = plan.problem().bias ? ptr(n.inputs[2]) : 0;
+  const cuda::LtProblem& lp = plan.problem();
+  const cuda::CUdeviceptr bias = lp.bias ? ptr(n.inputs[2]) : lp.biasGradA || lp.biasGradB ? ptr(n.outputs[1]) : 0;
   if (l.transposed)
     for (const Launch& k : l.transpose) k.enqueue(stream);
   plan.run(l.algo, ptr(n.inputs[0]), l.transposed ? scratch_.at(id).ptr() : ptr(n.inputs[1]), bias,
@@ -114,12 +115,18 @@ void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
     p.alignA = alignmentOf(ptr(n.inputs[0]), p.strideA, ab);
     p.alignB = alignmentOf(ptr(n.inputs[1]), p.strideB, ab);
     p.alignC = alignmentOf(ptr(c), p.batch > 1 ? p.m * p.n : 0, cb);
-    std::vector<std::pair<bool, bool>> levels{{lg.bias, lg.relu}};  // (bias, ReLU), fewest kernels first
+    // (bias or bias gradient, ReLU), fewest kernels first. A bias gradient cuBLASLt offers no
+    // algorithm for (an operand type or transpose its BGRAD epilogues lack) is left to the
+    // column-sum kernels of libraryGemmEpilogue.
+    const bool biasGrad = lg.biasGradOf >= 0;
+    std::vector<std::pair<bool, bool>> levels{{lg.bias || biasGrad, lg.relu}};
     if (lg.relu) levels.push_back({lg.bias, false});
-    if (lg.bias) levels.push_back({false, false});
+    if (lg.bias || biasGrad) levels.push_back({false, false});
     std::unique_ptr<cuda::LtPlan> plan;
     for (const auto& [bias, relu] : levels) {
-      p.bias = bias;
+      p.bias = bias && !biasGrad;
+      p.biasGradB = bias && lg.biasGradOf == 1;
+      p.biasGradA = bias && lg.biasGradOf == 0;
       p.relu = relu;
       plan = lt.plan(p, kLtWorkspaceBytes, kLtCandidates);
       if (!plan->candidates().empty()) break;
@@ -127,7 +134,9 @@ void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
     if (plan->candidates().empty()) continue;  // cuBLASLt cannot run it: the generated kernels do
     LibraryNode l;
     l.output = lg.output;
-    codegen::NodeKernels post = codegen::libraryGemmEpilogue(g_, id, plan->problem().bias, plan->problem().relu);
+    const cuda::LtProblem& planned = plan->problem();
+    codegen::NodeKernels post =
+        codegen::libraryGemmEpilogue(g_, id, planned.bias || planned.biasGradA || planned.biasGradB, planned.relu);
     for (codegen::Kernel& k : post.kernels) {
       Launch launch;
       launch.kernel = std::move(k);

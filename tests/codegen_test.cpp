@@ -227,6 +227,53 @@ TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
   }
 }
 
+// The backward epilogue fusions' kernels (mse-loss-grad on its one-block and chunked paths,
+// matmul-bias-grad on both operand sides, with the split column sum at long K), fp32 and bf16,
+// for sm_80 and sm_90a, warnings rejected.
+TEST(GeneratedKernels, EpilogueFusionKernelsCompileForEveryTarget) {
+  const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
+  if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
+  std::vector<Graph> graphs;
+  for (bool bf16 : {false, true}) {
+    for (const auto& [rows, units] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 3}, {257, 129}, {8191, 257}}) {
+      for (bool tw : {false, true}) {
+        Graph g;
+        const ValueId x = g.addInput("x", {rows, 5});
+        const ValueId w = g.addParam("w", tw ? Shape{units, 5} : Shape{5, units}, "xavier");
+        const ValueId y = g.add(OpKind::FusedLinear, {x, w, g.addParam("b", {units}, "xavier")}, AttrMap().set<attr::TransposeW>(tw));
+        g.setOutput("loss", g.add(OpKind::MseLoss, {y, g.addInput("target", {rows, units})}, {}, "loss"));
+        appendBackward(g, g.output("loss"), g.params());
+        for (auto make : {&makeFuseLossGradPattern, &makeFuseBiasGradPattern}) {
+          std::vector<std::unique_ptr<RewritePattern>> ps;
+          ps.push_back(make());
+          EXPECT_EQ(applyPatternsGreedily(g, ps), 1);
+        }
+        if (bf16) lowerToBf16(g);
+        graphs.push_back(std::move(g));
+      }
+    }
+  }
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    codegen::EmitOptions opt;
+    opt.wgmma = std::string(arch) == "sm_90a";
+    std::vector<test::CompileUnit> units;
+    std::set<OpKind> seen;
+    for (size_t i = 0; i < graphs.size(); ++i)
+      for (NodeId id : graphs[i].topoOrder()) {
+        const OpKind op = graphs[i].node(id).op;
+        if (op != OpKind::MseLossGrad && op != OpKind::MatMulBiasGrad) continue;
+        seen.insert(op);
+        for (const codegen::Kernel& k : codegen::emitNode(graphs[i], id, opt).kernels)
+          units.push_back({"graph " + std::to_string(i) + "/" + k.name, k.name, k.source});
+      }
+    EXPECT_EQ(seen.size(), 2u);
+    test::CompileOptions options;
+    options.arch = arch;
+    options.rejectWarnings = true;
+    for (const std::string& f : test::compileInParallel(units, options)) ADD_FAILURE() << arch << ": " << f;
+  }
+}
+
 TEST(Codegen, DumpedKernelsAreSelfContained) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();

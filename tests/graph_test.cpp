@@ -138,10 +138,12 @@ TEST(Passes, TrainPipelineFollowsTheSettings) {
   const V configured = {"fuse-linear", "fuse-elementwise", "cse"};
   const TrainPipeline fp32 = trainPipeline(configured, Precision::Fp32, false);
   EXPECT_EQ(fp32.forward, configured);
-  EXPECT_EQ(fp32.training, (V{"autodiff", "fuse-linear-grad", "fuse-elementwise", "cse", "dce", "verify"}));
+  EXPECT_EQ(fp32.training,
+            (V{"autodiff", "fuse-loss", "fuse-linear-grad", "fuse-bias-grad", "fuse-elementwise", "cse", "dce", "verify"}));
   EXPECT_EQ(fp32.validation, configured);
   const TrainPipeline bf16 = trainPipeline(configured, Precision::Bf16, false);
-  EXPECT_EQ(bf16.training, (V{"autodiff", "fuse-linear-grad", "fuse-elementwise", "cse", "dce", "lower-bf16", "verify"}));
+  EXPECT_EQ(bf16.training, (V{"autodiff", "fuse-loss", "fuse-linear-grad", "fuse-bias-grad", "fuse-elementwise", "cse", "dce",
+                              "lower-bf16", "verify"}));
   EXPECT_EQ(bf16.validation, (V{"fuse-linear", "fuse-elementwise", "cse", "lower-bf16"}));
   const TrainPipeline unfused = trainPipeline(configured, Precision::Tf32, true);
   EXPECT_EQ(unfused.forward, V{"cse"});

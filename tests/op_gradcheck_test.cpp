@@ -61,8 +61,9 @@ TEST(OpTable, EveryDifferentiableOpHasAGradientCase) {
 }
 
 // Backward-only ops that a pass makes from a checked rule's output instead of a rule itself;
-// fusion_test.cpp checks each against the graph it replaces.
-const std::set<OpKind> kMadeByBackwardFusion = {OpKind::MatMulActGrad};
+// fusion_test.cpp (matmul-act-grad) and epilogue_fusion_test.cpp (matmul-bias-grad,
+// mse-loss-grad) check each against the graph it replaces.
+const std::set<OpKind> kMadeByBackwardFusion = {OpKind::MatMulActGrad, OpKind::MatMulBiasGrad, OpKind::MseLossGrad};
 
 TEST(OpTable, EveryBackwardOnlyOpIsEmittedByACheckedRule) {
   for (int k = 0; k < kNumOps; ++k) {

@@ -171,7 +171,8 @@ TEST(DumpGraph, WritesEveryStageAndShowsTheFusedNodes) {
   o.dumpGraphDir = dir.string();
   train(cfg, o);
   for (const char* stem : {"00-frontend", "01-fuse-linear", "02-fuse-attention", "03-fuse-elementwise", "04-autodiff",
-                           "05-fuse-linear-grad", "06-fuse-elementwise", "07-cse", "08-dce", "09-verify"}) {
+                           "05-fuse-loss", "06-fuse-linear-grad", "07-fuse-bias-grad", "08-fuse-elementwise", "09-cse",
+                           "10-dce", "11-verify"}) {
     EXPECT_TRUE(fs::exists(dir / (std::string(stem) + ".txt"))) << stem;
     EXPECT_TRUE(fs::exists(dir / (std::string(stem) + ".dot"))) << stem;
   }

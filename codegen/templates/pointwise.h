@@ -41,9 +41,9 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 ${KEPT}    double acc = 0.0;
     for (long long r = 0; r < ${REDCOUNT}; ++r) {
       long long rr = r, off = base;
-${REDUCED}      acc += (double)in0[off];
+${REDUCED}      acc += (double)${IN}[off];
     }
-    out0[idx] = (float)(acc * ${FACTOR});
+    ${OUT}[idx] = (float)(acc * ${FACTOR});
   }
 }
 )";
@@ -61,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 ${KEPT}    const long long r0 = part * ${CHUNK}, r1 = min(r0 + ${CHUNK}, ${REDCOUNT});
     for (long long r = r0 + ty; r < r1; r += 8) {
       long long rr = r, off = base;
-${REDUCED}      acc += (double)in0[off];
+${REDUCED}      acc += (double)${IN}[off];
     }
   }
   red[ty][lane] = acc;
@@ -82,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   if (idx >= ${OUTCOUNT}) return;
   double s = 0.0;
   for (long long p = 0; p < ${PARTS}; ++p) s += ((const double*)scratch)[p * ${OUTCOUNT} + idx];
-  out0[idx] = (float)(s * ${FACTOR});
+  ${OUT}[idx] = (float)(s * ${FACTOR});
 }
 )";
 
@@ -202,6 +202,80 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
     __syncthreads();
   }
   if (threadIdx.x == 0) out0[0] = (float)(part[0] / ${DENOM});
+}
+)";
+
+// MseLossGrad, small: MseLoss's one-block tree (the same loss, bit for bit) with each thread
+// also writing its elements' gradient, ((p - t) · 2/N) · dy in float as the unfused Sub, Scale,
+// Mul compute it.
+inline constexpr const char* kMseGrad = R"(
+extern "C" __global__ void __launch_bounds__(1024) ${NAME}(${PARAMS}) {
+  __shared__ double part[1024];
+  const float dy = in2[0];
+  double acc = 0.0;
+  for (long long i = threadIdx.x; i < ${COUNT}; i += 1024) {
+    const float p = in0[i], t = in1[i];
+    const double d = (double)p - (double)t;
+    acc += d * d;
+    out1[i] = ((p - t) * ${SCALE}) * dy;
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 512; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out0[0] = (float)(part[0] / ${DENOM});
+}
+)";
+
+// MseLossGrad, large, in one launch: each block takes a chunk, writes its gradient and its
+// fixed-tree sum of squares to scratch (as MseLoss's partial kernel); the block that finishes
+// last (a ticket counter after a fence) adds the chunks' sums in MseLoss's final tree, so the
+// loss is the unfused one's whatever order the blocks ran in, and resets the counter for the
+// next launch (a replayed CUDA graph). The counter lives after the sums; the runner zeroes the
+// scratch once (NodeKernels::zeroScratch). Only the ticket is atomic: no value is.
+inline constexpr const char* kMseGradChunks = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  __shared__ double part[256];
+  __shared__ bool last;
+  const float dy = in2[0];
+  const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
+  double acc = 0.0;
+  for (long long i = begin + threadIdx.x; i < end; i += 256) {
+    const float p = in0[i], t = in1[i];
+    const double d = (double)p - (double)t;
+    acc += d * d;
+    out1[i] = ((p - t) * ${SCALE}) * dy;
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  double* sums = (double*)scratch;
+  unsigned* done = (unsigned*)(sums + ${PARTS});
+  if (threadIdx.x == 0) {
+    sums[blockIdx.x] = part[0];
+    __threadfence();
+    last = atomicAdd(done, 1u) == ${PARTS} - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  acc = 0.0;
+  for (long long i = threadIdx.x; i < ${PARTS}; i += 256) acc += __ldcg(sums + i);
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    out0[0] = (float)(part[0] / ${DENOM});
+    *done = 0u;
+  }
 }
 )";
 

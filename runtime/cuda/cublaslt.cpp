@@ -51,7 +51,8 @@ std::string LtProblem::describe() const {
   std::snprintf(buf, sizeof buf, "%lldx%lldx%lld b%lld/%lld/%lld %c%c %s%s%s a%u/%u/%u", static_cast<long long>(m),
                 static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(batch),
                 static_cast<long long>(strideA), static_cast<long long>(strideB), transA ? 'T' : 'N', transB ? 'T' : 'N',
-                bf16 ? (fp32C ? "bf16>fp32" : "bf16") : tf32 ? "tf32" : "fp32", bias ? " bias" : "", relu ? " relu" : "", alignA, alignB, alignC);
+                bf16 ? (fp32C ? "bf16>fp32" : "bf16") : tf32 ? "tf32" : "fp32", bias ? " bias" : biasGradB ? " bgradB" : biasGradA ? " bgradA" : "", relu ? " relu" : "", alignA, alignB,
+                alignC);
   return buf;
 }
 
@@ -147,7 +148,9 @@ CublasLt::~CublasLt() {
 // N×K when transposed) seen column-major is N×K with leading dimension N (no transpose needed),
 // or K×N with leading dimension K (transposed). Likewise the graph's A gives K×M (ld K) or M×K
 // (ld M, transposed). The bias runs along the graph's columns, which are cuBLASLt's rows of D,
-// exactly the length-m vector its BIAS epilogue adds.
+// exactly the length-m vector its BIAS epilogue adds. Bias gradients follow the same swap: the
+// graph's B summed over K (a length-n vector along the graph's columns, cuBLASLt's rows of D) is
+// BGRADA, the bias gradient of cuBLASLt's A; the graph's A summed over K (length m) is BGRADB.
 std::unique_ptr<LtPlan> CublasLt::plan(const LtProblem& p, size_t workspaceBytes, int maxAlgos) const {
   std::unique_ptr<LtPlan> plan(new LtPlan(p));
   if (!available_) return plan;
@@ -162,9 +165,11 @@ std::unique_ptr<LtPlan> CublasLt::plan(const LtProblem& p, size_t workspaceBytes
   const cublasLtEpilogue_t epi = p.bias && p.relu ? CUBLASLT_EPILOGUE_RELU_BIAS
                                  : p.bias         ? CUBLASLT_EPILOGUE_BIAS
                                  : p.relu         ? CUBLASLT_EPILOGUE_RELU
+                                 : p.biasGradB    ? CUBLASLT_EPILOGUE_BGRADA
+                                 : p.biasGradA    ? CUBLASLT_EPILOGUE_BGRADB
                                                   : CUBLASLT_EPILOGUE_DEFAULT;
   ltCheck(a.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "set EPILOGUE");
-  if (p.bias) {  // the graph's biases are fp32 parameters, whatever C is
+  if (p.bias || p.biasGradA || p.biasGradB) {  // the graph's biases and their gradients are fp32, whatever C is
     const cudaDataType_t bt = CUDA_R_32F;
     ltCheck(a.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "set BIAS_DATA_TYPE");
   }
@@ -246,7 +251,7 @@ void LtPlan::run(const LtAlgo& algo, CUdeviceptr a, CUdeviceptr b, CUdeviceptr b
   const CublasLt& lt = CublasLt::instance();
   const CublasLt::Api& f = *lt.api_;
   auto op = static_cast<cublasLtMatmulDesc_t>(op_);
-  if (p_.bias) {
+  if (p_.bias || p_.biasGradA || p_.biasGradB) {
     const void* bp = reinterpret_cast<const void*>(bias);
     ltCheck(f.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp), "set BIAS_POINTER");
   }

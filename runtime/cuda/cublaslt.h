@@ -23,10 +23,14 @@ struct LtProblem {
   // (a weight gradient or the prediction, kept fp32). The bias stays fp32 either way.
   bool bf16 = false, fp32C = false;
   bool bias = false, relu = false;   // the epilogue cuBLASLt applies (bias before ReLU)
+  // Instead of a bias: the sums over K of the graph's B (its columns: length n) or of the graph's
+  // A (length m) written to the bias pointer, fp32 (BGRADA / BGRADB: see the note in cublaslt.cpp).
+  bool biasGradB = false, biasGradA = false;
   // Bytes every A, B and C matrix (each batch item's too) is aligned to; cuBLASLt's heuristic
   // assumes 256 unless told, and would otherwise pick kernels that fault on smaller ones.
   uint32_t alignA = 256, alignB = 256, alignC = 256;
-  std::string describe() const;      // "8192x1024x1024 b1/0/0 NT fp32 bias relu a256/256/256" (bf16: "bf16>fp32"): a cache key part
+  // "8192x1024x1024 b1/0/0 NT fp32 bias relu a256/256/256" (bf16: "bf16>fp32"; "bgradB"/"bgradA"): a cache key part
+  std::string describe() const;
 };
 
 // An opaque cuBLASLt algorithm (cublasLtMatmulAlgo_t is 8 64-bit words) and its workspace need.
@@ -77,7 +81,8 @@ public:
   // Whether `algo` (from a cache) is valid for this problem on this device and library.
   bool check(const LtAlgo& algo) const;
   // Queues the product on `stream` (capturable: no allocation, no synchronisation). `bias` is
-  // read when the problem has one; `workspace` must hold algo.workspaceBytes.
+  // read when the problem has one, written when it has a bias gradient; `workspace` must hold
+  // algo.workspaceBytes.
   void run(const LtAlgo& algo, CUdeviceptr a, CUdeviceptr b, CUdeviceptr bias, CUdeviceptr c, CUdeviceptr workspace,
            CUstream stream) const;
 
