@@ -12,7 +12,7 @@ import numpy as np
 from . import _pureattention as _pa
 from ._errors import ConfigError
 
-__all__ = ["Model", "Run", "CompareResult", "ConfigError", "plot"]
+__all__ = ["Model", "Run", "CompareResult", "ConfigError", "DLPackArray", "plot"]
 __version__ = "0.4.0"
 
 
@@ -57,13 +57,33 @@ def _to_host(x, kind, ordinal):
                         "(model.to(\"cuda\"))") from e
 
 
-def _as_framework_of(x, out):
-    """`out` (a DLPack CUDA array) as an array of x's framework where that is PyTorch or CuPy
-    (zero-copy, through DLPack); else `out` itself."""
+class DLPackArray:
+    """A CUDA array for any ``from_dlpack`` (``torch.from_dlpack``, ``cupy.from_dlpack``,
+    ``jax.dlpack.from_dlpack``): ``__dlpack__`` hands out its DLPack capsule, once (a capsule is
+    consumed by its reader), and ``__dlpack_device__`` says where it lives. The memory is freed
+    when the array that read it is (or this one, unread)."""
+
+    def __init__(self, capsule, device):
+        self._capsule = capsule
+        self._device = tuple(device)
+
+    def __dlpack__(self, stream=None, **kwargs):
+        if self._capsule is None:
+            raise BufferError("this DLPack array was read already (it can be read once)")
+        capsule, self._capsule = self._capsule, None
+        return capsule
+
+    def __dlpack_device__(self):
+        return self._device
+
+
+def _as_framework_of(x, out, device):
+    """`out` (a DLPack capsule of CUDA memory) as an array of x's framework where that is
+    PyTorch or CuPy (zero-copy, through DLPack); else a `DLPackArray`."""
     import sys
     root = type(x).__module__.partition(".")[0]
     framework = sys.modules.get(root) if root in ("torch", "cupy") else None
-    return framework.from_dlpack(out) if framework is not None else out
+    return framework.from_dlpack(out) if framework is not None else DLPackArray(out, device)
 
 
 class Run:
@@ -242,7 +262,7 @@ class Model:
                     raise
                 raise TypeError(f"predict: x ({type(x).__name__}, in CUDA memory) could not be read "
                                 "through DLPack: its __dlpack__() failed") from None
-            return _as_framework_of(x, out)
+            return _as_framework_of(x, out, (kind, ordinal))
         if kind != _KDL_CPU:
             x = _to_host(x, kind, ordinal)
         return self._m.predict(_float32("x", np.from_dlpack(x)))

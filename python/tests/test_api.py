@@ -283,3 +283,12 @@ def test_graph_and_kernels(small_yaml):
         m.graph("nope")
     k = m.kernels()
     assert k and all("__global__" in src for src in k.values())
+
+
+def test_dlpack_array_hands_out_its_capsule_once():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    d = pa.DLPackArray(a.__dlpack__(), (1, 0))
+    assert d.__dlpack_device__() == (1, 0)
+    assert np.array_equal(np.from_dlpack(d), a)
+    with pytest.raises(BufferError, match="read already"):
+        np.from_dlpack(d)
