@@ -99,9 +99,10 @@ ValueId Graph::output(const std::string& name) const {
 }
 
 std::vector<NodeId> Graph::topoOrder() const {
-  // Kahn's algorithm taking the lowest ready node id first: insertion order wherever it is
-  // already topological (frontend graphs), and fused nodes, which passes append at the end,
-  // move up to where their users need them. Deterministic. Nodes on a cycle are left out (the
+  // Kahn's algorithm taking the ready node of the lowest place first (Node::place, else its id):
+  // insertion order wherever it is already topological (frontend graphs), and fused nodes, which
+  // passes append at the end, run at their root's place or, without one, move up to where their
+  // users need them. Deterministic. Nodes on a cycle are left out (the
   // verifier then reports their users).
   std::vector<int> pending(nodes_.size(), 0);
   std::vector<std::vector<NodeId>> consumers(nodes_.size());
@@ -114,17 +115,19 @@ std::vector<NodeId> Graph::topoOrder() const {
       consumers[p].push_back(n.id);
     }
   }
-  std::priority_queue<NodeId, std::vector<NodeId>, std::greater<NodeId>> ready;
+  using Key = std::pair<NodeId, NodeId>;  // (place, id)
+  auto key = [&](NodeId id) { return Key{nodes_[id].place >= 0 ? nodes_[id].place : id, id}; };
+  std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
   for (const Node& n : nodes_)
-    if (!n.erased && pending[n.id] == 0) ready.push(n.id);
+    if (!n.erased && pending[n.id] == 0) ready.push(key(n.id));
   std::vector<NodeId> order;
   order.reserve(nodes_.size());
   while (!ready.empty()) {
-    const NodeId id = ready.top();
+    const NodeId id = ready.top().second;
     ready.pop();
     order.push_back(id);
     for (NodeId c : consumers[id])
-      if (--pending[c] == 0) ready.push(c);
+      if (--pending[c] == 0) ready.push(key(c));
   }
   return order;
 }

@@ -46,6 +46,10 @@ struct Node {
   // Empty on nodes autodiff adds: a message looks upstream for the nearest origin.
   std::string origin;
   bool erased = false;  // passes mark nodes dead; they stay in storage (ids are indices)
+  // topoOrder's tie-break among ready nodes: its place in the program. -1: its id. A rewrite gives
+  // the nodes it makes its root's place, so a node appended at the end runs where the nodes it
+  // replaced ran, not after everything else (which would keep its inputs alive to the end).
+  NodeId place = -1;
 };
 
 // Note on reference stability: nodes and values live in std::deques, whose push_back never moves

@@ -74,9 +74,13 @@ int64_t applyPatternsGreedily(Graph& g, const std::vector<std::unique_ptr<Rewrit
         if (p->matchAndRewrite(ctx, id)) {
           // The nodes a rewrite makes stand for what the user wrote at the root (an erased
           // node stays in storage, so the root's origin is still there to read).
-          for (size_t n = firstNew; n < g.numNodes(); ++n)
-            if (g.node(static_cast<NodeId>(n)).origin.empty())
-              g.node(static_cast<NodeId>(n)).origin = g.node(id).origin;
+          // They also take the root's place in the program (Node::place).
+          const NodeId rootPlace = g.node(id).place >= 0 ? g.node(id).place : id;
+          for (size_t n = firstNew; n < g.numNodes(); ++n) {
+            Node& made = g.node(static_cast<NodeId>(n));
+            if (made.origin.empty()) made.origin = g.node(id).origin;
+            made.place = rootPlace;
+          }
           ++rewrites;
           changed = true;
           break;

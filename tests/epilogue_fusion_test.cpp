@@ -13,6 +13,7 @@
 #include "passes/autodiff.h"
 #include "passes/dce.h"
 #include "passes/fusion.h"
+#include "passes/memory_plan.h"
 #include "passes/pipeline.h"
 #include "runtime/cpu_executor.h"
 #include "test_util.h"
@@ -157,6 +158,27 @@ TEST(FuseBiasGrad, WeightAndBiasGradientsBecomeOneNodeWithTheSameBits) {
             }
           expectBitwiseEqualOutputs(before, after, 3);
         }
+}
+
+// A rewrite's nodes run where the nodes they replace ran (Node::place): the weight and bias
+// gradients of each layer, which only the optimizer reads, are not left to the end of the step,
+// where they would keep every layer's input and output gradient alive at once. So the fusion
+// never grows the activation arena.
+TEST(FuseBiasGrad, DoesNotGrowTheActivationArena) {
+  Graph before;
+  ValueId h = before.addInput("x", {512, 64});
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::string i = std::to_string(layer);
+    const ValueId w = before.addParam("w" + i, {64, 64}, "xavier"), b = before.addParam("b" + i, {64}, "xavier");
+    h = before.add(OpKind::FusedLinear, {h, w, b}, AttrMap().set<attr::Activation>("relu"));
+  }
+  before.setOutput("loss", before.add(OpKind::MseLoss, {h, before.addInput("target", {512, 64})}, {}, "loss"));
+  appendBackward(before, before.output("loss"), before.params());
+  Graph after = before;
+  EXPECT_EQ(applyOne(after, makeFuseBiasGradPattern()), 4);
+  EXPECT_EQ(applyOne(after, makeFuseLossGradPattern()), 1);
+  const int64_t was = planMemory(before).arenaElements, is = planMemory(after).arenaElements;
+  EXPECT_LE(is, was) << "the fused step needs " << is << " floats of activations, the unfused " << was;
 }
 
 // Not the pattern: a bias gradient without a weight-gradient product (the bias added to a
