@@ -157,11 +157,39 @@ void flatten(const YAML::Node& n, const std::string& path, std::map<std::string,
 
 }  // namespace
 
+namespace {
+
+constexpr uint64_t kFnvBasis = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
+
+uint64_t fnv1a(const unsigned char* p, size_t n, uint64_t h = kFnvBasis) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
+  return h;
+}
+
+}  // namespace
+
+uint64_t dataFingerprintV1(const std::vector<float>& x, const std::vector<float>& y) {
+  uint64_t h = kFnvBasis;
+  for (const std::vector<float>* v : {&x, &y})
+    h = fnv1a(reinterpret_cast<const unsigned char*>(v->data()), v->size() * sizeof(float), h);
+  return h;
+}
+
 uint64_t dataFingerprint(const std::vector<float>& x, const std::vector<float>& y) {
-  uint64_t h = 1469598103934665603ull;
+  constexpr size_t kChunk = size_t{1} << 20;
+  uint64_t h = kFnvBasis;
   for (const std::vector<float>* v : {&x, &y}) {
     const unsigned char* p = reinterpret_cast<const unsigned char*>(v->data());
-    for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    const size_t bytes = v->size() * sizeof(float), chunks = (bytes + kChunk - 1) / kChunk;
+    std::vector<uint64_t> part(chunks);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < static_cast<int64_t>(chunks); ++c) {
+      const size_t at = static_cast<size_t>(c) * kChunk;
+      part[static_cast<size_t>(c)] = fnv1a(p + at, std::min(kChunk, bytes - at));
+    }
+    const uint64_t length = bytes;
+    h = fnv1a(reinterpret_cast<const unsigned char*>(&length), sizeof length, h);
+    h = fnv1a(reinterpret_cast<const unsigned char*>(part.data()), part.size() * sizeof(uint64_t), h);
   }
   return h;
 }
@@ -208,7 +236,7 @@ std::string writeCheckpoint(const std::string& root, const TrainingState& state,
       {"cursor", std::to_string(state.order.cursor)},
       {"batch_size", std::to_string(record.batchSize)},
       {"train_samples", std::to_string(record.trainSamples)},
-      {"data_fingerprint", hex64(record.dataFingerprint)},
+      {"data_fingerprint2", hex64(record.dataFingerprint)},
       {"optimizer", jsonOfAdam(record.adam)},
       {"schedule", jsonOfSchedule(record.schedule, record.totalSteps)},
       {"lr", nlohmann::json(record.schedule.at(std::max<int64_t>(state.step, 1), record.totalSteps)).dump()},
@@ -356,10 +384,13 @@ Checkpoint readCheckpoint(const std::string& folder) {
   r.sampleY = metadataShape(model, "target_shape");
   if (r.sampleX.empty() || r.sampleY.empty())
     throw safetensors::FormatError(model.name(), "metadata 'input_shape' or 'target_shape' is missing");
-  const std::string& fp = meta(state, "data_fingerprint");
+  // data_fingerprint2: dataFingerprint; data_fingerprint: dataFingerprintV1 (older checkpoints).
+  r.fingerprintVersion = state.metadata().count("data_fingerprint2") ? 2 : 1;
+  const std::string key = r.fingerprintVersion == 2 ? "data_fingerprint2" : "data_fingerprint";
+  const std::string& fp = meta(state, key);
   char* end = nullptr;
   r.dataFingerprint = std::strtoull(fp.c_str(), &end, 16);
-  if (fp.empty() || *end) throw safetensors::FormatError(state.name(), "metadata 'data_fingerprint' is '" + fp + "'");
+  if (fp.empty() || *end) throw safetensors::FormatError(state.name(), "metadata '" + key + "' is '" + fp + "'");
   const nlohmann::json adam = metaJson(state, "optimizer"), sched = metaJson(state, "schedule");
   r.adam = AdamSettings{field<double>(state, adam, "optimizer", "lr"),
                         field<double>(state, adam, "optimizer", "beta1"),

@@ -43,10 +43,16 @@ struct RunRecord {
   std::vector<int64_t> sampleX, sampleY;  // one sample's input and target shapes
   int64_t trainSamples = 0;
   uint64_t dataFingerprint = 0;  // dataFingerprint() of the training split
+  int fingerprintVersion = 2;    // 1: a checkpoint written before 2026-11-27 (dataFingerprintV1)
 };
 
-// FNV-1a over the training split's bytes (inputs, then targets): a resume on other data warns.
+// A hash of the training split (inputs, then targets) in parallel: FNV-1a over each 1 MiB chunk
+// of its bytes, then FNV-1a over the chunks' hashes and the two lengths. A resume on other data
+// warns; ranks compare it.
 uint64_t dataFingerprint(const std::vector<float>& x, const std::vector<float>& y);
+// The fingerprint of checkpoints written before 2026-11-27 (FNV-1a over every byte, in order),
+// computed only to compare with such a checkpoint.
+uint64_t dataFingerprintV1(const std::vector<float>& x, const std::vector<float>& y);
 
 // A checkpoint read back and checked.
 struct Checkpoint {

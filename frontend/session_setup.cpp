@@ -319,6 +319,10 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   rec.sampleY = data.train.yShape;
   rec.trainSamples = nTrain;
   rec.dataFingerprint = dataFingerprint(spec.trainData.x, spec.trainData.y);
+  // What a checkpoint's fingerprint compares with: this data's, in the checkpoint's version.
+  const uint64_t resumeFingerprint = resume && resume->record.fingerprintVersion == 1
+                                         ? dataFingerprintV1(spec.trainData.x, spec.trainData.y)
+                                         : rec.dataFingerprint;
   if (spec.recordBatches) {
     run.trainData = spec.trainData;
     run.validationData = spec.validationData;
@@ -351,7 +355,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
     const std::string flag = resume->folder.empty() ? "the model's state: " : "--resume " + resume->folder + ": ";
     for (const std::string& d : configDifferences(resume->record.configYaml, rec.configYaml))
       warnings.push_back(flag + d);
-    if (resume->record.dataFingerprint != rec.dataFingerprint)
+    if (resume->record.dataFingerprint != resumeFingerprint)
       warnings.push_back(flag + "the training data differs from the checkpoint's (same sample count, other values)");
     if (resume->record.totalSteps != rec.totalSteps && (rec.schedule.cosine || resume->record.schedule.cosine))
       warnings.push_back(flag + "the run is " + std::to_string(rec.totalSteps) + " steps long, the checkpoint's " +

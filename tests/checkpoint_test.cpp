@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -434,6 +435,69 @@ TEST(Checkpoint, CommandLineMistakesExitTwo) {
   EXPECT_NE(err.find("no checkpoint in this folder"), std::string::npos) << err;
   EXPECT_EQ(runCommand(base + "--set train.checkpoint.every=-1", nullptr, &err), 2);
   EXPECT_NE(err.find("train.checkpoint.every"), std::string::npos) << err;
+  fs::remove_all(dir);
+}
+
+// The data fingerprint: any changed byte, in the first chunk, the last partial one or the
+// targets, changes it, as does moving values between inputs and targets.
+TEST(Checkpoint, DataFingerprintSeesEveryByte) {
+  std::vector<float> x(700000), y(3);  // 2.8 MB: two whole 1 MiB chunks and a partial one
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 977) * 0.5f;
+  const uint64_t h = dataFingerprint(x, y);
+  EXPECT_EQ(dataFingerprint(x, y), h);
+  for (size_t at : {size_t{0}, size_t{300000}, x.size() - 1}) {
+    std::vector<float> other = x;
+    other[at] = std::nextafter(other[at], 1e9f);
+    EXPECT_NE(dataFingerprint(other, y), h) << at;
+  }
+  std::vector<float> ty = y;
+  ty[2] = 1.0f;
+  EXPECT_NE(dataFingerprint(x, ty), h);
+  std::vector<float> shortX(x.begin(), x.end() - 1), longY{x.back(), 0.0f, 0.0f, 0.0f};
+  EXPECT_NE(dataFingerprint(shortX, longY), dataFingerprint(x, std::vector<float>{0.0f, 0.0f, 0.0f}));
+}
+
+// A checkpoint written before data_fingerprint2 (its metadata has data_fingerprint, the bytes'
+// FNV-1a) resumes on the same data without a warning, and warns on other data.
+TEST(Checkpoint, OlderCheckpointsFingerprintIsStillCompared) {
+  const fs::path dir = tempDir("fingerprint_v1");
+  const std::string sets = " --set data.samples=400 --progress none ";
+  const std::string base = std::string(PA_TRAIN_BINARY) + " -c " + example("sine_mlp") + sets;
+  ASSERT_EQ(runCommand(base + "--steps 3 --checkpoint-dir " + dir.string()), 0);
+  fs::path statePath;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().filename() == "state.safetensors") statePath = e.path();
+  ASSERT_FALSE(statePath.empty());
+  const Config cfg = loadConfig(example("sine_mlp"), {"data.samples=400"});
+  const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+  const std::string original = readFile(statePath);
+  auto rewrite = [&](uint64_t v1) {  // the file as an older version wrote it
+    const safetensors::File f = safetensors::File::parse(original, statePath.string());
+    std::vector<safetensors::Tensor> tensors;
+    for (const safetensors::TensorInfo& t : f.tensors()) {
+      safetensors::Tensor c;
+      c.name = t.name;
+      c.dtype = t.dtype;
+      c.shape = t.shape;
+      c.bytes.assign(f.data(t), f.data(t) + (t.end - t.begin));
+      tensors.push_back(std::move(c));
+    }
+    safetensors::Metadata m = f.metadata();
+    ASSERT_EQ(m.erase("data_fingerprint2"), 1u);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(v1));
+    m["data_fingerprint"] = hex;
+    safetensors::write(statePath.string(), tensors, m);
+  };
+  const uint64_t v1 = dataFingerprintV1(data.train.x, data.train.y);
+  std::string err;
+  const std::string resume = base + "--steps 5 --resume " + statePath.parent_path().string();  // this checkpoint
+  rewrite(v1);
+  ASSERT_EQ(runCommand(resume, nullptr, &err), 0) << err;
+  EXPECT_EQ(err.find("training data differs"), std::string::npos) << err;
+  rewrite(v1 ^ 1);
+  ASSERT_EQ(runCommand(resume, nullptr, &err), 0) << err;
+  EXPECT_NE(err.find("the training data differs from the checkpoint's"), std::string::npos) << err;
   fs::remove_all(dir);
 }
 
