@@ -116,7 +116,7 @@ std::vector<NodeId> Graph::topoOrder() const {
     }
   }
   using Key = std::pair<NodeId, NodeId>;  // (place, id)
-  auto key = [&](NodeId id) { return Key{nodes_[id].place >= 0 ? nodes_[id].place : id, id}; };
+  auto key = [&](NodeId id) { return Key{placeOf(id), id}; };
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
   for (const Node& n : nodes_)
     if (!n.erased && pending[n.id] == 0) ready.push(key(n.id));

@@ -85,6 +85,9 @@ public:
 
   // Live nodes in a topological order (inputs before users), stable in insertion order.
   std::vector<NodeId> topoOrder() const;
+  // A node's place in the program (Node::place, else its id): topoOrder's tie-break, and what a
+  // node made to stand for another takes from it.
+  NodeId placeOf(NodeId id) const { return nodes_[id].place >= 0 ? nodes_[id].place : id; }
   std::vector<ValueId> params() const;  // values of live Param nodes, in insertion order
   std::vector<ValueId> inputs() const;  // values of live Input nodes
   ValueId findValue(const std::string& name) const;  // kNoValue when absent or erased

@@ -81,6 +81,7 @@ int64_t fuseElementwise(Graph& g, int64_t& absorbed) {
     a.set<attr::Shape>(std::vector<int64_t>(out.begin(), out.end()));
     const ValueId f = g.add(OpKind::FusedElementwise, b.inputs, a);
     g.node(g.value(f).producer).origin = rootNode.origin;
+    g.node(g.value(f).producer).place = g.placeOf(root);  // runs where the chain's root ran
     users.resize(g.numValues());
     for (ValueId in : b.inputs) users[static_cast<size_t>(in)].push_back(g.value(f).producer);
     g.replaceUses(rootNode.outputs[0], f, users[static_cast<size_t>(rootNode.outputs[0])]);

@@ -75,7 +75,7 @@ int64_t applyPatternsGreedily(Graph& g, const std::vector<std::unique_ptr<Rewrit
           // The nodes a rewrite makes stand for what the user wrote at the root (an erased
           // node stays in storage, so the root's origin is still there to read).
           // They also take the root's place in the program (Node::place).
-          const NodeId rootPlace = g.node(id).place >= 0 ? g.node(id).place : id;
+          const NodeId rootPlace = g.placeOf(id);
           for (size_t n = firstNew; n < g.numNodes(); ++n) {
             Node& made = g.node(static_cast<NodeId>(n));
             if (made.origin.empty()) made.origin = g.node(id).origin;
