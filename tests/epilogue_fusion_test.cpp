@@ -16,26 +16,15 @@
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
 #include "runtime/cpu_executor.h"
+#include "pass_test_util.h"
 #include "test_util.h"
 #include "training_graph.h"
 
 namespace pa {
 namespace {
 
-std::map<OpKind, int> countOps(const Graph& g) {
-  std::map<OpKind, int> c;
-  for (NodeId id : g.topoOrder()) c[g.node(id).op]++;
-  return c;
-}
-
-int64_t applyOne(Graph& g, std::unique_ptr<RewritePattern> p) {
-  std::vector<std::unique_ptr<RewritePattern>> ps;
-  ps.push_back(std::move(p));
-  const int64_t n = applyPatternsGreedily(g, ps);
-  eliminateDeadCode(g);
-  verifyGraph(g);
-  return n;
-}
+using test::applyOne;
+using test::countOps;
 
 // Runs both graphs in float64 on the same parameters (by name) and inputs, and expects every
 // graph output of `before` to be bitwise equal in `after`.

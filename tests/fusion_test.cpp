@@ -24,16 +24,13 @@
 #include "passes/dce.h"
 #include "passes/fusion.h"
 #include "passes/pass_manager.h"
+#include "pass_test_util.h"
 #include "test_util.h"
 
 namespace pa {
 namespace {
 
-std::map<OpKind, int> countOps(const Graph& g) {
-  std::map<OpKind, int> c;
-  for (NodeId id : g.topoOrder()) c[g.node(id).op]++;
-  return c;
-}
+using test::countOps;
 
 // Builds the model of a YAML snippet (data: function, so `input` is [batch, ...model.input]).
 BuiltModel build(const std::string& modelYaml, std::vector<int64_t> input, std::vector<int64_t> target, int64_t batch = 2) {

@@ -18,6 +18,7 @@
 #include "runtime/cuda/cublaslt.h"
 #include "runtime/cuda_graph_runner.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "../pass_test_util.h"
 #include "../test_util.h"
 
 namespace pa {
@@ -70,14 +71,7 @@ Results runBoth(const Graph& g, const std::map<ValueId, std::vector<double>>& va
   return r;
 }
 
-int64_t applyOne(Graph& g, std::unique_ptr<RewritePattern> p) {
-  std::vector<std::unique_ptr<RewritePattern>> ps;
-  ps.push_back(std::move(p));
-  const int64_t n = applyPatternsGreedily(g, ps);
-  eliminateDeadCode(g);
-  verifyGraph(g);
-  return n;
-}
+using test::applyOne;
 
 // MseLossGrad on sizes around both paths (one block up to 65536 terms, chunks of 8192 with the
 // last-block-done sum beyond). Bounds: the gradient is fl(fl(fl(p − t)·fl(2/N))·dy), four
