@@ -87,9 +87,7 @@ public:
     AttrMap a;
     a.set<attr::MlpActivations>(mlpActivationsString(acts));
     a.set<attr::MlpBiases>(biases);
-    const std::string origin = g.node(root).origin;
-    const ValueId y = g.add(OpKind::FusedMlp, ins, a);
-    g.node(g.value(y).producer).origin = origin;
+    const ValueId y = g.add(OpKind::FusedMlp, ins, a);  // its origin and place: the root's (the rewrite driver)
     ctx.replace(chain.back().out, y, dead);
     return true;
   }
