@@ -33,25 +33,41 @@ void checkDataSize(const DataConfig& d, double valuesPerSample) {
                                      " GiB of float32; the limit is 2^32 values (16 GiB) and 2^31 - 1 samples");
 }
 
-void makeSine(const DataConfig& d, uint64_t seed, Dataset& all) {
+// Where generated sample j goes: straight into its place in the validation or the training split
+// (the split's order, data.shuffle's permutation), so that the samples are never copied.
+class Placement {
+public:
+  Placement(DataSplit& split, std::vector<int64_t> slot, int64_t validationCount)
+      : split_(split), slot_(std::move(slot)), nVal_(validationCount), xs_(split.train.xSize()), ys_(split.train.ySize()) {}
+  float* x(int64_t j) const { return rowOf(j, true); }
+  float* y(int64_t j) const { return rowOf(j, false); }
+
+private:
+  float* rowOf(int64_t j, bool x) const {
+    const int64_t at = slot_[static_cast<size_t>(j)];
+    Dataset& d = at < nVal_ ? split_.validation : split_.train;
+    const int64_t row = at < nVal_ ? at : at - nVal_;
+    return x ? d.x.data() + row * xs_ : d.y.data() + row * ys_;
+  }
+  DataSplit& split_;
+  std::vector<int64_t> slot_;
+  int64_t nVal_, xs_, ys_;
+};
+
+void makeSine(const DataConfig& d, uint64_t seed, const Placement& to) {
   const int64_t w = d.window, h = d.horizon, ch = d.channels;
-  checkDataSize(d, static_cast<double>(w) * static_cast<double>(ch) + static_cast<double>(d.target == "next" ? h : w));
-  all.count = d.samples;
-  all.xShape = {w, ch};
-  all.yShape = d.target == "next" ? std::vector<int64_t>{h} : std::vector<int64_t>{w, 1};
+  const int64_t ySize = d.target == "next" ? h : w;
   const int64_t shift = d.target == "delayed" ? -d.delay : h;  // target at t: channel 0 at t + shift
-  all.x.resize(static_cast<size_t>(all.count * w * ch));
-  all.y.resize(static_cast<size_t>(all.count * all.ySize()));
   // Samples are drawn from one stream in order: a period, a phase per channel, then a normal (two
   // draws) per input value. The states where each sample starts are found first by jumping the
   // generator a sample's draws ahead, so that the samples, whose sines and logarithms are the
   // cost, can be made in parallel with exactly the numbers of the sequential loop.
   const Rng::State first = Rng::stream(seed, "data/sine").state();
   const Rng::Jump sample(static_cast<uint64_t>(1 + ch + 2 * w * ch));
-  std::vector<Rng::State> start(static_cast<size_t>(all.count));
-  for (int64_t i = 0; i < all.count; ++i) start[static_cast<size_t>(i)] = i ? sample.apply(start[static_cast<size_t>(i - 1)]) : first;
+  std::vector<Rng::State> start(static_cast<size_t>(d.samples));
+  for (int64_t i = 0; i < d.samples; ++i) start[static_cast<size_t>(i)] = i ? sample.apply(start[static_cast<size_t>(i - 1)]) : first;
 #pragma omp parallel for schedule(dynamic, 4)
-  for (int64_t i = 0; i < all.count; ++i) {
+  for (int64_t i = 0; i < d.samples; ++i) {
     Rng r(0);
     r.setState(start[static_cast<size_t>(i)]);
     std::vector<double> phase(static_cast<size_t>(ch));
@@ -59,14 +75,14 @@ void makeSine(const DataConfig& d, uint64_t seed, Dataset& all) {
     const double omega = 6.283185307179586 / period;
     for (double& p : phase) p = r.uniform(0.0, 6.283185307179586);
     auto signal = [&](int64_t t, int64_t c) { return std::sin((c + 1) * omega * t + phase[c]); };
-    float* x = all.x.data() + i * w * ch;
+    float* x = to.x(i);
     for (int64_t t = 0; t < w; ++t)
       for (int64_t c = 0; c < ch; ++c) x[t * ch + c] = static_cast<float>(signal(t, c) + d.noise * r.normal());
-    float* y = all.y.data() + i * all.ySize();
+    float* y = to.y(i);
     if (d.target == "next")
       for (int64_t k = 0; k < h; ++k) y[k] = static_cast<float>(signal(w + k, 0));
     else
-      for (int64_t t = 0; t < w; ++t) y[t] = static_cast<float>(signal(t + shift, 0));
+      for (int64_t t = 0; t < ySize; ++t) y[t] = static_cast<float>(signal(t + shift, 0));
   }
 }
 
@@ -80,26 +96,21 @@ double applyFn(const std::string& fn, double x) {
 }
 
 // y = mean over inputs of fn(x_i), x uniform in the range; noise on the target.
-void makeFunction(const DataConfig& d, uint64_t seed, Dataset& all) {
-  checkDataSize(d, static_cast<double>(d.inputs) + 1.0);
-  all.count = d.samples;
-  all.xShape = {d.inputs};
-  all.yShape = {1};
-  all.x.resize(static_cast<size_t>(all.count * d.inputs));
-  all.y.resize(static_cast<size_t>(all.count));
+void makeFunction(const DataConfig& d, uint64_t seed, const Placement& to) {
   Rng rng = Rng::stream(seed, "data/function");
-  for (int64_t i = 0; i < all.count; ++i) {
+  for (int64_t i = 0; i < d.samples; ++i) {
     double acc = 0.0;
+    float* xi = to.x(i);
     for (int64_t j = 0; j < d.inputs; ++j) {
       const double x = rng.uniform(d.rangeLo, d.rangeHi);
-      all.x[static_cast<size_t>(i * d.inputs + j)] = static_cast<float>(x);
+      xi[j] = static_cast<float>(x);
       acc += applyFn(d.fn, x);
     }
     const double y = acc / static_cast<double>(d.inputs) + d.noise * rng.normal();
     if (!(std::fabs(y) <= FLT_MAX))  // cubic on a wide range
       d.where.fail("data.range", "the target " + d.fn + "(x) reaches " + formatNumber(y) +
                                      ", beyond float32 (data is stored in float32: |y| <= 3.4e38); narrow the range");
-    all.y[static_cast<size_t>(i)] = static_cast<float>(y);
+    *to.y(i) = static_cast<float>(y);
   }
 }
 
@@ -245,17 +256,71 @@ Dataset take(const Dataset& all, const std::vector<int64_t>& idx, size_t from, s
 
 }  // namespace
 
-DataSplit loadData(const DataConfig& cfg, uint64_t seed, const std::string& baseDir) {
-  Dataset all;
-  DataSplit split;
+namespace {
+
+// The split's order: data.shuffle's permutation of the samples (the first `validation` go to the
+// validation split), and the validation count, floor(data.validation × count).
+std::vector<int64_t> splitOrder(const DataConfig& cfg, uint64_t seed, int64_t count) {
+  std::vector<int64_t> idx(static_cast<size_t>(count));
+  std::iota(idx.begin(), idx.end(), 0);
+  if (cfg.shuffle) {
+    Rng rng = Rng::stream(seed, "data/split");
+    for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[rng.below(i)]);
+  }
+  return idx;
+}
+
+int64_t validationCountOf(const DataConfig& cfg, int64_t count) {
+  const int64_t nVal = static_cast<int64_t>(std::floor(cfg.validation * static_cast<double>(count)));
+  if (count - nVal < 1) cfg.where.fail("data.validation", "no training samples left after the validation split");
+  return nVal;
+}
+
+}  // namespace
+
+std::optional<DataShape> generatedDataShape(const DataConfig& cfg) {
+  DataShape s;
   if (cfg.kind == "sine") {
-    makeSine(cfg, seed, all);
-    split.description = "sine: " + std::to_string(cfg.samples) + " windows of " + std::to_string(cfg.window) + " steps x " +
-                        std::to_string(cfg.channels) + " channel(s), target " + cfg.target;
+    s.xShape = {cfg.window, cfg.channels};
+    s.yShape = cfg.target == "next" ? std::vector<int64_t>{cfg.horizon} : std::vector<int64_t>{cfg.window, 1};
+    s.description = "sine: " + std::to_string(cfg.samples) + " windows of " + std::to_string(cfg.window) + " steps x " +
+                    std::to_string(cfg.channels) + " channel(s), target " + cfg.target;
   } else if (cfg.kind == "function") {
-    makeFunction(cfg, seed, all);
-    split.description = "function: y = mean(" + cfg.fn + "(x_i)) over " + std::to_string(cfg.inputs) + " input(s)";
-  } else if (cfg.kind == "csv") {
+    s.xShape = {cfg.inputs};
+    s.yShape = {1};
+    s.description = "function: y = mean(" + cfg.fn + "(x_i)) over " + std::to_string(cfg.inputs) + " input(s)";
+  } else {
+    return std::nullopt;
+  }
+  const double values = static_cast<double>(std::accumulate(s.xShape.begin(), s.xShape.end(), int64_t{1}, std::multiplies<>())) +
+                        static_cast<double>(std::accumulate(s.yShape.begin(), s.yShape.end(), int64_t{1}, std::multiplies<>()));
+  checkDataSize(cfg, values);
+  s.validationCount = validationCountOf(cfg, cfg.samples);
+  s.trainCount = cfg.samples - s.validationCount;
+  return s;
+}
+
+DataSplit loadData(const DataConfig& cfg, uint64_t seed, const std::string& baseDir) {
+  DataSplit split;
+  if (const std::optional<DataShape> shape = generatedDataShape(cfg)) {
+    split.description = shape->description;
+    for (Dataset* d : {&split.validation, &split.train}) {
+      d->xShape = shape->xShape;
+      d->yShape = shape->yShape;
+      d->count = d == &split.train ? shape->trainCount : shape->validationCount;
+      d->x.resize(static_cast<size_t>(d->count * d->xSize()));
+      d->y.resize(static_cast<size_t>(d->count * d->ySize()));
+    }
+    const std::vector<int64_t> idx = splitOrder(cfg, seed, cfg.samples);
+    std::vector<int64_t> slot(idx.size());  // sample j's position in the split order
+    for (size_t p = 0; p < idx.size(); ++p) slot[static_cast<size_t>(idx[p])] = static_cast<int64_t>(p);
+    const Placement to(split, std::move(slot), shape->validationCount);
+    if (cfg.kind == "sine") makeSine(cfg, seed, to);
+    else makeFunction(cfg, seed, to);
+    return split;
+  }
+  Dataset all;
+  if (cfg.kind == "csv") {
     makeCsv(cfg, baseDir, all);
     split.description = "csv: " + cfg.path + ", " + std::to_string(all.count) + " rows";
   } else {
@@ -265,14 +330,8 @@ DataSplit loadData(const DataConfig& cfg, uint64_t seed, const std::string& base
     all = *cfg.arrays;
     split.description = "arrays: " + std::to_string(all.count) + " rows";
   }
-  std::vector<int64_t> idx(static_cast<size_t>(all.count));
-  std::iota(idx.begin(), idx.end(), 0);
-  if (cfg.shuffle) {
-    Rng rng = Rng::stream(seed, "data/split");
-    for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[rng.below(i)]);
-  }
-  const size_t nVal = static_cast<size_t>(std::floor(cfg.validation * static_cast<double>(all.count)));
-  if (all.count - static_cast<int64_t>(nVal) < 1) cfg.where.fail("data.validation", "no training samples left after the validation split");
+  const std::vector<int64_t> idx = splitOrder(cfg, seed, all.count);
+  const size_t nVal = static_cast<size_t>(validationCountOf(cfg, all.count));
   split.validation = take(all, idx, 0, nVal);
   split.train = take(all, idx, nVal, idx.size());
   return split;

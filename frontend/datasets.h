@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <istream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,16 @@ struct CsvTable {
 // within float32. Throws UserError "<path>:<line>:<col>: <problem><suffix>", also for a file with
 // lines but no data row.
 CsvTable readCsvTable(std::istream& in, const std::string& path, bool hasHeader, const std::string& suffix);
+
+// The split's counts and one sample's shapes of a generated dataset (sine, function), known from
+// the config alone; nullopt for data read from a file or given (csv, arrays). Throws UserError
+// for a dataset too large or a split that leaves no training sample, as loadData does.
+struct DataShape {
+  std::vector<int64_t> xShape, yShape;
+  int64_t trainCount = 0, validationCount = 0;
+  std::string description;  // DataSplit's
+};
+std::optional<DataShape> generatedDataShape(const DataConfig& cfg);
 
 // Builds the data of `cfg` with the run's seed; CSV paths are relative to `baseDir`.
 // Throws UserError for a missing or unreadable file, non-numeric cells, NaN, values beyond

@@ -5,8 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include "common/rng.h"
@@ -48,13 +51,11 @@ std::vector<double> initParam(const std::string& name, const Shape& shape, const
 }
 
 // The config's data, checked against the batch size.
-DataSplit loadTrainingData(const Config& cfg) {
-  namespace fs = std::filesystem;
-  const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
-  DataSplit data = loadData(cfg.data, cfg.seed, baseDir);
-  if (data.train.count >= cfg.train.batchSize) return data;
-  const std::string batch = std::to_string(cfg.train.batchSize), train = std::to_string(data.train.count),
-                    all = std::to_string(data.train.count + data.validation.count);
+// Throws where the training split is smaller than a batch, naming the key that made it so.
+void checkTrainingCount(const Config& cfg, int64_t trainCount, int64_t validationCount) {
+  if (trainCount >= cfg.train.batchSize) return;
+  const std::string batch = std::to_string(cfg.train.batchSize), train = std::to_string(trainCount),
+                    all = std::to_string(trainCount + validationCount);
   if (cfg.where.isSet("train.batch_size") || cfg.where.location("train.batch_size").empty())
     cfg.where.fail("train.batch_size", batch + " is larger than the " + train + " training samples (" + all +
                                            " samples less data.validation's share)");
@@ -70,6 +71,14 @@ DataSplit loadTrainingData(const Config& cfg) {
                                           " for training" + fewer);
   cfg.where.fail("", "data.samples and data.validation (both at their defaults) leave " + train +
                          " training samples" + fewer);
+}
+
+DataSplit loadTrainingData(const Config& cfg) {
+  namespace fs = std::filesystem;
+  const std::string baseDir = fs::path(cfg.file).has_parent_path() ? fs::path(cfg.file).parent_path().string() : ".";
+  DataSplit data = loadData(cfg.data, cfg.seed, baseDir);
+  checkTrainingCount(cfg, data.train.count, data.validation.count);
+  return data;
 }
 
 // A parameter's starting values: given by the caller (tests, --compare) or drawn from the seed.
@@ -214,6 +223,14 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
   return tg;
 }
 
+// The start-up phase of waiting for a dataset made beside the session; its name tells how long
+// making it took (the part of that not hidden behind the session is the phase's time).
+std::string dataWaitPhase(double madeSeconds) {
+  char name[96];
+  std::snprintf(name, sizeof name, "waiting for the data (made beside the session in %.3f s)", madeSeconds);
+  return name;
+}
+
 PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point started = Clock::now();
@@ -247,7 +264,33 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
                                            std::to_string(ranks) + " ranks: use a multiple of " + std::to_string(ranks) +
                                            ", or launch a number of ranks that divides it");
   const int64_t rankBatch = batch / ranks;
-  DataSplit data = loadTrainingData(cfg);
+  // A generated dataset (sine, function) of a run in one process is made on a thread beside the
+  // graph passes and the session, which waits for it where it first needs the samples
+  // (SessionSpec::awaitData: the GPU session after its context, kernels and plans); data read
+  // from a file or given, and the data of several ranks (compared before the session), are made
+  // here. A generated dataset's counts and shapes come from the config, checked as the data's.
+  const std::optional<DataShape> beside = ranks == 1 ? generatedDataShape(cfg.data) : std::optional<DataShape>();
+  DataSplit data;
+  std::future<DataSplit> pending;
+  double dataMadeSeconds = 0;
+  if (beside) {
+    checkTrainingCount(cfg, beside->trainCount, beside->validationCount);
+    data.description = beside->description;
+    for (Dataset* d : {&data.train, &data.validation}) {
+      d->xShape = beside->xShape;
+      d->yShape = beside->yShape;
+    }
+    data.train.count = beside->trainCount;
+    data.validation.count = beside->validationCount;
+    pending = std::async(std::launch::async, [&cfg, &dataMadeSeconds] {
+      const Clock::time_point t = Clock::now();
+      DataSplit d = loadTrainingData(cfg);
+      dataMadeSeconds = std::chrono::duration<double>(Clock::now() - t).count();
+      return d;
+    });
+  } else {
+    data = loadTrainingData(cfg);
+  }
   const Clock::time_point dataDone = Clock::now();
   TrainingGraph tg = compileTrainingGraph(cfg, opt, data.train.xShape, data.train.yShape, rankBatch);
   // The validation graph: the same model and passes, forward only.
@@ -285,8 +328,6 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.nccl = nccl;
   spec.validationBatch = evalBatch;
   spec.steps = stepsToTrain(cfg, opt, nTrain);
-  spec.trainData = samplesOf(std::move(data.train));
-  spec.validationData = samplesOf(std::move(data.validation));
   spec.precision = cfg.precision;
   spec.gemm = cfg.compiler.gemm;
   spec.deterministic = cfg.compiler.deterministic;
@@ -318,14 +359,30 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   rec.sampleX = data.train.xShape;
   rec.sampleY = data.train.yShape;
   rec.trainSamples = nTrain;
-  rec.dataFingerprint = dataFingerprint(spec.trainData.x, spec.trainData.y);
-  // What a checkpoint's fingerprint compares with: this data's, in the checkpoint's version.
-  const uint64_t resumeFingerprint = resume && resume->record.fingerprintVersion == 1
-                                         ? dataFingerprintV1(spec.trainData.x, spec.trainData.y)
-                                         : rec.dataFingerprint;
-  if (spec.recordBatches) {
-    run.trainData = spec.trainData;
-    run.validationData = spec.validationData;
+  // The samples into the spec, and what the record and a resumed run need of them. What a
+  // checkpoint's fingerprint compares with is this data's, in the checkpoint's version.
+  uint64_t resumeFingerprint = 0;
+  double dataWaitSeconds = 0;
+  auto takeData = [&](DataSplit&& d, SessionSpec& s) {
+    s.trainData = samplesOf(std::move(d.train));
+    s.validationData = samplesOf(std::move(d.validation));
+    rec.dataFingerprint = dataFingerprint(s.trainData.x, s.trainData.y);
+    resumeFingerprint = resume && resume->record.fingerprintVersion == 1 ? dataFingerprintV1(s.trainData.x, s.trainData.y)
+                                                                        : rec.dataFingerprint;
+    if (s.recordBatches) {
+      run.trainData = s.trainData;
+      run.validationData = s.validationData;
+    }
+  };
+  if (beside) {
+    spec.awaitData = [&](SessionSpec& s) {
+      const Clock::time_point t = Clock::now();
+      DataSplit d = pending.get();
+      dataWaitSeconds = seconds(t, Clock::now());
+      takeData(std::move(d), s);
+    };
+  } else {
+    takeData(std::move(data), spec);
   }
 
   if (ranks > 1) {  // the ranks must read the same data (a data.path on each host)
@@ -347,6 +404,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   } else {
     session = makeCpuSession(std::move(spec));
   }
+  if (pending.valid()) throw std::logic_error("the session never asked for the data made beside it");
   std::vector<std::string> warnings;
   if (resume) {
     session->restore(resume->state);  // its batch order was checked above, before compiling
@@ -365,19 +423,23 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   TrainResult& r = session->result();
   r.forwardNodes = tg.forwardNodes;
   r.passes = tg.stats;
-  r.startup = {{"checks and data", seconds(started, dataDone)}, {"graphs and passes", seconds(dataDone, graphsDone)}};
+  r.startup = {{beside ? "checks" : "checks and data", seconds(started, dataDone)},
+               {"graphs and passes", seconds(dataDone, graphsDone)}};
   const double sessionSeconds = seconds(graphsDone, Clock::now());
   if (const DeviceSummary* d = session->deviceSummary()) {
     r.startup.push_back({"kernels (compiled or from the cache)", d->compileSeconds});
     r.startup.push_back({"GEMM choice measured", d->gemmChoiceSeconds});
     r.startup.push_back({"CUDA context", d->contextSeconds});
+    r.startup.push_back({"step plans (kernels emitted, memory and library GEMMs planned)", d->planSeconds});
+    if (beside) r.startup.push_back({dataWaitPhase(dataMadeSeconds), dataWaitSeconds});
     r.startup.push_back({"data upload", d->dataSeconds});
     r.startup.push_back({"parameters made and uploaded", d->paramSeconds});
-    r.startup.push_back({"the rest of the device session (plans, module loads)",
+    r.startup.push_back({"the rest of the device session",
                          std::max(0.0, sessionSeconds - d->compileSeconds - d->gemmChoiceSeconds - d->contextSeconds -
-                                           d->dataSeconds - d->paramSeconds)});
+                                           d->planSeconds - dataWaitSeconds - d->dataSeconds - d->paramSeconds)});
   } else {
-    r.startup.push_back({"session", sessionSeconds});
+    if (beside) r.startup.push_back({dataWaitPhase(dataMadeSeconds), dataWaitSeconds});
+    r.startup.push_back({"session", sessionSeconds - dataWaitSeconds});
   }
   if (opt.printSummary && leadsRun(opt)) {
     printHeader(cfg, opt, *session, data.description, nTrain, nVal, batch);

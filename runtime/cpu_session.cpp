@@ -101,6 +101,7 @@ CpuSession<T>::CpuSession(SessionSpec spec) : spec_(std::move(spec)) {
     exec_->bind(p.trainValue, p.value.data());
     if (p.evalValue != kNoValue) evalExec_->bind(p.evalValue, p.value.data());
   }
+  awaitSessionData(spec_);  // the samples, last: a generated dataset may still be being made
   order_ = std::make_unique<BatchOrder>(spec_.trainData.count, spec_.seed, spec_.shuffle);
   const AdamSettings& a = spec_.adam;
   hyper_ = cpu::AdamHyper{a.lr, a.beta1, a.beta2, a.eps, a.weightDecay};

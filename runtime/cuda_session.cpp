@@ -185,10 +185,14 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
     throw SessionSettingError("compiler.gemm",
                               "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());
+  t = Clock::now();
   runner_ = std::make_unique<CudaGraphRunner>(g, device(), ropt);
   ropt.shareParamsWith = runner_.get();
   evalRunner_ = std::make_unique<CudaGraphRunner>(spec_.validation.graph, device(), ropt);
+  const double runnersSeconds = since(t);
+  t = Clock::now();
   kernels_ = std::make_unique<CudaModule>(codegen::trainingKernelsSource(), device());
+  const double trainingKernelsSeconds = since(t);
   const codegen::KernelCacheStats after = codegen::KernelCache::instance().stats();
   gather_ = kernels_->function("pa_gather_rows");
   sumsq_ = kernels_->function("pa_grad_sumsq");
@@ -196,17 +200,6 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   adam_ = kernels_->function("pa_adam_multi");
   recordLoss_ = kernels_->function("pa_record_loss");
 
-  auto toDevice = [](const std::vector<float>& host) {
-    cuda::DeviceBuffer b(std::max<size_t>(host.size(), 1) * sizeof(float));
-    b.upload(host.data(), host.size() * sizeof(float));
-    return b;
-  };
-  t = Clock::now();
-  trainX_ = toDevice(spec_.trainData.x);
-  trainY_ = toDevice(spec_.trainData.y);
-  valX_ = toDevice(spec_.validationData.x);
-  valY_ = toDevice(spec_.validationData.y);
-  summary_.dataSeconds = since(t);
   stepBytes_ = sizeof(codegen::StepHeader) + static_cast<size_t>(spec_.batchSize) * sizeof(int32_t);
   stepBlock_ = cuda::DeviceBuffer(stepBytes_);
   staging_ = cuda::PinnedBuffer(stepBytes_ * kStagingSlots);
@@ -241,6 +234,19 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
     params_.push_back(std::move(p));
   }
   summary_.paramSeconds = since(t);
+  // The samples last: a generated dataset may still be being made beside the session.
+  awaitSessionData(spec_);
+  auto toDevice = [](const std::vector<float>& host) {
+    cuda::DeviceBuffer b(std::max<size_t>(host.size(), 1) * sizeof(float));
+    b.upload(host.data(), host.size() * sizeof(float));
+    return b;
+  };
+  t = Clock::now();
+  trainX_ = toDevice(spec_.trainData.x);
+  trainY_ = toDevice(spec_.trainData.y);
+  valX_ = toDevice(spec_.validationData.x);
+  valY_ = toDevice(spec_.validationData.y);
+  summary_.dataSeconds = since(t);
   chunkCount_ = static_cast<int64_t>(chunks.size());
   chunks_ = cuda::DeviceBuffer(std::max<size_t>(chunks.size(), 1) * sizeof(codegen::AdamChunk));
   chunks_.upload(chunks.data(), chunks.size() * sizeof(codegen::AdamChunk));
@@ -272,8 +278,10 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   summary_.validationPrograms = evalRunner_->programs();
   summary_.compiled = static_cast<long long>(after.misses - before.misses);
   summary_.fromCache = static_cast<long long>(after.memoryHits + after.diskHits - before.memoryHits - before.diskHits);
-  summary_.compileSeconds = runner_->compileSeconds() + evalRunner_->compileSeconds();
+  summary_.compileSeconds = runner_->compileSeconds() + evalRunner_->compileSeconds() + trainingKernelsSeconds;
   summary_.gemmChoiceSeconds = runner_->gemmStats().tuneSeconds + evalRunner_->gemmStats().tuneSeconds;
+  summary_.planSeconds =
+      std::max(0.0, runnersSeconds - runner_->compileSeconds() - evalRunner_->compileSeconds() - summary_.gemmChoiceSeconds);
   summary_.activationBytes = runner_->arenaBytes();
   summary_.paramAndAdamBytes = 3 * stateBytes;
 }

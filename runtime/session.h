@@ -97,6 +97,10 @@ struct SessionSpec {
   int64_t batchSize = 1, validationBatch = 1;
   int64_t steps = 0;         // steps to train
   Samples trainData, validationData;
+  // Samples still being made beside the session (a generated dataset, on another thread): when
+  // set, the session calls it once, before it first reads trainData or validationData, and it
+  // fills them; it throws what making the data throws.
+  std::function<void(SessionSpec&)> awaitData;
   // A parameter's starting values (numel of its shape); called once per parameter while the
   // session is made, after the executor has checked that the step fits in memory.
   std::function<std::vector<double>(const Graph& g, ValueId param)> initialValues;
@@ -122,6 +126,14 @@ struct SessionSpec {
   bool nccl = false;
 };
 
+// Calls spec.awaitData once, if set: the samples are in trainData and validationData after it.
+inline void awaitSessionData(SessionSpec& spec) {
+  if (!spec.awaitData) return;
+  const std::function<void(SessionSpec&)> await = std::move(spec.awaitData);
+  spec.awaitData = nullptr;
+  await(spec);
+}
+
 // What a GPU session compiled and placed at start, for the run's header.
 struct DeviceSummary {
   int generatedKernels = 0, trainPrograms = 0, validationPrograms = 0;
@@ -131,6 +143,8 @@ struct DeviceSummary {
   double contextSeconds = 0;     // the device's context and the session's stream
   double dataSeconds = 0;        // uploading the training and validation samples
   double paramSeconds = 0;       // initial parameter values made and uploaded
+  double planSeconds = 0;        // the step graphs' runners, less compiling and GEMM measuring: kernels
+                                 // emitted, memory planned and allocated, library GEMMs planned
   size_t activationBytes = 0, paramAndAdamBytes = 0;
 };
 

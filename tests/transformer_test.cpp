@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <complex>
+#include <numeric>
 #include <set>
 
 #include "common/rng.h"
@@ -163,6 +164,35 @@ TEST(SineData, ParallelSamplesEqualTheSequentialStream) {
       differ += d.train.y[static_cast<size_t>(i * 2 + k)] != static_cast<float>(std::sin(omega * (5 + k) + phase[0]));
   }
   EXPECT_EQ(differ, 0);
+}
+
+// Generated samples are made straight into their place in the split: the validation rows are
+// the shuffled order's first floor(validation × count) samples, the training rows the rest, as
+// if the whole unshuffled set had been made and then permuted (data.shuffle's Fisher-Yates on
+// the stream "data/split").
+TEST(SineData, SamplesLandWhereTheShuffledSplitPutsThem) {
+  for (const std::string data : {"{kind: sine, window: 6, channels: 2, samples: 41, noise: 0.3, target: sequence",
+                                 "{kind: function, fn: cubic, inputs: 3, samples: 41, noise: 0.1"}) {
+    const std::string model = "\nmodel: {layers: [{linear: {units: 1}}]}\n";
+    const Config split = parseConfig("name: t\ndata: " + data + ", validation: 0.3}" + model, "d.yaml", {});
+    const Config whole = parseConfig("name: t\ndata: " + data + ", validation: 0, shuffle: false}" + model, "d.yaml", {});
+    const DataSplit s = loadData(split.data, split.seed, "."), w = loadData(whole.data, whole.seed, ".");
+    ASSERT_EQ(s.validation.count, 12) << data;
+    ASSERT_EQ(s.train.count, 29) << data;
+    std::vector<int64_t> idx(41);
+    std::iota(idx.begin(), idx.end(), 0);
+    Rng rng = Rng::stream(split.seed, "data/split");
+    for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[rng.below(i)]);
+    const int64_t xs = w.train.xSize(), ys = w.train.ySize();
+    int differ = 0;
+    for (int64_t p = 0; p < 41; ++p) {
+      const Dataset& d = p < 12 ? s.validation : s.train;
+      const int64_t row = p < 12 ? p : p - 12, j = idx[static_cast<size_t>(p)];
+      differ += !std::equal(d.x.begin() + row * xs, d.x.begin() + (row + 1) * xs, w.train.x.begin() + j * xs);
+      differ += !std::equal(d.y.begin() + row * ys, d.y.begin() + (row + 1) * ys, w.train.y.begin() + j * ys);
+    }
+    EXPECT_EQ(differ, 0) << data;
+  }
 }
 
 // Rng::Jump(n) lands where n calls of next() do, for counts around the word and power-of-two edges.
