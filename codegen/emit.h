@@ -34,6 +34,14 @@ struct Kernel {
   std::vector<std::string> headers;  // embedded headers it #includes (by include name)
 };
 
+// The kernel's source without its banner (the leading comment lines, which name its graph node
+// and launch) and with its name replaced by one byte that no identifier holds wherever it is an
+// identifier or begins one with '_' (the kernel and the helpers named after it, such as
+// k2_matmul_problem): kernels equal under this compile to the same code, as a source defines
+// nothing mutable outside its kernel (the runner compiles each such source once; a
+// transformer's layers repeat the same kernels).
+std::string sourceWithoutName(const Kernel& k);
+
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order
   size_t scratchBytes = 0;      // a per-node device scratch buffer, when needed

@@ -8,6 +8,35 @@
 
 #include "codegen/emit_internal.h"
 
+namespace pa::codegen {
+
+std::string sourceWithoutName(const Kernel& k) {
+  auto identChar = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  const std::string& src = k.source;
+  size_t from = 0;
+  while (src.compare(from, 2, "//") == 0) {
+    const size_t eol = src.find('\n', from);
+    if (eol == std::string::npos) break;
+    from = eol + 1;
+  }
+  std::string out;
+  out.reserve(src.size() - from);
+  size_t at = k.name.empty() ? std::string::npos : src.find(k.name, from);
+  while (at != std::string::npos) {
+    const size_t end = at + k.name.size();
+    if ((at > 0 && identChar(src[at - 1])) || (end < src.size() && identChar(src[end]) && src[end] != '_')) {
+      at = src.find(k.name, at + 1);
+      continue;
+    }
+    out.append(src, from, at - from).push_back('\x01');
+    from = end;
+    at = src.find(k.name, end);
+  }
+  return out.append(src, from, std::string::npos);
+}
+
+}  // namespace pa::codegen
+
 namespace pa::codegen::detail {
 
 namespace {

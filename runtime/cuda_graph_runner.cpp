@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/emit.h"
@@ -31,8 +33,18 @@ int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace
 
+struct CudaGraphRunner::CompiledKernels {
+  struct Entry {
+    cuda::CUfunction fn = nullptr;
+    unsigned sharedOptIn = 0;  // the dynamic shared memory the function is opted into (0: the default)
+  };
+  std::unordered_map<std::string, Entry> bySource;  // codegen::sourceWithoutName
+};
+
 CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
-    : g_(g), device_(device), order_(g.topoOrder()), deterministic_(opt.deterministic), tf32_(opt.tf32) {
+    : g_(g), device_(device), order_(g.topoOrder()),
+      compiled_(opt.shareParamsWith ? opt.shareParamsWith->compiled_ : std::make_shared<CompiledKernels>()),
+      deterministic_(opt.deterministic), tf32_(opt.tf32) {
   device_.makeCurrent();
   const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true);
   // Refuse a step that cannot fit the device before allocating anything (a user mistake: exit 2).
@@ -156,26 +168,39 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   }
 }
 
-// Note on parallel compilation. One NVRTC program per kernel would pay NVRTC's fixed start-up
-// cost (parsing, the embedded headers) once per kernel; one program for the whole graph uses a
-// single core. The kernels are dealt, in topological order, into as many programs as there are
-// cores (at most 8, and no program smaller than 4 kernels), compiled by one thread each. The
-// split depends only on the kernel count and the core count, so the cache keys are stable on
-// a machine.
+// Note on parallel compilation. A kernel is compiled once per distinct source: kernels whose
+// sources differ only in their names (a transformer's layers repeat the same shapes, the
+// validation graph's forward repeats the training graph's) share one compiled function, found
+// by codegen::sourceWithoutName in the map this runner shares with the runner it shares parameters with.
+// One NVRTC program per kernel would pay NVRTC's fixed start-up cost (parsing, the embedded
+// headers) once per kernel; one program for the whole graph uses a single core. The kernels to
+// compile are dealt round-robin, in topological order (so that each program gets a mix of the
+// graph's kernel kinds), into as many programs as there are cores (at most 16, and no program
+// smaller than 4 kernels), compiled by one thread each. The split depends only on the kernels
+// and the core count, so the cache keys are stable on a machine.
 void CudaGraphRunner::compile() {
   if (kernelCount_ == 0) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  programs_ = std::max(1, std::min({cores, 8, (kernelCount_ + 3) / 4}));
-  std::vector<std::string> sources(static_cast<size_t>(programs_));
-  const int perProgram = (kernelCount_ + programs_ - 1) / programs_;
   std::vector<Launch*> all;
   for (NodeId id : order_)
     for (Launch* l : nodeLaunches(id)) all.push_back(l);
-  int index = 0;
-  for (Launch* l : all) {
-    l->program = index++ / perProgram;
-    sources[static_cast<size_t>(l->program)] += l->kernel.source + "\n";
+  std::vector<std::string> keys(all.size());
+  std::vector<Launch*> fresh;  // the first launch of each source not compiled yet
+  {
+    std::unordered_map<std::string, size_t> seen;
+    for (size_t i = 0; i < all.size(); ++i) {
+      keys[i] = codegen::sourceWithoutName(all[i]->kernel);
+      if (compiled_->bySource.count(keys[i]) || !seen.emplace(keys[i], i).second) continue;
+      fresh.push_back(all[i]);
+    }
+  }
+  compiledCount_ = static_cast<int>(fresh.size());
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  programs_ = fresh.empty() ? 0 : std::max(1, std::min({cores, 16, (compiledCount_ + 3) / 4}));
+  std::vector<std::string> sources(static_cast<size_t>(programs_));
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    fresh[i]->program = static_cast<int>(i % static_cast<size_t>(programs_));
+    sources[static_cast<size_t>(fresh[i]->program)] += fresh[i]->kernel.source + "\n";
   }
   std::vector<codegen::CompileResult> results(sources.size());
   std::vector<std::exception_ptr> errors(sources.size());
@@ -192,7 +217,7 @@ void CudaGraphRunner::compile() {
     } catch (const codegen::NvrtcError& e) {
       // Name the program's kernels and keep its source where the user can open it.
       std::string names;
-      for (const Launch* l : all)
+      for (const Launch* l : fresh)
         if (static_cast<size_t>(l->program) == i) names += (names.empty() ? "" : ", ") + l->kernel.name;
       const std::filesystem::path path =
           std::filesystem::temp_directory_path() / ("pureattention-failed-part" + std::to_string(i + 1) + ".cu");
@@ -205,16 +230,25 @@ void CudaGraphRunner::compile() {
   };
   std::vector<std::thread> threads;
   for (size_t i = 1; i < sources.size(); ++i) threads.emplace_back(work, i);
-  work(0);
+  if (!sources.empty()) work(0);
   for (std::thread& t : threads) t.join();
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
   modules_.resize(results.size(), nullptr);
   for (size_t i = 0; i < results.size(); ++i) PA_CU_CHECK(cuModuleLoadData(&modules_[i], results[i].cubin.data()));
-  for (Launch* l : all) {
-    PA_CU_CHECK(cuModuleGetFunction(&l->fn, modules_[static_cast<size_t>(l->program)], l->kernel.name.c_str()));
-    if (l->kernel.sharedBytes > kDefaultSharedBytes)
-      PA_CU_CHECK(cuFuncSetAttribute(l->fn, cuda::kFuncAttrMaxDynamicSharedSizeBytes, static_cast<int>(l->kernel.sharedBytes)));
+  for (Launch* l : fresh) {
+    CompiledKernels::Entry e;
+    PA_CU_CHECK(cuModuleGetFunction(&e.fn, modules_[static_cast<size_t>(l->program)], l->kernel.name.c_str()));
+    compiled_->bySource.emplace(codegen::sourceWithoutName(l->kernel), e);
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    CompiledKernels::Entry& e = compiled_->bySource.at(keys[i]);
+    all[i]->fn = e.fn;
+    const unsigned shared = all[i]->kernel.sharedBytes;
+    if (shared > kDefaultSharedBytes && shared > e.sharedOptIn) {
+      PA_CU_CHECK(cuFuncSetAttribute(e.fn, cuda::kFuncAttrMaxDynamicSharedSizeBytes, static_cast<int>(shared)));
+      e.sharedOptIn = shared;
+    }
   }
   compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -80,6 +80,9 @@ public:
   // Kernel launches per run(): generated kernels plus the FlashAttention launcher's.
   int launchesPerRun() const { return launchesPerRun_; }
   int generatedKernels() const { return kernelCount_; }
+  // Generated kernels compiled by this runner: one per distinct source (less the names), less
+  // those the runner it shares parameters with had compiled already.
+  int compiledKernels() const { return compiledCount_; }
   int programs() const { return programs_; }
   double compileSeconds() const { return compileSeconds_; }  // wall time of the compile phase
   // What the GEMM provider choice did: nodes on each provider, choices measured now and taken
@@ -147,13 +150,18 @@ private:
   std::map<NodeId, LibraryNode> library_;             // GEMM nodes cuBLASLt can run
   cuda::DeviceBuffer ltWorkspace_;                    // shared by them: one stream, one at a time
   std::vector<cuda::CUmodule> modules_;
+  // Every compiled kernel by its source less its name, with the dynamic shared memory it was
+  // opted into; shared with the runner this one shares parameters with (whose modules, which
+  // outlive this runner, hold the functions).
+  struct CompiledKernels;
+  std::shared_ptr<CompiledKernels> compiled_;
   std::unique_ptr<FlashAttention> flash_;
   bool deterministic_ = false;                        // CudaRunnerOptions::deterministic
   bool tf32_ = false;                                 // CudaRunnerOptions::tf32
   FlashAttentionConfig flashConfig(const Node& n) const;  // the node's problem, with deterministic_ and tf32_
   size_t arenaBytes_ = 0;
   int64_t paramFloats_ = 0;
-  int kernelCount_ = 0, launchesPerRun_ = 0, baseLaunches_ = 0, programs_ = 0;
+  int kernelCount_ = 0, compiledCount_ = 0, launchesPerRun_ = 0, baseLaunches_ = 0, programs_ = 0;
   double compileSeconds_ = 0;
   GemmStats gemmStats_;
   std::vector<GemmChoice> gemmChoices_;

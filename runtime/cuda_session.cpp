@@ -274,6 +274,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   res_.activationBytes = runner_->arenaBytes();
   res_.gemm = gemmSummary(spec_.gemm, *runner_, *evalRunner_);
   summary_.generatedKernels = runner_->generatedKernels() + evalRunner_->generatedKernels();
+  summary_.distinctKernels = runner_->compiledKernels() + evalRunner_->compiledKernels();
   summary_.trainPrograms = runner_->programs();
   summary_.validationPrograms = evalRunner_->programs();
   summary_.compiled = static_cast<long long>(after.misses - before.misses);

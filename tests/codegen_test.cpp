@@ -274,6 +274,48 @@ TEST(GeneratedKernels, EpilogueFusionKernelsCompileForEveryTarget) {
   }
 }
 
+// The runner compiles each distinct kernel once: kernels whose sources are equal under
+// codegen::sourceWithoutName share one compiled function. tiny_gpt's step repeats its layers'
+// kernels, so there are fewer distinct sources than kernels; and any two kernels equal under it
+// are the same text but for the banner and the name (the name put back gives the other's body).
+TEST(Codegen, KernelsEqualUpToTheirNamesAreOneKernel) {
+  const Graph g = trainingGraph("tiny_gpt", false);
+  codegen::EmitOptions opt;
+  opt.wgmma = true;
+  std::map<std::string, const codegen::Kernel*> first;
+  std::vector<codegen::NodeKernels> all;
+  for (NodeId id : g.topoOrder()) all.push_back(codegen::emitNode(g, id, opt));
+  size_t kernels = 0, shared = 0;
+  auto body = [](const std::string& src) {  // without the banner's comment lines
+    size_t at = 0;
+    while (src.compare(at, 2, "//") == 0) at = src.find('\n', at) + 1;
+    return src.substr(at);
+  };
+  for (const codegen::NodeKernels& nk : all) {
+    if (nk.external) continue;
+    for (const codegen::Kernel& k : nk.kernels) {
+      ++kernels;
+      const std::string key = codegen::sourceWithoutName(k);
+      EXPECT_EQ(key.find(k.name), std::string::npos) << k.name;
+      const auto [it, fresh] = first.emplace(key, &k);
+      if (fresh) continue;
+      ++shared;
+      std::string restored = body(it->second->source);
+      for (size_t at = restored.find(it->second->name); at != std::string::npos; at = restored.find(it->second->name, at + 1))
+        restored.replace(at, it->second->name.size(), k.name);
+      EXPECT_EQ(restored, body(k.source)) << it->second->name << " and " << k.name;
+    }
+  }
+  std::printf("tiny_gpt: %zu kernels, %zu distinct\n", kernels, first.size());
+  EXPECT_GT(shared, kernels / 2);  // four layers of the same shapes
+  // The name goes where it is an identifier or begins one with '_'; inside other identifiers it
+  // stays.
+  codegen::Kernel k;
+  k.name = "k7_add";
+  k.source = "// banner k7_add\nextern \"C\" __global__ void k7_add() { k7_add_helper(); k7_add2(); xk7_add(); }\n";
+  EXPECT_EQ(codegen::sourceWithoutName(k), "extern \"C\" __global__ void \x01() { \x01_helper(); k7_add2(); xk7_add(); }\n");
+}
+
 TEST(Codegen, DumpedKernelsAreSelfContained) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
