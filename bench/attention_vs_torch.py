@@ -2,7 +2,9 @@
 """Times PureAttention's flash attention kernels and PyTorch side by side, in one process and run.
 
 Loads build/bench/libpa_flash_bench.so (ctypes), hands it torch tensors' data pointers and the
-current stream, and times both with triton.testing.do_bench (CUDA events, warm-up, median).
+current stream, and times both sides in GPU time with the host's overhead hidden (bench(): a spin
+kernel holds the stream while many calls are queued behind it, one CUDA event pair around them,
+median of five such windows), on inputs rotating through more memory than the L2 cache holds.
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
 usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama] [--out FILE]
@@ -11,12 +13,13 @@ import argparse
 import ctypes
 import math
 import os
+import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
 
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -68,13 +71,68 @@ class Flash:
         return torch.empty(n, dtype=torch.uint8, device=q.device)
 
 
-def bench(fn):
-    return do_bench(fn, warmup=50, rep=200, return_mode="median")  # ms
+L2_BYTES = 50 << 20  # the H100's L2
+
+
+def sets_for(nbytes):
+    """How many input sets rotate through twice the L2's bytes when one set holds nbytes."""
+    return max(2, min(64, -(-2 * L2_BYTES // max(nbytes, 1))))
+
+
+def bench(fns, windows=5):
+    """GPU time of one call in ms, host overhead hidden on both sides. A spin kernel
+    (torch.cuda._sleep) holds the stream while `calls` calls are queued behind it, rotating through
+    `fns` (one closure per input set, so that the inputs come from beyond L2), and one CUDA event
+    pair times them back to back; the median over `windows` windows. A window whose start event
+    fired before the host finished queueing (the spin was too short, or the launch queue filled)
+    is retried with a longer spin and fewer calls."""
+    fns = [fns] if callable(fns) else list(fns)
+    for f in fns:  # warm-up: compiles, autotunes, allocates
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(2 * len(fns)):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    per_call = (time.perf_counter() - t0) / (2 * len(fns))  # s, bounds both the host's and the device's time
+    calls = max(len(fns), 30)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times, spin_s, retries = [], 2 * per_call * calls, 0  # the first spin: twice the synchronous time
+    while len(times) < windows:
+        torch.cuda._sleep(int(spin_s * 2.0e9) + 2_000_000)  # cycles; the SM clock is below 2 GHz
+        start.record()
+        h0 = time.perf_counter()
+        for i in range(calls):
+            fns[i % len(fns)]()
+        host_s = time.perf_counter() - h0
+        queued_in_time = not start.query()
+        end.record()
+        torch.cuda.synchronize()
+        if queued_in_time:
+            times.append(start.elapsed_time(end) / calls)
+            spin_s = 1.5 * host_s  # the next spins: just past the host's queueing
+        else:
+            spin_s, calls, retries = 2 * max(spin_s, host_s), max(4, calls // 2), retries + 1
+            if retries > 6:
+                raise RuntimeError("bench: the host cannot queue the calls ahead of the device")
+    return statistics.median(times)
 
 
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def qkv(b, hq, hk, s, d, dt):
+    return (torch.randn(b, hq, s, d, device="cuda", dtype=dt), torch.randn(b, hk, s, d, device="cuda", dtype=dt),
+            torch.randn(b, hk, s, d, device="cuda", dtype=dt))
+
+
+def input_sets(fl, b, hq, hk, s, d, dt, **mask):
+    """Ours objects on fresh random inputs, as many as bench() needs to rotate beyond L2 (q, k, v,
+    O, dO, the gradients, PyTorch's copies: about 12 tensors of the problem's size)."""
+    nbytes = 12 * b * hq * s * d * torch.tensor([], dtype=dt).element_size()
+    return [Ours(fl, *qkv(b, hq, hk, s, d, dt), **mask) for _ in range(sets_for(nbytes))]
 
 
 class Ours:
@@ -115,6 +173,21 @@ def torch_fns(q, k, v, do, causal, backend):
     return fwd, fwd_bwd
 
 
+def sdpa_default_fns(o):
+    """PyTorch's SDPA with its default backend choice (fp32: the efficient or math kernels)."""
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (o.q, o.k, o.v))
+
+    def fwd():
+        return F.scaled_dot_product_attention(o.q, o.k, o.v)
+
+    def fwd_bwd():
+        out = F.scaled_dot_product_attention(qg, kg, vg)
+        out.backward(o.do)
+        qg.grad = kg.grad = vg.grad = None
+
+    return fwd, fwd_bwd
+
+
 def anchors(fl, quick, lines):
     lines.append("\n## bf16 SDPA anchors (b*s = 16384, h*d = 2048), TFLOP/s; ratio = ours / PyTorch\n")
     lines.append("| d | s | causal | ours fwd | flash fwd | cudnn fwd | ours/flash fwd | ours/cudnn fwd "
@@ -125,17 +198,18 @@ def anchors(fl, quick, lines):
         for s in seqs:
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // d
-                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                ours = Ours(fl, q, k, v, causal=causal)
+                sets = input_sets(fl, b, h, h, s, d, torch.bfloat16, causal=causal)
+                ours = sets[0]
+                q, k, v = ours.q, ours.k, ours.v
                 fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
                 t = {}
-                t["ours_f"] = bench(ours.fwd)
-                t["ours_fb"] = bench(ours.fwd_bwd)
+                t["ours_f"] = bench([o.fwd for o in sets])
+                t["ours_fb"] = bench([o.fwd_bwd for o in sets])
                 for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    f, fb = torch_fns(q, k, v, ours.do, causal, be)
+                    fns = [torch_fns(o.q, o.k, o.v, o.do, causal, be) for o in sets]
                     try:
-                        t[name + "_f"] = bench(f)
-                        t[name + "_fb"] = bench(fb)
+                        t[name + "_f"] = bench([f for f, _ in fns])
+                        t[name + "_fb"] = bench([fb for _, fb in fns])
                     except RuntimeError as e:  # a backend may refuse a shape
                         print(f"{name} failed: {e}", file=sys.stderr)
                         t[name + "_f"] = t[name + "_fb"] = float("nan")
@@ -150,7 +224,7 @@ def anchors(fl, quick, lines):
                     f"{tf['flash_fb']:.0f} | {tf['cudnn_fb']:.0f} | {tf['ours_fb'] / tf['flash_fb']:.2f} | "
                     f"{tf['ours_fb'] / tf['cudnn_fb']:.2f} | {err:.1e} |")
                 print(lines[-1], flush=True)
-                del q, k, v, ours
+                del q, k, v, ours, sets, fns
 
 
 def gqa_masks(fl, lines):
@@ -167,24 +241,28 @@ def gqa_masks(fl, lines):
                           lambda bb, h, qi, ki: (qi >= ki) & ((qi - ki <= 1023) | (ki < 4))),
     }
     for name, (mask, mod) in cases.items():
-        q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, hk, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        ours = Ours(fl, q, k, v, **mask)
+        sets = input_sets(fl, b, hq, hk, s, d, torch.bfloat16, **mask)
+        ours = sets[0]
         bm = create_block_mask(mod, None, None, s, s, device="cuda")
-        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
 
-        def ff():
-            return flex(q, k, v, block_mask=bm, enable_gqa=True)
+        def flex_fns(o):
+            qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (o.q, o.k, o.v))
 
-        def ffb():
-            out = flex(qg, kg, vg, block_mask=bm, enable_gqa=True)
-            out.backward(ours.do)
-            qg.grad = kg.grad = vg.grad = None
+            def ff():
+                return flex(o.q, o.k, o.v, block_mask=bm, enable_gqa=True)
 
-        t_of, t_ofb = bench(ours.fwd), bench(ours.fwd_bwd)
-        t_ff, t_ffb = bench(ff), bench(ffb)
+            def ffb():
+                out = flex(qg, kg, vg, block_mask=bm, enable_gqa=True)
+                out.backward(o.do)
+                qg.grad = kg.grad = vg.grad = None
+
+            return ff, ffb
+
+        fns = [flex_fns(o) for o in sets]
+        t_of, t_ofb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
+        t_ff, t_ffb = bench([f for f, _ in fns]), bench([fb for _, fb in fns])
         ours.fwd()
-        err = rel_err(ours.o, ff())
+        err = rel_err(ours.o, fns[0][0]())
         lines.append(f"| {name} | {t_of:.3f} | {t_ff:.3f} | {t_ff / t_of:.2f} | {t_ofb:.3f} | {t_ffb:.3f} | "
                      f"{t_ffb / t_ofb:.2f} | {err:.1e} |")
         print(lines[-1], flush=True)
@@ -194,36 +272,35 @@ def tiny_llama(fl, lines):
     """tiny_llama's attention (configs/tiny_llama.yaml: b8, 8 query heads over 2 KV heads, s1024, d64,
     causal) in each precision: ours (GQA read in place) against PyTorch's SDPA backends on K and V
     repeated to 8 heads beforehand (outside the timed region), as the PyTorch mirror's step runs it."""
-    lines.append("\n## tiny_llama attention: b8 hq8 hk2 s1024 d64 causal, ms (CUDA events, median of many back-to-back "
-                 "calls: GPU-bound); bwd = f+b − fwd; ratio = PyTorch / ours (>1: ours faster)\n")
+    lines.append("\n## tiny_llama attention: b8 hq8 hk2 s1024 d64 causal, ms (GPU time: bench()'s queued calls behind a "
+                 "spin kernel); bwd = f+b − fwd; ratio = PyTorch / ours (>1: ours faster)\n")
     lines.append("| dtype | PyTorch backend | ours fwd | torch fwd | ours bwd | torch bwd | ratio fwd | ratio bwd | rel err O |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
     b, hq, hk, s, d = 8, 8, 2, 1024, 64
     for dt in (torch.bfloat16, torch.float32):
-        q = torch.randn(b, hq, s, d, device="cuda", dtype=dt)
-        k, v = (torch.randn(b, hk, s, d, device="cuda", dtype=dt) for _ in range(2))
-        ours = Ours(fl, q, k, v, causal=True)
-        t_of, t_ofb = bench(ours.fwd), bench(ours.fwd_bwd)
-        kr, vr = (t.repeat_interleave(hq // hk, dim=1) for t in (k, v))
+        sets = input_sets(fl, b, hq, hk, s, d, dt, causal=True)
+        ours = sets[0]
+        t_of, t_ofb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
+        repeated = [[t.repeat_interleave(hq // hk, dim=1) for t in (o.k, o.v)] for o in sets]
         backends = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)) if dt == torch.bfloat16 \
             else (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH))
         ours.fwd()
         for name, be in backends:
-            f, fb = torch_fns(q, kr, vr, ours.do, True, be)
+            fns = [torch_fns(o.q, kr, vr, o.do, True, be) for o, (kr, vr) in zip(sets, repeated)]
             try:
-                t_tf, t_tfb = bench(f), bench(fb)
+                t_tf, t_tfb = bench([f for f, _ in fns]), bench([fb for _, fb in fns])
             except RuntimeError as e:  # a backend may refuse a shape or dtype
                 print(f"{name} failed: {e}", file=sys.stderr)
                 continue
-            err = rel_err(ours.o, f())
+            err = rel_err(ours.o, fns[0][0]())
             lines.append(f"| {str(dt).split('.')[-1]} | {name} | {t_of:.4f} | {t_tf:.4f} | {t_ofb - t_of:.4f} | "
                          f"{t_tfb - t_tf:.4f} | {t_tf / t_of:.2f} | {(t_tfb - t_tf) / (t_ofb - t_of):.2f} | {err:.1e} |")
             print(lines[-1], flush=True)
-        del q, k, v, kr, vr, ours
+        del sets, repeated, ours
 
 
 def fp32_seed(fl, lines):
-    lines.append("\n## fp32 B=1 H=8 D=64, not causal, µs, the default kernels (on the H100: the forward on the FP64 "
+    lines.append("\n## fp32 B=1 H=8 D=64, not causal, µs of GPU time (bench()), the default kernels (on the H100: the forward on the FP64 "
                  "tensor cores from 24 blocks, the backward on FFMA); ratio = SDPA default / ours (>1: ours faster)\n")
     lines.append("| S | ours fwd | SDPA default fwd | speedup | ours f+b | SDPA default f+b | speedup f+b | "
                  "ours f+b deterministic | speedup det. | max abs err O | max abs err dQ |")
@@ -236,24 +313,16 @@ def fp32_seed(fl, lines):
                 ("fp64mma", "PA_FLASH_FP64MMA", "1", "the FP64 tensor cores, forward and backward (fp64Mma = kOn)"))
     optin_lines = {name: [] for name, *_ in variants}
     for s in (128, 512, 1024, 4096):
-        q, k, v = (torch.randn(1, 8, s, 64, device="cuda", dtype=torch.float32) for _ in range(3))
-        ours = Ours(fl, q, k, v)
-        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-
-        def tf():
-            return F.scaled_dot_product_attention(q, k, v)
-
-        def tfb():
-            out = F.scaled_dot_product_attention(qg, kg, vg)
-            out.backward(ours.do)
-            qg.grad = kg.grad = vg.grad = None
-
-        t_of, t_ofb, t_tf, t_tfb = bench(ours.fwd), bench(ours.fwd_bwd), bench(tf), bench(tfb)
+        sets = input_sets(fl, 1, 8, 8, s, 64, torch.float32)
+        ours = sets[0]
+        q, k, v = ours.q, ours.k, ours.v
+        fns = [sdpa_default_fns(o) for o in sets]
+        t_of, t_ofb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
+        t_tf, t_tfb = bench([f for f, _ in fns]), bench([fb for _, fb in fns])
         # The deterministic backward (no atomics: above 512 keys dQ gets its own kernel).
+        # Built under the switch: the backward's workspace depends on it.
         os.environ["PA_FLASH_DETERMINISTIC"] = "1"
-        ours_det = Ours(fl, q, k, v)
-        ours_det.do.copy_(ours.do)
-        t_ofb_det = bench(ours_det.fwd_bwd)
+        t_ofb_det = bench([o.fwd_bwd for o in input_sets(fl, 1, 8, 8, s, 64, torch.float32)])
         del os.environ["PA_FLASH_DETERMINISTIC"]
         ours.fwd_bwd()
         qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
@@ -267,9 +336,11 @@ def fp32_seed(fl, lines):
         print(lines[-1], flush=True)
         for name, switch, value, _ in variants:
             os.environ[switch] = value
+            x_sets = input_sets(fl, 1, 8, 8, s, 64, torch.float32)
+            t_xf, t_xfb = bench([o.fwd for o in x_sets]), bench([o.fwd_bwd for o in x_sets])
+            del x_sets
             ours_x = Ours(fl, q, k, v)
             ours_x.do.copy_(ours.do)
-            t_xf, t_xfb = bench(ours_x.fwd), bench(ours_x.fwd_bwd)
             ours_x.fwd_bwd()
             del os.environ[switch]
             rel_o = rel_err(ours_x.o, ref.detach())
