@@ -7,7 +7,7 @@ kernel holds the stream while many calls are queued behind it, one CUDA event pa
 median of five such windows), on inputs rotating through more memory than the L2 cache holds.
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
-usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama] [--out FILE]
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama|probe|probe128] [--out FILE]
 """
 import argparse
 import ctypes
@@ -369,6 +369,11 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     fl = Flash(a.lib)
     lines = [f"# flash attention vs PyTorch {torch.__version__} on {torch.cuda.get_device_name()}"]
+    if "probe128" in a.only:  # the fp32 seeds' S = 128 forward + backward, one call, for ncu
+        q, k, v = qkv(1, 8, 8, 128, 64, torch.float32)
+        Ours(fl, q, k, v).fwd_bwd()
+        torch.cuda.synchronize()
+        return
     if "probe" in a.only:  # one call of each kernel, for ncu
         for dt in (torch.bfloat16, torch.float32):
             q, k, v = (torch.randn(4, 16, 4096, 128 if dt == torch.bfloat16 else 64, device="cuda", dtype=dt)
