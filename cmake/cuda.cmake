@@ -43,6 +43,7 @@ set(PA_EMBEDDED_KERNELS
   kernels/gemm_tf32.cuh
   kernels/storage.cuh
   kernels/norm.cuh
+  kernels/pdl.cuh
   kernels/fused_mlp.cuh
   kernels/gemm_wgmma.cuh)
 set(PA_EMBEDDED_DEPENDS "")

@@ -27,12 +27,20 @@ struct KernelArg {
 
 struct Kernel {
   std::string name;    // extern "C" symbol: k<node id>_<op>[_<part>], deterministic
-  std::string source;  // starts with a comment naming the graph node and the launch
+  // Starts with a comment naming the graph node and the launch; the kernel's first statement is
+  // pa::pdlBegin() (kernels/pdl.cuh, which every kernel includes).
+  std::string source;
   std::array<unsigned, 3> grid{1, 1, 1}, block{1, 1, 1};
   unsigned sharedBytes = 0;
   std::vector<KernelArg> args;  // arguments, in order
-  std::vector<std::string> headers;  // embedded headers it #includes (by include name)
+  std::vector<std::string> headers;  // embedded headers it #includes (by include name), kernels/pdl.cuh aside
 };
+
+// Whether `source` defines at least one kernel and every kernel in it (each __global__ function)
+// begins with pa::pdlBegin(), the prologue of kernels/pdl.cuh: the condition for launching it as a
+// programmatic dependent (runtime/cuda/launch.h). Generated, FlashAttention and training kernels
+// all do; the tests check each family with this.
+bool beginsWithPdlPrologue(const std::string& source);
 
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order

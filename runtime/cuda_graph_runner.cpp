@@ -514,6 +514,7 @@ CudaModule::CudaModule(const std::string& source, const cuda::Device& device) {
   req.kernelName = "module";
   req.source = source;
   req.arch = device.info().arch();
+  req.headers = codegen::embeddedKernelHeaders();  // kernels/pdl.cuh, and whatever else it includes
   const codegen::CompileResult r = codegen::KernelCache::instance().compile(req);
   PA_CU_CHECK(cuModuleLoadData(&module_, r.cubin.data()));
 }
