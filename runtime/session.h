@@ -104,6 +104,9 @@ struct SessionSpec {
   GemmProvider gemm = GemmProvider::Auto;
   bool deterministic = false;    // GPU: no kernel with atomics
   bool cudaGraph = true;         // GPU: replay the step as a CUDA graph
+  // GPU: launch the step's own kernels as programmatic dependents on sm_90+ (runtime/cuda/launch.h),
+  // so each may start while the one before it finishes; the same results either way.
+  bool pdl = true;
   uint64_t seed = 0;             // the batch order's stream
   bool shuffle = true;           // shuffle the training samples every epoch
   AdamSettings adam;
@@ -132,6 +135,7 @@ struct DeviceSummary {
   double dataSeconds = 0;        // uploading the training and validation samples
   double paramSeconds = 0;       // initial parameter values made and uploaded
   size_t activationBytes = 0, paramAndAdamBytes = 0;
+  bool programmaticLaunch = false;  // the step's kernels go out as programmatic dependents (PDL)
 };
 
 // A compiled model with its data, parameters and optimizer state, ready to take steps.
