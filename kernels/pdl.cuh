@@ -39,11 +39,15 @@
 
 namespace pa {
 
-// The first statement of every kernel of ours (codegen::beginsWithPdlPrologue checks it).
+// The first statement of every kernel of ours (codegen::beginsWithPdlPrologue checks it). The two
+// statements are the CUDA runtime's cudaGridDependencySynchronize() and
+// cudaTriggerProgrammaticLaunchCompletion() (cuda_device_runtime_api.h), written out because
+// NVRTC compiles without the toolkit's headers; the wait's "memory" clobber keeps the compiler
+// from moving loads and stores above it, and volatile keeps the two in this order.
 __device__ __forceinline__ void pdlBegin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
 
