@@ -69,9 +69,10 @@ std::string gemmSummary(GemmProvider mode, const CudaGraphRunner& train, const C
 // launched as a programmatic dependent and begins with pa::pdlBegin(), which waits for the grids
 // before it and their memory (kernels/pdl.cuh). What else is in the stream stays correct: the
 // staging copy and the loss read-back are copies, and a copy or event is never a programmatic
-// predecessor; cuBLASLt's and NCCL's kernels are launched by them, plain to us, and the kernel of
-// ours after one waits for it all the same; the session uses one stream. Profiling (printProfile)
-// times nodes between events with every kernel plain.
+// predecessor; cuBLASLt's kernels are launched by it, plain to us, and the kernel of ours after
+// one waits for it all the same; the first kernel after NCCL's all-reduce is launched plain
+// (queueStepKernels says why); the session uses one stream. Profiling (printProfile) times nodes
+// between events with every kernel plain.
 class CudaSession final : public Session {
 public:
   explicit CudaSession(SessionSpec spec);
@@ -362,26 +363,34 @@ void CudaSession::queueStepKernels() {
   cuda::LaunchShape perChunk, oneBlock;  // 256 threads: a block per Adam chunk, or one block
   perChunk.grid[0] = blocks;
   perChunk.block[0] = oneBlock.block[0] = 256;
+  // The first kernel after NCCL's collectives goes out plain: NCCL may join work of its own
+  // streams (or host nodes) back into ours, and a programmatic edge is only ever asked for behind
+  // a single kernel of this stream. The kernels after it are programmatic again.
+  cuda::LaunchMode mode = nccl_ ? cuda::LaunchMode::Plain : launch_;
+  auto launch = [&](cuda::CUfunction fn, const cuda::LaunchShape& shape, void** args) {
+    cuda::launchKernel(fn, shape, s, args, mode);
+    mode = launch_;
+  };
   const AdamSettings& adam = spec_.adam;
   if (adam.clipGradNorm > 0 && blocks > 0) {
     clip = clip_.ptr();
     void* a1[] = {&chunks, &partial};
-    cuda::launchKernel(sumsq_, perChunk, s, a1, launch_);
+    launch(sumsq_, perChunk, a1);
     long long n = chunkCount_;
     double maxNorm = adam.clipGradNorm;
     void* a2[] = {&partial, &n, &maxNorm, &clip};
-    cuda::launchKernel(clipScale_, oneBlock, s, a2, launch_);
+    launch(clipScale_, oneBlock, a2);
   }
   if (blocks > 0) {
     cuda::CUdeviceptr m = m_.ptr(), v = v_.ptr();
     double b1 = adam.beta1, b2 = adam.beta2, eps = adam.eps;
     void* a3[] = {&chunks, &m, &v, &step, &b1, &b2, &eps, &clip};
-    cuda::launchKernel(adam_, perChunk, s, a3, launch_);
+    launch(adam_, perChunk, a3);
   }
   cuda::CUdeviceptr loss = runner_->devicePtr(spec_.train.graph.output("loss")), ring = lossRing_.ptr();
   long long ringSize = kLossRing;
   void* a4[] = {&loss, &step, &ring, &ringSize};
-  cuda::launchKernel(recordLoss_, cuda::LaunchShape{}, s, a4, launch_);
+  launch(recordLoss_, cuda::LaunchShape{}, a4);
 }
 
 void CudaSession::enqueueStep(int64_t step) {
