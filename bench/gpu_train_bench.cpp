@@ -1,6 +1,7 @@
 // Time per training step on the GPU (forward, MSE, backward, Adam), for bench/train_vs_torch.py.
-// Usage: gpu_train_bench CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--profile]
-// (--profile: also print each node's time, slowest first, to stderr)
+// Usage: gpu_train_bench CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--profile]
+// (--profile: also print each node's time, slowest first, to stderr; --no-pdl: launch the step's
+// kernels plain instead of as programmatic dependents on sm_90+, for A/B runs)
 // Prints one JSON object: the median over R repetitions of (wall time of N queued steps, from
 // the first enqueue to the last loss read back) / N, after 10 warm-up steps (the first one runs
 // eagerly and the second captures the CUDA graph). The host only waits at the end of each
@@ -20,7 +21,8 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--profile]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--profile]\n",
+                 argv[0]);
     return 2;
   }
   std::vector<std::string> overrides;
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--no-cuda-graph")) opt.cudaGraph = false;
+    else if (!std::strcmp(argv[i], "--no-pdl")) opt.pdl = false;
     else if (!std::strcmp(argv[i], "--profile")) profile = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
@@ -64,12 +67,13 @@ int main(int argc, char** argv) {
     std::sort(sorted.begin(), sorted.end());
     std::printf("{\"config\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"steps\": %lld, \"reps\": %d, "
                 "\"ms_per_step\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"model_gflop\": %.4f, \"tflops\": %.3f, "
-                "\"launches_per_step\": %d, \"cuda_graph\": %s, "
+                "\"launches_per_step\": %d, \"cuda_graph\": %s, \"pdl\": %s, "
                 "\"activation_mib\": %.2f, \"last_loss\": %.6e, \"device\": \"%s\", \"gemm\": \"%s\"}\n",
                 cfg.name.c_str(), pa::precisionName(cfg.precision), (long long)cfg.train.batchSize, (long long)steps, reps,
                 sorted[sorted.size() / 2], sorted.front(), sorted.back(), s->result().stepFlops * 1e-9,
                 s->result().stepFlops / (sorted[sorted.size() / 2] * 1e-3) * 1e-12, s->launchesPerStep(),
-                s->replaysCudaGraph() ? "true" : "false", static_cast<double>(s->result().activationBytes) / (1 << 20),
+                s->replaysCudaGraph() ? "true" : "false",
+                s->deviceSummary() && s->deviceSummary()->programmaticLaunch ? "true" : "false", static_cast<double>(s->result().activationBytes) / (1 << 20),
                 lastLoss, s->result().device.c_str(), s->result().gemm.c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -19,6 +19,7 @@ add_library(pa_cuda_driver STATIC
   ${PA_ROOT}/runtime/cuda/cublaslt.cpp
   ${PA_ROOT}/runtime/cuda/nccl.cpp
   ${PA_ROOT}/runtime/cuda/dynamic_library.cpp
+  ${PA_ROOT}/runtime/cuda/launch.cpp
   ${PA_ROOT}/runtime/cuda/tensor_map.cpp)
 target_include_directories(pa_cuda_driver PUBLIC ${PA_ROOT})
 set_source_files_properties(${PA_ROOT}/runtime/cuda/cublaslt.cpp PROPERTIES INCLUDE_DIRECTORIES ${PA_CUBLASLT_INCLUDE})
@@ -43,6 +44,7 @@ set(PA_EMBEDDED_KERNELS
   kernels/gemm_tf32.cuh
   kernels/storage.cuh
   kernels/norm.cuh
+  kernels/pdl.cuh
   kernels/fused_mlp.cuh
   kernels/gemm_wgmma.cuh)
 set(PA_EMBEDDED_DEPENDS "")

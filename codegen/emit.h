@@ -27,11 +27,13 @@ struct KernelArg {
 
 struct Kernel {
   std::string name;    // extern "C" symbol: k<node id>_<op>[_<part>], deterministic
-  std::string source;  // starts with a comment naming the graph node and the launch
+  // Starts with a comment naming the graph node and the launch; the kernel's first statement is
+  // pa::pdlBegin() (kernels/pdl.cuh, which every kernel includes).
+  std::string source;
   std::array<unsigned, 3> grid{1, 1, 1}, block{1, 1, 1};
   unsigned sharedBytes = 0;
   std::vector<KernelArg> args;  // arguments, in order
-  std::vector<std::string> headers;  // embedded headers it #includes (by include name)
+  std::vector<std::string> headers;  // embedded headers it #includes (by include name), kernels/pdl.cuh aside
 };
 
 // The kernel's source without its banner (the leading comment lines, which name its graph node
@@ -41,6 +43,12 @@ struct Kernel {
 // nothing mutable outside its kernel (the runner compiles each such source once; a
 // transformer's layers repeat the same kernels).
 std::string sourceWithoutName(const Kernel& k);
+
+// Whether `source` defines at least one kernel and every kernel in it (each __global__ function)
+// begins with pa::pdlBegin(), the prologue of kernels/pdl.cuh: the condition for launching it as a
+// programmatic dependent (runtime/cuda/launch.h). Generated, FlashAttention and training kernels
+// all do; the tests check each family with this.
+bool beginsWithPdlPrologue(const std::string& source);
 
 struct NodeKernels {
   std::vector<Kernel> kernels;  // launched in order

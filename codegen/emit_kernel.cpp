@@ -1,6 +1,7 @@
 // The emitters' shared helpers: number literals, activation formulas, and the assembly of a
 // kernel (header comment naming its node and launch, parameter list, bf16 views).
 #include <algorithm>
+#include <cassert>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -141,8 +142,10 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
                                     {"GX", std::to_string(grid[0])}, {"GY", std::to_string(grid[1])},
                                     {"GZ", std::to_string(grid[2])}, {"BX", std::to_string(block)},
                                     {"SMEM", std::to_string(smem)}, {"ARGDOC", doc}}) +
-             (includeStorage ? "#include \"kernels/storage.cuh\"\n" : "") +
+             "#include \"kernels/pdl.cuh\"\n" + (includeStorage ? "#include \"kernels/storage.cuh\"\n" : "") +
              fillTemplate(tpl, vars);
+  // The runtime launches every generated kernel as a programmatic dependent (kernels/pdl.cuh).
+  assert(beginsWithPdlPrologue(k.source) && "a kernel template must begin with pa::pdlBegin();");
   return k;
 }
 
@@ -159,3 +162,20 @@ std::vector<KernelArg> allArgs(const Node& n) {
 }
 
 }  // namespace pa::codegen::detail
+
+namespace pa::codegen {
+
+bool beginsWithPdlPrologue(const std::string& source) {
+  const std::string prologue = "pa::pdlBegin();";
+  bool any = false;
+  for (size_t at = source.find("__global__"); at != std::string::npos; at = source.find("__global__", at + 1)) {
+    const size_t open = source.find('{', at);
+    if (open == std::string::npos) return false;
+    const size_t first = source.find_first_not_of(" \t\r\n", open + 1);
+    if (first == std::string::npos || source.compare(first, prologue.size(), prologue) != 0) return false;
+    any = true;
+  }
+  return any;
+}
+
+}  // namespace pa::codegen

@@ -171,9 +171,10 @@ std::string FlashKernelSpec::source() const {
   }
   std::ostringstream os;
   os << "// Generated flash attention instantiation " << name() << "\n"
+     << "#include \"kernels/pdl.cuh\"\n"
      << "#include \"kernels/" << headerOf(*this) << "\"\n"
      << "extern \"C\" __global__ void __launch_bounds__(" << threads() << ") " << name()
-     << "(const pa::FlashKernelParams p) {\n  pa::flash::" << call << "(p);\n}\n";
+     << "(const pa::FlashKernelParams p) {\n  pa::pdlBegin();\n  pa::flash::" << call << "(p);\n}\n";
   return os.str();
 }
 

@@ -10,6 +10,7 @@ namespace pa::codegen {
 // (the gradients themselves are left as the backward wrote them).
 std::string trainingKernelsSource() {
   return R"(// PureAttention training kernels: batch gather, gradient norm, multi-tensor Adam, loss record.
+#include "kernels/pdl.cuh"
 struct PaStepHeader { double lr, c1, c2, decay; long long lossSlot; long long pad[3]; };
 struct PaChunk { float* param; const float* grad; long long state; long long count; unsigned short* mirror; };
 
@@ -28,6 +29,7 @@ __device__ __forceinline__ unsigned short paToBf16(float x) {
 
 extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ src, const char* __restrict__ step,
                                                                   float* __restrict__ dst, long long rowSize, long long rows) {
+  pa::pdlBegin();
   const int* idx = (const int*)(step + sizeof(PaStepHeader));
   for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < rows * rowSize; i += (long long)gridDim.x * 256) {
     const long long r = i / rowSize, c = i % rowSize;
@@ -37,6 +39,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __
 
 // One block per chunk: its sum of squared gradients, in double.
 extern "C" __global__ void __launch_bounds__(256) pa_grad_sumsq(const PaChunk* __restrict__ chunks, double* __restrict__ partial) {
+  pa::pdlBegin();
   __shared__ double red[256];
   const PaChunk c = chunks[blockIdx.x];
   double s = 0.0;
@@ -56,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_grad_sumsq(const PaChunk* _
 // One block: the global norm from the chunks' sums, and the factor Adam multiplies gradients by.
 extern "C" __global__ void __launch_bounds__(256) pa_clip_scale(const double* __restrict__ partial, long long chunks,
                                                                  double maxNorm, double* __restrict__ scale) {
+  pa::pdlBegin();
   __shared__ double red[256];
   double s = 0.0;
   for (long long i = threadIdx.x; i < chunks; i += 256) s += partial[i];
@@ -78,6 +82,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
                                                                  float* __restrict__ v, const PaStepHeader* __restrict__ step,
                                                                  double beta1, double beta2, double eps,
                                                                  const double* __restrict__ clip) {
+  pa::pdlBegin();
   const PaChunk c = chunks[blockIdx.x];
   const double lr = step->lr, c1 = step->c1, c2 = step->c2, decay = step->decay;
   const double gradScale = clip ? clip[0] : 1.0;
@@ -97,6 +102,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
 
 extern "C" __global__ void pa_record_loss(const float* __restrict__ loss, const PaStepHeader* __restrict__ step,
                                           float* __restrict__ ring, long long ringSize) {
+  pa::pdlBegin();
   ring[step->lossSlot % ringSize] = loss[0];
 }
 )";

@@ -32,7 +32,8 @@ static_assert(sizeof(AdamChunk) == 40, "AdamChunk is mirrored in the kernel sour
 
 constexpr int64_t kAdamChunkValues = 8192;  // values per block of the multi-tensor kernels
 
-// pa_gather_rows, pa_grad_sumsq, pa_clip_scale, pa_adam_multi, pa_record_loss.
+// pa_gather_rows, pa_grad_sumsq, pa_clip_scale, pa_adam_multi, pa_record_loss. Each begins with
+// pa::pdlBegin(): the source includes kernels/pdl.cuh, so it compiles with the embedded headers.
 std::string trainingKernelsSource();
 
 }  // namespace pa::codegen

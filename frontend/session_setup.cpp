@@ -332,6 +332,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.gemm = cfg.compiler.gemm;
   spec.deterministic = cfg.compiler.deterministic;
   spec.cudaGraph = opt.cudaGraph;
+  spec.pdl = opt.pdl;
   spec.seed = cfg.seed;
   spec.shuffle = cfg.data.shuffle;
   const OptimizerConfig& o = cfg.train.optimizer;

@@ -226,9 +226,12 @@ TrainResult trainPrepared(const Config& cfg, const RunOptions& opt, PreparedRun&
     if (comm)
       std::printf("data parallel: parameters identical on all %d ranks at the end%s\n", comm->size(),
                   debugSwitches().checkReplicas ? " and after every step" : "");
-    if (session->launchesPerStep() > 0)
-      std::printf("GPU step: %d kernel launches, %s\n", session->launchesPerStep(),
-                  session->replaysCudaGraph() ? "replayed as one CUDA graph" : "launched one by one (PA_CUDA_GRAPH=0)");
+    if (session->launchesPerStep() > 0) {
+      const DeviceSummary* d = session->deviceSummary();
+      std::printf("GPU step: %d kernel launches, %s%s\n", session->launchesPerStep(),
+                  session->replaysCudaGraph() ? "replayed as one CUDA graph" : "launched one by one (PA_CUDA_GRAPH=0)",
+                  d && d->programmaticLaunch ? ", as programmatic dependent launches (PDL)" : "");
+    }
   }
   return res;
 }

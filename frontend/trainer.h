@@ -37,6 +37,9 @@ struct RunOptions {
   bool noFuse = false;             // --no-fuse: leave the fusion passes out of the pipeline
   bool printSummary = true;        // the header and closing summary on stdout
   bool cudaGraph = true;           // GPU: replay the step as a CUDA graph (also off with PA_CUDA_GRAPH=0)
+  // GPU: launch the step's kernels as programmatic dependents (PDL) where the device is sm_90+
+  // and the driver CUDA 12.3+; false launches them plain (A/B benchmarks: gpu_train_bench --no-pdl).
+  bool pdl = true;
   // `train`: Ctrl-C (SIGINT) or SIGTERM stops after the step in flight, with a summary
   // (TrainResult::interruptedBy); off for library callers, whose signals stay theirs.
   bool catchInterrupts = false;

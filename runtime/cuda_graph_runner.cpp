@@ -44,7 +44,7 @@ struct CudaGraphRunner::CompiledKernels {
 CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
     : g_(g), device_(device), order_(g.topoOrder()),
       compiled_(opt.shareParamsWith ? opt.shareParamsWith->compiled_ : std::make_shared<CompiledKernels>()),
-      deterministic_(opt.deterministic), tf32_(opt.tf32) {
+      deterministic_(opt.deterministic), tf32_(opt.tf32), launch_(cuda::launchModeFor(opt.pdl, device.info())) {
   device_.makeCurrent();
   const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true);
   // Refuse a step that cannot fit the device before allocating anything (a user mistake: exit 2).
@@ -321,8 +321,8 @@ cuda::CUdeviceptr CudaGraphRunner::paramMirror(ValueId p) const {
 void CudaGraphRunner::refreshMirror(ValueId param) {
   auto it = mirrorCasts_.find(param);
   if (it == mirrorCasts_.end()) return;
-  for (NodeId id : it->second)
-    for (const Launch& l : launches_[static_cast<size_t>(id)]) l.enqueue(nullptr);
+  for (NodeId id : it->second)  // set-up on the legacy stream, not the step: plain launches
+    for (const Launch& l : launches_[static_cast<size_t>(id)]) l.enqueue(nullptr, cuda::LaunchMode::Plain);
   PA_CU_CHECK(cuCtxSynchronize());
 }
 
@@ -367,7 +367,7 @@ void CudaGraphRunner::download(ValueId v, float* host) const {
 
 void CudaGraphRunner::run(cuda::CUstream stream) {
   const int64_t flashBefore = flash_ ? flash_->launches() : 0;
-  for (NodeId id : order_) runNode(id, stream);
+  for (NodeId id : order_) runNode(id, stream, launch_);
   launchesPerRun_ = baseLaunches_ + static_cast<int>((flash_ ? flash_->launches() : 0) - flashBefore);
 }
 
@@ -385,10 +385,10 @@ std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream s
   std::vector<std::vector<float>> ms(timed.size());
   for (int r = 0; r < reps; ++r) {
     for (NodeId id : order_)
-      if (std::find(timed.begin(), timed.end(), id) == timed.end()) runNode(id, stream);
+      if (std::find(timed.begin(), timed.end(), id) == timed.end()) runNode(id, stream, cuda::LaunchMode::Plain);
     events[0]->record(stream);
     for (size_t i = 0; i < timed.size(); ++i) {
-      runNode(timed[i], stream);
+      runNode(timed[i], stream, cuda::LaunchMode::Plain);
       events[i + 1]->record(stream);
     }
     events.back()->synchronize();
@@ -423,7 +423,7 @@ FlashAttentionConfig CudaGraphRunner::flashConfig(const Node& n) const {
 // [B, S, Hq + 2 Hk, D] buffer: heads [0, Hq), [Hq, Hq + Hk) and [Hq + Hk, Hq + 2 Hk), each row
 // (Hq + 2 Hk)·D elements long. fuse-qkv builds the node only where D is a multiple of 8, so every
 // view's base and strides are multiples of 16 bytes, as the kernels' cp.async loads need.
-void CudaGraphRunner::runPackedFlash(NodeId id, cuda::CUstream stream) {
+void CudaGraphRunner::runPackedFlash(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode) {
   const Node& n = g_.node(id);
   const FlashAttentionConfig cfg = flashConfig(n);
   const long long d = cfg.headDim, row = static_cast<long long>(cfg.heads + 2 * cfg.kvHeads) * d;
@@ -453,7 +453,7 @@ void CudaGraphRunner::runPackedFlash(NodeId id, cuda::CUstream stream) {
     a.o = out(n.outputs[0]);
     a.lse = ptr(n.outputs[1]);
     if (cfg.sinkLogits) a.sinkLogits = ptr(n.inputs[1]);
-    flash_->forward(cfg, a, stream);
+    flash_->forward(cfg, a, stream, mode);
     return;
   }
   FlashBackwardArgs a;
@@ -472,14 +472,14 @@ void CudaGraphRunner::runPackedFlash(NodeId id, cuda::CUstream stream) {
     a.dSinkLogits = ptr(n.outputs[1]);
   }
   a.workspace = scratch_.at(id).ptr();
-  flash_->backward(cfg, a, stream);
+  flash_->backward(cfg, a, stream, mode);
 }
 
-void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
+void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode) {
   if (skipped_[static_cast<size_t>(id)]) return;
   const Node& n = g_.node(id);
   if (codegen::flashPackedQkv(n)) {
-    runPackedFlash(id, stream);
+    runPackedFlash(id, stream, mode);
     return;
   }
   if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad) {
@@ -504,7 +504,7 @@ void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
       a.o = qt(n.outputs[0]);
       a.lse = ptr(n.outputs[1]);
       if (cfg.sinkLogits) a.sinkLogits = ptr(n.inputs[3]);
-      flash_->forward(cfg, a, stream);
+      flash_->forward(cfg, a, stream, mode);
     } else {
       FlashBackwardArgs a;
       a.q = qt(n.inputs[0]);
@@ -521,15 +521,15 @@ void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream) {
         a.dSinkLogits = ptr(n.outputs[3]);
       }
       a.workspace = scratch_.at(id).ptr();
-      flash_->backward(cfg, a, stream);
+      flash_->backward(cfg, a, stream, mode);
     }
     return;
   }
   if (auto it = library_.find(id); it != library_.end() && it->second.use) {
-    runLibrary(id, it->second, stream);
+    runLibrary(id, it->second, stream, mode);
     return;
   }
-  for (const Launch& l : launches_[static_cast<size_t>(id)]) l.enqueue(stream);
+  for (const Launch& l : launches_[static_cast<size_t>(id)]) l.enqueue(stream, mode);
 }
 
 codegen::EmitOptions CudaGraphRunner::emitOptionsFor(const cuda::Device& device, bool tf32) {
@@ -547,6 +547,7 @@ CudaModule::CudaModule(const std::string& source, const cuda::Device& device) {
   codegen::CompileRequest req;
   req.kernelName = "module";
   req.source = source;
+  req.headers = codegen::embeddedKernelHeaders();  // kernels/pdl.cuh, and whatever else it includes
   req.arch = device.info().arch();
   const codegen::CompileResult r = codegen::KernelCache::instance().compile(req);
   PA_CU_CHECK(cuModuleLoadData(&module_, r.cubin.data()));
@@ -562,9 +563,11 @@ cuda::CUfunction CudaModule::function(const char* name) const {
   return f;
 }
 
-void CudaModule::launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream) {
-  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((work + 255) / 256, 65535 * 8)));
-  PA_CU_CHECK(cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr));
+void CudaModule::launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream, cuda::LaunchMode mode) {
+  cuda::LaunchShape shape;
+  shape.grid[0] = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((work + 255) / 256, 65535 * 8)));
+  shape.block[0] = 256;
+  cuda::launchKernel(fn, shape, stream, args, mode);
 }
 
 }  // namespace pa

@@ -13,6 +13,7 @@
 #include "graph/graph.h"
 #include "runtime/flash_attention.h"
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/launch.h"
 
 namespace pa {
 
@@ -38,6 +39,10 @@ struct CudaRunnerOptions {
   // (CudaSession's Adam, through paramMirror). A runner sharing this one's parameters reads
   // its mirrors in place of its own casts.
   bool mirrorParamCasts = false;
+  // Launch the step's kernels as programmatic dependents where the device and driver allow
+  // (sm_90+, runtime/cuda/launch.h): each may start while the one before it finishes. Off: every
+  // kernel plain (A/B benchmarks: gpu_train_bench --no-pdl). Results are the same bits either way.
+  bool pdl = true;
 };
 
 class CudaGraphRunner {
@@ -59,10 +64,15 @@ public:
   void upload(ValueId v, const float* host);
   void download(ValueId v, float* host) const;
   // Queues every node's kernels on `stream`, in topological order, with no host synchronisation
-  // and no allocation, so a stream capture of it replays as one CUDA graph.
+  // and no allocation, so a stream capture of it replays as one CUDA graph. Our kernels go out
+  // in launchMode(); cuBLASLt's are its own launches.
   void run(cuda::CUstream stream = nullptr);
+  // How run() launches our kernels: Programmatic where CudaRunnerOptions::pdl asked for it and
+  // the device and driver allow it, else Plain.
+  cuda::LaunchMode launchMode() const { return launch_; }
   // Runs the graph `reps` times with an event pair around every node and returns each node's
-  // median time, slowest first (a profile for PA_PROFILE and the benchmarks; it waits).
+  // median time, slowest first (a profile for PA_PROFILE and the benchmarks; it waits). Every
+  // kernel is launched plain here, so that no node starts before the event in front of it.
   struct NodeTime {
     NodeId node;
     std::string label;  // "k12_fused_linear  fused-linear [8192,1024]"
@@ -111,8 +121,8 @@ public:
 private:
   struct Launch;
   struct LibraryNode;
-  void runNode(NodeId id, cuda::CUstream stream);
-  void runPackedFlash(NodeId id, cuda::CUstream stream);  // flash-attention-qkv(-grad)
+  void runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode);
+  void runPackedFlash(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode);  // flash-attention-qkv(-grad)
   void compile();
   void planLibraryGemms(const CudaRunnerOptions& opt);
   void chooseGemmProviders(const CudaRunnerOptions& opt);
@@ -122,7 +132,7 @@ private:
   // median time of `enqueue` replayed from a CUDA graph.
   void fillForTuning(cuda::Stream& stream);
   double measure(cuda::Stream& stream, const std::function<void(cuda::CUstream)>& enqueue);
-  void runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream);
+  void runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream, cuda::LaunchMode mode);
   // Every kernel the node may launch: its generated ones, then cuBLASLt's transpose and epilogue
   // kernels (compiled and given arguments alike, whichever provider runs).
   std::vector<Launch*> nodeLaunches(NodeId id);
@@ -158,6 +168,7 @@ private:
   std::unique_ptr<FlashAttention> flash_;
   bool deterministic_ = false;                        // CudaRunnerOptions::deterministic
   bool tf32_ = false;                                 // CudaRunnerOptions::tf32
+  cuda::LaunchMode launch_ = cuda::LaunchMode::Plain;  // from CudaRunnerOptions::pdl and the device
   FlashAttentionConfig flashConfig(const Node& n) const;  // the node's problem, with deterministic_ and tf32_
   size_t arenaBytes_ = 0;
   int64_t paramFloats_ = 0;
@@ -176,7 +187,9 @@ public:
   CudaModule& operator=(const CudaModule&) = delete;
   cuda::CUfunction function(const char* name) const;
   // Launches `fn` over `work` items with 256-thread blocks; `args` point at the arguments.
-  static void launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream = nullptr);
+  // Programmatic `mode` only for a kernel that begins with pa::pdlBegin() (runtime/cuda/launch.h).
+  static void launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream = nullptr,
+                     cuda::LaunchMode mode = cuda::LaunchMode::Plain);
 
 private:
   cuda::CUmodule module_ = nullptr;

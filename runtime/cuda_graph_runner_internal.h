@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/cuda/cublaslt.h"
+#include "runtime/cuda/launch.h"
 #include "runtime/cuda/tensor_map.h"
 #include "runtime/cuda_graph_runner.h"
 
@@ -16,9 +17,13 @@ struct CudaGraphRunner::Launch {
   codegen::Kernel kernel;
   int program = 0;
   cuda::KernelParams params;  // resolved once: the buffers never move
-  void enqueue(cuda::CUstream stream) const {
-    PA_CU_CHECK(cuLaunchKernel(fn, kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0], kernel.block[1],
-                               kernel.block[2], kernel.sharedBytes, stream, params.data(), nullptr));
+  // Every generated kernel begins with pa::pdlBegin(), so either mode is safe (kernels/pdl.cuh).
+  void enqueue(cuda::CUstream stream, cuda::LaunchMode mode) const {
+    cuda::LaunchShape shape;
+    shape.grid = kernel.grid;
+    shape.block = kernel.block;
+    shape.sharedBytes = kernel.sharedBytes;
+    cuda::launchKernel(fn, shape, stream, params.data(), mode);
   }
 };
 

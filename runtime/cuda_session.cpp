@@ -19,6 +19,7 @@
 #include "passes/autodiff.h"
 #include "runtime/batch_order.h"
 #include "runtime/cuda/cublaslt.h"
+#include "runtime/cuda/launch.h"
 #include "runtime/cuda/nccl.h"
 #include "runtime/cuda_graph_runner.h"
 
@@ -62,6 +63,16 @@ std::string gemmSummary(GemmProvider mode, const CudaGraphRunner& train, const C
 // step is one graph launch. Losses are read back only when the trainer asks (a log line, the
 // progress bar, the end), so the host never waits for the device in between; it waits only to
 // reuse a staging slot whose copy has not run yet.
+//
+// Note on programmatic dependent launch. On sm_90+ (spec_.pdl, runtime/cuda/launch.h) every kernel
+// of ours in the step (gather, the runner's, FlashAttention's, clipping, Adam, the loss record) is
+// launched as a programmatic dependent and begins with pa::pdlBegin(), which waits for the grids
+// before it and their memory (kernels/pdl.cuh). What else is in the stream stays correct: the
+// staging copy and the loss read-back are copies, and a copy or event is never a programmatic
+// predecessor; cuBLASLt's kernels are launched by it, plain to us, and the kernel of ours after
+// one waits for it all the same; the first kernel after NCCL's all-reduce is launched plain
+// (queueStepKernels says why); the session uses one stream. Profiling (printProfile) times nodes
+// between events with every kernel plain.
 class CudaSession final : public Session {
 public:
   explicit CudaSession(SessionSpec spec);
@@ -130,6 +141,7 @@ private:
   std::unique_ptr<CudaGraphRunner> runner_, evalRunner_;
   std::unique_ptr<CudaModule> kernels_;
   cuda::CUfunction gather_ = nullptr, sumsq_ = nullptr, clipScale_ = nullptr, adam_ = nullptr, recordLoss_ = nullptr;
+  cuda::LaunchMode launch_ = cuda::LaunchMode::Plain;  // of the training kernels, as the runner's
   cuda::DeviceBuffer trainX_, trainY_, valX_, valY_, stepBlock_, chunks_, partial_, clip_, lossRing_, m_, v_;
   cuda::PinnedBuffer staging_, lossHost_;
   std::vector<std::unique_ptr<cuda::Event>> slotDone_;
@@ -182,6 +194,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   ropt.deterministic = spec_.deterministic;
   ropt.gemm = spec_.gemm;
   ropt.mirrorParamCasts = true;  // bf16: Adam writes the weights' bf16 copies (no cast kernels in the step)
+  ropt.pdl = spec_.pdl;
   if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
     throw SessionSettingError("compiler.gemm",
                               "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());
@@ -199,6 +212,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   clipScale_ = kernels_->function("pa_clip_scale");
   adam_ = kernels_->function("pa_adam_multi");
   recordLoss_ = kernels_->function("pa_record_loss");
+  launch_ = runner_->launchMode();
 
   stepBytes_ = sizeof(codegen::StepHeader) + static_cast<size_t>(spec_.batchSize) * sizeof(int32_t);
   stepBlock_ = cuda::DeviceBuffer(stepBytes_);
@@ -285,6 +299,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
       std::max(0.0, runnersSeconds - runner_->compileSeconds() - evalRunner_->compileSeconds() - summary_.gemmChoiceSeconds);
   summary_.activationBytes = runner_->arenaBytes();
   summary_.paramAndAdamBytes = 3 * stateBytes;
+  summary_.programmaticLaunch = launch_ == cuda::LaunchMode::Programmatic;
 }
 
 CudaSession::~CudaSession() {
@@ -348,32 +363,43 @@ void CudaSession::queueStepKernels() {
     cuda::CUdeviceptr dst = runner_->devicePtr(which ? spec_.train.y : spec_.train.x);
     long long rowSize = which ? spec_.trainData.ySize : spec_.trainData.xSize, n = batch;
     void* args[] = {&src, &step, &dst, &rowSize, &n};
-    CudaModule::launch(gather_, rowSize * n, args, s);
+    CudaModule::launch(gather_, rowSize * n, args, s, launch_);
   }
   runner_->run(s);
   if (nccl_) allReduceGradients(s);
   cuda::CUdeviceptr chunks = chunks_.ptr(), partial = partial_.ptr(), clip = 0;
   const unsigned blocks = static_cast<unsigned>(chunkCount_);
+  cuda::LaunchShape perChunk, oneBlock;  // 256 threads: a block per Adam chunk, or one block
+  perChunk.grid[0] = blocks;
+  perChunk.block[0] = oneBlock.block[0] = 256;
+  // The first kernel after NCCL's collectives goes out plain: NCCL may join work of its own
+  // streams (or host nodes) back into ours, and a programmatic edge is only ever asked for behind
+  // a single kernel of this stream. The kernels after it are programmatic again.
+  cuda::LaunchMode mode = nccl_ ? cuda::LaunchMode::Plain : launch_;
+  auto launch = [&](cuda::CUfunction fn, const cuda::LaunchShape& shape, void** args) {
+    cuda::launchKernel(fn, shape, s, args, mode);
+    mode = launch_;
+  };
   const AdamSettings& adam = spec_.adam;
   if (adam.clipGradNorm > 0 && blocks > 0) {
     clip = clip_.ptr();
     void* a1[] = {&chunks, &partial};
-    PA_CU_CHECK(cuLaunchKernel(sumsq_, blocks, 1, 1, 256, 1, 1, 0, s, a1, nullptr));
+    launch(sumsq_, perChunk, a1);
     long long n = chunkCount_;
     double maxNorm = adam.clipGradNorm;
     void* a2[] = {&partial, &n, &maxNorm, &clip};
-    PA_CU_CHECK(cuLaunchKernel(clipScale_, 1, 1, 1, 256, 1, 1, 0, s, a2, nullptr));
+    launch(clipScale_, oneBlock, a2);
   }
   if (blocks > 0) {
     cuda::CUdeviceptr m = m_.ptr(), v = v_.ptr();
     double b1 = adam.beta1, b2 = adam.beta2, eps = adam.eps;
     void* a3[] = {&chunks, &m, &v, &step, &b1, &b2, &eps, &clip};
-    PA_CU_CHECK(cuLaunchKernel(adam_, blocks, 1, 1, 256, 1, 1, 0, s, a3, nullptr));
+    launch(adam_, perChunk, a3);
   }
   cuda::CUdeviceptr loss = runner_->devicePtr(spec_.train.graph.output("loss")), ring = lossRing_.ptr();
   long long ringSize = kLossRing;
   void* a4[] = {&loss, &step, &ring, &ringSize};
-  PA_CU_CHECK(cuLaunchKernel(recordLoss_, 1, 1, 1, 1, 1, 1, 0, s, a4, nullptr));
+  launch(recordLoss_, cuda::LaunchShape{}, a4);
 }
 
 void CudaSession::enqueueStep(int64_t step) {

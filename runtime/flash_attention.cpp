@@ -174,16 +174,21 @@ void FlashAttention::prepare(const std::vector<std::pair<FlashAttentionConfig, b
 }
 
 void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY,
-                            const FlashKernelParams& params, cuda::CUstream stream) {
+                            const FlashKernelParams& params, cuda::CUstream stream, cuda::LaunchMode mode) {
   if (gridX == 0 || gridY == 0) return;
   const Loaded& l = load(spec);
   FlashKernelParams copy = params;
   void* args[] = {&copy};
   ++launches_;
-  PA_CU_CHECK(cuLaunchKernel(l.function, gridX, gridY, 1, spec.threads(), 1, 1, spec.sharedBytes(), stream, args, nullptr));
+  cuda::LaunchShape shape;
+  shape.grid = {gridX, gridY, 1};
+  shape.block = {static_cast<unsigned>(spec.threads()), 1, 1};
+  shape.sharedBytes = static_cast<unsigned>(spec.sharedBytes());
+  cuda::launchKernel(l.function, shape, stream, args, mode);
 }
 
-void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardArgs& a, cuda::CUstream stream) {
+void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardArgs& a, cuda::CUstream stream,
+                             cuda::LaunchMode mode) {
   validate(c, false);
   for (auto [n, t] : {std::make_pair("q", a.q), std::make_pair("k", a.k), std::make_pair("v", a.v), std::make_pair("o", a.o)})
     checkTensor(n, t, c.dtype);
@@ -194,7 +199,7 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
   const FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
-  launch(spec, ceilDiv(c.qLen, spec.rowsPerBlock()), c.batch * c.heads, p, stream);
+  launch(spec, ceilDiv(c.qLen, spec.rowsPerBlock()), c.batch * c.heads, p, stream, mode);
 }
 
 size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {
@@ -208,7 +213,8 @@ size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) con
   return delta + partial + (dkdv.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
 }
 
-void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackwardArgs& a, cuda::CUstream stream) {
+void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackwardArgs& a, cuda::CUstream stream,
+                              cuda::LaunchMode mode) {
   validate(c, true);
   for (auto [n, t] : {std::make_pair("q", a.q), std::make_pair("k", a.k), std::make_pair("v", a.v),
                       std::make_pair("o", a.o), std::make_pair("dO", a.dO), std::make_pair("dQ", a.dQ),
@@ -238,19 +244,19 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   }
   if (dkdv.dqPartial) p.dQPartial = next;
 
-  launch(specFor(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream);
+  launch(specFor(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream, mode);
   // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
-  if (c.sinkLogits) launch(specFor(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream);
-  launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), c.batch * (p.dKVPartial ? c.heads : c.kvHeads), p, stream);
-  if (p.dKVPartial) launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream);
+  if (c.sinkLogits) launch(specFor(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream, mode);
+  launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), c.batch * (p.dKVPartial ? c.heads : c.kvHeads), p, stream, mode);
+  if (p.dKVPartial) launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream, mode);
   if (dkdv.atomicDq) {
-    launch(specFor(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream);
+    launch(specFor(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream, mode);
   } else if (dkdv.dqPartial) {
     launch(specFor(FlashKernelKind::kBwdDqReduce, c), ceilDiv(c.qLen, 64),
-           c.batch * c.heads, p, stream);
+           c.batch * c.heads, p, stream, mode);
   } else {
     const FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);
-    launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream);
+    launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream, mode);
   }
 }
 

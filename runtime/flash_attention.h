@@ -11,6 +11,7 @@
 #include "codegen/flash_spec.h"
 #include "codegen/nvrtc_compiler.h"
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/launch.h"
 
 namespace pa {
 
@@ -47,7 +48,8 @@ FlashTarget flashTargetOf(const cuda::DeviceInfo& info);
 
 // Runs the kernels on one device. Instantiations are compiled by NVRTC through the kernel cache
 // (memory and disk, codegen/kernel_cache.h) on first use, or ahead of it by prepare(), and kept
-// loaded for the lifetime of the object; launches are asynchronous on the given stream.
+// loaded for the lifetime of the object; launches are asynchronous on the given stream, plain or
+// as programmatic dependents (`mode`; every instantiation begins with pa::pdlBegin()).
 class FlashAttention {
  public:
   explicit FlashAttention(const cuda::Device& device);
@@ -57,9 +59,11 @@ class FlashAttention {
 
   // Throws FlashAttentionError for an invalid problem (message names the offending field).
   void validate(const FlashAttentionConfig& cfg, bool backward) const;
-  void forward(const FlashAttentionConfig& cfg, const FlashForwardArgs& args, cuda::CUstream stream);
+  void forward(const FlashAttentionConfig& cfg, const FlashForwardArgs& args, cuda::CUstream stream,
+               cuda::LaunchMode mode = cuda::LaunchMode::Plain);
   size_t backwardWorkspaceBytes(const FlashAttentionConfig& cfg) const;
-  void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream);
+  void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream,
+                cuda::LaunchMode mode = cuda::LaunchMode::Plain);
   // Compiles (in parallel, one thread per kernel up to the core count) and loads every kernel the
   // problems' launches will use ({config, backward} pairs), so that no launch compiles.
   void prepare(const std::vector<std::pair<FlashAttentionConfig, bool>>& problems);
@@ -81,7 +85,7 @@ class FlashAttention {
   codegen::CompileRequest requestOf(const FlashKernelSpec& spec) const;
   const Loaded& loadCompiled(unsigned long long key, const FlashKernelSpec& spec, const codegen::CompileResult& res);
   void launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY, const FlashKernelParams& params,
-              cuda::CUstream stream);
+              cuda::CUstream stream, cuda::LaunchMode mode);
   FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
   FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
 

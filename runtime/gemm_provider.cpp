@@ -76,16 +76,18 @@ std::string CudaGraphRunner::gemmProviderOf(NodeId id) const {
   return codegen::libraryGemmOf(g_, id).supported ? "generated" : "";
 }
 
-void CudaGraphRunner::runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream) {
+// cuBLASLt's product is its own launch (plain to us); the transpose and epilogue kernels around it
+// are ours, in `mode`.
+void CudaGraphRunner::runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream, cuda::LaunchMode mode) {
   const Node& n = g_.node(id);
   const cuda::LtPlan& plan = l.transposed ? *l.planT : *l.plan;
   const cuda::LtProblem& lp = plan.problem();
   const cuda::CUdeviceptr bias = lp.bias ? ptr(n.inputs[2]) : lp.biasGradA || lp.biasGradB ? ptr(n.outputs[1]) : 0;
   if (l.transposed)
-    for (const Launch& k : l.transpose) k.enqueue(stream);
+    for (const Launch& k : l.transpose) k.enqueue(stream, mode);
   plan.run(l.algo, ptr(n.inputs[0]), l.transposed ? scratch_.at(id).ptr() : ptr(n.inputs[1]), bias,
            ptr(n.outputs[static_cast<size_t>(l.output)]), ltWorkspace_.ptr(), stream);
-  for (const Launch& k : l.post) k.enqueue(stream);
+  for (const Launch& k : l.post) k.enqueue(stream, mode);
 }
 
 // cuBLASLt descriptors for every GEMM node it can run, with the epilogue it applies: bias and
@@ -231,7 +233,7 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
       double best = 1e30;
       if (opt.gemm == GemmProvider::Auto)
         best = choice.generatedMs = measure(stream, [&](cuda::CUstream st) {
-          for (const Launch& k : launches_[static_cast<size_t>(id)]) k.enqueue(st);
+          for (const Launch& k : launches_[static_cast<size_t>(id)]) k.enqueue(st, launch_);
         });
       bool library = false, transposed = false;
       cuda::LtAlgo bestAlgo;
@@ -243,7 +245,7 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
           l.algo = algo;
           double ms = 1e30;
           try {
-            ms = measure(stream, [&](cuda::CUstream st) { runLibrary(id, l, st); });
+            ms = measure(stream, [&](cuda::CUstream st) { runLibrary(id, l, st, launch_); });
           } catch (const cuda::CudaError&) {
             continue;  // a candidate that fails to launch is not a candidate
           }
@@ -266,7 +268,7 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
     gemmChoices_.push_back(choice);
     if (l.use) {  // cuBLASLt may queue more than one kernel (a split-K reduce): count them
       cuda::CapturedGraph one;
-      one.capture(stream, [&] { runLibrary(id, l, stream.get()); });
+      one.capture(stream, [&] { runLibrary(id, l, stream.get(), launch_); });
       l.launches = static_cast<int>(one.nodeCount());
     }
     if (l.use)
@@ -350,7 +352,7 @@ void CudaGraphRunner::chooseGemmTiles() {
       fillForTuning(stream);
       auto timeOf = [&](const std::vector<Launch>& launches) {
         return measure(stream, [&](cuda::CUstream st) {
-          for (const Launch& k : launches) k.enqueue(st);
+          for (const Launch& k : launches) k.enqueue(st, launch_);
         });
       };
       double bestMs = timeOf(chosen);

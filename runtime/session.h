@@ -108,6 +108,9 @@ struct SessionSpec {
   GemmProvider gemm = GemmProvider::Auto;
   bool deterministic = false;    // GPU: no kernel with atomics
   bool cudaGraph = true;         // GPU: replay the step as a CUDA graph
+  // GPU: launch the step's own kernels as programmatic dependents on sm_90+ (runtime/cuda/launch.h),
+  // so each may start while the one before it finishes; the same results either way.
+  bool pdl = true;
   uint64_t seed = 0;             // the batch order's stream
   bool shuffle = true;           // shuffle the training samples every epoch
   AdamSettings adam;
@@ -147,6 +150,7 @@ struct DeviceSummary {
   double planSeconds = 0;        // the step graphs' runners, less compiling and GEMM measuring: kernels
                                  // emitted, memory planned and allocated, library GEMMs planned
   size_t activationBytes = 0, paramAndAdamBytes = 0;
+  bool programmaticLaunch = false;  // the step's kernels go out as programmatic dependents (PDL)
 };
 
 // A compiled model with its data, parameters and optimizer state, ready to take steps.

@@ -450,8 +450,9 @@ TEST(KernelCache, KeyCoversSourceHeadersArchAndOptions) {
 }
 
 // The training step's own kernels (batch gather, gradient norm, Adam with its bf16 mirror
-// stores, loss record) compile as the session builds them, for every production target, with
-// no warning: sm_90a as a cubin, sm_80 and sm_75 (the software rounding branch) as PTX.
+// stores, loss record) compile as the session builds them (with the embedded headers, for
+// kernels/pdl.cuh), for every production target, with no warning: sm_90a as a cubin, sm_80 and
+// sm_75 (the software rounding branch, no griddepcontrol) as PTX.
 TEST(GeneratedKernels, TrainingKernelsCompileForEveryTarget) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
@@ -462,9 +463,47 @@ TEST(GeneratedKernels, TrainingKernelsCompileForEveryTarget) {
     test::CompileOptions options;
     options.arch = arch;
     options.rejectWarnings = true;
-    options.embeddedHeaders = false;  // the module is compiled from this source alone
     for (const std::string& f : test::compileInParallel({{std::string("training kernels ") + arch, "pa_adam_multi", src}}, options))
       ADD_FAILURE() << f;
+  }
+}
+
+// The PDL prologue (kernels/pdl.cuh) is in the code of every kernel family for sm_90 and later,
+// and compiled out for sm_80: each kernel's PTX waits on its prerequisite grids and then lets its
+// dependents launch; sm_80's has neither instruction (the PTX ISA has them from sm_90 only).
+TEST(GeneratedKernels, PdlPrologueIsCompiledForSm90AndOutForSm80) {
+  const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
+  if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
+  std::vector<std::pair<std::string, std::string>> sources = {{"training kernels", codegen::trainingKernelsSource()}};
+  const Graph g = trainingGraph("sine_attention", false);
+  bool generated = false, flash = false;  // the first of each in the fused training graph
+  for (NodeId id : g.topoOrder()) {
+    const codegen::NodeKernels nk = codegen::emitNode(g, id);
+    bool& taken = nk.external ? flash : generated;
+    if (nk.kernels.empty() || taken) continue;
+    sources.push_back({nk.kernels[0].name, nk.kernels[0].source});
+    taken = true;
+  }
+  ASSERT_TRUE(generated && flash);
+  for (const auto& [name, source] : sources) {
+    for (const char* arch : {"compute_90", "compute_80"}) {
+      codegen::CompileRequest req;
+      req.kernelName = name;
+      req.source = source;
+      req.headers = codegen::embeddedKernelHeaders();
+      req.arch = arch;
+      const std::string ptx = nvrtc.compile(req).ptx;
+      ASSERT_FALSE(ptx.empty()) << name << " " << arch;
+      const size_t wait = ptx.find("griddepcontrol.wait"), launch = ptx.find("griddepcontrol.launch_dependents");
+      if (std::string(arch) == "compute_90") {
+        EXPECT_NE(wait, std::string::npos) << name;
+        EXPECT_NE(launch, std::string::npos) << name;
+        EXPECT_LT(wait, launch) << name << ": the wait comes first";
+      } else {
+        EXPECT_EQ(wait, std::string::npos) << name;
+        EXPECT_EQ(launch, std::string::npos) << name;
+      }
+    }
   }
 }
 

@@ -34,6 +34,7 @@ ${PAIRBODY}  }
 // The product with its epilogue, in one kernel.
 inline constexpr const char* kGemm = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   ${NAME}_epilogue epilogue;
 ${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, ${COUT}, epilogue);
 }
@@ -42,6 +43,7 @@ ${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${B
 // Split-K: each block's raw sum over its share of K into the scratch (no epilogue).
 inline constexpr const char* kGemmSplit = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, scratch + ${PARTS}, pa::gemm::Identity());
 }
 )";
@@ -49,6 +51,7 @@ extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}($
 // Tail split: whole tiles through the epilogue, the last wave's tiles in K pieces to scratch.
 inline constexpr const char* kGemmTail = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   ${NAME}_epilogue epilogue;
 ${EPIINIT}  pa::gemm::simtGemmTail<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, ${COUT}, scratch + ${PARTS}, epilogue);
 }
@@ -57,6 +60,7 @@ ${EPIINIT}  pa::gemm::simtGemmTail<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}
 // Tail split's second kernel: each tail tile's pieces added in split order, then the epilogue.
 inline constexpr const char* kGemmTailReduce = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   ${NAME}_epilogue epilogue;
 ${EPIINIT}  pa::gemm::simtTailReduce<${NAME}_problem, pa::gemm::${CONFIG}>(scratch + ${PARTS}, ${COUT}, epilogue);
 }
@@ -65,6 +69,7 @@ ${EPIINIT}  pa::gemm::simtTailReduce<${NAME}_problem, pa::gemm::${CONFIG}>(scrat
 // Split-K's second kernel: the partial sums added in split order, then the epilogue.
 inline constexpr const char* kGemmReduce = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   ${NAME}_epilogue epilogue;
 ${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch + ${PARTS}, ${COUT}, epilogue);
 }
@@ -75,6 +80,7 @@ ${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch + ${PARTS}, ${COUT}, 
 // [copies][R][C] -> [copies][C][R] through 32×32 shared tiles.
 inline constexpr const char* kGemmTranspose = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ float tile[32][33];
   const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
   const long long r0 = (long long)blockIdx.y * 32, c0 = (long long)blockIdx.x * 32;
@@ -92,6 +98,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 // holds every bf16 value, so the TF32 kernels then compute the bf16 product with fp32 sums).
 inline constexpr const char* kGemmWiden = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256)
     scratch[${OFFSET} + idx] = in${INPUT}[idx];
 }
@@ -101,6 +108,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 // (see "Note on library GEMMs" in emit_gemm.cpp).
 inline constexpr const char* kLibraryEpilogue = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < ${COUNT}; i += (long long)gridDim.x * 256) {
     float v = ${SOURCE}[i];
 ${BODY}  }

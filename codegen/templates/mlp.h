@@ -10,6 +10,7 @@ namespace pa::codegen::templates {
 inline constexpr const char* kMlpForward = R"(
 #include "kernels/fused_mlp.cuh"
 extern "C" __global__ void __launch_bounds__(${T}) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   extern __shared__ float pa_mlp_smem[];
   constexpr int R = ${R}, T = ${T}, TM = ${TM};
   float* const ws = pa_mlp_smem;
@@ -44,6 +45,7 @@ inline constexpr const char* kMlpForwardLayer = R"(    // layer ${LAYER}: [${K}]
 inline constexpr const char* kMlpBackward = R"(
 #include "kernels/fused_mlp.cuh"
 extern "C" __global__ void __launch_bounds__(${T}) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   extern __shared__ float pa_mlp_smem[];
   constexpr int R = ${R}, T = ${T}, TM = ${TM}, TK = ${TK};
   float* const ws = pa_mlp_smem;

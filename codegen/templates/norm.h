@@ -75,6 +75,7 @@ ${STATS}  }
 }
 
 extern "C" __global__ void __launch_bounds__(${BLOCK}) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ float sh[${SH}];
   if (${ALIGNED}) ${NAME}_row<true>(${ARGS}, sh);
   else ${NAME}_row<false>(${ARGS}, sh);
@@ -201,6 +202,7 @@ ${DSUMFOLD}      }
 }
 
 extern "C" __global__ void __launch_bounds__(${BLOCK}${MINBLOCKS}) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ float sh[${SH}];
   __shared__ __align__(16) float part[${PART}];
   if (${ALIGNED}) ${NAME}_rows<true>(${ARGS}, sh, part);
@@ -213,6 +215,7 @@ extern "C" __global__ void __launch_bounds__(${BLOCK}${MINBLOCKS}) ${NAME}(${PAR
 // then the slices in order.
 inline constexpr const char* kNormGradColumns = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ double red[32][8];
   const int lane = threadIdx.x % 8, slice = threadIdx.x / 8;
   const long long j = (long long)blockIdx.x * 8 + lane;
@@ -236,6 +239,7 @@ inline constexpr const char* kRope = R"(
 __device__ const double ${NAME}_invFreq[${FREQCOUNT}] = {${INVFREQ}};
 
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
     const long long row = idx / ${ITEMS}, item = idx % ${ITEMS};
     const long long base = row * ${D};

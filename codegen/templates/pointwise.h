@@ -8,6 +8,7 @@ namespace pa::codegen::templates {
 // broadcast against the output read at offsets o<i> (codegen/emit_pointwise.cpp, elementwise).
 inline constexpr const char* kElementwise = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
 ${OFFSETS}${BODY}    out0[idx] = t${RESULT};
   }
@@ -18,6 +19,7 @@ ${OFFSETS}${BODY}    out0[idx] = t${RESULT};
 // deinterleave, SwiGLU and its gradient over (gate, up) pairs).
 inline constexpr const char* kPerIndex = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < ${COUNT}; i += (long long)gridDim.x * 256) {
 ${BODY}  }
 }
@@ -26,6 +28,7 @@ ${BODY}  }
 // out[idx] = in0[src], src from the output index term by term (Permute, Reshape, RepeatHeads).
 inline constexpr const char* kGather = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
     long long rem = idx, src = 0;
 ${TERMS}    out0[idx] = in0[src];
@@ -36,6 +39,7 @@ ${TERMS}    out0[idx] = in0[src];
 // A thread per output element, double accumulation over the reduced axes (Sum, Mean, SumTo).
 inline constexpr const char* kReduce = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${OUTCOUNT}; idx += (long long)gridDim.x * 256) {
     long long rem = idx, base = 0;
 ${KEPT}    double acc = 0.0;
@@ -52,6 +56,7 @@ ${REDUCED}      acc += (double)${IN}[off];
 // a block of 32 outputs × 8 threads sums one part of the reduced range into scratch, in double.
 inline constexpr const char* kReducePartial = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ double red[8][32];
   const int lane = threadIdx.x % 32, ty = threadIdx.x / 32;
   const long long idx = (long long)blockIdx.x * 32 + lane, part = blockIdx.y;
@@ -78,6 +83,7 @@ ${REDUCED}      acc += (double)${IN}[off];
 // The split reduction's second kernel: each output adds its parts in order.
 inline constexpr const char* kReduceFinal = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
   if (idx >= ${OUTCOUNT}) return;
   double s = 0.0;
@@ -89,6 +95,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 // Softmax: a thread per row (optional sink logit joins the normaliser, never the output).
 inline constexpr const char* kSoftmax = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   const long long row = (long long)blockIdx.x * 256 + threadIdx.x;
   if (row >= ${ROWS}) return;
   const long long o = row / ${INNER}, i = row % ${INNER};
@@ -119,6 +126,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 // Softmax gradients: a thread per row; ${FINISH} writes dx (SoftmaxGrad) or the sink's gradient.
 inline constexpr const char* kSoftmaxGrad = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   const long long row = (long long)blockIdx.x * 256 + threadIdx.x;
   if (row >= ${ROWS}) return;
   const long long base = (row / ${INNER}) * ${LEN} * ${INNER} + row % ${INNER};
@@ -135,6 +143,7 @@ inline constexpr const char* kMask = R"(
 #include "common/attention_mask.h"
 
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   pa::AttentionMaskSpec m;
   m.causal = ${CAUSAL};
   m.alignBottomRight = ${BR};
@@ -151,6 +160,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 // MseLoss in one block: a fixed-order tree, so the same sum every run.
 inline constexpr const char* kMse = R"(
 extern "C" __global__ void __launch_bounds__(1024) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ double part[1024];
   double acc = 0.0;
   for (long long i = threadIdx.x; i < ${COUNT}; i += 1024) {
@@ -172,6 +182,7 @@ extern "C" __global__ void __launch_bounds__(1024) ${NAME}(${PARAMS}) {
 // so the result is still the same every run.
 inline constexpr const char* kMsePartial = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ double part[256];
   const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
   double acc = 0.0;
@@ -192,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 // The large MseLoss's second kernel: the chunks' sums added in a fixed tree.
 inline constexpr const char* kMseFinal = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ double part[256];
   double acc = 0.0;
   for (long long i = threadIdx.x; i < ${PARTS}; i += 256) acc += ((const double*)scratch)[i];
@@ -210,6 +222,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 // Mul compute it.
 inline constexpr const char* kMseGrad = R"(
 extern "C" __global__ void __launch_bounds__(1024) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ double part[1024];
   const float dy = in2[0];
   double acc = 0.0;
@@ -237,6 +250,7 @@ extern "C" __global__ void __launch_bounds__(1024) ${NAME}(${PARAMS}) {
 // scratch once (NodeKernels::zeroScratch). Only the ticket is atomic: no value is.
 inline constexpr const char* kMseGradChunks = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
   __shared__ double part[256];
   __shared__ bool last;
   const float dy = in2[0];

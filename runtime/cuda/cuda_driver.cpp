@@ -79,8 +79,9 @@ Driver::Driver() {
   resolve(handle_, "cuEventRecord", api_.cuEventRecord, missing);
   resolve(handle_, "cuEventSynchronize", api_.cuEventSynchronize, missing);
   resolve(handle_, "cuEventElapsedTime", api_.cuEventElapsedTime, missing);
-  std::string optional;  // a driver without it still runs everything but the TMA kernels
+  std::string optional;  // without them: no TMA kernels, and plain launches instead of PDL (launch.h)
   resolve(handle_, "cuTensorMapEncodeTiled", api_.cuTensorMapEncodeTiled, optional);
+  resolve(handle_, "cuLaunchKernelEx", api_.cuLaunchKernelEx, optional);
   resolve(handle_, "cuGetErrorName", api_.cuGetErrorName, missing);
   resolve(handle_, "cuGetErrorString", api_.cuGetErrorString, missing);
   if (!missing.empty()) {
@@ -98,6 +99,7 @@ Driver::Driver() {
     reason_ = "no CUDA device: the driver reports none";
     return;
   }
+  if (api_.cuDriverGetVersion(&version_) != kCudaSuccess) version_ = 0;
   available_ = true;
 }
 

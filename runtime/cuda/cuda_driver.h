@@ -21,6 +21,26 @@ typedef struct CUgraph_st* CUgraph;
 typedef struct CUgraphExec_st* CUgraphExec;
 typedef unsigned long long CUdeviceptr;
 
+// cuLaunchKernelEx's configuration, laid out exactly as cuda.h's CUlaunchAttribute and
+// CUlaunchConfig (tests/cuda_driver_abi_test.cpp compares sizes and offsets with cuda.h's): the id
+// at 0, 4 bytes of padding, a 64-byte value union (8-byte aligned: cuda.h's holds pointers).
+typedef struct CUlaunchAttribute_st {
+  int id;  // CUlaunchAttributeID
+  char pad[4];
+  union {
+    alignas(8) char bytes[64];
+    int programmaticStreamSerializationAllowed;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+  } value;
+} CUlaunchAttribute;
+typedef struct CUlaunchConfig_st {
+  unsigned int gridDimX, gridDimY, gridDimZ;
+  unsigned int blockDimX, blockDimY, blockDimZ;
+  unsigned int sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute* attrs;
+  unsigned int numAttrs;
+} CUlaunchConfig;
+
 constexpr CUresult kCudaSuccess = 0;
 constexpr int kAttrMultiprocessorCount = 16;
 constexpr int kAttrComputeCapabilityMajor = 75;
@@ -32,6 +52,7 @@ constexpr int kStreamCaptureModeThreadLocal = 1;     // CU_STREAM_CAPTURE_MODE_T
 constexpr int kPointerAttrDeviceOrdinal = 9;         // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 constexpr int kPointerAttrRangeStartAddr = 11;       // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
 constexpr int kPointerAttrRangeSize = 12;            // CU_POINTER_ATTRIBUTE_RANGE_SIZE
+constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 // A failed driver call: file:line, the call's text and the driver's name and message for the code.
 class CudaError : public std::runtime_error {
@@ -64,6 +85,9 @@ struct DriverApi {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);
+  // Optional (CUDA 11.8+): null where the driver lacks it; our kernels are then launched plain
+  // (runtime/cuda/launch.h).
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**);
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
   CUresult (*cuMemFree)(CUdeviceptr);
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
@@ -105,6 +129,7 @@ class Driver {
  public:
   static Driver& instance();
   bool available() const { return available_; }
+  int version() const { return version_; }  // cuDriverGetVersion: 12030 for CUDA 12.3; 0 if unavailable
   const std::string& unavailableReason() const { return reason_; }
   const DriverApi& api() const { return api_; }
   // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a code.
@@ -113,6 +138,7 @@ class Driver {
  private:
   Driver();
   bool available_ = false;
+  int version_ = 0;
   std::string reason_;
   DriverApi api_{};
   void* handle_ = nullptr;

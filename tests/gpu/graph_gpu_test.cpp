@@ -25,6 +25,7 @@
 #include "graph/verifier.h"
 #include "passes/fusion.h"
 #include "runtime/cuda/cublaslt.h"
+#include "runtime/cuda/launch.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/kernel_params.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -743,6 +744,98 @@ TEST(TrainOnGpu, CudaGraphReplayIsBitIdenticalToEagerLaunches) {
   EXPECT_EQ(graphed->launchesPerStep(), eager->launchesPerStep());
   EXPECT_EQ(graphed->params(), eager->params());
   std::printf("  sine_attention: %d kernel launches per step, replayed as one CUDA graph\n", graphed->launchesPerStep());
+}
+
+// Programmatic dependent launch (sm_90+, kernels/pdl.cuh) changes when a kernel may start, never
+// what it computes: a run of a config with every kernel of ours launched as a programmatic
+// dependent and one with every kernel plain give the same losses and parameters, bit for bit,
+// step by step (the first step eager, then the captured graph), and the same launches. On a
+// device or driver without PDL both runs are plain, and the test says so.
+TEST(TrainOnGpu, ProgrammaticDependentLaunchIsBitIdenticalToPlainLaunches) {
+  PA_REQUIRE_GPU();
+  struct Case {
+    const char* config;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Case> cases = {{"mlp_tiny", {"train.steps=20"}},
+                                   {"attn_block", {"train.steps=20", "data.samples=512"}},
+                                   {"attn_block", {"train.steps=20", "data.samples=512", "precision=bf16"}},
+                                   {"sine_attention", {"train.steps=20", "train.optimizer.clip_grad_norm=0.05"}}};
+  for (const Case& c : cases) {
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", c.sets);
+    SCOPED_TRACE(std::string(c.config) + " " + precisionName(cfg.precision));
+    RunOptions o;
+    o.progress = ProgressMode::Quiet;
+    o.printSummary = false;
+    o.device = "cuda";
+    std::unique_ptr<Session> pdl = makeSession(cfg, o);
+    o.pdl = false;
+    std::unique_ptr<Session> plain = makeSession(cfg, o);
+    ASSERT_NE(pdl->deviceSummary(), nullptr);
+    EXPECT_FALSE(plain->deviceSummary()->programmaticLaunch);
+    expectBitIdenticalLosses(*pdl, *plain, 20);
+    EXPECT_TRUE(pdl->replaysCudaGraph());
+    EXPECT_EQ(pdl->launchesPerStep(), plain->launchesPerStep());
+    EXPECT_EQ(pdl->params(), plain->params());
+    EXPECT_EQ(pdl->validate(), plain->validate());
+    const cuda::DeviceInfo& info = device().info();
+    std::printf("  %s %s: %d launches per step, 20 steps bit-identical with PDL %s (sm_%d%d, driver %d)\n", c.config,
+                precisionName(cfg.precision), pdl->launchesPerStep(),
+                pdl->deviceSummary()->programmaticLaunch ? "on" : "unavailable, both plain", info.major, info.minor,
+                cuda::Driver::instance().version());
+    if (info.major >= 9 && cuda::Driver::instance().version() >= 12030) {
+      EXPECT_TRUE(pdl->deviceSummary()->programmaticLaunch) << "sm_90+ with a CUDA 12.3+ driver launches with PDL";
+    }
+  }
+}
+
+// A copy or a memset is never a programmatic predecessor (kernels/pdl.cuh): a kernel launched as a
+// programmatic dependent right after one sees all of its bytes, eagerly and replayed from a
+// captured graph. 64 MiB copies, so that a kernel that started early would read stale values.
+TEST(PdlOnGpu, CopiesAndMemsetsBeforeAProgrammaticKernelAreFullDependencies) {
+  PA_REQUIRE_GPU();
+  const cuda::LaunchMode mode = cuda::launchModeFor(true, device().info());
+  if (mode != cuda::LaunchMode::Programmatic) GTEST_SKIP() << "no PDL on this device or driver";
+  const CudaModule module(R"(#include "kernels/pdl.cuh"
+extern "C" __global__ void pa_test_fill(float* x, long long n, float v) {
+  pa::pdlBegin();
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < n; i += gridDim.x * 256ll) x[i] = v;
+}
+extern "C" __global__ void pa_test_count_other(const float* x, long long n, float v, unsigned long long* wrong) {
+  pa::pdlBegin();
+  unsigned long long c = 0;
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < n; i += gridDim.x * 256ll) c += x[i] != v;
+  if (c) atomicAdd(wrong, c);
+}
+)",
+                          device());
+  const cuda::CUfunction fill = module.function("pa_test_fill"), count = module.function("pa_test_count_other");
+  long long n = 16ll << 20;
+  cuda::DeviceBuffer x(static_cast<size_t>(n) * 4), y(static_cast<size_t>(n) * 4), wrong(8);
+  wrong.fill32(0);
+  cuda::Stream stream;
+  const cuda::CUstream s = stream.get();
+  cuda::CUdeviceptr xp = x.ptr(), yp = y.ptr(), wp = wrong.ptr();
+  auto step = [&](float v) {
+    void* a1[] = {&xp, &n, &v};
+    CudaModule::launch(fill, n, a1, s, mode);
+    PA_CU_CHECK(cuMemcpyDtoDAsync(yp, xp, static_cast<size_t>(n) * 4, s));  // kernel -> copy -> kernel
+    void* a2[] = {&yp, &n, &v, &wp};
+    CudaModule::launch(count, n, a2, s, mode);
+    PA_CU_CHECK(cuMemsetD32Async(yp, 0u, static_cast<size_t>(n), s));  // kernel -> memset -> kernel
+    float zero = 0.0f;
+    void* a3[] = {&yp, &n, &zero, &wp};
+    CudaModule::launch(count, n, a3, s, mode);
+  };
+  for (int r = 1; r <= 3; ++r) step(static_cast<float>(r));
+  cuda::CapturedGraph graph;
+  graph.capture(stream, [&] { step(7.0f); });
+  for (int r = 0; r < 3; ++r) graph.launch(stream);
+  stream.synchronize();
+  unsigned long long bad = 1;
+  wrong.download(&bad, sizeof bad);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(graph.nodeCount(), 5u);
 }
 
 // compiler.deterministic: fp32 attention over 640 positions, where the default backward adds dQ
