@@ -482,6 +482,7 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
        {"P", ll(pf)}, {"PART", sharedParts ? "sm + " + str(p.part) : "scratch + (long long)blockIdx.x * P"},
        {"TILES", ll(p.tiles)}, {"ROWS", ll(s.rows)}, {"PROLOGUE", prologue}, {"TOP", top}, {"LAYERS", body},
        {"MEMBER", sharedParts ? "pa::mlp::memberShared(part, m)" : "scratch + (cluster * G + m) * P"},
+       {"FENCE", sharedParts ? "" : "  __threadfence();\n"},
        {"SLOTS", ll(memberFloats)}, {"COUNTERS", ll(memberFloats + slotFloats)}, {"LEVEL1", level1}, {"LEVEL2", level2}},
       {static_cast<unsigned>(blocks), 1, 1}, kThreads, args, {"kernels/fused_mlp.cuh"}, static_cast<unsigned>(p.smemFloats * 4)));
   nk.scratchBytes = static_cast<size_t>(memberFloats + slotFloats + kClusterSize) * sizeof(float);

@@ -65,6 +65,7 @@ inline constexpr const char* kMlpPrefetchRows = R"(    {
 // block's partial sums `part` (${P} floats) and making the next dz. Then the reduction of the
 // ${C} blocks' partial sums (kernels/fused_mlp.cuh): ${LEVEL1} per gradient segment (this rank's
 // share of the cluster's sum) and ${LEVEL2} (the last cluster's sum of the cluster slots).
+// ${FENCE}: partial sums in the scratch are made visible device-wide before the cluster barrier.
 inline constexpr const char* kMlpBackward = R"(
 #include "kernels/fused_mlp.cuh"
 // On sm_90: clusters of ${G} blocks (${C} blocks, ${C} / ${G} clusters); elsewhere each block is its own cluster.
@@ -85,7 +86,7 @@ ${TOP}${LAYERS}  }
   pa::mlp::waitGroups<0>();
   if (first)  // a block without rows adds zeros
     for (int e = threadIdx.x; e < P; e += T) part[e] = 0.0f;
-  __syncthreads();
+${FENCE}  __syncthreads();
   pa::mlp::clusterArrive();
   pa::mlp::clusterWait();  // every member's partial sums are complete
   const int rank = (int)(blockIdx.x % G);
