@@ -1,31 +1,70 @@
 // The fully fused MLP (fused-mlp and fused-mlp-grad; codegen/emit_mlp.cpp generates the kernels
-// from codegen/templates/mlp.h, one call of the functions below per layer, every width a
-// compile-time constant).
+// from codegen/templates/mlp.h, one call of the functions below per layer, every width and every
+// tiling choice a compile-time constant).
 /*
  * Note on the algorithm. The layers are narrow (widths <= 128, common/mlp_limits.h) and the
- * batches small, so a step is latency-bound: each block takes whole tiles of R rows and runs every
- * layer on chip. The forward keeps the tile's activations in shared memory (two buffers, ping and
- * pong, R × the widest width), loads one layer's weights at a time into shared memory, and writes
- * the saved hidden outputs and y as it goes. The backward walks the layers down with three row
- * buffers (the layer's input h, its dz, and the next dz) and, per layer, adds the tile's
- * dW = hᵀ·dz and db = Σ dz into the block's own slot of a partial-sum workspace; dh = dz·Wᵀ times
- * the lower activation's derivative (a function of its saved output) becomes the next dz, or dx
- * at the first layer.
+ * batches small, so a step is latency-bound: the serial chain a thread runs, and the round trips
+ * to global memory, set the time, not the FLOPs. So:
  *
- * Note on determinism. Every sum runs in a fixed order: a thread owns its outputs (their k loop
- * runs 0 .. K-1), a block's tiles are always the same and run in order, and the partial slots of
- * the C blocks are added in block order 0 .. C-1 by the last block to finish (a counter in the
- * workspace, incremented after a __threadfence; the last block resets it to 0, so a CUDA graph
- * replays the kernel, and the runner zeroes it at allocation). No float atomics: the gradients
- * are bit-identical run to run for a given grid.
+ *  - One trip for the weights. A block copies every layer's weights (and biases) into shared
+ *    memory at its start with cp.async, one commit group per layer, plus its first tile's rows
+ *    with the first group: layer i waits only for groups 0..i, so the later layers' copies fly
+ *    while the first layers compute, and a block that takes several tiles copies the weights once.
+ *    Where they do not all fit, one layer's weights at a time ("streamed": copy, wait, compute).
+ *  - Small tiles, many blocks. A tile is R rows (a power of two, 1 to 32) that the emitter picks
+ *    so that the batch makes about as many tiles as the grid it wants (codegen/emit_mlp.cpp), so
+ *    each block's work per layer is small.
+ *  - Short per-thread chains. A layer is a set of dot products (R x N of length K forward; R x K
+ *    of length N for dz·Wᵀ). A thread computes a micro-tile of TM rows x V columns (V-wide vector
+ *    reads of shared memory; dz·Wᵀ: TM rows of one column) over one of KS interleaved slices of
+ *    the dot product (k = ks, ks + KS, ...; dz·Wᵀ: V-wide chunks of n, NS slices); the KS lanes
+ *    of one micro-tile, lane = ks·(32/KS) + item, are then summed by a
+ *    reduce-scatter over shuffles: at each of log2(KS) levels a lane keeps half its values and
+ *    adds its partner's half, so every value is added exactly once per level, in a fixed tree,
+ *    and ends in one lane (values fewer than lanes: the last levels are plain butterflies, whose
+ *    a + b = b + a give every lane the same bits). The emitter picks TM and KS per layer.
+ *  - The forward writes each layer's output to shared memory for the next layer and to global
+ *    memory (the saved hidden outputs, y) from registers.
+ *  - The backward walks the layers down per tile: dz of the last layer from dy and y, then per
+ *    layer the tile's dW = hᵀ·dz and db = Σ dz are added into the block's partial sums (a thread
+ *    owns the same dW elements on every tile), and dh = dz·Wᵀ times the lower activation's
+ *    derivative (a function of its saved output h) becomes the next dz, or dx at the first layer.
+ *  - The partial sums (P floats per block, every layer's dW then db, each segment padded to four
+ *    floats) live in shared memory where they fit, else in the block's slot of the scratch.
+ *    Their reduction over the C blocks is spread: on sm_90 the grid is clusters of G = 8 blocks
+ *    (__cluster_dims__); after a cluster barrier, rank j of a cluster sums the j-th share of every
+ *    segment over the cluster's G partials in rank order (through distributed shared memory, or
+ *    L2), writing the gradients directly when there is one cluster, else its cluster's slot; then
+ *    per share j a counter finds the last cluster to finish, whose rank j adds the NC = C / G
+ *    cluster slots in order. Without clusters (sm_80, or the emitter's G = 1) the block is its
+ *    own cluster: the last block adds the C slots.
  *
- * Traps. Shared weight rows are padded to an odd stride S (N, or N + 1 when N is even), so that
- * dz·Wᵀ's threads, which walk k, read distinct banks. A tile's last rows may be past the batch:
- * threads compute them from whatever the buffers hold but never store them, and the row sums of
- * dW and db stop at the tile's real rows. Rows of a thread's TM-row group past the tile are read
- * from the buffers' allocated space (R rows), never past it.
+ * Note on determinism. Every sum runs in a fixed order: a dot product's slices in k order inside
+ * a thread, then the reduce-scatter's fixed tree; dW over a tile's rows in order, over a block's
+ * tiles (always the same ones) in order, over a cluster's members in rank order, over clusters
+ * in order. No float atomics: the gradients are bit-identical run to run for a given grid and
+ * target. The counters sit after the slots in the node's scratch (the runner zeroes it at
+ * allocation); the last arrival resets its counter to 0, so a CUDA graph replays the kernel.
+ *
+ * Traps. A tile's last rows may be past the batch: their rows in shared memory hold stale data,
+ * threads compute them all the same but never store them, and the row sums of dW and db stop at
+ * the tile's real rows. Every lane of a warp takes part in the shuffles: a lane past the layer's
+ * micro-tiles computes the first one again and stores nothing. cp.async.wait_group counts the
+ * calling thread's own groups, so every thread commits the same groups in the same order (empty
+ * ones included) and a barrier follows each wait. A block reading another block's shared memory
+ * (sm_90) must finish before that block exits: every block arrives at a second cluster barrier
+ * after its reads and waits on it before it leaves. Shared weight rows are padded to a stride the
+ * emitter checks against the banks a warp's vector reads hit.
  */
 #pragma once
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PA_MLP_CLUSTERS 1
+#define PA_MLP_CLUSTER_DIMS(g) __cluster_dims__(g, 1, 1)
+#else
+#define PA_MLP_CLUSTERS 0
+#define PA_MLP_CLUSTER_DIMS(g)
+#endif
 
 namespace pa {
 namespace mlp {
@@ -49,128 +88,326 @@ __device__ __forceinline__ float activationGrad(float dh, float y) {
   else return dh;
 }
 
-// dst[e] = src[base + e] for e < count (a tile of rows is contiguous in a row-major tensor).
+// ---- global -> shared copies ----------------------------------------------------------------
+
+__device__ __forceinline__ unsigned sharedAddress(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void copy4(float* dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sharedAddress(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy16(float* dst, const float* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sharedAddress(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's newest groups are in flight.
+template <int N>
+__device__ __forceinline__ void waitGroups() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15) == 0; }
+
+// dst[e] = src[e] for e < count: 16-byte copies where both ends are aligned (dst always is).
+template <int T>
+__device__ __forceinline__ void copyAsync(float* dst, const float* src, int count) {
+  int e = 0;
+  if (aligned16(src)) {
+    for (int q = threadIdx.x; q < count / 4; q += T) copy16(dst + 4 * q, src + 4 * q);
+    e = count / 4 * 4;
+  }
+  for (int i = e + threadIdx.x; i < count; i += T) copy4(dst + i, src + i);
+}
+// A bf16 view (a hand-written node under precision bf16): a plain load and store, ordered by the
+// same wait and barrier.
 template <int T, class In>
-__device__ __forceinline__ void loadTile(In src, long long base, int count, float* dst) {
-  for (int e = threadIdx.x; e < count; e += T) dst[e] = src[base + e];
-}
-template <int T, class Out>
-__device__ __forceinline__ void storeTile(Out dst, long long base, int count, const float* src) {
-  for (int e = threadIdx.x; e < count; e += T) dst[base + e] = src[e];
+__device__ __forceinline__ void copyAsync(float* dst, In src, int count) {
+  for (int i = threadIdx.x; i < count; i += T) dst[i] = src[i];
 }
 
-// w [K, N] into shared rows of stride S.
-template <int K, int N, int S, int T, class W>
-__device__ __forceinline__ void loadWeights(W w, float* ws) {
-  for (int e = threadIdx.x; e < K * N; e += T) ws[(e / N) * S + e % N] = w[e];
-}
-
-// out[r][n] = act(Σ_k in[r][k]·w[k][n] + b[n]) for the tile's `rows` rows; a thread computes TM
-// rows of one column.
-template <int K, int N, int S, int R, int TM, int T, int A, bool HasBias, class B>
-__device__ __forceinline__ void layerForward(const float* in, const float* ws, B bias, float* out, int rows) {
-  constexpr int G = (R + TM - 1) / TM;
-  for (int item = threadIdx.x; item < G * N; item += T) {
-    const int n = item % N, r0 = (item / N) * TM;
-    if (r0 >= rows) continue;
-    float acc[TM];
-#pragma unroll
-    for (int j = 0; j < TM; ++j) acc[j] = 0.0f;
-#pragma unroll 4
-    for (int k = 0; k < K; ++k) {
-      const float w = ws[k * S + n];
-#pragma unroll
-      for (int j = 0; j < TM; ++j) acc[j] = fmaf(in[(r0 + j) * K + k], w, acc[j]);
+// w [K, N] into shared rows of stride S (a multiple of 4 where N is).
+template <int K, int N, int S, int T>
+__device__ __forceinline__ void copyWeights(float* dst, const float* w) {
+  if constexpr (S == N) {
+    copyAsync<T>(dst, w, K * N);
+  } else if constexpr (N % 4 == 0) {
+    if (aligned16(w)) {
+      for (int q = threadIdx.x; q < K * N / 4; q += T) copy16(dst + q / (N / 4) * S + q % (N / 4) * 4, w + 4 * q);
+      return;
     }
-    float b = 0.0f;
-    if constexpr (HasBias) b = bias[n];
-#pragma unroll
-    for (int j = 0; j < TM; ++j)
-      if (r0 + j < rows) out[(r0 + j) * N + n] = activate<A>(acc[j] + b);
+    for (int e = threadIdx.x; e < K * N; e += T) copy4(dst + e / N * S + e % N, w + e);
+  } else {
+    for (int e = threadIdx.x; e < K * N; e += T) copy4(dst + e / N * S + e % N, w + e);
+  }
+}
+template <int K, int N, int S, int T, class W>
+__device__ __forceinline__ void copyWeights(float* dst, W w) {
+  for (int e = threadIdx.x; e < K * N; e += T) dst[e / N * S + e % N] = w[e];
+}
+
+// ---- vectors and the reduce-scatter --------------------------------------------------------
+
+// v[0 .. V) = p[0 .. V) (p aligned to V floats); V is 1, 2 or 4.
+template <int V>
+__device__ __forceinline__ void loadVec(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else if constexpr (V == 2) {
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    v[0] = t.x, v[1] = t.y;
+  } else {
+    v[0] = *p;
   }
 }
 
-// dz[e] = dy[base + e] · act'(y[base + e]): the last layer's dz, from the outputs.
-template <int T, int A, class Dy, class Y>
-__device__ __forceinline__ void outputGrad(Dy dy, Y y, long long base, int count, float* dz) {
-  for (int e = threadIdx.x; e < count; e += T) dz[e] = activationGrad<A>(dy[base + e], y[base + e]);
+// One level of the reduce-scatter over the lanes whose bit M·W differs (M: a bit of the slice
+// index s, W: lanes per slice), for C values still held; then the levels below. A lane with the
+// bit set keeps the upper half of its values (moved down to v[0 .. C/2)) and `first` grows by
+// C/2; each kept value gets the partner's copy added. With one value left, a plain butterfly.
+template <int C, int M, int W, int NV>
+__device__ __forceinline__ void reduceLevels(float (&v)[NV], int s, int& first) {
+  if constexpr (M >= 1) {
+    if constexpr (C > 1) {
+      constexpr int H = C / 2;
+      const bool upper = (s & M) != 0;
+#pragma unroll
+      for (int j = 0; j < H; ++j) {
+        const float send = upper ? v[j] : v[j + H];
+        const float keep = upper ? v[j + H] : v[j];
+        v[j] = keep + __shfl_xor_sync(0xffffffffu, send, M * W);
+      }
+      if (upper) first += H;
+      reduceLevels<H, M / 2, W>(v, s, first);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], M * W);
+      reduceLevels<1, M / 2, W>(v, s, first);
+    }
+  }
 }
 
-// The tile's share of dW = hᵀ·dz (part, [K][N]) and, with HasBias, db = Σ_r dz (partB, [N]):
-// stored where `first` (the block's first tile), added otherwise; a thread owns TK rows of dW.
-template <int K, int N, int TK, int T, bool HasBias>
-__device__ __forceinline__ void weightGrad(const float* h, const float* dz, int rows, float* part, float* partB, bool first) {
-  constexpr int G = (K + TK - 1) / TK;
-  for (int item = threadIdx.x; item < G * N; item += T) {
-    const int n = item % N, k0 = (item / N) * TK;
-    float acc[TK];
+// Sums each of the NV values over the S slices (lanes s·W + item, s < S) of a micro-tile. On
+// return v[0 .. NV / S) (one value where NV <= S) hold the sums of values first, first + 1, ...,
+// and the lane is the one to store them where `s` is a multiple of S / NV (when S > NV, the lanes
+// of a butterfly hold equal sums).
+template <int NV, int S, int W>
+__device__ __forceinline__ int reduceScatter(float (&v)[NV], int s) {
+  int first = 0;
+  reduceLevels<NV, S / 2, W>(v, s, first);
+  return first;
+}
+template <int NV, int S>
+__device__ __forceinline__ bool storesReduced(int s) {
+  return NV >= S || s % (S / NV) == 0;
+}
+
+// ---- the layers ----------------------------------------------------------------------------
+
+// out[r][n] = act(Σ_k in[r][k]·w[k][n] + b[n]) for the tile's rows r < rows: into shared `keep`
+// (the next layer's input, when Keep) and into global `out` from `outBase`. `in` holds R rows of
+// K, w K rows of stride S, bias N floats (shared). A lane computes TM rows × V columns over
+// k = s, s + KS, ... (s its slice), the KS slices of one micro-tile in one warp.
+template <int K, int N, int S, int R, int T, int TM, int V, int KS, int A, bool HasBias, bool Keep, class Out>
+__device__ __forceinline__ void layerForward(const float* in, const float* w, const float* bias, float* keep, Out out,
+                                             long long outBase, int rows) {
+  constexpr int W = 32 / KS, NG = N / V, ITEMS = R / TM * NG, GROUPS = (ITEMS + W - 1) / W, NV = TM * V;
+  constexpr int STEPS = (K + KS - 1) / KS, OWN = NV > KS ? NV / KS : 1;
+  const int lane = threadIdx.x % 32, s = lane / W;
+  for (int g = threadIdx.x / 32; g < GROUPS; g += T / 32) {
+    const int item = g * W + lane % W, it = item < ITEMS ? item : 0;
+    const int r0 = it / NG * TM, n0 = it % NG * V;
+    float acc[NV];
 #pragma unroll
-    for (int j = 0; j < TK; ++j) acc[j] = 0.0f;
-    for (int r = 0; r < rows; ++r) {
-      const float d = dz[r * N + n];
+    for (int j = 0; j < NV; ++j) acc[j] = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < STEPS; ++i) {
+      const int k = s + i * KS;
+      if (K % KS != 0 && k >= K) break;
+      float wv[V];
+      loadVec<V>(w + k * S + n0, wv);
 #pragma unroll
-      for (int j = 0; j < TK; ++j)
-        if (k0 + j < K) acc[j] = fmaf(h[r * K + k0 + j], d, acc[j]);
+      for (int j = 0; j < TM; ++j) {
+        const float a = in[(r0 + j) * K + k];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[j * V + v] = fmaf(a, wv[v], acc[j * V + v]);
+      }
     }
+    const int first = reduceScatter<NV, KS, W>(acc, s);
+    if (item >= ITEMS || !storesReduced<NV, KS>(s)) continue;
+#pragma unroll
+    for (int u = 0; u < OWN; ++u) {
+      const int r = r0 + (first + u) / V, n = n0 + (first + u) % V;
+      if (r >= rows) continue;
+      float z = acc[u];
+      if constexpr (HasBias) z += bias[n];
+      const float y = activate<A>(z);
+      if constexpr (Keep) keep[r * N + n] = y;
+      out[outBase + (long long)r * N + n] = y;
+    }
+  }
+}
+
+// dz[e] = dy[e] · act'(y[e]) for e < count: the last layer's dz, from the tile's dy and y (shared).
+template <int T, int A>
+__device__ __forceinline__ void outputGrad(const float* dy, const float* y, float* dz, int count) {
+  for (int e = threadIdx.x; e < count; e += T) dz[e] = activationGrad<A>(dy[e], y[e]);
+}
+
+// The tile's share of dW = hᵀ·dz (part: [K][N]) and, with HasBias, db = Σ_r dz (partB: [N]),
+// rows in order: stored where `first` (the block's first tile), added otherwise. A thread owns
+// TK rows × V columns of dW, the same ones on every tile. part and partB are aligned to V floats.
+template <int K, int N, int T, int TK, int V, bool HasBias>
+__device__ __forceinline__ void weightGrad(const float* h, const float* dz, int rows, float* part, float* partB, bool first) {
+  constexpr int NG = N / V, ITEMS = (K + TK - 1) / TK * NG;
+  for (int item = threadIdx.x; item < ITEMS; item += T) {
+    const int k0 = item / NG * TK, n0 = item % NG * V;
+    float acc[TK][V];
 #pragma unroll
     for (int j = 0; j < TK; ++j)
-      if (k0 + j < K) part[(k0 + j) * N + n] = first ? acc[j] : part[(k0 + j) * N + n] + acc[j];
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[j][v] = 0.0f;
+#pragma unroll 4
+    for (int r = 0; r < rows; ++r) {
+      float d[V];
+      loadVec<V>(dz + r * N + n0, d);
+#pragma unroll
+      for (int j = 0; j < TK; ++j) {
+        if (K % TK != 0 && k0 + j >= K) break;
+        const float a = h[r * K + k0 + j];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[j][v] = fmaf(a, d[v], acc[j][v]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < TK; ++j) {
+      if (K % TK != 0 && k0 + j >= K) break;
+      float* const p = part + (k0 + j) * N + n0;
+#pragma unroll
+      for (int v = 0; v < V; ++v) p[v] = first ? acc[j][v] : p[v] + acc[j][v];
+    }
   }
   if constexpr (HasBias) {
     for (int n = threadIdx.x; n < N; n += T) {
-      float s = 0.0f;
-      for (int r = 0; r < rows; ++r) s += dz[r * N + n];
-      partB[n] = first ? s : partB[n] + s;
+      float sum = 0.0f;
+      for (int r = 0; r < rows; ++r) sum += dz[r * N + n];
+      partB[n] = first ? sum : partB[n] + sum;
     }
   }
 }
 
-// dh[r][k] = Σ_n dz[r][n]·w[k][n] for the tile's rows; Lower >= 0: stored as the next dz,
-// dh · act_Lower'(h[r][k]) (h: the layer's input, the lower layer's output) into `next`; Lower < 0:
-// stored as dx into `dx` from row offset `base`.
-template <int K, int N, int S, int R, int TM, int T, int Lower, class Dx>
-__device__ __forceinline__ void inputGrad(const float* dz, const float* ws, const float* h, float* next, Dx dx, long long base,
+// dh[r][k] = Σ_n dz[r][n]·w[k][n] for the tile's rows r < rows; Lower >= 0: stored as the next dz,
+// dh · act_Lower'(h[r][k]) (h: the layer's input, the lower layer's output) into shared `next`;
+// Lower < 0: stored as dx into global `dx` from `dxBase`. A lane computes TM rows of one k over
+// the V-wide chunks of n numbered s, s + NS, ... (s its slice).
+template <int K, int N, int S, int R, int T, int TM, int V, int NS, int Lower, class Dx>
+__device__ __forceinline__ void inputGrad(const float* dz, const float* w, const float* h, float* next, Dx dx, long long dxBase,
                                           int rows) {
-  constexpr int G = (R + TM - 1) / TM;
-  for (int item = threadIdx.x; item < G * K; item += T) {
-    const int k = item % K, r0 = (item / K) * TM;
-    if (r0 >= rows) continue;
+  constexpr int W = 32 / NS, ITEMS = R / TM * K, GROUPS = (ITEMS + W - 1) / W, CHUNKS = N / V;
+  constexpr int STEPS = (CHUNKS + NS - 1) / NS, OWN = TM > NS ? TM / NS : 1;
+  const int lane = threadIdx.x % 32, s = lane / W;
+  for (int g = threadIdx.x / 32; g < GROUPS; g += T / 32) {
+    const int item = g * W + lane % W, it = item < ITEMS ? item : 0;
+    const int r0 = it / K * TM, k = it % K;
     float acc[TM];
 #pragma unroll
     for (int j = 0; j < TM; ++j) acc[j] = 0.0f;
-#pragma unroll 4
-    for (int n = 0; n < N; ++n) {
-      const float w = ws[k * S + n];
+#pragma unroll 8
+    for (int i = 0; i < STEPS; ++i) {
+      const int c = s + i * NS;
+      if (CHUNKS % NS != 0 && c >= CHUNKS) break;
+      float wv[V];
+      loadVec<V>(w + k * S + c * V, wv);
 #pragma unroll
-      for (int j = 0; j < TM; ++j) acc[j] = fmaf(dz[(r0 + j) * N + n], w, acc[j]);
+      for (int j = 0; j < TM; ++j) {
+        float d[V];
+        loadVec<V>(dz + (r0 + j) * N + c * V, d);
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[j] = fmaf(d[v], wv[v], acc[j]);
+      }
     }
+    const int first = reduceScatter<TM, NS, W>(acc, s);
+    if (item >= ITEMS || !storesReduced<TM, NS>(s)) continue;
 #pragma unroll
-    for (int j = 0; j < TM; ++j) {
-      if (r0 + j >= rows) continue;
-      const int e = (r0 + j) * K + k;
-      if constexpr (Lower >= 0) next[e] = activationGrad<Lower>(acc[j], h[e]);
-      else dx[base + e] = acc[j];
+    for (int u = 0; u < OWN; ++u) {
+      const int r = r0 + first + u;
+      if (r >= rows) continue;
+      const int e = r * K + k;
+      if constexpr (Lower >= 0) next[e] = activationGrad<Lower>(acc[u], h[e]);
+      else dx[dxBase + e] = acc[u];
     }
   }
 }
 
-// Element e of the sum of the C partial slots (each P floats), added in slot order. Read through
-// L2 (ld.global.cg): the other blocks wrote them during this kernel.
-__device__ __forceinline__ float sumSlots(const float* part, int c, long long p, long long e) {
-  float s = 0.0f;
-  for (int i = 0; i < c; ++i) s += __ldcg(part + i * p + e);
-  return s;
+// ---- the reduction of the partial sums -----------------------------------------------------
+
+// The cluster barrier, split: arrive (release: this block's shared and global writes before it)
+// and wait (acquire: every member's writes before its arrival are seen after it). No-ops without
+// clusters.
+__device__ __forceinline__ void clusterArrive() {
+#if PA_MLP_CLUSTERS
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void clusterWait() {
+#if PA_MLP_CLUSTERS
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// Where the same shared location `p` is in the cluster's block `rank` (a generic address; sm_90).
+__device__ __forceinline__ const float* memberShared(const float* p, unsigned rank) {
+#if PA_MLP_CLUSTERS
+  unsigned long long a;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(a) : "l"(p), "r"(rank));
+  return reinterpret_cast<const float*>(a);
+#else
+  (void)rank;
+  return p;
+#endif
 }
 
-// Whether this block is the last of the grid to get here: every thread's partial sums are made
-// visible device-wide first. The counter returns to 0 for the next launch.
-__device__ __forceinline__ bool lastBlockDone(unsigned* counter) {
+// This rank's share [lo, hi) of a segment of `count` floats split among G ranks.
+template <int G>
+__device__ __forceinline__ int shareBegin(int count, int rank) {
+  return (int)((long long)count * rank / G);
+}
+
+// dst[e] = Σ_m member[m][off + e] in member order, for e in this rank's share of the segment
+// [off, off + count). Members in shared memory (Shared) are read with plain loads through their
+// generic addresses, members in global memory through L2 (other blocks wrote them).
+template <int T, int G, bool Shared, class Out>
+__device__ __forceinline__ void sumMembers(const float* const (&member)[G], long long off, int count, int rank, Out dst,
+                                           long long dstOff) {
+  const int hi = shareBegin<G>(count, rank + 1);
+  for (int e = shareBegin<G>(count, rank) + threadIdx.x; e < hi; e += T) {
+    float v[G];
+#pragma unroll
+    for (int m = 0; m < G; ++m) v[m] = Shared ? member[m][off + e] : __ldcg(member[m] + off + e);
+    float sum = v[0];
+#pragma unroll
+    for (int m = 1; m < G; ++m) sum += v[m];
+    dst[dstOff + e] = sum;
+  }
+}
+
+// out[e] = Σ_c slots[c·P + off + e] for c < NC in order, for e in this rank's share of the
+// segment [off, off + count) (the cluster slots, written in this kernel: read through L2).
+template <int T, int G, int NC, long long P, class Out>
+__device__ __forceinline__ void sumSlots(const float* slots, long long off, int count, int rank, Out out) {
+  const int hi = shareBegin<G>(count, rank + 1);
+  for (int e = shareBegin<G>(count, rank) + threadIdx.x; e < hi; e += T) {
+    float sum = __ldcg(slots + off + e);
+#pragma unroll 8
+    for (int c = 1; c < NC; ++c) sum += __ldcg(slots + c * P + off + e);
+    out[e] = sum;
+  }
+}
+
+// Whether this block is the last of `arrivals` to get here on `counter`: every thread's writes
+// are made visible device-wide first. The counter returns to 0 for the next launch.
+__device__ __forceinline__ bool lastToArrive(unsigned* counter, unsigned arrivals) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned done = atomicAdd(counter, 1u);
-    last = done == gridDim.x - 1;
+    last = done == arrivals - 1;
     if (last) *counter = 0u;
   }
   __syncthreads();

@@ -175,11 +175,15 @@ TEST(GeneratedKernels, EveryConfigsKernelsCompileForEveryTarget) {
   }
 }
 
-// fused-mlp and fused-mlp-grad on a few shapes (one row; odd widths; every width at the limit,
-// whose kernels take more than 48 KB of shared memory; a batch of more tiles than SMs, so the
-// forward strides over tiles and the backward's blocks take several each; dx and no dx), for
-// sm_80 and sm_90 (PTX: the front end) and sm_90a (a cubin through ptxas, as the runner builds
-// for an H100: registers and shared memory checked).
+// fused-mlp and fused-mlp-grad on awkward shapes: batches of 1, 17, 257, 1000 and 10000 rows (one
+// tile; an odd last tile; more tiles than blocks, so the forward strides over tiles and the
+// backward's blocks take several each), widths 1, 3, 64, 100 and 128 (odd widths take scalar
+// reads, every width at the limit takes more than 48 KB of shared memory and streams its
+// weights), 1 to 4 layers, dx and no dx, biases or not, every activation; each emitted for an
+// sm_80 target (blocks of their own) and for sm_90a (clusters of 8, and a larger shared-memory
+// budget). Compiled for sm_80 and sm_90 (PTX: the front end, the sm_90a source's fallback
+// without clusters too) and sm_90a (a cubin through ptxas, as the runner builds for an H100:
+// registers and shared memory checked), warnings rejected.
 TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
@@ -192,6 +196,10 @@ TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
   };
   const std::vector<Case> cases = {{1, {3, 1, 3}, "relu,none", {1, 0}, true},
                                    {256, {1, 64, 64, 1}, "relu,relu,none", {1, 1, 1}, false},
+                                   {64, {64, 64, 64, 1}, "relu,relu,none", {1, 1, 1}, false},
+                                   {17, {1, 3, 64, 128, 1}, "tanh,sigmoid,relu,none", {1, 0, 1, 1}, true},
+                                   {1000, {3, 128, 1}, "sigmoid,none", {0, 1}, true},
+                                   {1, {128, 128}, "none", {1}, true},
                                    {257, {128, 128, 128, 128}, "tanh,sigmoid,none", {0, 1, 1}, true},
                                    {10000, {100, 7, 100}, "relu,none", {1, 1}, true}};
   std::vector<test::CompileUnit> units;
@@ -206,23 +214,30 @@ TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
     }
     test::addWeightedSumLoss(g, g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(c.acts).set<attr::MlpBiases>(c.biases)));
     appendBackward(g, g.output("loss"), g.params());
-    int mlpKernels = 0;
-    for (NodeId id : g.topoOrder()) {
-      const OpKind op = g.node(id).op;
-      if (op != OpKind::FusedMlp && op != OpKind::FusedMlpGrad) continue;
-      const codegen::NodeKernels nk = codegen::emitNode(g, id);
-      ASSERT_EQ(nk.kernels.size(), 1u);
-      if (op == OpKind::FusedMlpGrad) {
-        EXPECT_GT(nk.scratchBytes, 0u);
+    for (bool sm90 : {false, true}) {
+      codegen::EmitOptions opt;
+      opt.wgmma = sm90;
+      int mlpKernels = 0;
+      for (NodeId id : g.topoOrder()) {
+        const OpKind op = g.node(id).op;
+        if (op != OpKind::FusedMlp && op != OpKind::FusedMlpGrad) continue;
+        const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+        ASSERT_EQ(nk.kernels.size(), 1u);
+        if (op == OpKind::FusedMlpGrad) {
+          EXPECT_GT(nk.scratchBytes, 0u);
+        }
+        for (const codegen::Kernel& k : nk.kernels) {
+          EXPECT_LE(k.sharedBytes, (sm90 ? 227u : 163u) * 1024) << k.name;
+          units.push_back({"case " + std::to_string(ci) + (sm90 ? " sm_90a" : " sm_80") + "/" + k.name, k.name, k.source}), ++mlpKernels;
+        }
       }
-      for (const codegen::Kernel& k : nk.kernels)
-        units.push_back({"case " + std::to_string(ci) + "/" + k.name, k.name, k.source}), ++mlpKernels;
+      EXPECT_EQ(mlpKernels, 2);
     }
-    EXPECT_EQ(mlpKernels, 2);
   }
   for (const char* arch : {"sm_80", "sm_90", "sm_90a"}) {
     test::CompileOptions options;
     options.arch = arch;
+    options.rejectWarnings = true;
     for (const std::string& f : test::compileInParallel(units, options)) ADD_FAILURE() << arch << ": " << f;
   }
 }

@@ -1,6 +1,7 @@
 // fuse-mlp and the fused-mlp ops on the CPU: which chains the pass takes and which it leaves, the
 // fused node against the unfused layers in float64 on awkward shapes (forward and every
-// gradient), errors of hand-written nodes, and mlp_tiny trained with and without the fusion.
+// gradient), errors of hand-written nodes, mlp_tiny trained with and without the fusion, and the
+// CUDA kernels' launch shapes (no GPU or NVRTC needed).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,8 @@
 #include <map>
 #include <string>
 
+#include "codegen/emit.h"
+#include "common/mlp_limits.h"
 #include "frontend/config.h"
 #include "frontend/model_builder.h"
 #include "frontend/trainer.h"
@@ -255,6 +258,57 @@ TEST(FusedMlpOp, HandWrittenNodesGetClearErrors) {
   const BuiltModel m = build(head + "    - {op: fused-mlp, inputs: [input, w1, b1, w2], activations: 'relu,none', biases: [1, 0], output: y}\n",
                              {3}, {1});
   EXPECT_EQ(count(m.graph, OpKind::FusedMlp), 1);
+}
+
+// The kernels' launches on every shape class up to the limits (16 layers of 128, a batch of more
+// than 65535 tiles), for an sm_80 and an sm_90a target: dynamic shared memory within the
+// target's opt-in maximum (163 KB, 227 KB), grids within 65535 blocks, the backward's grid a
+// whole number of 8-block clusters on sm_90a, and every gradient's scratch (the counters at
+// least) asked to start zeroed.
+TEST(FusedMlpKernels, LaunchesFitEveryTarget) {
+  struct Case {
+    int64_t rows;
+    std::vector<int64_t> widths;
+  };
+  std::vector<Case> cases = {{1, {1, 1}}, {17, {3, 64, 1}}, {256, {1, 64, 64, 1}}, {1000, {128, 128, 128, 128}}, {3'000'000, {7, 100, 3}}};
+  cases.push_back({4099, std::vector<int64_t>(static_cast<size_t>(kMlpMaxLayers) + 1, kMlpMaxWidth)});
+  cases.push_back({1, std::vector<int64_t>(static_cast<size_t>(kMlpMaxLayers) + 1, kMlpMaxWidth)});
+  for (const Case& c : cases) {
+    Graph g;
+    std::vector<ValueId> ins{g.addParam("x", Shape{c.rows, c.widths[0]}, "xavier")};
+    std::vector<MlpActivation> acts;
+    for (size_t i = 0; i + 1 < c.widths.size(); ++i) {
+      ins.push_back(g.addParam("w" + std::to_string(i), Shape{c.widths[i], c.widths[i + 1]}, "xavier"));
+      ins.push_back(g.addParam("b" + std::to_string(i), Shape{c.widths[i + 1]}, "zeros"));
+      acts.push_back(MlpActivation::Tanh);
+    }
+    const ValueId y = g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(mlpActivationsString(acts)));
+    test::addWeightedSumLoss(g, y);
+    appendBackward(g, g.output("loss"), g.params());
+    for (bool sm90 : {false, true}) {
+      SCOPED_TRACE("rows " + std::to_string(c.rows) + ", " + std::to_string(c.widths.size() - 1) + " layers, " + (sm90 ? "sm_90a" : "sm_80"));
+      codegen::EmitOptions opt;
+      opt.wgmma = sm90;
+      int kernels = 0;
+      for (NodeId id : g.topoOrder()) {
+        const OpKind op = g.node(id).op;
+        if (op != OpKind::FusedMlp && op != OpKind::FusedMlpGrad) continue;
+        const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+        ASSERT_EQ(nk.kernels.size(), 1u);
+        const codegen::Kernel& k = nk.kernels[0];
+        EXPECT_LE(k.sharedBytes, (sm90 ? 227u : 163u) * 1024) << k.name;
+        EXPECT_GE(k.grid[0], 1u);
+        EXPECT_LE(k.grid[0], 65535u);
+        if (op == OpKind::FusedMlpGrad) {
+          EXPECT_EQ(k.grid[0] % (sm90 ? 8 : 1), 0u);
+          EXPECT_TRUE(nk.zeroScratch);
+          EXPECT_GE(nk.scratchBytes, 8 * sizeof(float));
+        }
+        ++kernels;
+      }
+      EXPECT_EQ(kernels, 2);
+    }
+  }
 }
 
 // mlp_tiny on the CPU with mlp fusion follows the run without it: the fused node calls the same

@@ -1,90 +1,141 @@
 // Kernel templates of the fused MLP (codegen/emit_mlp.cpp; device functions and the algorithm:
 // kernels/fused_mlp.cuh); ${NAME} and ${PARAMS} are filled by codegen/emit_kernel.cpp's finish().
+// Shared memory is one dynamic array `sm`; every ${...OFF} is a float offset into it (a multiple
+// of 4) that the emitter lays out.
 #pragma once
 
 namespace pa::codegen::templates {
 
-// fused-mlp forward: block-strided tiles of R rows; ${LAYERS} holds one kMlpForwardLayer per
-// layer, each reading buffer `a` and writing `b`, then swapping them. Shared memory: the widest
-// layer's weights (${WFLOATS} floats), then the two row buffers of R × ${MAXW}.
+// fused-mlp forward: block-strided tiles of R rows. ${PROLOGUE} starts the copies that come
+// before the first tile (every layer's weights where they all fit), ${LOOP} is the tile loop's
+// head, ${LAYERS} one kMlpForwardLayer per layer.
 inline constexpr const char* kMlpForward = R"(
 #include "kernels/fused_mlp.cuh"
 extern "C" __global__ void __launch_bounds__(${T}) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  extern __shared__ float pa_mlp_smem[];
-  constexpr int R = ${R}, T = ${T}, TM = ${TM};
-  float* const ws = pa_mlp_smem;
-  for (long long tile = blockIdx.x; tile < ${TILES}; tile += gridDim.x) {
-    float* a = ws + ${WFLOATS};
-    float* b = a + R * ${MAXW};
+  extern __shared__ __align__(16) float pa_mlp_smem[];
+  constexpr int R = ${R}, T = ${T};
+  float* const sm = pa_mlp_smem;
+  const long long tiles = ${TILES}, batch = ${ROWS};
+  long long tile = blockIdx.x;
+  int rows = (int)max(0LL, min((long long)R, batch - tile * R));
+${PROLOGUE}  ${LOOP} {
     const long long row0 = tile * R;
-    const int rows = (int)min((long long)R, ${ROWS} - row0);
-    __syncthreads();  // the previous tile is done with the buffers
-    pa::mlp::loadTile<T>(in0, row0 * ${K0}, rows * ${K0}, a);
+    rows = (int)min((long long)R, batch - row0);
 ${LAYERS}  }
+  pa::mlp::waitGroups<0>();
 }
 )";
 
-// One forward layer: its weights into shared memory, the layer over the tile, its output stored
-// (a saved hidden output, or y).
-inline constexpr const char* kMlpForwardLayer = R"(    // layer ${LAYER}: [${K}] -> [${N}], ${ACTNAME}${BIASNOTE}
-    pa::mlp::loadWeights<${K}, ${N}, ${S}, T>(${W}, ws);
-    __syncthreads();
-    pa::mlp::layerForward<${K}, ${N}, ${S}, R, TM, T, ${ACT}, ${HASBIAS}>(a, ws, ${BIAS}, b, rows);
-    __syncthreads();
-    pa::mlp::storeTile<T>(${OUT}, row0 * ${N}, rows * ${N}, b);
-    { float* const t = a; a = b; b = t; }
+// The forward's tile loops: with the weights resident (`first`: the first tile, whose copies the
+// prologue started) or streamed.
+inline constexpr const char* kMlpLoopResident = "for (bool first = true; tile < tiles; tile += gridDim.x, first = false)";
+inline constexpr const char* kMlpLoopStreamed = "for (; tile < tiles; tile += gridDim.x)";
+
+// One forward layer: ${BEFORE} (its copies, waits and barrier), then the layer over the tile,
+// its output kept in shared memory for the next layer and stored to global memory (a saved
+// hidden output, or y); ${AFTER} (the next tile's rows, once layer 1 no longer reads them).
+inline constexpr const char* kMlpForwardLayer = R"(    // layer ${LAYER}: [${K}] -> [${N}], ${ACTNAME}${BIASNOTE}; ${TILING}
+${BEFORE}    pa::mlp::layerForward<${K}, ${N}, ${S}, R, T, ${TM}, ${V}, ${KS}, ${ACT}, ${HASBIAS}, ${KEEP}>(sm + ${IN}, sm + ${WOFF}, ${BIAS}, ${KEEPTO}, ${OUT}, row0 * ${N}, rows);
+${AFTER})";
+
+// Rows [ROW0, ROW0 + ROWS) of a [batch, WIDTH] tensor into shared memory at OFF (cp.async).
+inline constexpr const char* kMlpCopyRows = "    pa::mlp::copyAsync<T>(sm + ${OFF}, ${SRC} + (${ROW0}) * ${WIDTH}, (${ROWS}) * ${WIDTH});\n";
+// A layer's weights [K, N] into rows of stride S at OFF.
+inline constexpr const char* kMlpCopyWeights = "    pa::mlp::copyWeights<${K}, ${N}, ${S}, T>(sm + ${OFF}, ${W});\n";
+// A bias [N] at OFF.
+inline constexpr const char* kMlpCopyBias = "    pa::mlp::copyAsync<T>(sm + ${OFF}, ${B}, ${N});\n";
+inline constexpr const char* kMlpCommit = "    pa::mlp::commit();\n";
+// Wait until at most COUNT of this thread's newest copy groups are in flight.
+inline constexpr const char* kMlpWait = "    pa::mlp::waitGroups<${COUNT}>();\n";
+// The resident kernels' wait for the tile's own rows: the first tile's came with the prologue's
+// first group (COUNT groups after it), a later tile's are the newest group.
+inline constexpr const char* kMlpWaitTile = "    if (first) pa::mlp::waitGroups<${COUNT}>(); else pa::mlp::waitGroups<0>();\n";
+inline constexpr const char* kMlpBarrier = "    __syncthreads();\n";
+// The resident forward's prefetch of the next tile's rows (a group of its own, empty past the end).
+inline constexpr const char* kMlpPrefetchRows = R"(    {
+      const long long next = tile + gridDim.x;
+      pa::mlp::copyAsync<T>(sm + ${OFF}, ${SRC} + next * R * ${WIDTH}, (int)max(0LL, min((long long)R, batch - next * R)) * ${WIDTH});
+      pa::mlp::commit();
+    }
 )";
 
-// fused-mlp-grad: block-strided tiles of R rows (each block the same tiles on every run); per
-// tile dz of the last layer from dy and y, then ${LAYERS}, one kMlpBackwardLayer per layer from the
-// last down. Each block adds its tiles' dW and db into its slot of the workspace (${P} floats at
-// scratch + blockIdx.x · ${P}); the last block to finish adds the ${C} slots in order into the
-// outputs (${FINAL}). Shared memory: the widest layer's weights, then three row buffers h, dz,
-// next of R × ${MAXW}.
+// fused-mlp-grad: block-strided tiles of R rows (each block the same tiles on every run). Per
+// tile ${TOP} (the tile's inputs, then dz of the last layer from dy and y), then ${LAYERS}, one
+// kMlpBackwardLayer per layer from the last down, each adding the tile's dW and db into the
+// block's partial sums `part` (${P} floats) and making the next dz. Then the reduction of the
+// ${C} blocks' partial sums (kernels/fused_mlp.cuh): ${LEVEL1} per gradient segment (this rank's
+// share of the cluster's sum) and ${LEVEL2} (the last cluster's sum of the cluster slots).
+// ${FENCE}: partial sums in the scratch are made visible device-wide before the cluster barrier.
 inline constexpr const char* kMlpBackward = R"(
 #include "kernels/fused_mlp.cuh"
-extern "C" __global__ void __launch_bounds__(${T}) ${NAME}(${PARAMS}) {
+// On sm_90: clusters of ${G} blocks (${C} blocks, ${C} / ${G} clusters); elsewhere each block is its own cluster.
+extern "C" __global__ void __launch_bounds__(${T}) ${CLUSTER}${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  extern __shared__ float pa_mlp_smem[];
-  constexpr int R = ${R}, T = ${T}, TM = ${TM}, TK = ${TK};
-  float* const ws = pa_mlp_smem;
-  float* const h = ws + ${WFLOATS};
-  float* const part = scratch + (long long)blockIdx.x * ${P};
+  extern __shared__ __align__(16) float pa_mlp_smem[];
+  constexpr int R = ${R}, T = ${T}, G = PA_MLP_CLUSTERS ? ${G} : 1, NC = ${C} / G;
+  constexpr long long P = ${P};
+  float* const sm = pa_mlp_smem;
+  float* const part = ${PART};
+  const long long tiles = ${TILES}, batch = ${ROWS};
+  long long tile = blockIdx.x;
+  int rows = (int)max(0LL, min((long long)R, batch - tile * R));
   bool first = true;
-  for (long long tile = blockIdx.x; tile < ${TILES}; tile += gridDim.x, first = false) {
-    float* dz = h + R * ${MAXW};
-    float* next = dz + R * ${MAXW};
+${PROLOGUE}  for (; tile < tiles; tile += gridDim.x, first = false) {
     const long long row0 = tile * R;
-    const int rows = (int)min((long long)R, ${ROWS} - row0);
-    __syncthreads();  // the previous tile is done with the buffers
-    pa::mlp::outputGrad<T, ${LASTACT}>(in0, ${Y}, row0 * ${NL}, rows * ${NL}, dz);
-${LAYERS}  }
-  if (first)  // a block without rows (an empty batch) adds zeros
-    for (int e = threadIdx.x; e < ${P}; e += T) part[e] = 0.0f;
-  if (!pa::mlp::lastBlockDone(reinterpret_cast<unsigned*>(scratch + ${C}LL * ${P}))) return;
-${FINAL}}
+    rows = (int)min((long long)R, batch - row0);
+${TOP}${LAYERS}  }
+  pa::mlp::waitGroups<0>();
+  if (first)  // a block without rows adds zeros
+    for (int e = threadIdx.x; e < P; e += T) part[e] = 0.0f;
+${FENCE}  __syncthreads();
+  pa::mlp::clusterArrive();
+  pa::mlp::clusterWait();  // every member's partial sums are complete
+  const int rank = (int)(blockIdx.x % G);
+  {
+    const long long cluster = blockIdx.x / G;
+    const float* member[G];
+    for (int m = 0; m < G; ++m) member[m] = ${MEMBER};
+    float* const slot = scratch + ${SLOTS} + cluster * P;
+    (void)slot;
+${LEVEL1}  }
+  pa::mlp::clusterArrive();  // this block no longer reads the members' shared memory
+  if (NC > 1 && pa::mlp::lastToArrive(reinterpret_cast<unsigned*>(scratch + ${COUNTERS}) + rank, NC)) {
+    const float* const slots = scratch + ${SLOTS};
+${LEVEL2}  }
+  pa::mlp::clusterWait();  // nor does any other: the shared memory may go
+}
 )";
 
-// One backward layer: its input h (x or the lower layer's saved output) and weights into shared
-// memory, the tile's dW and db into the block's slot, then dh = dz·Wᵀ as the next dz (times the
-// lower activation's derivative) or as dx (${DXSTEP}).
-inline constexpr const char* kMlpBackwardLayer = R"(    // layer ${LAYER}: [${K}] -> [${N}], ${ACTNAME}${BIASNOTE}
-    pa::mlp::loadTile<T>(${H}, row0 * ${K}, rows * ${K}, h);
-    pa::mlp::loadWeights<${K}, ${N}, ${S}, T>(${W}, ws);
-    __syncthreads();
-    pa::mlp::weightGrad<${K}, ${N}, TK, T, ${HASBIAS}>(h, dz, rows, part + ${WOFF}, part + ${BOFF}, first);
-${DXSTEP}    __syncthreads();
-    { float* const t = dz; dz = next; next = t; }
+// The resident backward's tile inputs after the first: the previous tile is done with the buffers.
+inline constexpr const char* kMlpLaterTileCopies = R"(    if (!first) {
+      __syncthreads();
+${COPIES}      pa::mlp::commit();
+    }
 )";
 
-// dh = dz·Wᵀ: the lower layer's dz (Lower its activation), or dx (Lower -1, into ${DX}).
+// dz of the last layer from the tile's dy and y.
+inline constexpr const char* kMlpOutputGrad =
+    "    pa::mlp::outputGrad<T, ${ACT}>(sm + ${DY}, sm + ${Y}, sm + ${DZ}, rows * ${N});\n";
+
+// One backward layer: ${BEFORE} (its copies, waits and barrier), the tile's dW and db into the
+// block's partial sums, then ${DXSTEP} (dh = dz·Wᵀ as the next dz, or dx).
+inline constexpr const char* kMlpBackwardLayer = R"(    // layer ${LAYER}: [${K}] -> [${N}], ${ACTNAME}${BIASNOTE}; ${TILING}
+${BEFORE}    pa::mlp::weightGrad<${K}, ${N}, T, ${TK}, ${VW}, ${HASBIAS}>(sm + ${H}, sm + ${DZ}, rows, part + ${WOFF}, part + ${BOFF}, first);
+${DXSTEP})";
+
+// dh = dz·Wᵀ: the lower layer's dz (Lower its activation) into shared NEXT, or dx (Lower -1, into ${DX}).
 inline constexpr const char* kMlpInputGrad =
-    R"(    pa::mlp::inputGrad<${K}, ${N}, ${S}, R, TM, T, ${LOWER}>(dz, ws, h, next, ${DX}, row0 * ${K}, rows);
+    R"(    pa::mlp::inputGrad<${K}, ${N}, ${S}, R, T, ${TM}, ${V}, ${NS}, ${LOWER}>(sm + ${DZ}, sm + ${WOFF}, sm + ${H}, ${NEXT}, ${DX}, row0 * ${K}, rows);
 )";
 
-// The last block: output element e of a gradient is the sum of the slots' element OFF + e.
-inline constexpr const char* kMlpFinalSum = R"(  for (int e = threadIdx.x; e < ${COUNT}; e += T) ${OUT}[e] = pa::mlp::sumSlots(scratch, ${C}, ${P}, ${OFF} + e);
+// Level 1 for one gradient segment (COUNT floats at OFF in a partial sum): this rank's share
+// summed over the cluster's members, into the gradient OUT when there is one cluster, else into
+// the cluster's slot.
+inline constexpr const char* kMlpSumMembers = R"(    if constexpr (NC == 1) pa::mlp::sumMembers<T, G, ${SHARED}>(member, ${OFF}, ${COUNT}, rank, ${OUT}, 0);
+    else pa::mlp::sumMembers<T, G, ${SHARED}>(member, ${OFF}, ${COUNT}, rank, slot, ${OFF});
 )";
+// Level 2 for one segment: this rank's share of the cluster slots, added in cluster order.
+inline constexpr const char* kMlpSumSlots = "    pa::mlp::sumSlots<T, G, NC, P>(slots, ${OFF}, ${COUNT}, rank, ${OUT});\n";
 
 }  // namespace pa::codegen::templates
