@@ -59,18 +59,32 @@ __device__ __forceinline__ void flashBackwardPreprocess(const FlashKernelParams&
   const bool sinkGrad = p.sinkLogits != 0 && p.dSinkLogits != 0;
   const float sink = sinkGrad ? ((const float*)p.sinkLogits)[h] : 0.f;
   float sinkAcc = 0.f;
-  for (int r = warp; r < kPreprocessRows; r += 8) {
-    const int q = blockIdx.x * kPreprocessRows + r;
-    if (q >= p.qLen) break;
-    float acc = 0.f;
-    for (int d = lane; d < p.headDim; d += 32)
-      acc += Elem<Tag>::toFloat(gO[(long long)q * p.o.seqStride + d]) *
-             Elem<Tag>::toFloat(gdO[(long long)q * p.dO.seqStride + d]);
+  // A warp's rows warp, warp + 8, ... side by side: each step of d issues every row's loads at
+  // once (a row's own sum still runs over d in order, so the sums are those of one row at a time).
+  constexpr int RW = kPreprocessRows / 8;
+  const int row0 = blockIdx.x * kPreprocessRows + warp;
+  float acc[RW];
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  for (int i = 0; i < RW; ++i) acc[i] = 0.f;
+  for (int d = lane; d < p.headDim; d += 32) {
+#pragma unroll
+    for (int i = 0; i < RW; ++i) {
+      const int q = row0 + 8 * i;
+      if (q < p.qLen)
+        acc[i] += Elem<Tag>::toFloat(gO[(long long)q * p.o.seqStride + d]) *
+                  Elem<Tag>::toFloat(gdO[(long long)q * p.dO.seqStride + d]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const int q = row0 + 8 * i;
+    if (q >= p.qLen) break;
+    float a = acc[i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
     if (lane == 0) {
-      delta[q] = acc;
-      if (sinkGrad) sinkAcc -= expf(sink - lse[q]) * acc;
+      delta[q] = a;
+      if (sinkGrad) sinkAcc -= expf(sink - lse[q]) * a;
     }
     if (p.dQAccum) {  // the atomic-dQ dK/dV kernel adds into this row next
       float* row = (float*)p.dQAccum + ((long long)bh * p.qLen + q) * p.headDim;

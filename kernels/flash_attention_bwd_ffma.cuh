@@ -193,24 +193,36 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
 }
 
 // dQ = scale * the sum of the key blocks' dS.K shares (flashBackwardDkDvF32<..., kDqPartial>), in
-// key-block order, over the blocks that saw the query tile (the dK/dV kernel's own test).
-// Grid (ceil(qLen / 64), batch * heads), 256 threads; BN = 16 R keys per block.
+// key-block order, over the blocks that saw the row's 64-row query tile (the dK/dV kernel's own
+// test). Grid (ceil(qLen / kDqReduceRows), batch * heads), 256 threads, a block a slice of a
+// tile; BN = 16 R keys per block, at most kMaxDqPartialBlocks blocks: every share of an element
+// is loaded before the first is added, so the loads are in flight together.
+constexpr int kDqReduceRows = 16;
 template <int R>
 __device__ __forceinline__ void flashBackwardDqReduceF32(const FlashKernelParams& p) {
-  constexpr int BN = 16 * R, BQ = 64;
+  constexpr int BN = 16 * R, BQ = kDqReduceRows, KB = 8;  // KB: codegen's kMaxDqPartialBlocks
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int q0 = blockIdx.x * BQ, q1 = min(q0 + BQ, p.qLen);
+  const int t0 = q0 / 64 * 64, t1 = min(t0 + 64, p.qLen);  // the query tile whose visibility counts
   const TileMask tm{p.mask, p.qLen, p.kLen};
-  const int blocks = ceilDiv(p.kLen, BN);
+  const int blocks = min(ceilDiv(p.kLen, BN), KB);
+  unsigned visible = 0;
+  for (int kb = 0; kb < blocks; ++kb)
+    if (tm.anyVisible(t0, t1, kb * BN, min(kb * BN + BN, p.kLen))) visible |= 1u << kb;
   const long long slice = (long long)p.batch * p.heads * p.qLen * p.headDim;
   const float* part = (const float*)p.dQPartial + (long long)bh * p.qLen * p.headDim;
   float* gdQ = sliceMutPtr<float>(p.dQ, b, h);
   const int n = (q1 - q0) * p.headDim;
   for (int i = threadIdx.x; i < n; i += 256) {
     const int q = q0 + i / p.headDim, d = i % p.headDim;
+    const long long at = (long long)q * p.headDim + d;
+    float share[KB];
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) share[kb] = visible >> kb & 1u ? part[kb * slice + at] : 0.f;
     float s = 0.f;
-    for (int kb = 0; kb < blocks; ++kb)
-      if (tm.anyVisible(q0, q1, kb * BN, min(kb * BN + BN, p.kLen))) s += part[kb * slice + (long long)q * p.headDim + d];
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb)
+      if (visible >> kb & 1u) s += share[kb];
     gdQ[(long long)q * p.dQ.seqStride + d] = s * p.scale;
   }
 }

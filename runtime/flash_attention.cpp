@@ -17,6 +17,7 @@ namespace pa {
 namespace {
 
 constexpr int kPreprocessRows = 64;  // mirrors flash::kPreprocessRows
+constexpr int kDqReduceRows = 16;    // mirrors flash::kDqReduceRows
 
 int elemBytes(FlashDType t) {
   switch (t) {
@@ -252,8 +253,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   if (dkdv.atomicDq) {
     launch(specFor(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream, mode);
   } else if (dkdv.dqPartial) {
-    launch(specFor(FlashKernelKind::kBwdDqReduce, c), ceilDiv(c.qLen, 64),
-           c.batch * c.heads, p, stream, mode);
+    launch(specFor(FlashKernelKind::kBwdDqReduce, c), ceilDiv(c.qLen, kDqReduceRows), c.batch * c.heads, p, stream, mode);
   } else {
     const FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);
     launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream, mode);
