@@ -109,12 +109,7 @@ TEST(GeneratedKernels, EveryOpCasesKernelsCompile) {
   std::set<OpKind> compiled;
   for (const test::OpCase& oc : test::allCases()) {
     for (bool bf16 : {false, true}) {
-      Graph g;
-      const ValueId out = oc.build(g);
-      if (bf16) g.setOutput("op", out);
-      test::addWeightedSumLoss(g, out);
-      appendBackward(g, g.output("loss"), g.params());
-      if (bf16) lowerToBf16(g);
+      const Graph g = test::opCaseTrainingGraph(oc, bf16);
       const std::string label = oc.name + (bf16 ? "_bf16" : "");
       for (NodeId id : g.topoOrder()) {
         const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);

@@ -11,6 +11,9 @@
 #include <ostream>
 
 #include "graph/graph.h"
+#include "passes/autodiff.h"
+#include "passes/fusion.h"
+#include "tests/test_util.h"
 
 namespace pa::test {
 
@@ -348,6 +351,18 @@ inline std::vector<OpCase> allCases() {
                    return g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(m.acts).set<attr::MlpBiases>(m.biases));
                  }});
   return c;
+}
+
+// The case's graph as a training step runs it: a weighted-sum loss and the backward, lowered to
+// bf16 when asked (the op's output kept as the graph output "op" there).
+inline Graph opCaseTrainingGraph(const OpCase& oc, bool bf16) {
+  Graph g;
+  const ValueId out = oc.build(g);
+  if (bf16) g.setOutput("op", out);
+  addWeightedSumLoss(g, out);
+  appendBackward(g, g.output("loss"), g.params());
+  if (bf16) lowerToBf16(g);
+  return g;
 }
 
 }  // namespace pa::test

@@ -61,12 +61,7 @@ TEST(Pdl, EveryConfigsKernelsBeginWithThePrologue) {
 TEST(Pdl, EveryOpCasesKernelsBeginWithThePrologue) {
   for (const test::OpCase& oc : test::allCases())
     for (bool bf16 : {false, true}) {
-      Graph g;
-      const ValueId out = oc.build(g);
-      if (bf16) g.setOutput("op", out);
-      test::addWeightedSumLoss(g, out);
-      appendBackward(g, g.output("loss"), g.params());
-      if (bf16) lowerToBf16(g);
+      const Graph g = test::opCaseTrainingGraph(oc, bf16);
       for (const std::string& k : kernelsWithoutPrologue(g, oc.name + (bf16 ? "_bf16" : "")))
         ADD_FAILURE() << k << " does not begin with pa::pdlBegin()";
     }
