@@ -176,7 +176,10 @@ void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
 // epilogue kernels) on the node's own buffers filled with fresh random values (the arena holds
 // nothing yet: parameters and constants are uploaded afterwards), replayed from a CUDA graph so
 // that the launch cost of the host does not count, as in the captured training step: a warm-up
-// run, then the median of 5 replays of enough runs to last ~0.5 ms.
+// run, then the median of 5 replays of enough runs to last ~0.5 ms. The choice is cached under
+// the device, cuBLASLt's version, the problem and the generated kernels' sources less their
+// banners and names (codegen::sourceWithoutName), so that a node repeating another's GEMM (a
+// transformer's layers) takes the choice measured for the first.
 void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
   if (library_.empty()) {
     for (NodeId id : order_) gemmStats_.generated += codegen::libraryGemmOf(g_, id).supported ? 1 : 0;
@@ -196,7 +199,7 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
     }
     LibraryNode& l = it->second;
     std::string generatedSource;
-    for (const Launch& k : launches_[static_cast<size_t>(id)]) generatedSource += k.kernel.source;
+    for (const Launch& k : launches_[static_cast<size_t>(id)]) generatedSource += codegen::sourceWithoutName(k.kernel);
     const std::string key = prefix + l.plan->problem().describe() + "|post" + std::to_string(l.post.size()) + "|gen" +
                             codegen::contentHash(generatedSource);
     GemmChoice choice;
@@ -329,7 +332,9 @@ double CudaGraphRunner::measure(cuda::Stream& stream, const std::function<void(c
 // model; the runner also compiles the node's other tile variants (tileVariants_) and, before the
 // provider choice, times each candidate as the whole node on its own buffers (fresh random
 // values, CUDA-graph replays, median), keeping the fastest in launches_. The choice is cached in
-// the autotune cache under the device, its SM count and a hash of every candidate's source, as
+// the autotune cache under the device, its SM count and a hash of every candidate's source
+// less its banner and name (codegen::sourceWithoutName: a layer repeating another's GEMM takes
+// the choice measured for the first), as
 // the winner's index (0: the emitter's pick). Variants that lose stay compiled but never run.
 void CudaGraphRunner::chooseGemmTiles() {
   if (tileVariants_.empty()) return;
@@ -339,9 +344,9 @@ void CudaGraphRunner::chooseGemmTiles() {
   for (auto& [id, variants] : tileVariants_) {
     std::vector<Launch>& chosen = launches_[static_cast<size_t>(id)];
     std::string sources;
-    for (const Launch& l : chosen) sources += l.kernel.source;
+    for (const Launch& l : chosen) sources += codegen::sourceWithoutName(l.kernel);
     for (const std::vector<Launch>& v : variants)
-      for (const Launch& l : v) sources += l.kernel.source;
+      for (const Launch& l : v) sources += codegen::sourceWithoutName(l.kernel);
     const std::string key = prefix + codegen::contentHash(sources);
     size_t best = 0;
     const std::optional<AutotuneEntry> cached = AutotuneCache::instance().find(key);
