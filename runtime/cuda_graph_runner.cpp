@@ -185,13 +185,15 @@ void CudaGraphRunner::compile() {
   for (NodeId id : order_)
     for (Launch* l : nodeLaunches(id)) all.push_back(l);
   std::vector<std::string> keys(all.size());
-  std::vector<Launch*> fresh;  // the first launch of each source not compiled yet
+  std::vector<Launch*> fresh;                 // the first launch of each source not compiled yet
+  std::vector<const std::string*> freshKeys;  // and its key
   {
     std::unordered_map<std::string, size_t> seen;
     for (size_t i = 0; i < all.size(); ++i) {
       keys[i] = codegen::sourceWithoutName(all[i]->kernel);
       if (compiled_->bySource.count(keys[i]) || !seen.emplace(keys[i], i).second) continue;
       fresh.push_back(all[i]);
+      freshKeys.push_back(&keys[i]);
     }
   }
   compiledCount_ = static_cast<int>(fresh.size());
@@ -236,10 +238,10 @@ void CudaGraphRunner::compile() {
     if (e) std::rethrow_exception(e);
   modules_.resize(results.size(), nullptr);
   for (size_t i = 0; i < results.size(); ++i) PA_CU_CHECK(cuModuleLoadData(&modules_[i], results[i].cubin.data()));
-  for (Launch* l : fresh) {
+  for (size_t i = 0; i < fresh.size(); ++i) {
     CompiledKernels::Entry e;
-    PA_CU_CHECK(cuModuleGetFunction(&e.fn, modules_[static_cast<size_t>(l->program)], l->kernel.name.c_str()));
-    compiled_->bySource.emplace(codegen::sourceWithoutName(l->kernel), e);
+    PA_CU_CHECK(cuModuleGetFunction(&e.fn, modules_[static_cast<size_t>(fresh[i]->program)], fresh[i]->kernel.name.c_str()));
+    compiled_->bySource.emplace(*freshKeys[i], e);
   }
   for (size_t i = 0; i < all.size(); ++i) {
     CompiledKernels::Entry& e = compiled_->bySource.at(keys[i]);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -674,16 +675,22 @@ TEST(TrainOnGpu, ClippingWeightDecayAndScheduleMatchTheCpu) {
   EXPECT_LE(worst, 1e-4);
 }
 
-// Two GPU sessions of `cfg` from the same seed: one replays the step as a CUDA graph, the other
-// launches its kernels one by one.
-std::pair<std::unique_ptr<Session>, std::unique_ptr<Session>> graphedAndEager(const Config& cfg) {
+// Two GPU sessions of `cfg` from the same seed: the default one, and one with `other`'s change
+// to the options.
+std::pair<std::unique_ptr<Session>, std::unique_ptr<Session>> defaultAndOther(const Config& cfg,
+                                                                              const std::function<void(RunOptions&)>& other) {
   RunOptions o;
   o.progress = ProgressMode::Quiet;
   o.printSummary = false;
   o.device = "cuda";
-  std::unique_ptr<Session> graphed = makeSession(cfg, o);
-  o.cudaGraph = false;
-  return {std::move(graphed), makeSession(cfg, o)};
+  std::unique_ptr<Session> first = makeSession(cfg, o);
+  other(o);
+  return {std::move(first), makeSession(cfg, o)};
+}
+
+// One replays the step as a CUDA graph, the other launches its kernels one by one.
+std::pair<std::unique_ptr<Session>, std::unique_ptr<Session>> graphedAndEager(const Config& cfg) {
+  return defaultAndOther(cfg, [](RunOptions& o) { o.cudaGraph = false; });
 }
 
 // Trains both sessions `steps` steps and expects finite losses, the same bits in both.
@@ -764,13 +771,7 @@ TEST(TrainOnGpu, ProgrammaticDependentLaunchIsBitIdenticalToPlainLaunches) {
   for (const Case& c : cases) {
     const Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", c.sets);
     SCOPED_TRACE(std::string(c.config) + " " + precisionName(cfg.precision));
-    RunOptions o;
-    o.progress = ProgressMode::Quiet;
-    o.printSummary = false;
-    o.device = "cuda";
-    std::unique_ptr<Session> pdl = makeSession(cfg, o);
-    o.pdl = false;
-    std::unique_ptr<Session> plain = makeSession(cfg, o);
+    auto [pdl, plain] = defaultAndOther(cfg, [](RunOptions& o) { o.pdl = false; });
     ASSERT_NE(pdl->deviceSummary(), nullptr);
     EXPECT_FALSE(plain->deviceSummary()->programmaticLaunch);
     expectBitIdenticalLosses(*pdl, *plain, 20);
