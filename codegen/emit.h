@@ -44,6 +44,12 @@ struct Kernel {
 // transformer's layers repeat the same kernels).
 std::string sourceWithoutName(const Kernel& k);
 
+// Whether NVRTC takes long over `k`: a kernel built on a GEMM main loop (kernels/gemm_simt.cuh,
+// gemm_tf32.cuh, gemm_wgmma.cuh) or the fused MLP takes NVRTC some 20 times as long as a
+// pointwise, norm or reduction kernel (bench/RESULTS.md, "Start-up"). The runner compiles each
+// such kernel as a program of its own, first, and packs the others together.
+bool compilesSlowly(const Kernel& k);
+
 // Whether `source` defines at least one kernel and every kernel in it (each __global__ function)
 // begins with pa::pdlBegin(), the prologue of kernels/pdl.cuh: the condition for launching it as a
 // programmatic dependent (runtime/cuda/launch.h). Generated, FlashAttention and training kernels

@@ -36,6 +36,13 @@ std::string sourceWithoutName(const Kernel& k) {
   return out.append(src, from, std::string::npos);
 }
 
+bool compilesSlowly(const Kernel& k) {
+  return std::any_of(k.headers.begin(), k.headers.end(), [](const std::string& h) {
+    return h == "kernels/gemm_simt.cuh" || h == "kernels/gemm_tf32.cuh" || h == "kernels/gemm_wgmma.cuh" ||
+           h == "kernels/fused_mlp.cuh";
+  });
+}
+
 }  // namespace pa::codegen
 
 namespace pa::codegen::detail {

@@ -3,18 +3,50 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "common/debug.h"
 
 namespace pa::codegen {
 
+int nvrtcAtOnce() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
 namespace {
+
+class CompileSlots {
+public:
+  CompileSlots() : free_(nvrtcAtOnce()) {}
+  void acquire() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    freed_.wait(lock, [&] { return free_ > 0; });
+    --free_;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++free_;
+    }
+    freed_.notify_one();
+  }
+
+private:
+  std::mutex mutex_;
+  std::condition_variable freed_;
+  int free_;
+};
+
+CompileSlots& compileSlots() {
+  static CompileSlots slots;
+  return slots;
+}
 
 struct Hasher {
   uint64_t a = 1469598103934665603ull, b = 0x9ae16a3b2f90404full;
@@ -132,8 +164,15 @@ CompileResult KernelCache::compile(const CompileRequest& request) {
   }
   // NVRTC runs outside the lock, so independent programs compile in parallel threads; two
   // threads asking for the same key both compile it and store the same bytes.
+  struct Slot {
+    Slot() { compileSlots().acquire(); }
+    ~Slot() { compileSlots().release(); }
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  CompileResult r = Nvrtc::instance().compile(request);
+  CompileResult r = [&] {
+    Slot slot;
+    return Nvrtc::instance().compile(request);
+  }();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.compileSeconds += seconds;

@@ -25,6 +25,11 @@ struct KernelCacheStats {
 // key, the payload's size and its hash, then the cubin; a file that fails any of these checks is
 // reported, recompiled and rewritten. Files are written to a temporary name and renamed, so a
 // crash never leaves a half-written entry under a valid name.
+// How many NVRTC compilations run at a time in the process, whoever asks (the runner's programs
+// and the FlashAttention kernels compile side by side): one per core. More threads would only
+// share the cores.
+int nvrtcAtOnce();
+
 class KernelCache {
 public:
   // Directory: PA_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/pureattention/kernels, else

@@ -178,9 +178,9 @@ void printHeader(const Config& cfg, const RunOptions& opt, Session& session, con
               cfg.name.c_str(), humanCount(r.parameterCount).c_str(), r.forwardNodes, r.trainNodes,
               opt.noFuse ? " (unfused)" : "", r.device.c_str(), precisionName(cfg.precision));
   if (const DeviceSummary* d = session.deviceSummary()) {
-    std::printf("kernels: %d generated, %d distinct (%d + %d NVRTC programs, %lld compiled, %lld from the cache) in %.2f s; "
-                "activations %s, parameters and Adam state %s on the device\n",
-                d->generatedKernels, d->distinctKernels, d->trainPrograms, d->validationPrograms, d->compiled, d->fromCache,
+    std::printf("kernels: %d generated, %d distinct (%d NVRTC programs, %lld compiled in %.1f s of NVRTC time, %lld from "
+                "the cache) in %.2f s; activations %s, parameters and Adam state %s on the device\n",
+                d->generatedKernels, d->distinctKernels, d->programs, d->compiled, d->nvrtcSeconds, d->fromCache,
                 d->compileSeconds, formatMiB(d->activationBytes).c_str(), formatMiB(d->paramAndAdamBytes).c_str());
     std::printf("%s\n", r.gemm.c_str());
   }

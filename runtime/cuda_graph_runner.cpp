@@ -2,6 +2,7 @@
 #include "runtime/cuda_graph_runner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -39,6 +40,14 @@ struct CudaGraphRunner::CompiledKernels {
     unsigned sharedOptIn = 0;  // the dynamic shared memory the function is opted into (0: the default)
   };
   std::unordered_map<std::string, Entry> bySource;  // codegen::sourceWithoutName
+  std::vector<cuda::CUmodule> modules;              // which hold the functions
+  CompiledKernels() = default;
+  CompiledKernels(const CompiledKernels&) = delete;
+  CompiledKernels& operator=(const CompiledKernels&) = delete;
+  ~CompiledKernels() {
+    for (cuda::CUmodule m : modules)
+      if (m) cuda::Driver::instance().api().cuModuleUnload(m);
+  }
 };
 
 CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt)
@@ -108,29 +117,44 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     }
   }
   planLibraryGemms(opt);
+  opt_ = opt;
+  flashProblems_ = std::move(flashProblems);
+  if (!opt.deferCompile) compileTogether({this});
+}
+
+void CudaGraphRunner::compileTogether(const std::vector<CudaGraphRunner*>& runners) {
+  if (runners.empty()) return;
+  for (CudaGraphRunner* r : runners)
+    if (r->ready_ || r->compiled_ != runners.front()->compiled_)
+      throw std::logic_error("CudaGraphRunner::compileTogether: runners already compiled, or not sharing parameters");
   // The FlashAttention kernels compile beside the generated programs (and come from the same
-  // cache), so that the first step compiles nothing.
+  // cache), so that the first step compiles nothing; each runner's in turn, the later ones'
+  // mostly from the memory cache.
   const auto t0 = std::chrono::steady_clock::now();
   std::exception_ptr flashError;
-  std::thread flashPrepare;
-  if (flash_)
-    flashPrepare = std::thread([&] {
-      try {
-        flash_->prepare(flashProblems);
-      } catch (...) {
-        flashError = std::current_exception();
-      }
-    });
+  std::thread flashPrepare([&] {
+    try {
+      for (CudaGraphRunner* r : runners)
+        if (r->flash_) r->flash_->prepare(r->flashProblems_);
+    } catch (...) {
+      flashError = std::current_exception();
+    }
+  });
   try {
-    compile();
+    compileKernels(runners);
   } catch (...) {
-    if (flashPrepare.joinable()) flashPrepare.join();
+    flashPrepare.join();
     throw;
   }
-  if (flashPrepare.joinable()) flashPrepare.join();
+  flashPrepare.join();
   if (flashError) std::rethrow_exception(flashError);
-  compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  runners.front()->compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (CudaGraphRunner* r : runners) r->finish();
+}
 
+void CudaGraphRunner::finish() {
+  const Graph& g = g_;
+  const CudaRunnerOptions& opt = opt_;
   // Arguments are resolved once (the buffers never move); KernelParams keeps their addresses.
   for (NodeId id : order_) {
     const Node& n = g.node(id);
@@ -166,85 +190,114 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     }
     upload(n.outputs[0], host.data());
   }
+  ready_ = true;
 }
 
-// Note on parallel compilation. A kernel is compiled once per distinct source: kernels whose
-// sources differ only in their names (a transformer's layers repeat the same shapes, the
-// validation graph's forward repeats the training graph's) share one compiled function, found
-// by codegen::sourceWithoutName in the map this runner shares with the runner it shares parameters with.
-// One NVRTC program per kernel would pay NVRTC's fixed start-up cost (parsing, the embedded
-// headers) once per kernel; one program for the whole graph uses a single core. The kernels to
-// compile are dealt round-robin, in topological order (so that each program gets a mix of the
-// graph's kernel kinds), into as many programs as there are cores (at most 16, and no program
-// smaller than 4 kernels), compiled by one thread each. The split depends only on the kernels
-// and the core count, so the cache keys are stable on a machine.
-void CudaGraphRunner::compile() {
-  if (kernelCount_ == 0) return;
-  const auto t0 = std::chrono::steady_clock::now();
+// Note on compilation. A kernel is compiled once per distinct source: kernels whose sources
+// differ only in their names (a transformer's layers repeat the same shapes, the validation
+// graph's forward repeats the training graph's) share one compiled function, found by
+// codegen::sourceWithoutName in the map the runners sharing parameters share. The session
+// compiles its training and validation runners together, in one pool of threads (one per core,
+// codegen::nvrtcAtOnce). NVRTC's time on a program grows faster than the program (a
+// transformer's 87 distinct kernels take 35 s as one program and 4 s as 61 programs on 16
+// threads), so programs are small: a kernel on a GEMM main loop, some 20 times slower to compile
+// than the rest (codegen::compilesSlowly), is a program of its own, and the others are packed
+// eight to a program, in topological order. The pool takes the slow programs first, so that the
+// last to finish are short ones. The split depends only on the kernels, so the cache keys are
+// stable from run to run.
+void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runners) {
+  CompiledKernels& compiled = *runners.front()->compiled_;
   std::vector<Launch*> all;
-  for (NodeId id : order_)
-    for (Launch* l : nodeLaunches(id)) all.push_back(l);
+  for (CudaGraphRunner* r : runners)
+    for (NodeId id : r->order_)
+      for (Launch* l : r->nodeLaunches(id)) all.push_back(l);
+  if (all.empty()) return;
   std::vector<std::string> keys(all.size());
   std::vector<Launch*> fresh;                 // the first launch of each source not compiled yet
   std::vector<const std::string*> freshKeys;  // and its key
   {
     std::unordered_map<std::string, size_t> seen;
-    for (size_t i = 0; i < all.size(); ++i) {
-      keys[i] = codegen::sourceWithoutName(all[i]->kernel);
-      if (compiled_->bySource.count(keys[i]) || !seen.emplace(keys[i], i).second) continue;
-      fresh.push_back(all[i]);
-      freshKeys.push_back(&keys[i]);
+    size_t at = 0;
+    for (CudaGraphRunner* r : runners) {
+      r->compiledCount_ = 0;
+      r->programs_ = 0;
+      for (NodeId id : r->order_)
+        for (size_t n = r->nodeLaunches(id).size(); n > 0; --n, ++at) {
+          keys[at] = codegen::sourceWithoutName(all[at]->kernel);
+          if (compiled.bySource.count(keys[at]) || !seen.emplace(keys[at], at).second) continue;
+          fresh.push_back(all[at]);
+          freshKeys.push_back(&keys[at]);
+          ++r->compiledCount_;
+        }
     }
   }
-  compiledCount_ = static_cast<int>(fresh.size());
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  programs_ = fresh.empty() ? 0 : std::max(1, std::min({cores, 16, (compiledCount_ + 3) / 4}));
-  std::vector<std::string> sources(static_cast<size_t>(programs_));
+  // Programs: each slow kernel alone, then the others eight at a time.
+  constexpr size_t kPacked = 8;
+  std::vector<std::vector<size_t>> programs, packed;
   for (size_t i = 0; i < fresh.size(); ++i) {
-    fresh[i]->program = static_cast<int>(i % static_cast<size_t>(programs_));
-    sources[static_cast<size_t>(fresh[i]->program)] += fresh[i]->kernel.source + "\n";
+    if (codegen::compilesSlowly(fresh[i]->kernel)) {
+      programs.push_back({i});
+    } else {
+      if (packed.empty() || packed.back().size() == kPacked) packed.emplace_back();
+      packed.back().push_back(i);
+    }
   }
+  programs.insert(programs.end(), packed.begin(), packed.end());
+  runners.front()->programs_ = static_cast<int>(programs.size());
+  std::vector<std::string> sources(programs.size());
+  for (size_t p = 0; p < programs.size(); ++p)
+    for (size_t i : programs[p]) {
+      fresh[i]->program = static_cast<int>(p);
+      sources[p] += fresh[i]->kernel.source + "\n";
+    }
   std::vector<codegen::CompileResult> results(sources.size());
   std::vector<std::exception_ptr> errors(sources.size());
   const std::vector<std::pair<std::string, std::string>> headers = codegen::embeddedKernelHeaders();
-  auto work = [&](size_t i) {
+  const std::string arch = runners.front()->device_.info().arch();
+  auto compileOne = [&](size_t p) {
     try {
       codegen::CompileRequest req;
-      req.kernelName = "graph part " + std::to_string(i + 1) + "/" + std::to_string(sources.size());
-      req.source = sources[i];
+      req.kernelName = "graph part " + std::to_string(p + 1) + "/" + std::to_string(sources.size());
+      req.source = sources[p];
       req.headers = headers;
-      req.arch = device_.info().arch();
+      req.arch = arch;
       req.extraOptions = {"-lineinfo"};
-      results[i] = codegen::KernelCache::instance().compile(req);
+      results[p] = codegen::KernelCache::instance().compile(req);
     } catch (const codegen::NvrtcError& e) {
       // Name the program's kernels and keep its source where the user can open it.
       std::string names;
-      for (const Launch* l : fresh)
-        if (static_cast<size_t>(l->program) == i) names += (names.empty() ? "" : ", ") + l->kernel.name;
+      for (size_t i : programs[p]) names += (names.empty() ? "" : ", ") + fresh[i]->kernel.name;
       const std::filesystem::path path =
-          std::filesystem::temp_directory_path() / ("pureattention-failed-part" + std::to_string(i + 1) + ".cu");
-      std::ofstream(path) << sources[i];
-      errors[i] = std::make_exception_ptr(codegen::NvrtcError(
+          std::filesystem::temp_directory_path() / ("pureattention-failed-part" + std::to_string(p + 1) + ".cu");
+      std::ofstream(path) << sources[p];
+      errors[p] = std::make_exception_ptr(codegen::NvrtcError(
           names, "does not compile (source: " + path.string() + "; --dump-kernels DIR writes each kernel alone)", e.log()));
     } catch (...) {
-      errors[i] = std::current_exception();
+      errors[p] = std::current_exception();
     }
   };
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t p; (p = next++) < sources.size();) compileOne(p);
+  };
   std::vector<std::thread> threads;
-  for (size_t i = 1; i < sources.size(); ++i) threads.emplace_back(work, i);
-  if (!sources.empty()) work(0);
+  for (size_t t = 1; t < std::min(static_cast<size_t>(codegen::nvrtcAtOnce()), sources.size()); ++t) threads.emplace_back(work);
+  work();
   for (std::thread& t : threads) t.join();
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
-  modules_.resize(results.size(), nullptr);
-  for (size_t i = 0; i < results.size(); ++i) PA_CU_CHECK(cuModuleLoadData(&modules_[i], results[i].cubin.data()));
+  std::vector<cuda::CUmodule> modules(results.size(), nullptr);
+  for (size_t p = 0; p < results.size(); ++p) {
+    PA_CU_CHECK(cuModuleLoadData(&modules[p], results[p].cubin.data()));
+    compiled.modules.push_back(modules[p]);
+  }
   for (size_t i = 0; i < fresh.size(); ++i) {
     CompiledKernels::Entry e;
-    PA_CU_CHECK(cuModuleGetFunction(&e.fn, modules_[static_cast<size_t>(fresh[i]->program)], fresh[i]->kernel.name.c_str()));
-    compiled_->bySource.emplace(*freshKeys[i], e);
+    PA_CU_CHECK(cuModuleGetFunction(&e.fn, modules[static_cast<size_t>(fresh[i]->program)], fresh[i]->kernel.name.c_str()));
+    compiled.bySource.emplace(*freshKeys[i], e);
   }
   for (size_t i = 0; i < all.size(); ++i) {
-    CompiledKernels::Entry& e = compiled_->bySource.at(keys[i]);
+    CompiledKernels::Entry& e = compiled.bySource.at(keys[i]);
     all[i]->fn = e.fn;
     const unsigned shared = all[i]->kernel.sharedBytes;
     if (shared > kDefaultSharedBytes && shared > e.sharedOptIn) {
@@ -252,7 +305,6 @@ void CudaGraphRunner::compile() {
       e.sharedOptIn = shared;
     }
   }
-  compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::vector<CudaGraphRunner::Launch*> CudaGraphRunner::nodeLaunches(NodeId id) {
@@ -268,10 +320,7 @@ std::vector<CudaGraphRunner::Launch*> CudaGraphRunner::nodeLaunches(NodeId id) {
   return out;
 }
 
-CudaGraphRunner::~CudaGraphRunner() {
-  for (cuda::CUmodule m : modules_)
-    if (m) cuda::Driver::instance().api().cuModuleUnload(m);
-}
+CudaGraphRunner::~CudaGraphRunner() = default;
 
 // Note on parameter mirrors. Under precision bf16 every weight a GEMM or the attention kernels
 // read gets a Cast to bf16 each step (passes/lower_bf16.cpp). Its input only changes where the
@@ -368,6 +417,7 @@ void CudaGraphRunner::download(ValueId v, float* host) const {
 }
 
 void CudaGraphRunner::run(cuda::CUstream stream) {
+  if (!ready_) throw std::logic_error("CudaGraphRunner::run before compileTogether");
   const int64_t flashBefore = flash_ ? flash_->launches() : 0;
   for (NodeId id : order_) runNode(id, stream, launch_);
   launchesPerRun_ = baseLaunches_ + static_cast<int>((flash_ ? flash_->launches() : 0) - flashBefore);

@@ -43,6 +43,10 @@ struct CudaRunnerOptions {
   // (sm_90+, runtime/cuda/launch.h): each may start while the one before it finishes. Off: every
   // kernel plain (A/B benchmarks: gpu_train_bench --no-pdl). Results are the same bits either way.
   bool pdl = true;
+  // Stop before compiling: the runner is usable once CudaGraphRunner::compileTogether has
+  // compiled it with the runners it shares kernels with (CudaSession: the training and the
+  // validation runner in one pool of threads).
+  bool deferCompile = false;
 };
 
 class CudaGraphRunner {
@@ -55,6 +59,10 @@ public:
   CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt = {});
   // The code generation choices the runner makes for `device` (also what --dump-kernels writes).
   static codegen::EmitOptions emitOptionsFor(const cuda::Device& device, bool tf32);
+  // Compiles the kernels of runners made with CudaRunnerOptions::deferCompile, each distinct
+  // kernel once over all of them, in one pool of threads, and finishes them (arguments, GEMM
+  // choices, constants). The runners after the first share the first one's parameters.
+  static void compileTogether(const std::vector<CudaGraphRunner*>& runners);
   ~CudaGraphRunner();
   CudaGraphRunner(const CudaGraphRunner&) = delete;
   CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;
@@ -66,7 +74,7 @@ public:
   // Queues every node's kernels on `stream`, in topological order, with no host synchronisation
   // and no allocation, so a stream capture of it replays as one CUDA graph. Our kernels go out
   // in launchMode(); cuBLASLt's are its own launches.
-  void run(cuda::CUstream stream = nullptr);
+  void run(cuda::CUstream stream = nullptr);  // (std::logic_error before compileTogether)
   // How run() launches our kernels: Programmatic where CudaRunnerOptions::pdl asked for it and
   // the device and driver allow it, else Plain.
   cuda::LaunchMode launchMode() const { return launch_; }
@@ -93,8 +101,10 @@ public:
   // Generated kernels compiled by this runner: one per distinct source (less the names), less
   // those the runner it shares parameters with had compiled already.
   int compiledKernels() const { return compiledCount_; }
+  // NVRTC programs and the wall time of the compile phase: a compileTogether's count on its
+  // first runner, 0 on the others.
   int programs() const { return programs_; }
-  double compileSeconds() const { return compileSeconds_; }  // wall time of the compile phase
+  double compileSeconds() const { return compileSeconds_; }
   // What the GEMM provider choice did: nodes on each provider, choices measured now and taken
   // from the autotune cache, and the time spent measuring.
   struct GemmStats {
@@ -123,7 +133,8 @@ private:
   struct LibraryNode;
   void runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode);
   void runPackedFlash(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode);  // flash-attention-qkv(-grad)
-  void compile();
+  static void compileKernels(const std::vector<CudaGraphRunner*>& runners);
+  void finish();  // after compileKernels: arguments, GEMM tiles and providers, constants
   void planLibraryGemms(const CudaRunnerOptions& opt);
   void chooseGemmProviders(const CudaRunnerOptions& opt);
   void chooseGemmTiles();
@@ -159,7 +170,6 @@ private:
   bool tuningFilled_ = false;
   std::map<NodeId, LibraryNode> library_;             // GEMM nodes cuBLASLt can run
   cuda::DeviceBuffer ltWorkspace_;                    // shared by them: one stream, one at a time
-  std::vector<cuda::CUmodule> modules_;
   // Every compiled kernel by its source less its name, with the dynamic shared memory it was
   // opted into; shared with the runner this one shares parameters with (whose modules, which
   // outlive this runner, hold the functions).
@@ -172,6 +182,9 @@ private:
   FlashAttentionConfig flashConfig(const Node& n) const;  // the node's problem, with deterministic_ and tf32_
   size_t arenaBytes_ = 0;
   int64_t paramFloats_ = 0;
+  CudaRunnerOptions opt_;
+  std::vector<std::pair<FlashAttentionConfig, bool>> flashProblems_;  // {config, backward} of every attention node
+  bool ready_ = false;  // compiled and finished
   int kernelCount_ = 0, compiledCount_ = 0, launchesPerRun_ = 0, baseLaunches_ = 0, programs_ = 0;
   double compileSeconds_ = 0;
   GemmStats gemmStats_;

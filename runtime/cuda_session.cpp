@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <thread>
 #include <utility>
 
 #include "codegen/emit.h"
@@ -171,6 +173,25 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   device().makeCurrent();  // the primary context, before the stream that belongs to it
   stream_ = std::make_unique<cuda::Stream>();
   summary_.contextSeconds = since(t);
+  // cuBLASLt's library (a few tenths of a second to load) and the step's own kernels (gather,
+  // gradient clipping, Adam, the loss ring) get ready on a thread beside the runners.
+  std::unique_ptr<CudaModule> stepKernels;
+  std::exception_ptr besideError;
+  std::thread beside([&] {
+    try {
+      device().makeCurrent();
+      if (spec_.gemm != GemmProvider::Generated) cuda::CublasLt::instance();
+      stepKernels = std::make_unique<CudaModule>(codegen::trainingKernelsSource(), device());
+    } catch (...) {
+      besideError = std::current_exception();
+    }
+  });
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() {
+      if (t.joinable()) t.join();
+    }
+  } joiner{beside};
   if (spec_.nccl) {
     // Every rank loads NCCL or fails alike; rank 0's id reaches the others through the host
     // communicator (MPI), then every rank joins the NCCL communicator on its device.
@@ -199,12 +220,16 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
     throw SessionSettingError("compiler.gemm",
                               "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());
   t = Clock::now();
+  ropt.deferCompile = true;  // both runners' kernels in one pool
   runner_ = std::make_unique<CudaGraphRunner>(g, device(), ropt);
   ropt.shareParamsWith = runner_.get();
   evalRunner_ = std::make_unique<CudaGraphRunner>(spec_.validation.graph, device(), ropt);
+  CudaGraphRunner::compileTogether({runner_.get(), evalRunner_.get()});
   const double runnersSeconds = since(t);
   t = Clock::now();
-  kernels_ = std::make_unique<CudaModule>(codegen::trainingKernelsSource(), device());
+  beside.join();
+  if (besideError) std::rethrow_exception(besideError);
+  kernels_ = std::move(stepKernels);
   const double trainingKernelsSeconds = since(t);
   const codegen::KernelCacheStats after = codegen::KernelCache::instance().stats();
   gather_ = kernels_->function("pa_gather_rows");
@@ -289,9 +314,9 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   res_.gemm = gemmSummary(spec_.gemm, *runner_, *evalRunner_);
   summary_.generatedKernels = runner_->generatedKernels() + evalRunner_->generatedKernels();
   summary_.distinctKernels = runner_->compiledKernels() + evalRunner_->compiledKernels();
-  summary_.trainPrograms = runner_->programs();
-  summary_.validationPrograms = evalRunner_->programs();
+  summary_.programs = runner_->programs() + evalRunner_->programs();
   summary_.compiled = static_cast<long long>(after.misses - before.misses);
+  summary_.nvrtcSeconds = after.compileSeconds - before.compileSeconds;
   summary_.fromCache = static_cast<long long>(after.memoryHits + after.diskHits - before.memoryHits - before.diskHits);
   summary_.compileSeconds = runner_->compileSeconds() + evalRunner_->compileSeconds() + trainingKernelsSeconds;
   summary_.gemmChoiceSeconds = runner_->gemmStats().tuneSeconds + evalRunner_->gemmStats().tuneSeconds;

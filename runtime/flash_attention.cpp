@@ -162,7 +162,7 @@ void FlashAttention::prepare(const std::vector<std::pair<FlashAttentionConfig, b
       }
     }
   };
-  const size_t threads = std::min<size_t>(specs.size(), std::max(1u, std::thread::hardware_concurrency()));
+  const size_t threads = std::min<size_t>(specs.size(), static_cast<size_t>(codegen::nvrtcAtOnce()));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();

@@ -326,6 +326,30 @@ TEST(Codegen, KernelsEqualUpToTheirNamesAreOneKernel) {
   EXPECT_EQ(codegen::sourceWithoutName(k), "extern \"C\" __global__ void \x01() { \x01_helper(); k7_add2(); xk7_add(); }\n");
 }
 
+// The runner gives each kernel on a GEMM main loop (or the fused MLP) an NVRTC program of its
+// own: codegen::compilesSlowly picks exactly the kernels that include those templates.
+TEST(Codegen, KernelsOnAGemmMainLoopCompileSlowly) {
+  const Graph g = trainingGraph("tiny_gpt", false);
+  for (const bool wgmma : {false, true}) {
+    codegen::EmitOptions opt;
+    opt.wgmma = wgmma;
+    int slow = 0, fast = 0;
+    for (NodeId id : g.topoOrder()) {
+      const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+      if (nk.external) continue;
+      for (const codegen::Kernel& k : nk.kernels) {
+        bool gemm = false;
+        for (const char* h : {"gemm_simt", "gemm_tf32", "gemm_wgmma", "fused_mlp"})
+          gemm |= k.source.find("#include \"kernels/" + std::string(h) + ".cuh\"") != std::string::npos;
+        EXPECT_EQ(codegen::compilesSlowly(k), gemm) << k.name;
+        (codegen::compilesSlowly(k) ? slow : fast) += 1;
+      }
+    }
+    EXPECT_GT(slow, 10) << "wgmma " << wgmma;
+    EXPECT_GT(fast, 10) << "wgmma " << wgmma;
+  }
+}
+
 TEST(Codegen, DumpedKernelsAreSelfContained) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
