@@ -46,7 +46,7 @@ std::string sourceWithoutName(const Kernel& k);
 
 // Whether NVRTC takes long over `k`: a kernel built on a GEMM main loop (kernels/gemm_simt.cuh,
 // gemm_tf32.cuh, gemm_wgmma.cuh) or the fused MLP takes NVRTC some 20 times as long as a
-// pointwise, norm or reduction kernel (bench/RESULTS.md, "Start-up"). The runner compiles each
+// pointwise, norm or reduction kernel (bench/RESULTS.md, "one compile pool for the session"). The runner compiles each
 // such kernel as a program of its own, first, and packs the others together.
 bool compilesSlowly(const Kernel& k);
 
