@@ -36,6 +36,25 @@ std::string sourceWithoutName(const Kernel& k) {
   return out.append(src, from, std::string::npos);
 }
 
+std::vector<std::vector<size_t>> splitIntoPrograms(const std::vector<const Kernel*>& kernels) {
+  constexpr size_t kPacked = 8;
+  std::vector<std::vector<size_t>> programs, packed;
+  auto holdsName = [&](const std::vector<size_t>& pack, const std::string& name) {
+    return std::any_of(pack.begin(), pack.end(), [&](size_t j) { return kernels[j]->name == name; });
+  };
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (compilesSlowly(*kernels[i])) {
+      programs.push_back({i});
+      continue;
+    }
+    if (packed.empty() || packed.back().size() == kPacked || holdsName(packed.back(), kernels[i]->name))
+      packed.emplace_back();
+    packed.back().push_back(i);
+  }
+  programs.insert(programs.end(), packed.begin(), packed.end());
+  return programs;
+}
+
 bool compilesSlowly(const Kernel& k) {
   return std::any_of(k.headers.begin(), k.headers.end(), [](const std::string& h) {
     return h == "kernels/gemm_simt.cuh" || h == "kernels/gemm_tf32.cuh" || h == "kernels/gemm_wgmma.cuh" ||

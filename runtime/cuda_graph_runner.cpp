@@ -198,13 +198,9 @@ void CudaGraphRunner::finish() {
 // graph's forward repeats the training graph's) share one compiled function, found by
 // codegen::sourceWithoutName in the map the runners sharing parameters share. The session
 // compiles its training and validation runners together, in one pool of threads (one per core,
-// codegen::nvrtcAtOnce). NVRTC's time on a program grows faster than the program (a
-// transformer's 87 distinct kernels take 35 s as one program and 4 s as 61 programs on 16
-// threads), so programs are small: a kernel on a GEMM main loop, some 20 times slower to compile
-// than the rest (codegen::compilesSlowly), is a program of its own, and the others are packed
-// eight to a program, in topological order. The pool takes the slow programs first, so that the
-// last to finish are short ones. The split depends only on the kernels, so the cache keys are
-// stable from run to run.
+// codegen::nvrtcAtOnce), over small programs (codegen::splitIntoPrograms: each kernel on a GEMM
+// main loop alone, taken first, so that the last to finish are short ones). The split depends
+// only on the kernels, so the cache keys are stable from run to run.
 void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runners) {
   CompiledKernels& compiled = *runners.front()->compiled_;
   std::vector<Launch*> all;
@@ -231,18 +227,9 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
         }
     }
   }
-  // Programs: each slow kernel alone, then the others eight at a time.
-  constexpr size_t kPacked = 8;
-  std::vector<std::vector<size_t>> programs, packed;
-  for (size_t i = 0; i < fresh.size(); ++i) {
-    if (codegen::compilesSlowly(fresh[i]->kernel)) {
-      programs.push_back({i});
-    } else {
-      if (packed.empty() || packed.back().size() == kPacked) packed.emplace_back();
-      packed.back().push_back(i);
-    }
-  }
-  programs.insert(programs.end(), packed.begin(), packed.end());
+  std::vector<const codegen::Kernel*> freshKernels;
+  for (const Launch* l : fresh) freshKernels.push_back(&l->kernel);
+  const std::vector<std::vector<size_t>> programs = codegen::splitIntoPrograms(freshKernels);
   runners.front()->programs_ = static_cast<int>(programs.size());
   std::vector<std::string> sources(programs.size());
   for (size_t p = 0; p < programs.size(); ++p)
