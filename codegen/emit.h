@@ -44,6 +44,16 @@ struct Kernel {
 // transformer's layers repeat the same kernels).
 std::string sourceWithoutName(const Kernel& k);
 
+// The name the runner compiles a kernel under, from `key` = sourceWithoutName(k): "pa_", the op
+// part of its name (k12_matmul_split: matmul_split) and 16 hex digits of a hash of the key. Kernels
+// equal under sourceWithoutName get one name and, through sourceNamed, one program text, however
+// their graph numbered its nodes: a program compiled for one graph comes from the kernel cache
+// for another (a layer added or removed, another config of the same shapes). Profilers show this
+// name.
+std::string compiledName(const Kernel& k, const std::string& key);
+// `key` (a kernel's sourceWithoutName) with `name` wherever the kernel's name stood.
+std::string sourceNamed(const std::string& key, const std::string& name);
+
 // Whether NVRTC takes long over `k`: a kernel built on a GEMM main loop (kernels/gemm_simt.cuh,
 // gemm_tf32.cuh, gemm_wgmma.cuh) or the fused MLP takes NVRTC some 20 times as long as a
 // pointwise, norm or reduction kernel (bench/RESULTS.md, "one compile pool for the session"). The runner compiles each

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <stdexcept>
 
@@ -34,6 +35,31 @@ std::string sourceWithoutName(const Kernel& k) {
     at = src.find(k.name, end);
   }
   return out.append(src, from, std::string::npos);
+}
+
+std::string compiledName(const Kernel& k, const std::string& key) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  size_t op = 0;  // past "k<digits>_"
+  if (k.name.size() > 1 && k.name[0] == 'k' && std::isdigit(static_cast<unsigned char>(k.name[1]))) {
+    const size_t us = k.name.find('_');
+    if (us != std::string::npos) op = us + 1;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return "pa_" + k.name.substr(op) + "_" + hex;
+}
+
+std::string sourceNamed(const std::string& key, const std::string& name) {
+  std::string out;
+  out.reserve(key.size() + 64);
+  for (char c : key) {
+    if (c == '\x01')
+      out += name;
+    else
+      out.push_back(c);
+  }
+  return out;
 }
 
 std::vector<std::vector<size_t>> splitIntoPrograms(const std::vector<const Kernel*>& kernels) {

@@ -198,7 +198,9 @@ void CudaGraphRunner::finish() {
 // graph's forward repeats the training graph's) share one compiled function, found by
 // codegen::sourceWithoutName in the map the runners sharing parameters share. The session
 // compiles its training and validation runners together, in one pool of threads (one per core,
-// codegen::nvrtcAtOnce), over small programs (codegen::splitIntoPrograms: each kernel on a GEMM
+// codegen::nvrtcAtOnce). Each kernel compiles under codegen::compiledName (its text less the
+// banner, named by a hash of it), so that a program's cache key does not depend on how the graph
+// numbered its nodes; the programs are small (codegen::splitIntoPrograms: each kernel on a GEMM
 // main loop alone, taken first, so that the last to finish are short ones). The split depends
 // only on the kernels, so the cache keys are stable from run to run.
 void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runners) {
@@ -228,14 +230,21 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
     }
   }
   std::vector<const codegen::Kernel*> freshKernels;
-  for (const Launch* l : fresh) freshKernels.push_back(&l->kernel);
+  std::vector<std::string> names;  // what each fresh kernel compiles as (codegen::compiledName)
+  std::unordered_map<std::string, const std::string*> keyOfName;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    freshKernels.push_back(&fresh[i]->kernel);
+    names.push_back(codegen::compiledName(fresh[i]->kernel, *freshKeys[i]));
+    if (!keyOfName.emplace(names.back(), freshKeys[i]).second)  // two sources, one hash
+      throw std::runtime_error("kernels " + fresh[i]->kernel.name + " and another hash to one compiled name " + names.back());
+  }
   const std::vector<std::vector<size_t>> programs = codegen::splitIntoPrograms(freshKernels);
   runners.front()->programs_ = static_cast<int>(programs.size());
   std::vector<std::string> sources(programs.size());
   for (size_t p = 0; p < programs.size(); ++p)
     for (size_t i : programs[p]) {
       fresh[i]->program = static_cast<int>(p);
-      sources[p] += fresh[i]->kernel.source + "\n";
+      sources[p] += codegen::sourceNamed(*freshKeys[i], names[i]) + "\n";
     }
   std::vector<codegen::CompileResult> results(sources.size());
   std::vector<std::exception_ptr> errors(sources.size());
@@ -252,13 +261,13 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
       results[p] = codegen::KernelCache::instance().compile(req);
     } catch (const codegen::NvrtcError& e) {
       // Name the program's kernels and keep its source where the user can open it.
-      std::string names;
-      for (size_t i : programs[p]) names += (names.empty() ? "" : ", ") + fresh[i]->kernel.name;
+      std::string kernelNames;
+      for (size_t i : programs[p]) kernelNames += (kernelNames.empty() ? "" : ", ") + fresh[i]->kernel.name + " as " + names[i];
       const std::filesystem::path path =
           std::filesystem::temp_directory_path() / ("pureattention-failed-part" + std::to_string(p + 1) + ".cu");
       std::ofstream(path) << sources[p];
       errors[p] = std::make_exception_ptr(codegen::NvrtcError(
-          names, "does not compile (source: " + path.string() + "; --dump-kernels DIR writes each kernel alone)", e.log()));
+          kernelNames, "does not compile (source: " + path.string() + "; --dump-kernels DIR writes each kernel alone)", e.log()));
     } catch (...) {
       errors[p] = std::current_exception();
     }
@@ -280,7 +289,7 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
   }
   for (size_t i = 0; i < fresh.size(); ++i) {
     CompiledKernels::Entry e;
-    PA_CU_CHECK(cuModuleGetFunction(&e.fn, modules[static_cast<size_t>(fresh[i]->program)], fresh[i]->kernel.name.c_str()));
+    PA_CU_CHECK(cuModuleGetFunction(&e.fn, modules[static_cast<size_t>(fresh[i]->program)], names[i].c_str()));
     compiled.bySource.emplace(*freshKeys[i], e);
   }
   for (size_t i = 0; i < all.size(); ++i) {

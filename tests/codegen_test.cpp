@@ -405,6 +405,76 @@ TEST(Codegen, KernelsSplitIntoSmallProgramsWithUniqueNames) {
   EXPECT_GT(programs.size() - slow, (light + 7) / 8);  // the name rule split packs
 }
 
+// The runner compiles each kernel under codegen::compiledName: kernels equal but for their names
+// (another graph's numbering of the same node) get one name and one program text, so one cache
+// entry; the program NVRTC makes of it defines that name and no other kernel's.
+TEST(Codegen, KernelsCompileUnderANameTheirGraphDoesNotChoose) {
+  const Graph g = trainingGraph("tiny_gpt", false);
+  codegen::EmitOptions opt;
+  opt.wgmma = true;
+  std::vector<codegen::Kernel> all;
+  for (NodeId id : g.topoOrder()) {
+    const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+    if (!nk.external) all.insert(all.end(), nk.kernels.begin(), nk.kernels.end());
+  }
+  // The same kernel numbered otherwise: another banner, another node id in every use of its name.
+  auto renumbered = [](const codegen::Kernel& k) {
+    codegen::Kernel r = k;
+    r.name = "k98765" + k.name.substr(k.name.find('_'));
+    r.source = "// another graph's banner\n";
+    for (size_t at = k.source.find('\n', 0) + 1; at < k.source.size();) {  // the banner's first line goes
+      const size_t hit = k.source.find(k.name, at);
+      r.source += k.source.substr(at, hit == std::string::npos ? std::string::npos : hit - at);
+      if (hit == std::string::npos) break;
+      r.source += r.name;
+      at = hit + k.name.size();
+    }
+    return r;
+  };
+  std::set<std::string> names;
+  std::map<std::string, std::string> nameOfKey;
+  const codegen::Kernel* gemm = nullptr;
+  const codegen::Kernel* small = nullptr;
+  for (const codegen::Kernel& k : all) {
+    const std::string key = codegen::sourceWithoutName(k);
+    const std::string name = codegen::compiledName(k, key);
+    EXPECT_EQ(name.rfind("pa_", 0), 0u) << name;
+    EXPECT_NE(name.find(k.name.substr(k.name.find('_') + 1)), std::string::npos) << k.name << " " << name;
+    const codegen::Kernel r = renumbered(k);
+    const std::string rkey = codegen::sourceWithoutName(r);
+    EXPECT_EQ(rkey, key) << k.name;
+    EXPECT_EQ(codegen::compiledName(r, rkey), name) << k.name;
+    const std::string text = codegen::sourceNamed(key, name);
+    EXPECT_EQ(text.find(k.name), std::string::npos) << k.name;
+    EXPECT_NE(text.find(" " + name + "("), std::string::npos) << k.name;
+    const auto [it, fresh] = nameOfKey.emplace(key, name);
+    if (fresh) {
+      EXPECT_TRUE(names.insert(name).second) << "two sources named " << name;
+    }
+    if (!gemm && codegen::compilesSlowly(k)) gemm = &k;
+    if (!small && !codegen::compilesSlowly(k)) small = &k;
+  }
+  EXPECT_GT(names.size(), 20u);
+  ASSERT_TRUE(gemm && small);
+  const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
+  if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
+  for (const codegen::Kernel* k : {gemm, small}) {
+    const std::string key = codegen::sourceWithoutName(*k);
+    const std::string name = codegen::compiledName(*k, key);
+    codegen::CompileRequest req;
+    req.kernelName = name;
+    req.source = codegen::sourceNamed(key, name);
+    req.headers = codegen::embeddedKernelHeaders();
+    req.arch = "sm_90a";
+    req.extraOptions = {"-lineinfo"};
+    const codegen::CompileResult r = nvrtc.compile(req);
+    const std::string cubin(r.cubin.begin(), r.cubin.end());
+    std::printf("%s (%s): %zu bytes of cubin\n", name.c_str(), k->name.c_str(), cubin.size());
+    EXPECT_NE(cubin.find(name + '\0'), std::string::npos) << name << " is not in the cubin";
+    EXPECT_EQ(cubin.find(k->name), std::string::npos) << k->name << " is in the cubin";
+  }
+}
+
 TEST(Codegen, DumpedKernelsAreSelfContained) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
