@@ -62,9 +62,9 @@ bool compilesSlowly(const Kernel& k);
 
 // How the runner splits kernels into NVRTC programs (indices into `kernels`, in their order):
 // each kernel that compilesSlowly alone, those first, then the others up to eight to a program in
-// their order, a kernel starting a new program where the current one holds its name already
-// (names are unique within a graph, not across the runners compiled together). NVRTC's time on a
-// program grows faster than the program (bench/RESULTS.md, "one compile pool for the session").
+// their order. NVRTC's time on a program grows faster than the program (bench/RESULTS.md, "one
+// compile pool for the session"). The kernels of one program must be distinct under
+// sourceWithoutName: the runner compiles each under its compiledName.
 std::vector<std::vector<size_t>> splitIntoPrograms(const std::vector<const Kernel*>& kernels);
 
 // Whether `source` defines at least one kernel and every kernel in it (each __global__ function)

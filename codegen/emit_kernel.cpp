@@ -65,16 +65,12 @@ std::string sourceNamed(const std::string& key, const std::string& name) {
 std::vector<std::vector<size_t>> splitIntoPrograms(const std::vector<const Kernel*>& kernels) {
   constexpr size_t kPacked = 8;
   std::vector<std::vector<size_t>> programs, packed;
-  auto holdsName = [&](const std::vector<size_t>& pack, const std::string& name) {
-    return std::any_of(pack.begin(), pack.end(), [&](size_t j) { return kernels[j]->name == name; });
-  };
   for (size_t i = 0; i < kernels.size(); ++i) {
     if (compilesSlowly(*kernels[i])) {
       programs.push_back({i});
       continue;
     }
-    if (packed.empty() || packed.back().size() == kPacked || holdsName(packed.back(), kernels[i]->name))
-      packed.emplace_back();
+    if (packed.empty() || packed.back().size() == kPacked) packed.emplace_back();
     packed.back().push_back(i);
   }
   programs.insert(programs.end(), packed.begin(), packed.end());

@@ -48,6 +48,18 @@ CompileSlots& compileSlots() {
   return slots;
 }
 
+// NVRTC once a slot is free; `seconds` (if given) gets NVRTC's time, not the wait.
+CompileResult compileInASlot(const CompileRequest& request, double* seconds) {
+  struct Slot {
+    Slot() { compileSlots().acquire(); }
+    ~Slot() { compileSlots().release(); }
+  } slot;
+  const auto t0 = std::chrono::steady_clock::now();
+  CompileResult r = Nvrtc::instance().compile(request);
+  if (seconds) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
 struct Hasher {
   uint64_t a = 1469598103934665603ull, b = 0x9ae16a3b2f90404full;
   void add(const std::string& s) {
@@ -146,7 +158,7 @@ void KernelCache::writeEntry(const std::string& key, const std::vector<char>& cu
 
 CompileResult KernelCache::compile(const CompileRequest& request) {
   const bool cubinTarget = request.arch.rfind("sm_", 0) == 0;
-  if (!cubinTarget) return Nvrtc::instance().compile(request);
+  if (!cubinTarget) return compileInASlot(request, nullptr);
   const std::string key = keyOf(request);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -164,16 +176,8 @@ CompileResult KernelCache::compile(const CompileRequest& request) {
   }
   // NVRTC runs outside the lock, so independent programs compile in parallel threads; two
   // threads asking for the same key both compile it and store the same bytes.
-  struct Slot {
-    Slot() { compileSlots().acquire(); }
-    ~Slot() { compileSlots().release(); }
-  };
-  const auto t0 = std::chrono::steady_clock::now();
-  CompileResult r = [&] {
-    Slot slot;
-    return Nvrtc::instance().compile(request);
-  }();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double seconds = 0;
+  CompileResult r = compileInASlot(request, &seconds);
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.compileSeconds += seconds;
   ++stats_.misses;

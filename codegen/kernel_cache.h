@@ -16,7 +16,7 @@ std::string contentHash(const std::string& text);
 
 struct KernelCacheStats {
   int64_t memoryHits = 0, diskHits = 0, misses = 0, corruptRebuilt = 0;
-  double compileSeconds = 0;  // spent in NVRTC on misses, summed over the threads that compiled
+  double compileSeconds = 0;  // spent in NVRTC on misses (not waiting for a turn), summed over the threads
 };
 
 // Note on the key and the file format. The key hashes (two independent 64-bit FNV-1a streams)

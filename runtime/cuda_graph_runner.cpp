@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -276,8 +277,16 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
   auto work = [&] {
     for (size_t p; (p = next++) < sources.size();) compileOne(p);
   };
+  // Helper threads as the system gives them (this thread compiles whatever they leave).
   std::vector<std::thread> threads;
-  for (size_t t = 1; t < std::min(static_cast<size_t>(codegen::nvrtcAtOnce()), sources.size()); ++t) threads.emplace_back(work);
+  threads.reserve(static_cast<size_t>(codegen::nvrtcAtOnce()));
+  for (size_t t = 1; t < std::min(static_cast<size_t>(codegen::nvrtcAtOnce()), sources.size()); ++t) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   work();
   for (std::thread& t : threads) t.join();
   for (const std::exception_ptr& e : errors)
@@ -420,6 +429,7 @@ void CudaGraphRunner::run(cuda::CUstream stream) {
 }
 
 std::vector<CudaGraphRunner::NodeTime> CudaGraphRunner::profile(cuda::CUstream stream, int reps) {
+  if (!ready_) throw std::logic_error("CudaGraphRunner::profile before compileTogether");
   std::vector<NodeId> timed;
   for (NodeId id : order_) {
     const Node& n = g_.node(id);

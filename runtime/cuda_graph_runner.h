@@ -171,8 +171,8 @@ private:
   std::map<NodeId, LibraryNode> library_;             // GEMM nodes cuBLASLt can run
   cuda::DeviceBuffer ltWorkspace_;                    // shared by them: one stream, one at a time
   // Every compiled kernel by its source less its name, with the dynamic shared memory it was
-  // opted into; shared with the runner this one shares parameters with (whose modules, which
-  // outlive this runner, hold the functions).
+  // opted into, and the modules that hold them (unloaded with the last runner that shares it);
+  // shared with the runner this one shares parameters with.
   struct CompiledKernels;
   std::shared_ptr<CompiledKernels> compiled_;
   std::unique_ptr<FlashAttention> flash_;

@@ -173,6 +173,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   device().makeCurrent();  // the primary context, before the stream that belongs to it
   stream_ = std::make_unique<cuda::Stream>();
   summary_.contextSeconds = since(t);
+  const codegen::KernelCacheStats before = codegen::KernelCache::instance().stats();
   // cuBLASLt's library (a few tenths of a second to load) and the step's own kernels (gather,
   // gradient clipping, Adam, the loss ring) get ready on a thread beside the runners.
   std::unique_ptr<CudaModule> stepKernels;
@@ -209,7 +210,6 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
     std::printf("compiling the training step's kernels with NVRTC for %s ...\n", device().info().arch().c_str());
     std::fflush(stdout);
   }
-  const codegen::KernelCacheStats before = codegen::KernelCache::instance().stats();
   CudaRunnerOptions ropt;
   ropt.tf32 = tf32;
   ropt.deterministic = spec_.deterministic;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <system_error>
 #include <thread>
 
 #include "codegen/embedded_kernels.h"
@@ -163,8 +164,15 @@ void FlashAttention::prepare(const std::vector<std::pair<FlashAttentionConfig, b
     }
   };
   const size_t threads = std::min<size_t>(specs.size(), static_cast<size_t>(codegen::nvrtcAtOnce()));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  std::vector<std::thread> pool;  // as the system gives them: this thread compiles what they leave
+  pool.reserve(threads);
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   work();
   for (std::thread& t : pool) t.join();
   for (const std::exception_ptr& e : errors)

@@ -142,7 +142,7 @@ struct DeviceSummary {
   int generatedKernels = 0, programs = 0;  // NVRTC programs of the training and validation runners
   int distinctKernels = 0;  // of the generated ones: sources that differ beyond their names (each compiled once)
   long long compiled = 0, fromCache = 0;  // kernel cache: compiled now, found in memory or on disk
-  double compileSeconds = 0;     // NVRTC (or the kernel cache) for every kernel, FlashAttention's included
+  double compileSeconds = 0;     // the compile phase's wall time: both runners' kernels, FlashAttention's, and the wait for the step's own (compiled beside them)
   double nvrtcSeconds = 0;       // NVRTC's time on the programs compiled, summed over the threads
   double gemmChoiceSeconds = 0;  // measuring GEMM tiles and providers (not what the autotune cache answered)
   double contextSeconds = 0;     // the device's context and the session's stream
