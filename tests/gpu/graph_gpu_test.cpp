@@ -32,6 +32,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "../op_cases.h"
 #include "../test_util.h"
+#include "../training_graph.h"
 
 namespace pa {
 namespace {
@@ -1125,6 +1126,63 @@ TEST(FusedMlpOnGpu, BackwardIsBitwiseRepeatable) {
   ASSERT_EQ(first.size(), second.size());
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(first.data(), third.data(), first.size() * sizeof(float)), 0);
+}
+
+// The session's way of building runners: two runners made with deferCompile (the second
+// sharing the first's parameters) and compiled together are refused before compileTogether, then
+// give the same bits as each other (deterministic: no atomics), and what a runner compiled alone
+// gives within 1e-6 (it takes its GEMM choices from the autotune cache, which could change).
+TEST(CudaGraphRunnerOnGpu, RunnersCompiledTogetherMatchARunnerCompiledAlone) {
+  PA_REQUIRE_GPU();
+  const Graph g = test::trainingGraph("sine_attention", false);  // attention: FlashAttention kernels too
+  const auto params = test::randomParams(g, 11);
+  std::map<ValueId, std::vector<float>> inputs;
+  for (ValueId in : g.inputs()) {
+    std::vector<double> d(static_cast<size_t>(numel(g.shape(in))));
+    test::fillRandom(d.data(), numel(g.shape(in)), 12);
+    inputs[in] = std::vector<float>(d.begin(), d.end());
+  }
+  auto runOnce = [&](CudaGraphRunner& gpu, bool ownsParams) {
+    if (ownsParams)
+      for (const auto& [p, v] : params) {
+        std::vector<float> f(v.begin(), v.end());
+        gpu.upload(p, f.data());
+      }
+    for (const auto& [in, f] : inputs) gpu.upload(in, f.data());
+    gpu.run();
+    std::vector<float> all;
+    for (const auto& [name, v] : g.outputs()) {
+      std::vector<float> got(static_cast<size_t>(numel(g.shape(v))));
+      gpu.download(v, got.data());
+      all.insert(all.end(), got.begin(), got.end());
+    }
+    return all;
+  };
+  CudaRunnerOptions opt;
+  opt.deterministic = true;
+  CudaRunnerOptions deferred = opt;
+  deferred.deferCompile = true;
+  CudaGraphRunner a(g, device(), deferred);
+  deferred.shareParamsWith = &a;
+  CudaGraphRunner b(g, device(), deferred);
+  EXPECT_THROW(a.run(), std::logic_error);
+  CudaGraphRunner::compileTogether({&a, &b});
+  EXPECT_THROW(CudaGraphRunner::compileTogether({&a, &b}), std::logic_error);
+  EXPECT_GT(a.programs(), 0);
+  EXPECT_EQ(b.compiledKernels(), 0);  // the same graph: every kernel is a's
+  const std::vector<float> fromA = runOnce(a, true), fromB = runOnce(b, false);
+  CudaGraphRunner alone(g, device(), opt);
+  const std::vector<float> fromAlone = runOnce(alone, true);
+  ASSERT_EQ(fromA.size(), fromB.size());
+  ASSERT_EQ(fromA.size(), fromAlone.size());
+  EXPECT_EQ(std::memcmp(fromA.data(), fromB.data(), fromA.size() * sizeof(float)), 0);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < fromA.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(fromA[i])) << i;
+    worst = std::max(worst, std::fabs(double(fromA[i]) - fromAlone[i]));
+    scale = std::max(scale, std::fabs(double(fromAlone[i])));
+  }
+  EXPECT_LE(worst, 1e-6 * scale);
 }
 
 // Training with the fused MLP follows the CPU's trajectory over 100 steps (1e-4 relative), and
