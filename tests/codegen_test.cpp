@@ -350,17 +350,23 @@ TEST(Codegen, KernelsOnAGemmMainLoopCompileSlowly) {
   }
 }
 
+// Every generated kernel of tiny_gpt's training step as the runner emits it on sm_90a.
+std::vector<codegen::Kernel> tinyGptWgmmaKernels() {
+  const Graph g = trainingGraph("tiny_gpt", false);
+  codegen::EmitOptions opt;
+  opt.wgmma = true;
+  std::vector<codegen::Kernel> out;
+  for (NodeId id : g.topoOrder()) {
+    const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+    if (!nk.external) out.insert(out.end(), nk.kernels.begin(), nk.kernels.end());
+  }
+  return out;
+}
+
 // The runner's NVRTC programs: every kernel in exactly one, slow ones alone and first, the
 // others eight to a program in their order (only the last pack shorter).
 TEST(Codegen, KernelsSplitIntoSmallPrograms) {
-  const Graph train = trainingGraph("tiny_gpt", false);
-  codegen::EmitOptions opt;
-  opt.wgmma = true;
-  std::vector<codegen::Kernel> owned;
-  for (NodeId id : train.topoOrder()) {
-    const codegen::NodeKernels nk = codegen::emitNode(train, id, opt);
-    if (!nk.external) owned.insert(owned.end(), nk.kernels.begin(), nk.kernels.end());
-  }
+  const std::vector<codegen::Kernel> owned = tinyGptWgmmaKernels();
   std::vector<const codegen::Kernel*> kernels;
   for (const codegen::Kernel& k : owned) kernels.push_back(&k);
   const std::vector<std::vector<size_t>> programs = codegen::splitIntoPrograms(kernels);
@@ -394,14 +400,7 @@ TEST(Codegen, KernelsSplitIntoSmallPrograms) {
 // (another graph's numbering of the same node) get one name and one program text, so one cache
 // entry; the program NVRTC makes of it defines that name and no other kernel's.
 TEST(Codegen, KernelsCompileUnderANameTheirGraphDoesNotChoose) {
-  const Graph g = trainingGraph("tiny_gpt", false);
-  codegen::EmitOptions opt;
-  opt.wgmma = true;
-  std::vector<codegen::Kernel> all;
-  for (NodeId id : g.topoOrder()) {
-    const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
-    if (!nk.external) all.insert(all.end(), nk.kernels.begin(), nk.kernels.end());
-  }
+  const std::vector<codegen::Kernel> all = tinyGptWgmmaKernels();
   // The same kernel numbered otherwise: another banner, another node id in every use of its name.
   auto renumbered = [](const codegen::Kernel& k) {
     codegen::Kernel r = k;

@@ -1092,6 +1092,31 @@ TEST(FusedMlpOnGpu, ForwardAndEveryGradientMatchTheFloat64CpuExecutor) {
     }
 }
 
+// Uploads `params` (unless null: a runner reading another's) and random inputs (seed
+// `inputSeed`, the same every call), runs the graph once and returns every output, concatenated.
+std::vector<float> runWithRandomInputs(CudaGraphRunner& gpu, const Graph& g,
+                                       const std::map<ValueId, std::vector<double>>* params, uint64_t inputSeed) {
+  if (params)
+    for (const auto& [p, v] : *params) {
+      std::vector<float> f(v.begin(), v.end());
+      gpu.upload(p, f.data());
+    }
+  for (ValueId in : g.inputs()) {
+    std::vector<double> d(static_cast<size_t>(numel(g.shape(in))));
+    test::fillRandom(d.data(), numel(g.shape(in)), inputSeed);
+    std::vector<float> f(d.begin(), d.end());
+    gpu.upload(in, f.data());
+  }
+  gpu.run();
+  std::vector<float> all;
+  for (const auto& [name, v] : g.outputs()) {
+    std::vector<float> got(static_cast<size_t>(numel(g.shape(v))));
+    gpu.download(v, got.data());
+    all.insert(all.end(), got.begin(), got.end());
+  }
+  return all;
+}
+
 // The backward's weight and bias gradients are reductions over every row: per-block partial sums
 // added in block order by the last block, no float atomics, so two runs (and two runners) give
 // the same bits.
@@ -1099,26 +1124,7 @@ TEST(FusedMlpOnGpu, BackwardIsBitwiseRepeatable) {
   PA_REQUIRE_GPU();
   const Graph g = fusedMlpGraph(4099, {64, 128, 64, 1}, 0);
   const auto params = test::randomParams(g, 3);
-  auto runOnce = [&](CudaGraphRunner& gpu) {
-    for (const auto& [p, v] : params) {
-      std::vector<float> f(v.begin(), v.end());
-      gpu.upload(p, f.data());
-    }
-    for (ValueId in : g.inputs()) {
-      std::vector<double> d(static_cast<size_t>(numel(g.shape(in))));
-      test::fillRandom(d.data(), numel(g.shape(in)), 4);
-      std::vector<float> f(d.begin(), d.end());
-      gpu.upload(in, f.data());
-    }
-    gpu.run();
-    std::vector<float> all;
-    for (const auto& [name, v] : g.outputs()) {
-      std::vector<float> got(static_cast<size_t>(numel(g.shape(v))));
-      gpu.download(v, got.data());
-      all.insert(all.end(), got.begin(), got.end());
-    }
-    return all;
-  };
+  auto runOnce = [&](CudaGraphRunner& gpu) { return runWithRandomInputs(gpu, g, &params, 4); };
   CudaGraphRunner a(g, device());
   const std::vector<float> first = runOnce(a), second = runOnce(a);
   CudaGraphRunner b(g, device());
@@ -1136,28 +1142,6 @@ TEST(CudaGraphRunnerOnGpu, RunnersCompiledTogetherMatchARunnerCompiledAlone) {
   PA_REQUIRE_GPU();
   const Graph g = test::trainingGraph("sine_attention", false);  // attention: FlashAttention kernels too
   const auto params = test::randomParams(g, 11);
-  std::map<ValueId, std::vector<float>> inputs;
-  for (ValueId in : g.inputs()) {
-    std::vector<double> d(static_cast<size_t>(numel(g.shape(in))));
-    test::fillRandom(d.data(), numel(g.shape(in)), 12);
-    inputs[in] = std::vector<float>(d.begin(), d.end());
-  }
-  auto runOnce = [&](CudaGraphRunner& gpu, bool ownsParams) {
-    if (ownsParams)
-      for (const auto& [p, v] : params) {
-        std::vector<float> f(v.begin(), v.end());
-        gpu.upload(p, f.data());
-      }
-    for (const auto& [in, f] : inputs) gpu.upload(in, f.data());
-    gpu.run();
-    std::vector<float> all;
-    for (const auto& [name, v] : g.outputs()) {
-      std::vector<float> got(static_cast<size_t>(numel(g.shape(v))));
-      gpu.download(v, got.data());
-      all.insert(all.end(), got.begin(), got.end());
-    }
-    return all;
-  };
   CudaRunnerOptions opt;
   opt.deterministic = true;
   CudaRunnerOptions deferred = opt;
@@ -1170,9 +1154,9 @@ TEST(CudaGraphRunnerOnGpu, RunnersCompiledTogetherMatchARunnerCompiledAlone) {
   EXPECT_THROW(CudaGraphRunner::compileTogether({&a, &b}), std::logic_error);
   EXPECT_GT(a.programs(), 0);
   EXPECT_EQ(b.compiledKernels(), 0);  // the same graph: every kernel is a's
-  const std::vector<float> fromA = runOnce(a, true), fromB = runOnce(b, false);
+  const std::vector<float> fromA = runWithRandomInputs(a, g, &params, 12), fromB = runWithRandomInputs(b, g, nullptr, 12);
   CudaGraphRunner alone(g, device(), opt);
-  const std::vector<float> fromAlone = runOnce(alone, true);
+  const std::vector<float> fromAlone = runWithRandomInputs(alone, g, &params, 12);
   ASSERT_EQ(fromA.size(), fromB.size());
   ASSERT_EQ(fromA.size(), fromAlone.size());
   EXPECT_EQ(std::memcmp(fromA.data(), fromB.data(), fromA.size() * sizeof(float)), 0);
