@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "codegen/emit_internal.h"
+#include "common/hash.h"
 
 namespace pa::codegen {
 
@@ -38,8 +39,7 @@ std::string sourceWithoutName(const Kernel& k) {
 }
 
 std::string compiledName(const Kernel& k, const std::string& key) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  const uint64_t h = fnv1a(key.data(), key.size());
   size_t op = 0;  // past "k<digits>_"
   if (k.name.size() > 1 && k.name[0] == 'k' && std::isdigit(static_cast<unsigned char>(k.name[1]))) {
     const size_t us = k.name.find('_');

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/hash.h"
+
 namespace pa {
 
 class Rng {
@@ -18,9 +20,7 @@ public:
   }
   // A generator for a named stream (a parameter, a dataset) derived from the run's seed.
   static Rng stream(uint64_t seed, const std::string& name) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-    return Rng(seed ^ h);
+    return Rng(seed ^ fnv1a(name.data(), name.size()));
   }
   uint64_t next() {  // xoshiro256**
     const uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "common/hash.h"
 #include "frontend/atomic_file.h"
 
 namespace pa {
@@ -157,21 +158,10 @@ void flatten(const YAML::Node& n, const std::string& path, std::map<std::string,
 
 }  // namespace
 
-namespace {
-
-constexpr uint64_t kFnvBasis = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
-
-uint64_t fnv1a(const unsigned char* p, size_t n, uint64_t h = kFnvBasis) {
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
-  return h;
-}
-
-}  // namespace
-
 uint64_t dataFingerprintV1(const std::vector<float>& x, const std::vector<float>& y) {
   uint64_t h = kFnvBasis;
   for (const std::vector<float>* v : {&x, &y})
-    h = fnv1a(reinterpret_cast<const unsigned char*>(v->data()), v->size() * sizeof(float), h);
+    h = fnv1a(v->data(), v->size() * sizeof(float), h);
   return h;
 }
 
@@ -188,8 +178,8 @@ uint64_t dataFingerprint(const std::vector<float>& x, const std::vector<float>& 
       part[static_cast<size_t>(c)] = fnv1a(p + at, std::min(kChunk, bytes - at));
     }
     const uint64_t length = bytes;
-    h = fnv1a(reinterpret_cast<const unsigned char*>(&length), sizeof length, h);
-    h = fnv1a(reinterpret_cast<const unsigned char*>(part.data()), part.size() * sizeof(uint64_t), h);
+    h = fnv1a(&length, sizeof length, h);
+    h = fnv1a(part.data(), part.size() * sizeof(uint64_t), h);
   }
   return h;
 }

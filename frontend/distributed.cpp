@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "common/errors.h"
+#include "common/hash.h"
 
 namespace pa {
 
@@ -103,14 +104,10 @@ void meetRanks(Communicator& comm, const std::string& job, const std::string& er
 }
 
 uint64_t parameterHash(const std::map<std::string, std::vector<double>>& params) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](const void* p, size_t n) {
-    const unsigned char* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
+  uint64_t h = kFnvBasis;
   for (const auto& [name, v] : params) {
-    mix(name.data(), name.size());
-    mix(v.data(), v.size() * sizeof(double));
+    h = fnv1a(name.data(), name.size(), h);
+    h = fnv1a(v.data(), v.size() * sizeof(double), h);
   }
   return h;
 }
