@@ -13,6 +13,7 @@
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/emit.h"
@@ -207,29 +208,26 @@ void CudaGraphRunner::finish() {
 void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runners) {
   CompiledKernels& compiled = *runners.front()->compiled_;
   std::vector<Launch*> all;
-  for (CudaGraphRunner* r : runners)
-    for (NodeId id : r->order_)
-      for (Launch* l : r->nodeLaunches(id)) all.push_back(l);
-  if (all.empty()) return;
-  std::vector<std::string> keys(all.size());
+  std::vector<std::string> keys;              // per launch: codegen::sourceWithoutName
   std::vector<Launch*> fresh;                 // the first launch of each source not compiled yet
-  std::vector<const std::string*> freshKeys;  // and its key
-  {
-    std::unordered_map<std::string, size_t> seen;
-    size_t at = 0;
-    for (CudaGraphRunner* r : runners) {
-      r->compiledCount_ = 0;
-      r->programs_ = 0;
-      for (NodeId id : r->order_)
-        for (size_t n = r->nodeLaunches(id).size(); n > 0; --n, ++at) {
-          keys[at] = codegen::sourceWithoutName(all[at]->kernel);
-          if (compiled.bySource.count(keys[at]) || !seen.emplace(keys[at], at).second) continue;
-          fresh.push_back(all[at]);
-          freshKeys.push_back(&keys[at]);
-          ++r->compiledCount_;
-        }
-    }
+  std::vector<size_t> freshAt;                // and where it stands in `all`
+  std::unordered_set<std::string> seen;
+  for (CudaGraphRunner* r : runners) {
+    r->compiledCount_ = 0;
+    r->programs_ = 0;
+    for (NodeId id : r->order_)
+      for (Launch* l : r->nodeLaunches(id)) {
+        all.push_back(l);
+        keys.push_back(codegen::sourceWithoutName(l->kernel));
+        if (compiled.bySource.count(keys.back()) || !seen.insert(keys.back()).second) continue;
+        fresh.push_back(l);
+        freshAt.push_back(all.size() - 1);
+        ++r->compiledCount_;
+      }
   }
+  if (all.empty()) return;
+  std::vector<const std::string*> freshKeys;
+  for (size_t at : freshAt) freshKeys.push_back(&keys[at]);  // `keys` grows no more
   std::vector<const codegen::Kernel*> freshKernels;
   std::vector<std::string> names;  // what each fresh kernel compiles as (codegen::compiledName)
   std::unordered_map<std::string, const std::string*> keyOfName;
