@@ -142,24 +142,37 @@ void CudaGraphRunner::compileTogether(const std::vector<CudaGraphRunner*>& runne
       flashError = std::current_exception();
     }
   });
+  // cuBLASLt's candidates are timed beside the compile too (chooseGemmProviders then confirms
+  // the fastest as the whole node): the GPU is idle while NVRTC runs.
+  std::exception_ptr libraryError;
+  std::thread libraryTiming([&] {
+    try {
+      runners.front()->device_.makeCurrent();
+      std::set<std::string> timed;
+      for (CudaGraphRunner* r : runners) r->timeLibraryProducts(timed);
+    } catch (...) {
+      libraryError = std::current_exception();
+    }
+  });
   try {
     compileKernels(runners);
   } catch (...) {
     flashPrepare.join();
+    libraryTiming.join();
     throw;
   }
   flashPrepare.join();
+  libraryTiming.join();
   if (flashError) std::rethrow_exception(flashError);
+  if (libraryError) std::rethrow_exception(libraryError);
   runners.front()->compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (CudaGraphRunner* r : runners) r->finish();
 }
 
-void CudaGraphRunner::finish() {
-  const Graph& g = g_;
-  const CudaRunnerOptions& opt = opt_;
-  // Arguments are resolved once (the buffers never move); KernelParams keeps their addresses.
+// Arguments are resolved once (the buffers never move); KernelParams keeps their addresses.
+void CudaGraphRunner::resolveArguments() {
   for (NodeId id : order_) {
-    const Node& n = g.node(id);
+    const Node& n = g_.node(id);
     for (Launch* lp : nodeLaunches(id)) {
       Launch& l = *lp;
       auto sc = scratch_.find(id);  // every node whose kernels take a scratch has one
@@ -168,7 +181,12 @@ void CudaGraphRunner::finish() {
           [&](int i) { return ptr(n.outputs[static_cast<size_t>(i)]); }, sc != scratch_.end() ? sc->second.ptr() : 0);
     }
   }
+}
 
+void CudaGraphRunner::finish() {
+  const Graph& g = g_;
+  const CudaRunnerOptions& opt = opt_;
+  resolveArguments();
   chooseGemmTiles();
   chooseGemmProviders(opt);
   baseLaunches_ = 0;  // plus the launcher's, counted by run()

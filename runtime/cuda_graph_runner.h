@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,10 @@
 #include "runtime/cuda/launch.h"
 
 namespace pa {
+
+namespace cuda {
+struct LtAlgo;
+}
 
 struct CudaRunnerOptions {
   bool tf32 = false;  // MatMul, FusedLinear and fp32 attention on TF32 tensor cores (precision: tf32)
@@ -112,6 +117,7 @@ public:
     // Tile variants: nodes whose generated tiles were measured now, taken from the cache, and
     // where a variant other than the emitter's pick won.
     int tilesMeasured = 0, tilesCached = 0, tilesChanged = 0;
+    int timedBeside = 0;  // nodes whose cuBLASLt candidates were timed while the kernels compiled
     double tuneSeconds = 0;
   };
   const GemmStats& gemmStats() const { return gemmStats_; }
@@ -121,6 +127,7 @@ public:
     NodeId node;
     std::string label;  // "k12 fused-linear 8192x1024x1024 NN bias relu"
     double generatedMs = -1, libraryMs = -1;
+    double pickMs = -1;  // the emitter's tiles (-1: not measured, or taken from the cache)
     bool library = false, cached = false;
     bool transposedB = false;  // cuBLASLt on a copy of B without its transpose
   };
@@ -133,17 +140,34 @@ private:
   struct LibraryNode;
   void runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode);
   void runPackedFlash(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode);  // flash-attention-qkv(-grad)
+  struct LibraryTiming;
   static void compileKernels(const std::vector<CudaGraphRunner*>& runners);
+  void resolveArguments();
   void finish();  // after compileKernels: arguments, GEMM tiles and providers, constants
   void planLibraryGemms(const CudaRunnerOptions& opt);
   void chooseGemmProviders(const CudaRunnerOptions& opt);
   void chooseGemmTiles();
   size_t addTileVariants(NodeId id, const codegen::NodeKernels& chosen, const codegen::EmitOptions& emit);
+  std::string tileKey(NodeId id) const;  // the autotune key of a node's tile choice
+  int cachedTiles(NodeId id) const;
+  // The autotune key of a node's provider choice, with `generated` as its generated kernels.
+  std::string providerKey(NodeId id, const std::vector<Launch>& generated) const;
+  double timeGenerated(cuda::Stream& stream, const std::vector<Launch>& launches);
+  // cuBLASLt's fastest candidate for a node, timed as the whole node (with our kernels around
+  // the product): of every candidate, or only of the one timeLibraryProducts found fastest (and
+  // of those for a copied transposed B, which it leaves).
+  LibraryTiming timeLibrary(NodeId id, cuda::Stream& stream);
+  // Beside the compile (it needs no kernel of ours): every cuBLASLt candidate's product alone,
+  // for the nodes whose provider choice is neither cached nor in `timed`; the fastest in
+  // productBest_, the keys added to `timed`.
+  void timeLibraryProducts(std::set<std::string>& timed);
   // The autotuner's tools: fresh random values in the arena and the parameters (once), and the
   // median time of `enqueue` replayed from a CUDA graph.
   void fillForTuning(cuda::Stream& stream);
   double measure(cuda::Stream& stream, const std::function<void(cuda::CUstream)>& enqueue);
   void runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream, cuda::LaunchMode mode);
+  // cuBLASLt's product alone, with `algo` on the plan (transposed: the one for a copied B).
+  void runProduct(NodeId id, const LibraryNode& l, bool transposed, const cuda::LtAlgo& algo, cuda::CUstream stream) const;
   // Every kernel the node may launch: its generated ones, then cuBLASLt's transpose and epilogue
   // kernels (compiled and given arguments alike, whichever provider runs).
   std::vector<Launch*> nodeLaunches(NodeId id);
@@ -167,6 +191,9 @@ private:
   std::vector<char> skipped_;                          // per node: kRuns, or a mirrored cast run() skips
   std::vector<std::vector<Launch>> launches_;          // per node id
   std::map<NodeId, std::vector<std::vector<Launch>>> tileVariants_;  // other tiles of a generated GEMM
+  std::map<NodeId, double> generatedMs_;                   // measured: the node's launches_ now
+  std::map<NodeId, double> pickMs_;                        // measured: the emitter's tiles
+  std::map<NodeId, LibraryTiming> productBest_;            // timeLibraryProducts: the plan's fastest
   bool tuningFilled_ = false;
   std::map<NodeId, LibraryNode> library_;             // GEMM nodes cuBLASLt can run
   cuda::DeviceBuffer ltWorkspace_;                    // shared by them: one stream, one at a time

@@ -27,6 +27,13 @@ struct CudaGraphRunner::Launch {
   }
 };
 
+// cuBLASLt's fastest candidate for a node, as measured (ms < 0: none ran).
+struct CudaGraphRunner::LibraryTiming {
+  double ms = -1;
+  cuda::LtAlgo algo;
+  bool transposed = false;
+};
+
 struct CudaGraphRunner::LibraryNode {
   std::unique_ptr<cuda::LtPlan> plan;
   // The same product with B copied untransposed into the node's scratch first (transposed B only).

@@ -492,8 +492,10 @@ void CudaSession::printProfile(std::FILE* out, int top) {
         std::fprintf(out, "  %-48s %s (from the autotune cache)\n", c.label.c_str(), c.library ? "cuBLASLt" : "generated");
         continue;
       }
-      std::fprintf(out, "  %-48s generated %8.4f  cuBLASLt %8.4f  -> %s\n", c.label.c_str(), c.generatedMs, c.libraryMs,
-                   c.library ? (c.transposedB ? "cuBLASLt on B copied untransposed" : "cuBLASLt") : "generated");
+      char pick[40] = "";
+      if (c.pickMs >= 0) std::snprintf(pick, sizeof pick, " (default tiles %.4f)", c.pickMs);
+      std::fprintf(out, "  %-48s generated %8.4f%s  cuBLASLt %8.4f  -> %s\n", c.label.c_str(), c.generatedMs, pick,
+                   c.libraryMs, c.library ? (c.transposedB ? "cuBLASLt on B copied untransposed" : "cuBLASLt") : "generated");
     }
   }
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <set>
 
 #include "codegen/emit.h"
 #include "codegen/kernel_cache.h"
@@ -79,15 +80,20 @@ std::string CudaGraphRunner::gemmProviderOf(NodeId id) const {
 // cuBLASLt's product is its own launch (plain to us); the transpose and epilogue kernels around it
 // are ours, in `mode`.
 void CudaGraphRunner::runLibrary(NodeId id, const LibraryNode& l, cuda::CUstream stream, cuda::LaunchMode mode) {
-  const Node& n = g_.node(id);
-  const cuda::LtPlan& plan = l.transposed ? *l.planT : *l.plan;
-  const cuda::LtProblem& lp = plan.problem();
-  const cuda::CUdeviceptr bias = lp.bias ? ptr(n.inputs[2]) : lp.biasGradA || lp.biasGradB ? ptr(n.outputs[1]) : 0;
   if (l.transposed)
     for (const Launch& k : l.transpose) k.enqueue(stream, mode);
-  plan.run(l.algo, ptr(n.inputs[0]), l.transposed ? scratch_.at(id).ptr() : ptr(n.inputs[1]), bias,
-           ptr(n.outputs[static_cast<size_t>(l.output)]), ltWorkspace_.ptr(), stream);
+  runProduct(id, l, l.transposed, l.algo, stream);
   for (const Launch& k : l.post) k.enqueue(stream, mode);
+}
+
+void CudaGraphRunner::runProduct(NodeId id, const LibraryNode& l, bool transposed, const cuda::LtAlgo& algo,
+                                 cuda::CUstream stream) const {
+  const Node& n = g_.node(id);
+  const cuda::LtPlan& plan = transposed ? *l.planT : *l.plan;
+  const cuda::LtProblem& lp = plan.problem();
+  const cuda::CUdeviceptr bias = lp.bias ? ptr(n.inputs[2]) : lp.biasGradA || lp.biasGradB ? ptr(n.outputs[1]) : 0;
+  plan.run(algo, ptr(n.inputs[0]), transposed ? scratch_.at(id).ptr() : ptr(n.inputs[1]), bias,
+           ptr(n.outputs[static_cast<size_t>(l.output)]), ltWorkspace_.ptr(), stream);
 }
 
 // cuBLASLt descriptors for every GEMM node it can run, with the epilogue it applies: bias and
@@ -170,6 +176,48 @@ void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
   if (!library_.empty()) ltWorkspace_ = cuda::DeviceBuffer(kLtWorkspaceBytes);
 }
 
+std::string CudaGraphRunner::providerKey(NodeId id, const std::vector<Launch>& generated) const {
+  const cuda::CublasLt& lt = cuda::CublasLt::instance();
+  const LibraryNode& l = library_.at(id);
+  std::string generatedSource;
+  for (const Launch& k : generated) generatedSource += codegen::sourceWithoutName(k.kernel);
+  return device_.info().name + "|" + std::to_string(device_.info().multiprocessors) + "|lt" + std::to_string(lt.version()) +
+         "|" + gemmProviderName(opt_.gemm) + "|" + l.plan->problem().describe() + "|post" + std::to_string(l.post.size()) +
+         "|gen" + codegen::contentHash(generatedSource);
+}
+
+double CudaGraphRunner::timeGenerated(cuda::Stream& stream, const std::vector<Launch>& launches) {
+  fillForTuning(stream);
+  return measure(stream, [&](cuda::CUstream st) {
+    for (const Launch& k : launches) k.enqueue(st, launch_);
+  });
+}
+
+CudaGraphRunner::LibraryTiming CudaGraphRunner::timeLibrary(NodeId id, cuda::Stream& stream) {
+  fillForTuning(stream);
+  LibraryNode& l = library_.at(id);
+  const auto early = productBest_.find(id);
+  LibraryTiming best;
+  for (bool t : {false, true}) {
+    if ((t && !l.planT) || (!t && l.planT && opt_.forceTransposedB)) continue;
+    l.transposed = t;
+    const std::vector<cuda::LtAlgo> algos =
+        !t && early != productBest_.end() ? std::vector<cuda::LtAlgo>{early->second.algo} : (t ? l.planT : l.plan)->candidates();
+    for (const cuda::LtAlgo& algo : algos) {
+      if (algo.workspaceBytes > kLtWorkspaceBytes) continue;
+      l.algo = algo;
+      double ms = 1e30;
+      try {
+        ms = measure(stream, [&](cuda::CUstream st) { runLibrary(id, l, st, launch_); });
+      } catch (const cuda::CudaError&) {
+        continue;  // a candidate that fails to launch is not a candidate
+      }
+      if (best.ms < 0 || ms < best.ms) best.ms = ms, best.algo = algo, best.transposed = t;
+    }
+  }
+  return best;
+}
+
 // Note on the provider choice. With compiler.gemm: auto, each GEMM node runs on whichever of
 // the generated kernels and cuBLASLt's heuristic candidates is fastest for its own shape; with
 // cublaslt, the fastest candidate. Each candidate is measured as the whole node (product and
@@ -186,9 +234,6 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const cuda::CublasLt& lt = cuda::CublasLt::instance();
-  const std::string prefix = device_.info().name + "|" + std::to_string(device_.info().multiprocessors) + "|lt" +
-                             std::to_string(lt.version()) + "|" + gemmProviderName(opt.gemm) + "|";
   cuda::Stream stream;
   for (NodeId id : order_) {
     const bool gemmNode = codegen::libraryGemmOf(g_, id).supported;
@@ -198,10 +243,7 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
       continue;
     }
     LibraryNode& l = it->second;
-    std::string generatedSource;
-    for (const Launch& k : launches_[static_cast<size_t>(id)]) generatedSource += codegen::sourceWithoutName(k.kernel);
-    const std::string key = prefix + l.plan->problem().describe() + "|post" + std::to_string(l.post.size()) + "|gen" +
-                            codegen::contentHash(generatedSource);
+    const std::string key = providerKey(id, launches_[static_cast<size_t>(id)]);
     GemmChoice choice;
     choice.node = id;
     {
@@ -211,6 +253,7 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
                      (lp.batch > 1 ? " batch " + std::to_string(lp.batch) : std::string()) + " " + (lp.transA ? "T" : "N") +
                      (lp.transB ? "T" : "N");
     }
+    if (auto p = pickMs_.find(id); p != pickMs_.end()) choice.pickMs = p->second;
     bool decided = false;
     const std::optional<AutotuneEntry> cached = opt.forceTransposedB ? std::nullopt : AutotuneCache::instance().find(key);
     if (cached) {
@@ -232,33 +275,18 @@ void CudaGraphRunner::chooseGemmProviders(const CudaRunnerOptions& opt) {
       choice.cached = decided;
     }
     if (!decided) {
-      fillForTuning(stream);
-      double best = 1e30;
-      if (opt.gemm == GemmProvider::Auto)
-        best = choice.generatedMs = measure(stream, [&](cuda::CUstream st) {
-          for (const Launch& k : launches_[static_cast<size_t>(id)]) k.enqueue(st, launch_);
-        });
-      bool library = false, transposed = false;
-      cuda::LtAlgo bestAlgo;
-      for (bool t : {false, true}) {
-        if ((t && !l.planT) || (!t && l.planT && opt.forceTransposedB)) continue;
-        l.transposed = t;
-        for (const cuda::LtAlgo& algo : (t ? l.planT : l.plan)->candidates()) {
-          if (algo.workspaceBytes > kLtWorkspaceBytes) continue;
-          l.algo = algo;
-          double ms = 1e30;
-          try {
-            ms = measure(stream, [&](cuda::CUstream st) { runLibrary(id, l, st, launch_); });
-          } catch (const cuda::CudaError&) {
-            continue;  // a candidate that fails to launch is not a candidate
-          }
-          if (ms < best) best = ms, library = true, transposed = t, bestAlgo = algo;
-          if (choice.libraryMs < 0 || ms < choice.libraryMs) choice.libraryMs = ms;
-        }
+      // What chooseGemmTiles measured stands (the same kernels on the same buffers).
+      double generated = 1e30;
+      if (opt.gemm == GemmProvider::Auto) {
+        auto g = generatedMs_.find(id);
+        generated = choice.generatedMs =
+            g != generatedMs_.end() ? g->second : timeGenerated(stream, launches_[static_cast<size_t>(id)]);
       }
-      l.use = library;
-      l.transposed = transposed;
-      l.algo = bestAlgo;
+      const LibraryTiming lib = timeLibrary(id, stream);
+      choice.libraryMs = lib.ms;
+      l.use = lib.ms >= 0 && lib.ms < generated;
+      l.transposed = l.use && lib.transposed;
+      l.algo = l.use ? lib.algo : cuda::LtAlgo{};
       ++gemmStats_.measured;
       if (!opt.forceTransposedB) {
         AutotuneEntry entry;
@@ -331,44 +359,50 @@ double CudaGraphRunner::measure(cuda::Stream& stream, const std::function<void(c
 // Note on tile tuning. The emitter picks a GEMM's tiles (and K splits) from the shape with a cost
 // model; the runner also compiles the node's other tile variants (tileVariants_) and, before the
 // provider choice, times each candidate as the whole node on its own buffers (fresh random
-// values, CUDA-graph replays, median), keeping the fastest in launches_. The choice is cached in
-// the autotune cache under the device, its SM count and a hash of every candidate's source
-// less its banner and name (codegen::sourceWithoutName: a layer repeating another's GEMM takes
-// the choice measured for the first), as
-// the winner's index (0: the emitter's pick). Variants that lose stay compiled but never run.
+// values, CUDA-graph replays, median), keeping the fastest in launches_ (and its time for the
+// provider choice). The choice is cached in the autotune cache under the device, its SM count
+// and a hash of every candidate's source less its banner and name (codegen::sourceWithoutName: a
+// layer repeating another's GEMM takes the choice measured for the first), as the winner's index
+// (0: the emitter's pick). Variants that lose stay compiled but never run.
+std::string CudaGraphRunner::tileKey(NodeId id) const {
+  std::string sources;
+  for (const Launch& l : launches_[static_cast<size_t>(id)]) sources += codegen::sourceWithoutName(l.kernel);
+  for (const std::vector<Launch>& v : tileVariants_.at(id))
+    for (const Launch& l : v) sources += codegen::sourceWithoutName(l.kernel);
+  return device_.info().name + "|" + std::to_string(device_.info().multiprocessors) + "|tiles|" + codegen::contentHash(sources);
+}
+
+// The cached tile winner of a node with variants: 0 (the emitter's pick) to the variant count,
+// or -1 where none is cached.
+int CudaGraphRunner::cachedTiles(NodeId id) const {
+  const std::optional<AutotuneEntry> cached = AutotuneCache::instance().find(tileKey(id));
+  if (cached && cached->kind == AutotuneEntry::Kind::Tiles && cached->tiles >= 0 &&
+      static_cast<size_t>(cached->tiles) <= tileVariants_.at(id).size())
+    return cached->tiles;
+  return -1;
+}
+
 void CudaGraphRunner::chooseGemmTiles() {
   if (tileVariants_.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string prefix = device_.info().name + "|" + std::to_string(device_.info().multiprocessors) + "|tiles|";
   cuda::Stream stream;
   for (auto& [id, variants] : tileVariants_) {
     std::vector<Launch>& chosen = launches_[static_cast<size_t>(id)];
-    std::string sources;
-    for (const Launch& l : chosen) sources += codegen::sourceWithoutName(l.kernel);
-    for (const std::vector<Launch>& v : variants)
-      for (const Launch& l : v) sources += codegen::sourceWithoutName(l.kernel);
-    const std::string key = prefix + codegen::contentHash(sources);
     size_t best = 0;
-    const std::optional<AutotuneEntry> cached = AutotuneCache::instance().find(key);
-    if (cached && cached->kind == AutotuneEntry::Kind::Tiles && static_cast<size_t>(cached->tiles) <= variants.size()) {
-      best = static_cast<size_t>(cached->tiles);
+    if (const int cached = cachedTiles(id); cached >= 0) {
+      best = static_cast<size_t>(cached);
       ++gemmStats_.tilesCached;
     } else {
-      fillForTuning(stream);
-      auto timeOf = [&](const std::vector<Launch>& launches) {
-        return measure(stream, [&](cuda::CUstream st) {
-          for (const Launch& k : launches) k.enqueue(st, launch_);
-        });
-      };
-      double bestMs = timeOf(chosen);
+      double bestMs = pickMs_[id] = timeGenerated(stream, chosen);
       for (size_t i = 0; i < variants.size(); ++i) {
-        const double ms = timeOf(variants[i]);
+        const double ms = timeGenerated(stream, variants[i]);
         if (ms < bestMs) bestMs = ms, best = i + 1;
       }
+      generatedMs_[id] = bestMs;
       AutotuneEntry entry;
       entry.kind = AutotuneEntry::Kind::Tiles;
       entry.tiles = static_cast<int>(best);
-      AutotuneCache::instance().put(key, entry);
+      AutotuneCache::instance().put(tileKey(id), entry);
       ++gemmStats_.tilesMeasured;
     }
     if (best > 0) {
@@ -378,6 +412,44 @@ void CudaGraphRunner::chooseGemmTiles() {
   }
   stream.synchronize();
   gemmStats_.tuneSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Note on timing cuBLASLt beside the compile. Its candidates need no kernel of ours, so while
+// NVRTC compiles (seconds on a cold cache, the GPU idle) a thread times each candidate's product
+// alone for every node whose provider choice is not cached (under the tiles the cache says will
+// run; the emitter's pick where none is cached), once per key over the runners compiled
+// together (`timed`: the later nodes find the first one's choice cached). The provider choice
+// then times only the fastest as the whole node (with the epilogue kernels around it, the same
+// for every candidate). The candidates on a copied transposed B are left to the provider choice
+// (the copy kernel is ours).
+void CudaGraphRunner::timeLibraryProducts(std::set<std::string>& timed) {
+  if (library_.empty() || opt_.forceTransposedB) return;
+  std::optional<cuda::Stream> stream;
+  for (const auto& [id, l] : library_) {
+    const std::vector<Launch>* generated = &launches_[static_cast<size_t>(id)];
+    if (tileVariants_.count(id))
+      if (const int cached = cachedTiles(id); cached > 0) generated = &tileVariants_.at(id)[static_cast<size_t>(cached) - 1];
+    const std::string key = providerKey(id, *generated);
+    // A node repeating another's problem and kernels takes the other's choice from the cache.
+    if (AutotuneCache::instance().find(key) || !timed.insert(key).second) continue;
+    if (!stream) {
+      stream.emplace();
+      fillForTuning(*stream);
+    }
+    LibraryTiming best;
+    for (const cuda::LtAlgo& algo : l.plan->candidates()) {
+      if (algo.workspaceBytes > kLtWorkspaceBytes) continue;
+      double ms = 0;
+      try {
+        ms = measure(*stream, [&](cuda::CUstream st) { runProduct(id, l, false, algo, st); });
+      } catch (const cuda::CudaError&) {
+        continue;  // a candidate that fails to launch is not a candidate
+      }
+      if (best.ms < 0 || ms < best.ms) best.ms = ms, best.algo = algo;
+    }
+    if (best.ms >= 0) productBest_[id] = best, ++gemmStats_.timedBeside;
+  }
+  if (stream) stream->synchronize();
 }
 
 }  // namespace pa

@@ -607,5 +607,42 @@ TEST(GemmOnGpuRunner, TileTuningRunsTheFastestVariantAndCachesIt) {
   }
 }
 
+// compiler.gemm auto: cuBLASLt's candidates are timed (the product alone) while the kernels
+// compile, and the provider choice times the fastest as the whole node; a second runner takes
+// the choice from the cache and times nothing beside. Either way the node computes the product.
+TEST(GemmOnGpuRunner, CublasLtCandidatesAreTimedBesideTheCompile) {
+  PA_REQUIRE_GPU();
+  if (!cuda::CublasLt::instance().available()) GTEST_SKIP() << cuda::CublasLt::instance().unavailableReason();
+  GemmProblem p;
+  p.fused = true, p.a = {1000, 384}, p.b = {384, 520}, p.act = "relu", p.bias = true;
+  Graph g;
+  const NodeId id = gemmtest::buildGraph(g, p);
+  CudaRunnerOptions opt;
+  opt.gemm = GemmProvider::Auto;
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    CudaGraphRunner runner(g, device(), opt);
+    const CudaGraphRunner::GemmStats& st = runner.gemmStats();
+    EXPECT_EQ(st.measured + st.cached, 1);
+    if (round == 0 && st.cached == 0) {
+      EXPECT_EQ(st.timedBeside, 1) << "the provider choice was measured, so its candidates should have been timed beside";
+      ASSERT_EQ(runner.gemmChoices().size(), 1u);
+      EXPECT_GT(runner.gemmChoices()[0].libraryMs, 0);
+      EXPECT_GT(runner.gemmChoices()[0].generatedMs, 0);
+    } else if (round == 0) {
+      std::printf("  the choice was cached by an earlier run: the timing beside is not exercised\n");
+    }
+    if (round == 1) {
+      EXPECT_EQ(st.cached, 1);
+      EXPECT_EQ(st.timedBeside, 0) << "a cached choice needs no timing";
+    }
+    const std::vector<Errors> errors = runAgainstReference(runner, g, id, 83 + static_cast<uint64_t>(round));
+    for (size_t o = 0; o < errors.size(); ++o) {
+      EXPECT_TRUE(errors[o].finite) << "output " << o;
+      EXPECT_LE(errors[o].worst, 1e-5 * errors[o].scale) << "output " << o;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pa
