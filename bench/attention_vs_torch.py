@@ -7,7 +7,7 @@ kernel holds the stream while many calls are queued behind it, one CUDA event pa
 median of five such windows), on inputs rotating through more memory than the L2 cache holds.
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
-usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama|probe|probe128] [--out FILE]
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128] [--out FILE]
 """
 import argparse
 import ctypes
@@ -225,6 +225,43 @@ def anchors(fl, quick, lines):
                     f"{tf['ours_fb'] / tf['cudnn_fb']:.2f} | {err:.1e} |")
                 print(lines[-1], flush=True)
                 del q, k, v, ours, sets, fns
+
+
+def head_dims(fl, lines):
+    """bf16 at head dims 16, 32 and 96 (b*s = 16384, h = 2048 // d): the sm_90a default (wgmma, the
+    head dim padded to 64 / 128) against the mma.sync kernels at the head dim (PA_FLASH_WGMMA=0)
+    and PyTorch's flash and cuDNN backends. ms; ratios > 1: the default faster."""
+    lines.append("\n## bf16 head dims 16, 32 and 96, ms; ratio = other / default (>1: the default faster)\n")
+    lines.append("| d | s | causal | default fwd | mma.sync fwd | cudnn fwd | mma.sync/default | cudnn/default "
+                 "| default f+b | mma.sync f+b | cudnn f+b | mma.sync/default f+b | cudnn/default f+b | rel err O vs SDPA |")
+    lines.append("|" + "---|" * 14)
+    for d in (16, 32, 96):
+        for s in (1024, 4096):
+            for causal in (False, True):
+                b, h = 16384 // s, 2048 // d
+                sets = input_sets(fl, b, h, h, s, d, torch.bfloat16, causal=causal)
+                t = {}
+                for mode in ("1", "0"):
+                    os.environ["PA_FLASH_WGMMA"] = mode
+                    t["f" + mode] = bench([o.fwd for o in sets])
+                    t["fb" + mode] = bench([o.fwd_bwd for o in sets])
+                del os.environ["PA_FLASH_WGMMA"]
+                fns = [torch_fns(o.q, o.k, o.v, o.do, causal, SDPBackend.CUDNN_ATTENTION) for o in sets]
+                try:
+                    t["cf"], t["cfb"] = bench([f for f, _ in fns]), bench([fb for _, fb in fns])
+                except RuntimeError as e:  # a backend may refuse a shape
+                    print(f"cudnn failed: {e}", file=sys.stderr)
+                    t["cf"] = t["cfb"] = float("nan")
+                ours = sets[0]
+                ours.fwd()
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    ref = F.scaled_dot_product_attention(ours.q, ours.k, ours.v, is_causal=causal)
+                err = rel_err(ours.o, ref)
+                lines.append(f"| {d} | {s} | {causal} | {t['f1']:.4f} | {t['f0']:.4f} | {t['cf']:.4f} | {t['f0'] / t['f1']:.2f} | "
+                             f"{t['cf'] / t['f1']:.2f} | {t['fb1']:.4f} | {t['fb0']:.4f} | {t['cfb']:.4f} | "
+                             f"{t['fb0'] / t['fb1']:.2f} | {t['cfb'] / t['fb1']:.2f} | {err:.1e} |")
+                print(lines[-1], flush=True)
+                del ours, sets, fns
 
 
 def gqa_masks(fl, lines):
@@ -449,6 +486,8 @@ def main():
                       f"tile={os.environ.get('PA_FLASH_FWD_TILE', '-')} mt={os.environ.get('PA_FLASH_FWD_MT', '-')} "
                       f"wg={os.environ.get('PA_FLASH_FWD_WG', '-')} st={os.environ.get('PA_FLASH_FWD_STAGES', '-')}: {fl_f / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
+    if "headdims" in a.only:
+        head_dims(fl, lines)
     if "tinyllama" in a.only:
         tiny_llama(fl, lines)
     if "fp32" in a.only:

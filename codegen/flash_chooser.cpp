@@ -36,11 +36,17 @@ bool usesFp64Mma(FlashKernelKind kind, const FlashAttentionConfig& c, const Flas
   return false;
 }
 
-// The sm_90a wgmma kernels: 16-bit types at padded head dims 64 and 128 (head dims 33-64 and
-// 97-128 pad up); the backward only in the default scheme (atomic dQ stays on mma.sync).
-bool usesWgmma(FlashKernelKind kind, const FlashAttentionConfig& c, int dpad, const FlashTarget& target,
-               const FlashTuning& tuning) {
-  return c.dtype != kFlashF32 && target.wgmma && tuning.wgmma && (dpad == 64 || dpad == 128) &&
+// The head dim the sm_90a wgmma kernels run a 16-bit problem at (the columns past the problem's
+// are zeros), or 0 where the mma.sync kernels run it: head dims 33-64 pad to 64 and 65-128 to
+// 128. At 96 the wgmma kernels at 128 run 1.3-1.5x faster than mma.sync at 96; at 16 and 32
+// the wgmma kernels at 64 are up to 1.4x slower than mma.sync at 32 (bench/RESULTS_flash.md,
+// "Head dims 16, 32 and 96 on wgmma").
+int wgmmaHeadDim(int headDim) { return headDim <= 32 ? 0 : headDim <= 64 ? 64 : headDim <= 128 ? 128 : 0; }
+
+// The sm_90a wgmma kernels: 16-bit types at head dims 33-128 (wgmmaHeadDim); the backward only
+// in the default scheme (atomic dQ stays on mma.sync).
+bool usesWgmma(FlashKernelKind kind, const FlashAttentionConfig& c, const FlashTarget& target, const FlashTuning& tuning) {
+  return c.dtype != kFlashF32 && target.wgmma && tuning.wgmma && wgmmaHeadDim(c.headDim) > 0 &&
          (kind == FlashKernelKind::kForward || !c.atomicDq);
 }
 
@@ -171,7 +177,7 @@ FlashKernelSpec chooseMmaSync(FlashKernelKind kind, const FlashAttentionConfig& 
   return s;
 }
 
-// sm_90a, 16-bit types at padded head dims 64 and 128 (usesWgmma): the fastest of the sweeps in
+// sm_90a, 16-bit types at padded head dims 64 and 128 (wgmmaHeadDim): the fastest of the sweeps in
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
 // three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
 // otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
@@ -181,6 +187,7 @@ FlashKernelSpec chooseMmaSync(FlashKernelKind kind, const FlashAttentionConfig& 
 FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTuning& tuning) {
   FlashKernelSpec s = baseSpec(kind, cfg);
   s.wgmma = true;
+  s.dpad = wgmmaHeadDim(cfg.headDim);
   s.stages = 2;
   if (kind == FlashKernelKind::kForward) {
     s.tile = 128;
@@ -221,7 +228,7 @@ FlashKernelSpec chooseFlashSpec(FlashKernelKind kind, const FlashAttentionConfig
     if (usesFp64Mma(kind, cfg, target)) return chooseF64Mma(kind, cfg, target, tuning);
     return chooseFfma(kind, cfg, target, tuning);
   }
-  if (usesWgmma(kind, cfg, padHeadDim(cfg.headDim), target, tuning)) return chooseWgmma(kind, cfg, tuning);
+  if (usesWgmma(kind, cfg, target, tuning)) return chooseWgmma(kind, cfg, tuning);
   return chooseMmaSync(kind, cfg, target, tuning);
 }
 

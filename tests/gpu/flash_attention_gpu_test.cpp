@@ -587,7 +587,7 @@ TEST(FlashAttentionGpu, Fp32EveryRowsPerThread) {
   }
 }
 
-// On sm_90a the 16-bit forward at head dims 33-64 and 97-128 runs the wgmma kernel, which the
+// On sm_90a the 16-bit forward at head dims 33-128 runs the wgmma kernel, which the
 // sweeps above check; the mma.sync kernel it replaces there still runs on other GPUs and head
 // dims. Switch wgmma off and check that kernel on the same problems, and every wgmma tile /
 // warpgroup variant the tuning overrides reach.
