@@ -118,7 +118,6 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       ++kernelCount_;
     }
   }
-  planLibraryGemms(opt);
   opt_ = opt;
   flashProblems_ = std::move(flashProblems);
   if (!opt.deferCompile) compileTogether({this});
@@ -142,30 +141,41 @@ void CudaGraphRunner::compileTogether(const std::vector<CudaGraphRunner*>& runne
       flashError = std::current_exception();
     }
   });
-  // cuBLASLt's candidates are timed beside the compile too (chooseGemmProviders then confirms
-  // the fastest as the whole node): the GPU is idle while NVRTC runs.
+  // cuBLASLt's plans (its library loads beside the session for a few tenths of a second) and the
+  // timing of its candidates happen beside the compile too, on a thread of their own: the GPU is
+  // idle while NVRTC runs. Until that thread is joined, compileKernels leaves library_ alone, and
+  // the kernels the plans add (transposes, epilogues: light) compile after it.
   std::exception_ptr libraryError;
-  std::thread libraryTiming([&] {
+  std::thread library([&] {
     try {
       runners.front()->device_.makeCurrent();
+      for (CudaGraphRunner* r : runners) r->planLibraryGemms(r->opt_);
       std::set<std::string> timed;
       for (CudaGraphRunner* r : runners) r->timeLibraryProducts(timed);
     } catch (...) {
       libraryError = std::current_exception();
     }
   });
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  for (CudaGraphRunner* r : runners) r->compiledCount_ = r->programs_ = 0;
+  double compiling = 0;
   try {
-    compileKernels(runners);
-  } catch (...) {
+    compileKernels(runners, /*withLibrary=*/false);
     flashPrepare.join();
-    libraryTiming.join();
+    compiling = since(t0);
+    library.join();
+  } catch (...) {
+    if (flashPrepare.joinable()) flashPrepare.join();
+    library.join();
     throw;
   }
-  flashPrepare.join();
-  libraryTiming.join();
   if (flashError) std::rethrow_exception(flashError);
   if (libraryError) std::rethrow_exception(libraryError);
-  runners.front()->compileSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Clock::time_point t1 = Clock::now();
+  compileKernels(runners, /*withLibrary=*/true);  // only what the plans added is new
+  // The wait for the plans is the session's "step plans", not compile time.
+  runners.front()->compileSeconds_ = compiling + since(t1);
   for (CudaGraphRunner* r : runners) r->finish();
 }
 
@@ -223,7 +233,7 @@ void CudaGraphRunner::finish() {
 // numbered its nodes; the programs are small (codegen::splitIntoPrograms: each kernel on a GEMM
 // main loop alone, taken first, so that the last to finish are short ones). The split depends
 // only on the kernels, so the cache keys are stable from run to run.
-void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runners) {
+void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runners, bool withLibrary) {
   CompiledKernels& compiled = *runners.front()->compiled_;
   std::vector<Launch*> all;
   std::vector<std::string> keys;              // per launch: codegen::sourceWithoutName
@@ -231,10 +241,8 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
   std::vector<size_t> freshAt;                // and where it stands in `all`
   std::unordered_set<std::string> seen;
   for (CudaGraphRunner* r : runners) {
-    r->compiledCount_ = 0;
-    r->programs_ = 0;
     for (NodeId id : r->order_)
-      for (Launch* l : r->nodeLaunches(id)) {
+      for (Launch* l : r->nodeLaunches(id, withLibrary)) {
         all.push_back(l);
         keys.push_back(codegen::sourceWithoutName(l->kernel));
         if (compiled.bySource.count(keys.back()) || !seen.insert(keys.back()).second) continue;
@@ -256,7 +264,7 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
       throw std::runtime_error("kernels " + fresh[i]->kernel.name + " and another hash to one compiled name " + names.back());
   }
   const std::vector<std::vector<size_t>> programs = codegen::splitIntoPrograms(freshKernels);
-  runners.front()->programs_ = static_cast<int>(programs.size());
+  runners.front()->programs_ += static_cast<int>(programs.size());
   std::vector<std::string> sources(programs.size());
   for (size_t p = 0; p < programs.size(); ++p)
     for (size_t i : programs[p]) {
@@ -328,13 +336,13 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
   }
 }
 
-std::vector<CudaGraphRunner::Launch*> CudaGraphRunner::nodeLaunches(NodeId id) {
+std::vector<CudaGraphRunner::Launch*> CudaGraphRunner::nodeLaunches(NodeId id, bool withLibrary) {
   std::vector<Launch*> out;
   for (Launch& l : launches_[static_cast<size_t>(id)]) out.push_back(&l);
   if (auto it = tileVariants_.find(id); it != tileVariants_.end())
     for (std::vector<Launch>& variant : it->second)
       for (Launch& l : variant) out.push_back(&l);
-  if (auto it = library_.find(id); it != library_.end()) {
+  if (auto it = withLibrary ? library_.find(id) : library_.end(); it != library_.end()) {
     for (Launch& l : it->second.transpose) out.push_back(&l);
     for (Launch& l : it->second.post) out.push_back(&l);
   }

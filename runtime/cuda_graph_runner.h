@@ -141,7 +141,9 @@ private:
   void runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode);
   void runPackedFlash(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode);  // flash-attention-qkv(-grad)
   struct LibraryTiming;
-  static void compileKernels(const std::vector<CudaGraphRunner*>& runners);
+  // Compiles what the runners' launches (and cuBLASLt's transposes and epilogues, withLibrary)
+  // need that is not compiled yet.
+  static void compileKernels(const std::vector<CudaGraphRunner*>& runners, bool withLibrary);
   void resolveArguments();
   void finish();  // after compileKernels: arguments, GEMM tiles and providers, constants
   void planLibraryGemms(const CudaRunnerOptions& opt);
@@ -170,7 +172,7 @@ private:
   void runProduct(NodeId id, const LibraryNode& l, bool transposed, const cuda::LtAlgo& algo, cuda::CUstream stream) const;
   // Every kernel the node may launch: its generated ones, then cuBLASLt's transpose and epilogue
   // kernels (compiled and given arguments alike, whichever provider runs).
-  std::vector<Launch*> nodeLaunches(NodeId id);
+  std::vector<Launch*> nodeLaunches(NodeId id, bool withLibrary = true);
   cuda::CUdeviceptr ptr(ValueId v) const;
   void planParamMirrors(const CudaRunnerOptions& opt);
   void refreshMirror(ValueId param);  // runs the casts that write the mirror of `param`, waits
