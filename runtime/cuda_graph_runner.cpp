@@ -131,9 +131,18 @@ void CudaGraphRunner::compileTogether(const std::vector<CudaGraphRunner*>& runne
   // The FlashAttention kernels compile beside the generated programs (and come from the same
   // cache), so that the first step compiles nothing; each runner's in turn, the later ones'
   // mostly from the memory cache.
-  const auto t0 = std::chrono::steady_clock::now();
-  std::exception_ptr flashError;
-  std::thread flashPrepare([&] {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const Clock::time_point t0 = Clock::now();
+  std::exception_ptr flashError, libraryError;  // (declared first: the threads outlive nothing they write)
+  // Joined on every way out, an exception included (a thread the system refuses to start too).
+  struct Joined {
+    std::thread t;
+    ~Joined() {
+      if (t.joinable()) t.join();
+    }
+  } flashPrepare, library;
+  flashPrepare.t = std::thread([&] {
     try {
       for (CudaGraphRunner* r : runners)
         if (r->flash_) r->flash_->prepare(r->flashProblems_);
@@ -145,8 +154,7 @@ void CudaGraphRunner::compileTogether(const std::vector<CudaGraphRunner*>& runne
   // timing of its candidates happen beside the compile too, on a thread of their own: the GPU is
   // idle while NVRTC runs. Until that thread is joined, compileKernels leaves library_ alone, and
   // the kernels the plans add (transposes, epilogues: light) compile after it.
-  std::exception_ptr libraryError;
-  std::thread library([&] {
+  library.t = std::thread([&] {
     try {
       runners.front()->device_.makeCurrent();
       for (CudaGraphRunner* r : runners) r->planLibraryGemms(r->opt_);
@@ -156,20 +164,11 @@ void CudaGraphRunner::compileTogether(const std::vector<CudaGraphRunner*>& runne
       libraryError = std::current_exception();
     }
   });
-  using Clock = std::chrono::steady_clock;
-  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   for (CudaGraphRunner* r : runners) r->compiledCount_ = r->programs_ = 0;
-  double compiling = 0;
-  try {
-    compileKernels(runners, /*withLibrary=*/false);
-    flashPrepare.join();
-    compiling = since(t0);
-    library.join();
-  } catch (...) {
-    if (flashPrepare.joinable()) flashPrepare.join();
-    library.join();
-    throw;
-  }
+  compileKernels(runners, /*withLibrary=*/false);
+  flashPrepare.t.join();
+  const double compiling = since(t0);
+  library.t.join();
   if (flashError) std::rethrow_exception(flashError);
   if (libraryError) std::rethrow_exception(libraryError);
   const Clock::time_point t1 = Clock::now();
@@ -342,10 +341,11 @@ std::vector<CudaGraphRunner::Launch*> CudaGraphRunner::nodeLaunches(NodeId id, b
   if (auto it = tileVariants_.find(id); it != tileVariants_.end())
     for (std::vector<Launch>& variant : it->second)
       for (Launch& l : variant) out.push_back(&l);
-  if (auto it = withLibrary ? library_.find(id) : library_.end(); it != library_.end()) {
-    for (Launch& l : it->second.transpose) out.push_back(&l);
-    for (Launch& l : it->second.post) out.push_back(&l);
-  }
+  if (withLibrary)  // (library_ is another thread's until compileTogether has joined it)
+    if (auto it = library_.find(id); it != library_.end()) {
+      for (Launch& l : it->second.transpose) out.push_back(&l);
+      for (Launch& l : it->second.post) out.push_back(&l);
+    }
   return out;
 }
 

@@ -201,8 +201,9 @@ CudaGraphRunner::LibraryTiming CudaGraphRunner::timeLibrary(NodeId id, cuda::Str
   for (bool t : {false, true}) {
     if ((t && !l.planT) || (!t && l.planT && opt_.forceTransposedB)) continue;
     l.transposed = t;
-    const std::vector<cuda::LtAlgo> algos =
-        !t && early != productBest_.end() ? std::vector<cuda::LtAlgo>{early->second.algo} : (t ? l.planT : l.plan)->candidates();
+    const bool one = !t && early != productBest_.end();
+    const std::vector<cuda::LtAlgo> algos = one ? std::vector<cuda::LtAlgo>{early->second.algo} : (t ? l.planT : l.plan)->candidates();
+    bool ran = false;
     for (const cuda::LtAlgo& algo : algos) {
       if (algo.workspaceBytes > kLtWorkspaceBytes) continue;
       l.algo = algo;
@@ -212,7 +213,12 @@ CudaGraphRunner::LibraryTiming CudaGraphRunner::timeLibrary(NodeId id, cuda::Str
       } catch (const cuda::CudaError&) {
         continue;  // a candidate that fails to launch is not a candidate
       }
+      ran = true;
       if (best.ms < 0 || ms < best.ms) best.ms = ms, best.algo = algo, best.transposed = t;
+    }
+    if (one && !ran) {  // the product's fastest failed as the whole node: the others, as before
+      productBest_.erase(id);
+      return timeLibrary(id, stream);
     }
   }
   return best;
