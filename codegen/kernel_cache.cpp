@@ -4,13 +4,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "common/debug.h"
@@ -18,6 +21,34 @@
 namespace pa::codegen {
 
 int nvrtcAtOnce() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+void compileEach(size_t count, const std::function<void(size_t)>& compile) {
+  std::vector<std::exception_ptr> errors(count);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < count;) {
+      try {
+        compile(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  const size_t threads = std::min(count, static_cast<size_t>(nvrtcAtOnce()));
+  helpers.reserve(threads);
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // this thread compiles what the others leave
+    }
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
 
 namespace {
 

@@ -1,7 +1,9 @@
 // NVRTC results cached in memory and on disk, so a kernel is compiled once per machine.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -25,10 +27,16 @@ struct KernelCacheStats {
 // key, the payload's size and its hash, then the cubin; a file that fails any of these checks is
 // reported, recompiled and rewritten. Files are written to a temporary name and renamed, so a
 // crash never leaves a half-written entry under a valid name.
+
 // How many NVRTC compilations run at a time in the process, whoever asks (the runner's programs
 // and the FlashAttention kernels compile side by side): one per core. More threads would only
 // share the cores.
 int nvrtcAtOnce();
+
+// Calls compile(i) once for every i in [0, count), on up to nvrtcAtOnce() threads: this one and
+// helper threads as the system gives them. When all have returned, rethrows the exception of
+// the first i that threw.
+void compileEach(size_t count, const std::function<void(size_t)>& compile);
 
 class KernelCache {
 public:

@@ -2,7 +2,6 @@
 #include "runtime/cuda_graph_runner.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -10,7 +9,6 @@
 #include <functional>
 #include <memory>
 #include <sstream>
-#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -271,10 +269,9 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
       sources[p] += codegen::sourceNamed(*freshKeys[i], names[i]) + "\n";
     }
   std::vector<codegen::CompileResult> results(sources.size());
-  std::vector<std::exception_ptr> errors(sources.size());
   const std::vector<std::pair<std::string, std::string>> headers = codegen::embeddedKernelHeaders();
   const std::string arch = runners.front()->device_.info().arch();
-  auto compileOne = [&](size_t p) {
+  codegen::compileEach(sources.size(), [&](size_t p) {
     try {
       codegen::CompileRequest req;
       req.kernelName = "graph part " + std::to_string(p + 1) + "/" + std::to_string(sources.size());
@@ -290,30 +287,11 @@ void CudaGraphRunner::compileKernels(const std::vector<CudaGraphRunner*>& runner
       const std::filesystem::path path =
           std::filesystem::temp_directory_path() / ("pureattention-failed-part" + std::to_string(p + 1) + ".cu");
       std::ofstream(path) << sources[p];
-      errors[p] = std::make_exception_ptr(codegen::NvrtcError(
-          kernelNames, "does not compile (source: " + path.string() + "; --dump-kernels DIR writes each kernel alone)", e.log()));
-    } catch (...) {
-      errors[p] = std::current_exception();
+      throw codegen::NvrtcError(kernelNames,
+                                "does not compile (source: " + path.string() + "; --dump-kernels DIR writes each kernel alone)",
+                                e.log());
     }
-  };
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t p; (p = next++) < sources.size();) compileOne(p);
-  };
-  // Helper threads as the system gives them (this thread compiles whatever they leave).
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(codegen::nvrtcAtOnce()));
-  for (size_t t = 1; t < std::min(static_cast<size_t>(codegen::nvrtcAtOnce()), sources.size()); ++t) {
-    try {
-      threads.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  work();
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+  });
   std::vector<cuda::CUmodule> modules(results.size(), nullptr);
   for (size_t p = 0; p < results.size(); ++p) {
     PA_CU_CHECK(cuModuleLoadData(&modules[p], results[p].cubin.data()));

@@ -3,11 +3,8 @@
 #include "runtime/flash_attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <exception>
-#include <system_error>
-#include <thread>
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/kernel_cache.h"
@@ -152,31 +149,7 @@ void FlashAttention::prepare(const std::vector<std::pair<FlashAttentionConfig, b
       }
   }
   std::vector<codegen::CompileResult> results(specs.size());
-  std::vector<std::exception_ptr> errors(specs.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next++) < specs.size();) {
-      try {
-        results[i] = codegen::KernelCache::instance().compile(requestOf(specs[i]));
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    }
-  };
-  const size_t threads = std::min<size_t>(specs.size(), static_cast<size_t>(codegen::nvrtcAtOnce()));
-  std::vector<std::thread> pool;  // as the system gives them: this thread compiles what they leave
-  pool.reserve(threads);
-  for (size_t t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  work();
-  for (std::thread& t : pool) t.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+  codegen::compileEach(specs.size(), [&](size_t i) { results[i] = codegen::KernelCache::instance().compile(requestOf(specs[i])); });
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t i = 0; i < specs.size(); ++i)
     if (!loaded_.count(keys[i])) loadCompiled(keys[i], specs[i], results[i]);

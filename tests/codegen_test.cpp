@@ -4,6 +4,7 @@
 // emitted source without it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -573,6 +574,28 @@ TEST(KernelCache, CorruptEntryIsDetectedAndRebuilt) {
     EXPECT_EQ(again.stats().diskHits, 1) << "damage " << damage;
   }
   std::filesystem::remove_all(dir);
+}
+
+// The compile pool's loop (the runner's programs, the FlashAttention kernels, these tests): every
+// item once, on several threads where there are cores, and the first failing item's exception
+// after all have run.
+TEST(KernelCache, CompileEachRunsEveryItemOnceAndRethrowsTheFirstFailure) {
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{200}}) {
+    std::vector<std::atomic<int>> calls(count);
+    codegen::compileEach(count, [&](size_t i) { ++calls[i]; });
+    for (size_t i = 0; i < count; ++i) EXPECT_EQ(calls[i].load(), 1) << "item " << i << " of " << count;
+  }
+  std::vector<std::atomic<int>> calls(50);
+  try {
+    codegen::compileEach(calls.size(), [&](size_t i) {
+      ++calls[i];
+      if (i == 31 || i == 12 || i == 40) throw std::runtime_error("item " + std::to_string(i));
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "item 12");
+  }
+  for (size_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i].load(), 1) << "item " << i << " after failures";
 }
 
 TEST(KernelCache, KeyCoversSourceHeadersArchAndOptions) {

@@ -1,17 +1,15 @@
-// The NVRTC CI tests' shared loop: compiles many translation units on every core, each distinct
+// The NVRTC CI tests' shared loop: compiles many translation units on every core (codegen::compileEach), each distinct
 // program once, and collects every failure instead of stopping at the first.
 #pragma once
 
-#include <algorithm>
-#include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "codegen/embedded_kernels.h"
+#include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
 
 namespace pa::test {
@@ -143,19 +141,12 @@ inline std::vector<std::string> compileInParallel(const std::vector<CompileUnit>
     return out;
   };
 
-  std::atomic<size_t> next{0};
-  const unsigned workers = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), static_cast<unsigned>(todo.size())));
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < workers; ++w)
-    pool.emplace_back([&] {
-      for (size_t t = next++; t < todo.size(); t = next++) {
-        const size_t g = todo[t];
-        detail::Outcome out = compileOne(units[members[g].front()].kernelName, sources[g]);
-        std::lock_guard<std::mutex> lock(detail::memoMutex());
-        detail::memo()[keys[g]] = std::move(out);
-      }
-    });
-  for (std::thread& t : pool) t.join();
+  codegen::compileEach(todo.size(), [&](size_t t) {
+    const size_t g = todo[t];
+    detail::Outcome out = compileOne(units[members[g].front()].kernelName, sources[g]);
+    std::lock_guard<std::mutex> lock(detail::memoMutex());
+    detail::memo()[keys[g]] = std::move(out);
+  });
   if (options.stats) *options.stats = {units.size(), keys.size(), todo.size()};
 
   std::vector<std::string> failures;
