@@ -9,7 +9,7 @@ namespace pa::codegen {
 // single block, so it is deterministic run to run; clipping scales the gradient inside Adam
 // (the gradients themselves are left as the backward wrote them).
 std::string trainingKernelsSource() {
-  return R"(// PureAttention training kernels: batch gather, gradient norm, multi-tensor Adam, loss record.
+  return "#define PA_ADAM_PER_THREAD " + std::to_string(kAdamValuesPerThread) + "\n" + R"(// PureAttention training kernels: batch gather, gradient norm, multi-tensor Adam, loss record.
 #include "kernels/pdl.cuh"
 struct PaStepHeader { double lr, c1, c2, decay; long long lossSlot; long long pad[3]; };
 struct PaChunk { float* param; const float* grad; long long state; long long count; unsigned short* mirror; };
@@ -27,14 +27,27 @@ __device__ __forceinline__ unsigned short paToBf16(float x) {
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ src, const char* __restrict__ step,
-                                                                  float* __restrict__ dst, long long rowSize, long long rows) {
-  pa::pdlBegin();
-  const int* idx = (const int*)(step + sizeof(PaStepHeader));
-  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < rows * rowSize; i += (long long)gridDim.x * 256) {
-    const long long r = i / rowSize, c = i % rowSize;
+// The batch's rows (the step block's indices) of x (blockIdx.y 0) and y (1) into the graph's inputs.
+template <typename I>
+__device__ __forceinline__ void paGather(const float* __restrict__ src, float* __restrict__ dst, I rowSize, I total,
+                                         const int* __restrict__ idx) {
+  for (I i = (I)blockIdx.x * 256 + threadIdx.x; i < total; i += (I)gridDim.x * 256) {
+    const I r = i / rowSize, c = i - r * rowSize;
     dst[i] = src[(long long)idx[r] * rowSize + c];
   }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ srcX, float* __restrict__ dstX,
+                                                                  long long rowSizeX, const float* __restrict__ srcY,
+                                                                  float* __restrict__ dstY, long long rowSizeY,
+                                                                  const char* __restrict__ step, long long rows) {
+  pa::pdlBegin();
+  const int* idx = (const int*)(step + sizeof(PaStepHeader));
+  const float* src = blockIdx.y ? srcY : srcX;
+  float* dst = blockIdx.y ? dstY : dstX;
+  const long long rowSize = blockIdx.y ? rowSizeY : rowSizeX, total = rows * rowSize;
+  if (total <= 0x7fffffffLL) paGather<unsigned>(src, dst, (unsigned)rowSize, (unsigned)total, idx);  // 32-bit division
+  else paGather<long long>(src, dst, rowSize, total, idx);
 }
 
 // One block per chunk: its sum of squared gradients, in double.
@@ -77,24 +90,38 @@ extern "C" __global__ void __launch_bounds__(256) pa_clip_scale(const double* __
 }
 
 // One block per chunk of one parameter; m and v are flat buffers laid out like the parameters.
-// A chunk with a mirror also stores each updated weight's bf16 copy there.
+// A chunk with a mirror also stores each updated weight's bf16 copy there. A thread's values
+// (PA_ADAM_PER_THREAD, 256 apart) are all loaded before any is computed. Block 0 also copies the
+// step's loss into the ring (the step's last kernel: the loss is final).
 extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* __restrict__ chunks, float* __restrict__ m,
                                                                  float* __restrict__ v, const PaStepHeader* __restrict__ step,
                                                                  double beta1, double beta2, double eps,
-                                                                 const double* __restrict__ clip) {
+                                                                 const double* __restrict__ clip, const float* __restrict__ loss,
+                                                                 float* __restrict__ ring, long long ringSize) {
   pa::pdlBegin();
+  constexpr int N = PA_ADAM_PER_THREAD;
   const PaChunk c = chunks[blockIdx.x];
   const double lr = step->lr, c1 = step->c1, c2 = step->c2, decay = step->decay;
   const double gradScale = clip ? clip[0] : 1.0;
-  float* mc = m + c.state;
-  float* vc = v + c.state;
-  for (long long i = threadIdx.x; i < c.count; i += 256) {
-    const double gi = (double)c.grad[i] * gradScale;
-    const double mi = beta1 * mc[i] + (1.0 - beta1) * gi;
-    const double vi = beta2 * vc[i] + (1.0 - beta2) * gi * gi;
+  if (blockIdx.x == 0 && threadIdx.x == 0) ring[step->lossSlot % ringSize] = loss[0];
+  float* __restrict__ mc = m + c.state;
+  float* __restrict__ vc = v + c.state;
+  float g[N], mo[N], vo[N], po[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const long long i = threadIdx.x + 256LL * k;
+    if (i < c.count) g[k] = c.grad[i], mo[k] = mc[i], vo[k] = vc[i], po[k] = c.param[i];
+  }
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const long long i = threadIdx.x + 256LL * k;
+    if (i >= c.count) break;
+    const double gi = (double)g[k] * gradScale;
+    const double mi = beta1 * mo[k] + (1.0 - beta1) * gi;
+    const double vi = beta2 * vo[k] + (1.0 - beta2) * gi * gi;
     mc[i] = (float)mi;
     vc[i] = (float)vi;
-    const float p = (float)(c.param[i] * decay - lr * (mi / c1) / (sqrt(vi / c2) + eps));
+    const float p = (float)(po[k] * decay - lr * (mi / c1) / (sqrt(vi / c2) + eps));
     c.param[i] = p;
     if (c.mirror) c.mirror[i] = paToBf16(p);
   }

@@ -14,7 +14,7 @@ namespace pa::codegen {
 // Mirrored as `PaStepHeader` in the kernel source; rows (int32, batch of them) follow it.
 struct StepHeader {
   double lr = 0, c1 = 1, c2 = 1, decay = 1;  // learning rate, Adam's bias corrections, 1 - lr·wd
-  int64_t lossSlot = 0;                      // where pa_record_loss writes the loss
+  int64_t lossSlot = 0;                      // where the step's loss goes in the ring
   int64_t pad[3] = {0, 0, 0};
 };
 static_assert(sizeof(StepHeader) == 64, "StepHeader is mirrored in the kernel source");
@@ -30,9 +30,14 @@ struct AdamChunk {
 };
 static_assert(sizeof(AdamChunk) == 40, "AdamChunk is mirrored in the kernel source");
 
-constexpr int64_t kAdamChunkValues = 8192;  // values per block of the multi-tensor kernels
+// Values per block of the multi-tensor kernels: four a thread of 256, so that a small model's
+// parameters spread over many blocks and each thread issues its loads together
+// (bench/RESULTS.md, "the step's own kernels").
+constexpr int64_t kAdamValuesPerThread = 4;
+constexpr int64_t kAdamChunkValues = 256 * kAdamValuesPerThread;
 
-// pa_gather_rows, pa_grad_sumsq, pa_clip_scale, pa_adam_multi, pa_record_loss. Each begins with
+// pa_gather_rows (x and y in one launch), pa_grad_sumsq, pa_clip_scale, pa_adam_multi (which also
+// records the loss), pa_record_loss (the loss alone, for a model without parameters). Each begins with
 // pa::pdlBegin(): the source includes kernels/pdl.cuh, so it compiles with the embedded headers.
 std::string trainingKernelsSource();
 

@@ -88,8 +88,8 @@ public:
   int launchesPerStep() const override {
     if (graph_.ready()) return static_cast<int>(graph_.nodeCount());
     const bool clip = spec_.adam.clipGradNorm > 0 && chunkCount_ > 0;
-    return 2 + runner_->launchesPerRun() + (nccl_ ? 1 : 0) + (clip ? 2 : 0) + (chunkCount_ > 0 ? 1 : 0) +
-           1;  // gather x, y; graph; all-reduce; clip; Adam; loss
+    return 1 + runner_->launchesPerRun() + (nccl_ ? 1 : 0) + (clip ? 2 : 0) +
+           1;  // gather x and y; graph; all-reduce; clip; Adam and the loss (the loss alone without parameters)
   }
   bool replaysCudaGraph() const override { return graph_.ready(); }
   const DeviceSummary* deviceSummary() const override { return &summary_; }
@@ -383,12 +383,17 @@ void CudaSession::queueStepKernels() {
   const cuda::CUstream s = stream_->get();
   const int64_t batch = spec_.batchSize;
   cuda::CUdeviceptr step = stepBlock_.ptr();
-  for (int which = 0; which < 2; ++which) {
-    cuda::CUdeviceptr src = which ? trainY_.ptr() : trainX_.ptr();
-    cuda::CUdeviceptr dst = runner_->devicePtr(which ? spec_.train.y : spec_.train.x);
-    long long rowSize = which ? spec_.trainData.ySize : spec_.trainData.xSize, n = batch;
-    void* args[] = {&src, &step, &dst, &rowSize, &n};
-    CudaModule::launch(gather_, rowSize * n, args, s, launch_);
+  {
+    cuda::CUdeviceptr srcX = trainX_.ptr(), dstX = runner_->devicePtr(spec_.train.x);
+    cuda::CUdeviceptr srcY = trainY_.ptr(), dstY = runner_->devicePtr(spec_.train.y);
+    long long rowSizeX = spec_.trainData.xSize, rowSizeY = spec_.trainData.ySize, n = batch;
+    void* args[] = {&srcX, &dstX, &rowSizeX, &srcY, &dstY, &rowSizeY, &step, &n};
+    cuda::LaunchShape shape;  // x's rows on blockIdx.y 0, y's on 1
+    const int64_t work = std::max(rowSizeX, rowSizeY) * n;
+    shape.grid[0] = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((work + 255) / 256, 65535 * 8)));
+    shape.grid[1] = 2;
+    shape.block[0] = 256;
+    cuda::launchKernel(gather_, shape, s, args, launch_);
   }
   runner_->run(s);
   if (nccl_) allReduceGradients(s);
@@ -415,16 +420,17 @@ void CudaSession::queueStepKernels() {
     void* a2[] = {&partial, &n, &maxNorm, &clip};
     launch(clipScale_, oneBlock, a2);
   }
-  if (blocks > 0) {
-    cuda::CUdeviceptr m = m_.ptr(), v = v_.ptr();
-    double b1 = adam.beta1, b2 = adam.beta2, eps = adam.eps;
-    void* a3[] = {&chunks, &m, &v, &step, &b1, &b2, &eps, &clip};
-    launch(adam_, perChunk, a3);
-  }
   cuda::CUdeviceptr loss = runner_->devicePtr(spec_.train.graph.output("loss")), ring = lossRing_.ptr();
   long long ringSize = kLossRing;
-  void* a4[] = {&loss, &step, &ring, &ringSize};
-  launch(recordLoss_, cuda::LaunchShape{}, a4);
+  if (blocks > 0) {  // Adam records the loss too
+    cuda::CUdeviceptr m = m_.ptr(), v = v_.ptr();
+    double b1 = adam.beta1, b2 = adam.beta2, eps = adam.eps;
+    void* a3[] = {&chunks, &m, &v, &step, &b1, &b2, &eps, &clip, &loss, &ring, &ringSize};
+    launch(adam_, perChunk, a3);
+  } else {
+    void* a4[] = {&loss, &step, &ring, &ringSize};
+    launch(recordLoss_, cuda::LaunchShape{}, a4);
+  }
 }
 
 void CudaSession::enqueueStep(int64_t step) {
