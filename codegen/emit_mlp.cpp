@@ -253,14 +253,17 @@ Partials partialsOf(const MlpSpec& s) {
 
 struct BackwardPlan {
   int64_t r = 1, tiles = 0, dy = 0, y = 0, dz[2] = {0, 0}, part = -1, smemFloats = 0;
+  std::vector<int64_t> bias;  // fused-mlp-train: each layer's bias (after the resident weights), -1: none
   std::vector<int64_t> h;  // each layer's input rows
   bool resident = true;
   std::vector<LayerPlan> layers;
   std::vector<int> tk, vw;  // the dW micro-tile: TK rows × VW columns
 };
 
-// `tiles`: the tiles wanted (the grid the reduction allows).
-BackwardPlan planBackward(const MlpSpec& s, const EmitOptions& opt, int64_t partialFloats, int64_t tiles) {
+// `tiles`: the tiles wanted (the grid the reduction allows). `biases` (fused-mlp-train): the
+// layers' biases also go in shared memory, after the weights, and R is halved until the weights
+// are resident.
+BackwardPlan planBackward(const MlpSpec& s, const EmitOptions& opt, int64_t partialFloats, int64_t tiles, bool biases = false) {
   int64_t maxWidth = 1;
   for (const MlpLayer& l : s.layers) maxWidth = std::max({maxWidth, l.in, l.out});
   const int64_t nl = s.layers.back().out;
@@ -297,10 +300,15 @@ BackwardPlan planBackward(const MlpSpec& s, const EmitOptions& opt, int64_t part
       p.vw.push_back(v);
       p.tk.push_back(tk);
     }
-    // Resident weights first, then the partial sums in shared memory, each where it fits.
+    int64_t biasFloats = 0;
+    for (const MlpLayer& l : s.layers) {
+      p.bias.push_back(biases && l.bias ? base + all + biasFloats : -1);
+      if (biases && l.bias) biasFloats += pad4(l.out);
+    }
+    // Resident weights (and biases) first, then the partial sums in shared memory, each where it fits.
     const int64_t budget = sharedBudget(opt) / 4;
-    p.resident = base + all <= budget;
-    const int64_t weights = p.resident ? all : widest;
+    p.resident = base + all + biasFloats <= budget;
+    const int64_t weights = p.resident ? all + biasFloats : widest;
     if (base + weights + partialFloats <= budget) p.part = base + weights;
     int64_t w = base;
     for (LayerPlan& lp : p.layers) {
@@ -308,8 +316,68 @@ BackwardPlan planBackward(const MlpSpec& s, const EmitOptions& opt, int64_t part
       if (p.resident) w += lp.floats;
     }
     p.smemFloats = base + weights + (p.part >= 0 ? partialFloats : 0);
-    if (p.smemFloats <= budget || r == 1) return p;
+    if ((p.resident || !biases) && p.smemFloats <= budget) return p;  // fused-mlp-train: resident or nothing
+    if (r == 1) return p;
   }
+}
+
+// The backward's grid (fused-mlp-grad, fused-mlp-train): with clusters (sm_90a, g = 8) at most
+// the SMs and C·P ≤ 2^21, about half the SMs' worth of tiles; without, the last block's reads
+// (∝ C) against a block's share of the work (∝ rows / C): C ≈ √(rows / 2), at most the SMs and
+// C·P ≤ 2^18.
+struct Grid {
+  int g = 1;
+  int64_t maxBlocks = 0, wantBlocks = 0;
+  int64_t blocks(int64_t tiles) const {
+    return g > 1 ? std::max<int64_t>(g, std::min(roundUp(tiles, g), maxBlocks)) : std::max<int64_t>(1, std::min(tiles, wantBlocks));
+  }
+};
+
+Grid backwardGrid(const MlpSpec& s, const EmitOptions& opt, int64_t partialFloats) {
+  Grid r;
+  r.g = opt.wgmma ? kClusterSize : 1;
+  const int64_t sms = std::max(1, opt.sms);
+  if (r.g > 1) {
+    r.maxBlocks = std::max<int64_t>(r.g, std::min(sms / r.g * r.g, kReduceFloatsClustered / partialFloats / r.g * r.g));
+    r.wantBlocks = std::min(sms / 2, r.maxBlocks);
+  } else {
+    r.maxBlocks = std::max<int64_t>(1, std::min(sms, kReduceFloats / partialFloats));
+    r.wantBlocks = std::min(r.maxBlocks, static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(s.rows) / 2))));
+  }
+  return r;
+}
+
+// kMlpReduction for `blocks` blocks' partial sums (in shared memory or the scratch), every
+// layer's dW and db segment summed into its output; `afterWait` runs once the members' shared
+// memory is complete. Scratch: the blocks' partial sums (where not in shared memory), the cluster
+// slots (C of them: as many as there are clusters where every block is its own), then the
+// counters; scratchFloats in all.
+struct Reduction {
+  std::string code;
+  int64_t scratchFloats = 0;
+};
+
+Reduction reductionOf(const MlpSpec& s, const Partials& parts, bool sharedParts, int64_t blocks, const std::string& afterWait) {
+  std::string level1, level2;
+  auto segment = [&](int64_t off, int64_t count, int output) {
+    level1 += fillTemplate(kMlpSumMembers, {{"SHARED", sharedParts ? "true" : "false"}, {"OFF", ll(off)}, {"COUNT", str(count)},
+                                            {"OUT", "out" + str(output)}});
+    level2 += fillTemplate(kMlpSumSlots, {{"OFF", ll(off)}, {"COUNT", str(count)}, {"OUT", "out" + str(output)}});
+  };
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    const MlpLayer& l = s.layers[i];
+    segment(parts.w[i], l.in * l.out, l.weightGradOutput);
+    if (l.bias) segment(parts.b[i], l.out, l.biasGradOutput);
+  }
+  const int64_t memberFloats = sharedParts ? 0 : blocks * parts.floats;
+  const int64_t slotFloats = blocks > 1 ? blocks * parts.floats : 0;
+  Reduction r;
+  r.code = fillTemplate(kMlpReduction, {{"FENCE", sharedParts ? "" : "  __threadfence();\n"},
+                                        {"MEMBER", sharedParts ? "pa::mlp::memberShared(part, m)" : "scratch + (cluster * G + m) * P"},
+                                        {"SLOTS", ll(memberFloats)}, {"COUNTERS", ll(memberFloats + slotFloats)},
+                                        {"LEVEL1", level1}, {"LEVEL2", level2}, {"AFTERWAIT", afterWait}});
+  r.scratchFloats = memberFloats + slotFloats + kClusterSize;
+  return r;
 }
 
 }  // namespace
@@ -380,22 +448,10 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
   const int layers = static_cast<int>(s.layers.size());
   const Partials parts = partialsOf(s);
   const int64_t pf = parts.floats;
-  const int g = c.opt->wgmma ? kClusterSize : 1;
-  const int64_t sms = std::max(1, c.opt->sms);
-  // Clusters: at most the SMs and C·P ≤ 2^21, about half the SMs' worth of tiles. Without: the
-  // last block's reads (∝ C) against a block's share of the work (∝ rows / C), C ≈ √(rows / 2),
-  // at most the SMs and C·P ≤ 2^18.
-  int64_t maxBlocks = 0, wantBlocks = 0;
-  if (g > 1) {
-    maxBlocks = std::max<int64_t>(g, std::min(sms / g * g, kReduceFloatsClustered / pf / g * g));
-    wantBlocks = std::min(sms / 2, maxBlocks);
-  } else {
-    maxBlocks = std::max<int64_t>(1, std::min(sms, kReduceFloats / pf));
-    wantBlocks = std::min(maxBlocks, static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(s.rows) / 2))));
-  }
-  const BackwardPlan p = planBackward(s, *c.opt, pf, wantBlocks);
-  const int64_t blocks = g > 1 ? std::max<int64_t>(g, std::min(roundUp(p.tiles, g), maxBlocks))
-                               : std::max<int64_t>(1, std::min(p.tiles, wantBlocks));
+  const Grid grid = backwardGrid(s, *c.opt, pf);
+  const int g = grid.g;
+  const BackwardPlan p = planBackward(s, *c.opt, pf, grid.wantBlocks);
+  const int64_t blocks = grid.blocks(p.tiles);
   const bool sharedParts = p.part >= 0;
 
   // The tile's inputs: every layer's input rows, dy and y.
@@ -458,21 +514,7 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
                           {"WOFF", ll(parts.w[static_cast<size_t>(i)])}, {"BOFF", ll(parts.b[static_cast<size_t>(i)])}, {"DXSTEP", dx}});
   }
 
-  std::string level1, level2;
-  auto segment = [&](int64_t off, int64_t count, int output) {
-    level1 += fillTemplate(kMlpSumMembers, {{"SHARED", sharedParts ? "true" : "false"}, {"OFF", ll(off)}, {"COUNT", str(count)},
-                                            {"OUT", "out" + str(output)}});
-    level2 += fillTemplate(kMlpSumSlots, {{"OFF", ll(off)}, {"COUNT", str(count)}, {"OUT", "out" + str(output)}});
-  };
-  for (int i = 0; i < layers; ++i) {
-    const MlpLayer& l = s.layers[static_cast<size_t>(i)];
-    segment(parts.w[static_cast<size_t>(i)], l.in * l.out, l.weightGradOutput);
-    if (l.bias) segment(parts.b[static_cast<size_t>(i)], l.out, l.biasGradOutput);
-  }
-  // Scratch: the blocks' partial sums (where not in shared memory), the cluster slots (C of them:
-  // as many as there are clusters where every block is its own), then the counters.
-  const int64_t memberFloats = sharedParts ? 0 : blocks * pf;
-  const int64_t slotFloats = blocks > 1 ? blocks * pf : 0;
+  const Reduction red = reductionOf(s, parts, sharedParts, blocks, "");
   std::vector<KernelArg> args = allArgs(c.n);
   args.push_back({KernelArg::Scratch, 0});
   NodeKernels nk;
@@ -480,12 +522,107 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
       c, "", kMlpBackward,
       {{"T", str(kThreads)}, {"R", str(p.r)}, {"G", str(g)}, {"C", str(blocks)}, {"CLUSTER", g > 1 ? "PA_MLP_CLUSTER_DIMS(" + str(g) + ") " : ""},
        {"P", ll(pf)}, {"PART", sharedParts ? "sm + " + str(p.part) : "scratch + (long long)blockIdx.x * P"},
-       {"TILES", ll(p.tiles)}, {"ROWS", ll(s.rows)}, {"PROLOGUE", prologue}, {"TOP", top}, {"LAYERS", body},
-       {"MEMBER", sharedParts ? "pa::mlp::memberShared(part, m)" : "scratch + (cluster * G + m) * P"},
-       {"FENCE", sharedParts ? "" : "  __threadfence();\n"},
-       {"SLOTS", ll(memberFloats)}, {"COUNTERS", ll(memberFloats + slotFloats)}, {"LEVEL1", level1}, {"LEVEL2", level2}},
+       {"TILES", ll(p.tiles)}, {"ROWS", ll(s.rows)}, {"PROLOGUE", prologue}, {"TOP", top}, {"LAYERS", body}, {"REDUCTION", red.code}},
       {static_cast<unsigned>(blocks), 1, 1}, kThreads, args, {"kernels/fused_mlp.cuh"}, static_cast<unsigned>(p.smemFloats * 4)));
-  nk.scratchBytes = static_cast<size_t>(memberFloats + slotFloats + kClusterSize) * sizeof(float);
+  nk.scratchBytes = static_cast<size_t>(red.scratchFloats) * sizeof(float);
+  nk.zeroScratch = true;  // the counters start at 0; the kernel returns them there
+  return nk;
+}
+
+// fused-mlp-train: the backward's plan (tiles, grid, clusters, the partial sums' reduction) with
+// every layer's weights and biases resident, a tile's forward run in front of its backward. Each
+// layer's weights are kept once, in the backward's stride (a multiple of the forward's V), which
+// the forward reads them at. The hidden outputs stay in shared memory (the backward's layer
+// inputs); y is also stored (the node's output 1), the targets take dy's buffer.
+NodeKernels emitFusedMlpTrain(const Ctx& c) {
+  const MlpSpec s = mlpSpecOf(c.g, c.n);
+  const int layers = static_cast<int>(s.layers.size());
+  const Partials parts = partialsOf(s);
+  const int64_t pf = parts.floats;
+  Grid grid = backwardGrid(s, *c.opt, pf);
+  const int g = grid.g;
+  // One cluster where its blocks take the batch in tiles of at most kMaxTileRows: its partial sums
+  // and losses are then added from the members' shared memory, with no second level through the
+  // scratch (bench/RESULTS.md, "one kernel for the small MLPs' step").
+  if (g > 1 && s.rows <= g * kMaxTileRows) grid.wantBlocks = g;
+  const BackwardPlan p = planBackward(s, *c.opt, pf, grid.wantBlocks, true);
+  if (!p.resident)  // shape inference bounds the weights (common/mlp_limits.h)
+    throw std::logic_error("fused-mlp-train '" + c.n.name + "': the weights do not fit in shared memory");
+  const int64_t blocks = grid.blocks(p.tiles);
+  const bool sharedParts = p.part >= 0;
+  const int64_t nl = s.layers.back().out, count = s.rows * nl;
+
+  std::string prologue;
+  for (int i = 0; i < layers; ++i) {
+    const MlpLayer& l = s.layers[static_cast<size_t>(i)];
+    const LayerPlan& lp = p.layers[static_cast<size_t>(i)];
+    prologue += fillTemplate(kMlpCopyWeights, {{"K", str(l.in)}, {"N", str(l.out)}, {"S", str(lp.stride)}, {"OFF", str(lp.weights)},
+                                               {"W", "in" + str(l.weightInput)}});
+    if (l.bias)
+      prologue += fillTemplate(kMlpCopyBias, {{"OFF", str(p.bias[static_cast<size_t>(i)])}, {"B", "in" + str(l.biasInput)}, {"N", str(l.out)}});
+  }
+  prologue += kMlpCommit;
+  std::string copies = fillTemplate(kMlpCopyRows, {{"OFF", str(p.h[0])}, {"SRC", "in0"}, {"ROW0", "tile * R"}, {"ROWS", "rows"},
+                                                   {"WIDTH", str(s.layers[0].in)}});
+  copies += fillTemplate(kMlpCopyRows, {{"OFF", str(p.dy)}, {"SRC", "in1"}, {"ROW0", "tile * R"}, {"ROWS", "rows"}, {"WIDTH", str(nl)}});
+  const std::string top = fillTemplate(kMlpTrainTop, {{"COPIES", copies}});
+
+  std::string forward;
+  for (int i = 0; i < layers; ++i) {
+    const MlpLayer& l = s.layers[static_cast<size_t>(i)];
+    const LayerPlan& lp = p.layers[static_cast<size_t>(i)];
+    const int v = vecWidth(l.out);
+    const Split sp = pickSplit(true, p.r, l.out / v, l.in, v);
+    const bool last = i + 1 == layers;
+    forward += fillTemplate(kMlpTrainForwardLayer,
+                            {{"LAYER", str(i + 1)}, {"K", str(l.in)}, {"N", str(l.out)}, {"S", str(lp.stride)},
+                             {"ACTNAME", mlpActivationName(l.act)}, {"BIASNOTE", layerNote(l)}, {"TILING", tilingNote(sp, lp.stride, "KS")},
+                             {"TM", str(sp.tm)}, {"V", str(sp.v)}, {"KS", str(sp.slices)}, {"ACT", activationCode(l.act)},
+                             {"HASBIAS", l.bias ? "true" : "false"}, {"IN", str(p.h[static_cast<size_t>(i)])}, {"WOFF", str(lp.weights)},
+                             {"BIAS", l.bias ? "sm + " + str(p.bias[static_cast<size_t>(i)]) : "(const float*)nullptr"},
+                             {"KEEPTO", str(last ? p.y : p.h[static_cast<size_t>(i + 1)])}, {"OUT", last ? "out1" : "pa::mlp::Discard{}"}});
+  }
+  const std::string output =
+      fillTemplate(kMlpTrainOutputGrad, {{"ACT", activationCode(s.layers.back().act)}, {"Y", str(p.y)}, {"TGT", str(p.dy)},
+                                         {"DZ", str(p.dz[(layers - 1) % 2])}, {"N", str(nl)},
+                                         {"SCALE", num(count ? 2.0 / static_cast<double>(count) : 0.0)}});
+
+  std::string body;
+  for (int i = layers - 1; i >= 0; --i) {
+    const MlpLayer& l = s.layers[static_cast<size_t>(i)];
+    const LayerPlan& lp = p.layers[static_cast<size_t>(i)];
+    std::string dx;
+    if (i > 0)
+      dx = fillTemplate(kMlpInputGrad, {{"K", str(l.in)}, {"N", str(l.out)}, {"S", str(lp.stride)}, {"TM", str(lp.split.tm)},
+                                        {"V", str(lp.split.v)}, {"NS", str(lp.split.slices)},
+                                        {"LOWER", activationCode(s.layers[static_cast<size_t>(i - 1)].act)},
+                                        {"DZ", str(p.dz[i % 2])}, {"WOFF", str(lp.weights)}, {"H", str(p.h[static_cast<size_t>(i)])},
+                                        {"NEXT", "sm + " + str(p.dz[(i + 1) % 2])}, {"DX", "(float*)nullptr"}});
+    body += fillTemplate(kMlpBackwardLayer,
+                         {{"LAYER", str(i + 1)}, {"K", str(l.in)}, {"N", str(l.out)}, {"ACTNAME", mlpActivationName(l.act)},
+                          {"BIASNOTE", layerNote(l)},
+                          {"TILING", "dW TK " + str(p.tk[static_cast<size_t>(i)]) + " × V " + str(p.vw[static_cast<size_t>(i)]) +
+                                         (dx.empty() ? "" : "; dz·Wᵀ " + tilingNote(lp.split, lp.stride, "NS"))},
+                          {"BEFORE", kMlpBarrier}, {"TK", str(p.tk[static_cast<size_t>(i)])}, {"VW", str(p.vw[static_cast<size_t>(i)])},
+                          {"HASBIAS", l.bias ? "true" : "false"}, {"H", str(p.h[static_cast<size_t>(i)])}, {"DZ", str(p.dz[i % 2])},
+                          {"WOFF", ll(parts.w[static_cast<size_t>(i)])}, {"BOFF", ll(parts.b[static_cast<size_t>(i)])}, {"DXSTEP", dx}});
+  }
+
+  const std::string denom = std::to_string(std::max<int64_t>(count, 1)) + ".0";
+  const Reduction red = reductionOf(s, parts, sharedParts, blocks, fillTemplate(kMlpTrainClusterLoss, {{"DENOM", denom}}));
+  // Scratch: the reduction's, then the loss's counter and, 8-byte aligned, the blocks' sums of squares.
+  const int64_t lossCounter = red.scratchFloats, lossSums = roundUp(lossCounter + 1, 2);
+  std::vector<KernelArg> args = allArgs(c.n);
+  args.push_back({KernelArg::Scratch, 0});
+  NodeKernels nk;
+  nk.kernels.push_back(finish(
+      c, "", kMlpTrain,
+      {{"T", str(kThreads)}, {"R", str(p.r)}, {"G", str(g)}, {"C", str(blocks)}, {"CLUSTER", g > 1 ? "PA_MLP_CLUSTER_DIMS(" + str(g) + ") " : ""},
+       {"P", ll(pf)}, {"PART", sharedParts ? "sm + " + str(p.part) : "scratch + (long long)blockIdx.x * P"},
+       {"TILES", ll(p.tiles)}, {"ROWS", ll(s.rows)}, {"PROLOGUE", prologue}, {"TOP", top}, {"FORWARD", forward}, {"OUTPUT", output},
+       {"LAYERS", body}, {"LOSSSUMS", ll(lossSums)}, {"LOSSCOUNTER", ll(lossCounter)}, {"DENOM", denom}, {"REDUCTION", red.code}},
+      {static_cast<unsigned>(blocks), 1, 1}, kThreads, args, {"kernels/fused_mlp.cuh"}, static_cast<unsigned>(p.smemFloats * 4)));
+  nk.scratchBytes = static_cast<size_t>(lossSums + 2 * blocks) * sizeof(float);
   nk.zeroScratch = true;  // the counters start at 0; the kernel returns them there
   return nk;
 }

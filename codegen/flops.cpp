@@ -51,7 +51,7 @@ double modelFlops(const Graph& g) {
       const GemmGeometry geo = libraryGemmOf(g, id).geometry;
       total += 3 * 2.0 * static_cast<double>(geo.batch) * static_cast<double>(geo.m) * static_cast<double>(geo.n) *
                static_cast<double>(geo.k);
-    } else if (n.op == OpKind::FusedMlp) {
+    } else if (n.op == OpKind::FusedMlp || n.op == OpKind::FusedMlpTrain) {
       const MlpSpec s = mlpSpecOf(g, n);
       for (const MlpLayer& l : s.layers)
         total += 3 * 2.0 * static_cast<double>(s.rows) * static_cast<double>(l.in) * static_cast<double>(l.out);

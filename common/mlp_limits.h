@@ -12,4 +12,12 @@ constexpr int64_t kMlpMaxWidth = 128;
 // Most layers in one node (the node takes x, then a weight and a bias per layer).
 constexpr int64_t kMlpMaxLayers = 16;
 
+// fused-mlp-train runs a tile's forward and backward back to back, so the CUDA kernel keeps every
+// layer's weights and biases in shared memory at once: at most this many floats by
+// mlpTrainLayerFloats, which counts each weight row padded by the most the emitter pads it (to a
+// bank-friendly stride). sm_80's 163 KB of shared memory, less 1 KB and the tile buffers of a
+// 16-layer node 128 wide at one row, is 38,832 floats.
+constexpr int64_t kMlpTrainMaxFloats = 37 * 1024;
+inline int64_t mlpTrainLayerFloats(int64_t k, int64_t n, bool bias) { return k * (n + 36) + (bias ? n + 8 : 0); }
+
 }  // namespace pa

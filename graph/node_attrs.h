@@ -97,25 +97,25 @@ struct MlpLayer {
   int64_t in = 0, out = 0;  // K_i, N_i
   MlpActivation act = MlpActivation::None;
   bool bias = false;
-  int weightInput = -1, biasInput = -1;  // forward node: the inputs holding w_i and b_i (-1: none)
-  int weightGradOutput = -1, biasGradOutput = -1;  // gradient node: the outputs dw_i and db_i
+  int weightInput = -1, biasInput = -1;  // forward and train nodes: the inputs holding w_i and b_i (-1: none)
+  int weightGradOutput = -1, biasGradOutput = -1;  // gradient and train nodes: the outputs dw_i and db_i
 };
 struct MlpSpec {
   std::vector<MlpLayer> layers;
   int64_t rows = 0;         // x's elements over K0: the rows every layer runs
   bool inputGrad = false;   // gradient node: dx is output 0
 };
-// The layers of a verified fused-mlp or fused-mlp-grad node.
+// The layers of a verified fused-mlp, fused-mlp-grad or fused-mlp-train node.
 inline MlpSpec mlpSpecOf(const Graph& g, const Node& n) {
   MlpSpec s;
   std::vector<MlpActivation> acts;
   std::string bad;
   parseMlpActivations(n.attrs.get<attr::MlpActivations>(), acts, bad);
   const std::vector<int64_t> biases = n.attrs.get<attr::MlpBiases>();
-  const bool grad = n.op == OpKind::FusedMlpGrad;
+  const bool grad = n.op == OpKind::FusedMlpGrad, train = n.op == OpKind::FusedMlpTrain;
   const int layers = static_cast<int>(acts.size());
   s.inputGrad = grad && n.attrs.get<attr::InputGrad>();
-  int input = 1, output = s.inputGrad ? 1 : 0;
+  int input = train ? 3 : 1, output = s.inputGrad ? 1 : train ? 2 : 0;
   for (int i = 0; i < layers; ++i) {
     MlpLayer l;
     l.act = acts[static_cast<size_t>(i)];
@@ -126,7 +126,8 @@ inline MlpSpec mlpSpecOf(const Graph& g, const Node& n) {
     if (!grad) {
       l.weightInput = input++;
       if (l.bias) l.biasInput = input++;
-    } else {
+    }
+    if (grad || train) {
       l.weightGradOutput = output++;
       if (l.bias) l.biasGradOutput = output++;
     }

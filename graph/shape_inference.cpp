@@ -436,6 +436,47 @@ Types inferFusedMlpGrad(const Graph& g, const Node& n) {
   return t;
 }
 
+// fused-mlp-train: fused-mlp's inputs after x, target and dy; the loss, y, then fused-mlp-grad's
+// weight and bias gradients.
+Types inferFusedMlpTrain(const Graph& g, const Node& n) {
+  std::vector<bool> bias;
+  const std::vector<MlpActivation> acts = mlpLayersOf(n, bias);
+  if (acts.empty()) fail(n, "needs at least one layer (attribute activations)");
+  size_t want = 3;
+  for (bool b : bias) want += b ? 2 : 1;
+  if (n.inputs.size() != want)
+    fail(n, "takes x, target, dy and, per layer, a weight and a bias where biases says so: " + std::to_string(want) +
+                " inputs, got " + std::to_string(n.inputs.size()));
+  const Shape& x = in(g, n, 0);
+  if (x.empty()) fail(n, "x must be [..., K], got a scalar");
+  if (numel(in(g, n, 2)) != 1) fail(n, "dy " + shapeString(in(g, n, 2)) + " must hold one element");
+  Shape y(x.begin(), x.end() - 1);
+  int64_t k = x.back();
+  int input = 3;
+  Types grads;
+  int64_t floats = 0;
+  for (size_t i = 0; i < acts.size(); ++i) {
+    const int64_t units = mlpWeightUnits(g, n, input++, i, k);
+    floats += mlpTrainLayerFloats(k, units, bias[i]);
+    grads.push_back(TensorType{Shape{k, units}, dt(g, n)});
+    if (bias[i]) {
+      if (in(g, n, input) != Shape{units})
+        fail(n, "layer " + std::to_string(i + 1) + "'s bias " + shapeString(in(g, n, input)) + " must be [" + std::to_string(units) + "]");
+      grads.push_back(TensorType{Shape{units}, dt(g, n)});
+      ++input;
+    }
+    k = units;
+  }
+  if (floats > kMlpTrainMaxFloats)
+    fail(n, "its weights and biases take " + std::to_string(floats) + " floats of shared memory; a fused-mlp-train holds at most " +
+                std::to_string(kMlpTrainMaxFloats) + " (the GPU kernel keeps every layer's on chip at once)");
+  y.push_back(k);
+  if (in(g, n, 1) != y) fail(n, "target " + shapeString(in(g, n, 1)) + " must be y's shape " + shapeString(y));
+  Types t{TensorType{Shape{}, dt(g, n)}, TensorType{y, dt(g, n)}};
+  t.append(grads.begin(), grads.end());
+  return t;
+}
+
 Types inferInterleave(const Graph& g, const Node& n) {
   const Shape& a = in(g, n, 0);
   if (a.empty() || in(g, n, 1) != a)

@@ -250,6 +250,40 @@ __device__ __forceinline__ void outputGrad(const float* dy, const float* y, floa
   for (int e = threadIdx.x; e < count; e += T) dz[e] = activationGrad<A>(dy[e], y[e]);
 }
 
+// fused-mlp-train's last dz from the tile's y and targets t (shared): dy = ((y - t)·scale)·seed as
+// mse-loss-grad computes it, times act'(y); `loss` gathers the thread's (y - t)² in double.
+template <int T, int A>
+__device__ __forceinline__ void mseOutputGrad(const float* y, const float* t, float* dz, int count, float scale, float seed,
+                                              double& loss) {
+  for (int e = threadIdx.x; e < count; e += T) {
+    const float p = y[e], q = t[e];
+    const double d = (double)p - (double)q;
+    loss += d * d;
+    dz[e] = activationGrad<A>(((p - q) * scale) * seed, p);
+  }
+}
+
+// A global output nobody reads (fused-mlp-train's hidden layers keep their outputs on chip only).
+struct Discard {
+  mutable float sink;
+  __device__ __forceinline__ float& operator[](long long) const { return sink; }
+};
+
+// The block's sum of the threads' `v` (T a multiple of 32), in thread 0: a fixed butterfly in
+// each warp, then the warps' sums in order.
+template <int T>
+__device__ __forceinline__ double blockSum(double v) {
+  __shared__ double warps[T / 32];
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = v;
+  __syncthreads();
+  double s = 0.0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < T / 32; ++w) s += warps[w];
+  return s;
+}
+
 // The tile's share of dW = hᵀ·dz (part: [K][N]) and, with HasBias, db = Σ_r dz (partB: [N]),
 // rows in order: stored where `first` (the block's first tile), added otherwise. A thread owns
 // TK rows × V columns of dW, the same ones on every tile. part and partB are aligned to V floats.
@@ -351,11 +385,12 @@ __device__ __forceinline__ void clusterWait() {
 #endif
 }
 // Where the same shared location `p` is in the cluster's block `rank` (a generic address; sm_90).
-__device__ __forceinline__ const float* memberShared(const float* p, unsigned rank) {
+template <class X>
+__device__ __forceinline__ const X* memberShared(const X* p, unsigned rank) {
 #if PA_MLP_CLUSTERS
   unsigned long long a;
   asm volatile("mapa.u64 %0, %1, %2;" : "=l"(a) : "l"(p), "r"(rank));
-  return reinterpret_cast<const float*>(a);
+  return reinterpret_cast<const X*>(a);
 #else
   (void)rank;
   return p;

@@ -360,6 +360,7 @@ void gradSoftmaxGrad(GradCtx& c) { noRule(c); }
 void gradSoftmaxSinkGrad(GradCtx& c) { noRule(c); }
 void gradFlashAttentionGrad(GradCtx& c) { noRule(c); }
 void gradFusedMlpGrad(GradCtx& c) { noRule(c); }
+void gradFusedMlpTrain(GradCtx& c) { noRule(c); }
 void gradFlashAttentionQkvGrad(GradCtx& c) { noRule(c); }
 
 using GradFn = void (*)(GradCtx&);

@@ -96,7 +96,63 @@ private:
   PassTarget target_;
 };
 
+// fuse-mlp-train (after autodiff and fuse-loss): a FusedMlp, the MseLossGrad of its output y and
+// the FusedMlpGrad they feed become one FusedMlpTrain, which the CUDA backend runs as one kernel
+// (a tile's forward, loss gradient and backward back to back, the hidden outputs never leaving
+// shared memory). Only where nothing else reads what the node keeps inside: the hidden outputs
+// go to the gradient node alone, y to the loss, the gradient node and graph outputs (the node
+// still writes y), d y to the gradient node; the gradient node computes no dx; and every
+// layer's weights and biases fit in shared memory at once (common/mlp_limits.h).
+class FuseMlpTrainPattern final : public RewritePattern {
+public:
+  const char* name() const override { return "mlp-train"; }
+  bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
+    Graph& g = ctx.graph();
+    const Node grad = g.node(root);
+    if (grad.erased || grad.op != OpKind::FusedMlpGrad || grad.attrs.get<attr::InputGrad>()) return false;
+    const ValueId dy = grad.inputs[0];
+    const Node mse = g.producer(dy);
+    if (mse.op != OpKind::MseLossGrad || mse.outputs[1] != dy || !ctx.hasSingleUse(dy)) return false;
+    const ValueId y = mse.inputs[0];
+    const Node fwd = g.producer(y);
+    if (fwd.op != OpKind::FusedMlp || fwd.outputs[0] != y) return false;
+    if (fwd.attrs.get<attr::MlpActivations>() != grad.attrs.get<attr::MlpActivations>() ||
+        fwd.attrs.get<attr::MlpBiases>() != grad.attrs.get<attr::MlpBiases>())
+      return false;
+    const MlpSpec s = mlpSpecOf(g, fwd);
+    const size_t layers = s.layers.size();
+    if (grad.inputs[1] != fwd.inputs[0] || grad.inputs[layers + 1] != y) return false;
+    int64_t floats = 0;
+    for (size_t i = 0; i < layers; ++i) {
+      const MlpLayer& l = s.layers[i];
+      if (grad.inputs[layers + 2 + i] != fwd.inputs[static_cast<size_t>(l.weightInput)]) return false;
+      if (i + 1 < layers) {
+        const ValueId h = fwd.outputs[i + 1];
+        if (grad.inputs[2 + i] != h || !ctx.hasSingleUse(h)) return false;
+      }
+      floats += mlpTrainLayerFloats(l.in, l.out, l.bias);
+    }
+    if (floats > kMlpTrainMaxFloats) return false;
+    for (NodeId u : ctx.users(y))
+      if (u != root && u != mse.id) return false;
+    std::vector<ValueId> ins{fwd.inputs[0], mse.inputs[1], mse.inputs[2]};
+    ins.insert(ins.end(), fwd.inputs.begin() + 1, fwd.inputs.end());
+    AttrMap a;
+    a.set<attr::MlpActivations>(fwd.attrs.get<attr::MlpActivations>());
+    a.set<attr::MlpBiases>(fwd.attrs.get<attr::MlpBiases>());
+    const Node& train = g.producer(g.add(OpKind::FusedMlpTrain, ins, a));
+    const std::vector<ValueId> outs(train.outputs.begin(), train.outputs.end());
+    ctx.replace(mse.outputs[0], outs[0], {});
+    ctx.replace(y, outs[1], {});
+    for (size_t j = 0; j < grad.outputs.size(); ++j)
+      ctx.replace(grad.outputs[j], outs[2 + j], j + 1 == grad.outputs.size() ? std::vector<NodeId>{root, mse.id, fwd.id} : std::vector<NodeId>{});
+    return true;
+  }
+};
+
 }  // namespace
+
+std::unique_ptr<RewritePattern> makeFuseMlpTrainPattern() { return std::make_unique<FuseMlpTrainPattern>(); }
 
 std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target) { return std::make_unique<FuseMlpPattern>(target); }
 

@@ -45,6 +45,10 @@ std::unique_ptr<RewritePattern> makeFuseQkvPattern();
 // most kMlpMaxWidth becomes one FusedMlp; nothing under a 16-bit target (precision bf16).
 std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target = {});
 
+// After autodiff and fuse-loss: a FusedMlp, the MseLossGrad of its output and their FusedMlpGrad
+// become one FusedMlpTrain where nothing else reads the values it keeps inside.
+std::unique_ptr<RewritePattern> makeFuseMlpTrainPattern();
+
 // Fuses chains of elementwise and broadcast ops into FusedElementwise nodes; returns the number
 // of fused nodes made and adds the number of ops absorbed to `absorbed`.
 int64_t fuseElementwise(Graph& g, int64_t& absorbed);

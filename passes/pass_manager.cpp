@@ -51,6 +51,9 @@ void registerBuiltins(PassRegistry& r) {
          {"autodiff"}, {"fuse-elementwise"}, greedy(&makeFuseBiasGradPattern)});
   r.add({"fuse-loss", "MseLoss and its gradient (Sub, Scale, Mul) in the backward become one MseLossGrad", {"autodiff"},
          {"fuse-elementwise"}, greedy(&makeFuseLossGradPattern)});
+  r.add({"fuse-mlp-train",
+         "a FusedMlp, the MseLossGrad of its output and their FusedMlpGrad become one FusedMlpTrain (one kernel for the three)",
+         {"autodiff", "fuse-loss"}, {"fuse-elementwise"}, greedy(&makeFuseMlpTrainPattern)});
   r.add({"fuse-attention",
          "softmax(Q·Kᵀ·scale + mask)·V becomes one FlashAttention, reading the heads' permutes in place", {},
          {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget& target) {

@@ -5,17 +5,19 @@ namespace pa {
 
 TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precision precision, bool noFuse) {
   TrainPipeline p;
-  bool elementwise = false, linear = false;
+  bool elementwise = false, linear = false, mlp = false;
   for (const std::string& name : configured) {
     const bool fusion = name.rfind("fuse-", 0) == 0;
     if (fusion && noFuse) continue;
     elementwise |= name == "fuse-elementwise";
     linear |= name == "fuse-linear";
+    mlp |= name == "fuse-mlp";
     p.forward.push_back(name);
   }
   const bool bf16 = precision == Precision::Bf16;
   p.training = {"autodiff"};
   if (elementwise) p.training.push_back("fuse-loss");
+  if (elementwise && mlp) p.training.push_back("fuse-mlp-train");
   if (linear) p.training.insert(p.training.end(), {"fuse-linear-grad", "fuse-bias-grad"});
   if (elementwise) p.training.push_back("fuse-elementwise");
   p.training.insert(p.training.end(), {"cse", "dce"});

@@ -317,34 +317,44 @@ void mlpActivationGrad(MlpActivation a, const T* dh, const T* h, T* dz, int64_t 
   }
 }
 
+// The forward of a fused MLP: h_(i+1) = act_i(h_i·w_i + b_i) with h_0 = x, into out[i] (the last
+// is y); weights and biases as `weight(i)`, `bias(i)` give them.
+template <class T, class W, class B>
+void mlpForward(const MlpSpec& s, const T* x, W weight, B bias, const std::vector<T*>& out) {
+  const T* h = x;
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    const MlpLayer& l = s.layers[i];
+    cpu::matmul(h, weight(i), out[i], 1, false, false, s.rows, l.out, l.in, false, false);
+    cpu::biasActivation(out[i], l.bias ? bias(i) : nullptr, static_cast<T*>(nullptr), s.rows, l.out,
+                        l.act == MlpActivation::Relu ? cpu::Activation::Relu : cpu::Activation::None);
+    if (l.act != MlpActivation::Relu) mlpActivate(l.act, out[i], s.rows * l.out);
+    h = out[i];
+  }
+}
+
 template <class T>
 void execFusedMlp(Ctx<T>& c) {
   const MlpSpec s = mlpSpecOf(c.g, c.n);
   const size_t layers = s.layers.size();
-  const T* h = c.in(0);
-  for (size_t i = 0; i < layers; ++i) {
-    const MlpLayer& l = s.layers[i];
-    T* out = i + 1 == layers ? c.out(0) : c.out(static_cast<int>(i + 1));
-    cpu::matmul(h, c.in(l.weightInput), out, 1, false, false, s.rows, l.out, l.in, false, false);
-    cpu::biasActivation(out, l.bias ? c.in(l.biasInput) : nullptr, static_cast<T*>(nullptr), s.rows, l.out,
-                        l.act == MlpActivation::Relu ? cpu::Activation::Relu : cpu::Activation::None);
-    if (l.act != MlpActivation::Relu) mlpActivate(l.act, out, s.rows * l.out);
-    h = out;
-  }
+  std::vector<T*> out;
+  for (size_t i = 0; i < layers; ++i) out.push_back(i + 1 == layers ? c.out(0) : c.out(static_cast<int>(i + 1)));
+  mlpForward(s, c.in(0), [&](size_t i) { return c.in(s.layers[i].weightInput); },
+             [&](size_t i) { return c.in(s.layers[i].biasInput); }, out);
 }
 
-// fused-mlp-grad: from the last layer down, dz_i = dh_i ⊙ act_i'(h_i), dw_i = h_(i-1)ᵀ·dz_i,
-// db_i = Σ_rows dz_i (double accumulation, SumTo's kernel), dh_(i-1) = dz_i·w_iᵀ.
-template <class T>
-void execFusedMlpGrad(Ctx<T>& c) {
-  const MlpSpec s = mlpSpecOf(c.g, c.n);
+// The backward of a fused MLP from the last layer down: dz_i = dh_i ⊙ act_i'(h_i), dw_i =
+// h_(i-1)ᵀ·dz_i, db_i = Σ_rows dz_i (double accumulation, SumTo's kernel), dh_(i-1) = dz_i·w_iᵀ.
+// `h(i)` is layer i's input (h(layers) its output y), dw(i) / db(i) the gradients' outputs, dx
+// dx's (null: not wanted).
+template <class T, class H, class W, class G, class D>
+void mlpBackward(const MlpSpec& s, const T* dy, H h, W weight, G dw, D db, T* dx) {
   const int layers = static_cast<int>(s.layers.size());
   std::vector<T> dz(static_cast<size_t>(s.rows * s.layers.back().out)), dh;
-  mlpActivationGrad(s.layers.back().act, c.in(0), c.in(layers + 1), dz.data(), s.rows * s.layers.back().out);
+  mlpActivationGrad(s.layers.back().act, dy, h(layers), dz.data(), s.rows * s.layers.back().out);
   for (int i = layers - 1; i >= 0; --i) {
     const MlpLayer& l = s.layers[static_cast<size_t>(i)];
-    const T* hPrev = c.in(1 + i);
-    cpu::matmul(hPrev, dz.data(), c.out(l.weightGradOutput), 1, false, false, l.in, l.out, s.rows, true, false);
+    const T* hPrev = h(i);
+    cpu::matmul(hPrev, dz.data(), dw(i), 1, false, false, l.in, l.out, s.rows, true, false);
     if (l.bias) {
       cpu::Strided v;
       v.rank = 2;
@@ -352,19 +362,61 @@ void execFusedMlpGrad(Ctx<T>& c) {
       v.extent[1] = l.out;
       v.stride[0] = 0;
       v.stride[1] = 1;
-      cpu::reduceSum(dz.data(), v, c.out(l.biasGradOutput), l.out, 1.0);
+      cpu::reduceSum(dz.data(), v, db(i), l.out, 1.0);
     }
-    if (i == 0 && !s.inputGrad) break;
-    T* target = i == 0 ? c.out(0) : nullptr;
+    if (i == 0 && !dx) break;
+    T* target = i == 0 ? dx : nullptr;
     if (!target) {
       dh.resize(static_cast<size_t>(s.rows * l.in));
       target = dh.data();
     }
-    cpu::matmul(dz.data(), c.in(layers + 2 + i), target, 1, false, false, s.rows, l.in, l.out, false, true);
+    cpu::matmul(dz.data(), weight(i), target, 1, false, false, s.rows, l.in, l.out, false, true);
     if (i == 0) break;
     dz.resize(static_cast<size_t>(s.rows * l.in));
     mlpActivationGrad(s.layers[static_cast<size_t>(i - 1)].act, dh.data(), hPrev, dz.data(), s.rows * l.in);
   }
+}
+
+template <class T>
+void execFusedMlpGrad(Ctx<T>& c) {
+  const MlpSpec s = mlpSpecOf(c.g, c.n);
+  const int layers = static_cast<int>(s.layers.size());
+  mlpBackward(
+      s, c.in(0), [&](int i) { return c.in(1 + i); }, [&](int i) { return c.in(layers + 2 + i); },
+      [&](int i) { return c.out(s.layers[static_cast<size_t>(i)].weightGradOutput); },
+      [&](int i) { return c.out(s.layers[static_cast<size_t>(i)].biasGradOutput); }, s.inputGrad ? c.out(0) : nullptr);
+}
+
+// fused-mlp-train: fused-mlp, then mse-loss-grad of its output, then fused-mlp-grad, each as its
+// node computes it (so the float64 results equal the three nodes').
+template <class T>
+void execFusedMlpTrain(Ctx<T>& c) {
+  const MlpSpec s = mlpSpecOf(c.g, c.n);
+  const size_t layers = s.layers.size();
+  std::vector<std::vector<T>> hidden(layers - 1);
+  std::vector<T*> out;
+  for (size_t i = 0; i + 1 < layers; ++i) {
+    hidden[i].resize(static_cast<size_t>(s.rows * s.layers[i].out));
+    out.push_back(hidden[i].data());
+  }
+  T* y = c.out(1);
+  out.push_back(y);
+  mlpForward(s, c.in(0), [&](size_t i) { return c.in(s.layers[i].weightInput); },
+             [&](size_t i) { return c.in(s.layers[i].biasInput); }, out);
+  const int64_t n = s.rows * s.layers.back().out;
+  c.out(0)[0] = static_cast<T>(cpu::mse(y, c.in(1), n));
+  const T f = static_cast<T>(n ? 2.0 / static_cast<double>(n) : 0.0), seed = c.in(2)[0];
+  std::vector<T> dy(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) {
+    const T diff = y[e] - c.in(1)[e];
+    const T scaled = diff * f;
+    dy[static_cast<size_t>(e)] = scaled * seed;
+  }
+  mlpBackward(
+      s, dy.data(), [&](int i) { return i == 0 ? c.in(0) : out[static_cast<size_t>(i - 1)]; },
+      [&](int i) { return c.in(s.layers[static_cast<size_t>(i)].weightInput); },
+      [&](int i) { return c.out(s.layers[static_cast<size_t>(i)].weightGradOutput); },
+      [&](int i) { return c.out(s.layers[static_cast<size_t>(i)].biasGradOutput); }, static_cast<T*>(nullptr));
 }
 
 template <class T>

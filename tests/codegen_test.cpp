@@ -19,6 +19,8 @@
 #include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
 #include "codegen/training_kernels.h"
+#include "common/mlp_limits.h"
+#include "graph/node_attrs.h"
 #include "passes/autodiff.h"
 #include "passes/fusion.h"
 #include "tests/nvrtc/compile_in_parallel.h"
@@ -228,6 +230,25 @@ TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
         }
       }
       EXPECT_EQ(mlpKernels, 2);
+    }
+    // The same layers' fused-mlp-train kernel, where its weights fit (common/mlp_limits.h).
+    std::vector<MlpActivation> acts;
+    std::string bad;
+    ASSERT_TRUE(parseMlpActivations(c.acts, acts, bad));
+    int64_t floats = 0;
+    for (size_t i = 0; i + 1 < c.widths.size(); ++i) floats += mlpTrainLayerFloats(c.widths[i], c.widths[i + 1], c.biases[i] != 0);
+    if (floats > kMlpTrainMaxFloats) continue;
+    const Graph t = test::mlpTrainGraph(c.rows, c.widths, acts, c.biases);
+    for (bool sm90 : {false, true}) {
+      codegen::EmitOptions opt;
+      opt.wgmma = sm90;
+      int trainKernels = 0;
+      for (NodeId id : t.topoOrder()) {
+        if (t.node(id).op != OpKind::FusedMlpTrain) continue;
+        for (const codegen::Kernel& k : codegen::emitNode(t, id, opt).kernels)
+          units.push_back({"case " + std::to_string(ci) + (sm90 ? " sm_90a" : " sm_80") + "/" + k.name, k.name, k.source}), ++trainKernels;
+      }
+      EXPECT_EQ(trainKernels, 1);
     }
   }
   for (const char* arch : {"sm_80", "sm_90", "sm_90a"}) {

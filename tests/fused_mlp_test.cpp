@@ -157,14 +157,15 @@ TEST(FuseMlp, Bf16TargetLeavesTheChainAlone) {
 TEST(FuseMlp, OnlyWhenListed) {
   EXPECT_EQ(count(test::trainingGraph("mlp_tiny", false), OpKind::FusedMlp), 0);
   EXPECT_EQ(count(test::trainingGraph("mlp_tiny", false, "fp32", {"compiler.fuse=true"}), OpKind::FusedMlp), 0);
+  // The training step: the forward, the loss and the backward in one FusedMlpTrain (fuse-mlp-train).
   const Graph g = test::trainingGraph("mlp_tiny", false, "fp32", {"compiler.fuse=[linear, elementwise, mlp]"});
-  EXPECT_EQ(count(g, OpKind::FusedMlp), 1);
-  EXPECT_EQ(count(g, OpKind::FusedMlpGrad), 1);
+  EXPECT_EQ(count(g, OpKind::FusedMlpTrain), 1);
+  EXPECT_EQ(count(g, OpKind::FusedMlp) + count(g, OpKind::FusedMlpGrad) + count(g, OpKind::MseLossGrad), 0);
   EXPECT_EQ(count(g, OpKind::FusedLinear) + count(g, OpKind::MatMul) + count(g, OpKind::MatMulActGrad), 0);
   for (const char* config : {"sine_mlp", "function_mlp"}) {
     const Graph s = test::trainingGraph(config, false, "fp32", {"compiler.fuse=[linear, elementwise, mlp]"});
-    EXPECT_EQ(count(s, OpKind::FusedMlp), 1) << config;
-    EXPECT_EQ(count(s, OpKind::FusedMlpGrad), 1) << config;
+    EXPECT_EQ(count(s, OpKind::FusedMlpTrain), 1) << config;
+    EXPECT_EQ(count(s, OpKind::FusedMlp) + count(s, OpKind::FusedMlpGrad), 0) << config;
   }
 }
 
@@ -327,6 +328,113 @@ TEST(FuseMlp, MlpTinyTrainsAsWithoutTheFusion) {
   for (size_t i = 0; i < plain.losses.size(); ++i) worst = std::max(worst, std::fabs(fused.losses[i] - plain.losses[i]) / plain.losses[i]);
   EXPECT_LE(worst, 1e-5);
   EXPECT_NEAR(fused.finalValidation, plain.finalValidation, 1e-5 * plain.finalValidation);
+}
+
+// fuse-mlp-train: a model's FusedMlp, its MSE and their gradient node become one FusedMlpTrain,
+// which the CPU runs with the three nodes' kernels in their order, so in float64 the loss, the
+// prediction and every gradient equal the unfused step's bit for bit.
+TEST(FuseMlpTrain, TheStepBecomesOneNodeEqualToTheThree) {
+  for (const char* layers : {kThreeLayers, "  layers: [{linear: {units: 6, activation: relu}}, {linear: {units: 1}}]\n"}) {
+    const BuiltModel m = build(layers, {4}, {layers == kThreeLayers ? 2 : 1}, 5);
+    Graph forward = m.graph;
+    runPipeline(forward, {"fuse-linear", "fuse-mlp"}, PipelineOptions{});
+    ASSERT_EQ(count(forward, OpKind::FusedMlp), 1);
+    Graph three = forward, one = forward;
+    runPipeline(three, {"autodiff", "fuse-loss", "dce"}, PipelineOptions{});
+    runPipeline(one, {"autodiff", "fuse-loss", "fuse-mlp-train", "dce"}, PipelineOptions{});
+    EXPECT_EQ(count(three, OpKind::FusedMlpGrad), 1);
+    EXPECT_EQ(count(one, OpKind::FusedMlpTrain), 1);
+    for (OpKind op : {OpKind::FusedMlp, OpKind::FusedMlpGrad, OpKind::MseLossGrad}) EXPECT_EQ(count(one, op), 0);
+    EXPECT_EQ(worstDifference(three, one, 17), 0.0);
+  }
+}
+
+// Left alone where the node would not hold the step: dx wanted (x a parameter), y read by another
+// node, weights over kMlpTrainMaxFloats; and without fuse-loss there is no MseLossGrad to take.
+TEST(FuseMlpTrain, LeftAloneWhereOneNodeCannotHoldTheStep) {
+  auto step = [](bool xParam, bool otherUser, std::vector<int64_t> widths, std::vector<std::string> passes) {
+    Graph g;
+    std::vector<ValueId> ins{xParam ? g.addParam("x", Shape{9, widths[0]}, "xavier") : g.addInput("x", Shape{9, widths[0]})};
+    std::vector<MlpActivation> acts;
+    for (size_t i = 0; i + 1 < widths.size(); ++i) {
+      ins.push_back(g.addParam("w" + std::to_string(i), Shape{widths[i], widths[i + 1]}, "xavier"));
+      ins.push_back(g.addParam("b" + std::to_string(i), Shape{widths[i + 1]}, "xavier"));
+      acts.push_back(i + 2 == widths.size() ? MlpActivation::None : MlpActivation::Relu);
+    }
+    const ValueId y = g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(mlpActivationsString(acts)));
+    ValueId loss = g.add(OpKind::MseLoss, {y, g.addInput("target", Shape{9, widths.back()})});
+    if (otherUser) loss = g.add(OpKind::Add, {loss, g.add(OpKind::MseLoss, {g.add(OpKind::Tanh, {y}), y})});
+    g.setOutput("loss", loss);
+    runPipeline(g, passes, PipelineOptions{});
+    return g;
+  };
+  const std::vector<std::string> all = {"autodiff", "fuse-loss", "fuse-mlp-train", "dce"};
+  EXPECT_EQ(count(step(false, false, {3, 8, 2}, all), OpKind::FusedMlpTrain), 1);  // the control
+  EXPECT_EQ(count(step(true, false, {3, 8, 2}, all), OpKind::FusedMlpTrain), 0);
+  EXPECT_EQ(count(step(false, true, {3, 8, 2}, all), OpKind::FusedMlpTrain), 0);
+  EXPECT_EQ(count(step(false, false, {128, 128, 128, 1}, all), OpKind::FusedMlpTrain), 0);
+  EXPECT_EQ(count(step(false, false, {128, 128, 1}, all), OpKind::FusedMlpTrain), 1);
+  EXPECT_THROW(step(false, false, {3, 8, 2}, {"autodiff", "fuse-mlp-train"}), UserError);  // needs fuse-loss before it
+}
+
+// Hand-written fused-mlp-train nodes: wrong input counts, a target of the wrong shape, a dy of
+// more than one element and weights over the shared-memory bound are refused with the node named.
+TEST(FuseMlpTrain, HandWrittenNodesGetClearErrors) {
+  auto node = [](Shape target, Shape dy, int64_t width, bool dropBias) {
+    Graph g;
+    std::vector<ValueId> ins{g.addInput("x", Shape{5, width}), g.addInput("t", target), g.addInput("dy", dy),
+                             g.addParam("w1", Shape{width, width}, "xavier"), g.addParam("b1", Shape{width}, "zeros"),
+                             g.addParam("w2", Shape{width, width}, "xavier"), g.addParam("b2", Shape{width}, "zeros")};
+    if (dropBias) ins.pop_back();
+    g.add(OpKind::FusedMlpTrain, ins, AttrMap().set<attr::MlpActivations>("relu,none"));
+  };
+  EXPECT_NO_THROW(node({5, 8}, {}, 8, false));
+  auto message = [&](Shape target, Shape dy, int64_t width, bool dropBias) {
+    try {
+      node(target, dy, width, dropBias);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({5, 8}, {}, 8, true).find("inputs, got 6"), std::string::npos);
+  EXPECT_NE(message({5, 7}, {}, 8, false).find("target [5, 7] must be y's shape [5, 8]"), std::string::npos);
+  EXPECT_NE(message({5, 8}, {2}, 8, false).find("must hold one element"), std::string::npos);
+  EXPECT_NE(message({5, 128}, {}, 128, false).find("holds at most"), std::string::npos);
+}
+
+// The train kernel's launches within every target's limits, from one row to more tiles than
+// 65535 blocks, up to the weight bound (a 128 × 128 layer beside others; 16 layers of 32).
+TEST(FusedMlpKernels, TrainKernelLaunchesFitEveryTarget) {
+  struct Case {
+    int64_t rows;
+    std::vector<int64_t> widths;
+  };
+  std::vector<Case> cases = {{1, {1, 1}}, {17, {3, 64, 1}}, {256, {1, 64, 64, 1}}, {3'000'000, {7, 100, 3}}, {4099, {128, 128, 64}}};
+  cases.push_back({1000, std::vector<int64_t>(static_cast<size_t>(kMlpMaxLayers) + 1, 32)});
+  for (const Case& c : cases) {
+    const size_t layers = c.widths.size() - 1;
+    const Graph g = test::mlpTrainGraph(c.rows, c.widths, std::vector<MlpActivation>(layers, MlpActivation::Tanh),
+                                        std::vector<int64_t>(layers, 1));
+    ASSERT_EQ(count(g, OpKind::FusedMlpTrain), 1);
+    for (bool sm90 : {false, true}) {
+      SCOPED_TRACE("rows " + std::to_string(c.rows) + ", " + std::to_string(layers) + " layers, " + (sm90 ? "sm_90a" : "sm_80"));
+      codegen::EmitOptions opt;
+      opt.wgmma = sm90;
+      for (NodeId id : g.topoOrder()) {
+        if (g.node(id).op != OpKind::FusedMlpTrain) continue;
+        const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+        ASSERT_EQ(nk.kernels.size(), 1u);
+        const codegen::Kernel& k = nk.kernels[0];
+        EXPECT_LE(k.sharedBytes, (sm90 ? 227u : 163u) * 1024) << k.name;
+        EXPECT_GE(k.grid[0], 1u);
+        EXPECT_LE(k.grid[0], 65535u);
+        EXPECT_EQ(k.grid[0] % (sm90 ? 8 : 1), 0u);
+        EXPECT_TRUE(nk.zeroScratch);
+        EXPECT_GE(nk.scratchBytes, (8 + 1 + 2 * k.grid[0]) * sizeof(float));
+      }
+    }
+  }
 }
 
 }  // namespace

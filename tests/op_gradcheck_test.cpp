@@ -61,9 +61,10 @@ TEST(OpTable, EveryDifferentiableOpHasAGradientCase) {
 }
 
 // Backward-only ops that a pass makes from a checked rule's output instead of a rule itself;
-// fusion_test.cpp (matmul-act-grad) and epilogue_fusion_test.cpp (matmul-bias-grad,
-// mse-loss-grad) check each against the graph it replaces.
-const std::set<OpKind> kMadeByBackwardFusion = {OpKind::MatMulActGrad, OpKind::MatMulBiasGrad, OpKind::MseLossGrad};
+// fusion_test.cpp (matmul-act-grad), epilogue_fusion_test.cpp (matmul-bias-grad,
+// mse-loss-grad) and fused_mlp_test.cpp (fused-mlp-train) check each against the graph it replaces.
+const std::set<OpKind> kMadeByBackwardFusion = {OpKind::MatMulActGrad, OpKind::MatMulBiasGrad, OpKind::MseLossGrad,
+                                                OpKind::FusedMlpTrain};
 
 TEST(OpTable, EveryBackwardOnlyOpIsEmittedByACheckedRule) {
   for (int k = 0; k < kNumOps; ++k) {

@@ -63,10 +63,8 @@ inline constexpr const char* kMlpPrefetchRows = R"(    {
 // fused-mlp-grad: block-strided tiles of R rows (each block the same tiles on every run). Per
 // tile ${TOP} (the tile's inputs, then dz of the last layer from dy and y), then ${LAYERS}, one
 // kMlpBackwardLayer per layer from the last down, each adding the tile's dW and db into the
-// block's partial sums `part` (${P} floats) and making the next dz. Then the reduction of the
-// ${C} blocks' partial sums (kernels/fused_mlp.cuh): ${LEVEL1} per gradient segment (this rank's
-// share of the cluster's sum) and ${LEVEL2} (the last cluster's sum of the cluster slots).
-// ${FENCE}: partial sums in the scratch are made visible device-wide before the cluster barrier.
+// block's partial sums `part` (${P} floats) and making the next dz. Then ${REDUCTION}
+// (kMlpReduction).
 inline constexpr const char* kMlpBackward = R"(
 #include "kernels/fused_mlp.cuh"
 // On sm_90: clusters of ${G} blocks (${C} blocks, ${C} / ${G} clusters); elsewhere each block is its own cluster.
@@ -88,11 +86,19 @@ ${TOP}${LAYERS}  }
   pa::mlp::waitGroups<0>();
   if (first)  // a block without rows adds zeros
     for (int e = threadIdx.x; e < P; e += T) part[e] = 0.0f;
-${FENCE}  __syncthreads();
+${REDUCTION}}
+)";
+
+// The end of fused-mlp-grad and fused-mlp-train: the reduction of the ${C} blocks' partial sums
+// (kernels/fused_mlp.cuh): ${LEVEL1} per gradient segment (this rank's share of the cluster's
+// sum) and ${LEVEL2} (the last cluster's sum of the cluster slots). ${FENCE}: partial sums in the
+// scratch are made visible device-wide before the cluster barrier. ${AFTERWAIT}: what else runs
+// once every member's shared memory is complete.
+inline constexpr const char* kMlpReduction = R"(${FENCE}  __syncthreads();
   pa::mlp::clusterArrive();
   pa::mlp::clusterWait();  // every member's partial sums are complete
   const int rank = (int)(blockIdx.x % G);
-  {
+${AFTERWAIT}  {
     const long long cluster = blockIdx.x / G;
     const float* member[G];
     for (int m = 0; m < G; ++m) member[m] = ${MEMBER};
@@ -104,7 +110,84 @@ ${LEVEL1}  }
     const float* const slots = scratch + ${SLOTS};
 ${LEVEL2}  }
   pa::mlp::clusterWait();  // nor does any other: the shared memory may go
-}
+)";
+
+// fused-mlp-train: kMlpBackward's tiles, grid, clusters and reduction, with the forward in front
+// of each tile's backward. ${PROLOGUE} copies every layer's weights and biases (one group); per
+// tile ${TOP} copies x and the targets, ${FORWARD} runs the layers (their outputs kept in shared
+// memory, y also stored), ${OUTPUT} makes the last dz from y and the targets (the MSE gradient)
+// and adds the tile's squared errors to the thread's `loss`, ${LAYERS} the backward as in
+// kMlpBackward, then ${REDUCTION} (kMlpReduction). The loss: each block's sum (kernels/fused_mlp.cuh
+// blockSum), added in block order by rank 0 from the members' shared memory where the grid is one
+// cluster (kMlpTrainClusterLoss, inside the reduction), else through the scratch by the last
+// block to arrive.
+inline constexpr const char* kMlpTrain = R"(
+#include "kernels/fused_mlp.cuh"
+// On sm_90: clusters of ${G} blocks (${C} blocks, ${C} / ${G} clusters); elsewhere each block is its own cluster.
+extern "C" __global__ void __launch_bounds__(${T}) ${CLUSTER}${NAME}(${PARAMS}) {
+  pa::pdlBegin();
+  extern __shared__ __align__(16) float pa_mlp_smem[];
+  constexpr int R = ${R}, T = ${T}, G = PA_MLP_CLUSTERS ? ${G} : 1, NC = ${C} / G;
+  constexpr long long P = ${P};
+  float* const sm = pa_mlp_smem;
+  float* const part = ${PART};
+  const long long tiles = ${TILES}, batch = ${ROWS};
+  const float seed = in2[0];
+  long long tile = blockIdx.x;
+  int rows = (int)max(0LL, min((long long)R, batch - tile * R));
+  bool first = true;
+  double loss = 0.0;
+${PROLOGUE}  for (; tile < tiles; tile += gridDim.x, first = false) {
+    const long long row0 = tile * R;
+    rows = (int)min((long long)R, batch - row0);
+${TOP}${FORWARD}${OUTPUT}${LAYERS}  }
+  pa::mlp::waitGroups<0>();
+  if (first)  // a block without rows adds zeros
+    for (int e = threadIdx.x; e < P; e += T) part[e] = 0.0f;
+  __shared__ double blockLoss;
+  {
+    const double sum = pa::mlp::blockSum<T>(loss);
+    if (threadIdx.x == 0) blockLoss = sum;
+    if constexpr (NC > 1) {  // several clusters: through the scratch
+      double* const sums = reinterpret_cast<double*>(scratch + ${LOSSSUMS});
+      if (threadIdx.x == 0) sums[blockIdx.x] = sum;
+      if (pa::mlp::lastToArrive(reinterpret_cast<unsigned*>(scratch + ${LOSSCOUNTER}), gridDim.x) && threadIdx.x == 0) {
+        double total = 0.0;
+        for (unsigned b = 0; b < gridDim.x; ++b) total += __ldcg(sums + b);
+        out0[0] = (float)(total / ${DENOM});
+      }
+    }
+  }
+${REDUCTION}}
+)";
+
+// fused-mlp-train's loss where the grid is one cluster, once the members' shared memory is complete.
+inline constexpr const char* kMlpTrainClusterLoss = R"(  if constexpr (NC == 1) {  // one cluster: rank 0 adds the members' losses from their shared memory
+    if (rank == 0 && threadIdx.x == 0) {
+      double total = 0.0;
+      for (int m = 0; m < G; ++m) total += *pa::mlp::memberShared(&blockLoss, m);
+      out0[0] = (float)(total / ${DENOM});
+    }
+  }
+)";
+
+// fused-mlp-train's tile inputs: x's rows and the targets' (after the first tile, once the
+// previous tile is done with the buffers), waited for with the weights' group on the first tile.
+inline constexpr const char* kMlpTrainTop = R"(    if (!first) __syncthreads();
+${COPIES}    pa::mlp::commit();
+    pa::mlp::waitGroups<0>();
+    __syncthreads();
+)";
+
+// One layer of fused-mlp-train's forward: its output kept in shared memory at KEEPTO (the next
+// layer's input, or y) and stored to OUT (y), or nowhere (pa::mlp::Discard).
+inline constexpr const char* kMlpTrainForwardLayer = R"(    // forward layer ${LAYER}: [${K}] -> [${N}], ${ACTNAME}${BIASNOTE}; ${TILING}
+    pa::mlp::layerForward<${K}, ${N}, ${S}, R, T, ${TM}, ${V}, ${KS}, ${ACT}, ${HASBIAS}, true>(sm + ${IN}, sm + ${WOFF}, ${BIAS}, sm + ${KEEPTO}, ${OUT}, row0 * ${N}, rows);
+    __syncthreads();
+)";
+
+// fused-mlp-train's last dz: the MSE gradient of y against the targets, times act'(y).
+inline constexpr const char* kMlpTrainOutputGrad = R"(    pa::mlp::mseOutputGrad<T, ${ACT}>(sm + ${Y}, sm + ${TGT}, sm + ${DZ}, rows * ${N}, ${SCALE}, seed, loss);
 )";
 
 // The resident backward's tile inputs after the first: the previous tile is done with the buffers.

@@ -17,6 +17,7 @@
 
 #include "codegen/emit.h"
 #include "codegen/kernel_cache.h"
+#include "common/mlp_limits.h"
 #include "frontend/compare.h"
 #include "frontend/config.h"
 #include "frontend/datasets.h"
@@ -1089,6 +1090,36 @@ TEST(FusedMlpOnGpu, ForwardAndEveryGradientMatchTheFloat64CpuExecutor) {
       SCOPED_TRACE("rows " + std::to_string(rows) + ", widths " + shapeString(Shape(widths.begin(), widths.end())));
       compareOnGpu(g, 31 + variant, 1.0, Metric::Norm);
       if (rows <= 257) compareOnGpu(g, 31 + variant, 1.0, Metric::MaxElement);
+    }
+}
+
+// fused-mlp-train (one kernel: a tile's forward, the MSE gradient, the backward, the blocks'
+// partial sums reduced, the loss summed in double by the last block) against the float64 CPU
+// executor: the loss, y and every dw and db, on the same rows and widths as above where the
+// weights fit the node (common/mlp_limits.h), with the same tolerances.
+TEST(FusedMlpOnGpu, TrainNodeMatchesTheFloat64CpuExecutor) {
+  PA_REQUIRE_GPU();
+  const MlpActivation cycle[] = {MlpActivation::Relu, MlpActivation::Tanh, MlpActivation::None, MlpActivation::Sigmoid};
+  uint64_t variant = 0;
+  for (int64_t rows : {1, 7, 257, 4099})
+    for (const auto& widths : kMlpWidths) {
+      std::vector<MlpActivation> acts;
+      std::vector<int64_t> biases;
+      int64_t floats = 0;
+      for (size_t i = 0; i + 1 < widths.size(); ++i) {
+        acts.push_back(i + 2 == widths.size() ? MlpActivation::None : cycle[(i + variant) % 4]);
+        biases.push_back((i + variant) % 3 != 1);
+        floats += mlpTrainLayerFloats(widths[i], widths[i + 1], biases.back() != 0);
+      }
+      ++variant;
+      if (floats > kMlpTrainMaxFloats) continue;
+      const Graph g = test::mlpTrainGraph(rows, widths, acts, biases);
+      int trainNodes = 0;
+      for (NodeId id : g.topoOrder()) trainNodes += g.node(id).op == OpKind::FusedMlpTrain;
+      ASSERT_EQ(trainNodes, 1);
+      SCOPED_TRACE("rows " + std::to_string(rows) + ", widths " + shapeString(Shape(widths.begin(), widths.end())));
+      compareOnGpu(g, 71 + variant, 1.0, Metric::Norm);
+      if (rows <= 257) compareOnGpu(g, 71 + variant, 1.0, Metric::MaxElement);
     }
 }
 
