@@ -1,5 +1,6 @@
-// Emitters of the fused MLP: FusedMlp (one forward kernel) and FusedMlpGrad (one backward kernel
-// with the weight and bias gradients' reduction inside), from codegen/templates/mlp.h over
+// Emitters of the fused MLP: FusedMlp (one forward kernel), FusedMlpGrad (one backward kernel
+// with the weight and bias gradients' reduction inside) and FusedMlpTrain (the two and the MSE
+// gradient between them in one kernel), from codegen/templates/mlp.h over
 // kernels/fused_mlp.cuh. Every width and tiling choice is a compile-time constant of the source.
 //
 // Note on the tiling. A block has kThreads threads and takes tiles of R rows, R the smallest power

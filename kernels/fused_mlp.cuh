@@ -1,4 +1,4 @@
-// The fully fused MLP (fused-mlp and fused-mlp-grad; codegen/emit_mlp.cpp generates the kernels
+// The fully fused MLP (fused-mlp, fused-mlp-grad, fused-mlp-train; codegen/emit_mlp.cpp generates the kernels
 // from codegen/templates/mlp.h, one call of the functions below per layer, every width and every
 // tiling choice a compile-time constant).
 /*
@@ -38,6 +38,13 @@
  *    per share j a counter finds the last cluster to finish, whose rank j adds the NC = C / G
  *    cluster slots in order. Without clusters (sm_80, or the emitter's G = 1) the block is its
  *    own cluster: the last block adds the C slots.
+ *  - fused-mlp-train runs the backward's tiles and reduction with each tile's forward in front of
+ *    its backward in the same block: the layers' outputs go to the shared buffers the backward
+ *    reads as its layer inputs (y is also stored), the targets take dy's buffer and
+ *    mseOutputGrad makes the last dz from y and them, adding each thread's squared errors in
+ *    double. The blocks' loss sums (blockSum) are added in block order: by rank 0 from the
+ *    members' shared memory when the grid is one cluster (whose blocks then also need no second
+ *    level for the gradients), else through the scratch by the last block to arrive.
  *
  * Note on determinism. Every sum runs in a fixed order: a dot product's slices in k order inside
  * a thread, then the reduce-scatter's fixed tree; dW over a tile's rows in order, over a block's
