@@ -33,6 +33,7 @@
 #include <array>
 #include <climits>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -381,6 +382,50 @@ Reduction reductionOf(const MlpSpec& s, const Partials& parts, bool sharedParts,
   return r;
 }
 
+// The backward's layers from the last down, one kMlpBackwardLayer each: `before(i)` opens layer
+// i (its copies, waits, barrier); dz·Wᵀ makes the lower layer's dz, and at the first layer dx
+// into out0 where the node computes it.
+std::string backwardLayers(const MlpSpec& s, const BackwardPlan& p, const Partials& parts,
+                           const std::function<std::string(int)>& before) {
+  std::string body;
+  for (int i = static_cast<int>(s.layers.size()) - 1; i >= 0; --i) {
+    const MlpLayer& l = s.layers[static_cast<size_t>(i)];
+    const LayerPlan& lp = p.layers[static_cast<size_t>(i)];
+    std::string dx;
+    if (i > 0 || s.inputGrad)
+      dx = fillTemplate(kMlpInputGrad, {{"K", str(l.in)}, {"N", str(l.out)}, {"S", str(lp.stride)}, {"TM", str(lp.split.tm)},
+                                        {"V", str(lp.split.v)}, {"NS", str(lp.split.slices)},
+                                        {"LOWER", i > 0 ? activationCode(s.layers[static_cast<size_t>(i - 1)].act) : "-1"},
+                                        {"DZ", str(p.dz[i % 2])}, {"WOFF", str(lp.weights)}, {"H", str(p.h[static_cast<size_t>(i)])},
+                                        {"NEXT", i > 0 ? "sm + " + str(p.dz[(i + 1) % 2]) : "(float*)nullptr"},
+                                        {"DX", i > 0 ? "(float*)nullptr" : "out0"}});
+    body += fillTemplate(kMlpBackwardLayer,
+                         {{"LAYER", str(i + 1)}, {"K", str(l.in)}, {"N", str(l.out)}, {"ACTNAME", mlpActivationName(l.act)},
+                          {"BIASNOTE", layerNote(l)},
+                          {"TILING", "dW TK " + str(p.tk[static_cast<size_t>(i)]) + " × V " + str(p.vw[static_cast<size_t>(i)]) +
+                                         (dx.empty() ? "" : "; dz·Wᵀ " + tilingNote(lp.split, lp.stride, "NS"))},
+                          {"BEFORE", before(i)},
+                          {"TK", str(p.tk[static_cast<size_t>(i)])}, {"VW", str(p.vw[static_cast<size_t>(i)])},
+                          {"HASBIAS", l.bias ? "true" : "false"}, {"H", str(p.h[static_cast<size_t>(i)])}, {"DZ", str(p.dz[i % 2])},
+                          {"WOFF", ll(parts.w[static_cast<size_t>(i)])}, {"BOFF", ll(parts.b[static_cast<size_t>(i)])}, {"DXSTEP", dx}});
+  }
+  return body;
+}
+
+// fused-mlp-grad's and fused-mlp-train's kernel (kMlpBackward): the plan's and the grid's
+// placeholders, and `vars`, the node's own (PROLOGUE, TOP, LAYERS, SEED, LOSSDECL, LOSS, REDUCTION).
+Kernel backwardKernel(const Ctx& c, const MlpSpec& s, const BackwardPlan& p, int64_t partialFloats, int g, int64_t blocks,
+                      TemplateVars vars) {
+  vars.insert({{"T", str(kThreads)}, {"R", str(p.r)}, {"G", str(g)}, {"C", str(blocks)},
+               {"CLUSTER", g > 1 ? "PA_MLP_CLUSTER_DIMS(" + str(g) + ") " : ""}, {"P", ll(partialFloats)},
+               {"PART", p.part >= 0 ? "sm + " + str(p.part) : "scratch + (long long)blockIdx.x * P"}, {"TILES", ll(p.tiles)},
+               {"ROWS", ll(s.rows)}});
+  std::vector<KernelArg> args = allArgs(c.n);
+  args.push_back({KernelArg::Scratch, 0});
+  return finish(c, "", kMlpBackward, std::move(vars), {static_cast<unsigned>(blocks), 1, 1}, kThreads, args, {"kernels/fused_mlp.cuh"},
+                static_cast<unsigned>(p.smemFloats * 4));
+}
+
 }  // namespace
 
 NodeKernels emitFusedMlp(const Ctx& c) {
@@ -484,10 +529,7 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
   top += fillTemplate(kMlpOutputGrad, {{"ACT", activationCode(s.layers.back().act)}, {"DY", str(p.dy)}, {"Y", str(p.y)},
                                        {"DZ", str(p.dz[(layers - 1) % 2])}, {"N", nl}});
 
-  std::string body;
-  for (int i = layers - 1; i >= 0; --i) {
-    const MlpLayer& l = s.layers[static_cast<size_t>(i)];
-    const LayerPlan& lp = p.layers[static_cast<size_t>(i)];
+  const std::string body = backwardLayers(s, p, parts, [&](int i) {
     std::string before;
     if (p.resident) {
       // Groups after layer i + 1's weights: the lower layers' (i of them).
@@ -495,36 +537,13 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
     } else if (i < layers - 1) {
       before = std::string(kMlpBarrier) + weightCopy(i) + kMlpCommit + fillTemplate(kMlpWait, {{"COUNT", "0"}});
     }
-    before += kMlpBarrier;
-    std::string dx;
-    if (i > 0 || s.inputGrad)
-      dx = fillTemplate(kMlpInputGrad, {{"K", str(l.in)}, {"N", str(l.out)}, {"S", str(lp.stride)}, {"TM", str(lp.split.tm)},
-                                        {"V", str(lp.split.v)}, {"NS", str(lp.split.slices)},
-                                        {"LOWER", i > 0 ? activationCode(s.layers[static_cast<size_t>(i - 1)].act) : "-1"},
-                                        {"DZ", str(p.dz[i % 2])}, {"WOFF", str(lp.weights)}, {"H", str(p.h[static_cast<size_t>(i)])},
-                                        {"NEXT", i > 0 ? "sm + " + str(p.dz[(i + 1) % 2]) : "(float*)nullptr"},
-                                        {"DX", i > 0 ? "(float*)nullptr" : "out0"}});
-    body += fillTemplate(kMlpBackwardLayer,
-                         {{"LAYER", str(i + 1)}, {"K", str(l.in)}, {"N", str(l.out)}, {"ACTNAME", mlpActivationName(l.act)},
-                          {"BIASNOTE", layerNote(l)},
-                          {"TILING", "dW TK " + str(p.tk[static_cast<size_t>(i)]) + " × V " + str(p.vw[static_cast<size_t>(i)]) +
-                                         (dx.empty() ? "" : "; dz·Wᵀ " + tilingNote(lp.split, lp.stride, "NS"))},
-                          {"BEFORE", before},
-                          {"TK", str(p.tk[static_cast<size_t>(i)])}, {"VW", str(p.vw[static_cast<size_t>(i)])},
-                          {"HASBIAS", l.bias ? "true" : "false"}, {"H", str(p.h[static_cast<size_t>(i)])}, {"DZ", str(p.dz[i % 2])},
-                          {"WOFF", ll(parts.w[static_cast<size_t>(i)])}, {"BOFF", ll(parts.b[static_cast<size_t>(i)])}, {"DXSTEP", dx}});
-  }
-
+    return before + kMlpBarrier;
+  });
   const Reduction red = reductionOf(s, parts, sharedParts, blocks, "");
-  std::vector<KernelArg> args = allArgs(c.n);
-  args.push_back({KernelArg::Scratch, 0});
   NodeKernels nk;
-  nk.kernels.push_back(finish(
-      c, "", kMlpBackward,
-      {{"T", str(kThreads)}, {"R", str(p.r)}, {"G", str(g)}, {"C", str(blocks)}, {"CLUSTER", g > 1 ? "PA_MLP_CLUSTER_DIMS(" + str(g) + ") " : ""},
-       {"P", ll(pf)}, {"PART", sharedParts ? "sm + " + str(p.part) : "scratch + (long long)blockIdx.x * P"},
-       {"TILES", ll(p.tiles)}, {"ROWS", ll(s.rows)}, {"PROLOGUE", prologue}, {"TOP", top}, {"LAYERS", body}, {"REDUCTION", red.code}},
-      {static_cast<unsigned>(blocks), 1, 1}, kThreads, args, {"kernels/fused_mlp.cuh"}, static_cast<unsigned>(p.smemFloats * 4)));
+  nk.kernels.push_back(backwardKernel(c, s, p, pf, g, blocks,
+                                      {{"PROLOGUE", prologue}, {"TOP", top}, {"LAYERS", body}, {"SEED", ""}, {"LOSSDECL", ""},
+                                       {"LOSS", ""}, {"REDUCTION", red.code}}));
   nk.scratchBytes = static_cast<size_t>(red.scratchFloats) * sizeof(float);
   nk.zeroScratch = true;  // the counters start at 0; the kernel returns them there
   return nk;
@@ -588,41 +607,18 @@ NodeKernels emitFusedMlpTrain(const Ctx& c) {
                                          {"DZ", str(p.dz[(layers - 1) % 2])}, {"N", str(nl)},
                                          {"SCALE", num(count ? 2.0 / static_cast<double>(count) : 0.0)}});
 
-  std::string body;
-  for (int i = layers - 1; i >= 0; --i) {
-    const MlpLayer& l = s.layers[static_cast<size_t>(i)];
-    const LayerPlan& lp = p.layers[static_cast<size_t>(i)];
-    std::string dx;
-    if (i > 0)
-      dx = fillTemplate(kMlpInputGrad, {{"K", str(l.in)}, {"N", str(l.out)}, {"S", str(lp.stride)}, {"TM", str(lp.split.tm)},
-                                        {"V", str(lp.split.v)}, {"NS", str(lp.split.slices)},
-                                        {"LOWER", activationCode(s.layers[static_cast<size_t>(i - 1)].act)},
-                                        {"DZ", str(p.dz[i % 2])}, {"WOFF", str(lp.weights)}, {"H", str(p.h[static_cast<size_t>(i)])},
-                                        {"NEXT", "sm + " + str(p.dz[(i + 1) % 2])}, {"DX", "(float*)nullptr"}});
-    body += fillTemplate(kMlpBackwardLayer,
-                         {{"LAYER", str(i + 1)}, {"K", str(l.in)}, {"N", str(l.out)}, {"ACTNAME", mlpActivationName(l.act)},
-                          {"BIASNOTE", layerNote(l)},
-                          {"TILING", "dW TK " + str(p.tk[static_cast<size_t>(i)]) + " × V " + str(p.vw[static_cast<size_t>(i)]) +
-                                         (dx.empty() ? "" : "; dz·Wᵀ " + tilingNote(lp.split, lp.stride, "NS"))},
-                          {"BEFORE", kMlpBarrier}, {"TK", str(p.tk[static_cast<size_t>(i)])}, {"VW", str(p.vw[static_cast<size_t>(i)])},
-                          {"HASBIAS", l.bias ? "true" : "false"}, {"H", str(p.h[static_cast<size_t>(i)])}, {"DZ", str(p.dz[i % 2])},
-                          {"WOFF", ll(parts.w[static_cast<size_t>(i)])}, {"BOFF", ll(parts.b[static_cast<size_t>(i)])}, {"DXSTEP", dx}});
-  }
+  const std::string body = backwardLayers(s, p, parts, [](int) { return std::string(kMlpBarrier); });
 
   const std::string denom = std::to_string(std::max<int64_t>(count, 1)) + ".0";
   const Reduction red = reductionOf(s, parts, sharedParts, blocks, fillTemplate(kMlpTrainClusterLoss, {{"DENOM", denom}}));
   // Scratch: the reduction's, then the loss's counter and, 8-byte aligned, the blocks' sums of squares.
   const int64_t lossCounter = red.scratchFloats, lossSums = roundUp(lossCounter + 1, 2);
-  std::vector<KernelArg> args = allArgs(c.n);
-  args.push_back({KernelArg::Scratch, 0});
+  const std::string loss =
+      fillTemplate(kMlpTrainLoss, {{"LOSSSUMS", ll(lossSums)}, {"LOSSCOUNTER", ll(lossCounter)}, {"DENOM", denom}});
   NodeKernels nk;
-  nk.kernels.push_back(finish(
-      c, "", kMlpTrain,
-      {{"T", str(kThreads)}, {"R", str(p.r)}, {"G", str(g)}, {"C", str(blocks)}, {"CLUSTER", g > 1 ? "PA_MLP_CLUSTER_DIMS(" + str(g) + ") " : ""},
-       {"P", ll(pf)}, {"PART", sharedParts ? "sm + " + str(p.part) : "scratch + (long long)blockIdx.x * P"},
-       {"TILES", ll(p.tiles)}, {"ROWS", ll(s.rows)}, {"PROLOGUE", prologue}, {"TOP", top}, {"FORWARD", forward}, {"OUTPUT", output},
-       {"LAYERS", body}, {"LOSSSUMS", ll(lossSums)}, {"LOSSCOUNTER", ll(lossCounter)}, {"DENOM", denom}, {"REDUCTION", red.code}},
-      {static_cast<unsigned>(blocks), 1, 1}, kThreads, args, {"kernels/fused_mlp.cuh"}, static_cast<unsigned>(p.smemFloats * 4)));
+  nk.kernels.push_back(backwardKernel(c, s, p, pf, g, blocks,
+                                      {{"PROLOGUE", prologue}, {"TOP", top + forward + output}, {"LAYERS", body},
+                                       {"SEED", kMlpTrainSeed}, {"LOSSDECL", kMlpTrainLossDecl}, {"LOSS", loss}, {"REDUCTION", red.code}}));
   nk.scratchBytes = static_cast<size_t>(lossSums + 2 * blocks) * sizeof(float);
   nk.zeroScratch = true;  // the counters start at 0; the kernel returns them there
   return nk;

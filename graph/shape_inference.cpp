@@ -376,33 +376,45 @@ int64_t mlpWeightUnits(const Graph& g, const Node& n, int input, size_t layer, i
   return w[1];
 }
 
-Types inferFusedMlp(const Graph& g, const Node& n) {
-  std::vector<bool> bias;
-  const std::vector<MlpActivation> acts = mlpLayersOf(n, bias);
-  if (acts.empty()) fail(n, "needs at least one layer (attribute activations)");
-  size_t want = 1;
+// A fused-mlp's or fused-mlp-train's layers: `leading` inputs (named in `names`), then per layer a
+// weight and, where `bias` says so, a bias; x (input 0) [..., K₀]. Returns each layer's N_i.
+std::vector<int64_t> mlpLayerWidths(const Graph& g, const Node& n, const std::vector<bool>& bias, int leading, const char* names) {
+  size_t want = static_cast<size_t>(leading);
   for (bool b : bias) want += b ? 2 : 1;
   if (n.inputs.size() != want)
-    fail(n, "takes x and, per layer, a weight and a bias where biases says so: " + std::to_string(want) + " inputs, got " +
-                std::to_string(n.inputs.size()));
+    fail(n, std::string("takes ") + names + " and, per layer, a weight and a bias where biases says so: " + std::to_string(want) +
+                " inputs, got " + std::to_string(n.inputs.size()));
   const Shape& x = in(g, n, 0);
   if (x.empty()) fail(n, "x must be [..., K], got a scalar");
-  Shape rows(x.begin(), x.end() - 1);
+  std::vector<int64_t> widths;
   int64_t k = x.back();
-  int input = 1;
-  Types hidden;
-  Shape out;
-  for (size_t i = 0; i < acts.size(); ++i) {
+  int input = leading;
+  for (size_t i = 0; i < bias.size(); ++i) {
     const int64_t units = mlpWeightUnits(g, n, input++, i, k);
     if (bias[i]) {
       if (in(g, n, input) != Shape{units})
         fail(n, "layer " + std::to_string(i + 1) + "'s bias " + shapeString(in(g, n, input)) + " must be [" + std::to_string(units) + "]");
       ++input;
     }
-    out = rows;
-    out.push_back(units);
-    if (i + 1 < acts.size()) hidden.push_back(TensorType{out, dt(g, n)});
+    widths.push_back(units);
     k = units;
+  }
+  return widths;
+}
+
+Types inferFusedMlp(const Graph& g, const Node& n) {
+  std::vector<bool> bias;
+  const std::vector<MlpActivation> acts = mlpLayersOf(n, bias);
+  if (acts.empty()) fail(n, "needs at least one layer (attribute activations)");
+  const std::vector<int64_t> widths = mlpLayerWidths(g, n, bias, 1, "x");
+  const Shape& x = in(g, n, 0);
+  const Shape rows(x.begin(), x.end() - 1);
+  Types hidden;
+  Shape out;
+  for (size_t i = 0; i < widths.size(); ++i) {
+    out = rows;
+    out.push_back(widths[i]);
+    if (i + 1 < widths.size()) hidden.push_back(TensorType{out, dt(g, n)});
   }
   Types t = one(out, dt(g, n));
   t.append(hidden.begin(), hidden.end());
@@ -442,34 +454,21 @@ Types inferFusedMlpTrain(const Graph& g, const Node& n) {
   std::vector<bool> bias;
   const std::vector<MlpActivation> acts = mlpLayersOf(n, bias);
   if (acts.empty()) fail(n, "needs at least one layer (attribute activations)");
-  size_t want = 3;
-  for (bool b : bias) want += b ? 2 : 1;
-  if (n.inputs.size() != want)
-    fail(n, "takes x, target, dy and, per layer, a weight and a bias where biases says so: " + std::to_string(want) +
-                " inputs, got " + std::to_string(n.inputs.size()));
-  const Shape& x = in(g, n, 0);
-  if (x.empty()) fail(n, "x must be [..., K], got a scalar");
+  const std::vector<int64_t> widths = mlpLayerWidths(g, n, bias, 3, "x, target, dy");
   if (numel(in(g, n, 2)) != 1) fail(n, "dy " + shapeString(in(g, n, 2)) + " must hold one element");
-  Shape y(x.begin(), x.end() - 1);
-  int64_t k = x.back();
-  int input = 3;
+  const Shape& x = in(g, n, 0);
   Types grads;
-  int64_t floats = 0;
-  for (size_t i = 0; i < acts.size(); ++i) {
-    const int64_t units = mlpWeightUnits(g, n, input++, i, k);
-    floats += mlpTrainLayerFloats(k, units, bias[i]);
-    grads.push_back(TensorType{Shape{k, units}, dt(g, n)});
-    if (bias[i]) {
-      if (in(g, n, input) != Shape{units})
-        fail(n, "layer " + std::to_string(i + 1) + "'s bias " + shapeString(in(g, n, input)) + " must be [" + std::to_string(units) + "]");
-      grads.push_back(TensorType{Shape{units}, dt(g, n)});
-      ++input;
-    }
-    k = units;
+  int64_t floats = 0, k = x.back();
+  for (size_t i = 0; i < widths.size(); ++i) {
+    floats += mlpTrainLayerFloats(k, widths[i], bias[i]);
+    grads.push_back(TensorType{Shape{k, widths[i]}, dt(g, n)});
+    if (bias[i]) grads.push_back(TensorType{Shape{widths[i]}, dt(g, n)});
+    k = widths[i];
   }
   if (floats > kMlpTrainMaxFloats)
     fail(n, "its weights and biases take " + std::to_string(floats) + " floats of shared memory; a fused-mlp-train holds at most " +
                 std::to_string(kMlpTrainMaxFloats) + " (the GPU kernel keeps every layer's on chip at once)");
+  Shape y(x.begin(), x.end() - 1);
   y.push_back(k);
   if (in(g, n, 1) != y) fail(n, "target " + shapeString(in(g, n, 1)) + " must be y's shape " + shapeString(y));
   Types t{TensorType{Shape{}, dt(g, n)}, TensorType{y, dt(g, n)}};

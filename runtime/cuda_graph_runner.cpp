@@ -623,11 +623,15 @@ cuda::CUfunction CudaModule::function(const char* name) const {
   return f;
 }
 
-void CudaModule::launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream, cuda::LaunchMode mode) {
+cuda::LaunchShape CudaModule::shapeFor(int64_t work) {
   cuda::LaunchShape shape;
   shape.grid[0] = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((work + 255) / 256, 65535 * 8)));
   shape.block[0] = 256;
-  cuda::launchKernel(fn, shape, stream, args, mode);
+  return shape;
+}
+
+void CudaModule::launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream, cuda::LaunchMode mode) {
+  cuda::launchKernel(fn, shapeFor(work), stream, args, mode);
 }
 
 }  // namespace pa

@@ -228,7 +228,9 @@ public:
   CudaModule(const CudaModule&) = delete;
   CudaModule& operator=(const CudaModule&) = delete;
   cuda::CUfunction function(const char* name) const;
-  // Launches `fn` over `work` items with 256-thread blocks; `args` point at the arguments.
+  // Blocks of 256 threads for `work` items, grid-stride beyond 65535·8 blocks.
+  static cuda::LaunchShape shapeFor(int64_t work);
+  // Launches `fn` over `work` items with shapeFor's blocks; `args` point at the arguments.
   // Programmatic `mode` only for a kernel that begins with pa::pdlBegin() (runtime/cuda/launch.h).
   static void launch(cuda::CUfunction fn, int64_t work, void** args, cuda::CUstream stream = nullptr,
                      cuda::LaunchMode mode = cuda::LaunchMode::Plain);

@@ -388,11 +388,8 @@ void CudaSession::queueStepKernels() {
     cuda::CUdeviceptr srcY = trainY_.ptr(), dstY = runner_->devicePtr(spec_.train.y);
     long long rowSizeX = spec_.trainData.xSize, rowSizeY = spec_.trainData.ySize, n = batch;
     void* args[] = {&srcX, &dstX, &rowSizeX, &srcY, &dstY, &rowSizeY, &step, &n};
-    cuda::LaunchShape shape;  // x's rows on blockIdx.y 0, y's on 1
-    const int64_t work = std::max(rowSizeX, rowSizeY) * n;
-    shape.grid[0] = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((work + 255) / 256, 65535 * 8)));
-    shape.grid[1] = 2;
-    shape.block[0] = 256;
+    cuda::LaunchShape shape = CudaModule::shapeFor(std::max(rowSizeX, rowSizeY) * n);
+    shape.grid[1] = 2;  // x's rows on blockIdx.y 0, y's on 1
     cuda::launchKernel(gather_, shape, s, args, launch_);
   }
   runner_->run(s);

@@ -261,6 +261,23 @@ TEST(FusedMlpOp, HandWrittenNodesGetClearErrors) {
   EXPECT_EQ(count(m.graph, OpKind::FusedMlp), 1);
 }
 
+// A fused-MLP node's one kernel within a target's limits: dynamic shared memory within the
+// target's opt-in maximum (163 KB sm_80, 227 KB sm_90a), a grid within 65535 blocks; where
+// `minScratchFloats` is given (a gradient kernel), the grid whole 8-block clusters on sm_90a and
+// a scratch of at least minScratchFloats(grid) floats asked to start zeroed (the counters).
+void expectLaunchFits(const codegen::NodeKernels& nk, bool sm90, const std::function<size_t(unsigned)>& minScratchFloats) {
+  ASSERT_EQ(nk.kernels.size(), 1u);
+  const codegen::Kernel& k = nk.kernels[0];
+  EXPECT_LE(k.sharedBytes, (sm90 ? 227u : 163u) * 1024) << k.name;
+  EXPECT_GE(k.grid[0], 1u);
+  EXPECT_LE(k.grid[0], 65535u);
+  if (minScratchFloats) {
+    EXPECT_EQ(k.grid[0] % (sm90 ? 8 : 1), 0u);
+    EXPECT_TRUE(nk.zeroScratch);
+    EXPECT_GE(nk.scratchBytes, minScratchFloats(k.grid[0]) * sizeof(float));
+  }
+}
+
 // The kernels' launches on every shape class up to the limits (16 layers of 128, a batch of more
 // than 65535 tiles), for an sm_80 and an sm_90a target: dynamic shared memory within the
 // target's opt-in maximum (163 KB, 227 KB), grids within 65535 blocks, the backward's grid a
@@ -294,17 +311,8 @@ TEST(FusedMlpKernels, LaunchesFitEveryTarget) {
       for (NodeId id : g.topoOrder()) {
         const OpKind op = g.node(id).op;
         if (op != OpKind::FusedMlp && op != OpKind::FusedMlpGrad) continue;
-        const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
-        ASSERT_EQ(nk.kernels.size(), 1u);
-        const codegen::Kernel& k = nk.kernels[0];
-        EXPECT_LE(k.sharedBytes, (sm90 ? 227u : 163u) * 1024) << k.name;
-        EXPECT_GE(k.grid[0], 1u);
-        EXPECT_LE(k.grid[0], 65535u);
-        if (op == OpKind::FusedMlpGrad) {
-          EXPECT_EQ(k.grid[0] % (sm90 ? 8 : 1), 0u);
-          EXPECT_TRUE(nk.zeroScratch);
-          EXPECT_GE(nk.scratchBytes, 8 * sizeof(float));
-        }
+        if (op == OpKind::FusedMlpGrad) expectLaunchFits(codegen::emitNode(g, id, opt), sm90, [](unsigned) { return size_t{8}; });
+        else expectLaunchFits(codegen::emitNode(g, id, opt), sm90, nullptr);
         ++kernels;
       }
       EXPECT_EQ(kernels, 2);
@@ -423,15 +431,8 @@ TEST(FusedMlpKernels, TrainKernelLaunchesFitEveryTarget) {
       opt.wgmma = sm90;
       for (NodeId id : g.topoOrder()) {
         if (g.node(id).op != OpKind::FusedMlpTrain) continue;
-        const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
-        ASSERT_EQ(nk.kernels.size(), 1u);
-        const codegen::Kernel& k = nk.kernels[0];
-        EXPECT_LE(k.sharedBytes, (sm90 ? 227u : 163u) * 1024) << k.name;
-        EXPECT_GE(k.grid[0], 1u);
-        EXPECT_LE(k.grid[0], 65535u);
-        EXPECT_EQ(k.grid[0] % (sm90 ? 8 : 1), 0u);
-        EXPECT_TRUE(nk.zeroScratch);
-        EXPECT_GE(nk.scratchBytes, (8 + 1 + 2 * k.grid[0]) * sizeof(float));
+        // The gradient's scratch, then the loss's counter and a double per block.
+        expectLaunchFits(codegen::emitNode(g, id, opt), sm90, [](unsigned grid) { return size_t{8 + 1 + 2 * grid}; });
       }
     }
   }

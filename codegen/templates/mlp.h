@@ -60,11 +60,13 @@ inline constexpr const char* kMlpPrefetchRows = R"(    {
     }
 )";
 
-// fused-mlp-grad: block-strided tiles of R rows (each block the same tiles on every run). Per
-// tile ${TOP} (the tile's inputs, then dz of the last layer from dy and y), then ${LAYERS}, one
-// kMlpBackwardLayer per layer from the last down, each adding the tile's dW and db into the
-// block's partial sums `part` (${P} floats) and making the next dz. Then ${REDUCTION}
-// (kMlpReduction).
+// fused-mlp-grad and fused-mlp-train: block-strided tiles of R rows (each block the same tiles
+// on every run). Per tile ${TOP} (fused-mlp-grad: the tile's inputs, then dz of the last layer
+// from dy and y; fused-mlp-train: x's and the targets' rows, the forward, kept in shared memory,
+// and the last dz from the MSE gradient), then ${LAYERS}, one kMlpBackwardLayer per layer from
+// the last down, each adding the tile's dW and db into the block's partial sums `part` (${P}
+// floats) and making the next dz. Then ${LOSS} and ${REDUCTION} (kMlpReduction). ${SEED},
+// ${LOSSDECL} and ${LOSS}: fused-mlp-train's (kMlpTrainSeed, ...), empty for fused-mlp-grad.
 inline constexpr const char* kMlpBackward = R"(
 #include "kernels/fused_mlp.cuh"
 // On sm_90: clusters of ${G} blocks (${C} blocks, ${C} / ${G} clusters); elsewhere each block is its own cluster.
@@ -76,17 +78,17 @@ extern "C" __global__ void __launch_bounds__(${T}) ${CLUSTER}${NAME}(${PARAMS}) 
   float* const sm = pa_mlp_smem;
   float* const part = ${PART};
   const long long tiles = ${TILES}, batch = ${ROWS};
-  long long tile = blockIdx.x;
+${SEED}  long long tile = blockIdx.x;
   int rows = (int)max(0LL, min((long long)R, batch - tile * R));
   bool first = true;
-${PROLOGUE}  for (; tile < tiles; tile += gridDim.x, first = false) {
+${LOSSDECL}${PROLOGUE}  for (; tile < tiles; tile += gridDim.x, first = false) {
     const long long row0 = tile * R;
     rows = (int)min((long long)R, batch - row0);
 ${TOP}${LAYERS}  }
   pa::mlp::waitGroups<0>();
   if (first)  // a block without rows adds zeros
     for (int e = threadIdx.x; e < P; e += T) part[e] = 0.0f;
-${REDUCTION}}
+${LOSS}${REDUCTION}}
 )";
 
 // The end of fused-mlp-grad and fused-mlp-train: the reduction of the ${C} blocks' partial sums
@@ -112,39 +114,13 @@ ${LEVEL2}  }
   pa::mlp::clusterWait();  // nor does any other: the shared memory may go
 )";
 
-// fused-mlp-train: kMlpBackward's tiles, grid, clusters and reduction, with the forward in front
-// of each tile's backward. ${PROLOGUE} copies every layer's weights and biases (one group); per
-// tile ${TOP} copies x and the targets, ${FORWARD} runs the layers (their outputs kept in shared
-// memory, y also stored), ${OUTPUT} makes the last dz from y and the targets (the MSE gradient)
-// and adds the tile's squared errors to the thread's `loss`, ${LAYERS} the backward as in
-// kMlpBackward, then ${REDUCTION} (kMlpReduction). The loss: each block's sum (kernels/fused_mlp.cuh
-// blockSum), added in block order by rank 0 from the members' shared memory where the grid is one
-// cluster (kMlpTrainClusterLoss, inside the reduction), else through the scratch by the last
-// block to arrive.
-inline constexpr const char* kMlpTrain = R"(
-#include "kernels/fused_mlp.cuh"
-// On sm_90: clusters of ${G} blocks (${C} blocks, ${C} / ${G} clusters); elsewhere each block is its own cluster.
-extern "C" __global__ void __launch_bounds__(${T}) ${CLUSTER}${NAME}(${PARAMS}) {
-  pa::pdlBegin();
-  extern __shared__ __align__(16) float pa_mlp_smem[];
-  constexpr int R = ${R}, T = ${T}, G = PA_MLP_CLUSTERS ? ${G} : 1, NC = ${C} / G;
-  constexpr long long P = ${P};
-  float* const sm = pa_mlp_smem;
-  float* const part = ${PART};
-  const long long tiles = ${TILES}, batch = ${ROWS};
-  const float seed = in2[0];
-  long long tile = blockIdx.x;
-  int rows = (int)max(0LL, min((long long)R, batch - tile * R));
-  bool first = true;
-  double loss = 0.0;
-${PROLOGUE}  for (; tile < tiles; tile += gridDim.x, first = false) {
-    const long long row0 = tile * R;
-    rows = (int)min((long long)R, batch - row0);
-${TOP}${FORWARD}${OUTPUT}${LAYERS}  }
-  pa::mlp::waitGroups<0>();
-  if (first)  // a block without rows adds zeros
-    for (int e = threadIdx.x; e < P; e += T) part[e] = 0.0f;
-  __shared__ double blockLoss;
+// fused-mlp-train's slots of kMlpBackward: the loss gradient's seed, the thread's sum of squared
+// errors, and after the tiles each block's sum of them (kernels/fused_mlp.cuh blockSum), added in
+// block order through the scratch by the last block to arrive where the grid is several clusters
+// (one cluster: kMlpTrainClusterLoss, inside the reduction).
+inline constexpr const char* kMlpTrainSeed = "  const float seed = in2[0];\n";
+inline constexpr const char* kMlpTrainLossDecl = "  double loss = 0.0;\n";
+inline constexpr const char* kMlpTrainLoss = R"(  __shared__ double blockLoss;
   {
     const double sum = pa::mlp::blockSum<T>(loss);
     if (threadIdx.x == 0) blockLoss = sum;
@@ -158,7 +134,6 @@ ${TOP}${FORWARD}${OUTPUT}${LAYERS}  }
       }
     }
   }
-${REDUCTION}}
 )";
 
 // fused-mlp-train's loss where the grid is one cluster, once the members' shared memory is complete.
