@@ -7,9 +7,14 @@
 // only user joins the layer as its activation (fuse-linear leaves those apart). Layer i + 1 reads
 // layer i's output, which has no other user and is no graph output: the chain never recomputes
 // and never exposes a hidden value. A chain is at least two layers and at most kMlpMaxLayers
-// (a longer one is cut and the rest starts a chain of its own). Under precision bf16 (the target's
-// 16-bit activations) nothing is fused: the kernels compute in fp32 on fp32 operands, and a
-// bf16 version that reads bf16 weights is not written yet.
+// (a longer one is cut and the rest starts a chain of its own).
+//
+// Note on precision bf16. The node computes in fp32 on the fp32 master weights under every
+// precision, as under tf32: at these widths a step is latency-bound (the note in
+// kernels/fused_mlp.cuh), so rounding operands to bf16 would lose accuracy and gain no time.
+// lower-bf16 stores the values it writes for others (hidden outputs saved for a separate
+// backward) in bf16 as it does every activation; fused-mlp-train keeps them on chip and writes
+// only fp32 graph outputs, so a small MLP's bf16 step is its fp32 step.
 #include "common/mlp_limits.h"
 #include "graph/node_attrs.h"
 #include "passes/fusion.h"
@@ -63,10 +68,8 @@ bool nextLayer(RewriteContext& ctx, ValueId v, Layer& out) {
 
 class FuseMlpPattern final : public RewritePattern {
 public:
-  explicit FuseMlpPattern(const PassTarget& target) : target_(target) {}
   const char* name() const override { return "mlp"; }
   bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
-    if (target_.attention16Bit) return false;  // precision bf16: the note above
     std::vector<Layer> chain(1);
     if (!asLayer(ctx, root, chain[0])) return false;
     Layer next;
@@ -91,9 +94,6 @@ public:
     ctx.replace(chain.back().out, y, dead);
     return true;
   }
-
-private:
-  PassTarget target_;
 };
 
 // fuse-mlp-train (after autodiff and fuse-loss): a FusedMlp, the MseLossGrad of its output y and
@@ -154,6 +154,6 @@ public:
 
 std::unique_ptr<RewritePattern> makeFuseMlpTrainPattern() { return std::make_unique<FuseMlpTrainPattern>(); }
 
-std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target) { return std::make_unique<FuseMlpPattern>(target); }
+std::unique_ptr<RewritePattern> makeFuseMlpPattern() { return std::make_unique<FuseMlpPattern>(); }
 
 }  // namespace pa

@@ -78,9 +78,9 @@ void registerBuiltins(PassRegistry& r) {
            s.counters["qkv packed"] = applyPatternsGreedily(g, ps);
          }});
   r.add({"fuse-mlp", "a chain of FusedLinear layers at most 128 wide becomes one FusedMlp (one forward and one backward kernel)",
-         {"fuse-linear"}, {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget& target) {
+         {"fuse-linear"}, {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget&) {
            std::vector<std::unique_ptr<RewritePattern>> ps;
-           ps.push_back(makeFuseMlpPattern(target));
+           ps.push_back(makeFuseMlpPattern());
            s.counters["mlps fused"] = applyPatternsGreedily(g, ps);
          }});
   r.add({"fuse-elementwise", "chains of elementwise and broadcast ops become one FusedElementwise", {}, {},

@@ -61,7 +61,8 @@ const std::vector<GraphCase> kGraphCases = {
     {"tiny_gpt", false},          {"tiny_gpt", false, "bf16"}, {"tiny_llama", true},
     {"sine_attention", false, "fp32", kQkv, "_qkv"}, {"attn_block", false, "bf16", kQkv, "_qkv"},
     {"tiny_llama", false, "fp32", kQkv, "_qkv"}, {"tiny_llama", false, "bf16", kQkv, "_qkv"},
-    {"mlp_tiny", false, "fp32", kMlp, "_mlp"}, {"sine_mlp", false, "tf32", kMlp, "_mlp"}, {"function_mlp", false, "fp32", kMlp, "_mlp"}};
+    {"mlp_tiny", false, "fp32", kMlp, "_mlp"}, {"sine_mlp", false, "tf32", kMlp, "_mlp"}, {"function_mlp", false, "fp32", kMlp, "_mlp"},
+    {"mlp_tiny", false, "bf16", kMlp, "_mlp"}};
 
 // The runner compiles a graph's kernels as a few programs, each the concatenation of many
 // kernels' sources (runtime/cuda_graph_runner.cpp, "Note on parallel compilation"): whatever a
@@ -212,25 +213,37 @@ TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
     }
     test::addWeightedSumLoss(g, g.add(OpKind::FusedMlp, ins, AttrMap().set<attr::MlpActivations>(c.acts).set<attr::MlpBiases>(c.biases)));
     appendBackward(g, g.output("loss"), g.params());
-    for (bool sm90 : {false, true}) {
-      codegen::EmitOptions opt;
-      opt.wgmma = sm90;
-      int mlpKernels = 0;
-      for (NodeId id : g.topoOrder()) {
-        const OpKind op = g.node(id).op;
-        if (op != OpKind::FusedMlp && op != OpKind::FusedMlpGrad) continue;
-        const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
-        ASSERT_EQ(nk.kernels.size(), 1u);
-        if (op == OpKind::FusedMlpGrad) {
-          EXPECT_GT(nk.scratchBytes, 0u);
-        }
-        for (const codegen::Kernel& k : nk.kernels) {
-          EXPECT_LE(k.sharedBytes, (sm90 ? 227u : 163u) * 1024) << k.name;
-          units.push_back({"case " + std::to_string(ci) + (sm90 ? " sm_90a" : " sm_80") + "/" + k.name, k.name, k.source}), ++mlpKernels;
-        }
-      }
-      EXPECT_EQ(mlpKernels, 2);
+    // Lowered to bf16 too where the hidden outputs are many and odd (cases 3 and 6): the forward
+    // stores them and the backward reads them through the bf16 views (kernels/storage.cuh).
+    std::vector<std::pair<Graph, std::string>> graphs{{g, ""}};
+    if (ci == 3 || ci == 6) {
+      graphs.push_back({g, " bf16"});
+      lowerToBf16(graphs.back().first);
     }
+    for (const auto& [graph, label] : graphs)
+      for (bool sm90 : {false, true}) {
+        codegen::EmitOptions opt;
+        opt.wgmma = sm90;
+        int mlpKernels = 0;
+        for (NodeId id : graph.topoOrder()) {
+          const OpKind op = graph.node(id).op;
+          if (op != OpKind::FusedMlp && op != OpKind::FusedMlpGrad) continue;
+          const codegen::NodeKernels nk = codegen::emitNode(graph, id, opt);
+          ASSERT_EQ(nk.kernels.size(), 1u);
+          if (op == OpKind::FusedMlpGrad) {
+            EXPECT_GT(nk.scratchBytes, 0u);
+          }
+          for (const codegen::Kernel& k : nk.kernels) {
+            EXPECT_LE(k.sharedBytes, (sm90 ? 227u : 163u) * 1024) << k.name;
+            if (!label.empty()) {
+              EXPECT_NE(k.source.find("pa_bf16_"), std::string::npos) << k.name;
+            }
+            units.push_back({"case " + std::to_string(ci) + label + (sm90 ? " sm_90a" : " sm_80") + "/" + k.name, k.name, k.source}),
+                ++mlpKernels;
+          }
+        }
+        EXPECT_EQ(mlpKernels, 2);
+      }
     // The same layers' fused-mlp-train kernel, where its weights fit (common/mlp_limits.h).
     std::vector<MlpActivation> acts;
     std::string bad;

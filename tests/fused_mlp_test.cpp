@@ -143,15 +143,23 @@ TEST(FuseMlp, AnIntermediateWithAnotherUserStopsTheChain) {
   EXPECT_EQ(count(g, OpKind::FusedLinear), 1);
 }
 
-TEST(FuseMlp, Bf16TargetLeavesTheChainAlone) {
+// precision bf16 fuses the same chains (the node computes in fp32 on the master weights). The
+// trainer's bf16 step of a small MLP is then its fp32 step: lower-bf16 finds nothing to store in
+// bf16 and no operand to cast, since the train node keeps its hidden outputs on chip.
+TEST(FuseMlp, Bf16TargetFusesTheChainToo) {
   PassTarget bf16;
   bf16.attention16Bit = true;
   const Graph g = fuseAndCompare(build(kThreeLayers, {3, 4}, {3, 2}), {"fuse-linear", "fuse-mlp"}, bf16);
-  EXPECT_EQ(count(g, OpKind::FusedMlp), 0);
-  EXPECT_EQ(count(g, OpKind::FusedLinear), 3);
-  // The trainer's graph of a bf16 config with mlp listed: no FusedMlp either.
-  const Graph step = test::trainingGraph("mlp_tiny", false, "bf16", {"compiler.fuse=[linear, elementwise, mlp]"});
-  EXPECT_EQ(count(step, OpKind::FusedMlp), 0);
+  EXPECT_EQ(count(g, OpKind::FusedMlp), 1);
+  EXPECT_EQ(count(g, OpKind::FusedLinear), 0);
+  for (const char* config : {"mlp_tiny", "sine_mlp", "function_mlp"}) {
+    const Graph step = test::trainingGraph(config, false, "bf16", {"compiler.fuse=[linear, elementwise, mlp]"});
+    ASSERT_TRUE(step.storageTypes()) << config;
+    EXPECT_EQ(count(step, OpKind::FusedMlpTrain), 1) << config;
+    EXPECT_EQ(count(step, OpKind::Cast), 0) << config;
+    for (NodeId id : step.topoOrder())
+      for (ValueId v : step.node(id).outputs) EXPECT_EQ(step.value(v).type.dtype, DType::F32) << config << " " << step.value(v).name;
+  }
 }
 
 TEST(FuseMlp, OnlyWhenListed) {
@@ -232,6 +240,48 @@ TEST(FusedMlpOp, MatchesTheUnfusedLayersOnAwkwardShapes) {
       EXPECT_LE(worstDifference(unfused, fused, 100 + static_cast<uint64_t>(cases)), 1e-12);
       ++cases;
     }
+}
+
+// Under precision bf16, where the backward is a node of its own (dx wanted: x is a parameter),
+// the hidden outputs it reads are stored in bf16 like every activation, and the CPU rounds them
+// after the node as the GPU stores them; the weight and bias gradients and y stay fp32 outputs.
+TEST(FusedMlpOp, Bf16StoresTheSavedHiddenOutputsOnly) {
+  Shape3 s{7, {3, 5, 4, 2}, {MlpActivation::Tanh, MlpActivation::Relu, MlpActivation::None}, {1, 0, 1}};
+  Graph g = mlpGraph(s, true);
+  lowerToBf16(g);
+  verifyGraph(g);
+  int hidden = 0;
+  for (NodeId id : g.topoOrder()) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::FusedMlp) {
+      EXPECT_EQ(g.value(n.outputs[0]).type.dtype, DType::F32);  // y: a graph output
+      for (size_t i = 1; i < n.outputs.size(); ++i, ++hidden) EXPECT_EQ(g.value(n.outputs[i]).type.dtype, DType::BF16);
+    }
+    if (n.op == OpKind::FusedMlpGrad) {
+      for (ValueId v : n.outputs) EXPECT_EQ(g.value(v).type.dtype, DType::F32) << g.value(v).name;
+    }
+    EXPECT_NE(n.op, OpKind::Cast);
+  }
+  EXPECT_EQ(hidden, 2);
+  const auto params = test::randomParams(g, 5);
+  CpuExecutor<double> cpu(g);
+  std::vector<std::vector<double>> storage;
+  storage.reserve(params.size());
+  for (const auto& [p, v] : params) {
+    storage.push_back(v);
+    cpu.bind(p, storage.back().data());
+  }
+  for (ValueId in : g.inputs()) test::fillRandom(cpu.data(in), numel(g.shape(in)), 6);
+  cpu.run();
+  for (NodeId id : g.topoOrder()) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::FusedMlp) continue;
+    for (size_t i = 1; i < n.outputs.size(); ++i)
+      for (int64_t e = 0; e < numel(g.shape(n.outputs[i])); ++e) {
+        const double h = cpu.data(n.outputs[i])[e];
+        EXPECT_EQ(h, static_cast<double>(roundToBf16(static_cast<float>(h))));
+      }
+  }
 }
 
 TEST(FusedMlpOp, HandWrittenNodesGetClearErrors) {

@@ -1093,6 +1093,21 @@ TEST(FusedMlpOnGpu, ForwardAndEveryGradientMatchTheFloat64CpuExecutor) {
     }
 }
 
+// precision bf16 (fuse-mlp runs under it): the forward stores the hidden outputs in bf16 and the
+// backward reads them so, against the float64 executor that rounds the same values after the
+// node (Metric::Bf16). Rows 7, 257 and 4099 (several tiles per backward block) × every width set.
+TEST(FusedMlpOnGpu, Bf16ForwardAndEveryGradientMatchTheRoundingCpuExecutor) {
+  PA_REQUIRE_GPU();
+  uint64_t variant = 0;
+  for (int64_t rows : {7, 257, 4099})
+    for (const auto& widths : kMlpWidths) {
+      Graph g = fusedMlpGraph(rows, widths, variant++);
+      lowerToBf16(g);
+      SCOPED_TRACE("rows " + std::to_string(rows) + ", widths " + shapeString(Shape(widths.begin(), widths.end())));
+      compareOnGpu(g, 41 + variant, 1.0, Metric::Bf16);
+    }
+}
+
 // fused-mlp-train (one kernel: a tile's forward, the MSE gradient, the backward, the blocks'
 // partial sums reduced, the loss summed in double by the last block) against the float64 CPU
 // executor: the loss, y and every dw and db, on the same rows and widths as above where the
@@ -1204,16 +1219,20 @@ TEST(CudaGraphRunnerOnGpu, RunnersCompiledTogetherMatchARunnerCompiledAlone) {
 // the step launches the fused kernels instead of the layers' GEMMs.
 TEST(FusedMlpOnGpu, TrainingTracksTheCpuOver100Steps) {
   PA_REQUIRE_GPU();
-  for (const char* name : {"mlp_tiny", "sine_mlp", "function_mlp"}) {
-    const Config cfg = loadConfig(sourceDir() + "/configs/" + name + ".yaml", withMlp({"train.steps=100", "train.log_every=50"}));
-    TrainResult cpu, gpu;
-    const double worst = cpuGpuLossDifference(cfg, &cpu, &gpu);
-    ASSERT_EQ(cpu.losses.size(), 100u) << name;
-    std::printf("  %s with fuse-mlp: largest relative loss difference over 100 steps %.2e; validation cpu %.6e gpu %.6e\n", name,
-                worst, cpu.finalValidation, gpu.finalValidation);
-    EXPECT_LE(worst, 1e-4) << name;
-    EXPECT_NEAR(gpu.finalValidation, cpu.finalValidation, 1e-4 * cpu.finalValidation) << name;
-  }
+  for (const char* precision : {"fp32", "bf16"})
+    for (const char* name : {"mlp_tiny", "sine_mlp", "function_mlp"}) {
+      const Config cfg = loadConfig(sourceDir() + "/configs/" + name + ".yaml",
+                                    withMlp({"train.steps=100", "train.log_every=50", std::string("precision=") + precision}));
+      TrainResult cpu, gpu;
+      const double worst = cpuGpuLossDifference(cfg, &cpu, &gpu);
+      ASSERT_EQ(cpu.losses.size(), 100u) << name;
+      std::printf("  %s %s with fuse-mlp: largest relative loss difference over 100 steps %.2e; validation cpu %.6e gpu %.6e\n", name,
+                  precision, worst, cpu.finalValidation, gpu.finalValidation);
+      // bf16: the step is the fp32 one (the train node stores nothing in bf16), so the same bar;
+      // validation runs the forward node, whose unread hidden outputs are the only bf16 values.
+      EXPECT_LE(worst, 1e-4) << name << " " << precision;
+      EXPECT_NEAR(gpu.finalValidation, cpu.finalValidation, 1e-4 * cpu.finalValidation) << name << " " << precision;
+    }
 }
 
 TEST(CompareOnGpu, FusedAndUnfusedAgree) {
