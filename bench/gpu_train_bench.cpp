@@ -1,7 +1,9 @@
 // Time per training step on the GPU (forward, MSE, backward, Adam), for bench/train_vs_torch.py.
-// Usage: gpu_train_bench CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--profile]
+// Usage: gpu_train_bench CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl]
+//        [--no-adam-in-node] [--profile]
 // (--profile: also print each node's time, slowest first, to stderr; --no-pdl: launch the step's
-// kernels plain instead of as programmatic dependents on sm_90+, for A/B runs)
+// kernels plain instead of as programmatic dependents on sm_90+; --no-adam-in-node: a step that is
+// one fused-mlp-train node runs the Adam kernel after it instead of in it; both for A/B runs)
 // Prints one JSON object: the median over R repetitions of (wall time of N queued steps, from
 // the first enqueue to the last loss read back) / N, after 10 warm-up steps (the first one runs
 // eagerly and the second captures the CUDA graph). The host only waits at the end of each
@@ -21,7 +23,8 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--profile]\n",
+    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--no-adam-in-node] "
+                 "[--profile]\n",
                  argv[0]);
     return 2;
   }
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--no-cuda-graph")) opt.cudaGraph = false;
     else if (!std::strcmp(argv[i], "--no-pdl")) opt.pdl = false;
+    else if (!std::strcmp(argv[i], "--no-adam-in-node")) opt.adamInTrainNode = false;
     else if (!std::strcmp(argv[i], "--profile")) profile = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);

@@ -45,6 +45,7 @@ set(PA_EMBEDDED_KERNELS
   kernels/storage.cuh
   kernels/norm.cuh
   kernels/pdl.cuh
+  kernels/adam.cuh
   kernels/fused_mlp.cuh
   kernels/gemm_wgmma.cuh)
 set(PA_EMBEDDED_DEPENDS "")

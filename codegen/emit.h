@@ -13,13 +13,15 @@
 
 namespace pa::codegen {
 
-// A kernel argument: a node input's or output's device address, the node's scratch, or a TMA
+// A kernel argument: a node input's or output's device address, the node's scratch, a TMA
 // tensor map (kernels/gemm_wgmma.cuh) over an input or over the scratch at `scratchOffsetBytes`,
-// which the launcher encodes from that address (runtime/kernel_params.h).
+// which the launcher encodes from that address (runtime/kernel_params.h), or the address of the
+// session's Adam binding (AdamBinding, codegen/training_kernels.h).
 struct KernelArg {
   // InputTensorMap: the kernel takes a TensorMap (by value) over input `index` instead of a
   // pointer; ScratchTensorMap: over the scratch (`index` names the GEMM operand it holds).
-  enum Kind { Input, Output, Scratch, InputTensorMap, ScratchTensorMap } kind;
+  // AdamBinding: `const pa::adam::Binding* adam` (EmitOptions::adamInTrainNode).
+  enum Kind { Input, Output, Scratch, InputTensorMap, ScratchTensorMap, AdamBinding } kind;
   int index;
   TensorMapSpec map{};
   uint64_t scratchOffsetBytes = 0;
@@ -107,6 +109,11 @@ struct EmitOptions {
   // The device's SM count: the wgmma GEMMs are persistent and start at most this many blocks
   // (times the blocks an SM holds).
   int sms = 132;
+  // The session's Adam step in a fused-mlp-train kernel: each parameter gradient's final value
+  // also updates the parameter and its moments, and the loss goes to the session's ring, through
+  // an AdamBinding argument (codegen/training_kernels.h). Only for a step whose parameters are all
+  // the node's and that clips no gradient (CudaSession decides; runtime/cuda_session.cpp).
+  bool adamInTrainNode = false;
   // Appended to every kernel name ("_v1"): alternative emissions of one node (the runner's GEMM
   // tile candidates) can then share an NVRTC program.
   std::string kernelSuffix;

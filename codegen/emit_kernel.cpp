@@ -164,6 +164,11 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
       doc += sep + "scratch";
       continue;
     }
+    if (a.kind == KernelArg::AdamBinding) {
+      params += sep + "const pa::adam::Binding* __restrict__ adam";
+      doc += sep + "adam = the session's Adam binding";
+      continue;
+    }
     if (a.kind == KernelArg::InputTensorMap || a.kind == KernelArg::ScratchTensorMap) {
       const std::string name = "map" + std::to_string(a.index);
       const std::string of = c.g.value(c.n.inputs[static_cast<size_t>(a.index)]).name;

@@ -350,8 +350,9 @@ Grid backwardGrid(const MlpSpec& s, const EmitOptions& opt, int64_t partialFloat
 }
 
 // kMlpReduction for `blocks` blocks' partial sums (in shared memory or the scratch), every
-// layer's dW and db segment summed into its output; `afterWait` runs once the members' shared
-// memory is complete. Scratch: the blocks' partial sums (where not in shared memory), the cluster
+// layer's dW and db segment summed into its output (`outOf(output, input)` names what takes a
+// gradient output's final values, input: its parameter's node input); `afterWait` runs once the
+// members' shared memory is complete. Scratch: the blocks' partial sums (where not in shared memory), the cluster
 // slots (C of them: as many as there are clusters where every block is its own), then the
 // counters; scratchFloats in all.
 struct Reduction {
@@ -359,17 +360,18 @@ struct Reduction {
   int64_t scratchFloats = 0;
 };
 
-Reduction reductionOf(const MlpSpec& s, const Partials& parts, bool sharedParts, int64_t blocks, const std::string& afterWait) {
+Reduction reductionOf(const MlpSpec& s, const Partials& parts, bool sharedParts, int64_t blocks, const std::string& afterWait,
+                      const std::function<std::string(int, int)>& outOf) {
   std::string level1, level2;
-  auto segment = [&](int64_t off, int64_t count, int output) {
+  auto segment = [&](int64_t off, int64_t count, int output, int input) {
     level1 += fillTemplate(kMlpSumMembers, {{"SHARED", sharedParts ? "true" : "false"}, {"OFF", ll(off)}, {"COUNT", str(count)},
-                                            {"OUT", "out" + str(output)}});
-    level2 += fillTemplate(kMlpSumSlots, {{"OFF", ll(off)}, {"COUNT", str(count)}, {"OUT", "out" + str(output)}});
+                                            {"OUT", outOf(output, input)}});
+    level2 += fillTemplate(kMlpSumSlots, {{"OFF", ll(off)}, {"COUNT", str(count)}, {"OUT", outOf(output, input)}});
   };
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const MlpLayer& l = s.layers[i];
-    segment(parts.w[i], l.in * l.out, l.weightGradOutput);
-    if (l.bias) segment(parts.b[i], l.out, l.biasGradOutput);
+    segment(parts.w[i], l.in * l.out, l.weightGradOutput, l.weightInput);
+    if (l.bias) segment(parts.b[i], l.out, l.biasGradOutput, l.biasInput);
   }
   const int64_t memberFloats = sharedParts ? 0 : blocks * parts.floats;
   const int64_t slotFloats = blocks > 1 ? blocks * parts.floats : 0;
@@ -415,13 +417,14 @@ std::string backwardLayers(const MlpSpec& s, const BackwardPlan& p, const Partia
 // fused-mlp-grad's and fused-mlp-train's kernel (kMlpBackward): the plan's and the grid's
 // placeholders, and `vars`, the node's own (PROLOGUE, TOP, LAYERS, SEED, LOSSDECL, LOSS, REDUCTION).
 Kernel backwardKernel(const Ctx& c, const MlpSpec& s, const BackwardPlan& p, int64_t partialFloats, int g, int64_t blocks,
-                      TemplateVars vars) {
+                      TemplateVars vars, bool adam = false) {
   vars.insert({{"T", str(kThreads)}, {"R", str(p.r)}, {"G", str(g)}, {"C", str(blocks)},
                {"CLUSTER", g > 1 ? "PA_MLP_CLUSTER_DIMS(" + str(g) + ") " : ""}, {"P", ll(partialFloats)},
                {"PART", p.part >= 0 ? "sm + " + str(p.part) : "scratch + (long long)blockIdx.x * P"}, {"TILES", ll(p.tiles)},
                {"ROWS", ll(s.rows)}});
   std::vector<KernelArg> args = allArgs(c.n);
   args.push_back({KernelArg::Scratch, 0});
+  if (adam) args.push_back({KernelArg::AdamBinding, 0});
   return finish(c, "", kMlpBackward, std::move(vars), {static_cast<unsigned>(blocks), 1, 1}, kThreads, args, {"kernels/fused_mlp.cuh"},
                 static_cast<unsigned>(p.smemFloats * 4));
 }
@@ -539,7 +542,7 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
     }
     return before + kMlpBarrier;
   });
-  const Reduction red = reductionOf(s, parts, sharedParts, blocks, "");
+  const Reduction red = reductionOf(s, parts, sharedParts, blocks, "", [](int output, int) { return "out" + str(output); });
   NodeKernels nk;
   nk.kernels.push_back(backwardKernel(c, s, p, pf, g, blocks,
                                       {{"PROLOGUE", prologue}, {"TOP", top}, {"LAYERS", body}, {"SEED", ""}, {"LOSSDECL", ""},
@@ -610,15 +613,25 @@ NodeKernels emitFusedMlpTrain(const Ctx& c) {
   const std::string body = backwardLayers(s, p, parts, [](int) { return std::string(kMlpBarrier); });
 
   const std::string denom = std::to_string(std::max<int64_t>(count, 1)) + ".0";
-  const Reduction red = reductionOf(s, parts, sharedParts, blocks, fillTemplate(kMlpTrainClusterLoss, {{"DENOM", denom}}));
+  // With the session's Adam: each parameter's final gradient values update it (kernels/fused_mlp.cuh
+  // AdamOut) and the loss is copied into the session's ring, so that the step needs no Adam kernel.
+  const bool adam = c.opt->adamInTrainNode;
+  const std::string ring = adam ? kMlpTrainRing : "";
+  const Reduction red = reductionOf(s, parts, sharedParts, blocks, fillTemplate(kMlpTrainClusterLoss, {{"DENOM", denom}, {"RING", ring}}),
+                                    [&](int output, int input) {
+                                      const std::string out = "out" + str(output);
+                                      return adam ? "pa::mlp::adamOut(" + out + ", adam, " + str(input) + ", hyper)" : out;
+                                    });
   // Scratch: the reduction's, then the loss's counter and, 8-byte aligned, the blocks' sums of squares.
   const int64_t lossCounter = red.scratchFloats, lossSums = roundUp(lossCounter + 1, 2);
   const std::string loss =
-      fillTemplate(kMlpTrainLoss, {{"LOSSSUMS", ll(lossSums)}, {"LOSSCOUNTER", ll(lossCounter)}, {"DENOM", denom}});
+      fillTemplate(kMlpTrainLoss, {{"LOSSSUMS", ll(lossSums)}, {"LOSSCOUNTER", ll(lossCounter)}, {"DENOM", denom}, {"RING", ring}});
   NodeKernels nk;
   nk.kernels.push_back(backwardKernel(c, s, p, pf, g, blocks,
                                       {{"PROLOGUE", prologue}, {"TOP", top + forward + output}, {"LAYERS", body},
-                                       {"SEED", kMlpTrainSeed}, {"LOSSDECL", kMlpTrainLossDecl}, {"LOSS", loss}, {"REDUCTION", red.code}}));
+                                       {"SEED", std::string(kMlpTrainSeed) + (adam ? kMlpTrainAdamDecl : "")},
+                                       {"LOSSDECL", kMlpTrainLossDecl}, {"LOSS", loss}, {"REDUCTION", red.code}},
+                                      adam));
   nk.scratchBytes = static_cast<size_t>(lossSums + 2 * blocks) * sizeof(float);
   nk.zeroScratch = true;  // the counters start at 0; the kernel returns them there
   return nk;

@@ -78,7 +78,8 @@ std::string argNames(const std::vector<KernelArg>& args) {
     case KernelArg::Output: s += "out" + std::to_string(a.index); break;
     case KernelArg::Scratch: s += "scratch"; break;
     case KernelArg::InputTensorMap:
-    case KernelArg::ScratchTensorMap: assert(false && "the norm kernels take no tensor maps"); break;
+    case KernelArg::ScratchTensorMap:
+    case KernelArg::AdamBinding: assert(false && "the norm kernels take no tensor maps and no Adam binding"); break;
     }
   }
   return s;

@@ -3,15 +3,17 @@
 
 namespace pa::codegen {
 
-// Note on the formulas. Adam here is kernels/cpu/cpu_kernels.cpp's adamStep, in double, so the
-// CPU and GPU trainers take the same steps up to the rounding of the gradients they are given.
+// Note on the formulas. Adam here is kernels/adam.cuh's update (kernels/cpu/cpu_kernels.cpp's
+// adamStep, in double), so the CPU and GPU trainers take the same steps up to the rounding of the
+// gradients they are given.
 // The gradient norm is summed in double per chunk, then the chunks' sums in a fixed order by a
 // single block, so it is deterministic run to run; clipping scales the gradient inside Adam
 // (the gradients themselves are left as the backward wrote them).
 std::string trainingKernelsSource() {
   return "#define PA_ADAM_PER_THREAD " + std::to_string(kAdamValuesPerThread) + "\n" + R"(// PureAttention training kernels: batch gather, gradient norm, multi-tensor Adam, loss record.
 #include "kernels/pdl.cuh"
-struct PaStepHeader { double lr, c1, c2, decay; long long lossSlot; long long pad[3]; };
+#include "kernels/adam.cuh"
+typedef pa::adam::StepHeader PaStepHeader;
 struct PaChunk { float* param; const float* grad; long long state; long long count; unsigned short* mirror; };
 
 // Rounded to the nearest bf16, ties to even, as the Cast kernels store (kernels/storage.cuh).
@@ -101,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
   pa::pdlBegin();
   constexpr int N = PA_ADAM_PER_THREAD;
   const PaChunk c = chunks[blockIdx.x];
-  const double lr = step->lr, c1 = step->c1, c2 = step->c2, decay = step->decay;
+  const pa::adam::Hyper h = pa::adam::hyperOf(step, beta1, beta2, eps);
   const double gradScale = clip ? clip[0] : 1.0;
   if (blockIdx.x == 0 && threadIdx.x == 0) ring[step->lossSlot % ringSize] = loss[0];
   float* __restrict__ mc = m + c.state;
@@ -116,12 +118,9 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
   for (int k = 0; k < N; ++k) {
     const long long i = threadIdx.x + 256LL * k;
     if (i >= c.count) break;
-    const double gi = (double)g[k] * gradScale;
-    const double mi = beta1 * mo[k] + (1.0 - beta1) * gi;
-    const double vi = beta2 * vo[k] + (1.0 - beta2) * gi * gi;
-    mc[i] = (float)mi;
-    vc[i] = (float)vi;
-    const float p = (float)(po[k] * decay - lr * (mi / c1) / (sqrt(vi / c2) + eps));
+    const float p = pa::adam::update(g[k], gradScale, mo[k], vo[k], po[k], h);
+    mc[i] = mo[k];
+    vc[i] = vo[k];
     c.param[i] = p;
     if (c.mirror) c.mirror[i] = paToBf16(p);
   }

@@ -11,7 +11,7 @@
 namespace pa::codegen {
 
 // The layout of the step block that the host refreshes before every step (one async copy).
-// Mirrored as `PaStepHeader` in the kernel source; rows (int32, batch of them) follow it.
+// Mirrored as pa::adam::StepHeader (kernels/adam.cuh); rows (int32, batch of them) follow it.
 struct StepHeader {
   double lr = 0, c1 = 1, c2 = 1, decay = 1;  // learning rate, Adam's bias corrections, 1 - lr·wd
   int64_t lossSlot = 0;                      // where the step's loss goes in the ring
@@ -29,6 +29,21 @@ struct AdamChunk {
   uint64_t mirror = 0;  // device pointer to the slice's bf16 copy (CudaRunnerOptions::mirrorParamCasts), or 0
 };
 static_assert(sizeof(AdamChunk) == 40, "AdamChunk is mirrored in the kernel source");
+
+// What a fused-mlp-train kernel that applies Adam itself reads (EmitOptions::adamInTrainNode):
+// mirrored as pa::adam::Binding (kernels/adam.cuh). Per node input index, the parameter's and
+// its moments' device addresses (0 where the input is no parameter).
+constexpr int kAdamBindingSlots = 40;
+struct AdamBinding {
+  uint64_t param[kAdamBindingSlots] = {};
+  uint64_t m[kAdamBindingSlots] = {};
+  uint64_t v[kAdamBindingSlots] = {};
+  uint64_t step = 0;  // the step block (its StepHeader)
+  uint64_t ring = 0;  // the loss ring
+  int64_t ringSize = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+static_assert(sizeof(AdamBinding) == (3 * kAdamBindingSlots + 6) * 8, "AdamBinding is mirrored in kernels/adam.cuh");
 
 // Values per block of the multi-tensor kernels: four a thread of 256, so that a small model's
 // parameters spread over many blocks and each thread issues its loads together

@@ -333,6 +333,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.deterministic = cfg.compiler.deterministic;
   spec.cudaGraph = opt.cudaGraph;
   spec.pdl = opt.pdl;
+  spec.adamInTrainNode = opt.adamInTrainNode;
   spec.seed = cfg.seed;
   spec.shuffle = cfg.data.shuffle;
   const OptimizerConfig& o = cfg.train.optimizer;

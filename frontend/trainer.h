@@ -40,6 +40,9 @@ struct RunOptions {
   // GPU: launch the step's kernels as programmatic dependents (PDL) where the device is sm_90+
   // and the driver CUDA 12.3+; false launches them plain (A/B benchmarks: gpu_train_bench --no-pdl).
   bool pdl = true;
+  // GPU: a step that is one fused-mlp-train node takes Adam in that kernel (SessionSpec); false
+  // launches the Adam kernel after it (A/B benchmarks: gpu_train_bench --no-adam-in-node; tests).
+  bool adamInTrainNode = true;
   // `train`: Ctrl-C (SIGINT) or SIGTERM stops after the step in flight, with a summary
   // (TrainResult::interruptedBy); off for library callers, whose signals stay theirs.
   bool catchInterrupts = false;

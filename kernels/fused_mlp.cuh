@@ -65,6 +65,8 @@
  */
 #pragma once
 
+#include "kernels/adam.cuh"
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PA_MLP_CLUSTERS 1
 #define PA_MLP_CLUSTER_DIMS(g) __cluster_dims__(g, 1, 1)
@@ -377,6 +379,35 @@ __device__ __forceinline__ void inputGrad(const float* dz, const float* w, const
 }
 
 // ---- the reduction of the partial sums -----------------------------------------------------
+
+// A parameter's final gradient where the kernel also takes the session's Adam step
+// (fused-mlp-train with EmitOptions::adamInTrainNode): `out[i] = g` stores g and updates value i
+// of the parameter and its moments (pa::adam::update, as pa_adam_multi). The reduction writes
+// each final value once, after every block has copied the weights in and finished its tiles.
+struct AdamOut {
+  float* grad;
+  float* param;
+  float* m;
+  float* v;
+  pa::adam::Hyper hyper;
+  struct Ref {
+    const AdamOut& o;
+    long long i;
+    __device__ __forceinline__ void operator=(float g) const {
+      float mi = o.m[i], vi = o.v[i];
+      const float p = o.param[i];
+      o.grad[i] = g;
+      o.param[i] = pa::adam::update(g, 1.0, mi, vi, p, o.hyper);
+      o.m[i] = mi;
+      o.v[i] = vi;
+    }
+  };
+  __device__ __forceinline__ Ref operator[](long long i) const { return Ref{*this, i}; }
+};
+// The AdamOut of the parameter at node input `input`, gradient `grad`.
+__device__ __forceinline__ AdamOut adamOut(float* grad, const pa::adam::Binding* b, int input, const pa::adam::Hyper& h) {
+  return AdamOut{grad, b->param[input], b->m[input], b->v[input], h};
+}
 
 // The cluster barrier, split: arrive (release: this block's shared and global writes before it)
 // and wait (acquire: every member's writes before its arrival are seen after it). No-ops without

@@ -88,7 +88,8 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
 
   launches_.resize(g.numNodes());
   std::vector<std::pair<FlashAttentionConfig, bool>> flashProblems;  // {config, backward} of every attention node
-  const codegen::EmitOptions emit = emitOptionsFor(device_, opt.tf32);
+  codegen::EmitOptions emit = emitOptionsFor(device_, opt.tf32);
+  emit.adamInTrainNode = opt.adamInTrainNode;
   for (NodeId id : order_) {
     codegen::NodeKernels nk = codegen::emitNode(g, id, emit);
     const Node& n = g.node(id);
@@ -110,6 +111,8 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     if (scratchBytes > 0) scratch_.emplace(id, cuda::DeviceBuffer(scratchBytes));
     if (nk.zeroScratch) scratch_.at(id).fill32(0);
     for (codegen::Kernel& k : nk.kernels) {
+      for (const codegen::KernelArg& a : k.args)
+        if (a.kind == codegen::KernelArg::AdamBinding && adamBinding_.bytes() == 0) adamBinding_ = cuda::DeviceBuffer(sizeof(codegen::AdamBinding));
       Launch l;
       l.kernel = std::move(k);
       launches_[static_cast<size_t>(id)].push_back(std::move(l));
@@ -185,7 +188,8 @@ void CudaGraphRunner::resolveArguments() {
       auto sc = scratch_.find(id);  // every node whose kernels take a scratch has one
       l.params = launchParams(
           l.kernel, [&](int i) { return ptr(n.inputs[static_cast<size_t>(i)]); },
-          [&](int i) { return ptr(n.outputs[static_cast<size_t>(i)]); }, sc != scratch_.end() ? sc->second.ptr() : 0);
+          [&](int i) { return ptr(n.outputs[static_cast<size_t>(i)]); }, sc != scratch_.end() ? sc->second.ptr() : 0,
+          adamBinding_.bytes() > 0 ? adamBinding_.ptr() : 0);
     }
   }
 }
@@ -423,8 +427,15 @@ void CudaGraphRunner::download(ValueId v, float* host) const {
   PA_CU_CHECK(cuMemcpyDtoH(host, ptr(v), count * sizeof(float)));
 }
 
+void CudaGraphRunner::bindAdam(const codegen::AdamBinding& b) {
+  if (!takesAdam()) throw std::logic_error("CudaGraphRunner::bindAdam: no kernel applies Adam");
+  adamBinding_.upload(&b, sizeof b);
+  adamBound_ = true;
+}
+
 void CudaGraphRunner::run(cuda::CUstream stream) {
   if (!ready_) throw std::logic_error("CudaGraphRunner::run before compileTogether");
+  if (takesAdam() && !adamBound_) throw std::logic_error("CudaGraphRunner::run: a kernel applies Adam, and bindAdam was not called");
   const int64_t flashBefore = flash_ ? flash_->launches() : 0;
   for (NodeId id : order_) runNode(id, stream, launch_);
   launchesPerRun_ = baseLaunches_ + static_cast<int>((flash_ ? flash_->launches() : 0) - flashBefore);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "codegen/emit.h"
+#include "codegen/training_kernels.h"
 #include "common/settings.h"
 #include "graph/graph.h"
 #include "runtime/flash_attention.h"
@@ -52,6 +53,9 @@ struct CudaRunnerOptions {
   // compiled it with the runners it shares kernels with (CudaSession: the training and the
   // validation runner in one pool of threads).
   bool deferCompile = false;
+  // The session's Adam in a fused-mlp-train node's kernel (codegen::EmitOptions::adamInTrainNode):
+  // run() then also steps the parameters, reading the state given to bindAdam first.
+  bool adamInTrainNode = false;
 };
 
 class CudaGraphRunner {
@@ -99,6 +103,10 @@ public:
   int64_t paramBlockFloats() const { return paramFloats_; }
   // The bf16 mirror of owned parameter `p` (CudaRunnerOptions::mirrorParamCasts), or 0.
   cuda::CUdeviceptr paramMirror(ValueId p) const;
+  // Whether a kernel applies the session's Adam (CudaRunnerOptions::adamInTrainNode and a
+  // fused-mlp-train node), and the state it reads, which must be given before run().
+  bool takesAdam() const { return adamBinding_.bytes() > 0; }
+  void bindAdam(const codegen::AdamBinding& b);
   size_t arenaBytes() const { return arenaBytes_; }
   // Kernel launches per run(): generated kernels plus the FlashAttention launcher's.
   int launchesPerRun() const { return launchesPerRun_; }
@@ -186,6 +194,8 @@ private:
   std::map<ValueId, cuda::CUdeviceptr> sharedParam_;   // parameters of the runner shared with
   std::map<NodeId, cuda::DeviceBuffer> scratch_;       // flash backward workspaces
   cuda::DeviceBuffer mirrors_;                         // bf16 mirrors of the parameters
+  cuda::DeviceBuffer adamBinding_;                     // codegen::AdamBinding, where takesAdam()
+  bool adamBound_ = false;
   std::map<ValueId, cuda::CUdeviceptr> mirrorPtr_;      // a mirrored cast's output: where its bytes are
   std::map<ValueId, cuda::CUdeviceptr> paramMirror_;    // an owned parameter: its mirror
   std::map<ValueId, std::vector<NodeId>> mirrorCasts_;  // an owned parameter: the casts that write its mirror

@@ -57,6 +57,31 @@ std::string gemmSummary(GemmProvider mode, const CudaGraphRunner& train, const C
   return s;
 }
 
+// Whether the step's Adam can run inside its fused-mlp-train node's kernel (the runner's
+// adamInTrainNode): the node's inputs are every parameter of the step and nothing else reads one
+// (no bf16 copy to refresh, no other gradient), and no clipping (the global norm needs every
+// gradient before the first update) and no all-reduce (the update needs the ranks' mean) come
+// between the gradients and Adam.
+bool adamFitsTrainNode(const Graph& g, const SessionSpec& spec) {
+  if (spec.adam.clipGradNorm > 0 || spec.nccl || !spec.adamInTrainNode || g.params().empty()) return false;
+  NodeId train = -1;
+  for (NodeId id : g.topoOrder())
+    if (g.node(id).op == OpKind::FusedMlpTrain) {
+      if (train >= 0) return false;
+      train = id;
+    }
+  if (train < 0) return false;
+  const std::vector<std::vector<NodeId>> users = g.users();
+  const Node& n = g.node(train);
+  for (ValueId p : g.params()) {
+    for (NodeId u : users[static_cast<size_t>(p)])
+      if (u != train) return false;
+    const ValueId grad = g.output(gradOutputName(g.value(p).name));
+    if (std::find(n.outputs.begin(), n.outputs.end(), grad) == n.outputs.end()) return false;
+  }
+  return static_cast<int>(n.inputs.size()) <= codegen::kAdamBindingSlots;
+}
+
 // Note on the step. Before each step the host writes the step's changing values (learning rate,
 // bias corrections, loss slot, the batch's row indices) into a page-locked staging slot and
 // queues one async copy of it into a fixed device block. The step itself (gather, the graph's
@@ -89,7 +114,7 @@ public:
     if (graph_.ready()) return static_cast<int>(graph_.nodeCount());
     const bool clip = spec_.adam.clipGradNorm > 0 && chunkCount_ > 0;
     return 1 + runner_->launchesPerRun() + (nccl_ ? 1 : 0) + (clip ? 2 : 0) +
-           1;  // gather x and y; graph; all-reduce; clip; Adam and the loss (the loss alone without parameters)
+           (runner_->takesAdam() ? 0 : 1);  // gather x and y; graph; all-reduce; clip; Adam and the loss (the loss alone without parameters)
   }
   bool replaysCudaGraph() const override { return graph_.ready(); }
   const DeviceSummary* deviceSummary() const override { return &summary_; }
@@ -162,8 +187,11 @@ private:
 CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   const Graph& g = spec_.train.graph;
   const bool tf32 = spec_.precision == Precision::Tf32;
+  const bool adamInNode = adamFitsTrainNode(g, spec_);
   if (!spec_.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
-    const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), tf32));
+    codegen::EmitOptions emit = CudaGraphRunner::emitOptionsFor(device(), tf32);
+    emit.adamInTrainNode = adamInNode;
+    const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, emit);
     if (spec_.announceCompile) std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
   }
   useGraph_ = spec_.cudaGraph && debugSwitches().cudaGraphs;
@@ -221,8 +249,10 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
                               "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());
   t = Clock::now();
   ropt.deferCompile = true;  // both runners' kernels in one pool
+  ropt.adamInTrainNode = adamInNode;
   runner_ = std::make_unique<CudaGraphRunner>(g, device(), ropt);
   ropt.shareParamsWith = runner_.get();
+  ropt.adamInTrainNode = false;
   evalRunner_ = std::make_unique<CudaGraphRunner>(spec_.validation.graph, device(), ropt);
   CudaGraphRunner::compileTogether({runner_.get(), evalRunner_.get()});
   const double runnersSeconds = since(t);
@@ -296,6 +326,27 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   v_ = cuda::DeviceBuffer(stateBytes);
   m_.fill32(0);
   v_.fill32(0);
+  if (runner_->takesAdam()) {  // the train node's kernel steps every parameter (adamFitsTrainNode)
+    codegen::AdamBinding b;
+    const Node* train = nullptr;
+    for (NodeId id : g.topoOrder())
+      if (g.node(id).op == OpKind::FusedMlpTrain) train = &g.node(id);
+    for (const Param& p : params_) {
+      if (runner_->paramMirror(p.value)) throw std::logic_error("Adam in the train node: parameter '" + p.name + "' has a bf16 mirror");
+      for (size_t i = 0; i < train->inputs.size(); ++i) {
+        if (train->inputs[i] != p.value) continue;
+        const uint64_t at = static_cast<uint64_t>(runner_->paramOffset(p.value)) * sizeof(float);
+        b.param[i] = runner_->devicePtr(p.value);
+        b.m[i] = m_.ptr() + at;
+        b.v[i] = v_.ptr() + at;
+      }
+    }
+    b.step = stepBlock_.ptr();
+    b.ring = lossRing_.ptr();
+    b.ringSize = kLossRing;
+    b.beta1 = spec_.adam.beta1, b.beta2 = spec_.adam.beta2, b.eps = spec_.adam.eps;
+    runner_->bindAdam(b);
+  }
 
   if (nccl_) {
     // NCCL connects the ranks on a communicator's first collectives: the step's all-reduce runs
@@ -393,6 +444,7 @@ void CudaSession::queueStepKernels() {
     cuda::launchKernel(gather_, shape, s, args, launch_);
   }
   runner_->run(s);
+  if (runner_->takesAdam()) return;  // the train node's kernel took the Adam step and recorded the loss
   if (nccl_) allReduceGradients(s);
   cuda::CUdeviceptr chunks = chunks_.ptr(), partial = partial_.ptr(), clip = 0;
   const unsigned blocks = static_cast<unsigned>(chunkCount_);
@@ -465,7 +517,12 @@ void CudaSession::enqueueStep(int64_t step) {
 
 void CudaSession::printProfile(std::FILE* out, int top) {
   stream_->synchronize();
+  // Timing runs the step's nodes again: where one of them takes Adam (and records the loss), the
+  // queued steps' losses are read first and the state goes back after.
+  if (runner_->takesAdam()) drainLosses();
+  const std::unique_ptr<TrainingState> before = runner_->takesAdam() ? std::make_unique<TrainingState>(state()) : nullptr;
   const std::vector<CudaGraphRunner::NodeTime> nodes = runner_->profile(stream_->get());
+  if (before) restore(*before);
   double total = 0;
   for (const auto& n : nodes) total += n.ms;
   std::fprintf(out, "profile of the training step's graph: %zu timed nodes, %.3f ms in total (median of 5, one by one)\n",

@@ -4,7 +4,8 @@
 namespace pa {
 
 cuda::KernelParams launchParams(const codegen::Kernel& k, const std::function<cuda::CUdeviceptr(int)>& input,
-                                const std::function<cuda::CUdeviceptr(int)>& output, cuda::CUdeviceptr scratch) {
+                                const std::function<cuda::CUdeviceptr(int)>& output, cuda::CUdeviceptr scratch,
+                                cuda::CUdeviceptr adamBinding) {
   using codegen::KernelArg;
   cuda::KernelParams params(k.args.size());
   for (const KernelArg& a : k.args) {
@@ -14,6 +15,7 @@ cuda::KernelParams launchParams(const codegen::Kernel& k, const std::function<cu
     case KernelArg::Scratch: params.addPointer(scratch); break;
     case KernelArg::InputTensorMap: params.addTensorMap(a.map, input(a.index)); break;
     case KernelArg::ScratchTensorMap: params.addTensorMap(a.map, scratch + a.scratchOffsetBytes); break;
+    case KernelArg::AdamBinding: params.addPointer(adamBinding); break;
     }
   }
   return params;

@@ -10,8 +10,10 @@
 namespace pa {
 
 // cuLaunchKernel's parameters for `k`: the device addresses of the node's inputs and outputs (by
-// index, asked only for the ones `k` takes) and of its scratch; tensor maps are encoded here.
+// index, asked only for the ones `k` takes), of its scratch and of the session's Adam binding;
+// tensor maps are encoded here.
 cuda::KernelParams launchParams(const codegen::Kernel& k, const std::function<cuda::CUdeviceptr(int)>& input,
-                                const std::function<cuda::CUdeviceptr(int)>& output, cuda::CUdeviceptr scratch);
+                                const std::function<cuda::CUdeviceptr(int)>& output, cuda::CUdeviceptr scratch,
+                                cuda::CUdeviceptr adamBinding = 0);
 
 }  // namespace pa

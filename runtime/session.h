@@ -111,6 +111,10 @@ struct SessionSpec {
   // GPU: launch the step's own kernels as programmatic dependents on sm_90+ (runtime/cuda/launch.h),
   // so each may start while the one before it finishes; the same results either way.
   bool pdl = true;
+  // GPU: where the step is one fused-mlp-train node (and no clipping, one process), its kernel
+  // takes the Adam step too, with no Adam kernel after it; the same results either way (A/B
+  // benchmarks and tests turn it off).
+  bool adamInTrainNode = true;
   uint64_t seed = 0;             // the batch order's stream
   bool shuffle = true;           // shuffle the training samples every epoch
   AdamSettings adam;

@@ -252,17 +252,31 @@ TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
     for (size_t i = 0; i + 1 < c.widths.size(); ++i) floats += mlpTrainLayerFloats(c.widths[i], c.widths[i + 1], c.biases[i] != 0);
     if (floats > kMlpTrainMaxFloats) continue;
     const Graph t = test::mlpTrainGraph(c.rows, c.widths, acts, c.biases);
-    for (bool sm90 : {false, true}) {
-      codegen::EmitOptions opt;
-      opt.wgmma = sm90;
-      int trainKernels = 0;
-      for (NodeId id : t.topoOrder()) {
-        if (t.node(id).op != OpKind::FusedMlpTrain) continue;
-        for (const codegen::Kernel& k : codegen::emitNode(t, id, opt).kernels)
-          units.push_back({"case " + std::to_string(ci) + (sm90 ? " sm_90a" : " sm_80") + "/" + k.name, k.name, k.source}), ++trainKernels;
+    // With the session's Adam in the kernel too where the grid is one cluster on sm_90a (case 1)
+    // and where it is several (case 7): the AdamBinding argument, every gradient through AdamOut.
+    std::vector<bool> adamVariants{false};
+    if (ci == 1 || ci == 7) adamVariants.push_back(true);
+    for (bool adam : adamVariants)
+      for (bool sm90 : {false, true}) {
+        codegen::EmitOptions opt;
+        opt.wgmma = sm90;
+        opt.adamInTrainNode = adam;
+        int trainKernels = 0;
+        for (NodeId id : t.topoOrder()) {
+          if (t.node(id).op != OpKind::FusedMlpTrain) continue;
+          for (const codegen::Kernel& k : codegen::emitNode(t, id, opt).kernels) {
+            const bool binds = std::any_of(k.args.begin(), k.args.end(),
+                                           [](const codegen::KernelArg& a) { return a.kind == codegen::KernelArg::AdamBinding; });
+            EXPECT_EQ(binds, adam) << k.name;
+            EXPECT_EQ(k.source.find("pa::mlp::adamOut(") != std::string::npos, adam) << k.name;
+            EXPECT_EQ(k.source.find("adam->ring[") != std::string::npos, adam) << k.name;
+            units.push_back({"case " + std::to_string(ci) + (adam ? " adam" : "") + (sm90 ? " sm_90a" : " sm_80") + "/" + k.name, k.name,
+                             k.source}),
+                ++trainKernels;
+          }
+        }
+        EXPECT_EQ(trainKernels, 1);
       }
-      EXPECT_EQ(trainKernels, 1);
-    }
   }
   for (const char* arch : {"sm_80", "sm_90", "sm_90a"}) {
     test::CompileOptions options;

@@ -119,6 +119,11 @@ ${LEVEL2}  }
 // block order through the scratch by the last block to arrive where the grid is several clusters
 // (one cluster: kMlpTrainClusterLoss, inside the reduction).
 inline constexpr const char* kMlpTrainSeed = "  const float seed = in2[0];\n";
+// With the session's Adam in the kernel (EmitOptions::adamInTrainNode): the step's scalars, read
+// at the start, and the loss's copy into the session's ring (kMlpTrainLoss, kMlpTrainClusterLoss).
+inline constexpr const char* kMlpTrainAdamDecl =
+    "  const pa::adam::Hyper hyper = pa::adam::hyperOf(adam->step, adam->beta1, adam->beta2, adam->eps);\n";
+inline constexpr const char* kMlpTrainRing = "      adam->ring[adam->step->lossSlot % adam->ringSize] = mean;\n";
 inline constexpr const char* kMlpTrainLossDecl = "  double loss = 0.0;\n";
 inline constexpr const char* kMlpTrainLoss = R"(  __shared__ double blockLoss;
   {
@@ -130,8 +135,9 @@ inline constexpr const char* kMlpTrainLoss = R"(  __shared__ double blockLoss;
       if (pa::mlp::lastToArrive(reinterpret_cast<unsigned*>(scratch + ${LOSSCOUNTER}), gridDim.x) && threadIdx.x == 0) {
         double total = 0.0;
         for (unsigned b = 0; b < gridDim.x; ++b) total += __ldcg(sums + b);
-        out0[0] = (float)(total / ${DENOM});
-      }
+        const float mean = (float)(total / ${DENOM});
+        out0[0] = mean;
+${RING}      }
     }
   }
 )";
@@ -141,8 +147,9 @@ inline constexpr const char* kMlpTrainClusterLoss = R"(  if constexpr (NC == 1) 
     if (rank == 0 && threadIdx.x == 0) {
       double total = 0.0;
       for (int m = 0; m < G; ++m) total += *pa::mlp::memberShared(&blockLoss, m);
-      out0[0] = (float)(total / ${DENOM});
-    }
+      const float mean = (float)(total / ${DENOM});
+      out0[0] = mean;
+${RING}    }
   }
 )";
 

@@ -1235,6 +1235,53 @@ TEST(FusedMlpOnGpu, TrainingTracksTheCpuOver100Steps) {
     }
 }
 
+// Adam inside the train node's kernel (SessionSpec::adamInTrainNode, the default) against the
+// Adam kernel after it: the same bits for every loss, parameter and moment, on one cluster (batch
+// 256) and on several (batch 1000: the last cluster's ranks take the step), with weight decay, a
+// cosine schedule and warm-up, in bf16, one launch fewer a step; with clipping the kernel takes
+// no step (the global norm comes first) and the launches are the same. Profiling, which runs
+// the nodes again, leaves the state as it was.
+TEST(FusedMlpOnGpu, AdamInTheTrainNodeIsBitIdenticalToTheAdamKernel) {
+  PA_REQUIRE_GPU();
+  struct Case {
+    const char* config;
+    std::vector<std::string> sets;
+    bool inNode;
+  };
+  const std::vector<Case> cases = {
+      {"mlp_tiny", {}, true},
+      {"mlp_tiny", {"train.batch_size=1000", "train.optimizer.weight_decay=0.01", "train.lr_schedule=cosine", "train.warmup_steps=5"}, true},
+      {"sine_mlp", {"precision=bf16"}, true},
+      {"function_mlp", {"train.optimizer.clip_grad_norm=0.05"}, false}};
+  for (const Case& c : cases) {
+    std::vector<std::string> sets = withMlp(c.sets);
+    sets.push_back("train.steps=30");
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", sets);
+    SCOPED_TRACE(std::string(c.config) + " " + (c.sets.empty() ? "" : c.sets[0]));
+    auto [inNode, kernel] = defaultAndOther(cfg, [](RunOptions& o) { o.adamInTrainNode = false; });
+    expectBitIdenticalLosses(*inNode, *kernel, 30);
+    EXPECT_TRUE(inNode->replaysCudaGraph());
+    EXPECT_EQ(inNode->launchesPerStep(), kernel->launchesPerStep() - (c.inNode ? 1 : 0));
+    const TrainingState a = inNode->state(), b = kernel->state();
+    EXPECT_EQ(a.params, b.params);
+    EXPECT_EQ(a.adamM, b.adamM);
+    EXPECT_EQ(a.adamV, b.adamV);
+    EXPECT_EQ(inNode->validate(), kernel->validate());
+    std::printf("  %s: 30 steps bit-identical, %d launches per step with Adam in the node, %d with the Adam kernel\n", c.config,
+                inNode->launchesPerStep(), kernel->launchesPerStep());
+    std::FILE* sink = std::tmpfile();
+    inNode->printProfile(sink, 5);
+    std::fclose(sink);
+    const TrainingState after = inNode->state();
+    EXPECT_EQ(after.params, a.params);
+    EXPECT_EQ(after.adamM, a.adamM);
+    EXPECT_EQ(after.step, a.step);
+    inNode->enqueueStep(31);  // and training goes on from there as the other does
+    kernel->enqueueStep(31);
+    EXPECT_EQ(inNode->takeLosses(), kernel->takeLosses());
+  }
+}
+
 TEST(CompareOnGpu, FusedAndUnfusedAgree) {
   PA_REQUIRE_GPU();
   const Config cfg = loadConfig(sourceDir() + "/configs/sine_attention.yaml", {"train.steps=20"});
