@@ -30,9 +30,9 @@ __device__ __forceinline__ unsigned short paToBf16(float x) {
 }
 
 // The batch's rows (the step block's indices) of x (blockIdx.y 0) and y (1) into the graph's inputs.
-template <typename I>
+template <typename I, typename R>
 __device__ __forceinline__ void paGather(const float* __restrict__ src, float* __restrict__ dst, I rowSize, I total,
-                                         const int* __restrict__ idx) {
+                                         const R* __restrict__ idx) {
   for (I i = (I)blockIdx.x * 256 + threadIdx.x; i < total; i += (I)gridDim.x * 256) {
     const I r = i / rowSize, c = i - r * rowSize;
     dst[i] = src[(long long)idx[r] * rowSize + c];
@@ -42,14 +42,21 @@ __device__ __forceinline__ void paGather(const float* __restrict__ src, float* _
 extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ srcX, float* __restrict__ dstX,
                                                                   long long rowSizeX, const float* __restrict__ srcY,
                                                                   float* __restrict__ dstY, long long rowSizeY,
-                                                                  const char* __restrict__ step, long long rows) {
+                                                                  const char* __restrict__ step, long long rows, int narrow) {
   pa::pdlBegin();
-  const int* idx = (const int*)(step + sizeof(PaStepHeader));
+  const char* idx = step + sizeof(PaStepHeader);  // uint16 indices where `narrow`, else int32
+  const unsigned short* idx16 = (const unsigned short*)idx;
+  const int* idx32 = (const int*)idx;
   const float* src = blockIdx.y ? srcY : srcX;
   float* dst = blockIdx.y ? dstY : dstX;
   const long long rowSize = blockIdx.y ? rowSizeY : rowSizeX, total = rows * rowSize;
-  if (total <= 0x7fffffffLL) paGather<unsigned>(src, dst, (unsigned)rowSize, (unsigned)total, idx);  // 32-bit division
-  else paGather<long long>(src, dst, rowSize, total, idx);
+  if (total <= 0x7fffffffLL) {  // 32-bit division
+    if (narrow) paGather<unsigned>(src, dst, (unsigned)rowSize, (unsigned)total, idx16);
+    else paGather<unsigned>(src, dst, (unsigned)rowSize, (unsigned)total, idx32);
+  } else {
+    if (narrow) paGather<long long>(src, dst, rowSize, total, idx16);
+    else paGather<long long>(src, dst, rowSize, total, idx32);
+  }
 }
 
 // One block per chunk: its sum of squared gradients, in double.

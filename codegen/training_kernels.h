@@ -11,13 +11,20 @@
 namespace pa::codegen {
 
 // The layout of the step block that the host refreshes before every step (one async copy).
-// Mirrored as pa::adam::StepHeader (kernels/adam.cuh); rows (int32, batch of them) follow it.
+// Mirrored as pa::adam::StepHeader (kernels/adam.cuh); the batch's row indices follow it, uint16
+// where the training set has at most kNarrowRowLimit rows, else int32 (pa_gather_rows' `narrow`).
 struct StepHeader {
   double lr = 0, c1 = 1, c2 = 1, decay = 1;  // learning rate, Adam's bias corrections, 1 - lr·wd
   int64_t lossSlot = 0;                      // where the step's loss goes in the ring
   int64_t pad[3] = {0, 0, 0};
 };
 static_assert(sizeof(StepHeader) == 64, "StepHeader is mirrored in the kernel source");
+// The session copies the step block up with one cuMemcpyHtoDAsync per step. A copy of at most
+// kInlineCopyBytes costs the step nothing beside the kernels; a larger one measured 6-7 µs more a
+// step on the H100 (bench/RESULTS.md, "the step block's copy"), so the indices are 16-bit where
+// they can be: a batch of up to 480 rows then fits.
+constexpr int64_t kInlineCopyBytes = 1024;
+constexpr int64_t kNarrowRowLimit = 65536;
 
 // A slice of one parameter that one block of the multi-tensor kernels handles. Mirrored as
 // `PaChunk` in the kernel source.

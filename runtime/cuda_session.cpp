@@ -174,6 +174,7 @@ private:
   std::vector<std::unique_ptr<cuda::Event>> slotDone_;
   cuda::CapturedGraph graph_;
   size_t stepBytes_ = 0;
+  bool narrowRows_ = false;  // the step block's row indices are uint16 (codegen::kNarrowRowLimit)
   int64_t chunkCount_ = 0, queued_ = 0, drained_ = 0;
   std::vector<double> ready_;  // losses read back, not yet taken
   std::vector<Param> params_;
@@ -269,10 +270,6 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   recordLoss_ = kernels_->function("pa_record_loss");
   launch_ = runner_->launchMode();
 
-  stepBytes_ = sizeof(codegen::StepHeader) + static_cast<size_t>(spec_.batchSize) * sizeof(int32_t);
-  stepBlock_ = cuda::DeviceBuffer(stepBytes_);
-  staging_ = cuda::PinnedBuffer(stepBytes_ * kStagingSlots);
-  for (int i = 0; i < kStagingSlots; ++i) slotDone_.push_back(std::make_unique<cuda::Event>());
   lossRing_ = cuda::DeviceBuffer(kLossRing * sizeof(float));
   lossRing_.fill32(0);  // drainLosses copies the whole ring, slots not yet written too
   lossHost_ = cuda::PinnedBuffer(kLossRing * sizeof(float));
@@ -305,6 +302,12 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   summary_.paramSeconds = since(t);
   // The samples last: a generated dataset may still be being made beside the session.
   awaitSessionData(spec_);
+  // The step block, once the training set's size is known (its indices' width).
+  narrowRows_ = spec_.trainData.count <= codegen::kNarrowRowLimit;
+  stepBytes_ = sizeof(codegen::StepHeader) + static_cast<size_t>(spec_.batchSize) * (narrowRows_ ? sizeof(uint16_t) : sizeof(int32_t));
+  stepBlock_ = cuda::DeviceBuffer(stepBytes_);
+  staging_ = cuda::PinnedBuffer(stepBytes_ * kStagingSlots);
+  for (int i = 0; i < kStagingSlots; ++i) slotDone_.push_back(std::make_unique<cuda::Event>());
   auto toDevice = [](const std::vector<float>& host) {
     cuda::DeviceBuffer b(std::max<size_t>(host.size(), 1) * sizeof(float));
     b.upload(host.data(), host.size() * sizeof(float));
@@ -438,7 +441,8 @@ void CudaSession::queueStepKernels() {
     cuda::CUdeviceptr srcX = trainX_.ptr(), dstX = runner_->devicePtr(spec_.train.x);
     cuda::CUdeviceptr srcY = trainY_.ptr(), dstY = runner_->devicePtr(spec_.train.y);
     long long rowSizeX = spec_.trainData.xSize, rowSizeY = spec_.trainData.ySize, n = batch;
-    void* args[] = {&srcX, &dstX, &rowSizeX, &srcY, &dstY, &rowSizeY, &step, &n};
+    int narrow = narrowRows_ ? 1 : 0;
+    void* args[] = {&srcX, &dstX, &rowSizeX, &srcY, &dstY, &rowSizeY, &step, &n, &narrow};
     cuda::LaunchShape shape = CudaModule::shapeFor(std::max(rowSizeX, rowSizeY) * n);
     shape.grid[1] = 2;  // x's rows on blockIdx.y 0, y's on 1
     cuda::launchKernel(gather_, shape, s, args, launch_);
@@ -500,8 +504,13 @@ void CudaSession::enqueueStep(int64_t step) {
   const int64_t* all = order_->next(global);
   const int64_t* rows = all + (spec_.comm ? spec_.comm->rank() : 0) * batch;
   if (spec_.recordBatches) batchLog_.insert(batchLog_.end(), all, all + global);
-  int32_t* idx = reinterpret_cast<int32_t*>(staging + sizeof head);
-  for (int64_t i = 0; i < batch; ++i) idx[i] = static_cast<int32_t>(rows[i]);
+  if (narrowRows_) {
+    uint16_t* idx = reinterpret_cast<uint16_t*>(staging + sizeof head);
+    for (int64_t i = 0; i < batch; ++i) idx[i] = static_cast<uint16_t>(rows[i]);
+  } else {
+    int32_t* idx = reinterpret_cast<int32_t*>(staging + sizeof head);
+    for (int64_t i = 0; i < batch; ++i) idx[i] = static_cast<int32_t>(rows[i]);
+  }
   PA_CU_CHECK(cuMemcpyHtoDAsync(stepBlock_.ptr(), staging, stepBytes_, stream_->get()));
   if (graph_.ready()) {
     graph_.launch(*stream_);

@@ -597,6 +597,21 @@ TEST_P(TrainOnGpu, LossTrajectoryMatchesTheCpuOver100Steps) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, TrainOnGpu, ::testing::Values("sine_mlp", "sine_attention", "function_mlp", "mlp_tiny"));
 
+// The step block's row indices: 16-bit up to codegen::kNarrowRowLimit training rows (every
+// example config), 32-bit above. mlp_tiny with 72,000 training rows (indices past 65,535) and
+// with exactly the limit follows the CPU's trajectory, whose batches are the same rows.
+TEST(TrainOnGpu, RowIndicesOfEveryWidthGatherTheCpusBatches) {
+  PA_REQUIRE_GPU();
+  for (const char* samples : {"data.samples=80000", "data.samples=72817"}) {  // 72,000 and 65,536 training rows (validation: floor(0.1 n))
+    const Config cfg = loadConfig(sourceDir() + "/configs/mlp_tiny.yaml", {"train.steps=60", "train.log_every=30", samples});
+    TrainResult cpu, gpu;
+    const double worst = cpuGpuLossDifference(cfg, &cpu, &gpu);
+    ASSERT_EQ(cpu.losses.size(), 60u);
+    std::printf("  mlp_tiny %s: largest relative loss difference over 60 steps %.2e\n", samples, worst);
+    EXPECT_LE(worst, 1e-4) << samples;
+  }
+}
+
 // The transformers over 100 steps, narrowed (width 128, 8 heads of 16, hidden 384) so the CPU
 // side takes seconds: the fused GPU step (norms with their residuals, rope, swiglu's one GEMM,
 // windowed and full attention with sink logits) tracks the CPU's.
