@@ -27,7 +27,7 @@
 // tiles (about half the SMs' worth) rounded up to G. Without, the last block reads all C·P ≤
 // 2^18 floats, a cost that grows with C while a block's share of the rows shrinks with it (both
 // ∝ P): C is about √(rows / 2), and so are the tiles where R allows. Everything is
-// fp32 FFMA (precision tf32 too: no tensor cores), summed in a fixed order, so results are
+// fp32 FFMA (precision tf32 and bf16 too: no tensor cores), summed in a fixed order, so results are
 // bit-identical run to run for a given C and target (kernels/fused_mlp.cuh).
 #include <algorithm>
 #include <array>
@@ -351,10 +351,10 @@ Grid backwardGrid(const MlpSpec& s, const EmitOptions& opt, int64_t partialFloat
 
 // kMlpReduction for `blocks` blocks' partial sums (in shared memory or the scratch), every
 // layer's dW and db segment summed into its output (`outOf(output, input)` names what takes a
-// gradient output's final values, input: its parameter's node input); `afterWait` runs once the
-// members' shared memory is complete. Scratch: the blocks' partial sums (where not in shared memory), the cluster
-// slots (C of them: as many as there are clusters where every block is its own), then the
-// counters; scratchFloats in all.
+// gradient output's final values, `input` being its parameter's node input); `afterWait` runs
+// once the members' shared memory is complete. Scratch: the blocks' partial sums (where not in
+// shared memory), the cluster slots (C of them: as many as there are clusters where every block
+// is its own), then the counters; scratchFloats in all.
 struct Reduction {
   std::string code;
   int64_t scratchFloats = 0;

@@ -44,7 +44,11 @@
  *    mseOutputGrad makes the last dz from y and them, adding each thread's squared errors in
  *    double. The blocks' loss sums (blockSum) are added in block order: by rank 0 from the
  *    members' shared memory when the grid is one cluster (whose blocks then also need no second
- *    level for the gradients), else through the scratch by the last block to arrive.
+ *    level for the gradients), else through the scratch by the last block to arrive. With the
+ *    session's Adam in the kernel (AdamOut), the thread that writes a gradient element's final
+ *    value updates that weight and its moments right after: every block has copied the weights
+ *    in and finished its tiles before any final value exists (a cluster barrier, or every
+ *    cluster's arrival at the counter), so no block reads a weight another has stepped.
  *
  * Note on determinism. Every sum runs in a fixed order: a dot product's slices in k order inside
  * a thread, then the reduce-scatter's fixed tree; dW over a tile's rows in order, over a block's
