@@ -78,6 +78,11 @@ const char* activationCode(MlpActivation a) {
 }
 
 std::string str(int64_t v) { return std::to_string(v); }
+// kMlpCopyRows for the tile's rows (from tile * R, `rows` of them) of `src` [batch, width] into
+// shared memory at `off`.
+std::string tileRowsCopy(int64_t off, const std::string& src, int64_t width) {
+  return fillTemplate(kMlpCopyRows, {{"OFF", str(off)}, {"SRC", src}, {"ROW0", "tile * R"}, {"ROWS", "rows"}, {"WIDTH", str(width)}});
+}
 std::string layerNote(const MlpLayer& l) { return l.bias ? ", bias" : ""; }
 
 // ---- the dot-product micro-tile ----------------------------------------------------------------
@@ -436,8 +441,7 @@ NodeKernels emitFusedMlp(const Ctx& c) {
   const ForwardPlan p = planForward(s, *c.opt);
   const int layers = static_cast<int>(s.layers.size());
   std::string prologue, body;
-  const std::string xCopy = fillTemplate(kMlpCopyRows, {{"OFF", str(p.x)}, {"SRC", "in0"}, {"ROW0", "tile * R"}, {"ROWS", "rows"},
-                                                        {"WIDTH", str(s.layers[0].in)}});
+  const std::string xCopy = tileRowsCopy(p.x, "in0", s.layers[0].in);
   auto weightCopies = [&](int i) {
     const MlpLayer& l = s.layers[static_cast<size_t>(i)];
     const LayerPlan& lp = p.layers[static_cast<size_t>(i)];
@@ -506,12 +510,10 @@ NodeKernels emitFusedMlpGrad(const Ctx& c) {
   // The tile's inputs: every layer's input rows, dy and y.
   std::string inputs;
   for (int i = 0; i < layers; ++i)
-    inputs += fillTemplate(kMlpCopyRows, {{"OFF", str(p.h[static_cast<size_t>(i)])}, {"SRC", "in" + str(1 + i)}, {"ROW0", "tile * R"},
-                                          {"ROWS", "rows"}, {"WIDTH", str(s.layers[static_cast<size_t>(i)].in)}});
+    inputs += tileRowsCopy(p.h[static_cast<size_t>(i)], "in" + str(1 + i), s.layers[static_cast<size_t>(i)].in);
   const std::string nl = str(s.layers.back().out);
-  inputs += fillTemplate(kMlpCopyRows, {{"OFF", str(p.dy)}, {"SRC", "in0"}, {"ROW0", "tile * R"}, {"ROWS", "rows"}, {"WIDTH", nl}});
-  inputs += fillTemplate(kMlpCopyRows,
-                         {{"OFF", str(p.y)}, {"SRC", "in" + str(layers + 1)}, {"ROW0", "tile * R"}, {"ROWS", "rows"}, {"WIDTH", nl}});
+  inputs += tileRowsCopy(p.dy, "in0", s.layers.back().out);
+  inputs += tileRowsCopy(p.y, "in" + str(layers + 1), s.layers.back().out);
   auto weightCopy = [&](int i) {
     const MlpLayer& l = s.layers[static_cast<size_t>(i)];
     const LayerPlan& lp = p.layers[static_cast<size_t>(i)];
@@ -585,9 +587,7 @@ NodeKernels emitFusedMlpTrain(const Ctx& c) {
       prologue += fillTemplate(kMlpCopyBias, {{"OFF", str(p.bias[static_cast<size_t>(i)])}, {"B", "in" + str(l.biasInput)}, {"N", str(l.out)}});
   }
   prologue += kMlpCommit;
-  std::string copies = fillTemplate(kMlpCopyRows, {{"OFF", str(p.h[0])}, {"SRC", "in0"}, {"ROW0", "tile * R"}, {"ROWS", "rows"},
-                                                   {"WIDTH", str(s.layers[0].in)}});
-  copies += fillTemplate(kMlpCopyRows, {{"OFF", str(p.dy)}, {"SRC", "in1"}, {"ROW0", "tile * R"}, {"ROWS", "rows"}, {"WIDTH", str(nl)}});
+  const std::string copies = tileRowsCopy(p.h[0], "in0", s.layers[0].in) + tileRowsCopy(p.dy, "in1", nl);
   const std::string top = fillTemplate(kMlpTrainTop, {{"COPIES", copies}});
 
   std::string forward;
