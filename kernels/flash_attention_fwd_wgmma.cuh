@@ -94,21 +94,24 @@ __device__ __forceinline__ void loadSwizzled(u32 dst, const u16* gbase, long lon
 
 // acc = A·Bᵀ summed over the head dim, both read k-major from the swizzled layout: A is the 64-row
 // block at `aRows` inside a tile of A_ROWS rows, B the N-row tile at `bTile`.
+// The descriptors of one product's k16 steps are the first step's plus a constant each
+// (sm90::smemDescriptorStep), so a step costs an add, not a descriptor built from its address.
 template <int N, int IN, int DPAD, int A_ROWS>
 __device__ __forceinline__ void headDimProduct(float (&acc)[N / 2], u32 aRows, u32 bTile) {
+  const sm90::u64 da = sm90::smemDescriptor(aRows, 16, 1024), db = sm90::smemDescriptor(bTile, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < DPAD / 16; ++kk)
-    sm90::WgmmaSS<N, IN, 0, 0>::run(acc, sm90::smemDescriptor(aRows + (kk / 4) * (A_ROWS * 128) + 32 * (kk % 4), 16, 1024),
-                                    sm90::smemDescriptor(bTile + (kk / 4) * (N * 128) + 32 * (kk % 4), 16, 1024), kk > 0);
+    sm90::WgmmaSS<N, IN, 0, 0>::run(acc, sm90::smemDescriptorStep(da, (kk / 4) * (A_ROWS * 128) + 32 * (kk % 4)),
+                                    sm90::smemDescriptorStep(db, (kk / 4) * (N * 128) + 32 * (kk % 4)), kk > 0);
 }
 
 // acc += F·T, T the ROWS-row swizzled tile at `tile` read MN-major (its columns are the head dim),
 // F register fragments, four registers per k16 step.
 template <int DPAD, int IN, int ROWS>
 __device__ __forceinline__ void tileProduct(float (&acc)[DPAD / 2], const u32 (&f)[ROWS / 16][4], u32 tile) {
+  const sm90::u64 d = sm90::smemDescriptor(tile, ROWS * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < ROWS / 16; ++kk)
-    sm90::WgmmaRS<DPAD, IN, 1>::run(acc, f[kk], sm90::smemDescriptor(tile + 2048 * kk, ROWS * 128, 1024), 1);
+  for (int kk = 0; kk < ROWS / 16; ++kk) sm90::WgmmaRS<DPAD, IN, 1>::run(acc, f[kk], sm90::smemDescriptorStep(d, 2048 * kk), 1);
 }
 
 // The A fragment of k16 step kk from a wgmma m64nN accumulator (acc[4j + e]: rows g, g + 8 of the

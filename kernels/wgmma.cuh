@@ -141,6 +141,13 @@ struct RegisterSplit {
 __device__ __forceinline__ u64 smemDescriptor(u32 address, u32 leadingBytes, u32 strideBytes) {
   return (u64)((address & 0x3FFFF) >> 4) | ((u64)(leadingBytes >> 4) << 16) | ((u64)(strideBytes >> 4) << 32) | (1ull << 62);
 }
+// The descriptor of the matrix `bytes` (a multiple of 16) further on: the start address is the
+// low 14 bits in 16-byte units, and a shared address plus the offset stays below 2^18, so
+// adding to the low word never carries out of that field.
+__device__ __forceinline__ u64 smemDescriptorStep(u64 descriptor, u32 bytes) {
+  const u32 lo = (u32)descriptor + (bytes >> 4), hi = (u32)(descriptor >> 32);
+  return ((u64)hi << 32) | lo;
+}
 
 // ---- wgmma wrappers (see the note) -----------------------------------------------------------
 #define PA_WG_REGS32                                                  \
