@@ -29,6 +29,7 @@ pa::FlashTuning tuningFromEnvironment() {
   t.fwdMtiles = knob("PA_FLASH_FWD_MT");
   t.fwdWarpgroups = knob("PA_FLASH_FWD_WG");
   t.fwdStages = knob("PA_FLASH_FWD_STAGES");
+  t.fwdPingPong = std::getenv("PA_FLASH_FWD_PINGPONG") && *std::getenv("PA_FLASH_FWD_PINGPONG") ? onOff("PA_FLASH_FWD_PINGPONG", true) : -1;
   t.bwdTile = knob("PA_FLASH_BWD_TILE");
   t.bwdWarpgroups = knob("PA_FLASH_BWD_WG");
   t.wgmma = onOff("PA_FLASH_WGMMA", true);

@@ -181,7 +181,7 @@ FlashKernelSpec chooseMmaSync(FlashKernelKind kind, const FlashAttentionConfig& 
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
 // three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
 // otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
-// causal imbalance). dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer warpgroups (128
+// causal imbalance); the two warpgroups of head dim 128 take turns issuing (ping-pong). dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer warpgroups (128
 // keys / query rows), streamed tiles of 128 rows at head dim 64 and 64 at 128 (128 spills heavily
 // there), two stages.
 FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTuning& tuning) {
@@ -195,6 +195,8 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.fwdTile) s.tile = tuning.fwdTile;
     if (tuning.fwdWarpgroups) s.warps = 4 * tuning.fwdWarpgroups;
     if (tuning.fwdStages) s.stages = tuning.fwdStages;
+    s.pingpong = s.dpad == 128 && s.warps == 8;
+    if (tuning.fwdPingPong >= 0) s.pingpong = tuning.fwdPingPong != 0 && s.warps >= 8;
   } else {
     s.tile = s.dpad == 64 ? 128 : 64;
     s.warps = 8;

@@ -111,6 +111,7 @@ std::string FlashKernelSpec::name() const {
   if (mtiles != 1) os << "_m" << mtiles;
   if (atomicDq) os << "_adq";
   if (wgmma) os << "_wg_s" << stages;
+  if (pingpong) os << "_pp";
   if (dqPartial) os << "_dqp";
   return os.str();
 }
@@ -129,7 +130,7 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kForward:
       if (wgmma) {
         call = "flashForwardWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " + std::to_string(warps / 4) + ", " +
-               std::to_string(stages) + ">";
+               std::to_string(stages) + ", " + (pingpong ? "true" : "false") + ">";
         break;
       }
       call = f32 ? "flashForwardF32<" + d + ", " + std::to_string(mtiles) + ">"

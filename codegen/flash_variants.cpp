@@ -153,6 +153,14 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
             v.stages = stages;
             if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
           }
+      // The forward with the warpgroups' turns the other way than the rule has them, at two and
+      // three consumer warpgroups.
+      for (int consumers : {2, 3}) {
+        FlashKernelSpec v = chosen;
+        v.warps = 4 * consumers;
+        v.pingpong = !(d == 128 && consumers == 2);
+        specs.push_back(v);
+      }
     }
   }
   return specs;

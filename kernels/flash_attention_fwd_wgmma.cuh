@@ -29,6 +29,13 @@
  * of a stage waits for parity (i / STAGES) & 1 on full and the opposite on empty (a fresh barrier
  * reports its previous phase complete).
  *
+ * PINGPONG (FlashAttention-3's inter-warpgroup schedule; the rule turns it on at head dim 128 with
+ * two consumer warpgroups): named barrier 1 + w gates warpgroup w's issue of S, which then opens
+ * w + 1's, so the warpgroups issue in turn and one's softmax runs under another's products.
+ * FlashAttention-3's intra-warpgroup pipelining (a tile's S issued with the previous tile's P·V,
+ * the softmax under the latter) was measured slower here and is not in the kernel:
+ * bench/RESULTS_flash.md, "Forward schedules".
+ *
  * Why a producer warpgroup: a single producer warp starves the consumers; a whole warpgroup that
  * hands its registers to them (setmaxnreg) keeps them fed (the sweep: bench/RESULTS_flash.md).
  *
@@ -135,9 +142,71 @@ __device__ __forceinline__ void storeAccRow(u16* dst, const float (&acc)[DPAD / 
   }
 }
 
-template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_>
+// The online softmax of one S tile in place (the mma.sync kernel's, flashForwardMma: mask, raw-score
+// maximum, FFMA-folded exp2): s becomes P in fp32, rowMax and rowSum move on, and corr holds what
+// the output accumulated so far must be scaled by; returns whether any row of the warp moved its
+// maximum (else the scaling can be skipped).
+template <int BN>
+__device__ __forceinline__ bool softmaxTile(float (&s)[BN / 2], float (&rowMax)[2], float (&rowSum)[2], float (&corr)[2],
+                                            bool full, int n0, const int (&bandLo)[2], const int (&bandHi)[2],
+                                            const int (&bandSink)[2], float scaleLog2, int t) {
+  if (!full) {
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, k = n0 + nt * 8 + 2 * t + (e & 1);
+        if (!bandVisible(k, bandLo[r], bandHi[r], bandSink[r])) s[4 * nt + e] = negInf();
+      }
+  }
+  bool rescale = false;
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float tileMax = negInf();
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) tileMax = fmaxf(tileMax, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+    tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+    tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+    const float newMax = fmaxf(rowMax[r], tileMax * scaleLog2);
+    base[r] = softmaxBase(newMax);
+    corr[r] = rowMax[r] == negInf() ? 0.f : fastExp2(rowMax[r] - base[r]);
+    rescale |= newMax != rowMax[r];
+    rowMax[r] = newMax;
+    rowSum[r] *= corr[r];
+  }
+#pragma unroll
+  for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pe = fastExp2(fmaf(s[4 * nt + e], scaleLog2, -base[e >> 1]));
+      s[4 * nt + e] = pe;
+      rowSum[e >> 1] += pe;
+    }
+  return __any_sync(0xffffffffu, rescale);
+}
+
+template <int DPAD>
+__device__ __forceinline__ void scaleRows(float (&o)[DPAD / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int dt = 0; dt < DPAD / 8; ++dt) {
+    o[4 * dt + 0] *= corr[0];
+    o[4 * dt + 1] *= corr[0];
+    o[4 * dt + 2] *= corr[1];
+    o[4 * dt + 3] *= corr[1];
+  }
+}
+
+// Named barriers 1..CONSUMERS order the consumer warpgroups' tensor-core work (PINGPONG): warpgroup
+// w issues its products after w - 1 has issued its own, so one warpgroup's softmax runs under
+// another's products (kept apart from barrier 0, __syncthreads).
+__device__ __forceinline__ void namedBarrierSync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void namedBarrierArrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+
+template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false>
 __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_> Cfg;
+  static_assert(!PINGPONG || CONSUMERS >= 2, "ping-pong needs two consumer warpgroups");
   constexpr int LANES = 128;
   constexpr int BM = Cfg::BM, STAGES = STAGES_;
   constexpr int IN = WgmmaInputOf<Tag>::kValue;
@@ -211,6 +280,13 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
 
   sm90::mbarWait(qFull, 0);
   const u32 qRows = sQ + wg * 64 * 128;
+  // Ping-pong: warpgroup wg waits on barrier 1 + wg before issuing S and then lets the next one
+  // go; the last warpgroup lets the first go once at the start, and the first takes that extra
+  // arrival back at the end, so no barrier is left with arrivals.
+  const int myTurn = 1 + wg, nextTurn = 1 + (wg + 1) % CONSUMERS;
+  if (PINGPONG && wg == CONSUMERS - 1) namedBarrierArrive(nextTurn);
+  // Each tile: S = Q·Kᵀ, wait (also for the previous P·V), softmax, then O += P·V left in flight
+  // under the next tile's S.
   int i = 0;
   for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
     const int st = i % STAGES;
@@ -219,9 +295,11 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
     sm90::mbarWait(kFull(st), parity);
     sm90::fenceProxyAsync();
     const u32 kTile = sK + st * Cfg::kTileBytes;
+    if (PINGPONG) namedBarrierSync(myTurn);
     sm90::wgmmaFence();
     headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
     sm90::wgmmaCommit();
+    if (PINGPONG) namedBarrierArrive(nextTurn);
     sm90::wgmmaWait<0>();  // S is ready, and the previous tile's P·V is complete
     sm90::fenceRegisters(s);
     sm90::fenceRegisters(o);
@@ -230,50 +308,9 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
     sm90::mbarArrive(kEmpty(st));
     if (i > 0) sm90::mbarArrive(vEmpty((i - 1) % STAGES));
 
-    // Mask and online softmax on raw scores, as in flashForwardMma (one m-tile, BN/8 n-tiles).
+    float corr[2];
     const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
-    if (!full) {
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1, k = n0 + nt * 8 + 2 * t + (e & 1);
-          if (!bandVisible(k, bandLo[r], bandHi[r], bandSink[r])) s[4 * nt + e] = negInf();
-        }
-    }
-    bool rescale = false;
-    float base[2], corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tileMax = negInf();
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) tileMax = fmaxf(tileMax, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
-      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
-      const float newMax = fmaxf(rowMax[r], tileMax * p.scaleLog2);
-      base[r] = softmaxBase(newMax);
-      corr[r] = rowMax[r] == negInf() ? 0.f : fastExp2(rowMax[r] - base[r]);
-      rescale |= newMax != rowMax[r];
-      rowMax[r] = newMax;
-      rowSum[r] *= corr[r];
-    }
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int dt = 0; dt < DPAD / 8; ++dt) {
-        o[4 * dt + 0] *= corr[0];
-        o[4 * dt + 1] *= corr[0];
-        o[4 * dt + 2] *= corr[1];
-        o[4 * dt + 3] *= corr[1];
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = fastExp2(fmaf(s[4 * nt + e], p.scaleLog2, -base[e >> 1]));
-        s[4 * nt + e] = pe;
-        rowSum[e >> 1] += pe;
-      }
+    if (softmaxTile<BN>(s, rowMax, rowSum, corr, full, n0, bandLo, bandHi, bandSink, p.scaleLog2, t)) scaleRows<DPAD>(o, corr);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(pv[kk], s, kk);
 
@@ -284,6 +321,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
     tileProduct<DPAD, IN, BN>(o, pv, vTile);
     sm90::wgmmaCommit();
   }
+  if (PINGPONG && wg == 0) namedBarrierSync(myTurn);
   sm90::wgmmaWait<0>();
   sm90::fenceRegisters(o);
 #pragma unroll

@@ -103,6 +103,7 @@ unsigned long long FlashAttention::keyOf(const FlashKernelSpec& spec) {
   key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
   key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
   key = (key * 2 + spec.tf32) * 2 + spec.f64;
+  key = key * 2 + spec.pingpong;
   return key;
 }
 

@@ -596,14 +596,18 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
   struct Variant {
     bool wgmma;
     int tile, wg, stages;  // 0: the rule
+    int pingpong = -1;  // the warpgroups' turns: -1 the rule
   };
   // Every variant fits an H100's shared memory at head dim 128 too.
-  const Variant variants[] = {{false, 0, 0, 0},   {true, 64, 1, 2},  {true, 64, 2, 3},  {true, 64, 3, 3},
-                              {true, 128, 1, 2},  {true, 128, 2, 2}, {true, 128, 2, 3}, {true, 128, 3, 2}};
+  const Variant variants[] = {{false, 0, 0, 0},        {true, 64, 1, 2},        {true, 64, 2, 3},
+                              {true, 64, 3, 3},        {true, 128, 1, 2},       {true, 128, 2, 2},
+                              {true, 128, 2, 3},       {true, 128, 3, 2},       {true, 128, 2, 2, 0},
+                              {true, 128, 2, 2, 1},    {true, 64, 3, 3, 1},     {true, 64, 2, 2, 1}};
   int seed = 0;
   for (const Variant& v : variants) {
     FlashTuning tuning;
     tuning.wgmma = v.wgmma, tuning.fwdTile = v.tile, tuning.fwdWarpgroups = v.wg, tuning.fwdStages = v.stages;
+    tuning.fwdPingPong = v.pingpong;
     const ScopedTuning scoped(tuning);
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40, 104}) {
@@ -613,7 +617,8 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
         c.sinkLogits = seed % 2 == 0;
         c.backward = false;
         SCOPED_TRACE("wgmma=" + std::to_string(v.wgmma) + " tile=" + std::to_string(v.tile) + " wg=" + std::to_string(v.wg) +
-                     " stages=" + std::to_string(v.stages) + " d=" + std::to_string(d));
+                     " stages=" + std::to_string(v.stages) + " pingpong=" + std::to_string(v.pingpong) +
+                     " d=" + std::to_string(d));
         runCase(c, 500 + seed++);
       }
   }
