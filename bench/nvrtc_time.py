@@ -2,10 +2,12 @@
 """Times NVRTC on kernels written by `train --dump-kernels DIR`, each kernel compiled alone.
 
     python3 bench/nvrtc_time.py DIR [--arch sm_90a] [--jobs 1] [--threads] [--glob '*.cu'] [--list]
+                                [--options="-lineinfo"]
 
 Prints the count, the wall time, the summed compile time and the slowest kernel; --list adds
 one line per kernel, slowest first. --jobs N compiles N at a time in processes (--threads: in
-threads of one process). The library is NVRTC_LIB, else libnvrtc.so.13 on the loader's path.
+threads of one process). --options replaces the runner's -lineinfo with other NVRTC options
+(for example --options=-default-device). The library is NVRTC_LIB, else libnvrtc.so.13 on the loader's path.
 On some machines a program compiled before (in any process) compiles again in tens of
 milliseconds (bench/RESULTS.md): time kernels that machine has not compiled yet.
 """
@@ -27,14 +29,15 @@ def nvrtc():
 
 
 def compile_one(job):
-    path, arch = job
+    path, arch, extra = job
     lib = nvrtc()
     source = open(path, "rb").read()
     prog = ctypes.c_void_p()
     start = time.perf_counter()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source, path.encode(), 0, None, None) != 0:
         return os.path.basename(path), -1, 0.0
-    options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-lineinfo"]  # as the runner compiles
+    options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
+    options += [o.encode() for o in (extra if extra is not None else ["-lineinfo"])]  # default: as the runner compiles
     rc = lib.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
     seconds = time.perf_counter() - start
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
@@ -49,6 +52,8 @@ def main():
     ap.add_argument("--threads", action="store_true")
     ap.add_argument("--glob", default="*.cu")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--options", default=None,
+                    help="NVRTC options after the architecture and -std=c++17, space-separated, instead of -lineinfo")
     a = ap.parse_args()
     files = sorted(glob.glob(os.path.join(a.dir, a.glob)))
     if not files:
@@ -57,7 +62,8 @@ def main():
     pool = ThreadPoolExecutor if a.threads else ProcessPoolExecutor
     start = time.perf_counter()
     with pool(a.jobs) as ex:
-        rows = list(ex.map(compile_one, [(f, a.arch) for f in files]))
+        extra = a.options.split() if a.options is not None else None
+        rows = list(ex.map(compile_one, [(f, a.arch, extra) for f in files]))
     wall = time.perf_counter() - start
     rows.sort(key=lambda r: -r[2])
     failed = [r[0] for r in rows if r[1] != 0]
