@@ -151,6 +151,7 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
             v.tile = tile;
             v.warps = 4 * consumers;
             v.stages = stages;
+            v.pingpong = chosen.pingpong && consumers >= 2;  // turns need two warpgroups
             if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
           }
       // The forward with the warpgroups' turns the other way than the rule has them, at two and
