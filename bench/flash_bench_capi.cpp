@@ -23,13 +23,18 @@ bool onOff(const char* name, bool dflt) {
   if (!v || !*v) return dflt;
   return std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0 && std::strcmp(v, "off") != 0;
 }
+// -1 (the rule) when unset or empty, else onOff's 0 / 1.
+int onOffOrRule(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? onOff(name, true) : -1;
+}
 pa::FlashTuning tuningFromEnvironment() {
   pa::FlashTuning t;
   t.fwdTile = knob("PA_FLASH_FWD_TILE");
   t.fwdMtiles = knob("PA_FLASH_FWD_MT");
   t.fwdWarpgroups = knob("PA_FLASH_FWD_WG");
   t.fwdStages = knob("PA_FLASH_FWD_STAGES");
-  t.fwdPingPong = std::getenv("PA_FLASH_FWD_PINGPONG") && *std::getenv("PA_FLASH_FWD_PINGPONG") ? onOff("PA_FLASH_FWD_PINGPONG", true) : -1;
+  t.fwdPingPong = onOffOrRule("PA_FLASH_FWD_PINGPONG");
   t.bwdTile = knob("PA_FLASH_BWD_TILE");
   t.bwdWarpgroups = knob("PA_FLASH_BWD_WG");
   t.wgmma = onOff("PA_FLASH_WGMMA", true);

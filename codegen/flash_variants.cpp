@@ -154,12 +154,11 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
             v.pingpong = chosen.pingpong && consumers >= 2;  // turns need two warpgroups
             if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
           }
-      // The forward with the warpgroups' turns the other way than the rule has them, at two and
-      // three consumer warpgroups.
+      // The chosen tile and stages with the warpgroups' turns the other way than above.
       for (int consumers : {2, 3}) {
         FlashKernelSpec v = chosen;
         v.warps = 4 * consumers;
-        v.pingpong = !(d == 128 && consumers == 2);
+        v.pingpong = !chosen.pingpong;
         specs.push_back(v);
       }
     }
