@@ -167,18 +167,28 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     sm90::fenceRegisters(dV);
 
     // Pᵀ and dSᵀ: element e of n-tile nt is key keyA + 8·(e >> 1), query q0 + 8·nt + 2t + (e & 1).
-    const bool fullTile = tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ;
+    // The mask is a pass of its own that full tiles skip; the queries' statistics are read two at
+    // a time (the thread's two adjacent queries).
+    if (!(tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ)) {
 #pragma unroll
-    for (int nt = 0; nt < BQ / 8; ++nt)
+      for (int nt = 0; nt < BQ / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ql = nt * 8 + 2 * t + (e & 1);
+          if (!bandVisible(keyA + 8 * (e >> 1), sts->lo[ql], sts->hi[ql], sts->sinkHi[ql])) sT[4 * nt + e] = negInf();
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < BQ / 8; ++nt) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(&sts->lse2[nt * 8 + 2 * t]);
+      const float2 delta = *reinterpret_cast<const float2*>(&sts->delta[nt * 8 + 2 * t]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int ql = nt * 8 + 2 * t + (e & 1);
-        float x = sT[4 * nt + e];
-        if (!fullTile && !bandVisible(keyA + 8 * (e >> 1), sts->lo[ql], sts->hi[ql], sts->sinkHi[ql])) x = negInf();
-        const float pe = fastExp2(fmaf(x, p.scaleLog2, -sts->lse2[ql]));
+        const float pe = fastExp2(fmaf(sT[4 * nt + e], p.scaleLog2, -((e & 1) ? lse2.y : lse2.x)));
         sT[4 * nt + e] = pe;
-        dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - sts->delta[ql]);
+        dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
       }
+    }
     u32 aP[BQ / 16][4], aS[BQ / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) {
@@ -295,15 +305,22 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p)
     sm90::fenceRegisters(dp);
     sm90::fenceRegisters(dQ);
 
-    const bool fullTile = tiles.full(n0, n1) && n1 - n0 == BN;
+    // The mask is a pass of its own that full tiles skip.
+    if (!(tiles.full(n0, n1) && n1 - n0 == BN)) {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          if (!bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) s[4 * nt + e] = negInf();
+        }
+    }
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        float x = s[4 * nt + e];
-        if (!fullTile && !bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) x = negInf();
-        const float pe = fastExp2(fmaf(x, p.scaleLog2, -lse2[r]));
+        const float pe = fastExp2(fmaf(s[4 * nt + e], p.scaleLog2, -lse2[r]));
         dp[4 * nt + e] = pe * (dp[4 * nt + e] - dl[r]);
       }
     u32 aS[BN / 16][4];
