@@ -83,8 +83,15 @@ int64_t lowerToBf16(Graph& g) {
   }
   // The inputs the tensor cores read (ops.def's tensorCoreInputs column: GEMM operands A and B;
   // attention's q, k, v, o, dO) in bf16, those of the fp32Inputs column in fp32: one Cast per
-  // value and dtype.
-  std::map<std::pair<ValueId, DType>, ValueId> castOf;
+  // value and dtype. Reshapes share their input's bytes, so a reshaped value is cast as its
+  // reshape's source and reshaped after (one Cast of the input serves both the first layer's
+  // product and its weight gradient, which reads the input as a matrix).
+  std::map<std::pair<ValueId, DType>, ValueId> castOf, reshapedCastOf;
+  auto reshapeSource = [&](ValueId v) {
+    while (g.producer(v).op == OpKind::Reshape && g.value(g.producer(v).inputs[0]).type.dtype == g.value(v).type.dtype)
+      v = g.producer(v).inputs[0];
+    return v;
+  };
   for (NodeId id : order) {
     for (size_t slot = 0; slot < g.node(id).inputs.size(); ++slot) {
       const OpInfo& info = opInfo(g.node(id).op);
@@ -92,15 +99,27 @@ int64_t lowerToBf16(Graph& g) {
       const DType want = info.isTensorCoreInput(slot) ? DType::BF16 : DType::F32;
       const ValueId v = g.node(id).inputs[slot];
       if (g.value(v).type.dtype == want) continue;
-      auto it = castOf.find({v, want});
+      const ValueId source = reshapeSource(v);
+      auto it = castOf.find({source, want});
       if (it == castOf.end()) {
         AttrMap a;
         a.set<attr::DType>(want == DType::BF16 ? "bf16" : "f32");
-        const ValueId c = g.add(OpKind::Cast, {v}, a, g.value(v).name + (want == DType::BF16 ? ".bf16" : ".f32"));
-        it = castOf.emplace(std::make_pair(v, want), c).first;
+        const ValueId c = g.add(OpKind::Cast, {source}, a, g.value(source).name + (want == DType::BF16 ? ".bf16" : ".f32"));
+        it = castOf.emplace(std::make_pair(source, want), c).first;
         ++casts;
       }
-      g.node(id).inputs[slot] = it->second;  // g.add may move nodes: index again
+      ValueId operand = it->second;
+      if (source != v) {
+        auto r = reshapedCastOf.find({v, want});
+        if (r == reshapedCastOf.end()) {
+          const Shape s = g.shape(v);
+          const ValueId reshaped = g.add(OpKind::Reshape, {operand}, AttrMap().set<attr::Shape>(std::vector<int64_t>(s.begin(), s.end())),
+                                         g.value(v).name + (want == DType::BF16 ? ".bf16" : ".f32"));
+          r = reshapedCastOf.emplace(std::make_pair(v, want), reshaped).first;
+        }
+        operand = r->second;
+      }
+      g.node(id).inputs[slot] = operand;  // g.add may move nodes: index again
     }
   }
   return casts;
