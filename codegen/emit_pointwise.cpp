@@ -90,7 +90,7 @@ NodeKernels elementwise(const Ctx& c, const Expr& e) {
   nk.kernels.push_back(finish(c, "", kElementwise,
                               {{"COUNT", ll(count)}, {"OFFSETS", offsets}, {"BODY", body},
                                {"RESULT", std::to_string(e.nodes.size() - 1)}},
-                              {gridFor(count), 1, 1}, kThreads, allArgs(c.n)));
+                              {gridFor((count + 3) / 4), 1, 1}, kThreads, allArgs(c.n)));  // four elements a thread
   return nk;
 }
 
@@ -123,7 +123,7 @@ NodeKernels gather(const Ctx& c, const std::vector<int64_t>& extents, const std:
   }
   const int64_t count = numel(c.out());
   NodeKernels nk;
-  nk.kernels.push_back(finish(c, "", kGather, {{"COUNT", ll(count)}, {"TERMS", terms}}, {gridFor(count), 1, 1}, kThreads,
+  nk.kernels.push_back(finish(c, "", kGather, {{"COUNT", ll(count)}, {"TERMS", terms}}, {gridFor((count + 3) / 4), 1, 1}, kThreads,
                               allArgs(c.n)));
   return nk;
 }

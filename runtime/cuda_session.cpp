@@ -443,7 +443,7 @@ void CudaSession::queueStepKernels() {
     long long rowSizeX = spec_.trainData.xSize, rowSizeY = spec_.trainData.ySize, n = batch;
     int narrow = narrowRows_ ? 1 : 0;
     void* args[] = {&srcX, &dstX, &rowSizeX, &srcY, &dstY, &rowSizeY, &step, &n, &narrow};
-    cuda::LaunchShape shape = CudaModule::shapeFor(std::max(rowSizeX, rowSizeY) * n);
+    cuda::LaunchShape shape = CudaModule::shapeFor((std::max(rowSizeX, rowSizeY) * n + 3) / 4);  // four values a thread
     shape.grid[1] = 2;  // x's rows on blockIdx.y 0, y's on 1
     cuda::launchKernel(gather_, shape, s, args, launch_);
   }

@@ -4,13 +4,28 @@
 
 namespace pa::codegen::templates {
 
-// One thread per output element (grid-stride): the expression over temporaries t<i>; inputs
+// Four output elements a thread, 256 apart (grid-stride over groups of 1024): every thread
+// computes its four values, all loads first, then stores them, so four loads of each input are in
+// flight at once (a thread per element kept too few bytes in flight to reach memory speed: bench/
+// RESULTS.md, issue 30, eighth session). The expression is over temporaries t<i>; inputs
 // broadcast against the output read at offsets o<i> (codegen/emit_pointwise.cpp, elementwise).
 inline constexpr const char* kElementwise = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
-${OFFSETS}${BODY}    out0[idx] = t${RESULT};
+  for (long long first = (long long)blockIdx.x * 1024 + threadIdx.x; first < ${COUNT}; first += (long long)gridDim.x * 1024) {
+    float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const long long idx = first + u * 256;
+      if (idx < ${COUNT}) {
+${OFFSETS}${BODY}        r[u] = t${RESULT};
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const long long idx = first + u * 256;
+      if (idx < ${COUNT}) out0[idx] = r[u];
+    }
   }
 }
 )";
@@ -25,13 +40,26 @@ ${BODY}  }
 }
 )";
 
-// out[idx] = in0[src], src from the output index term by term (Permute, Reshape, RepeatHeads).
+// out[idx] = in0[src], src from the output index term by term (Permute, Reshape, RepeatHeads);
+// four elements a thread, loads first, as kElementwise.
 inline constexpr const char* kGather = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
-    long long rem = idx, src = 0;
-${TERMS}    out0[idx] = in0[src];
+  for (long long first = (long long)blockIdx.x * 1024 + threadIdx.x; first < ${COUNT}; first += (long long)gridDim.x * 1024) {
+    float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const long long idx = first + u * 256;
+      if (idx < ${COUNT}) {
+        long long rem = idx, src = 0;
+${TERMS}        r[u] = in0[src];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const long long idx = first + u * 256;
+      if (idx < ${COUNT}) out0[idx] = r[u];
+    }
   }
 }
 )";
