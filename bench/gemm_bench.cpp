@@ -5,8 +5,8 @@
 //   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16] [--shapes NAME,...]
 //     --shapes: only these shapes (the names in the first column, e.g. square_NN)
 //     --sweep also times every tile variant and the config variants kept here until one wins
-//     (STYLE.md 6), and TF32 weight gradients on the wgmma kernel with every tile and 4-32 K
-//     splits. TF32 rows "mma.sync": the mma.sync kernel (where auto may pick the wgmma one);
+//     (STYLE.md 6), and TF32 and bf16 weight gradients on the wgmma kernel with every tile and
+//     2-64 K splits. TF32 rows "mma.sync": the mma.sync kernel (where auto may pick the wgmma one);
 //     "wgmma_bcopy" / "wgmma_bkernel": the wgmma kernel with a B stored N-major copied transposed
 //     first / transposed by the product kernel as it loads it (EmitOptions::tf32BLoad).
 //     fp32 products whose auto choice splits the last wave's tiles along K (a tail split,
@@ -251,10 +251,10 @@ int run(int argc, char** argv) {
       }
       if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), precision, "cublaslt");
       if (!sweep) continue;
-      if (tf32 && deviceOpt.wgmma && weightGradient) {  // the wgmma kernel on every tile and split
+      if ((tf32 || bf16) && deviceOpt.wgmma && weightGradient) {  // the wgmma kernel on every tile and split
         for (const auto& t : {std::make_pair("large", GemmTile::Large), std::make_pair("medium", GemmTile::Medium),
                               std::make_pair("small", GemmTile::Small)})
-          for (int splits : {4, 8, 16, 32}) {
+          for (int splits : {2, 4, 8, 16, 32, 64}) {
             codegen::EmitOptions opt = deviceOpt;
             opt.gemmTile = t.second, opt.gemmSplits = splits;
             gemmtest::NodeOnGpu gpu(g, id, opt, device());
