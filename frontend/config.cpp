@@ -339,9 +339,9 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
     const CfgNode f = n.child("fuse");
     std::vector<std::string> kinds;
     if (f.isScalar()) {
-      // Every fusion that pays on the examples; rope, measured slower there (bench/RESULTS.md,
-      // issue 27), and qkv and mlp, not measured on the GPU yet, only when listed.
-      if (f.asBool()) kinds = {"linear", "attention", "norm", "elementwise"};
+      // Every fusion that pays on the examples (bench/RESULTS.md); rope, measured slower there
+      // (issue 27), and mlp, slower than the tensor cores on wide layers (issue 30), only when listed.
+      if (f.asBool()) kinds = {"linear", "attention", "qkv", "norm", "elementwise"};
     } else {
       if (!f.isSequence()) f.fail("expected true, false or a list of linear, attention, qkv, rope, norm, elementwise, mlp");
       const std::vector<std::string> fusions = {"linear", "attention", "qkv", "rope", "norm", "elementwise", "mlp"};

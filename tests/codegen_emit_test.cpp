@@ -67,7 +67,9 @@ std::vector<codegen::Kernel> flashProductKernels(const Graph& g, const codegen::
   std::vector<codegen::Kernel> out;
   for (NodeId id : g.topoOrder()) {
     const OpKind op = g.node(id).op;
-    if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad) continue;
+    if (op != OpKind::FlashAttention && op != OpKind::FlashAttentionGrad && op != OpKind::FlashAttentionQkv &&
+        op != OpKind::FlashAttentionQkvGrad)
+      continue;  // (the packed nodes, which the examples' qkv makes, launch the same kernels)
     for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
       if (k.name.find("_fwd_") != std::string::npos || k.name.find("_dkdv_") != std::string::npos ||
           k.name.find("_dq_") != std::string::npos)

@@ -137,6 +137,7 @@ struct Case {
   const char* config;
   const char* precision;
   double lossTol, paramTol;
+  const char* fuse = nullptr;  // compiler.fuse in place of the example's, when set
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.config << " " << c.precision; }
@@ -152,7 +153,7 @@ TEST_P(DataParallelMatch, TwoRanksTrainAsOneProcess) {
   const Case c = GetParam();
   const fs::path dir = tempDir(std::string(c.config) + "_" + c.precision);
   const std::string args = " -c " + example(c.config) + " --device cpu --progress none --steps 50 --set precision=" +
-                           c.precision + " --set train.log_every=10";
+                           c.precision + " --set train.log_every=10" + (c.fuse ? std::string(" --set compiler.fuse=") + c.fuse : "");
   const Ran one = run(std::string(PA_TRAIN_BINARY) + args + " --metrics " + (dir / "one.csv").string() +
                           " --checkpoint-dir " + (dir / "one").string(),
                       dir);
@@ -187,7 +188,12 @@ TEST_P(DataParallelMatch, TwoRanksTrainAsOneProcess) {
 // fp32: the batch's gradient sums split in two round differently (measured: ~4e-7 relative on the
 // losses over 50 steps); fp64: the same at ~1e-15.
 INSTANTIATE_TEST_SUITE_P(Configs, DataParallelMatch,
-                         ::testing::Values(Case{"sine_mlp", "fp32", 1e-6, 1e-5}, Case{"sine_attention", "fp32", 1e-6, 1e-5},
+                         // fp32 sine_attention on the unpacked projections: with the example's
+                         // packed ones (qkv) the two runs' fp32 roundings drift apart faster over
+                         // the 50 steps (3.1e-6 loss, 1.9e-5 parameters, eighth session); fp64
+                         // checks the packed path exactly.
+                         ::testing::Values(Case{"sine_mlp", "fp32", 1e-6, 1e-5},
+                                           Case{"sine_attention", "fp32", 1e-6, 1e-5, "[linear,attention,elementwise]"},
                                            Case{"sine_mlp", "fp64", 1e-12, 1e-12},
                                            Case{"sine_attention", "fp64", 1e-12, 1e-12}),
                          [](const auto& info) { return std::string(info.param.config) + "_" + info.param.precision; });

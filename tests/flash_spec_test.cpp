@@ -218,11 +218,12 @@ TEST(FlashSpec, ProductionListHoldsEveryExampleConfigsKernels) {
       const bool tf32 = std::string(precision) == "tf32";
       for (NodeId id : g.topoOrder()) {
         const Node& n = g.node(id);
-        if (n.op != OpKind::FlashAttention && n.op != OpKind::FlashAttentionGrad) continue;
+        const bool backward = n.op == OpKind::FlashAttentionGrad || n.op == OpKind::FlashAttentionQkvGrad;
+        if (n.op != OpKind::FlashAttention && n.op != OpKind::FlashAttentionQkv && !backward) continue;
         ++nodes;
         const std::string where = path.filename().string() + " " + precision + " " + n.name;
         for (const FlashTarget& t : targets)
-          for (const FlashKernelSpec& s : flashKernelsOf(codegen::flashConfigOf(g, n, tf32), n.op == OpKind::FlashAttentionGrad, t))
+          for (const FlashKernelSpec& s : flashKernelsOf(codegen::flashConfigOf(g, n, tf32), backward, t))
             EXPECT_TRUE(production.count(s.name())) << s.name() << " (" << where << ", " << t.multiprocessors << " SMs)";
         for (bool wgmma : {false, true})
           for (bool fullRateFp64 : {false, true}) {

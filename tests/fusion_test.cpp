@@ -941,8 +941,10 @@ TEST(MemoryPlan, Bf16StorageSizesHalveActivations) {
 
 // lower-bf16: parameters, inputs, constants and graph outputs stay fp32, everything else is
 // bf16, and every GEMM and attention operand is bf16 (a parameter through one Cast per step).
+// The unpacked attention path (the example lists qkv; the packed one's storage is FuseQkv's).
 TEST(LowerBf16, StorageTypesAndCasts) {
-  const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml", {"data.samples=64", "precision=bf16"});
+  const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/sine_attention.yaml",
+                                {"data.samples=64", "precision=bf16", "compiler.fuse=[linear, attention, elementwise]"});
   const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
   const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, 8).model.graph;
   ASSERT_TRUE(g.storageTypes());

@@ -182,25 +182,26 @@ TEST(DumpGraph, WritesEveryStageAndShowsTheFusedNodes) {
   o.steps = 1;
   o.dumpGraphDir = dir.string();
   train(cfg, o);
-  for (const char* stem : {"00-frontend", "01-fuse-linear", "02-fuse-attention", "03-fuse-elementwise", "04-autodiff",
-                           "05-fuse-loss", "06-fuse-linear-grad", "07-fuse-bias-grad", "08-fuse-elementwise", "09-cse",
-                           "10-dce", "11-verify"}) {
+  for (const char* stem : {"00-frontend", "01-fuse-linear", "02-fuse-attention", "03-fuse-qkv", "04-fuse-elementwise",
+                           "05-autodiff", "06-fuse-loss", "07-fuse-linear-grad", "08-fuse-bias-grad", "09-fuse-elementwise",
+                           "10-cse", "11-dce", "12-verify"}) {
     EXPECT_TRUE(fs::exists(dir / (std::string(stem) + ".txt"))) << stem;
     EXPECT_TRUE(fs::exists(dir / (std::string(stem) + ".dot"))) << stem;
   }
   const std::string lowered = readFile(dir / "00-frontend.txt");
   EXPECT_NE(lowered.find("attention-mask("), std::string::npos);
   EXPECT_NE(lowered.find("softmax("), std::string::npos);
-  // After the forward passes: the attention block is one FlashAttention node and every linear
-  // layer (4 in the model, plus q, k, v and o inside attention) a FusedLinear.
-  const std::string fused = readFile(dir / "03-fuse-elementwise.txt");
+  // After the forward passes: the attention block is one packed FlashAttention node (the example
+  // lists qkv) and every linear layer a FusedLinear: 3 in the model, o, and q, k, v as one.
+  const std::string fused = readFile(dir / "04-fuse-elementwise.txt");
   auto count = [&](const std::string& what) {
     size_t n = 0;
     for (size_t at = fused.find(what); at != std::string::npos; at = fused.find(what, at + 1)) ++n;
     return n;
   };
-  EXPECT_EQ(count("= flash-attention("), 1u);
-  EXPECT_EQ(count("= fused-linear("), 7u);
+  EXPECT_EQ(count("= flash-attention-qkv("), 1u);
+  EXPECT_EQ(count("= flash-attention("), 0u);
+  EXPECT_EQ(count("= fused-linear("), 5u);
   EXPECT_EQ(count("= softmax("), 0u);
   EXPECT_EQ(count("= matmul("), 0u);
   EXPECT_EQ(readFile(dir / "00-frontend.dot").rfind("digraph", 0), 0u);
@@ -271,7 +272,8 @@ TEST(Compare, Bf16JudgesEachGraphAgainstFp32AndCatchesAWrongFusedNode) {
   int edited = 0;
   broken.testGraphHook = [&](Graph& g) {
     for (const Node& n : g.nodes())
-      if (!n.erased && (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad)) {
+      if (!n.erased && (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad ||
+                        n.op == OpKind::FlashAttentionQkv || n.op == OpKind::FlashAttentionQkvGrad)) {
         g.node(n.id).attrs.set<attr::WindowLeft>(2);
         ++edited;
       }
