@@ -271,7 +271,18 @@ GemmGeometry fusedLinearGeometry(const Ctx& c) {
 
 }  // namespace
 
-NodeKernels emitMatMul(const Ctx& c) { return gemm(c, matmulGeometry(c), "", "", ""); }
+// Aᵀ·B with B one column (a layer to one output's weight gradient, A [K, M] and B [K, 1]): a
+// weighted column sum of A, in double, one kernel pair over the whole GPU, where a GEMM tile
+// would be 1/8 or less of a 8-wide wgmma or mma.sync and split-K would add its own reduce.
+static bool columnProduct(const Ctx& c) {
+  const GemmGeometry q = matmulGeometry(c);
+  return q.transA && !q.transB && q.n == 1 && q.batch == 1 && c.in(0).size() == 2 && c.in(1).size() == 2;
+}
+
+NodeKernels emitMatMul(const Ctx& c) {
+  if (columnProduct(c)) return weightedColumnSums(c, 0, 1, 0);
+  return gemm(c, matmulGeometry(c), "", "", "");
+}
 
 // The matmul with ReluGrad/GeluGrad's formula as its epilogue (x: the saved activation input).
 NodeKernels emitMatMulActGrad(const Ctx& c) {
@@ -287,7 +298,7 @@ int biasGradInput(const Node& n) { return n.attrs.get<attr::BiasOperand>() == "a
 // product, so the two share the node's scratch). The GEMM kernels do not sum it themselves (yet):
 // on the generated path this node launches what MatMul + SumTo did; cuBLASLt writes both in one.
 NodeKernels emitMatMulBiasGrad(const Ctx& c) {
-  NodeKernels nk = gemm(c, matmulGeometry(c), "", "", "");
+  NodeKernels nk = columnProduct(c) && biasGradInput(c.n) == 1 ? weightedColumnSums(c, 0, 1, 0) : gemm(c, matmulGeometry(c), "", "", "");
   NodeKernels sums = columnSums(c, biasGradInput(c.n), 1);
   for (Kernel& k : sums.kernels) nk.kernels.push_back(std::move(k));
   nk.scratchBytes = std::max(nk.scratchBytes, sums.scratchBytes);

@@ -68,6 +68,9 @@ std::vector<KernelArg> allArgs(const Node& n);
 // kernels (a thread per column, or split along K, in double), so they equal a SumTo's bits. Their
 // names end in _colsum[_partial|_final], apart from the node's other kernels.
 NodeKernels columnSums(const Ctx& c, int input, int output);
+// Σ_k in<input>[k, m] · in<weight>[k] into output [M] (double sums, as columnSums): a product
+// whose B is one column (names end in _wcolsum[_partial|_final]).
+NodeKernels weightedColumnSums(const Ctx& c, int input, int weight, int output);
 
 // The per-op emitters, one per op of graph/ops.def, defined in the family files
 // (emit_pointwise.cpp, emit_gemm.cpp, emit_flash.cpp).

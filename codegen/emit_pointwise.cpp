@@ -140,10 +140,19 @@ NodeKernels gather(const Ctx& c, const std::vector<int64_t>& extents, const std:
 // Sums the input over the axes marked in `reduced` (the output keeps the others, in order).
 // `input` and `output` name the node's operands (default: its only ones); `prefix`, when not
 // empty, starts the kernels' names (a node with kernels of its own besides these).
+// `weight`, when not negative, multiplies each value by the reduced index's entry of that node input
+// (a vector over the reduced range, read as in<weight>[r]: a weighted column sum).
 NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor, int input = 0, int output = 0,
-                   const std::string& prefix = std::string()) {
+                   const std::string& prefix = std::string(), int weight = -1) {
   const Shape& x = c.in(input);
   const std::string in = "in" + std::to_string(input), out = "out" + std::to_string(output);
+  const std::string weighted = weight < 0 ? std::string() : " * (double)in" + std::to_string(weight) + "[r]";
+  // The kernels' arguments: the summed input (and the weight), then `last`.
+  auto join = [&](std::vector<KernelArg> a, KernelArg last) {
+    if (weight >= 0) a.push_back({KernelArg::Input, weight});
+    a.push_back(last);
+    return a;
+  };
   auto part = [&](const std::string& p) { return prefix.empty() ? p : p.empty() ? prefix : prefix + "_" + p; };
   const Shape st = contiguousStrides(x);
   std::string kept, red;
@@ -171,9 +180,9 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
     const int64_t used = (redCount + chunk - 1) / chunk;
     nk.kernels.push_back(finish(c, part("partial"), kReducePartial,
                                 {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
-                                 {"CHUNK", ll(chunk)}, {"IN", in}},
+                                 {"CHUNK", ll(chunk)}, {"IN", in}, {"WEIGHT", weighted}},
                                 {static_cast<unsigned>(outBlocks), static_cast<unsigned>(used), 1}, kThreads,
-                                {{KernelArg::Input, input}, {KernelArg::Scratch, 0}}));
+                                join({{KernelArg::Input, input}}, {KernelArg::Scratch, 0})));
     nk.kernels.push_back(finish(c, part("final"), kReduceFinal,
                                 {{"OUTCOUNT", ll(outCount)}, {"PARTS", ll(used)}, {"FACTOR", f}, {"OUT", out}},
                                 {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Output, output}, {KernelArg::Scratch, 0}}));
@@ -182,8 +191,8 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
   }
   nk.kernels.push_back(finish(c, part(""), kReduce,
                               {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
-                               {"FACTOR", f}, {"IN", in}, {"OUT", out}},
-                              {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Input, input}, {KernelArg::Output, output}}));
+                               {"FACTOR", f}, {"IN", in}, {"WEIGHT", weighted}, {"OUT", out}},
+                              {gridFor(outCount), 1, 1}, kThreads, join({{KernelArg::Input, input}}, {KernelArg::Output, output})));
   return nk;
 }
 
@@ -422,5 +431,8 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
 }
 
 NodeKernels columnSums(const Ctx& c, int input, int output) { return reduce(c, {true, false}, 1.0, input, output, "colsum"); }
+NodeKernels weightedColumnSums(const Ctx& c, int input, int weight, int output) {
+  return reduce(c, {true, false}, 1.0, input, output, "wcolsum", weight);
+}
 
 }  // namespace pa::codegen::detail

@@ -73,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 ${KEPT}    double acc = 0.0;
     for (long long r = 0; r < ${REDCOUNT}; ++r) {
       long long rr = r, off = base;
-${REDUCED}      acc += (double)${IN}[off];
+${REDUCED}      acc += (double)${IN}[off]${WEIGHT};
     }
     ${OUT}[idx] = (float)(acc * ${FACTOR});
   }
@@ -94,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 ${KEPT}    const long long r0 = part * ${CHUNK}, r1 = min(r0 + ${CHUNK}, ${REDCOUNT});
     for (long long r = r0 + ty; r < r1; r += 8) {
       long long rr = r, off = base;
-${REDUCED}      acc += (double)${IN}[off];
+${REDUCED}      acc += (double)${IN}[off]${WEIGHT};
     }
   }
   red[ty][lane] = acc;

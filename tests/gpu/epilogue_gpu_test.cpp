@@ -135,8 +135,11 @@ TEST(EpilogueOnGpu, MatMulBiasGradMatchesTheFloat64ReferenceOnBothProviders) {
     int64_t rows, k, units;
     bool tw;
   };
-  const std::vector<Case> cases = {{1, 5, 1, false},    {7, 3, 3, false},       {257, 33, 129, false}, {257, 33, 129, true},
-                                   {7, 17, 1, true},    {8192, 64, 129, false}, {8192, 256, 256, true}};
+  // (units 1 without transpose_w: the generated weight gradient is a weighted column sum, whole
+  // or split into parts: rows 1 and 300, 8191 and 8192 at widths 257 and 256, attn_block's last layer)
+  const std::vector<Case> cases = {{1, 5, 1, false},     {7, 3, 3, false},       {257, 33, 129, false}, {257, 33, 129, true},
+                                   {7, 17, 1, true},     {8192, 64, 129, false}, {8192, 256, 256, true}, {300, 7, 1, false},
+                                   {8191, 257, 1, false}, {8192, 256, 1, false}};
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.k) + "->" + std::to_string(c.units) + (c.tw ? " transpose_w" : ""));
     Graph g;
