@@ -152,8 +152,9 @@ TEST_P(DataParallelMatch, TwoRanksTrainAsOneProcess) {
   SKIP_WITHOUT_MPIRUN();
   const Case c = GetParam();
   const fs::path dir = tempDir(std::string(c.config) + "_" + c.precision);
+  const std::string fuse = c.fuse ? std::string(" --set 'compiler.fuse=") + c.fuse + "'" : "";  // (quoted: [ ] glob)
   const std::string args = " -c " + example(c.config) + " --device cpu --progress none --steps 50 --set precision=" +
-                           c.precision + " --set train.log_every=10" + (c.fuse ? std::string(" --set compiler.fuse=") + c.fuse : "");
+                           c.precision + " --set train.log_every=10" + fuse;
   const Ran one = run(std::string(PA_TRAIN_BINARY) + args + " --metrics " + (dir / "one.csv").string() +
                           " --checkpoint-dir " + (dir / "one").string(),
                       dir);
