@@ -1,7 +1,7 @@
 // Times the generated GEMM kernels (one-node MatMul / FusedLinear graphs, fp32, TF32 and bf16)
-// with CUDA events: the issue-6 square product and mlp_wide's and attn_block's forward, dX and dW
-// GEMMs; and the same nodes on the cuBLASLt provider (variant "cublaslt"). Writes a CSV
-// that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
+// with CUDA events: the issue-6 square product, mlp_wide's and attn_block's forward, dX and dW
+// GEMMs and tiny_gpt's SwiGLU projection; and the same nodes on the cuBLASLt provider (variant
+// "cublaslt"). Writes a CSV that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
 //   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16] [--shapes NAME,...]
 //     --shapes: only these shapes (the names in the first column, e.g. square_NN)
 //     --sweep also times every tile variant and the config variants kept here until one wins
@@ -62,6 +62,11 @@ std::vector<Shape3> shapes() {
   s.push_back({"attn_proj_fwd", proj, 8192, 256, 256});
   mm("attn_proj_dX", 8192, 256, 256, false, true);
   mm("attn_proj_dW", 256, 256, 8192, true, false);
+  // tiny_gpt's SwiGLU projection (8 × 1024 tokens, 512 → 1536 as gate/up pairs, no bias): the
+  // pair epilogue writes the pre-activations and silu(gate)·up.
+  GemmProblem swiglu;
+  swiglu.fused = true, swiglu.act = "swiglu", swiglu.a = {8192, 512}, swiglu.b = {512, 3072};
+  s.push_back({"swiglu_fwd", swiglu, 8192, 3072, 512});
   return s;
 }
 

@@ -26,7 +26,7 @@ def time_ms(fn, sets, warmup=5, reps=30):
     return statistics.median(times)
 
 
-def torch_case(m, n, k, ta, tb, fused, dtype):
+def torch_case(m, n, k, ta, tb, fused, dtype, name=""):
     """The inputs in our layout and the PyTorch call that computes the same node."""
     def rand(*shape):
         return torch.empty(*shape, device="cuda").uniform_(-1, 1).to(dtype)
@@ -35,6 +35,11 @@ def torch_case(m, n, k, ta, tb, fused, dtype):
     nbytes = 4 * (m * k + k * n + (n if fused else 0))
     count = 3 if nbytes < (200 << 20) else 1
     sets = [(rand(*a_shape), rand(*b_shape), rand(n)) for _ in range(count)]
+    if name == "swiglu_fwd":  # the pre-activations' (gate, up) column pairs: silu(gate) * up
+        def swiglu(a, b, bias):
+            pre = torch.matmul(a, b)
+            return torch.nn.functional.silu(pre[:, 0::2]) * pre[:, 1::2]
+        return swiglu, sets
     if fused:
         return (lambda a, b, bias: torch.relu(torch.addmm(bias, a, b.t() if tb else b))), sets
     return (lambda a, b, bias: torch.matmul(a.t() if ta else a, b.t() if tb else b)), sets
@@ -50,7 +55,8 @@ def main():
             continue
         torch.backends.cuda.matmul.allow_tf32 = r["precision"] == "tf32"
         dtype = torch.bfloat16 if r["precision"] == "bf16" else torch.float32
-        fn, sets = torch_case(int(r["m"]), int(r["n"]), int(r["k"]), r["ta"] == "1", r["tb"] == "1", r["fused"] == "1", dtype)
+        fn, sets = torch_case(int(r["m"]), int(r["n"]), int(r["k"]), r["ta"] == "1", r["tb"] == "1", r["fused"] == "1", dtype,
+                              r["name"])
         torch_ms[key] = time_ms(fn, sets)
         del sets
     print()
