@@ -318,7 +318,7 @@ NodeKernels emitFusedLinear(const Ctx& c) {
   if (act == "gelu") {
     members += "  " + argType(c.outType(1), true) + " pre;\n";
     init += "  epilogue.pre = out1;\n";
-    epi += "    pre[i] = v;\n    v = " + geluOf("v") + ";\n";
+    epi += std::string("    pa::storage::storeUnread(") + (c.outType(1) == DType::BF16 ? "pre.p" : "pre") + ", i, v);\n    v = " + geluOf("v") + ";\n";
   }
   if (act == "relu") epi += "    v = fmaxf(v, 0.0f);\n";
   if (act == "swiglu") {
@@ -326,7 +326,11 @@ NodeKernels emitFusedLinear(const Ctx& c) {
     // biases) are the product's output, out1, and a pair epilogue writes silu(gate)·up to out0.
     members += "  " + argType(c.outType(0), true) + " h;\n";
     init += "  epilogue.h = out0;\n";
-    return gemm(c, q, epi, members, init, 1, "    h[i / 2] = v0 / (1.0f + expf(-v0)) * v1;\n");
+    // A bf16 h rounds away 2^-9 of each value, far more than __expf and __fdividef lose (CUDA's
+    // bounds: 2 + 1.16·|gate| ulp of fp32 and 2 ulp; 0, silu's limit, where 1 + exp(-gate) > 2^126).
+    const std::string silu = c.outType(0) == DType::BF16 ? "__fdividef(v0, 1.0f + __expf(-v0))" : "v0 / (1.0f + expf(-v0))";
+    const std::string hp = c.outType(0) == DType::BF16 ? "h.p" : "h";
+    return gemm(c, q, epi, members, init, 1, "    pa::storage::storeUnread(" + hp + ", i / 2, " + silu + " * v1);\n");
   }
   if (act == "rope") return gemm(c, q, epi, members, init, 0, ropePairStatement(c, "v0", "v1", "m", "n"));
   return gemm(c, q, epi, members, init);

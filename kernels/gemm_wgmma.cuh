@@ -307,6 +307,10 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   static_assert(!P::transC || E::kBytes == 4, "a transposed output is fp32");
   constexpr int kChunkCols = 256 / E::kBytes, kPasses = (BN + kChunkCols - 1) / kChunkCols;
   constexpr int kPerChunk = 16 / E::kBytes;
+  // Every tile wholly inside C: the epilogue's bounds tests compile away. A row's 64 × N
+  // elements within 32-bit offsets: the per-element offsets from a row base are ints.
+  constexpr bool kFullTiles = M % BM == 0 && N % BN == 0;
+  constexpr bool kOffsets32 = 64 * N < (1ll << 31);
   unsigned char* const staged =
       sharedRaw + (ring - smemAddress(sharedRaw)) + STAGES * Cfg::kStageBytes + consumer * Cfg::kStagingBytes;
   const int lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -432,27 +436,35 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
       continue;
     }
     const bool vec = N % kPerChunk == 0 && aligned16(out);
+    const int r0 = (tid / 32) * 16 + g;  // this thread's rows r0 and r0 + 8 of the warpgroup's 64
+    const long long m0 = tileRow + r0, rowAt = b * M * N + m0 * N + n0;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
+      // Column pair by column pair, both rows' results before either is stored: the functor's
+      // per-column reads (the bias) then serve both rows (no store between them to alias them).
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = (tid / 32) * 16 + g + 8 * h;
-        const long long m = tileRow + r;
+      for (int jj = 0; jj < kChunkCols / 8; ++jj) {
+        const int j = p * (kChunkCols / 8) + jj;
+        if (j >= BN / 8) break;
+        const int col = 8 * j + 2 * t, byte = (8 * jj + 2 * t) * E::kBytes;
+        const long long n = n0 + col;
+        float2 o[2];
 #pragma unroll
-        for (int jj = 0; jj < kChunkCols / 8; ++jj) {
-          const int j = p * (kChunkCols / 8) + jj;
-          if (j >= BN / 8) break;
-          const int col = 8 * j + 2 * t, byte = (8 * jj + 2 * t) * E::kBytes;
-          const long long n = n0 + col, at = m * N + n;
-          float2 o = make_float2(0.0f, 0.0f);  // the functor runs exactly once for every element of C
-          if (m < M && n + 1 < N) {
-            o = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            epiPair(epi, o.x, o.y, m, n, b * M * N + at);
+        for (int h = 0; h < 2; ++h) {
+          const long long m = m0 + 8 * h, at = rowAt + (kOffsets32 ? (long long)(int)(8 * h * (int)N + col) : 8 * h * N + col);
+          o[h] = make_float2(0.0f, 0.0f);  // the functor runs exactly once for every element of C
+          if (kFullTiles || (m < M && n + 1 < N)) {
+            o[h] = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            epiPair(epi, o[h].x, o[h].y, m, n, at);
           } else {
-            if (m < M && n < N) o.x = epi(acc[4 * j + 2 * h], m, n, b * M * N + at);
-            if (m < M && n + 1 < N) o.y = epi(acc[4 * j + 2 * h + 1], m, n + 1, b * M * N + at + 1);
+            if (m < M && n < N) o[h].x = epi(acc[4 * j + 2 * h], m, n, at);
+            if (m < M && n + 1 < N) o[h].y = epi(acc[4 * j + 2 * h + 1], m, n + 1, at + 1);
           }
-          E::storePair(staged + r * 256 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), o);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = r0 + 8 * h;
+          E::storePair(staged + r * 256 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), o[h]);
         }
       }
       asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
@@ -460,7 +472,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
       for (int f = tid; f < 64 * 16; f += 128) {
         const int r = f / 16, c = f % 16;
         const long long m = tileRow + r, n = n0 + p * kChunkCols + c * kPerChunk;
-        if (m >= M || n >= N || p * kChunkCols + c * kPerChunk >= BN) continue;
+        if (p * kChunkCols + c * kPerChunk >= BN || (!kFullTiles && (m >= M || n >= N))) continue;
         const unsigned char* src = staged + r * 256 + ((c ^ (r & 7)) << 4);
         unsigned char* dst = out + (m * N + n) * E::kBytes;
         if (vec) {

@@ -22,6 +22,14 @@ __device__ __forceinline__ unsigned packBf16x2(float lo, float hi) {
   return floatToBf16(lo) | (static_cast<unsigned>(floatToBf16(hi)) << 16);
 }
 
+// A store the compiler is not told writes memory (inline asm without a memory clobber), for a
+// side output the kernel never reads back: loads on either side of it may then be shared
+// (a GEMM epilogue's bias between the rows of a column). Generic addressing.
+__device__ __forceinline__ void storeUnread(float* p, long long i, float v) { asm volatile("st.f32 [%0], %1;" ::"l"(p + i), "f"(v)); }
+__device__ __forceinline__ void storeUnread(unsigned short* p, long long i, float v) {
+  asm volatile("st.b16 [%0], %1;" ::"l"(p + i), "h"(floatToBf16(v)));
+}
+
 // One element of a bf16 output, assignable from and readable as float.
 struct Bf16Ref {
   unsigned short* p;

@@ -225,6 +225,20 @@ std::vector<Bf16Case> bf16Cases() {
       for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, tile == GemmTile::Large);
       add(base, p, GemmTile::Small, true, 2);  // the epilogue in the split-K reduce
     }
+  // Whole tiles (M and N multiples of every tile's; the epilogue's bounds tests compile away),
+  // every epilogue, two batch entries of 128 rows.
+  for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"}) {
+    GemmProblem p;
+    p.fused = true, p.act = act, p.bias = true;
+    p.a = {2, 128, 72}, p.b = {72, 512};
+    const std::string base = std::string("FusedLinear_") + act + "_256x512x72";
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, tile != GemmTile::Medium);
+  }
+  {
+    GemmProblem p;
+    p.a = {2, 128, 64}, p.b = {2, 64, 256};
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Medium}) add("MatMulBatched_2x128x64_2x64x256", p, tile, true);
+  }
   // The kernel is persistent: with the grid of a 2-SM device every block walks many work items,
   // and the ring's stages and phases carry on across tiles, batch entries and K splits.
   {
