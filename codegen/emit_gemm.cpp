@@ -386,21 +386,23 @@ NodeKernels libraryGemmEpilogue(const Graph& g, NodeId id, bool libraryBias, boo
       nk.kernels.push_back(finish(c, "epilogue", kLibraryEpilogue,
                                   {{"COUNT", ll(numel(c.out(1)))}, {"SOURCE", "out1"}, {"BODY", "    out1[i] = v + in2[i % " + ll(lg.geometry.n) + "];\n"}},
                                   {gridFor(numel(c.out(1))), 1, 1}, kThreads, {{KernelArg::Input, 2}, {KernelArg::Output, 1}}));
-    nk.kernels.push_back(perIndexKernel(c, "swiglu", numel(c.out(0)), swigluStatement("out0", "out1"),
-                                        {{KernelArg::Output, 1}, {KernelArg::Output, 0}}));
+    nk.kernels.push_back(perIndexKernel(c, "swiglu", numel(c.out(0)), 2, "        x[0] = out1[2 * i], x[1] = out1[2 * i + 1];\n",
+                                        "        out0[i] = x[0] / (1.0f + expf(-x[0])) * x[1];\n", {{KernelArg::Output, 1}, {KernelArg::Output, 0}}));
     return nk;
   } else if (n.op == OpKind::FusedLinear && n.attrs.get<attr::Activation>() == "rope") {
-    // One thread per column pair of the product, turned in place (after the bias, if the library did not add it).
+    // Column pair by column pair of the product, turned in place (after the bias, if the library did not add it).
     const int64_t units = lg.geometry.n;
-    body = "    const long long at = 2 * i, m = at / " + ll(units) + ", n = at % " + ll(units) + ";\n    float v0 = out0[at], v1 = out0[at + 1];\n";
+    const std::string at = "        const long long at = 2 * i, m = at / " + ll(units) + ", n = at % " + ll(units) + ";\n";
+    std::string loads = at + "        (void)m, (void)n;\n        x[0] = out0[at], x[1] = out0[at + 1];\n";
     args = {{KernelArg::Output, 0}};
     if (lg.bias && !libraryBias) {
-      body += "    v0 += in2[n];\n    v1 += in2[n + 1];\n";
+      loads += "        x[0] += in2[n], x[1] += in2[n + 1];\n";
       args.insert(args.begin(), {KernelArg::Input, 2});
     }
-    body += ropePairStatement(c, "v0", "v1", "m", "n") + "    out0[at] = v0;\n    out0[at + 1] = v1;\n";
+    const std::string stores = at + "        float v0 = x[0], v1 = x[1];\n" + ropePairStatement(c, "v0", "v1", "m", "n") +
+                               "        out0[at] = v0;\n        out0[at + 1] = v1;\n";
     NodeKernels nk;
-    nk.kernels.push_back(perIndexKernel(c, "rope", count / 2, body, args));
+    nk.kernels.push_back(perIndexKernel(c, "rope", count / 2, 2, loads, stores, args));
     return nk;
   } else if (n.op == OpKind::FusedLinear) {
     const bool gelu = lg.output == 1;

@@ -55,10 +55,10 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
 // Statements turning the float lvalues `a` and `b` (a feature pair) by the double expression
 // `angle` (the other way where `inverse`), as the rope kernel and FusedLinear (rope) do.
 std::string ropeTurn(const std::string& angle, const std::string& a, const std::string& b, bool inverse);
-// silu(g)·u of a (gate, up) pair read from `pre` at 2i and 2i+1, as a statement storing to `out`[i].
-std::string swigluStatement(const std::string& out, const std::string& pre);
-// A kernel of one thread per index i < count running `body` (codegen/templates/pointwise.h, kPerIndex).
-Kernel perIndexKernel(const Ctx& c, const std::string& part, int64_t count, const std::string& body, std::vector<KernelArg> args);
+// A kernel over the indices i < count (codegen/templates/pointwise.h, kPerIndex): `loads` reads
+// index i's `values` values into x[0 .. values), `stores` computes from them and writes.
+Kernel perIndexKernel(const Ctx& c, const std::string& part, int64_t count, int values, const std::string& loads, const std::string& stores,
+                      std::vector<KernelArg> args);
 
 // Blocks of kThreads for `work` items, grid-stride beyond 65535·8.
 unsigned gridFor(int64_t work);

@@ -254,7 +254,7 @@ NodeKernels emitRope(const Ctx& c) {
                                {"TURN", ropeTurn("(double)pos * " + c.kernelName() + "_invFreq[item]", "a", "b", a.get<attr::Inverse>())},
                                {"I0", interleaved ? "2 * item" : "item"},
                                {"I1", interleaved ? "2 * item + 1" : "item + " + ll(half)}},
-                              {gridFor(count), 1, 1}, kThreads, allArgs(c.n)));
+                              {gridFor((count + 3) / 4), 1, 1}, kThreads, allArgs(c.n)));  // four items a thread
   return nk;
 }
 

@@ -212,59 +212,58 @@ NodeKernels softmaxGradRows(const Ctx& c, const std::string& finishCode) {
 
 // ---- per-op emitters ---------------------------------------------------------------------
 
-std::string swigluStatement(const std::string& out, const std::string& pre) {
-  return "    { const float g = " + pre + "[2 * i], u = " + pre + "[2 * i + 1];\n      " + out +
-         "[i] = g / (1.0f + expf(-g)) * u; }\n";
-}
-
-Kernel perIndexKernel(const Ctx& c, const std::string& part, int64_t count, const std::string& body, std::vector<KernelArg> args) {
-  return finish(c, part, kPerIndex, {{"COUNT", ll(count)}, {"BODY", body}}, {gridFor(count), 1, 1}, kThreads, std::move(args));
+Kernel perIndexKernel(const Ctx& c, const std::string& part, int64_t count, int values, const std::string& loads, const std::string& stores,
+                      std::vector<KernelArg> args) {
+  return finish(c, part, kPerIndex, {{"COUNT", ll(count)}, {"NV", std::to_string(values)}, {"LOADS", loads}, {"STORES", stores}},
+                {gridFor((count + 3) / 4), 1, 1}, kThreads, std::move(args));  // four indices a thread
 }
 
 NodeKernels emitInterleave(const Ctx& c) {
   NodeKernels nk;
-  nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)), "    out0[2 * i] = in0[i];\n    out0[2 * i + 1] = in1[i];\n", allArgs(c.n)));
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)), 2, "        x[0] = in0[i], x[1] = in1[i];\n",
+                                      "        out0[2 * i] = x[0];\n        out0[2 * i + 1] = x[1];\n", allArgs(c.n)));
   return nk;
 }
 NodeKernels emitDeinterleave(const Ctx& c) {
   NodeKernels nk;
-  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()),
-                                      "    out0[i] = in0[2 * i + " + std::to_string(c.n.attrs.get<attr::Part>()) + "];\n", allArgs(c.n)));
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()), 1,
+                                      "        x[0] = in0[2 * i + " + std::to_string(c.n.attrs.get<attr::Part>()) + "];\n",
+                                      "        out0[i] = x[0];\n", allArgs(c.n)));
   return nk;
 }
 NodeKernels emitConcat(const Ctx& c) {
   // Output column j of each row: the part whose columns [from, from + width) hold it.
   const int64_t width = c.out().back();
-  std::string body = "    const long long r = i / " + ll(width) + ", j = i % " + ll(width) + ";\n";
+  std::string body = "        const long long r = i / " + ll(width) + ", j = i % " + ll(width) + ";\n";
   int64_t from = 0;
   for (size_t p = 0; p < c.n.inputs.size(); ++p) {
     const int64_t w = c.in(static_cast<int>(p)).back();
     const std::string in = "in" + std::to_string(p);
     const std::string read = in + "[r * " + ll(w) + " + j - " + ll(from) + "]";
-    if (p + 1 == c.n.inputs.size()) body += "    else out0[i] = " + read + ";\n";
-    else body += std::string(p ? "    else " : "    ") + "if (j < " + ll(from + w) + ") out0[i] = " + read + ";\n";
+    if (p + 1 == c.n.inputs.size()) body += "        else x[0] = " + read + ";\n";
+    else body += std::string(p ? "        else " : "        ") + "if (j < " + ll(from + w) + ") x[0] = " + read + ";\n";
     from += w;
   }
   NodeKernels nk;
-  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()), body, allArgs(c.n)));
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()), 1, body, "        out0[i] = x[0];\n", allArgs(c.n)));
   return nk;
 }
 NodeKernels emitSlice(const Ctx& c) {
   const int64_t length = c.n.attrs.get<attr::Length>();
   NodeKernels nk;
-  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()),
-                                      "    out0[i] = in0[(i / " + ll(length) + ") * " + ll(c.in(0).back()) + " + " +
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.out()), 1,
+                                      "        x[0] = in0[(i / " + ll(length) + ") * " + ll(c.in(0).back()) + " + " +
                                           ll(c.n.attrs.get<attr::Start>()) + " + i % " + ll(length) + "];\n",
-                                      allArgs(c.n)));
+                                      "        out0[i] = x[0];\n", allArgs(c.n)));
   return nk;
 }
 NodeKernels emitSwigluGrad(const Ctx& c) {
   NodeKernels nk;
-  nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)),
-                                      "    const float g = in1[2 * i], u = in1[2 * i + 1], d = in0[i];\n"
-                                      "    const float s = 1.0f / (1.0f + expf(-g));\n"
-                                      "    out0[2 * i] = d * u * s * (1.0f + g * (1.0f - s));\n"
-                                      "    out0[2 * i + 1] = d * g * s;\n",
+  nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)), 3, "        x[0] = in1[2 * i], x[1] = in1[2 * i + 1], x[2] = in0[i];\n",
+                                      "        const float g = x[0], up = x[1], d = x[2];\n"
+                                      "        const float s = 1.0f / (1.0f + expf(-g));\n"
+                                      "        out0[2 * i] = d * up * s * (1.0f + g * (1.0f - s));\n"
+                                      "        out0[2 * i + 1] = d * g * s;\n",
                                       allArgs(c.n)));
   return nk;
 }

@@ -233,26 +233,43 @@ ${STORE}  }
 }
 )";
 
-// Rope: a thread per (row, item); items < HALF are the feature pairs, which turn (${TURN}: see
-// ropeTurn in codegen/emit_norm.cpp), the rest the features from DIMS on, copied.
+// Rope over (row, item)s, four a thread, 256 apart, all four's loads first (as kElementwise);
+// items < HALF are the feature pairs, which turn (${TURN}: see ropeTurn in codegen/emit_norm.cpp),
+// the rest the features from DIMS on, copied.
 inline constexpr const char* kRope = R"(
 __device__ const double ${NAME}_invFreq[${FREQCOUNT}] = {${INVFREQ}};
 
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
-    const long long row = idx / ${ITEMS}, item = idx % ${ITEMS};
-    const long long base = row * ${D};
-    if (item >= ${HALF}) {
-      const long long f = base + ${DIMS} + (item - ${HALF});
-      out0[f] = in0[f];
-      continue;
+  for (long long first = (long long)blockIdx.x * 1024 + threadIdx.x; first < ${COUNT}; first += (long long)gridDim.x * 1024) {
+    float ra[4] = {0.0f, 0.0f, 0.0f, 0.0f}, rb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // the four items' loads first
+      const long long idx = first + q * 256;
+      if (idx >= ${COUNT}) continue;
+      const long long row = idx / ${ITEMS}, item = idx % ${ITEMS}, base = row * ${D};
+      if (item >= ${HALF}) {
+        ra[q] = in0[base + ${DIMS} + (item - ${HALF})];
+      } else {
+        ra[q] = in0[base + ${I0}], rb[q] = in0[base + ${I1}];
+      }
     }
-    const long long pos = ${POS};
-    const long long i0 = base + ${I0}, i1 = base + ${I1};
-    float a = in0[i0], b = in0[i1];
-${PASSHEAD}${TURN}    out0[i0] = a;
-    out0[i1] = b;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const long long idx = first + q * 256;
+      if (idx >= ${COUNT}) continue;
+      const long long row = idx / ${ITEMS}, item = idx % ${ITEMS};
+      const long long base = row * ${D};
+      if (item >= ${HALF}) {
+        out0[base + ${DIMS} + (item - ${HALF})] = ra[q];
+        continue;
+      }
+      const long long pos = ${POS};
+      const long long i0 = base + ${I0}, i1 = base + ${I1};
+      float a = ra[q], b = rb[q];
+${PASSHEAD}${TURN}      out0[i0] = a;
+      out0[i1] = b;
+    }
   }
 }
 )";

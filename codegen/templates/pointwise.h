@@ -30,13 +30,30 @@ ${OFFSETS}${BODY}        r[u] = t${RESULT};
 }
 )";
 
-// A thread per index i < COUNT, the body reading and writing what it names (interleave,
-// deinterleave, SwiGLU and its gradient over (gate, up) pairs).
+// Indices i < COUNT, four a thread, 256 apart (as kElementwise): LOADS reads index i's values into
+// x[0 .. NV), every index's before any index's STORES computes from x and writes (interleave,
+// deinterleave, concat, slice, SwiGLU and its gradient over (gate, up) pairs, a library product's
+// rope), so that a thread has 4·NV loads in flight.
 inline constexpr const char* kPerIndex = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < ${COUNT}; i += (long long)gridDim.x * 256) {
-${BODY}  }
+  for (long long first = (long long)blockIdx.x * 1024 + threadIdx.x; first < ${COUNT}; first += (long long)gridDim.x * 1024) {
+    float v[4][${NV}] = {};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const long long i = first + q * 256;
+      float (&x)[${NV}] = v[q];
+      if (i < ${COUNT}) {
+${LOADS}      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const long long i = first + q * 256;
+      const float (&x)[${NV}] = v[q];
+      if (i < ${COUNT}) {
+${STORES}      }
+    }
+  }
 }
 )";
 
