@@ -45,58 +45,62 @@ namespace flash {
 constexpr int kPreprocessRows = 64;  // query rows per preprocess block (FlashKernelParams::qTiles)
 
 // Delta = rowsum(dO * O) in fp32, and per-block partial sums of the sink-logit gradient.
-// Grid (qTiles, batch * heads), 256 threads.
+// Grid (qTiles, batch * heads), 256 threads: four threads a row (64 rows a block), each summing
+// 16-byte chunks c, c + 4, ... of its row in order, then the four partial sums (a fixed order).
+// Rows whose strides or start are not whole 16-byte chunks are read one element at a time.
 template <typename Tag>
 __device__ __forceinline__ void flashBackwardPreprocess(const FlashKernelParams& p) {
   typedef typename Elem<Tag>::Storage T;
-  __shared__ float warpSums[8];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int kVec = 16 / sizeof(T);     // elements of a 16-byte chunk
+  constexpr int kMaxChunks = 256 / kVec / 4;  // a thread's chunks at head dim 256
+  __shared__ float rowTerms[kPreprocessRows];
+  const int r = threadIdx.x >> 2, t = threadIdx.x & 3;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const T* gO = slicePtr<T>(p.o, b, h);
   const T* gdO = slicePtr<T>(p.dO, b, h);
   const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
   float* delta = (float*)p.delta + (long long)bh * p.qLen;
   const bool sinkGrad = p.sinkLogits != 0 && p.dSinkLogits != 0;
-  const float sink = sinkGrad ? ((const float*)p.sinkLogits)[h] : 0.f;
-  float sinkAcc = 0.f;
-  // A warp's rows warp, warp + 8, ... side by side: each step of d issues every row's loads at
-  // once (a row's own sum still runs over d in order, so the sums are those of one row at a time).
-  constexpr int RW = kPreprocessRows / 8;
-  const int row0 = blockIdx.x * kPreprocessRows + warp;
-  float acc[RW];
+  const int q = blockIdx.x * kPreprocessRows + r;
+  float a = 0.f;
+  if (q < p.qLen) {
+    const T* o = gO + (long long)q * p.o.seqStride;
+    const T* dO = gdO + (long long)q * p.dO.seqStride;
+    const bool vec = p.headDim % kVec == 0 && p.headDim <= 256 && ((unsigned long long)o & 15) == 0 && ((unsigned long long)dO & 15) == 0;
+    if (vec) {
+      uint4 vo[kMaxChunks], vd[kMaxChunks];  // every chunk's loads first
+      const int chunks = p.headDim / kVec;
 #pragma unroll
-  for (int i = 0; i < RW; ++i) acc[i] = 0.f;
-  for (int d = lane; d < p.headDim; d += 32) {
+      for (int i = 0; i < kMaxChunks; ++i) {
+        const int c = t + 4 * i;
+        if (c < chunks) vo[i] = *(const uint4*)(o + c * kVec), vd[i] = *(const uint4*)(dO + c * kVec);
+      }
 #pragma unroll
-    for (int i = 0; i < RW; ++i) {
-      const int q = row0 + 8 * i;
-      if (q < p.qLen)
-        acc[i] += Elem<Tag>::toFloat(gO[(long long)q * p.o.seqStride + d]) *
-                  Elem<Tag>::toFloat(gdO[(long long)q * p.dO.seqStride + d]);
+      for (int i = 0; i < kMaxChunks; ++i) {
+        if (t + 4 * i >= chunks) break;
+        const T* eo = (const T*)&vo[i];
+        const T* ed = (const T*)&vd[i];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) a += Elem<Tag>::toFloat(eo[e]) * Elem<Tag>::toFloat(ed[e]);
+      }
+    } else {
+      for (int d = t; d < p.headDim; d += 4) a += Elem<Tag>::toFloat(o[d]) * Elem<Tag>::toFloat(dO[d]);
     }
   }
-#pragma unroll
-  for (int i = 0; i < RW; ++i) {
-    const int q = row0 + 8 * i;
-    if (q >= p.qLen) break;
-    float a = acc[i];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
-    if (lane == 0) {
-      delta[q] = a;
-      if (sinkGrad) sinkAcc -= expf(sink - lse[q]) * a;
-    }
-    if (p.dQAccum) {  // the atomic-dQ dK/dV kernel adds into this row next
-      float* row = (float*)p.dQAccum + ((long long)bh * p.qLen + q) * p.headDim;
-      for (int d = lane; d < p.headDim; d += 32) row[d] = 0.f;
-    }
+  a += __shfl_xor_sync(0xffffffffu, a, 1);
+  a += __shfl_xor_sync(0xffffffffu, a, 2);
+  if (q < p.qLen && t == 0) delta[q] = a;
+  if (sinkGrad && t == 0) rowTerms[r] = q < p.qLen ? -expf(((const float*)p.sinkLogits)[h] - lse[q]) * a : 0.f;
+  if (p.dQAccum) {  // the atomic-dQ dK/dV kernel adds into these rows next
+    float* rows = (float*)p.dQAccum + ((long long)bh * p.qLen + blockIdx.x * kPreprocessRows) * p.headDim;
+    const int n = min(kPreprocessRows, p.qLen - blockIdx.x * kPreprocessRows) * p.headDim;
+    for (int i = threadIdx.x; i < n; i += 256) rows[i] = 0.f;
   }
   if (!sinkGrad) return;
-  if (lane == 0) warpSums[warp] = sinkAcc;
   __syncthreads();
   if (threadIdx.x == 0) {
     float s = 0.f;
-    for (int w = 0; w < 8; ++w) s += warpSums[w];
+    for (int i = 0; i < kPreprocessRows; ++i) s += rowTerms[i];
     ((float*)p.sinkPartial)[(long long)h * p.batch * p.qTiles + (long long)b * p.qTiles + blockIdx.x] = s;
   }
 }
@@ -145,16 +149,26 @@ __device__ __forceinline__ void flashBackwardDkDvReduce(const FlashKernelParams&
   const float* partV = partK + (long long)p.batch * p.heads * headElems;
   typename Elem<Tag>::Storage* gdK = sliceMutPtr<typename Elem<Tag>::Storage>(p.dK, b, hk);
   typename Elem<Tag>::Storage* gdV = sliceMutPtr<typename Elem<Tag>::Storage>(p.dV, b, hk);
-  for (int i = threadIdx.x; i < n; i += 256) {
+  // Four consecutive elements a thread (float4 loads of the partials) where the head dim and the
+  // workspace's alignment allow; the sums run over the group in order either way.
+  const int w = p.headDim % 4 == 0 && ((unsigned long long)partK & 15) == 0 && ((unsigned long long)partV & 15) == 0 ? 4 : 1;
+  for (int i = threadIdx.x * w; i < n; i += 256 * w) {
     const int k = k0 + i / p.headDim, d = i % p.headDim;
     const long long off = (long long)k * p.headDim + d;
-    float sk = 0.f, sv = 0.f;
-    for (int g = 0; g < group; ++g) {
-      sk += partK[g * headElems + off];
-      sv += partV[g * headElems + off];
+    float sk[4] = {0.f, 0.f, 0.f, 0.f}, sv[4] = {0.f, 0.f, 0.f, 0.f};
+    if (w == 4) {
+      for (int g = 0; g < group; ++g) {
+        const float4 vk = *(const float4*)(partK + g * headElems + off), vv = *(const float4*)(partV + g * headElems + off);
+        sk[0] += vk.x, sk[1] += vk.y, sk[2] += vk.z, sk[3] += vk.w;
+        sv[0] += vv.x, sv[1] += vv.y, sv[2] += vv.z, sv[3] += vv.w;
+      }
+    } else {
+      for (int g = 0; g < group; ++g) sk[0] += partK[g * headElems + off], sv[0] += partV[g * headElems + off];
     }
-    gdK[(long long)k * p.dK.seqStride + d] = Elem<Tag>::fromFloat(sk);
-    gdV[(long long)k * p.dV.seqStride + d] = Elem<Tag>::fromFloat(sv);
+    for (int e = 0; e < w; ++e) {
+      gdK[(long long)k * p.dK.seqStride + d + e] = Elem<Tag>::fromFloat(sk[e]);
+      gdV[(long long)k * p.dV.seqStride + d + e] = Elem<Tag>::fromFloat(sv[e]);
+    }
   }
 }
 
