@@ -94,7 +94,7 @@ if(PA_BUILD_TESTS)
   target_link_libraries(flash_nvrtc_tests PRIVATE pa_flash_spec pa_nvrtc GTest::gtest GTest::gtest_main Threads::Threads)
   set_target_properties(flash_nvrtc_tests PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/nvrtc)
   add_test(NAME flash_nvrtc_tests COMMAND flash_nvrtc_tests)
-  set_tests_properties(flash_nvrtc_tests PROPERTIES LABELS nvrtc TIMEOUT 900)
+  set_tests_properties(flash_nvrtc_tests PROPERTIES LABELS nvrtc TIMEOUT 900 RESOURCE_LOCK nvrtc_flash)  # (see config_fuzz)
 
   # The bench-only variants (label sweep, not in CI's default run: ctest -L sweep).
   add_executable(flash_sweep_nvrtc_tests ${PA_ROOT}/tests/nvrtc/flash_sweep_nvrtc_test.cpp)
