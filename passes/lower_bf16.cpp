@@ -122,12 +122,7 @@ int64_t lowerToBf16(Graph& g) {
       g.node(id).inputs[slot] = operand;  // g.add may move nodes: index again
     }
   }
-  // A reshape whose readers all take the reshaped cast instead is dead now.
-  const std::vector<std::vector<NodeId>> readers = g.users();
-  for (const auto& entry : reshapedCastOf) {
-    const ValueId v = entry.first.first;
-    if (readers[v].empty() && !outputs.count(v)) g.node(g.value(v).producer).erased = true;
-  }
+  // A reshape whose readers all take the reshaped cast is left dead: the pipeline's dce follows.
   return casts;
 }
 

@@ -20,11 +20,13 @@ TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precisio
   if (elementwise && mlp) p.training.push_back("fuse-mlp-train");
   if (linear) p.training.insert(p.training.end(), {"fuse-linear-grad", "fuse-bias-grad"});
   if (elementwise) p.training.push_back("fuse-elementwise");
-  p.training.insert(p.training.end(), {"cse", "dce"});
+  // dce after lower-bf16: a value it no longer reads (a reshape whose readers now take the
+  // reshaped cast) is dead then.
+  p.training.push_back("cse");
   if (bf16) p.training.push_back("lower-bf16");
-  p.training.push_back("verify");
+  p.training.insert(p.training.end(), {"dce", "verify"});
   p.validation = p.forward;
-  if (bf16) p.validation.push_back("lower-bf16");
+  if (bf16) p.validation.insert(p.validation.end(), {"lower-bf16", "dce"});
   return p;
 }
 

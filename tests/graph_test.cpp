@@ -131,8 +131,8 @@ TEST(Passes, RegistryRejectsUnknownNamesAndBadOrder) {
 }
 
 // The training pipeline's policy (README, "Passes"): the forward passes as configured (less the
-// fusions under --no-fuse), the clean-up after autodiff by what was fused, bf16 lowering last
-// before the verifier, and the validation graph's forward passes lowered the same way.
+// fusions under --no-fuse), the clean-up after autodiff by what was fused, bf16 lowering before
+// the last dce and the verifier, and the validation graph's forward passes lowered the same way.
 TEST(Passes, TrainPipelineFollowsTheSettings) {
   using V = std::vector<std::string>;
   const V configured = {"fuse-linear", "fuse-elementwise", "cse"};
@@ -142,9 +142,9 @@ TEST(Passes, TrainPipelineFollowsTheSettings) {
             (V{"autodiff", "fuse-loss", "fuse-linear-grad", "fuse-bias-grad", "fuse-elementwise", "cse", "dce", "verify"}));
   EXPECT_EQ(fp32.validation, configured);
   const TrainPipeline bf16 = trainPipeline(configured, Precision::Bf16, false);
-  EXPECT_EQ(bf16.training, (V{"autodiff", "fuse-loss", "fuse-linear-grad", "fuse-bias-grad", "fuse-elementwise", "cse", "dce",
-                              "lower-bf16", "verify"}));
-  EXPECT_EQ(bf16.validation, (V{"fuse-linear", "fuse-elementwise", "cse", "lower-bf16"}));
+  EXPECT_EQ(bf16.training, (V{"autodiff", "fuse-loss", "fuse-linear-grad", "fuse-bias-grad", "fuse-elementwise", "cse", "lower-bf16",
+                              "dce", "verify"}));
+  EXPECT_EQ(bf16.validation, (V{"fuse-linear", "fuse-elementwise", "cse", "lower-bf16", "dce"}));
   const TrainPipeline unfused = trainPipeline(configured, Precision::Tf32, true);
   EXPECT_EQ(unfused.forward, V{"cse"});
   EXPECT_EQ(unfused.training, (V{"autodiff", "cse", "dce", "verify"}));
