@@ -122,13 +122,18 @@ __device__ __forceinline__ void trapIfSharedBelow(u32 bytes) {
 }
 
 // Warp specialisation with setmaxnreg: a block of one producer and CONSUMERS consumer warpgroups
-// is compiled for 65536 / (128·(CONSUMERS + 1)) registers a thread; the producer drops to
-// PRODUCER_REGS and the consumers take what that frees (at most 240, multiples of 8).
+// is launched with kLaunch = 65536 / (128·(CONSUMERS + 1)) registers a thread (at most 255,
+// rounded down to 8); the producer drops to PRODUCER_REGS and the consumers take what that frees
+// (at most 240, multiples of 8). setmaxnreg.inc waits until the block's pool holds what it asks
+// for, so asking beyond the launch's registers waits for ever (a hang, not an error).
 template <int CONSUMERS, int PRODUCER_REGS>
 struct RegisterSplit {
   static constexpr int kProducer = PRODUCER_REGS;
-  static constexpr int kConsumerFree = ((65536 - 128 * PRODUCER_REGS) / (128 * CONSUMERS)) & ~7;
+  static constexpr int kLaunch = (65536 / (128 * (CONSUMERS + 1)) > 255 ? 255 : 65536 / (128 * (CONSUMERS + 1))) & ~7;
+  static constexpr int kConsumerFree = ((kLaunch * 128 * (CONSUMERS + 1) - 128 * PRODUCER_REGS) / (128 * CONSUMERS)) & ~7;
   static constexpr int kConsumer = kConsumerFree > 240 ? 240 : kConsumerFree;
+  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * kConsumer <= 128 * (CONSUMERS + 1) * kLaunch,
+                "setmaxnreg: the warpgroups' registers exceed the launch's");
   static __device__ __forceinline__ void enterProducer() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducer));
   }
