@@ -181,10 +181,13 @@ FlashKernelSpec chooseMmaSync(FlashKernelKind kind, const FlashAttentionConfig& 
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
 // three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
 // otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
-// causal imbalance); the two warpgroups of head dim 128 take turns issuing (ping-pong). dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer warpgroups (128
+// causal imbalance); the two warpgroups of head dim 128 take turns issuing (ping-pong); where
+// the SM count is known, a persistent kernel (one block an SM over a work list, heaviest query
+// tiles first). dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer warpgroups (128
 // keys / query rows), streamed tiles of 128 rows at head dim 64 and 64 at 128 (128 spills heavily
 // there), two stages.
-FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTuning& tuning) {
+FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
+                            const FlashTuning& tuning) {
   FlashKernelSpec s = baseSpec(kind, cfg);
   s.wgmma = true;
   s.dpad = wgmmaHeadDim(cfg.headDim);
@@ -197,6 +200,9 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.fwdStages) s.stages = tuning.fwdStages;
     s.pingpong = s.dpad == 128 && s.warps == 8;
     if (tuning.fwdPingPong >= 0) s.pingpong = tuning.fwdPingPong != 0 && s.warps >= 8;
+    // Persistent where the SM count is known and the second Q buffer fits an sm_90 block's 227 KB.
+    s.persistent = target.multiprocessors > 0 && tuning.fwdPersistent != 0;
+    if (s.persistent && s.sharedBytes() > 227 * 1024) s.persistent = false;
   } else {
     s.tile = s.dpad == 64 ? 128 : 64;
     s.warps = 8;
@@ -230,7 +236,7 @@ FlashKernelSpec chooseFlashSpec(FlashKernelKind kind, const FlashAttentionConfig
     if (usesFp64Mma(kind, cfg, target)) return chooseF64Mma(kind, cfg, target, tuning);
     return chooseFfma(kind, cfg, target, tuning);
   }
-  if (usesWgmma(kind, cfg, target, tuning)) return chooseWgmma(kind, cfg, tuning);
+  if (usesWgmma(kind, cfg, target, tuning)) return chooseWgmma(kind, cfg, target, tuning);
   return chooseMmaSync(kind, cfg, target, tuning);
 }
 

@@ -71,7 +71,7 @@ int FlashKernelSpec::sharedBytes() const {
     case FlashKernelKind::kBwdSinkReduce: return 0;
     case FlashKernelKind::kForward:
       // wgmma: Q, the stages of K and V tiles, 1024-byte alignment slack (WgmmaForwardConfig).
-      if (wgmma) return 16 * warps * dpad * 2 + 2 * stages * tile * dpad * 2 + 1024;
+      if (wgmma) return (persistent ? 2 : 1) * 16 * warps * dpad * 2 + 2 * stages * tile * dpad * 2 + 1024;
       // fp32: mtiles is R, the query rows per thread (16 * R rows per block).
       return f32 ? (16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
                  : (16 * mtiles * warps + 2 * tile) * row;
@@ -112,6 +112,7 @@ std::string FlashKernelSpec::name() const {
   if (atomicDq) os << "_adq";
   if (wgmma) os << "_wg_s" << stages;
   if (pingpong) os << "_pp";
+  if (persistent) os << "_ps";
   if (dqPartial) os << "_dqp";
   return os.str();
 }
@@ -130,7 +131,7 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kForward:
       if (wgmma) {
         call = "flashForwardWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " + std::to_string(warps / 4) + ", " +
-               std::to_string(stages) + ", " + (pingpong ? "true" : "false") + ">";
+               std::to_string(stages) + ", " + (pingpong ? "true" : "false") + ", " + (persistent ? "true" : "false") + ">";
         break;
       }
       call = f32 ? "flashForwardF32<" + d + ", " + std::to_string(mtiles) + ">"

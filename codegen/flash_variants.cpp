@@ -152,15 +152,20 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
             v.warps = 4 * consumers;
             v.stages = stages;
             v.pingpong = chosen.pingpong && consumers >= 2;  // turns need two warpgroups
-            if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
+            for (bool persistent : {false, true}) {  // FlashTuning::fwdPersistent, where the SM count is known
+              v.persistent = persistent;
+              if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
+            }
           }
       // The chosen tile and stages with the warpgroups' turns the other way than above.
-      for (int consumers : {2, 3}) {
-        FlashKernelSpec v = chosen;
-        v.warps = 4 * consumers;
-        v.pingpong = !chosen.pingpong;
-        specs.push_back(v);
-      }
+      for (int consumers : {2, 3})
+        for (bool persistent : {false, true}) {
+          FlashKernelSpec v = chosen;
+          v.warps = 4 * consumers;
+          v.pingpong = !chosen.pingpong;
+          v.persistent = persistent;
+          specs.push_back(v);
+        }
     }
   }
   return specs;

@@ -486,12 +486,14 @@ struct QueryBlock {
   int bh, b, h, hk, m0, m1;
   TileMask tm;
   BlockTiles tiles;
-  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm, int bn) {
-    bh = blockIdx.y;
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm, int bn) { initAt(p, bm, bn, blockIdx.y, heavyFirstTile()); }
+  // Slice `slice` (batch · heads + head), query tile `qt` of bm rows.
+  __device__ __forceinline__ void initAt(const FlashKernelParams& p, int bm, int bn, int slice, int qt) {
+    bh = slice;
     b = bh / p.heads;
     h = bh % p.heads;
     hk = h / (p.heads / p.kvHeads);
-    m0 = heavyFirstTile() * bm;
+    m0 = qt * bm;
     m1 = min(m0 + bm, p.qLen);
     tm = TileMask{p.mask, p.qLen, p.kLen};
     tiles.init(tm, m0, m1, bn);

@@ -36,6 +36,14 @@
  * the softmax under the latter) was measured slower here and is not in the kernel:
  * bench/RESULTS_flash.md, "Forward schedules".
  *
+ * PERSISTENT (the rule where the launcher knows the SM count): one block an SM, each taking
+ * (slice, query tile) items from a work list through an atomic counter until it runs out
+ * (ForwardWork: heaviest tiles first, so the light ones fill in at the end). The producer loads
+ * the next item's Q into the second Q buffer and its first K/V tiles while the consumers finish
+ * the current one (the ring runs on across items); qFull / qEmpty hand the Q buffers over, and
+ * qFull's second set of arrivals publishes the buffer's item. An item is computed with the same
+ * operations as in a block of its own (same bits; bench/RESULTS_flash.md, "Persistent forward").
+ *
  * Why a producer warpgroup: a single producer warp starves the consumers; a whole warpgroup that
  * hands its registers to them (setmaxnreg) keeps them fed (the sweep: bench/RESULTS_flash.md).
  *
@@ -50,7 +58,7 @@
 namespace pa {
 namespace flash {
 
-template <int DPAD, int BN, int CONSUMERS, int STAGES_>
+template <int DPAD, int BN, int CONSUMERS, int STAGES_, bool PERSISTENT = false>
 struct WgmmaForwardConfig {
   static_assert(DPAD == 64 || DPAD == 128, "wgmma forward: padded head dim 64 or 128");
   static_assert(BN == 64 || BN == 128, "wgmma forward: 64 or 128 keys per tile");
@@ -62,8 +70,10 @@ struct WgmmaForwardConfig {
   static constexpr int kQBytes = BM * DPAD * 2;
   static constexpr int kTileBytes = BN * DPAD * 2;  // one K or V tile
   static constexpr int kStages = STAGES_;
-  // Q, then K stages, then V stages; + the slack that aligns the start to 1024 bytes.
-  static constexpr int kSharedBytes = kQBytes + 2 * kStages * kTileBytes + 1024;
+  // Q (two buffers when persistent: the next item's loads under this one's work), then K stages,
+  // then V stages; + the slack that aligns the start to 1024 bytes.
+  static constexpr int kQBuffers = PERSISTENT ? 2 : 1;
+  static constexpr int kSharedBytes = kQBuffers * kQBytes + 2 * kStages * kTileBytes + 1024;
 };
 
 template <typename Tag>
@@ -203,147 +213,219 @@ __device__ __forceinline__ void scaleRows(float (&o)[DPAD / 2], const float (&co
 __device__ __forceinline__ void namedBarrierSync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void namedBarrierArrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
-template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false>
+// The work of a block: one (slice, query tile) item, the heaviest tiles of a slice first; or,
+// PERSISTENT, items of the work list, each taken by the next block that is free (an atomic counter
+// in p.workCounter): groups of p.workHeads slices (as many as keep their K and V within a share
+// of L2), each group's items in order of query tile from the last (under a causal mask the
+// heaviest) to the first, slice by slice. Taken in that order by whichever block is free, the
+// heavy items start first and the light ones fill in at the end (longest-first list scheduling).
+struct ForwardWork {
+  int nQT, count;
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm, bool persistent) {
+    nQT = ceilDiv(p.qLen, bm);
+    count = persistent ? p.batch * p.heads * nQT : 1;
+  }
+  __device__ __forceinline__ void item(const FlashKernelParams& p, bool persistent, int n, int& slice, int& qt) const {
+    if (!persistent) {
+      slice = blockIdx.y, qt = heavyFirstTile();
+      return;
+    }
+    const int groupItems = p.workHeads * nQT, group = n / groupItems, r = n % groupItems;
+    const int slices = min(p.workHeads, p.batch * p.heads - group * p.workHeads);
+    qt = nQT - 1 - r / slices;
+    slice = group * p.workHeads + r % slices;
+  }
+};
+
+template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false, bool PERSISTENT = false>
 __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
-  typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_> Cfg;
+  typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_, PERSISTENT> Cfg;
   static_assert(!PINGPONG || CONSUMERS >= 2, "ping-pong needs two consumer warpgroups");
   constexpr int LANES = 128;
-  constexpr int BM = Cfg::BM, STAGES = STAGES_;
+  constexpr int BM = Cfg::BM, STAGES = STAGES_, QB = Cfg::kQBuffers;
   constexpr int IN = WgmmaInputOf<Tag>::kValue;
   extern __shared__ unsigned char smemRaw[];
-  __shared__ __align__(8) sm90::u64 barriers[4 * STAGES + 1];  // kFull, vFull, kEmpty, vEmpty per stage; qFull
+  // kFull, vFull, kEmpty, vEmpty per stage; qFull, qEmpty per Q buffer
+  __shared__ __align__(8) sm90::u64 barriers[4 * STAGES + 2 * QB];
+  __shared__ int itemOfBuffer[QB];  // PERSISTENT: the work-list item whose Q a buffer holds
   sm90::trapIfSharedBelow(Cfg::kSharedBytes);
-  const u32 sQ = (smemAddr(smemRaw) + 1023u) & ~1023u;
-  const u32 sK = sQ + Cfg::kQBytes, sV = sK + STAGES * Cfg::kTileBytes;
+  const u32 sQ0 = (smemAddr(smemRaw) + 1023u) & ~1023u;
+  const u32 sK = sQ0 + QB * Cfg::kQBytes, sV = sK + STAGES * Cfg::kTileBytes;
   const u32 bar = smemAddr(barriers);
   auto kFull = [&](int s) { return bar + 8 * s; };
   auto vFull = [&](int s) { return bar + 8 * (STAGES + s); };
   auto kEmpty = [&](int s) { return bar + 8 * (2 * STAGES + s); };
   auto vEmpty = [&](int s) { return bar + 8 * (3 * STAGES + s); };
-  const u32 qFull = bar + 8 * 4 * STAGES;
+  auto qFull = [&](int s) { return bar + 8 * (4 * STAGES + s); };
+  auto qEmpty = [&](int s) { return bar + 8 * (4 * STAGES + QB + s); };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  QueryBlock blk;
-  blk.init(p, BM, BN);
-  const int bh = blk.bh, b = blk.b, h = blk.h, hk = blk.hk, m0 = blk.m0;
-  const TileMask& tm = blk.tm;
-  const BlockTiles& tiles = blk.tiles;
-  const int nTiles = tiles.nTiles;
+  ForwardWork work;
+  work.init(p, BM, PERSISTENT);
 
   if (threadIdx.x == 0) {
     sm90::mbarInitRange(kFull(0), 2 * STAGES, LANES);                // kFull, vFull
     sm90::mbarInitRange(kEmpty(0), 2 * STAGES, 128 * CONSUMERS);     // kEmpty, vEmpty
-    sm90::mbarInit(qFull, LANES);
+    // PERSISTENT: Q's copies, and a plain arrival that publishes the buffer's item (release).
+    sm90::mbarInitRange(qFull(0), QB, PERSISTENT ? 2 * LANES : LANES);
+    sm90::mbarInitRange(qEmpty(0), QB, 128 * CONSUMERS);
   }
   __syncthreads();
 
   if (warp >= 4 * CONSUMERS) {  // the producer
     Cfg::Registers::enterProducer();
     const int pid = threadIdx.x - 128 * CONSUMERS;
-    loadSwizzled<BM, DPAD, LANES>(sQ, slicePtr<u16>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim, pid);
-    sm90::cpAsyncArriveOnLanding(qFull);
-    const u16* gK = slicePtr<u16>(p.k, b, hk);
-    const u16* gV = slicePtr<u16>(p.v, b, hk);
-    int i = 0;
-    for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
-      const int st = i % STAGES;
-      const u32 parity = ((i / STAGES) & 1) ^ 1;
-      sm90::mbarWait(kEmpty(st), parity);
-      loadSwizzled<BN, DPAD, LANES>(sK + st * Cfg::kTileBytes, gK, p.k.seqStride, j * BN, p.kLen, p.headDim, pid);
-      sm90::cpAsyncArriveOnLanding(kFull(st));
-      sm90::mbarWait(vEmpty(st), parity);
-      loadSwizzled<BN, DPAD, LANES>(sV + st * Cfg::kTileBytes, gV, p.v.seqStride, j * BN, p.kLen, p.headDim, pid);
-      sm90::cpAsyncArriveOnLanding(vFull(st));
+    int i = 0;  // the K/V ring's position
+    for (int done = 0;; ++done) {
+      const int qb = done % QB;
+      int n = 0;
+      if (PERSISTENT) {
+        sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
+        if (pid == 0) itemOfBuffer[qb] = atomicAdd((int*)p.workCounter, 1);
+        asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
+        n = itemOfBuffer[qb];
+        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
+          sm90::mbarArrive(qFull(qb));
+          sm90::mbarArrive(qFull(qb));
+          if (pid == 0 && atomicAdd((int*)p.workCounter + 1, 1) == (int)gridDim.x - 1) {
+            ((int*)p.workCounter)[0] = 0;  // every block has taken its last item: zero for the next launch
+            ((int*)p.workCounter)[1] = 0;
+          }
+          break;
+        }
+      } else if (done > 0) {
+        break;
+      }
+      int slice, qt;
+      work.item(p, PERSISTENT, n, slice, qt);
+      QueryBlock blk;
+      blk.initAt(p, BM, BN, slice, qt);
+      const BlockTiles& tiles = blk.tiles;
+      loadSwizzled<BM, DPAD, LANES>(sQ0 + qb * Cfg::kQBytes, slicePtr<u16>(p.q, blk.b, blk.h), p.q.seqStride, blk.m0, p.qLen,
+                                    p.headDim, pid);
+      sm90::cpAsyncArriveOnLanding(qFull(qb));
+      if (PERSISTENT) sm90::mbarArrive(qFull(qb));  // publishes itemOfBuffer (release)
+      const u16* gK = slicePtr<u16>(p.k, blk.b, blk.hk);
+      const u16* gV = slicePtr<u16>(p.v, blk.b, blk.hk);
+      for (int j = tiles.next(0); j < tiles.nTiles; j = tiles.next(j + 1), ++i) {
+        const int st = i % STAGES;
+        const u32 parity = ((i / STAGES) & 1) ^ 1;
+        sm90::mbarWait(kEmpty(st), parity);
+        loadSwizzled<BN, DPAD, LANES>(sK + st * Cfg::kTileBytes, gK, p.k.seqStride, j * BN, p.kLen, p.headDim, pid);
+        sm90::cpAsyncArriveOnLanding(kFull(st));
+        sm90::mbarWait(vEmpty(st), parity);
+        loadSwizzled<BN, DPAD, LANES>(sV + st * Cfg::kTileBytes, gV, p.v.seqStride, j * BN, p.kLen, p.headDim, pid);
+        sm90::cpAsyncArriveOnLanding(vFull(st));
+      }
     }
     cpAsyncCommit();
     cpAsyncWait<0>();  // nothing in flight when the producer exits
     return;
   }
 
-  // Consumer warpgroup `wg`: rows m0 + 64·wg .. +63; warp q of it rows 16q .. 16q + 15.
+  // Consumer warpgroup `wg`: rows m0 + 64·wg .. +63 of an item; warp q of it rows 16q .. 16q + 15.
   Cfg::Registers::enterConsumer();
   const int wg = warp / 4, q = warp % 4, g = lane >> 2, t = lane & 3;
-  const int rowA = m0 + 64 * wg + 16 * q + g;  // this thread's rows: rowA and rowA + 8
-  int bandLo[2], bandHi[2], bandSink[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) tm.rowBand(rowA + 8 * r, bandLo[r], bandHi[r], bandSink[r]);
-
-  float o[DPAD / 2], s[BN / 2];
-#pragma unroll
-  for (int i = 0; i < DPAD / 2; ++i) o[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
-  u32 pv[BN / 16][4];  // P in A-fragment layout, one group of four per k16 step of P·V
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) pv[kk][0] = pv[kk][1] = pv[kk][2] = pv[kk][3] = 0u;
-  float rowMax[2] = {negInf(), negInf()}, rowSum[2] = {0.f, 0.f};
-
-  sm90::mbarWait(qFull, 0);
-  const u32 qRows = sQ + wg * 64 * 128;
   // Ping-pong: warpgroup wg waits on barrier 1 + wg before issuing S and then lets the next one
   // go; the last warpgroup lets the first go once at the start, and the first takes that extra
-  // arrival back at the end, so no barrier is left with arrivals.
+  // arrival back at the end, so no barrier is left with arrivals. The turns run on across items.
   const int myTurn = 1 + wg, nextTurn = 1 + (wg + 1) % CONSUMERS;
   if (PINGPONG && wg == CONSUMERS - 1) namedBarrierArrive(nextTurn);
-  // Each tile: S = Q·Kᵀ, wait (also for the previous P·V), softmax, then O += P·V left in flight
-  // under the next tile's S.
-  int i = 0;
-  for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
-    const int st = i % STAGES;
-    const u32 parity = (i / STAGES) & 1;
-    const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
-    sm90::mbarWait(kFull(st), parity);
-    sm90::fenceProxyAsync();
-    const u32 kTile = sK + st * Cfg::kTileBytes;
-    if (PINGPONG) namedBarrierSync(myTurn);
-    sm90::wgmmaFence();
-    headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
-    sm90::wgmmaCommit();
-    if (PINGPONG) namedBarrierArrive(nextTurn);
-    sm90::wgmmaWait<0>();  // S is ready, and the previous tile's P·V is complete
-    sm90::fenceRegisters(s);
+  int i = 0;  // the K/V ring's position
+  for (int done = 0;; ++done) {
+    const int qb = done % QB;
+    if (!PERSISTENT && done > 0) break;
+    sm90::mbarWait(qFull(qb), (done / QB) & 1);
+    const int n = PERSISTENT ? itemOfBuffer[qb] : 0;
+    if (n >= work.count) break;
+    int slice, qt;
+    work.item(p, PERSISTENT, n, slice, qt);
+    QueryBlock blk;
+    blk.initAt(p, BM, BN, slice, qt);
+    const int bh = blk.bh, b = blk.b, h = blk.h, m0 = blk.m0;
+    const TileMask& tm = blk.tm;
+    const BlockTiles& tiles = blk.tiles;
+    const int nTiles = tiles.nTiles;
+    const int rowA = m0 + 64 * wg + 16 * q + g;  // this thread's rows: rowA and rowA + 8
+    int bandLo[2], bandHi[2], bandSink[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) tm.rowBand(rowA + 8 * r, bandLo[r], bandHi[r], bandSink[r]);
+
+    float o[DPAD / 2], s[BN / 2];
+#pragma unroll
+    for (int k = 0; k < DPAD / 2; ++k) o[k] = 0.f;
+#pragma unroll
+    for (int k = 0; k < BN / 2; ++k) s[k] = 0.f;
+    u32 pv[BN / 16][4];  // P in A-fragment layout, one group of four per k16 step of P·V
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) pv[kk][0] = pv[kk][1] = pv[kk][2] = pv[kk][3] = 0u;
+    float rowMax[2] = {negInf(), negInf()}, rowSum[2] = {0.f, 0.f};
+
+    const u32 qRows = sQ0 + qb * Cfg::kQBytes + wg * 64 * 128;
+    // Each tile: S = Q·Kᵀ, wait (also for the previous P·V), softmax, then O += P·V left in
+    // flight under the next tile's S.
+    int local = 0;  // tiles of this item so far
+    for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i, ++local) {
+      const int st = i % STAGES;
+      const u32 parity = (i / STAGES) & 1;
+      const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
+      sm90::mbarWait(kFull(st), parity);
+      sm90::fenceProxyAsync();
+      const u32 kTile = sK + st * Cfg::kTileBytes;
+      if (PINGPONG) namedBarrierSync(myTurn);
+      sm90::wgmmaFence();
+      headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
+      sm90::wgmmaCommit();
+      if (PINGPONG) namedBarrierArrive(nextTurn);
+      sm90::wgmmaWait<0>();  // S is ready, and the previous tile's P·V is complete
+      sm90::fenceRegisters(s);
+      sm90::fenceRegisters(o);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(pv[kk]);
+      sm90::mbarArrive(kEmpty(st));
+      if (local > 0) sm90::mbarArrive(vEmpty((i - 1) % STAGES));
+
+      float corr[2];
+      const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
+      if (softmaxTile<BN>(s, rowMax, rowSum, corr, full, n0, bandLo, bandHi, bandSink, p.scaleLog2, t)) scaleRows<DPAD>(o, corr);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(pv[kk], s, kk);
+
+      sm90::mbarWait(vFull(st), parity);
+      sm90::fenceProxyAsync();
+      const u32 vTile = sV + st * Cfg::kTileBytes;
+      sm90::wgmmaFence();
+      tileProduct<DPAD, IN, BN>(o, pv, vTile);
+      sm90::wgmmaCommit();
+    }
+    sm90::wgmmaWait<0>();
     sm90::fenceRegisters(o);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(pv[kk]);
-    sm90::mbarArrive(kEmpty(st));
-    if (i > 0) sm90::mbarArrive(vEmpty((i - 1) % STAGES));
+    if (PERSISTENT) {  // the item's last V tile and its Q are read
+      if (local > 0) sm90::mbarArrive(vEmpty((i - 1) % STAGES));
+      sm90::mbarArrive(qEmpty(qb));
+    }
 
-    float corr[2];
-    const bool full = tiles.full(n0, n1) && n1 - n0 == BN;
-    if (softmaxTile<BN>(s, rowMax, rowSum, corr, full, n0, bandLo, bandHi, bandSink, p.scaleLog2, t)) scaleRows<DPAD>(o, corr);
+    typedef u16 T;
+    const bool hasSink = p.sinkLogits != 0;
+    const float sink2 = hasSink ? ((const float*)p.sinkLogits)[h] * 1.4426950408889634f : 0.f;
+    T* gO = sliceMutPtr<T>(p.o, b, h);
+    float* gLse = (float*)p.lse + (long long)bh * p.qLen;
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(pv[kk], s, kk);
-
-    sm90::mbarWait(vFull(st), parity);
-    sm90::fenceProxyAsync();
-    const u32 vTile = sV + st * Cfg::kTileBytes;
-    sm90::wgmmaFence();
-    tileProduct<DPAD, IN, BN>(o, pv, vTile);
-    sm90::wgmmaCommit();
-  }
-  if (PINGPONG && wg == 0) namedBarrierSync(myTurn);
-  sm90::wgmmaWait<0>();
-  sm90::fenceRegisters(o);
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(pv[kk]);
-
-  typedef u16 T;
-  const bool hasSink = p.sinkLogits != 0;
-  const float sink2 = hasSink ? ((const float*)p.sinkLogits)[h] * 1.4426950408889634f : 0.f;
-  T* gO = sliceMutPtr<T>(p.o, b, h);
-  float* gLse = (float*)p.lse + (long long)bh * p.qLen;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = rowSum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const RowFinal fin = finishRow(rowMax[r], l, hasSink, sink2);
-    const int row = rowA + 8 * r;
-    if (row < p.qLen) {
-      storeAccRow<Tag, DPAD>(gO + (long long)row * p.o.seqStride, o, r, fin.outScale, t, p.headDim);
-      if (t == 0) gLse[row] = fin.lse;
+    for (int r = 0; r < 2; ++r) {
+      float l = rowSum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const RowFinal fin = finishRow(rowMax[r], l, hasSink, sink2);
+      const int row = rowA + 8 * r;
+      if (row < p.qLen) {
+        storeAccRow<Tag, DPAD>(gO + (long long)row * p.o.seqStride, o, r, fin.outScale, t, p.headDim);
+        if (t == 0) gLse[row] = fin.lse;
+      }
     }
   }
+  if (PINGPONG && wg == 0) namedBarrierSync(myTurn);
 }
 
 }  // namespace flash

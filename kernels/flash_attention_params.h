@@ -41,6 +41,8 @@ struct FlashKernelParams {
   float scaleLog2;  // scale * log2(e): the kernels work with exp2
   AttentionMaskSpec mask;
   int qTiles;    // ceil(qLen / query tile of the backward preprocess kernel)
+  int workHeads; // persistent forward: (batch, head) slices per group of its work list (flashForwardWgmma)
+  unsigned long long workCounter;  // persistent forward: int [2], zero between launches (items taken, blocks done)
 };
 
 }  // namespace pa

@@ -16,6 +16,9 @@ namespace {
 
 constexpr int kPreprocessRows = 64;  // mirrors flash::kPreprocessRows
 constexpr int kDqReduceRows = 16;    // mirrors flash::kDqReduceRows
+// The persistent forward's groups of (batch, head) slices read at most this many bytes of K and V
+// (a share of the 50 MB L2 of an H100 / H200): their items run side by side and share them there.
+constexpr long long kPersistentL2Bytes = 16ll << 20;
 
 int elemBytes(FlashDType t) {
   switch (t) {
@@ -42,7 +45,9 @@ void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
 }  // namespace
 
 FlashAttention::FlashAttention(const cuda::Device& device)
-    : device_(device), target_(flashTargetOf(device.info())) {}
+    : device_(device), target_(flashTargetOf(device.info())), workCounter_(16) {
+  workCounter_.fill32(0);
+}
 
 FlashTarget flashTargetOf(const cuda::DeviceInfo& info) {
   FlashTarget t;
@@ -103,7 +108,7 @@ unsigned long long FlashAttention::keyOf(const FlashKernelSpec& spec) {
   key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
   key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
   key = (key * 2 + spec.tf32) * 2 + spec.f64;
-  key = key * 2 + spec.pingpong;
+  key = (key * 2 + spec.pingpong) * 2 + spec.persistent;
   return key;
 }
 
@@ -182,6 +187,16 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
   const FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
+  const long long items = (long long)ceilDiv(c.qLen, spec.rowsPerBlock()) * c.batch * c.heads;
+  if (spec.persistent) {
+    // One block an SM over the work list; its groups of slices keep their K and V within
+    // kPersistentL2Bytes (flash_attention_fwd_wgmma.cuh, ForwardWork).
+    const long long sliceBytes = std::max<long long>(1, 2LL * c.kLen * c.headDim * elemBytes(c.dtype) * c.kvHeads / c.heads);
+    p.workHeads = (int)std::max<long long>(1, std::min<long long>((long long)c.batch * c.heads, kPersistentL2Bytes / sliceBytes));
+    p.workCounter = workCounter_.ptr();
+    launch(spec, (unsigned)std::min<long long>(items, target_.multiprocessors), 1, p, stream, mode);
+    return;
+  }
   launch(spec, ceilDiv(c.qLen, spec.rowsPerBlock()), c.batch * c.heads, p, stream, mode);
 }
 

@@ -95,6 +95,9 @@ class FlashAttention {
   std::mutex mutex_;
   std::unordered_map<unsigned long long, Loaded> loaded_;  // by spec, see load()
   int64_t launches_ = 0;
+  // The persistent forward's work counter (FlashKernelParams::workCounter): zeroed here, and by
+  // each launch's last block for the next (launches on one stream: they never overlap there).
+  cuda::DeviceBuffer workCounter_;
 };
 
 }  // namespace pa

@@ -238,5 +238,38 @@ TEST(FlashSpec, ProductionListHoldsEveryExampleConfigsKernels) {
   EXPECT_GT(nodes, 0) << "no example config has a FlashAttention node";
 }
 
+// The sm_90a 16-bit forward runs persistent (one block an SM over a work list) where the SM
+// count is known, with a second Q buffer; not in dumps for an unknown device, nor with the
+// tuning's 0; the backward kernels never.
+TEST(FlashSpec, PersistentForwardWhereTheSmCountIsKnown) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashBF16, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = cfg.kLen = 1024;
+  for (int d : {64, 128}) {
+    cfg.headDim = d;
+    const FlashKernelSpec on = chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true, true});
+    const FlashKernelSpec unknown = chooseFlashSpec(FlashKernelKind::kForward, cfg, {0, true, true});
+    EXPECT_TRUE(on.persistent) << on.name();
+    EXPECT_FALSE(unknown.persistent) << unknown.name();
+    EXPECT_NE(on.name().find("_ps"), std::string::npos) << on.name();
+    EXPECT_EQ(unknown.name().find("_ps"), std::string::npos) << unknown.name();
+    EXPECT_NE(on.source().find(", true>"), std::string::npos) << on.source();
+    EXPECT_EQ(on.sharedBytes() - unknown.sharedBytes(), on.rowsPerBlock() * d * 2);  // the second Q buffer
+    EXPECT_LE(on.sharedBytes(), 227 * 1024) << on.name();
+    FlashTuning off;
+    off.fwdPersistent = 0;
+    EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true, true}, off).persistent);
+    for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+      EXPECT_FALSE(chooseFlashSpec(k, cfg, {132, true, true}).persistent);
+  }
+  cfg.headDim = 64;
+  EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, false, true}).persistent);  // mma.sync
+  FlashTuning big;  // d 128, 128-key tiles, three stages: no room for a second Q buffer
+  big.fwdTile = 128, big.fwdStages = 3, big.fwdWarpgroups = 2;
+  cfg.headDim = 128;
+  const FlashKernelSpec three = chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true, true}, big);
+  EXPECT_FALSE(three.persistent) << three.name();
+  EXPECT_LE(three.sharedBytes(), 227 * 1024) << three.name();
+}
+
 }  // namespace
 }  // namespace pa

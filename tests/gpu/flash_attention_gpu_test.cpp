@@ -597,17 +597,19 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
     bool wgmma;
     int tile, wg, stages;  // 0: the rule
     int pingpong = -1;  // the warpgroups' turns: -1 the rule
+    int persistent = -1;  // -1 the rule (persistent where the SM count is known), 0 one item a block
   };
   // Every variant fits an H100's shared memory at head dim 128 too.
   const Variant variants[] = {{false, 0, 0, 0},        {true, 64, 1, 2},        {true, 64, 2, 3},
                               {true, 64, 3, 3},        {true, 128, 1, 2},       {true, 128, 2, 2},
                               {true, 128, 2, 3},       {true, 128, 3, 2},       {true, 128, 2, 2, 0},
-                              {true, 128, 2, 2, 1},    {true, 64, 3, 3, 1},     {true, 64, 2, 2, 1}};
+                              {true, 128, 2, 2, 1},    {true, 64, 3, 3, 1},     {true, 64, 2, 2, 1},
+                              {true, 0, 0, 0, -1, 0}};
   int seed = 0;
   for (const Variant& v : variants) {
     FlashTuning tuning;
     tuning.wgmma = v.wgmma, tuning.fwdTile = v.tile, tuning.fwdWarpgroups = v.wg, tuning.fwdStages = v.stages;
-    tuning.fwdPingPong = v.pingpong;
+    tuning.fwdPingPong = v.pingpong, tuning.fwdPersistent = v.persistent;
     const ScopedTuning scoped(tuning);
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40, 104}) {
@@ -618,10 +620,80 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
         c.backward = false;
         SCOPED_TRACE("wgmma=" + std::to_string(v.wgmma) + " tile=" + std::to_string(v.tile) + " wg=" + std::to_string(v.wg) +
                      " stages=" + std::to_string(v.stages) + " pingpong=" + std::to_string(v.pingpong) +
-                     " d=" + std::to_string(d));
+                     " persistent=" + std::to_string(v.persistent) + " d=" + std::to_string(d));
         runCase(c, 500 + seed++);
       }
   }
+}
+
+// The persistent wgmma forward (blocks walking a work list of many items each, Q of the next
+// item loaded under the current one, groups of slices) computes every item as the one-item-a-block
+// kernel does: the same operations in the same order, so the same bits, O and lse. Shapes with
+// several items a block, several groups of slices (the last one short), partial last tiles, every
+// kind of mask, GQA, head dims 64 and 128 (two and three consumer warpgroups, ping-pong).
+TEST(FlashAttentionGpu, PersistentForwardEqualsOneItemABlock) {
+  REQUIRE_GPU();
+  FlashAttention& fa = *env().flash;
+  const FlashTarget target = flashTargetOf(env().device->info());
+  if (!target.wgmma) GTEST_SKIP() << "the persistent forward is the sm_90a wgmma kernel";
+  struct Shape {
+    int batch, heads, kvHeads, qLen, kLen, headDim;
+    AttentionMaskSpec mask;
+    bool sinks;
+  };
+  const Shape shapes[] = {{8, 16, 4, 1000, 1000, 64, maskOf(1, 0, -1, -1, 0), true},
+                          {3, 6, 6, 4100, 4100, 128, maskOf(1, 0, -1, -1, 0), false},
+                          {2, 12, 3, 2200, 2200, 64, maskOf(1, 0, 300, -1, 4), true},
+                          {4, 8, 8, 700, 1500, 128, maskOf(0, 0, -1, -1, 0), false},
+                          {6, 8, 2, 1300, 900, 64, maskOf(1, 1, 200, 50, 2), false}};
+  for (const Shape& sh : shapes) {
+    FlashAttentionConfig cfg;
+    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
+    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).persistent);
+    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    std::mt19937_64 rng(sh.qLen * 7 + sh.headDim);
+    const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
+    const long long kvElems = (long long)sh.batch * sh.kvHeads * sh.kLen * sh.headDim;
+    DevTensor q(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
+    DevTensor k(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false), v(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false);
+    q.upload(randomVec(qElems, rng, 1, cfg.dtype));
+    k.upload(randomVec(kvElems, rng, 1, cfg.dtype));
+    v.upload(randomVec(kvElems, rng, 1, cfg.dtype));
+    FloatBuffer sinks(sh.heads);
+    sinks.upload(randomVec(sh.heads, rng, 1, kFlashF32));
+    std::vector<std::vector<double>> outs;
+    for (int persistent : {1, 0}) {
+      FlashTuning tuning;
+      tuning.fwdPersistent = persistent;
+      const ScopedTuning scoped(tuning);
+      DevTensor o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
+      FloatBuffer lse(sh.batch * sh.heads * sh.qLen);
+      fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sh.sinks ? sinks.buf.ptr() : 0}, nullptr);
+      env().device->synchronize();
+      std::vector<double> all = o.download();
+      const auto l = lse.download();
+      all.insert(all.end(), l.begin(), l.end());
+      outs.push_back(all);
+    }
+    ASSERT_EQ(outs[0].size(), outs[1].size());
+    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(double)), 0);
+  }
+}
+
+// A small persistent forward with more items than SMs (blocks take two or three items each, so
+// Q buffers and the work counter are handed on), for compute-sanitizer's memcheck and racecheck
+// (bench/flash_device_run.sh sanitize): against the float64 reference.
+TEST(FlashAttentionGpu, PersistentForwardSeveralItemsABlock) {
+  REQUIRE_GPU();
+  const FlashTarget target = flashTargetOf(env().device->info());
+  Case c;
+  c.dtype = kFlashBF16, c.batch = 3, c.heads = 2 * std::max(1, target.multiprocessors / 2) + 11, c.kvHeads = 1;
+  c.qLen = 130, c.kLen = 100, c.headDim = 64;
+  c.mask = maskOf(1, 1, 40, -1, 2);
+  c.sinkLogits = true;
+  c.backward = false;
+  runCase(c, 4242);
 }
 
 // Same for the sm_90a backward kernels (dK/dV and dQ on wgmma): each tile / warpgroup variant the
