@@ -208,8 +208,6 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     s.warps = 8;
     if (tuning.bwdTile) s.tile = tuning.bwdTile;
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
-    s.persistent = target.multiprocessors > 0 && tuning.bwdPersistent != 0;
-    if (s.persistent && s.sharedBytes() > 227 * 1024) s.persistent = false;
   }
   return s;
 }

@@ -38,7 +38,7 @@
  *
  * PERSISTENT (the rule where the launcher knows the SM count): one block an SM, each taking
  * (slice, query tile) items from a work list through an atomic counter until it runs out
- * (WorkList: heaviest tiles first, so the light ones fill in at the end). The producer loads
+ * (ForwardWork: heaviest tiles first, so the light ones fill in at the end). The producer loads
  * the next item's Q into the second Q buffer and its first K/V tiles while the consumers finish
  * the current one (the ring runs on across items); qFull / qEmpty hand the Q buffers over, and
  * qFull's second set of arrivals publishes the buffer's item. An item is computed with the same
@@ -213,6 +213,30 @@ __device__ __forceinline__ void scaleRows(float (&o)[DPAD / 2], const float (&co
 __device__ __forceinline__ void namedBarrierSync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void namedBarrierArrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
+// The work of a block: one (slice, query tile) item, the heaviest tiles of a slice first; or,
+// PERSISTENT, items of the work list, each taken by the next block that is free (an atomic counter
+// in p.workCounter): groups of p.workHeads slices (as many as keep their K and V within a share
+// of L2), each group's items in order of query tile from the last (under a causal mask the
+// heaviest) to the first, slice by slice. Taken in that order by whichever block is free, the
+// heavy items start first and the light ones fill in at the end (longest-first list scheduling).
+struct ForwardWork {
+  int nQT, count;
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm, bool persistent) {
+    nQT = ceilDiv(p.qLen, bm);
+    count = persistent ? p.batch * p.heads * nQT : 1;
+  }
+  __device__ __forceinline__ void item(const FlashKernelParams& p, bool persistent, int n, int& slice, int& qt) const {
+    if (!persistent) {
+      slice = blockIdx.y, qt = heavyFirstTile();
+      return;
+    }
+    const int groupItems = p.workHeads * nQT, group = n / groupItems, r = n % groupItems;
+    const int slices = min(p.workHeads, p.batch * p.heads - group * p.workHeads);
+    qt = nQT - 1 - r / slices;
+    slice = group * p.workHeads + r % slices;
+  }
+};
+
 template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false, bool PERSISTENT = false>
 __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_, PERSISTENT> Cfg;
@@ -236,8 +260,8 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   auto qEmpty = [&](int s) { return bar + 8 * (4 * STAGES + QB + s); };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  WorkList work;  // PERSISTENT: (slice, query tile) items, the last tiles (the heaviest when causal) first
-  work.init(p, PERSISTENT ? ceilDiv(p.qLen, BM) : 1, PERSISTENT ? p.batch * p.heads : 1, true);
+  ForwardWork work;
+  work.init(p, BM, PERSISTENT);
 
   if (threadIdx.x == 0) {
     sm90::mbarInitRange(kFull(0), 2 * STAGES, LANES);                // kFull, vFull
@@ -257,20 +281,23 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
       int n = 0;
       if (PERSISTENT) {
         sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
-        if (pid == 0) itemOfBuffer[qb] = work.take(p);
+        if (pid == 0) itemOfBuffer[qb] = atomicAdd((int*)p.workCounter, 1);
         asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
         n = itemOfBuffer[qb];
         if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
           sm90::mbarArrive(qFull(qb));
           sm90::mbarArrive(qFull(qb));
-          if (pid == 0) work.finish(p);
+          if (pid == 0 && atomicAdd((int*)p.workCounter + 1, 1) == (int)gridDim.x - 1) {
+            ((int*)p.workCounter)[0] = 0;  // every block has taken its last item: zero for the next launch
+            ((int*)p.workCounter)[1] = 0;
+          }
           break;
         }
       } else if (done > 0) {
         break;
       }
-      int slice = blockIdx.y, qt = heavyFirstTile();
-      if (PERSISTENT) work.item(p, n, slice, qt);
+      int slice, qt;
+      work.item(p, PERSISTENT, n, slice, qt);
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;
@@ -311,8 +338,8 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
     sm90::mbarWait(qFull(qb), (done / QB) & 1);
     const int n = PERSISTENT ? itemOfBuffer[qb] : 0;
     if (n >= work.count) break;
-    int slice = blockIdx.y, qt = heavyFirstTile();
-    if (PERSISTENT) work.item(p, n, slice, qt);
+    int slice, qt;
+    work.item(p, PERSISTENT, n, slice, qt);
     QueryBlock blk;
     blk.initAt(p, BM, BN, slice, qt);
     const int bh = blk.bh, b = blk.b, h = blk.h, m0 = blk.m0;
