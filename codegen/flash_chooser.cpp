@@ -200,9 +200,9 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.fwdStages) s.stages = tuning.fwdStages;
     s.pingpong = s.dpad == 128 && s.warps == 8;
     if (tuning.fwdPingPong >= 0) s.pingpong = tuning.fwdPingPong != 0 && s.warps >= 8;
-    // Persistent where the SM count is known and the second Q buffer fits an sm_90 block's 227 KB.
+    // Persistent where the SM count is known and the second Q buffer fits an sm_90 block.
     s.persistent = target.multiprocessors > 0 && tuning.fwdPersistent != 0;
-    if (s.persistent && s.sharedBytes() > 227 * 1024) s.persistent = false;
+    if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
   } else {
     s.tile = s.dpad == 64 ? 128 : 64;
     s.warps = 8;

@@ -124,6 +124,10 @@ constexpr int kMaxDqPartialBlocks = 8;
 // bench/RESULTS_flash.md).
 constexpr long long kFp64MmaForwardMinBlocks = 24;
 
+// The most dynamic shared memory an sm_90 block may have (H100, H200): the wgmma kernels' variants
+// and the persistent forward's second Q buffer are chosen within it.
+constexpr int kSm90MaxSharedBytes = 227 * 1024;
+
 // What the choice of kernels depends on in the device (runtime/flash_attention.h makes one from
 // a device: flashTargetOf).
 struct FlashTarget {

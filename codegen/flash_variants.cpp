@@ -9,9 +9,6 @@ namespace pa {
 
 namespace {
 
-// The largest wgmma forward the sweep list holds (an H100 allows 227 KB a block).
-constexpr int kMaxWgmmaSharedBytes = 227 * 1024;
-
 // Appends the specs whose names are new.
 void addUnique(std::vector<FlashKernelSpec>& specs, std::set<std::string>& names, const FlashKernelSpec& s) {
   if (names.insert(s.name()).second) specs.push_back(s);
@@ -141,7 +138,7 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
         for (int tile : {64, 128}) {
           FlashKernelSpec v = chooseFlashSpec(k, cfg, sm90a);
           v.tile = tile;
-          if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
+          if (v.sharedBytes() <= kSm90MaxSharedBytes) specs.push_back(v);
         }
       const FlashKernelSpec chosen = chooseFlashSpec(FlashKernelKind::kForward, cfg, sm90a);
       for (int tile : {64, 128})
@@ -154,7 +151,7 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
             v.pingpong = chosen.pingpong && consumers >= 2;  // turns need two warpgroups
             for (bool persistent : {false, true}) {  // FlashTuning::fwdPersistent, where the SM count is known
               v.persistent = persistent;
-              if (v.sharedBytes() <= kMaxWgmmaSharedBytes) specs.push_back(v);
+              if (v.sharedBytes() <= kSm90MaxSharedBytes) specs.push_back(v);
             }
           }
       // The chosen tile and stages with the warpgroups' turns the other way than above.

@@ -219,14 +219,17 @@ __device__ __forceinline__ void namedBarrierArrive(int id) { asm volatile("bar.a
 // of L2), each group's items in order of query tile from the last (under a causal mask the
 // heaviest) to the first, slice by slice. Taken in that order by whichever block is free, the
 // heavy items start first and the light ones fill in at the end (longest-first list scheduling).
+// Without PERSISTENT the block's one item is (blockIdx.y, heavyFirstTile()) and count is 1.
+template <bool PERSISTENT>
 struct ForwardWork {
   int nQT, count;
-  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm, bool persistent) {
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm) {
     nQT = ceilDiv(p.qLen, bm);
-    count = persistent ? p.batch * p.heads * nQT : 1;
+    count = PERSISTENT ? p.batch * p.heads * nQT : 1;
   }
-  __device__ __forceinline__ void item(const FlashKernelParams& p, bool persistent, int n, int& slice, int& qt) const {
-    if (!persistent) {
+  // Item n of the list: its slice and query tile.
+  __device__ __forceinline__ void item(const FlashKernelParams& p, int n, int& slice, int& qt) const {
+    if (!PERSISTENT) {
       slice = blockIdx.y, qt = heavyFirstTile();
       return;
     }
@@ -234,6 +237,15 @@ struct ForwardWork {
     const int slices = min(p.workHeads, p.batch * p.heads - group * p.workHeads);
     qt = nQT - 1 - r / slices;
     slice = group * p.workHeads + r % slices;
+  }
+  // The next free item's index (>= count: none left).
+  __device__ __forceinline__ int take(const FlashKernelParams& p) const { return atomicAdd((int*)p.workCounter, 1); }
+  // After the block's last take(): the last block to get here zeroes the counter for the next launch.
+  __device__ __forceinline__ void finish(const FlashKernelParams& p) const {
+    if (atomicAdd((int*)p.workCounter + 1, 1) == (int)gridDim.x - 1) {
+      ((int*)p.workCounter)[0] = 0;
+      ((int*)p.workCounter)[1] = 0;
+    }
   }
 };
 
@@ -260,8 +272,8 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   auto qEmpty = [&](int s) { return bar + 8 * (4 * STAGES + QB + s); };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  ForwardWork work;
-  work.init(p, BM, PERSISTENT);
+  ForwardWork<PERSISTENT> work;
+  work.init(p, BM);
 
   if (threadIdx.x == 0) {
     sm90::mbarInitRange(kFull(0), 2 * STAGES, LANES);                // kFull, vFull
@@ -281,23 +293,20 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
       int n = 0;
       if (PERSISTENT) {
         sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
-        if (pid == 0) itemOfBuffer[qb] = atomicAdd((int*)p.workCounter, 1);
+        if (pid == 0) itemOfBuffer[qb] = work.take(p);
         asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
         n = itemOfBuffer[qb];
         if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
           sm90::mbarArrive(qFull(qb));
           sm90::mbarArrive(qFull(qb));
-          if (pid == 0 && atomicAdd((int*)p.workCounter + 1, 1) == (int)gridDim.x - 1) {
-            ((int*)p.workCounter)[0] = 0;  // every block has taken its last item: zero for the next launch
-            ((int*)p.workCounter)[1] = 0;
-          }
+          if (pid == 0) work.finish(p);
           break;
         }
       } else if (done > 0) {
         break;
       }
       int slice, qt;
-      work.item(p, PERSISTENT, n, slice, qt);
+      work.item(p, n, slice, qt);
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;
@@ -339,7 +348,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
     const int n = PERSISTENT ? itemOfBuffer[qb] : 0;
     if (n >= work.count) break;
     int slice, qt;
-    work.item(p, PERSISTENT, n, slice, qt);
+    work.item(p, n, slice, qt);
     QueryBlock blk;
     blk.initAt(p, BM, BN, slice, qt);
     const int bh = blk.bh, b = blk.b, h = blk.h, m0 = blk.m0;

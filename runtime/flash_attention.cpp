@@ -187,17 +187,17 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
   const FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
-  const long long items = (long long)ceilDiv(c.qLen, spec.rowsPerBlock()) * c.batch * c.heads;
-  if (spec.persistent) {
-    // One block an SM over the work list; its groups of slices keep their K and V within
-    // kPersistentL2Bytes (flash_attention_fwd_wgmma.cuh, ForwardWork).
-    const long long sliceBytes = std::max<long long>(1, 2LL * c.kLen * c.headDim * elemBytes(c.dtype) * c.kvHeads / c.heads);
-    p.workHeads = (int)std::max<long long>(1, std::min<long long>((long long)c.batch * c.heads, kPersistentL2Bytes / sliceBytes));
-    p.workCounter = workCounter_.ptr();
-    launch(spec, (unsigned)std::min<long long>(items, target_.multiprocessors), 1, p, stream, mode);
+  const int qTiles = ceilDiv(c.qLen, spec.rowsPerBlock()), slices = c.batch * c.heads;
+  if (!spec.persistent) {
+    launch(spec, qTiles, slices, p, stream, mode);
     return;
   }
-  launch(spec, ceilDiv(c.qLen, spec.rowsPerBlock()), c.batch * c.heads, p, stream, mode);
+  // One block an SM over the work list; its groups of slices keep their K and V within
+  // kPersistentL2Bytes (flash_attention_fwd_wgmma.cuh, ForwardWork).
+  const long long sliceBytes = std::max<long long>(1, 2LL * c.kLen * c.headDim * elemBytes(c.dtype) * c.kvHeads / c.heads);
+  p.workHeads = (int)std::max<long long>(1, std::min<long long>(slices, kPersistentL2Bytes / sliceBytes));
+  p.workCounter = workCounter_.ptr();
+  launch(spec, (unsigned)std::min<long long>((long long)qTiles * slices, target_.multiprocessors), 1, p, stream, mode);
 }
 
 size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {
