@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <random>
@@ -626,6 +627,18 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
   }
 }
 
+// One run's outputs (downloaded tensors and buffers) one after another, and two runs compared bit
+// for bit.
+std::vector<double> joined(std::initializer_list<std::vector<double>> parts) {
+  std::vector<double> all;
+  for (const std::vector<double>& x : parts) all.insert(all.end(), x.begin(), x.end());
+  return all;
+}
+void expectSameBits(const std::vector<double>& a, const std::vector<double>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0);
+}
+
 // The persistent wgmma forward (blocks walking a work list of many items each, Q of the next
 // item loaded under the current one, groups of slices) computes every item as the one-item-a-block
 // kernel does: the same operations in the same order, so the same bits, O and lse. Shapes with
@@ -671,13 +684,9 @@ TEST(FlashAttentionGpu, PersistentForwardEqualsOneItemABlock) {
       FloatBuffer lse(sh.batch * sh.heads * sh.qLen);
       fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sh.sinks ? sinks.buf.ptr() : 0}, nullptr);
       env().device->synchronize();
-      std::vector<double> all = o.download();
-      const auto l = lse.download();
-      all.insert(all.end(), l.begin(), l.end());
-      outs.push_back(all);
+      outs.push_back(joined({o.download(), lse.download()}));
     }
-    ASSERT_EQ(outs[0].size(), outs[1].size());
-    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(double)), 0);
+    expectSameBits(outs[0], outs[1]);
   }
 }
 
@@ -805,17 +814,9 @@ TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
       a.workspace = ws.ptr();
       fa.backward(cfg, a, nullptr);
       env().device->synchronize();
-      std::vector<double> all = dq.download();
-      for (auto* t : {&dk, &dv}) {
-        const auto x = t->download();
-        all.insert(all.end(), x.begin(), x.end());
-      }
-      const auto s = dSink.download();
-      all.insert(all.end(), s.begin(), s.end());
-      runs.push_back(all);
+      runs.push_back(joined({dq.download(), dk.download(), dv.download(), dSink.download()}));
     }
-    ASSERT_EQ(runs[0].size(), runs[1].size());
-    EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(double)), 0);
+    expectSameBits(runs[0], runs[1]);
   }
 }
 
