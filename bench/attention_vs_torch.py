@@ -462,7 +462,7 @@ def main():
                           f"ffma {t['0'] * 1e3:.1f} us, dmma {t['1'] * 1e3:.1f} us, ffma/dmma {t['0'] / t['1']:.2f}",
                           flush=True)
         return
-    if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), PA_FLASH_ATOMIC_DQ=0/1
+    if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), PA_FLASH_ATOMIC_DQ / _BWD_PERSISTENT=0/1
         for d in (64, 128):
             for causal in (False, True):
                 b, h, s = 4, 2048 // d, 4096
@@ -471,7 +471,7 @@ def main():
                 ms = bench(ours.fwd_bwd) - bench(ours.fwd)
                 fl_b = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                 print(f"bwdtune d={d} causal={causal} atomic_dq={os.environ.get('PA_FLASH_ATOMIC_DQ', '0')} "
-                      f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')}: "
+                      f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')} ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
                       f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
     if "tune" in a.only:  # forward only, for comparing tile knobs (PA_FLASH_FWD_TILE / _MT / _WG, PA_FLASH_WGMMA)

@@ -36,6 +36,7 @@ pa::FlashTuning tuningFromEnvironment() {
   t.fwdStages = knob("PA_FLASH_FWD_STAGES");
   t.fwdPingPong = onOffOrRule("PA_FLASH_FWD_PINGPONG");
   t.fwdPersistent = onOffOrRule("PA_FLASH_FWD_PERSISTENT");
+  t.bwdPersistent = onOffOrRule("PA_FLASH_BWD_PERSISTENT");
   t.bwdTile = knob("PA_FLASH_BWD_TILE");
   t.bwdWarpgroups = knob("PA_FLASH_BWD_WG");
   t.wgmma = onOff("PA_FLASH_WGMMA", true);

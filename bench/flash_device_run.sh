@@ -23,7 +23,7 @@ if want tests; then
   grep -E "Failure" -A4 "$OUT/gpu.log" | head -30
 fi
 if want sanitize; then
-  F='AllMasks/FlashMaskSweep.*/bf16_mask6_shape2:AllMasks/FlashMaskSweep.*/f32_mask6_shape2:AllMasks/FlashMaskSweep.*/f16_mask4_shape4:FlashAttentionGpu.PersistentForwardSeveralItemsABlock'
+  F='AllMasks/FlashMaskSweep.*/bf16_mask6_shape2:AllMasks/FlashMaskSweep.*/f32_mask6_shape2:AllMasks/FlashMaskSweep.*/f16_mask4_shape4:FlashAttentionGpu.PersistentForwardSeveralItemsABlock:FlashAttentionGpu.PersistentBackwardSeveralItemsABlock'
   timeout 120 compute-sanitizer --tool memcheck "$T" --gtest_filter="$F" > "$OUT/memcheck.log" 2>&1; tail -2 "$OUT/memcheck.log"
   timeout 150 compute-sanitizer --tool racecheck "$T" --gtest_filter="$F" > "$OUT/racecheck.log" 2>&1; tail -2 "$OUT/racecheck.log"
 fi

@@ -208,6 +208,8 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     s.warps = 8;
     if (tuning.bwdTile) s.tile = tuning.bwdTile;
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
+    s.persistent = target.multiprocessors > 0 && tuning.bwdPersistent != 0;
+    if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
   }
   return s;
 }

@@ -78,11 +78,13 @@ int FlashKernelSpec::sharedBytes() const {
     case FlashKernelKind::kBwdDkDv:
       // wgmma: K and V of 16·warps keys, per stage Q, dO and the query statistics (20 bytes a row,
       // rounded to 1 KB), alignment slack (WgmmaDkDvConfig).
-      if (wgmma) return 2 * 16 * warps * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) + 1024;
+      if (wgmma)
+        return (persistent ? 2 : 1) * 2 * 16 * warps * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) +
+               1024;
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 2 * 16 * mtiles * 68 + 2 * 64) * 4
                  : (2 * 16 * warps + 4 * tile) * row + 4 * tile * 4 + 6 * tile * 4 + (atomicDq ? 16 * warps * dsRow : 0);
     case FlashKernelKind::kBwdDq:
-      if (wgmma) return 2 * 16 * warps * dpad * 2 + stages * 2 * tile * dpad * 2 + 1024;  // WgmmaDqConfig
+      if (wgmma) return (persistent ? 2 : 1) * 2 * 16 * warps * dpad * 2 + stages * 2 * tile * dpad * 2 + 1024;  // WgmmaDqConfig
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
                  : (2 * 16 * mtiles * warps + 4 * tile) * row;
   }
@@ -145,7 +147,7 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kBwdDkDv:
       if (wgmma) {
         call = "flashBackwardDkDvWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " +
-               std::to_string(warps / 4) + ", " + std::to_string(stages) + ">";
+               std::to_string(warps / 4) + ", " + std::to_string(stages) + ", " + (persistent ? "true" : "false") + ">";
         break;
       }
       call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " +
@@ -163,7 +165,7 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kBwdDq:
       if (wgmma) {
         call = "flashBackwardDqWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " +
-               std::to_string(warps / 4) + ", " + std::to_string(stages) + ">";
+               std::to_string(warps / 4) + ", " + std::to_string(stages) + ", " + (persistent ? "true" : "false") + ">";
         break;
       }
       call = f32 ? "flashBackwardDqF32<" + d + ", " + std::to_string(mtiles) + ">"

@@ -94,8 +94,9 @@ struct FlashKernelSpec {
   int stages = 2;
   // The wgmma forward's consumer warpgroups take turns issuing S = Q·Kᵀ (flash_attention_fwd_wgmma.cuh).
   bool pingpong = false;
-  // The wgmma forward as a persistent kernel: one block an SM walks a work list of (slice, query
-  // tile) items, heaviest tiles first, loading the next item's Q under the current one's work.
+  // The wgmma forward, dK/dV or dQ kernel as a persistent kernel: one block an SM walks a work
+  // list of (slice, tile) items, heaviest tiles first, loading the next item's resident tiles (Q;
+  // K and V; Q and dO) under the current one's work.
   bool persistent = false;
   // fp32 on the tensor cores (FlashAttentionConfig::tf32): the forward / dK,dV / dQ kernels are
   // the 16-bit types' mma.sync kernels with TF32 operands; `warps`, `tile`, `mtiles` as there.
@@ -147,6 +148,7 @@ struct FlashTuning {
   int fwdStages = 0;      // sm_90a wgmma forward: depth of the K/V ring
   int fwdPingPong = -1;   // sm_90a wgmma forward: -1 the rule, 0 / 1 warpgroups take turns off / on
   int fwdPersistent = -1; // sm_90a wgmma forward: -1 the rule, 0 / 1 persistent off / on (needs the SM count)
+  int bwdPersistent = -1; // sm_90a wgmma dK/dV and dQ: the same
   int bwdTile = 0;        // sm_90a wgmma backward: streamed tile rows
   int bwdWarpgroups = 0;  // sm_90a wgmma backward: consumer warpgroups
   bool wgmma = true;      // false: the sm_90a fp16/bf16 kernels on mma.sync instead of wgmma

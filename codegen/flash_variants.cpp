@@ -135,11 +135,13 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
     for (int d : {64, 128}) {
       cfg.headDim = d;
       for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
-        for (int tile : {64, 128}) {
-          FlashKernelSpec v = chooseFlashSpec(k, cfg, sm90a);
-          v.tile = tile;
-          if (v.sharedBytes() <= kSm90MaxSharedBytes) specs.push_back(v);
-        }
+        for (int tile : {64, 128})
+          for (bool persistent : {false, true}) {  // FlashTuning::bwdPersistent, where the SM count is known
+            FlashKernelSpec v = chooseFlashSpec(k, cfg, sm90a);
+            v.tile = tile;
+            v.persistent = persistent;
+            if (v.sharedBytes() <= kSm90MaxSharedBytes) specs.push_back(v);
+          }
       const FlashKernelSpec chosen = chooseFlashSpec(FlashKernelKind::kForward, cfg, sm90a);
       for (int tile : {64, 128})
         for (int consumers : {1, 2, 3})

@@ -196,12 +196,17 @@ struct DkDvBlock {
   bool splitHeads;
   TileMask tm;
   __device__ __forceinline__ void init(const FlashKernelParams& p, int bn, int bqRows) {
+    initAt(p, bn, bqRows, blockIdx.y, blockIdx.x);
+  }
+  // Slice `slice` (batch · heads + query head with split GQA, else batch · kvHeads + KV head),
+  // key block `kb` of bn keys.
+  __device__ __forceinline__ void initAt(const FlashKernelParams& p, int bn, int bqRows, int slice, int kb) {
     const int group = p.heads / p.kvHeads;
     splitHeads = p.dKVPartial != 0;
-    b = blockIdx.y / (splitHeads ? p.heads : p.kvHeads);
-    hFirst = splitHeads ? blockIdx.y % p.heads : (blockIdx.y % p.kvHeads) * group;
+    b = slice / (splitHeads ? p.heads : p.kvHeads);
+    hFirst = splitHeads ? slice % p.heads : (slice % p.kvHeads) * group;
     hk = hFirst / group;
-    n0 = blockIdx.x * bn;
+    n0 = kb * bn;
     n1 = min(n0 + bn, p.kLen);
     bq = bqRows;
     tm = TileMask{p.mask, p.qLen, p.kLen};

@@ -26,6 +26,11 @@
  * K/V tiles; per tile S = Q·Kᵀ and dP = dO·Vᵀ from shared memory, dS = P ⊙ (dP − Δ) in registers,
  * dQ += dS·K with dS as the register operand.
  *
+ * PERSISTENT (both kernels; the rule where the launcher knows the SM count): one block an SM takes
+ * (slice, key block) or (slice, query tile) items from a work list (WorkList, heaviest first), as
+ * the forward does, loading the next item's resident tiles (K and V; Q and dO) into a second
+ * buffer under the current item; an item is computed exactly as a block of its own would.
+ *
  * Each tile's register-operand products are waited for before the stage is released, which
  * keeps the packed P / dS registers short-lived (the register budget is the limit at head dim
  * 128: dK and dV alone take 128 a thread).
@@ -46,7 +51,7 @@ struct WgmmaRowStats {
   int lo[BQ], hi[BQ], sinkHi[BQ];
 };
 
-template <int DPAD, int BQ, int CONSUMERS, int STAGES>
+template <int DPAD, int BQ, int CONSUMERS, int STAGES, bool PERSISTENT = false>
 struct WgmmaDkDvConfig {
   static_assert(DPAD == 64 || DPAD == 128, "wgmma backward: padded head dim 64 or 128");
   static_assert(BQ == 64 || BQ == 128, "wgmma backward: 64 or 128 queries per tile");
@@ -57,10 +62,11 @@ struct WgmmaDkDvConfig {
   static constexpr int kTileBytes = BQ * DPAD * 2;           // Q, and again dO, per stage
   static constexpr int kStatsBytes = (int)sizeof(WgmmaRowStats<BQ>);
   static constexpr int kStageBytes = 2 * kTileBytes + ((kStatsBytes + 1023) / 1024) * 1024;
-  static constexpr int kSharedBytes = 2 * kKBytes + STAGES * kStageBytes + 1024;
+  static constexpr int kKvBuffers = PERSISTENT ? 2 : 1;  // K and V of the next item under this one
+  static constexpr int kSharedBytes = kKvBuffers * 2 * kKBytes + STAGES * kStageBytes + 1024;
 };
 
-template <int DPAD, int BN, int CONSUMERS, int STAGES>
+template <int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false>
 struct WgmmaDqConfig {
   static_assert(DPAD == 64 || DPAD == 128, "wgmma backward: padded head dim 64 or 128");
   static_assert(BN == 64 || BN == 128, "wgmma backward: 64 or 128 keys per tile");
@@ -69,68 +75,98 @@ struct WgmmaDqConfig {
   typedef sm90::RegisterSplit<CONSUMERS, 24> Registers;
   static constexpr int kQBytes = BM * DPAD * 2;    // Q, and again dO
   static constexpr int kTileBytes = BN * DPAD * 2;  // K, and again V, per stage
-  static constexpr int kSharedBytes = 2 * kQBytes + STAGES * 2 * kTileBytes + 1024;
+  static constexpr int kQBuffers = PERSISTENT ? 2 : 1;  // Q and dO of the next item under this one
+  static constexpr int kSharedBytes = kQBuffers * 2 * kQBytes + STAGES * 2 * kTileBytes + 1024;
 };
 
 // =============================================================================================
-template <typename Tag, int DPAD, int BQ, int CONSUMERS, int STAGES>
+template <typename Tag, int DPAD, int BQ, int CONSUMERS, int STAGES, bool PERSISTENT = false>
 __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& p) {
-  typedef WgmmaDkDvConfig<DPAD, BQ, CONSUMERS, STAGES> Cfg;
+  typedef WgmmaDkDvConfig<DPAD, BQ, CONSUMERS, STAGES, PERSISTENT> Cfg;
   typedef WgmmaRowStats<BQ> Stats;
-  constexpr int BN = Cfg::BN, IN = WgmmaInputOf<Tag>::kValue;
+  constexpr int BN = Cfg::BN, IN = WgmmaInputOf<Tag>::kValue, KB = Cfg::kKvBuffers;
   extern __shared__ unsigned char smemRaw[];
-  __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 1];  // full, empty per stage; kvFull
+  // full, empty per stage; kvFull, kvEmpty per K/V buffer
+  __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 2 * KB];
+  __shared__ int itemOfBuffer[KB];  // PERSISTENT: the work-list item whose K and V a buffer holds
   sm90::trapIfSharedBelow(Cfg::kSharedBytes);
   const u32 base = (smemAddr(smemRaw) + 1023u) & ~1023u;
   unsigned char* const baseGeneric = smemRaw + (base - smemAddr(smemRaw));
-  const u32 sK = base, sV = base + Cfg::kKBytes, sStages = base + 2 * Cfg::kKBytes;
+  const u32 sKV0 = base, sStages = base + KB * 2 * Cfg::kKBytes;  // per K/V buffer: K, V
   auto stage = [&](int s) { return sStages + s * Cfg::kStageBytes; };  // Q, dO, stats
   auto stats = [&](int s) {
-    return reinterpret_cast<Stats*>(baseGeneric + 2 * Cfg::kKBytes + s * Cfg::kStageBytes + 2 * Cfg::kTileBytes);
+    return reinterpret_cast<Stats*>(baseGeneric + KB * 2 * Cfg::kKBytes + s * Cfg::kStageBytes + 2 * Cfg::kTileBytes);
   };
   const u32 bar = smemAddr(barriers);
   auto full = [&](int s) { return bar + 8 * s; };
   auto empty = [&](int s) { return bar + 8 * (STAGES + s); };
-  const u32 kvFull = bar + 8 * 2 * STAGES;
+  auto kvFull = [&](int s) { return bar + 8 * (2 * STAGES + s); };
+  auto kvEmpty = [&](int s) { return bar + 8 * (2 * STAGES + KB + s); };
 
   const int warp = threadIdx.x >> 5;
-  DkDvBlock blk;
-  blk.init(p, BN, BQ);
-  const int b = blk.b, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
-  const TileMask& tm = blk.tm;
-  auto nextItem = [&](int it) { return blk.next(it); };
+  // PERSISTENT: (slice, key block) items, the first key blocks (the heaviest under a top-left
+  // causal mask) first.
+  WorkList work;
+  work.init(p, PERSISTENT ? ceilDiv(p.kLen, BN) : 1,
+            PERSISTENT ? p.batch * (p.dKVPartial != 0 ? p.heads : p.kvHeads) : 1, false);
 
   if (threadIdx.x == 0) {
     sm90::mbarInitRange(full(0), STAGES, 2 * 128);
     sm90::mbarInitRange(empty(0), STAGES, 128 * CONSUMERS);
-    sm90::mbarInit(kvFull, 128);
+    // PERSISTENT: K's and V's copies, and a plain arrival that publishes the buffer's item.
+    sm90::mbarInitRange(kvFull(0), KB, PERSISTENT ? 2 * 128 : 128);
+    sm90::mbarInitRange(kvEmpty(0), KB, 128 * CONSUMERS);
   }
   __syncthreads();
 
   if (warp >= 4 * CONSUMERS) {  // the producer
     Cfg::Registers::enterProducer();
     const int pid = threadIdx.x - 128 * CONSUMERS;
-    loadSwizzled<BN, DPAD, 128>(sK, slicePtr<u16>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim, pid);
-    loadSwizzled<BN, DPAD, 128>(sV, slicePtr<u16>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim, pid);
-    sm90::cpAsyncArriveOnLanding(kvFull);
-    int i = 0;
-    for (int it = nextItem(0); it < nItems; it = nextItem(it + 1), ++i) {
-      const int st = i % STAGES;
-      sm90::mbarWait(empty(st), ((i / STAGES) & 1) ^ 1);
-      const int h = blk.head(it), q0 = blk.q0(it);
-      loadSwizzled<BQ, DPAD, 128>(stage(st), slicePtr<u16>(p.q, b, h), p.q.seqStride, q0, p.qLen, p.headDim, pid);
-      loadSwizzled<BQ, DPAD, 128>(stage(st) + Cfg::kTileBytes, slicePtr<u16>(p.dO, b, h), p.dO.seqStride, q0, p.qLen,
-                                  p.headDim, pid);
-      sm90::cpAsyncArriveOnLanding(full(st));
-      const long long rowBase = ((long long)b * p.heads + h) * p.qLen;
-      Stats* sts = stats(st);
-      for (int r = pid; r < BQ; r += 128) {
-        const int q = q0 + r;
-        sts->lse2[r] = q < p.qLen ? backwardLse2(((const float*)p.lse)[rowBase + q]) : posInf();
-        sts->delta[r] = q < p.qLen ? ((const float*)p.delta)[rowBase + q] : 0.f;
-        tm.rowBand(q, sts->lo[r], sts->hi[r], sts->sinkHi[r]);
+    int i = 0;  // the stages' position
+    for (int done = 0;; ++done) {
+      const int kvb = done % KB;
+      int n = 0;
+      if (PERSISTENT) {
+        sm90::mbarWait(kvEmpty(kvb), ((done / KB) & 1) ^ 1);
+        if (pid == 0) itemOfBuffer[kvb] = work.take(p);
+        asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
+        n = itemOfBuffer[kvb];
+        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
+          sm90::mbarArrive(kvFull(kvb));
+          sm90::mbarArrive(kvFull(kvb));
+          if (pid == 0) work.finish(p);
+          break;
+        }
+      } else if (done > 0) {
+        break;
       }
-      sm90::mbarArrive(full(st));  // publishes the statistics (release)
+      int slice = blockIdx.y, kb = blockIdx.x;
+      if (PERSISTENT) work.item(p, n, slice, kb);
+      DkDvBlock blk;
+      blk.initAt(p, BN, BQ, slice, kb);
+      const u32 sK = sKV0 + kvb * 2 * Cfg::kKBytes, sV = sK + Cfg::kKBytes;
+      loadSwizzled<BN, DPAD, 128>(sK, slicePtr<u16>(p.k, blk.b, blk.hk), p.k.seqStride, blk.n0, p.kLen, p.headDim, pid);
+      loadSwizzled<BN, DPAD, 128>(sV, slicePtr<u16>(p.v, blk.b, blk.hk), p.v.seqStride, blk.n0, p.kLen, p.headDim, pid);
+      sm90::cpAsyncArriveOnLanding(kvFull(kvb));
+      if (PERSISTENT) sm90::mbarArrive(kvFull(kvb));  // publishes itemOfBuffer (release)
+      for (int it = blk.next(0); it < blk.nItems; it = blk.next(it + 1), ++i) {
+        const int st = i % STAGES;
+        sm90::mbarWait(empty(st), ((i / STAGES) & 1) ^ 1);
+        const int h = blk.head(it), q0 = blk.q0(it);
+        loadSwizzled<BQ, DPAD, 128>(stage(st), slicePtr<u16>(p.q, blk.b, h), p.q.seqStride, q0, p.qLen, p.headDim, pid);
+        loadSwizzled<BQ, DPAD, 128>(stage(st) + Cfg::kTileBytes, slicePtr<u16>(p.dO, blk.b, h), p.dO.seqStride, q0, p.qLen,
+                                    p.headDim, pid);
+        sm90::cpAsyncArriveOnLanding(full(st));
+        const long long rowBase = ((long long)blk.b * p.heads + h) * p.qLen;
+        Stats* sts = stats(st);
+        for (int r = pid; r < BQ; r += 128) {
+          const int q = q0 + r;
+          sts->lse2[r] = q < p.qLen ? backwardLse2(((const float*)p.lse)[rowBase + q]) : posInf();
+          sts->delta[r] = q < p.qLen ? ((const float*)p.delta)[rowBase + q] : 0.f;
+          blk.tm.rowBand(q, sts->lo[r], sts->hi[r], sts->sinkHi[r]);
+        }
+        sm90::mbarArrive(full(st));  // publishes the statistics (release)
+      }
     }
     cpAsyncCommit();
     cpAsyncWait<0>();
@@ -139,128 +175,167 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
 
   Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int keyA = n0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
-  float dK[DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];
+  int i = 0;  // the stages' position
+  for (int done = 0;; ++done) {
+    const int kvb = done % KB;
+    if (!PERSISTENT && done > 0) break;
+    sm90::mbarWait(kvFull(kvb), (done / KB) & 1);
+    const int n = PERSISTENT ? itemOfBuffer[kvb] : 0;
+    if (n >= work.count) break;
+    int slice = blockIdx.y, kb = blockIdx.x;
+    if (PERSISTENT) work.item(p, n, slice, kb);
+    DkDvBlock blk;
+    blk.initAt(p, BN, BQ, slice, kb);
+    const int n0 = blk.n0, n1 = blk.n1;
+    const TileMask& tm = blk.tm;
+    const int keyA = n0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
+    float dK[DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];
 #pragma unroll
-  for (int i = 0; i < DPAD / 2; ++i) dK[i] = dV[i] = 0.f;
+    for (int k = 0; k < DPAD / 2; ++k) dK[k] = dV[k] = 0.f;
 #pragma unroll
-  for (int i = 0; i < BQ / 2; ++i) sT[i] = dpT[i] = 0.f;
+    for (int k = 0; k < BQ / 2; ++k) sT[k] = dpT[k] = 0.f;
 
-  sm90::mbarWait(kvFull, 0);
-  const u32 kRows = sK + wg * 64 * 128, vRows = sV + wg * 64 * 128;
-  int i = 0;
-  for (int it = nextItem(0); it < nItems; it = nextItem(it + 1), ++i) {
-    const int st = i % STAGES;
-    sm90::mbarWait(full(st), (i / STAGES) & 1);
-    sm90::fenceProxyAsync();
-    const u32 qTile = stage(st), oTile = qTile + Cfg::kTileBytes;
-    const Stats* sts = stats(st);
-    const int q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
-    sm90::wgmmaFence();
-    headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
-    headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
-    sm90::wgmmaCommit();
-    sm90::wgmmaWait<0>();
-    sm90::fenceRegisters(sT);
-    sm90::fenceRegisters(dpT);
-    sm90::fenceRegisters(dK);
-    sm90::fenceRegisters(dV);
+    const u32 kRows = sKV0 + kvb * 2 * Cfg::kKBytes + wg * 64 * 128, vRows = kRows + Cfg::kKBytes;
+    for (int it = blk.next(0); it < blk.nItems; it = blk.next(it + 1), ++i) {
+      const int st = i % STAGES;
+      sm90::mbarWait(full(st), (i / STAGES) & 1);
+      sm90::fenceProxyAsync();
+      const u32 qTile = stage(st), oTile = qTile + Cfg::kTileBytes;
+      const Stats* sts = stats(st);
+      const int q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
+      sm90::wgmmaFence();
+      headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
+      headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
+      sm90::wgmmaCommit();
+      sm90::wgmmaWait<0>();
+      sm90::fenceRegisters(sT);
+      sm90::fenceRegisters(dpT);
+      sm90::fenceRegisters(dK);
+      sm90::fenceRegisters(dV);
 
-    // Pᵀ and dSᵀ: element e of n-tile nt is key keyA + 8·(e >> 1), query q0 + 8·nt + 2t + (e & 1).
-    // The mask is a pass of its own that full tiles skip; the queries' statistics are read two at
-    // a time (the thread's two adjacent queries).
-    if (!(tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ)) {
+      // Pᵀ and dSᵀ: element e of n-tile nt is key keyA + 8·(e >> 1), query q0 + 8·nt + 2t + (e & 1).
+      // The mask is a pass of its own that full tiles skip; the queries' statistics are read two
+      // at a time (the thread's two adjacent queries).
+      if (!(tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ)) {
 #pragma unroll
-      for (int nt = 0; nt < BQ / 8; ++nt)
+        for (int nt = 0; nt < BQ / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int ql = nt * 8 + 2 * t + (e & 1);
+            if (!bandVisible(keyA + 8 * (e >> 1), sts->lo[ql], sts->hi[ql], sts->sinkHi[ql])) sT[4 * nt + e] = negInf();
+          }
+      }
+#pragma unroll
+      for (int nt = 0; nt < BQ / 8; ++nt) {
+        const float2 lse2 = *reinterpret_cast<const float2*>(&sts->lse2[nt * 8 + 2 * t]);
+        const float2 delta = *reinterpret_cast<const float2*>(&sts->delta[nt * 8 + 2 * t]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int ql = nt * 8 + 2 * t + (e & 1);
-          if (!bandVisible(keyA + 8 * (e >> 1), sts->lo[ql], sts->hi[ql], sts->sinkHi[ql])) sT[4 * nt + e] = negInf();
+          const float pe = fastExp2(fmaf(sT[4 * nt + e], p.scaleLog2, -((e & 1) ? lse2.y : lse2.x)));
+          sT[4 * nt + e] = pe;
+          dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
         }
-    }
-#pragma unroll
-    for (int nt = 0; nt < BQ / 8; ++nt) {
-      const float2 lse2 = *reinterpret_cast<const float2*>(&sts->lse2[nt * 8 + 2 * t]);
-      const float2 delta = *reinterpret_cast<const float2*>(&sts->delta[nt * 8 + 2 * t]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = fastExp2(fmaf(sT[4 * nt + e], p.scaleLog2, -((e & 1) ? lse2.y : lse2.x)));
-        sT[4 * nt + e] = pe;
-        dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
       }
-    }
-    u32 aP[BQ / 16][4], aS[BQ / 16][4];
+      u32 aP[BQ / 16][4], aS[BQ / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      packFragment<Tag>(aP[kk], sT, kk);
-      packFragment<Tag>(aS[kk], dpT, kk);
-    }
-    sm90::wgmmaFence();
-    tileProduct<DPAD, IN, BQ>(dV, aP, oTile);
-    tileProduct<DPAD, IN, BQ>(dK, aS, qTile);
-    sm90::wgmmaCommit();
-    sm90::wgmmaWait<0>();
-    sm90::fenceRegisters(dK);
-    sm90::fenceRegisters(dV);
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        packFragment<Tag>(aP[kk], sT, kk);
+        packFragment<Tag>(aS[kk], dpT, kk);
+      }
+      sm90::wgmmaFence();
+      tileProduct<DPAD, IN, BQ>(dV, aP, oTile);
+      tileProduct<DPAD, IN, BQ>(dK, aS, qTile);
+      sm90::wgmmaCommit();
+      sm90::wgmmaWait<0>();
+      sm90::fenceRegisters(dK);
+      sm90::fenceRegisters(dV);
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      sm90::fenceRegisters(aP[kk]);
-      sm90::fenceRegisters(aS[kk]);
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        sm90::fenceRegisters(aP[kk]);
+        sm90::fenceRegisters(aS[kk]);
+      }
+      sm90::mbarArrive(empty(st));
     }
-    sm90::mbarArrive(empty(st));
-  }
+    if (PERSISTENT) sm90::mbarArrive(kvEmpty(kvb));  // every product reading the item's K and V is complete
 
-  blk.storeKeys<Tag, DPAD / 8>(p, keyA, t, [&](int dt, int r) {
-    return make_float4(dK[4 * dt + 2 * r], dK[4 * dt + 2 * r + 1], dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
-  });
+    blk.storeKeys<Tag, DPAD / 8>(p, keyA, t, [&](int dt, int r) {
+      return make_float4(dK[4 * dt + 2 * r], dK[4 * dt + 2 * r + 1], dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
+    });
+  }
 }
 
 // =============================================================================================
-template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES>
+template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false>
 __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p) {
-  typedef WgmmaDqConfig<DPAD, BN, CONSUMERS, STAGES> Cfg;
-  constexpr int BM = Cfg::BM, IN = WgmmaInputOf<Tag>::kValue;
+  typedef WgmmaDqConfig<DPAD, BN, CONSUMERS, STAGES, PERSISTENT> Cfg;
+  constexpr int BM = Cfg::BM, IN = WgmmaInputOf<Tag>::kValue, QB = Cfg::kQBuffers;
   extern __shared__ unsigned char smemRaw[];
-  __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 1];  // full, empty per stage; qFull
+  __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 2 * QB];  // full, empty per stage; qFull, qEmpty per buffer
+  __shared__ int itemOfBuffer[QB];  // PERSISTENT: the work-list item whose Q and dO a buffer holds
   sm90::trapIfSharedBelow(Cfg::kSharedBytes);
-  const u32 sQ = (smemAddr(smemRaw) + 1023u) & ~1023u;
-  const u32 sO = sQ + Cfg::kQBytes, sStages = sO + Cfg::kQBytes;
+  const u32 sQ0 = (smemAddr(smemRaw) + 1023u) & ~1023u;  // per buffer: Q, dO
+  const u32 sStages = sQ0 + QB * 2 * Cfg::kQBytes;
   auto stage = [&](int s) { return sStages + s * 2 * Cfg::kTileBytes; };  // K, V
   const u32 bar = smemAddr(barriers);
   auto full = [&](int s) { return bar + 8 * s; };
   auto empty = [&](int s) { return bar + 8 * (STAGES + s); };
-  const u32 qFull = bar + 8 * 2 * STAGES;
+  auto qFull = [&](int s) { return bar + 8 * (2 * STAGES + s); };
+  auto qEmpty = [&](int s) { return bar + 8 * (2 * STAGES + QB + s); };
 
   const int warp = threadIdx.x >> 5;
-  QueryBlock blk;
-  blk.init(p, BM, BN);
-  const int bh = blk.bh, b = blk.b, h = blk.h, hk = blk.hk, m0 = blk.m0;
-  const TileMask& tm = blk.tm;
-  const BlockTiles& tiles = blk.tiles;
-  const int nTiles = tiles.nTiles;
+  WorkList work;  // PERSISTENT: (slice, query tile) items, the last tiles (the heaviest when causal) first
+  work.init(p, PERSISTENT ? ceilDiv(p.qLen, BM) : 1, PERSISTENT ? p.batch * p.heads : 1, true);
 
   if (threadIdx.x == 0) {
     sm90::mbarInitRange(full(0), STAGES, 128);
     sm90::mbarInitRange(empty(0), STAGES, 128 * CONSUMERS);
-    sm90::mbarInit(qFull, 128);
+    // PERSISTENT: Q's and dO's copies, and a plain arrival that publishes the buffer's item.
+    sm90::mbarInitRange(qFull(0), QB, PERSISTENT ? 2 * 128 : 128);
+    sm90::mbarInitRange(qEmpty(0), QB, 128 * CONSUMERS);
   }
   __syncthreads();
 
   if (warp >= 4 * CONSUMERS) {  // the producer
     Cfg::Registers::enterProducer();
     const int pid = threadIdx.x - 128 * CONSUMERS;
-    loadSwizzled<BM, DPAD, 128>(sQ, slicePtr<u16>(p.q, b, h), p.q.seqStride, m0, p.qLen, p.headDim, pid);
-    loadSwizzled<BM, DPAD, 128>(sO, slicePtr<u16>(p.dO, b, h), p.dO.seqStride, m0, p.qLen, p.headDim, pid);
-    sm90::cpAsyncArriveOnLanding(qFull);
-    const u16* gK = slicePtr<u16>(p.k, b, hk);
-    const u16* gV = slicePtr<u16>(p.v, b, hk);
-    int i = 0;
-    for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
-      const int st = i % STAGES;
-      sm90::mbarWait(empty(st), ((i / STAGES) & 1) ^ 1);
-      loadSwizzled<BN, DPAD, 128>(stage(st), gK, p.k.seqStride, j * BN, p.kLen, p.headDim, pid);
-      loadSwizzled<BN, DPAD, 128>(stage(st) + Cfg::kTileBytes, gV, p.v.seqStride, j * BN, p.kLen, p.headDim, pid);
-      sm90::cpAsyncArriveOnLanding(full(st));
+    int i = 0;  // the K/V ring's position
+    for (int done = 0;; ++done) {
+      const int qb = done % QB;
+      int n = 0;
+      if (PERSISTENT) {
+        sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
+        if (pid == 0) itemOfBuffer[qb] = work.take(p);
+        asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
+        n = itemOfBuffer[qb];
+        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
+          sm90::mbarArrive(qFull(qb));
+          sm90::mbarArrive(qFull(qb));
+          if (pid == 0) work.finish(p);
+          break;
+        }
+      } else if (done > 0) {
+        break;
+      }
+      int slice = blockIdx.y, qt = heavyFirstTile();
+      if (PERSISTENT) work.item(p, n, slice, qt);
+      QueryBlock blk;
+      blk.initAt(p, BM, BN, slice, qt);
+      const BlockTiles& tiles = blk.tiles;
+      const u32 sQ = sQ0 + qb * 2 * Cfg::kQBytes;
+      loadSwizzled<BM, DPAD, 128>(sQ, slicePtr<u16>(p.q, blk.b, blk.h), p.q.seqStride, blk.m0, p.qLen, p.headDim, pid);
+      loadSwizzled<BM, DPAD, 128>(sQ + Cfg::kQBytes, slicePtr<u16>(p.dO, blk.b, blk.h), p.dO.seqStride, blk.m0, p.qLen,
+                                  p.headDim, pid);
+      sm90::cpAsyncArriveOnLanding(qFull(qb));
+      if (PERSISTENT) sm90::mbarArrive(qFull(qb));  // publishes itemOfBuffer (release)
+      const u16* gK = slicePtr<u16>(p.k, blk.b, blk.hk);
+      const u16* gV = slicePtr<u16>(p.v, blk.b, blk.hk);
+      for (int j = tiles.next(0); j < tiles.nTiles; j = tiles.next(j + 1), ++i) {
+        const int st = i % STAGES;
+        sm90::mbarWait(empty(st), ((i / STAGES) & 1) ^ 1);
+        loadSwizzled<BN, DPAD, 128>(stage(st), gK, p.k.seqStride, j * BN, p.kLen, p.headDim, pid);
+        loadSwizzled<BN, DPAD, 128>(stage(st) + Cfg::kTileBytes, gV, p.v.seqStride, j * BN, p.kLen, p.headDim, pid);
+        sm90::cpAsyncArriveOnLanding(full(st));
+      }
     }
     cpAsyncCommit();
     cpAsyncWait<0>();
@@ -269,78 +344,93 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p)
 
   Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int rowA = m0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's rows: rowA, rowA + 8
-  const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
-  const float* delta = (const float*)p.delta + (long long)bh * p.qLen;
-  float lse2[2], dl[2];
-  int bandLo[2], bandHi[2], bandSink[2];
+  int i = 0;  // the K/V ring's position
+  for (int done = 0;; ++done) {
+    const int qb = done % QB;
+    if (!PERSISTENT && done > 0) break;
+    sm90::mbarWait(qFull(qb), (done / QB) & 1);
+    const int n = PERSISTENT ? itemOfBuffer[qb] : 0;
+    if (n >= work.count) break;
+    int slice = blockIdx.y, qt = heavyFirstTile();
+    if (PERSISTENT) work.item(p, n, slice, qt);
+    QueryBlock blk;
+    blk.initAt(p, BM, BN, slice, qt);
+    const int bh = blk.bh, b = blk.b, h = blk.h, m0 = blk.m0;
+    const TileMask& tm = blk.tm;
+    const BlockTiles& tiles = blk.tiles;
+    const int nTiles = tiles.nTiles;
+    const int rowA = m0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's rows: rowA, rowA + 8
+    const float* lse = (const float*)p.lse + (long long)bh * p.qLen;
+    const float* delta = (const float*)p.delta + (long long)bh * p.qLen;
+    float lse2[2], dl[2];
+    int bandLo[2], bandHi[2], bandSink[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int q = rowA + 8 * r;
-    lse2[r] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
-    dl[r] = q < p.qLen ? delta[q] : 0.f;
-    tm.rowBand(q, bandLo[r], bandHi[r], bandSink[r]);
-  }
-  float dQ[DPAD / 2], s[BN / 2], dp[BN / 2];
+    for (int r = 0; r < 2; ++r) {
+      const int q = rowA + 8 * r;
+      lse2[r] = q < p.qLen ? backwardLse2(lse[q]) : posInf();
+      dl[r] = q < p.qLen ? delta[q] : 0.f;
+      tm.rowBand(q, bandLo[r], bandHi[r], bandSink[r]);
+    }
+    float dQ[DPAD / 2], s[BN / 2], dp[BN / 2];
 #pragma unroll
-  for (int i = 0; i < DPAD / 2; ++i) dQ[i] = 0.f;
+    for (int k = 0; k < DPAD / 2; ++k) dQ[k] = 0.f;
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) s[i] = dp[i] = 0.f;
+    for (int k = 0; k < BN / 2; ++k) s[k] = dp[k] = 0.f;
 
-  sm90::mbarWait(qFull, 0);
-  const u32 qRows = sQ + wg * 64 * 128, oRows = sO + wg * 64 * 128;
-  int i = 0;
-  for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
-    const int st = i % STAGES;
-    sm90::mbarWait(full(st), (i / STAGES) & 1);
-    sm90::fenceProxyAsync();
-    const u32 kTile = stage(st), vTile = kTile + Cfg::kTileBytes;
-    const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
-    sm90::wgmmaFence();
-    headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
-    headDimProduct<BN, IN, DPAD, BM>(dp, oRows, vTile);
-    sm90::wgmmaCommit();
-    sm90::wgmmaWait<0>();
-    sm90::fenceRegisters(s);
-    sm90::fenceRegisters(dp);
-    sm90::fenceRegisters(dQ);
+    const u32 qRows = sQ0 + qb * 2 * Cfg::kQBytes + wg * 64 * 128, oRows = qRows + Cfg::kQBytes;
+    for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
+      const int st = i % STAGES;
+      sm90::mbarWait(full(st), (i / STAGES) & 1);
+      sm90::fenceProxyAsync();
+      const u32 kTile = stage(st), vTile = kTile + Cfg::kTileBytes;
+      const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
+      sm90::wgmmaFence();
+      headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
+      headDimProduct<BN, IN, DPAD, BM>(dp, oRows, vTile);
+      sm90::wgmmaCommit();
+      sm90::wgmmaWait<0>();
+      sm90::fenceRegisters(s);
+      sm90::fenceRegisters(dp);
+      sm90::fenceRegisters(dQ);
 
-    // The mask is a pass of its own that full tiles skip.
-    if (!(tiles.full(n0, n1) && n1 - n0 == BN)) {
+      // The mask is a pass of its own that full tiles skip.
+      if (!(tiles.full(n0, n1) && n1 - n0 == BN)) {
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            if (!bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) s[4 * nt + e] = negInf();
+          }
+      }
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          if (!bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) s[4 * nt + e] = negInf();
+          const float pe = fastExp2(fmaf(s[4 * nt + e], p.scaleLog2, -lse2[r]));
+          dp[4 * nt + e] = pe * (dp[4 * nt + e] - dl[r]);
         }
+      u32 aS[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(aS[kk], dp, kk);
+      sm90::wgmmaFence();
+      tileProduct<DPAD, IN, BN>(dQ, aS, kTile);
+      sm90::wgmmaCommit();
+      sm90::wgmmaWait<0>();
+      sm90::fenceRegisters(dQ);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(aS[kk]);
+      sm90::mbarArrive(empty(st));
     }
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const float pe = fastExp2(fmaf(s[4 * nt + e], p.scaleLog2, -lse2[r]));
-        dp[4 * nt + e] = pe * (dp[4 * nt + e] - dl[r]);
-      }
-    u32 aS[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(aS[kk], dp, kk);
-    sm90::wgmmaFence();
-    tileProduct<DPAD, IN, BN>(dQ, aS, kTile);
-    sm90::wgmmaCommit();
-    sm90::wgmmaWait<0>();
-    sm90::fenceRegisters(dQ);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(aS[kk]);
-    sm90::mbarArrive(empty(st));
-  }
+    if (PERSISTENT) sm90::mbarArrive(qEmpty(qb));  // every product of the item is complete
 
-  u16* gdQ = sliceMutPtr<u16>(p.dQ, b, h);
+    u16* gdQ = sliceMutPtr<u16>(p.dQ, b, h);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int q = rowA + 8 * r;
-    if (q < p.qLen) storeAccRow<Tag, DPAD>(gdQ + (long long)q * p.dQ.seqStride, dQ, r, p.scale, t, p.headDim);
+    for (int r = 0; r < 2; ++r) {
+      const int q = rowA + 8 * r;
+      if (q < p.qLen) storeAccRow<Tag, DPAD>(gdQ + (long long)q * p.dQ.seqStride, dQ, r, p.scale, t, p.headDim);
+    }
   }
 }
 

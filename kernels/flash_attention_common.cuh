@@ -480,6 +480,34 @@ __device__ __forceinline__ int ceilDiv(int a, int b) { return (a + b - 1) / b; }
 // and starting them first keeps the tail of the grid short (blocks are issued in blockIdx order).
 __device__ __forceinline__ int heavyFirstTile() { return gridDim.x - 1 - blockIdx.x; }
 
+// The work list of a persistent kernel (flashForwardWgmma, and the wgmma backward's): items
+// (slice, tile), each taken by the next block that is free through an atomic counter
+// (p.workCounter: items taken, blocks done; zero between launches: each launch's last block
+// zeroes it), in groups of p.workHeads slices (as many as keep the data their items share within a
+// part of L2), each group's tiles heaviest first (`lastFirst`: the last tile first, for query
+// tiles under a causal mask; else the first, for key blocks), slice by slice. Taken in that order
+// by whichever block is free, the heavy items start first and the grid ends on the lightest
+// (longest-first list scheduling). A non-persistent kernel keeps count 1 and never calls take().
+struct WorkList {
+  int tiles, slices, count;
+  bool lastFirst;
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int nTiles, int nSlices, bool lastTileFirst) {
+    tiles = nTiles, slices = nSlices, count = nTiles * nSlices, lastFirst = lastTileFirst;
+    (void)p;
+  }
+  __device__ __forceinline__ void item(const FlashKernelParams& p, int n, int& slice, int& tile) const {
+    const int groupItems = p.workHeads * tiles, group = n / groupItems, r = n % groupItems;
+    const int inGroup = min(p.workHeads, slices - group * p.workHeads);
+    tile = lastFirst ? tiles - 1 - r / inGroup : r / inGroup;
+    slice = group * p.workHeads + r % inGroup;
+  }
+  __device__ __forceinline__ int take(const FlashKernelParams& p) const { return atomicAdd((int*)p.workCounter, 1); }
+  // After the block's last take(): the last block to get here zeroes the counter for the next launch.
+  __device__ __forceinline__ void finish(const FlashKernelParams& p) const {
+    if (atomicAdd((int*)p.workCounter + 1, 1) == (int)gridDim.x - 1) ((int*)p.workCounter)[0] = ((int*)p.workCounter)[1] = 0;
+  }
+};
+
 // The query rows [m0, m1) of one forward or dQ block (batch b, query head h of slice bh, its KV
 // head hk; heaviest query tiles first) and the key tiles of bn rows they visit.
 struct QueryBlock {

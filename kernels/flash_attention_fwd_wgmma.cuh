@@ -38,7 +38,7 @@
  *
  * PERSISTENT (the rule where the launcher knows the SM count): one block an SM, each taking
  * (slice, query tile) items from a work list through an atomic counter until it runs out
- * (ForwardWork: heaviest tiles first, so the light ones fill in at the end). The producer loads
+ * (WorkList: heaviest tiles first, so the light ones fill in at the end). The producer loads
  * the next item's Q into the second Q buffer and its first K/V tiles while the consumers finish
  * the current one (the ring runs on across items); qFull / qEmpty hand the Q buffers over, and
  * qFull's second set of arrivals publishes the buffer's item. An item is computed with the same
@@ -213,42 +213,6 @@ __device__ __forceinline__ void scaleRows(float (&o)[DPAD / 2], const float (&co
 __device__ __forceinline__ void namedBarrierSync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void namedBarrierArrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
-// The work of a block: one (slice, query tile) item, the heaviest tiles of a slice first; or,
-// PERSISTENT, items of the work list, each taken by the next block that is free (an atomic counter
-// in p.workCounter): groups of p.workHeads slices (as many as keep their K and V within a share
-// of L2), each group's items in order of query tile from the last (under a causal mask the
-// heaviest) to the first, slice by slice. Taken in that order by whichever block is free, the
-// heavy items start first and the light ones fill in at the end (longest-first list scheduling).
-// Without PERSISTENT the block's one item is (blockIdx.y, heavyFirstTile()) and count is 1.
-template <bool PERSISTENT>
-struct ForwardWork {
-  int nQT, count;
-  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm) {
-    nQT = ceilDiv(p.qLen, bm);
-    count = PERSISTENT ? p.batch * p.heads * nQT : 1;
-  }
-  // Item n of the list: its slice and query tile.
-  __device__ __forceinline__ void item(const FlashKernelParams& p, int n, int& slice, int& qt) const {
-    if (!PERSISTENT) {
-      slice = blockIdx.y, qt = heavyFirstTile();
-      return;
-    }
-    const int groupItems = p.workHeads * nQT, group = n / groupItems, r = n % groupItems;
-    const int slices = min(p.workHeads, p.batch * p.heads - group * p.workHeads);
-    qt = nQT - 1 - r / slices;
-    slice = group * p.workHeads + r % slices;
-  }
-  // The next free item's index (>= count: none left).
-  __device__ __forceinline__ int take(const FlashKernelParams& p) const { return atomicAdd((int*)p.workCounter, 1); }
-  // After the block's last take(): the last block to get here zeroes the counter for the next launch.
-  __device__ __forceinline__ void finish(const FlashKernelParams& p) const {
-    if (atomicAdd((int*)p.workCounter + 1, 1) == (int)gridDim.x - 1) {
-      ((int*)p.workCounter)[0] = 0;
-      ((int*)p.workCounter)[1] = 0;
-    }
-  }
-};
-
 template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false, bool PERSISTENT = false>
 __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_, PERSISTENT> Cfg;
@@ -272,8 +236,8 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   auto qEmpty = [&](int s) { return bar + 8 * (4 * STAGES + QB + s); };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  ForwardWork<PERSISTENT> work;
-  work.init(p, BM);
+  WorkList work;  // PERSISTENT: (slice, query tile) items, the last tiles (the heaviest when causal) first
+  work.init(p, PERSISTENT ? ceilDiv(p.qLen, BM) : 1, PERSISTENT ? p.batch * p.heads : 1, true);
 
   if (threadIdx.x == 0) {
     sm90::mbarInitRange(kFull(0), 2 * STAGES, LANES);                // kFull, vFull
@@ -305,8 +269,8 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
       } else if (done > 0) {
         break;
       }
-      int slice, qt;
-      work.item(p, n, slice, qt);
+      int slice = blockIdx.y, qt = heavyFirstTile();
+      if (PERSISTENT) work.item(p, n, slice, qt);
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;
@@ -347,8 +311,8 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
     sm90::mbarWait(qFull(qb), (done / QB) & 1);
     const int n = PERSISTENT ? itemOfBuffer[qb] : 0;
     if (n >= work.count) break;
-    int slice, qt;
-    work.item(p, n, slice, qt);
+    int slice = blockIdx.y, qt = heavyFirstTile();
+    if (PERSISTENT) work.item(p, n, slice, qt);
     QueryBlock blk;
     blk.initAt(p, BM, BN, slice, qt);
     const int bh = blk.bh, b = blk.b, h = blk.h, m0 = blk.m0;

@@ -45,7 +45,7 @@ void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
 }  // namespace
 
 FlashAttention::FlashAttention(const cuda::Device& device)
-    : device_(device), target_(flashTargetOf(device.info())), workCounter_(16) {
+    : device_(device), target_(flashTargetOf(device.info())), workCounter_(3 * 8) {
   workCounter_.fill32(0);
 }
 
@@ -175,6 +175,22 @@ void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigne
   cuda::launchKernel(l.function, shape, stream, args, mode);
 }
 
+// K and V bytes of one query head's slice (a KV head's shared by its group); Q and dO of a slice
+// of the dK/dV kernel (a query head, or a KV head's group).
+long long FlashAttention::kvBytesPerSlice(const FlashAttentionConfig& c) {
+  return std::max<long long>(1, 2LL * c.kLen * c.headDim * elemBytes(c.dtype) * c.kvHeads / c.heads);
+}
+
+// A persistent kernel: one block an SM over `items` (slice, tile) items, in groups of slices whose
+// shared data (`sliceBytes` each) fit kPersistentL2Bytes; `counter` picks the kernel's pair of ints
+// in workCounter_ (kernels/flash_attention_common.cuh, WorkList).
+void FlashAttention::launchPersistent(const FlashKernelSpec& spec, long long items, long long slices, long long sliceBytes,
+                                      int counter, FlashKernelParams p, cuda::CUstream stream, cuda::LaunchMode mode) {
+  p.workHeads = (int)std::max<long long>(1, std::min<long long>(slices, kPersistentL2Bytes / sliceBytes));
+  p.workCounter = workCounter_.ptr() + 8 * counter;
+  launch(spec, (unsigned)std::min<long long>(items, target_.multiprocessors), 1, p, stream, mode);
+}
+
 void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardArgs& a, cuda::CUstream stream,
                              cuda::LaunchMode mode) {
   validate(c, false);
@@ -187,17 +203,12 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
   const FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
-  const int qTiles = ceilDiv(c.qLen, spec.rowsPerBlock()), slices = c.batch * c.heads;
+const int qTiles = ceilDiv(c.qLen, spec.rowsPerBlock()), slices = c.batch * c.heads;
   if (!spec.persistent) {
     launch(spec, qTiles, slices, p, stream, mode);
     return;
   }
-  // One block an SM over the work list; its groups of slices keep their K and V within
-  // kPersistentL2Bytes (flash_attention_fwd_wgmma.cuh, ForwardWork).
-  const long long sliceBytes = std::max<long long>(1, 2LL * c.kLen * c.headDim * elemBytes(c.dtype) * c.kvHeads / c.heads);
-  p.workHeads = (int)std::max<long long>(1, std::min<long long>(slices, kPersistentL2Bytes / sliceBytes));
-  p.workCounter = workCounter_.ptr();
-  launch(spec, (unsigned)std::min<long long>((long long)qTiles * slices, target_.multiprocessors), 1, p, stream, mode);
+  launchPersistent(spec, (long long)qTiles * slices, slices, kvBytesPerSlice(c), 0, p, stream, mode);
 }
 
 size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {
@@ -245,7 +256,14 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   launch(specFor(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream, mode);
   // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
   if (c.sinkLogits) launch(specFor(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream, mode);
-  launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), c.batch * (p.dKVPartial ? c.heads : c.kvHeads), p, stream, mode);
+  const int dkdvSlices = c.batch * (p.dKVPartial ? c.heads : c.kvHeads);
+  if (dkdv.persistent) {
+    const long long qBytes = 2LL * c.qLen * c.headDim * elemBytes(c.dtype) * (p.dKVPartial ? 1 : c.heads / c.kvHeads);
+    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, std::max(1LL, qBytes), 1,
+                     p, stream, mode);
+  } else {
+    launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode);
+  }
   if (p.dKVPartial) launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream, mode);
   if (dkdv.atomicDq) {
     launch(specFor(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream, mode);
@@ -253,7 +271,11 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     launch(specFor(FlashKernelKind::kBwdDqReduce, c), ceilDiv(c.qLen, kDqReduceRows), c.batch * c.heads, p, stream, mode);
   } else {
     const FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);
-    launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream, mode);
+    if (dq.persistent)
+      launchPersistent(dq, (long long)ceilDiv(c.qLen, dq.rowsPerBlock()) * c.batch * c.heads, c.batch * c.heads, kvBytesPerSlice(c),
+                       2, p, stream, mode);
+    else
+      launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream, mode);
   }
 }
 

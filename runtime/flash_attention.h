@@ -86,6 +86,9 @@ class FlashAttention {
   const Loaded& loadCompiled(unsigned long long key, const FlashKernelSpec& spec, const codegen::CompileResult& res);
   void launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY, const FlashKernelParams& params,
               cuda::CUstream stream, cuda::LaunchMode mode);
+  void launchPersistent(const FlashKernelSpec& spec, long long items, long long slices, long long sliceBytes, int counter,
+                        FlashKernelParams params, cuda::CUstream stream, cuda::LaunchMode mode);
+  static long long kvBytesPerSlice(const FlashAttentionConfig& cfg);
   FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
   FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
 
@@ -95,8 +98,9 @@ class FlashAttention {
   std::mutex mutex_;
   std::unordered_map<unsigned long long, Loaded> loaded_;  // by spec, see load()
   int64_t launches_ = 0;
-  // The persistent forward's work counter (FlashKernelParams::workCounter): zeroed here, and by
-  // each launch's last block for the next (launches on one stream: they never overlap there).
+  // The persistent kernels' work counters (FlashKernelParams::workCounter; a pair of ints each for
+  // the forward, dK/dV and dQ): zeroed here, and by each launch's last block for the next
+  // (launches on one stream: they never overlap there).
   cuda::DeviceBuffer workCounter_;
 };
 

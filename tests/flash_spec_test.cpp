@@ -238,9 +238,9 @@ TEST(FlashSpec, ProductionListHoldsEveryExampleConfigsKernels) {
   EXPECT_GT(nodes, 0) << "no example config has a FlashAttention node";
 }
 
-// The sm_90a 16-bit forward runs persistent (one block an SM over a work list) where the SM
-// count is known, with a second Q buffer; not in dumps for an unknown device, nor with the
-// tuning's 0; the backward kernels never.
+// The sm_90a 16-bit forward, dK/dV and dQ kernels run persistent (one block an SM over a work
+// list) where the SM count is known, with a second buffer of what a block keeps (Q; K and V; Q and
+// dO); not in dumps for an unknown device, nor with the tuning's 0.
 TEST(FlashSpec, PersistentForwardWhereTheSmCountIsKnown) {
   FlashAttentionConfig cfg;
   cfg.dtype = kFlashBF16, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = cfg.kLen = 1024;
@@ -258,8 +258,18 @@ TEST(FlashSpec, PersistentForwardWhereTheSmCountIsKnown) {
     FlashTuning off;
     off.fwdPersistent = 0;
     EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true, true}, off).persistent);
-    for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
-      EXPECT_FALSE(chooseFlashSpec(k, cfg, {132, true, true}).persistent);
+    for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+      const FlashKernelSpec b = chooseFlashSpec(k, cfg, {132, true, true});
+      const FlashKernelSpec bu = chooseFlashSpec(k, cfg, {0, true, true});
+      EXPECT_TRUE(b.persistent) << b.name();
+      EXPECT_FALSE(bu.persistent) << bu.name();
+      EXPECT_NE(b.source().find(", true>"), std::string::npos) << b.source();
+      EXPECT_EQ(b.sharedBytes() - bu.sharedBytes(), 2 * b.rowsPerBlock() * d * 2);  // the second K, V / Q, dO
+      EXPECT_LE(b.sharedBytes(), 227 * 1024) << b.name();
+      FlashTuning boff;
+      boff.bwdPersistent = 0;
+      EXPECT_FALSE(chooseFlashSpec(k, cfg, {132, true, true}, boff).persistent);
+    }
   }
   cfg.headDim = 64;
   EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, false, true}).persistent);  // mma.sync

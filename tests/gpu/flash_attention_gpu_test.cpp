@@ -639,6 +639,27 @@ void expectSameBits(const std::vector<double>& a, const std::vector<double>& b) 
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0);
 }
 
+// One backward of `cfg` on these inputs with the current tuning and a fresh workspace: dQ, dK, dV
+// and, given `sinks`, the sink-logit gradient, in one vector.
+std::vector<double> backwardOutputs(const FlashAttentionConfig& cfg, const DevTensor& q, const DevTensor& k,
+                                    const DevTensor& v, const DevTensor& o, const DevTensor& dO, const FloatBuffer& lse,
+                                    const FloatBuffer* sinks) {
+  FlashAttention& fa = *env().flash;
+  cuda::DeviceBuffer ws(fa.backwardWorkspaceBytes(cfg));
+  DevTensor dq(cfg.dtype, cfg.batch, cfg.heads, cfg.qLen, cfg.headDim, false);
+  DevTensor dk(cfg.dtype, cfg.batch, cfg.kvHeads, cfg.kLen, cfg.headDim, false);
+  DevTensor dv(cfg.dtype, cfg.batch, cfg.kvHeads, cfg.kLen, cfg.headDim, false);
+  FloatBuffer dSink(cfg.heads);
+  FlashBackwardArgs a;
+  a.q = q.view, a.k = k.view, a.v = v.view, a.o = o.view, a.dO = dO.view, a.dQ = dq.view, a.dK = dk.view;
+  a.dV = dv.view, a.lse = lse.buf.ptr(), a.workspace = ws.ptr();
+  if (sinks) a.sinkLogits = sinks->buf.ptr(), a.dSinkLogits = dSink.buf.ptr();
+  fa.backward(cfg, a, nullptr);
+  env().device->synchronize();
+  return sinks ? joined({dq.download(), dk.download(), dv.download(), dSink.download()})
+               : joined({dq.download(), dk.download(), dv.download()});
+}
+
 // The persistent wgmma forward (blocks walking a work list of many items each, Q of the next
 // item loaded under the current one, groups of slices) computes every item as the one-item-a-block
 // kernel does: the same operations in the same order, so the same bits, O and lse. Shapes with
@@ -705,6 +726,74 @@ TEST(FlashAttentionGpu, PersistentForwardSeveralItemsABlock) {
   runCase(c, 4242);
 }
 
+// A small persistent backward with more items than SMs (dK/dV and dQ blocks take two or three
+// items each, handing on K/V and Q/dO buffers and the work counters), GQA split per query head,
+// for compute-sanitizer's memcheck and racecheck (bench/flash_device_run.sh sanitize): forward and
+// backward against the float64 reference.
+TEST(FlashAttentionGpu, PersistentBackwardSeveralItemsABlock) {
+  REQUIRE_GPU();
+  const FlashTarget target = flashTargetOf(env().device->info());
+  Case c;
+  c.dtype = kFlashBF16, c.batch = 3, c.heads = 2 * std::max(1, target.multiprocessors / 2) + 11, c.kvHeads = 1;
+  c.qLen = 130, c.kLen = 200, c.headDim = 64;
+  c.mask = maskOf(1, 1, 60, -1, 2);
+  c.sinkLogits = true;
+  runCase(c, 4343);
+}
+
+// The persistent wgmma backward (dK/dV and dQ blocks walking work lists) computes every item as
+// the one-item-a-block kernels do: the same bits in dQ, dK, dV and the sink-logit gradient, with
+// split GQA (dK/dV per query head) and without, several items a block, groups of slices.
+TEST(FlashAttentionGpu, PersistentBackwardEqualsOneItemABlock) {
+  REQUIRE_GPU();
+  FlashAttention& fa = *env().flash;
+  const FlashTarget target = flashTargetOf(env().device->info());
+  if (!target.wgmma) GTEST_SKIP() << "the persistent backward is the sm_90a wgmma kernels";
+  struct Shape {
+    int batch, heads, kvHeads, qLen, kLen, headDim;
+    AttentionMaskSpec mask;
+    bool sinks, splitKv;
+  };
+  const Shape shapes[] = {{8, 8, 2, 1000, 1000, 64, maskOf(1, 0, -1, -1, 0), true, true},
+                          {3, 6, 6, 4100, 4100, 128, maskOf(1, 0, -1, -1, 0), false, true},
+                          {2, 12, 3, 2200, 2200, 64, maskOf(1, 0, 300, -1, 4), true, false},
+                          {4, 8, 8, 700, 1500, 128, maskOf(0, 0, -1, -1, 0), false, true}};
+  for (const Shape& sh : shapes) {
+    FlashAttentionConfig cfg;
+    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
+    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+    FlashTuning base;
+    base.splitKv = sh.splitKv;
+    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, base).persistent);
+    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target, base).persistent);
+    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    std::mt19937_64 rng(sh.qLen * 5 + sh.headDim);
+    const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
+    const long long kvElems = (long long)sh.batch * sh.kvHeads * sh.kLen * sh.headDim;
+    DevTensor q(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false), o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
+    DevTensor dO(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
+    DevTensor k(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false), v(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false);
+    q.upload(randomVec(qElems, rng, 1, cfg.dtype));
+    k.upload(randomVec(kvElems, rng, 1, cfg.dtype));
+    v.upload(randomVec(kvElems, rng, 1, cfg.dtype));
+    dO.upload(randomVec(qElems, rng, 1, cfg.dtype));
+    FloatBuffer lse(sh.batch * sh.heads * sh.qLen), sinks(sh.heads);
+    sinks.upload(randomVec(sh.heads, rng, 1, kFlashF32));
+    {
+      const ScopedTuning scoped(base);
+      fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sh.sinks ? sinks.buf.ptr() : 0}, nullptr);
+    }
+    std::vector<std::vector<double>> runs;
+    for (int persistent : {1, 0}) {
+      FlashTuning tuning = base;
+      tuning.bwdPersistent = persistent;
+      const ScopedTuning scoped(tuning);
+      runs.push_back(backwardOutputs(cfg, q, k, v, o, dO, lse, sh.sinks ? &sinks : nullptr));
+    }
+    expectSameBits(runs[0], runs[1]);
+  }
+}
+
 // Same for the sm_90a backward kernels (dK/dV and dQ on wgmma): each tile / warpgroup variant the
 // overrides reach, and mma.sync (FlashTuning::wgmma off), through the whole backward.
 TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
@@ -713,13 +802,16 @@ TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
     bool wgmma;
     int tile, wg;  // 0: the rule
     bool splitKv;  // GQA dK/dV per query head (true) or per KV head (false)
+    int persistent = -1;  // dK/dV and dQ: -1 the rule (persistent where the SM count is known), 0 one item a block
   };
   const Variant variants[] = {{false, 0, 0, true},  {false, 0, 0, false}, {true, 64, 1, true},  {true, 64, 2, true},
-                              {true, 128, 1, true}, {true, 128, 2, true}, {true, 64, 2, false}, {true, 128, 2, false}};
+                              {true, 128, 1, true}, {true, 128, 2, true}, {true, 64, 2, false}, {true, 128, 2, false},
+                              {true, 0, 0, true, 0}};
   int seed = 0;
   for (const Variant& v : variants) {
     FlashTuning tuning;
     tuning.wgmma = v.wgmma, tuning.bwdTile = v.tile, tuning.bwdWarpgroups = v.wg, tuning.splitKv = v.splitKv;
+    tuning.bwdPersistent = v.persistent;
     const ScopedTuning scoped(tuning);
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40}) {
@@ -728,7 +820,8 @@ TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
         c.mask = rotatingMask(seed);
         c.sinkLogits = seed % 2 == 0;
         SCOPED_TRACE("wgmma=" + std::to_string(v.wgmma) + " bwd tile=" + std::to_string(v.tile) + " wg=" +
-                     std::to_string(v.wg) + " splitKv=" + std::to_string(v.splitKv) + " d=" + std::to_string(d));
+                     std::to_string(v.wg) + " splitKv=" + std::to_string(v.splitKv) + " persistent=" +
+                     std::to_string(v.persistent) + " d=" + std::to_string(d));
         runCase(c, 700 + seed++);
       }
   }
@@ -801,21 +894,11 @@ TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
     k.upload(randomVec(2 * 2 * len * 64, rng, 1, dtype));
     v.upload(randomVec(2 * 2 * len * 64, rng, 1, dtype));
     dO.upload(randomVec(2 * 8 * len * 64, rng, 1, dtype));
-    FloatBuffer lse(2 * 8 * len), sinks(8), dSink(8);
+    FloatBuffer lse(2 * 8 * len), sinks(8);
     sinks.upload(randomVec(8, rng, 1, kFlashF32));
     fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sinks.buf.ptr()}, nullptr);
-    cuda::DeviceBuffer ws(fa.backwardWorkspaceBytes(cfg));
     std::vector<std::vector<double>> runs;
-    for (int r = 0; r < 2; ++r) {
-      DevTensor dq(dtype, 2, 8, len, 64, false), dk(dtype, 2, 2, len, 64, false), dv(dtype, 2, 2, len, 64, false);
-      FlashBackwardArgs a;
-      a.q = q.view, a.k = k.view, a.v = v.view, a.o = o.view, a.dO = dO.view, a.dQ = dq.view, a.dK = dk.view;
-      a.dV = dv.view, a.lse = lse.buf.ptr(), a.sinkLogits = sinks.buf.ptr(), a.dSinkLogits = dSink.buf.ptr();
-      a.workspace = ws.ptr();
-      fa.backward(cfg, a, nullptr);
-      env().device->synchronize();
-      runs.push_back(joined({dq.download(), dk.download(), dv.download(), dSink.download()}));
-    }
+    for (int r = 0; r < 2; ++r) runs.push_back(backwardOutputs(cfg, q, k, v, o, dO, lse, &sinks));
     expectSameBits(runs[0], runs[1]);
   }
 }
