@@ -208,14 +208,20 @@ NodeKernels emitRmsNormGrad(const Ctx& c) { return normGrad(c, false); }
 // reference's product) and reduced modulo 2π there (Cody-Waite, two constants), so the float
 // sincosf sees |r| ≤ π whatever the position: the error stays at float's own (~1e-7 absolute)
 // at position 1e5, where a float product alone would be off by ~5e-3 radians.
+// Statements declaring float `sn` and `cs`, the sine and cosine of the angle (turned the other way
+// when `inverse`), each line starting with `indent`.
+std::string ropeSinCos(const std::string& angle, bool inverse, const std::string& indent) {
+  return indent + "const double angle = " + angle + ";\n" +
+         indent + "const double turns = rint(angle * 0.15915494309189535);\n" +
+         indent + "double r = fma(-turns, 6.283185307179586, angle);\n" +
+         indent + "r = fma(-turns, 2.4492935982947064e-16, r);\n" +
+         indent + "float sn, cs;\n" +
+         indent + "sincosf((float)r, &sn, &cs);\n" +
+         (inverse ? indent + "sn = -sn;  // inverse: the other way\n" : std::string());
+}
+
 std::string ropeTurn(const std::string& angle, const std::string& a, const std::string& b, bool inverse) {
-  return "    { const double angle = " + angle + ";\n"
-         "      const double turns = rint(angle * 0.15915494309189535);\n"
-         "      double r = fma(-turns, 6.283185307179586, angle);\n"
-         "      r = fma(-turns, 2.4492935982947064e-16, r);\n"
-         "      float sn, cs;\n"
-         "      sincosf((float)r, &sn, &cs);\n" +
-         std::string(inverse ? "      sn = -sn;  // inverse: the other way\n" : "") +
+  return "    {\n" + ropeSinCos(angle, inverse, "      ") +
          "      const float a0 = " + a + ", b0 = " + b + ";\n"
          "      " + a + " = a0 * cs - b0 * sn;\n"
          "      " + b + " = a0 * sn + b0 * cs; }\n";
@@ -246,6 +252,32 @@ NodeKernels emitRope(const Ctx& c) {
   const std::string head = bshd ? "row % " + ll(heads) : "(row / " + ll(seq) + ") % " + ll(heads);
   const std::string passHead =
       turnHeads > 0 && turnHeads < heads ? "    if (" + head + " >= " + ll(turnHeads) + ") {\n      out0[i0] = a;\n      out0[i1] = b;\n      continue;\n    }\n" : "";
+  // The chunked kernel where the pairs split in halves and both the half and the copied tail
+  // come in chunks of 4 features (8 bytes of bf16, 16 of fp32; 8 would hold too many registers
+  // for enough threads at once): a thread turns one chunk of pairs of up to four heads at its
+  // position.
+  const int n = half > 0 && half % 4 == 0 && (d - dims) % 4 == 0 ? 4 : 0;
+  if (!interleaved && n) {
+    const int64_t groups = rows / std::max<int64_t>(heads, 1), chunks = half / n + (d - dims) / n;
+    // Head h of group g: bshd rows [B, S, H] (g = b·S + s), bhsd rows [B, H, S].
+    const std::string row = bshd ? "group * " + ll(heads) + " + h"
+                                 : "(group / " + ll(seq) + " * " + ll(heads) + " + h) * " + ll(seq) + " + group % " + ll(seq);
+    const int64_t turn = turnHeads > 0 && turnHeads < heads ? turnHeads : heads;
+    const int64_t hb = std::min<int64_t>(4, std::max<int64_t>(heads, 1)), batches = (heads + hb - 1) / hb;
+    const int64_t count = groups * batches * chunks;
+    NodeKernels nk;
+    nk.kernels.push_back(finish(c, "", kRopeChunks,
+                                {{"FREQCOUNT", std::to_string(std::max<int64_t>(half, 1))}, {"INVFREQ", freqs},
+                                 {"VEC", std::to_string(n)}, {"HEADS", ll(heads)}, {"TURNHEADS", ll(turn)},
+                                 {"POS", "group % " + ll(seq)}, {"ROW", row}, {"D", ll(d)}, {"DIMS", ll(dims)},
+                                 {"HALF", ll(half)}, {"HC", ll(half / n)}, {"CHUNKS", ll(chunks)}, {"HB", ll(hb)},
+                                 {"BATCHES", ll(batches)}, {"COUNT", ll(count)},
+                                 {"SINCOS", ropeSinCos("(double)pos * " + c.kernelName() + "_invFreq[item]", a.get<attr::Inverse>(), "      ") +
+                                                "      cosv[e] = cs;\n      sinv[e] = sn;\n"},
+                                 {"ARGS", argNames(allArgs(c.n))}},
+                                {gridFor(count), 1, 1}, kThreads, allArgs(c.n), {"kernels/norm.cuh"}));
+    return nk;
+  }
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "", kRope,
                               {{"FREQCOUNT", std::to_string(std::max<int64_t>(half, 1))}, {"INVFREQ", freqs},

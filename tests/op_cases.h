@@ -162,7 +162,11 @@ inline std::vector<OpCase> allCases() {
                             RopeCase{"interleaved_bhsd", {2, 3, 5, 8}, "bhsd", 0, true},
                             RopeCase{"halfSplit_bshd_partialDims", {2, 7, 3, 10}, "bshd", 4, false},
                             RopeCase{"interleaved_bshd_partialDims", {1, 9, 2, 6}, "bshd", 2, true},
-                            RopeCase{"halfSplit_bhsd_longSeq", {1, 2, 300, 6}, "bhsd", 4, false}}) {
+                            RopeCase{"halfSplit_bhsd_longSeq", {1, 2, 300, 6}, "bhsd", 4, false},
+                            // the chunked kernel (emitRope): a copied tail of whole chunks, a short
+                            // last batch of heads (5 = 4 + 1), positions to 299
+                            RopeCase{"halfSplit_bshd_chunkedTail", {2, 3, 5, 16}, "bshd", 8, false},
+                            RopeCase{"halfSplit_bhsd_chunkedLongSeq", {1, 5, 300, 12}, "bhsd", 8, false}}) {
     c.push_back({std::string("Rope_") + r.name, OpKind::Rope, [=](Graph& g) {
                    return g.add(OpKind::Rope, {P(g, "x", r.x)},
                                 AttrMap().set<attr::Layout>(std::string(r.layout)).set<attr::RopeDims>(r.dims)

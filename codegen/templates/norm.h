@@ -274,4 +274,77 @@ ${PASSHEAD}${TURN}      out0[i0] = a;
 }
 )";
 
+// Rope in chunks (pairs split in halves; HALF and the copied tail multiples of N): thread
+// (group, head batch, chunk c) of a position's group of rows (its ${HEADS} heads, HB a batch).
+// Chunk c < HC holds pairs c·N .. c·N + N − 1, their sines and cosines formed once (${SINCOS}:
+// ropeSinCos in codegen/emit_norm.cpp) for the batch's heads below ${TURNHEADS}, which turn; the
+// other heads, and chunks c ≥ HC (the features from DIMS on), are copied. The batch's loads come
+// before its stores; vector accesses when the tensors are 16-byte aligned (norm.cuh).
+inline constexpr const char* kRopeChunks = R"(
+#include "kernels/norm.cuh"
+__device__ const double ${NAME}_invFreq[${FREQCOUNT}] = {${INVFREQ}};
+
+template <bool vec>
+__device__ __forceinline__ void ${NAME}_chunk(${PARAMS}, long long group, int h0, int c) {
+  constexpr int N = ${VEC}, HB = ${HB}, H = ${HEADS}, TH = ${TURNHEADS};
+  const long long pos = ${POS};
+  auto base = [&](int h) { return (${ROW}) * ${D}; };  // the first feature of head h's row
+  if (c >= ${HC}) {  // the tail past DIMS: copied
+    const long long off = ${DIMS} + (long long)(c - ${HC}) * N;
+    float v[HB][N];
+#pragma unroll
+    for (int k = 0; k < HB; ++k)
+      if (h0 + k < H) pa::norm::load(in0, base(h0 + k) + off, v[k], vec);
+#pragma unroll
+    for (int k = 0; k < HB; ++k)
+      if (h0 + k < H) pa::norm::store(out0, base(h0 + k) + off, v[k], vec);
+    return;
+  }
+  const long long lo = (long long)c * N, hi = lo + ${HALF};
+  float a[HB][N], b[HB][N];
+#pragma unroll
+  for (int k = 0; k < HB; ++k)
+    if (h0 + k < H) {
+      pa::norm::load(in0, base(h0 + k) + lo, a[k], vec);
+      pa::norm::load(in0, base(h0 + k) + hi, b[k], vec);
+    }
+  if (h0 < TH) {
+    float cosv[N], sinv[N];
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const int item = c * N + e;
+${SINCOS}    }
+#pragma unroll
+    for (int k = 0; k < HB; ++k)
+      if (h0 + k < TH) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          const float a0 = a[k][e], b0 = b[k][e];
+          a[k][e] = a0 * cosv[e] - b0 * sinv[e];
+          b[k][e] = a0 * sinv[e] + b0 * cosv[e];
+        }
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < HB; ++k)
+    if (h0 + k < H) {
+      pa::norm::store(out0, base(h0 + k) + lo, a[k], vec);
+      pa::norm::store(out0, base(h0 + k) + hi, b[k], vec);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
+  const bool vec = pa::norm::allAligned16(in0, out0);
+  for (long long idx = (long long)blockIdx.x * 256 + threadIdx.x; idx < ${COUNT}; idx += (long long)gridDim.x * 256) {
+    const int c = (int)(idx % ${CHUNKS});
+    const long long rest = idx / ${CHUNKS};
+    const int h0 = (int)(rest % ${BATCHES}) * ${HB};
+    const long long group = rest / ${BATCHES};
+    if (vec) ${NAME}_chunk<true>(${ARGS}, group, h0, c);
+    else ${NAME}_chunk<false>(${ARGS}, group, h0, c);
+  }
+}
+)";
+
 }  // namespace pa::codegen::templates
