@@ -14,7 +14,13 @@ std::string trainingKernelsSource() {
 #include "kernels/pdl.cuh"
 #include "kernels/adam.cuh"
 typedef pa::adam::StepHeader PaStepHeader;
-struct PaChunk { float* param; const float* grad; long long state; long long count; unsigned short* mirror; };
+struct PaChunk {
+  float* param;
+  const float* grad;
+  long long state, count;
+  unsigned short* mirror;
+  long long first, mirrorCols, mirrorRowStride, mirrorStep;
+};
 
 // Rounded to the nearest bf16, ties to even, as the Cast kernels store (kernels/storage.cuh).
 __device__ __forceinline__ unsigned short paToBf16(float x) {
@@ -112,7 +118,8 @@ extern "C" __global__ void __launch_bounds__(256) pa_clip_scale(const double* __
 }
 
 // One block per chunk of one parameter; m and v are flat buffers laid out like the parameters.
-// A chunk with a mirror also stores each updated weight's bf16 copy there. A thread's values
+// A chunk with a mirror also stores each updated weight's bf16 copy there (contiguous, or at its
+// place in a packed copy: AdamChunk). A thread's values
 // (PA_ADAM_PER_THREAD, 256 apart) are all loaded before any is computed. Block 0 also copies the
 // step's loss into the ring (the step's last kernel: the loss is final).
 extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* __restrict__ chunks, float* __restrict__ m,
@@ -142,7 +149,14 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
     mc[i] = mo[k];
     vc[i] = vo[k];
     c.param[i] = p;
-    if (c.mirror) c.mirror[i] = paToBf16(p);
+    if (c.mirror) {
+      long long at = i;
+      if (c.mirrorStep) {
+        const long long j = c.first + i;
+        at = j / c.mirrorCols * c.mirrorRowStride + j % c.mirrorCols * c.mirrorStep;
+      }
+      c.mirror[at] = paToBf16(p);
+    }
   }
 }
 

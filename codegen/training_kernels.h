@@ -34,8 +34,13 @@ struct AdamChunk {
   int64_t state = 0;   // offset (floats) of the slice in the flat m and v buffers
   int64_t count = 0;   // values in the slice
   uint64_t mirror = 0;  // device pointer to the slice's bf16 copy (CudaRunnerOptions::mirrorParamCasts), or 0
+  // A packed copy (CudaGraphRunner::packedMirror; mirrorStep > 0): `mirror` is the parameter's
+  // base in it, and its value `first` + i goes to mirror[(j / mirrorCols) * mirrorRowStride +
+  // (j % mirrorCols) * mirrorStep], j = first + i. mirrorStep 0: the slice's copy is contiguous.
+  int64_t first = 0;
+  int64_t mirrorCols = 0, mirrorRowStride = 0, mirrorStep = 0;
 };
-static_assert(sizeof(AdamChunk) == 40, "AdamChunk is mirrored in the kernel source");
+static_assert(sizeof(AdamChunk) == 72, "AdamChunk is mirrored in the kernel source");
 
 // What a fused-mlp-train kernel that applies Adam itself reads (EmitOptions::adamInTrainNode):
 // mirrored as pa::adam::Binding (kernels/adam.cuh). Per node input index, the parameter's and

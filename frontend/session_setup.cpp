@@ -334,6 +334,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.cudaGraph = opt.cudaGraph;
   spec.pdl = opt.pdl;
   spec.adamInTrainNode = opt.adamInTrainNode;
+  spec.packedWeightCopies = opt.packedWeightCopies;
   spec.seed = cfg.seed;
   spec.shuffle = cfg.data.shuffle;
   const OptimizerConfig& o = cfg.train.optimizer;

@@ -43,6 +43,9 @@ struct RunOptions {
   // GPU: a step that is one fused-mlp-train node takes Adam in that kernel (SessionSpec); false
   // launches the Adam kernel after it (A/B benchmarks: gpu_train_bench --no-adam-in-node; tests).
   bool adamInTrainNode = true;
+  // GPU, bf16: Adam writes the packed bf16 copies of fuse-qkv's and SwiGLU's weights (SessionSpec);
+  // false launches the packing kernels each step (A/B benchmarks: gpu_train_bench --no-packed-copies; tests).
+  bool packedWeightCopies = true;
   // `train`: Ctrl-C (SIGINT) or SIGTERM stops after the step in flight, with a summary
   // (TrainResult::interruptedBy); off for library callers, whose signals stay theirs.
   bool catchInterrupts = false;

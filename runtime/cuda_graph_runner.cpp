@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -341,6 +342,11 @@ CudaGraphRunner::~CudaGraphRunner() = default;
 // kernel rounds each updated weight into its slot as it stores it, with the cast's rounding
 // (to nearest, ties to even). The step then launches no cast of a parameter, and its results
 // are bit for bit those of the step that did.
+// The same holds for a node that packs parameters into one bf16 GEMM operand (fuse-qkv's Concat
+// of the projection weights, SwiGLU's Interleave of gate and up: each rounds as it stores, in
+// place of a cast; mirrorPackedWeights): its output gets a slot, and each of its parameters a
+// place in it (packedPlace_) where Adam stores the rounded weight. A parameter with a cast's
+// mirror, or in two packing nodes, is left to its nodes (Adam writes one copy of a weight).
 void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
   skipped_.assign(g_.numNodes(), 0);
   std::map<ValueId, int64_t> slot;  // owned parameter -> byte offset in mirrors_
@@ -364,6 +370,32 @@ void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
       skipped_[static_cast<size_t>(id)] = kReadsOtherMirror;
     }
   }
+  std::vector<std::pair<NodeId, int64_t>> packed;  // packing node -> byte offset of its output in mirrors_
+  std::set<ValueId> packedParams;
+  for (NodeId id : order_) {
+    const Node& n = g_.node(id);
+    if (!opt.mirrorParamCasts || (n.op != OpKind::Concat && n.op != OpKind::Interleave) ||
+        g_.value(n.outputs[0]).type.dtype != DType::BF16 || numel(g_.shape(n.outputs[0])) == 0)
+      continue;
+    bool ownsAll = true, sharesAll = true;
+    std::set<ValueId> seen;
+    for (ValueId in : n.inputs) {
+      const ValueId p = root_[static_cast<size_t>(in)];
+      const bool f32 = g_.value(p).type.dtype == DType::F32 && numel(g_.shape(in)) > 0 && seen.insert(p).second;
+      ownsAll &= f32 && paramOffset_.count(p) && !slot.count(p) && !packedParams.count(p);
+      sharesAll &= f32 && sharedParam_.count(p) > 0;
+    }
+    if (ownsAll && opt.mirrorPackedWeights) {
+      packed.emplace_back(id, bytes);
+      bytes += alignUp(numel(g_.shape(n.outputs[0])) * 2, 256);
+      packedParams.insert(seen.begin(), seen.end());
+    } else if (sharesAll) {
+      auto it = opt.shareParamsWith->packedByKey_.find(packedKey(n));
+      if (it == opt.shareParamsWith->packedByKey_.end()) continue;
+      mirrorPtr_[n.outputs[0]] = it->second;
+      skipped_[static_cast<size_t>(id)] = kReadsOtherMirror;
+    }
+  }
   if (bytes == 0) return;
   mirrors_ = cuda::DeviceBuffer(static_cast<size_t>(bytes));
   mirrors_.fill32(0);
@@ -373,11 +405,46 @@ void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
     mirrorCasts_[p].push_back(id);
     skipped_[static_cast<size_t>(id)] = kWritesMirror;
   }
+  for (const auto& [id, at] : packed) {
+    const Node& n = g_.node(id);
+    const cuda::CUdeviceptr base = mirrors_.ptr() + static_cast<cuda::CUdeviceptr>(at);
+    mirrorPtr_[n.outputs[0]] = base;
+    packedByKey_[packedKey(n)] = base;
+    skipped_[static_cast<size_t>(id)] = kWritesMirror;
+    const int64_t width = g_.shape(n.outputs[0]).back();
+    int64_t column = 0;  // Concat: the input's first column in the packed rows
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId p = root_[static_cast<size_t>(n.inputs[i])];
+      PackedPlace place;
+      if (n.op == OpKind::Concat) {  // value i of input [..., N] at row (i / N), column `column` + i % N
+        const int64_t cols = g_.shape(n.inputs[i]).back();
+        place = {base + static_cast<cuda::CUdeviceptr>(column) * 2, cols, width, 1};
+        column += cols;
+      } else {  // Interleave: input k's value i at 2i + k
+        place = {base + static_cast<cuda::CUdeviceptr>(i) * 2, numel(g_.shape(p)), 0, 2};
+      }
+      packedPlace_[p] = place;
+      mirrorCasts_[p].push_back(id);
+    }
+  }
+}
+
+// A packing node by what it packs: its op and its parameters' names, in order (the training and
+// the validation graph name a parameter alike).
+std::string CudaGraphRunner::packedKey(const Node& n) const {
+  std::string key = opName(n.op);
+  for (ValueId in : n.inputs) key += "|" + g_.value(root_[static_cast<size_t>(in)]).name;
+  return key;
 }
 
 cuda::CUdeviceptr CudaGraphRunner::paramMirror(ValueId p) const {
   auto it = paramMirror_.find(p);
   return it == paramMirror_.end() ? 0 : it->second;
+}
+
+CudaGraphRunner::PackedPlace CudaGraphRunner::packedMirror(ValueId p) const {
+  auto it = packedPlace_.find(p);
+  return it == packedPlace_.end() ? PackedPlace{} : it->second;
 }
 
 void CudaGraphRunner::refreshMirror(ValueId param) {

@@ -45,6 +45,11 @@ struct CudaRunnerOptions {
   // (CudaSession's Adam, through paramMirror). A runner sharing this one's parameters reads
   // its mirrors in place of its own casts.
   bool mirrorParamCasts = false;
+  // With mirrorParamCasts: a Concat (fuse-qkv's projection weights) or an Interleave (SwiGLU's
+  // gate and up weights) whose every input is a parameter, stored bf16, also writes a persistent
+  // mirror that run() skips: the packed copy. Adam rounds each updated weight into its place in it
+  // (packedMirror); upload() reruns the node. Results are the same bits either way (tests, A/B).
+  bool mirrorPackedWeights = true;
   // Launch the step's kernels as programmatic dependents where the device and driver allow
   // (sm_90+, runtime/cuda/launch.h): each may start while the one before it finishes. Off: every
   // kernel plain (A/B benchmarks: gpu_train_bench --no-pdl). Results are the same bits either way.
@@ -103,6 +108,13 @@ public:
   int64_t paramBlockFloats() const { return paramFloats_; }
   // The bf16 mirror of owned parameter `p` (CudaRunnerOptions::mirrorParamCasts), or 0.
   cuda::CUdeviceptr paramMirror(ValueId p) const;
+  // Where owned parameter `p`'s bf16 values go in a packed mirror (mirrorPackedWeights): value i
+  // at base[(i / cols) * rowStride + (i % cols) * step]. step 0: none (then paramMirror may be set).
+  struct PackedPlace {
+    cuda::CUdeviceptr base = 0;
+    int64_t cols = 0, rowStride = 0, step = 0;
+  };
+  PackedPlace packedMirror(ValueId p) const;
   // Whether a kernel applies the session's Adam (CudaRunnerOptions::adamInTrainNode and a
   // fused-mlp-train node), and the state it reads, which must be given before run().
   bool takesAdam() const { return adamBinding_.bytes() > 0; }
@@ -183,7 +195,7 @@ private:
   std::vector<Launch*> nodeLaunches(NodeId id, bool withLibrary = true);
   cuda::CUdeviceptr ptr(ValueId v) const;
   void planParamMirrors(const CudaRunnerOptions& opt);
-  void refreshMirror(ValueId param);  // runs the casts that write the mirror of `param`, waits
+  void refreshMirror(ValueId param);  // runs the casts (and packing nodes) that write the mirror of `param`, waits
   const Graph& g_;
   const cuda::Device& device_;
   std::vector<NodeId> order_;
@@ -198,7 +210,10 @@ private:
   bool adamBound_ = false;
   std::map<ValueId, cuda::CUdeviceptr> mirrorPtr_;      // a mirrored cast's output: where its bytes are
   std::map<ValueId, cuda::CUdeviceptr> paramMirror_;    // an owned parameter: its mirror
-  std::map<ValueId, std::vector<NodeId>> mirrorCasts_;  // an owned parameter: the casts that write its mirror
+  std::map<ValueId, std::vector<NodeId>> mirrorCasts_;  // an owned parameter: the casts (and packing nodes) that write its mirror
+  std::map<ValueId, PackedPlace> packedPlace_;          // an owned parameter: its place in a packed mirror
+  std::map<std::string, cuda::CUdeviceptr> packedByKey_;  // a packed mirror by its node's packedKey()
+  std::string packedKey(const Node& n) const;
   enum : char { kRuns = 0, kWritesMirror = 1, kReadsOtherMirror = 2 };
   std::vector<char> skipped_;                          // per node: kRuns, or a mirrored cast run() skips
   std::vector<std::vector<Launch>> launches_;          // per node id

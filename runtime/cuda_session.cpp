@@ -244,6 +244,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   ropt.deterministic = spec_.deterministic;
   ropt.gemm = spec_.gemm;
   ropt.mirrorParamCasts = true;  // bf16: Adam writes the weights' bf16 copies (no cast kernels in the step)
+  ropt.mirrorPackedWeights = spec_.packedWeightCopies;  // and their packed copies (no concat / interleave kernels)
   ropt.pdl = spec_.pdl;
   if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
     throw SessionSettingError("compiler.gemm",
@@ -294,6 +295,11 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
       c.state = offset + at;
       c.count = std::min(codegen::kAdamChunkValues, p.count - at);
       if (const cuda::CUdeviceptr m = runner_->paramMirror(pv)) c.mirror = m + static_cast<uint64_t>(at) * sizeof(uint16_t);
+      if (const CudaGraphRunner::PackedPlace place = runner_->packedMirror(pv); place.step) {
+        c.mirror = place.base;
+        c.first = at;
+        c.mirrorCols = place.cols, c.mirrorRowStride = place.rowStride, c.mirrorStep = place.step;
+      }
       chunks.push_back(c);
     }
     paramCount += p.count;
@@ -335,7 +341,8 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
     for (NodeId id : g.topoOrder())
       if (g.node(id).op == OpKind::FusedMlpTrain) train = &g.node(id);
     for (const Param& p : params_) {
-      if (runner_->paramMirror(p.value)) throw std::logic_error("Adam in the train node: parameter '" + p.name + "' has a bf16 mirror");
+      if (runner_->paramMirror(p.value) || runner_->packedMirror(p.value).step)
+        throw std::logic_error("Adam in the train node: parameter '" + p.name + "' has a bf16 mirror");
       for (size_t i = 0; i < train->inputs.size(); ++i) {
         if (train->inputs[i] != p.value) continue;
         const uint64_t at = static_cast<uint64_t>(runner_->paramOffset(p.value)) * sizeof(float);

@@ -115,6 +115,10 @@ struct SessionSpec {
   // takes the Adam step too, with no Adam kernel after it; the same results either way (A/B
   // benchmarks and tests turn it off).
   bool adamInTrainNode = true;
+  // GPU, bf16: Adam also writes the packed bf16 copies of weights that fuse-qkv and SwiGLU pack
+  // into one GEMM operand, and the step launches no packing kernel (CudaRunnerOptions::
+  // mirrorPackedWeights); the same results either way (A/B benchmarks and tests turn it off).
+  bool packedWeightCopies = true;
   uint64_t seed = 0;             // the batch order's stream
   bool shuffle = true;           // shuffle the training samples every epoch
   AdamSettings adam;

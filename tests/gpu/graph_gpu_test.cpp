@@ -807,6 +807,39 @@ TEST(TrainOnGpu, ProgrammaticDependentLaunchIsBitIdenticalToPlainLaunches) {
   }
 }
 
+// precision bf16: Adam writing each weight's bf16 value into its place in the packed copies
+// (fuse-qkv's Concat of the projection weights, SwiGLU's Interleave of gate and up; the biases'
+// Concat stays fp32 and runs)
+// gives the bits the packing kernels give, so a run without those kernels in its step and one
+// with them train and validate alike, bit for bit, step by step (clipping scales the gradient
+// first); the step launches one kernel fewer per packing node. The validation graph reads the
+// training runner's packed copies.
+TEST(TrainOnGpu, Bf16PackedWeightCopiesAreBitIdenticalToThePackingKernels) {
+  PA_REQUIRE_GPU();
+  struct Case {
+    const char* config;
+    std::vector<std::string> sets;
+    int packingNodes;
+  };
+  std::vector<std::string> gpt = tinyGptSmall(), llama = kTinyLlamaSmall;
+  for (auto* s : {&gpt, &llama}) s->insert(s->end(), {"precision=bf16", "train.steps=12", "data.samples=64"});
+  gpt.push_back("train.optimizer.clip_grad_norm=0.05");
+  const std::vector<Case> cases = {{"tiny_gpt", gpt, 8},
+                                   {"tiny_llama", llama, 8},
+                                   {"sine_attention", withQkv({"precision=bf16", "train.steps=12"}), 1}};
+  for (const Case& c : cases) {
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", c.sets);
+    SCOPED_TRACE(c.config);
+    auto [packed, kernels] = defaultAndOther(cfg, [](RunOptions& o) { o.packedWeightCopies = false; });
+    expectBitIdenticalLosses(*packed, *kernels, 12);
+    EXPECT_EQ(packed->params(), kernels->params());
+    EXPECT_EQ(packed->validate(), kernels->validate());
+    EXPECT_EQ(kernels->launchesPerStep() - packed->launchesPerStep(), c.packingNodes);
+    std::printf("  %s bf16: %d launches per step with the packed copies written by Adam, %d with the packing kernels; "
+                "12 steps bit-identical\n", c.config, packed->launchesPerStep(), kernels->launchesPerStep());
+  }
+}
+
 // A copy or a memset is never a programmatic predecessor (kernels/pdl.cuh): a kernel launched as a
 // programmatic dependent right after one sees all of its bytes, eagerly and replayed from a
 // captured graph. 64 MiB copies, so that a kernel that started early would read stale values.
