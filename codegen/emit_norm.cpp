@@ -186,12 +186,16 @@ NodeKernels normGrad(const Ctx& c, bool layer) {
   std::vector<KernelArg> colArgs{{KernelArg::Output, 1}};
   if (layer) colArgs.push_back({KernelArg::Output, 2});
   colArgs.push_back({KernelArg::Scratch, 0});
+  // The column sums' slices: four partial rows or more each, 32 to 128 slices of 8 threads (the
+  // grid has only ⌈F / 8⌉ blocks a quantity, so each block takes as many rows at once as it can).
   const int64_t colBlocks = std::max<int64_t>(1, (f + 7) / 8);
+  int64_t slices = 32;
+  while (slices < 128 && slices * 2 * 4 <= blocks) slices *= 2;
   nk.kernels.push_back(finish(c, "columns", kNormGradColumns,
-                              {{"F", ll(f)}, {"PARTS", ll(blocks)},
+                              {{"F", ll(f)}, {"PARTS", ll(blocks)}, {"SLICES", ll(slices)},
                                {"STORE", layer ? "    if (blockIdx.y == 0) out1[j] = (float)s;\n    else out2[j] = (float)s;\n"
                                                : "    out1[j] = (float)s;\n"}},
-                              {static_cast<unsigned>(colBlocks), static_cast<unsigned>(stats), 1}, kThreads, colArgs));
+                              {static_cast<unsigned>(colBlocks), static_cast<unsigned>(stats), 1}, static_cast<unsigned>(8 * slices), colArgs));
   nk.scratchBytes = static_cast<size_t>(stats * blocks * std::max<int64_t>(f, 1)) * sizeof(float);
   return nk;
 }

@@ -211,24 +211,29 @@ extern "C" __global__ void __launch_bounds__(${BLOCK}${MINBLOCKS}) ${NAME}(${PAR
 )";
 
 // The norm gradients' second kernel: block (x, y) adds, for 8 features and quantity y (0: d gain,
-// 1: d bias), the ${PARTS} partial rows in double: 32 strided slices (slice s: rows s, s + 32, ...),
-// then the slices in order.
+// 1: d bias), the ${PARTS} partial rows in double: ${SLICES} strided slices (slice s: rows s,
+// s + ${SLICES}, ...), every slice's loads issued together, then the slices pairwise in a fixed
+// tree (slice s takes s + w for w = ${SLICES} / 2, ..., 1), so the sums are the same run to run.
 inline constexpr const char* kNormGradColumns = R"(
-extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+extern "C" __global__ void __launch_bounds__(8 * ${SLICES}) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  __shared__ double red[32][8];
+  __shared__ double red[${SLICES}][8];
   const int lane = threadIdx.x % 8, slice = threadIdx.x / 8;
   const long long j = (long long)blockIdx.x * 8 + lane;
   const float* src = scratch + (long long)blockIdx.y * ${PARTS} * ${F};
   double acc = 0.0;
-  if (j < ${F})
-    for (long long p = slice; p < ${PARTS}; p += 32) acc += (double)src[p * ${F} + j];
+  if (j < ${F}) {
+#pragma unroll 4
+    for (long long p = slice; p < ${PARTS}; p += ${SLICES}) acc += (double)src[p * ${F} + j];
+  }
   red[slice][lane] = acc;
-  __syncthreads();
-  if (slice == 0 && j < ${F}) {
-    double s = 0.0;
 #pragma unroll
-    for (int t = 0; t < 32; ++t) s += red[t][lane];
+  for (int w = ${SLICES} / 2; w > 0; w /= 2) {
+    __syncthreads();
+    if (slice < w) red[slice][lane] += red[slice + w][lane];
+  }
+  if (slice == 0 && j < ${F}) {
+    const double s = red[0][lane];
 ${STORE}  }
 }
 )";
