@@ -11,6 +11,7 @@ usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tin
 """
 import argparse
 import ctypes
+import itertools
 import math
 import os
 import statistics
@@ -462,17 +463,16 @@ def main():
                           f"ffma {t['0'] * 1e3:.1f} us, dmma {t['1'] * 1e3:.1f} us, ffma/dmma {t['0'] / t['1']:.2f}",
                           flush=True)
         return
-    if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), PA_FLASH_ATOMIC_DQ / _BWD_PERSISTENT=0/1
-        for d in (64, 128):
-            for causal in (False, True):
-                b, h, s = 4, 2048 // d, 4096
-                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                ours = Ours(fl, q, k, v, causal=causal)
-                ms = bench(ours.fwd_bwd) - bench(ours.fwd)
-                fl_b = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-                print(f"bwdtune d={d} causal={causal} atomic_dq={os.environ.get('PA_FLASH_ATOMIC_DQ', '0')} "
-                      f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')} ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
-                      f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
+    if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), b·s = 16384, h·d = 2048; PA_FLASH_ATOMIC_DQ / _BWD_PERSISTENT=0/1
+        for d, s, causal in itertools.product((64, 128), (1024, 4096), (False, True)):
+            b, h = 16384 // s, 2048 // d
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            ours = Ours(fl, q, k, v, causal=causal)
+            ms = bench(ours.fwd_bwd) - bench(ours.fwd)
+            fl_b = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+            print(f"bwdtune d={d} s={s} causal={causal} atomic_dq={os.environ.get('PA_FLASH_ATOMIC_DQ', '0')} "
+                  f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')} ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
+                  f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
     if "tune" in a.only:  # forward only, for comparing tile knobs (PA_FLASH_FWD_TILE / _MT / _WG, PA_FLASH_WGMMA)
         for d in (64, 128):

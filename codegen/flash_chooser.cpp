@@ -208,7 +208,10 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     s.warps = 8;
     if (tuning.bwdTile) s.tile = tuning.bwdTile;
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
-    s.persistent = target.multiprocessors > 0 && tuning.bwdPersistent != 0;
+    // Persistent where the SM count is known, at padded head dim 64: at 128 one item a block
+    // measured 2-3 % faster on three of the four rows of bench/RESULTS_flash.md's "Persistent
+    // backward" table (head dim 64: flat to 14 % faster with the list).
+    s.persistent = target.multiprocessors > 0 && (tuning.bwdPersistent > 0 || (tuning.bwdPersistent < 0 && s.dpad == 64));
     if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
   }
   return s;

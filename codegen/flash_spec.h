@@ -148,7 +148,7 @@ struct FlashTuning {
   int fwdStages = 0;      // sm_90a wgmma forward: depth of the K/V ring
   int fwdPingPong = -1;   // sm_90a wgmma forward: -1 the rule, 0 / 1 warpgroups take turns off / on
   int fwdPersistent = -1; // sm_90a wgmma forward: -1 the rule, 0 / 1 persistent off / on (needs the SM count)
-  int bwdPersistent = -1; // sm_90a wgmma dK/dV and dQ: the same
+  int bwdPersistent = -1; // sm_90a wgmma dK/dV and dQ: the same; the rule: at padded head dim 64 only
   int bwdTile = 0;        // sm_90a wgmma backward: streamed tile rows
   int bwdWarpgroups = 0;  // sm_90a wgmma backward: consumer warpgroups
   bool wgmma = true;      // false: the sm_90a fp16/bf16 kernels on mma.sync instead of wgmma

@@ -239,8 +239,9 @@ TEST(FlashSpec, ProductionListHoldsEveryExampleConfigsKernels) {
 }
 
 // The sm_90a 16-bit forward, dK/dV and dQ kernels run persistent (one block an SM over a work
-// list) where the SM count is known, with a second buffer of what a block keeps (Q; K and V; Q and
-// dO); not in dumps for an unknown device, nor with the tuning's 0.
+// list) where the SM count is known (the backward's rule: at padded head dim 64; the tuning's 1
+// forces it), with a second buffer of what a block keeps (Q; K and V; Q and dO); not in dumps for
+// an unknown device, nor with the tuning's 0.
 TEST(FlashSpec, PersistentForwardWhereTheSmCountIsKnown) {
   FlashAttentionConfig cfg;
   cfg.dtype = kFlashBF16, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = cfg.kLen = 1024;
@@ -259,8 +260,11 @@ TEST(FlashSpec, PersistentForwardWhereTheSmCountIsKnown) {
     off.fwdPersistent = 0;
     EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true, true}, off).persistent);
     for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
-      const FlashKernelSpec b = chooseFlashSpec(k, cfg, {132, true, true});
-      const FlashKernelSpec bu = chooseFlashSpec(k, cfg, {0, true, true});
+      FlashTuning bon;
+      bon.bwdPersistent = 1;
+      EXPECT_EQ(chooseFlashSpec(k, cfg, {132, true, true}).persistent, d == 64) << d;
+      const FlashKernelSpec b = chooseFlashSpec(k, cfg, {132, true, true}, bon);
+      const FlashKernelSpec bu = chooseFlashSpec(k, cfg, {0, true, true}, bon);
       EXPECT_TRUE(b.persistent) << b.name();
       EXPECT_FALSE(bu.persistent) << bu.name();
       EXPECT_NE(b.source().find(", true>"), std::string::npos) << b.source();

@@ -762,10 +762,11 @@ TEST(FlashAttentionGpu, PersistentBackwardEqualsOneItemABlock) {
     FlashAttentionConfig cfg;
     cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
     cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
-    FlashTuning base;
-    base.splitKv = sh.splitKv;
-    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, base).persistent);
-    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target, base).persistent);
+    FlashTuning base, forced;
+    base.splitKv = forced.splitKv = sh.splitKv;
+    forced.bwdPersistent = 1;  // the rule's is head dim 64 only; 128 forced
+    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, forced).persistent);
+    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target, forced).persistent);
     SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
     std::mt19937_64 rng(sh.qLen * 5 + sh.headDim);
     const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
