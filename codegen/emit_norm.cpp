@@ -257,11 +257,11 @@ NodeKernels emitRope(const Ctx& c) {
   const std::string passHead =
       turnHeads > 0 && turnHeads < heads ? "    if (" + head + " >= " + ll(turnHeads) + ") {\n      out0[i0] = a;\n      out0[i1] = b;\n      continue;\n    }\n" : "";
   // The chunked kernel where the pairs split in halves and both the half and the copied tail
-  // come in chunks of 4 features (8 bytes of bf16, 16 of fp32; 8 would hold too many registers
-  // for enough threads at once): a thread turns one chunk of pairs of up to four heads at its
-  // position.
-  const int n = half > 0 && half % 4 == 0 && (d - dims) % 4 == 0 ? 4 : 0;
-  if (!interleaved && n) {
+  // come in chunks of n = 4 features (8 bytes of bf16, 16 of fp32; 8 would hold too many
+  // registers for enough threads at once): a thread turns one chunk of pairs of up to four heads
+  // at its position.
+  constexpr int64_t n = 4;
+  if (!interleaved && half > 0 && half % n == 0 && (d - dims) % n == 0) {
     const int64_t groups = rows / std::max<int64_t>(heads, 1), chunks = half / n + (d - dims) / n;
     // Head h of group g: bshd rows [B, S, H] (g = b·S + s), bhsd rows [B, H, S].
     const std::string row = bshd ? "group * " + ll(heads) + " + h"

@@ -381,9 +381,10 @@ void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
     std::set<ValueId> seen;
     for (ValueId in : n.inputs) {
       const ValueId p = root_[static_cast<size_t>(in)];
-      const bool f32 = g_.value(p).type.dtype == DType::F32 && numel(g_.shape(in)) > 0 && seen.insert(p).second;
-      ownsAll &= f32 && paramOffset_.count(p) && !slot.count(p) && !packedParams.count(p);
-      sharesAll &= f32 && sharedParam_.count(p) > 0;
+      // An fp32 value with values, each parameter once in the node.
+      const bool eligible = g_.value(p).type.dtype == DType::F32 && numel(g_.shape(in)) > 0 && seen.insert(p).second;
+      ownsAll &= eligible && paramOffset_.count(p) && !slot.count(p) && !packedParams.count(p);
+      sharesAll &= eligible && sharedParam_.count(p) > 0;
     }
     if (ownsAll && opt.mirrorPackedWeights) {
       packed.emplace_back(id, bytes);

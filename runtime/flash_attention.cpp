@@ -175,10 +175,9 @@ void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigne
   cuda::launchKernel(l.function, shape, stream, args, mode);
 }
 
-// K and V bytes of one query head's slice (a KV head's shared by its group); Q and dO of a slice
-// of the dK/dV kernel (a query head, or a KV head's group).
+// K and V bytes of one query head's slice (a KV head's shared by its group).
 long long FlashAttention::kvBytesPerSlice(const FlashAttentionConfig& c) {
-  return std::max<long long>(1, 2LL * c.kLen * c.headDim * elemBytes(c.dtype) * c.kvHeads / c.heads);
+  return 2LL * c.kLen * c.headDim * elemBytes(c.dtype) * c.kvHeads / c.heads;
 }
 
 // A persistent kernel: one block an SM over `items` (slice, tile) items, in groups of slices whose
@@ -186,7 +185,7 @@ long long FlashAttention::kvBytesPerSlice(const FlashAttentionConfig& c) {
 // in workCounter_ (kernels/flash_attention_common.cuh, WorkList).
 void FlashAttention::launchPersistent(const FlashKernelSpec& spec, long long items, long long slices, long long sliceBytes,
                                       int counter, FlashKernelParams p, cuda::CUstream stream, cuda::LaunchMode mode) {
-  p.workHeads = (int)std::max<long long>(1, std::min<long long>(slices, kPersistentL2Bytes / sliceBytes));
+  p.workHeads = (int)std::max<long long>(1, std::min<long long>(slices, kPersistentL2Bytes / std::max(1LL, sliceBytes)));
   p.workCounter = workCounter_.ptr() + 8 * counter;
   launch(spec, (unsigned)std::min<long long>(items, target_.multiprocessors), 1, p, stream, mode);
 }
@@ -203,7 +202,7 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
   const FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
-const int qTiles = ceilDiv(c.qLen, spec.rowsPerBlock()), slices = c.batch * c.heads;
+  const int qTiles = ceilDiv(c.qLen, spec.rowsPerBlock()), slices = c.batch * c.heads;
   if (!spec.persistent) {
     launch(spec, qTiles, slices, p, stream, mode);
     return;
@@ -258,9 +257,9 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   if (c.sinkLogits) launch(specFor(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream, mode);
   const int dkdvSlices = c.batch * (p.dKVPartial ? c.heads : c.kvHeads);
   if (dkdv.persistent) {
+    // A slice's Q and dO: one query head's, or a KV head's group's.
     const long long qBytes = 2LL * c.qLen * c.headDim * elemBytes(c.dtype) * (p.dKVPartial ? 1 : c.heads / c.kvHeads);
-    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, std::max(1LL, qBytes), 1,
-                     p, stream, mode);
+    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, qBytes, 1, p, stream, mode);
   } else {
     launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode);
   }
