@@ -7,7 +7,7 @@ kernel holds the stream while many calls are queued behind it, one CUDA event pa
 median of five such windows), on inputs rotating through more memory than the L2 cache holds.
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
-usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128] [--out FILE]
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune] [--out FILE]
 """
 import argparse
 import ctypes
@@ -66,9 +66,11 @@ class Flash:
         if self.lib.paFlashBackward(*args):
             raise RuntimeError(self.err.value.decode())
 
-    def workspace(self, q, k):
+    def workspace(self, q, k, causal=False, window=(-1, -1), sinks=0):
+        """Bytes for the backward of this problem and mask (GQA's dK/dV scheme depends on the mask)."""
         b, hq, sq, d = q.shape
-        n = self.lib.paFlashBackwardWorkspace(DT[q.dtype], b, hq, k.shape[1], sq, k.shape[2], d)
+        n = self.lib.paFlashBackwardWorkspace(DT[q.dtype], b, hq, k.shape[1], sq, k.shape[2], d,
+                                              *self._mask(causal, window, sinks))
         return torch.empty(n, dtype=torch.uint8, device=q.device)
 
 
@@ -146,7 +148,7 @@ class Ours:
         self.lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
         self.do = torch.randn_like(q)
         self.dq, self.dk, self.dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        self.ws = fl.workspace(q, k)
+        self.ws = fl.workspace(q, k, **mask)
         self.fa = fl.forward_args(q, k, v, self.o, self.lse, **mask)
         self.ba = fl.backward_args(q, k, v, self.o, self.do, self.dq, self.dk, self.dv, self.lse, self.ws, **mask)
 
@@ -412,6 +414,11 @@ def main():
         Ours(fl, q, k, v).fwd_bwd()
         torch.cuda.synchronize()
         return
+    if "gqaprobe" in a.only:  # one forward + backward of the GQA window + sinks row, for ncu
+        q, k, v = qkv(4, 16, 4, 4096, 128, torch.bfloat16)
+        Ours(fl, q, k, v, causal=True, window=(1023, -1), sinks=4).fwd_bwd()
+        torch.cuda.synchronize()
+        return
     if "probe" in a.only:  # one call of each kernel, for ncu
         for dt in (torch.bfloat16, torch.float32):
             q, k, v = (torch.randn(4, 16, 4096, 128 if dt == torch.bfloat16 else 64, device="cuda", dtype=dt)
@@ -473,6 +480,34 @@ def main():
             print(f"bwdtune d={d} s={s} causal={causal} atomic_dq={os.environ.get('PA_FLASH_ATOMIC_DQ', '0')} "
                   f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')} ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
                   f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
+        return
+    if "gqatune" in a.only:  # ours alone on the GQA rows and the tiny models' attention; PA_FLASH_SPLIT_KV / _BWD_PERSISTENT=0/1
+        sink = {"tiny_gpt_win128": True}
+        for name, (b, hq, hk, s, d, mask) in {
+                "gqa_causal": (4, 16, 4, 4096, 128, dict(causal=True)),
+                "gqa_swa1024": (4, 16, 4, 4096, 128, dict(causal=True, window=(1023, -1))),
+                "gqa_swa1024_sink4": (4, 16, 4, 4096, 128, dict(causal=True, window=(1023, -1), sinks=4)),
+                "tiny_causal": (8, 8, 2, 1024, 64, dict(causal=True)),
+                "tiny_gpt_win128": (8, 8, 2, 1024, 64, dict(causal=True, window=(128, -1))),
+                "tiny_win128_sink4": (8, 8, 2, 1024, 64, dict(causal=True, window=(128, -1), sinks=4)),
+                "b16_s1024_d128_causal": (16, 16, 4, 1024, 128, dict(causal=True)),
+                "b2_hq32_s2048_d128": (2, 32, 8, 2048, 128, dict()),
+                "b4_s4096_d64_causal": (4, 32, 8, 4096, 64, dict(causal=True)),
+                "b1_s16384_swa1024_sink4": (1, 16, 4, 16384, 128, dict(causal=True, window=(1023, -1), sinks=4)),
+                "mqa_b1_s4096_d128": (1, 8, 1, 4096, 128, dict(causal=True))}.items():
+            sets = input_sets(fl, b, hq, hk, s, d, torch.bfloat16, **mask)
+            if sink.get(name):  # learnable sink logits, as tiny_gpt's layers have
+                for o in sets:
+                    o.sink = torch.randn(hq, device="cuda", dtype=torch.float32)
+                    o.dsink = torch.empty_like(o.sink)
+                    o.fa = fl.forward_args(o.q, o.k, o.v, o.o, o.lse, sink_logits=o.sink, **mask)
+                    o.ba = fl.backward_args(o.q, o.k, o.v, o.o, o.do, o.dq, o.dk, o.dv, o.lse, o.ws,
+                                            sink_logits=o.sink, dsink=o.dsink, **mask)
+            t_f, t_fb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
+            print(f"gqatune {name} split_kv={os.environ.get('PA_FLASH_SPLIT_KV', '-')} "
+                  f"ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: fwd {t_f:.4f} ms, f+b {t_fb:.4f} ms, "
+                  f"bwd {t_fb - t_f:.4f} ms", flush=True)
+            del sets
         return
     if "tune" in a.only:  # forward only, for comparing tile knobs (PA_FLASH_FWD_TILE / _MT / _WG, PA_FLASH_WGMMA)
         for d in (64, 128):

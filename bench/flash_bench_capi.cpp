@@ -37,10 +37,11 @@ pa::FlashTuning tuningFromEnvironment() {
   t.fwdPingPong = onOffOrRule("PA_FLASH_FWD_PINGPONG");
   t.fwdPersistent = onOffOrRule("PA_FLASH_FWD_PERSISTENT");
   t.bwdPersistent = onOffOrRule("PA_FLASH_BWD_PERSISTENT");
+  t.sinkTile = onOffOrRule("PA_FLASH_SINK_TILE");
   t.bwdTile = knob("PA_FLASH_BWD_TILE");
   t.bwdWarpgroups = knob("PA_FLASH_BWD_WG");
   t.wgmma = onOff("PA_FLASH_WGMMA", true);
-  t.splitKv = onOff("PA_FLASH_SPLIT_KV", true);
+  t.splitKv = onOffOrRule("PA_FLASH_SPLIT_KV");
   t.dqTile = knob("PA_FLASH_DQ_TILE");
   t.dqMtiles = knob("PA_FLASH_DQ_MT");
   t.f32FwdRows = knob("PA_FLASH_F32_FWD_R");
@@ -119,8 +120,10 @@ int paFlashForward(int dtype, int b, int hq, int hkv, int sq, int sk, int d, flo
   }
 }
 
-unsigned long long paFlashBackwardWorkspace(int dtype, int b, int hq, int hkv, int sq, int sk, int d) {
-  return gFlash->backwardWorkspaceBytes(config(dtype, b, hq, hkv, sq, sk, d, 0.f, 0, 0, -1, -1, 0, 0));
+// The mask as paFlashBackward's: GQA's dK/dV scheme (and so the workspace) depends on it.
+unsigned long long paFlashBackwardWorkspace(int dtype, int b, int hq, int hkv, int sq, int sk, int d, int causal,
+                                            int bottomRight, int wl, int wr, int sinks) {
+  return gFlash->backwardWorkspaceBytes(config(dtype, b, hq, hkv, sq, sk, d, 0.f, causal, bottomRight, wl, wr, sinks, 0));
 }
 
 int paFlashBackward(int dtype, int b, int hq, int hkv, int sq, int sk, int d, float scale, int causal,

@@ -1,5 +1,6 @@
 // Which FlashAttention instantiation runs a problem: one chooser per kernel path, a dispatcher,
 // and the checks of a problem against what the kernels support.
+#include <algorithm>
 #include <cmath>
 
 #include "codegen/flash_spec.h"
@@ -177,6 +178,75 @@ FlashKernelSpec chooseMmaSync(FlashKernelKind kind, const FlashAttentionConfig& 
   return s;
 }
 
+// Sinks below kFlashSinkTileKeys beside a left window: the first key tile of a block far enough
+// from the start holds only sink keys (FlashKernelSpec::sinkTile).
+bool hasSinkTile(const FlashAttentionConfig& c) {
+  return c.mask.sinks > 0 && c.mask.sinks <= kFlashSinkTileKeys && c.mask.windowLeft >= 0;
+}
+
+// GQA's dK/dV on the sm_90a kernels, per query head (fp32 partials and a reduce kernel) or per KV
+// head (a block walks its group's query heads with dK and dV in registers: no partials, no
+// reduce, but `group` times fewer and heavier items). Estimated in units of one streamed tile's
+// products: w(kb) is the count of query tiles the mask leaves visible to key block kb (the
+// kernel's own test); per KV head gives batch · kvHeads items of group · w(kb) + 1, per query
+// head batch · heads items of w(kb) + 1 (the 1: an item's K/V loads and its stores); a list's
+// time is the longer of its heaviest item and its total over the SMs (the work list starts the
+// heaviest first); per query head adds the reduce's bytes (the partials read, dK and dV written)
+// at kReduceBandwidth. kTileFlopsPerSm is a dK/dV tile's four products' rate on one SM. Both
+// constants and the cases the rule was checked on: bench/RESULTS_flash.md, "GQA's dK/dV per KV
+// head by a rule". Memoised per thread: the chooser runs at every launch.
+constexpr double kTileFlopsPerSm = 2.9e12;  // FLOP/s
+constexpr double kReduceBandwidth = 3.3e12;  // bytes/s
+
+bool tileVisible(const FlashAttentionConfig& c, long long m0, long long m1, long long n0, long long n1) {
+  long long lo0, hi0, lo1, hi1;
+  attentionBand(c.mask, m0, c.qLen, c.kLen, &lo0, &hi0);
+  attentionBand(c.mask, m1 - 1, c.qLen, c.kLen, &lo1, &hi1);
+  if (lo0 <= n1 - 1 && hi1 >= n0 && lo0 <= hi1) return true;
+  return n0 <= attentionSinkLimit(c.mask, m1 - 1, c.qLen, c.kLen);
+}
+
+bool dkdvPerQueryHeadEstimate(const FlashAttentionConfig& c, int multiprocessors, int bn, int bq, int dpad) {
+  const int group = c.heads / c.kvHeads, nKB = ceilDiv(c.kLen, bn), nQT = ceilDiv(c.qLen, bq);
+  double maxW = 0, sumW = 0;
+  for (int kb = 0; kb < nKB; ++kb) {
+    const long long n0 = (long long)kb * bn, n1 = std::min<long long>(n0 + bn, c.kLen);
+    int w = 0;
+    for (int qt = 0; qt < nQT; ++qt)
+      w += tileVisible(c, (long long)qt * bq, std::min<long long>((long long)qt * bq + bq, c.qLen), n0, n1);
+    maxW = std::max<double>(maxW, w);
+    sumW += w;
+  }
+  const double sms = multiprocessors, slicesKv = (double)c.batch * c.kvHeads, slicesQ = (double)c.batch * c.heads;
+  const double perKv = std::max(group * maxW + 1, slicesKv * (group * sumW + nKB) / sms);
+  const double perQ = std::max(maxW + 1, slicesQ * (sumW + nKB) / sms);
+  const double tileSeconds = 8.0 * bq * bn * dpad / kTileFlopsPerSm;
+  const double reduceBytes = 2.0 * c.kLen * c.headDim * (slicesQ * 4 + slicesKv * 2);
+  return perQ * tileSeconds + reduceBytes / kReduceBandwidth < perKv * tileSeconds;
+}
+
+bool dkdvPerQueryHead(const FlashAttentionConfig& c, const FlashTarget& target, const FlashTuning& tuning, int bn, int bq,
+                      int dpad) {
+  if (c.heads == c.kvHeads) return false;
+  if (tuning.splitKv >= 0) return tuning.splitKv != 0;
+  if (target.multiprocessors <= 0) return true;
+  struct Entry {
+    int key[14];
+    bool perQ;
+  };
+  const int key[14] = {c.batch, c.heads, c.kvHeads, c.qLen, c.kLen, c.headDim, c.mask.causal, c.mask.alignBottomRight,
+                       c.mask.windowLeft, c.mask.windowRight, c.mask.sinks, target.multiprocessors, bn, bq * 1024 + dpad};
+  thread_local Entry memo[8];
+  thread_local int used = 0, next = 0;
+  for (int i = 0; i < used; ++i)
+    if (std::equal(key, key + 14, memo[i].key)) return memo[i].perQ;
+  Entry& e = memo[next];
+  next = (next + 1) % 8, used = std::min(used + 1, 8);
+  std::copy(key, key + 14, e.key);
+  e.perQ = dkdvPerQueryHeadEstimate(c, target.multiprocessors, bn, bq, dpad);
+  return e.perQ;
+}
+
 // sm_90a, 16-bit types at padded head dims 64 and 128 (wgmmaHeadDim): the fastest of the sweeps in
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
 // three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
@@ -203,6 +273,7 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     // Persistent where the SM count is known and the second Q buffer fits an sm_90 block.
     s.persistent = target.multiprocessors > 0 && tuning.fwdPersistent != 0;
     if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
+    s.sinkTile = hasSinkTile(cfg) && tuning.sinkTile != 0;
   } else {
     s.tile = s.dpad == 64 ? 128 : 64;
     s.warps = 8;
@@ -210,9 +281,15 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
     // Persistent where the SM count is known, at padded head dim 64: at 128 one item a block
     // measured 2-3 % faster on three of the four rows of bench/RESULTS_flash.md's "Persistent
-    // backward" table (head dim 64: flat to 14 % faster with the list).
-    s.persistent = target.multiprocessors > 0 && (tuning.bwdPersistent > 0 || (tuning.bwdPersistent < 0 && s.dpad == 64));
+    // backward" table (head dim 64: flat to 14 % faster with the list). GQA's dK/dV per KV head
+    // is persistent at 128 too: its items are `group` times longer, and its heaviest (the key
+    // blocks with sinks) must start first.
+    const bool perKvHead = kind == FlashKernelKind::kBwdDkDv && cfg.heads != cfg.kvHeads &&
+                           !dkdvPerQueryHead(cfg, target, tuning, s.rowsPerBlock(), s.tile, s.dpad);
+    s.persistent = target.multiprocessors > 0 &&
+                   (tuning.bwdPersistent > 0 || (tuning.bwdPersistent < 0 && (s.dpad == 64 || perKvHead)));
     if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
+    s.sinkTile = kind == FlashKernelKind::kBwdDq && hasSinkTile(cfg) && tuning.sinkTile != 0;
   }
   return s;
 }
@@ -245,8 +322,11 @@ FlashKernelSpec chooseFlashSpec(FlashKernelKind kind, const FlashAttentionConfig
   return chooseMmaSync(kind, cfg, target, tuning);
 }
 
-bool flashSplitKvHeads(const FlashAttentionConfig& c, const FlashTuning& tuning) {
-  return c.dtype != kFlashF32 && c.heads != c.kvHeads && tuning.splitKv;
+bool flashSplitKvHeads(const FlashAttentionConfig& c, const FlashTarget& target, const FlashTuning& tuning) {
+  if (c.dtype == kFlashF32 || c.heads == c.kvHeads) return false;
+  if (!usesWgmma(FlashKernelKind::kBwdDkDv, c, target, tuning)) return tuning.splitKv != 0;
+  const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, c, target, tuning);
+  return dkdvPerQueryHead(c, target, tuning, dkdv.rowsPerBlock(), dkdv.tile, dkdv.dpad);
 }
 
 std::vector<FlashKernelSpec> flashKernelsOf(const FlashAttentionConfig& c, bool backward, const FlashTarget& target,
@@ -256,7 +336,7 @@ std::vector<FlashKernelSpec> flashKernelsOf(const FlashAttentionConfig& c, bool 
   if (c.sinkLogits) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdSinkReduce, c, target, tuning));
   const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, c, target, tuning);
   specs.push_back(dkdv);
-  if (flashSplitKvHeads(c, tuning)) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDvReduce, c, target, tuning));
+  if (flashSplitKvHeads(c, target, tuning)) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDvReduce, c, target, tuning));
   if (dkdv.atomicDq)
     specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDqConvert, c, target, tuning));
   else if (dkdv.dqPartial)

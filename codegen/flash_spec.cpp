@@ -115,6 +115,7 @@ std::string FlashKernelSpec::name() const {
   if (wgmma) os << "_wg_s" << stages;
   if (pingpong) os << "_pp";
   if (persistent) os << "_ps";
+  if (sinkTile) os << "_sk";
   if (dqPartial) os << "_dqp";
   return os.str();
 }
@@ -133,7 +134,7 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kForward:
       if (wgmma) {
         call = "flashForwardWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " + std::to_string(warps / 4) + ", " +
-               std::to_string(stages) + ", " + (pingpong ? "true" : "false") + ", " + (persistent ? "true" : "false") + ">";
+               std::to_string(stages) + ", " + (pingpong ? "true" : "false") + ", " + (persistent ? "true" : "false") + (sinkTile ? ", true" : "") + ">";
         break;
       }
       call = f32 ? "flashForwardF32<" + d + ", " + std::to_string(mtiles) + ">"
@@ -165,7 +166,8 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kBwdDq:
       if (wgmma) {
         call = "flashBackwardDqWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " +
-               std::to_string(warps / 4) + ", " + std::to_string(stages) + ", " + (persistent ? "true" : "false") + ">";
+               std::to_string(warps / 4) + ", " + std::to_string(stages) + ", " + (persistent ? "true" : "false") +
+               (sinkTile ? ", true" : "") + ">";
         break;
       }
       call = f32 ? "flashBackwardDqF32<" + d + ", " + std::to_string(mtiles) + ">"

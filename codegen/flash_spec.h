@@ -98,6 +98,10 @@ struct FlashKernelSpec {
   // list of (slice, tile) items, heaviest tiles first, loading the next item's resident tiles (Q;
   // K and V; Q and dO) under the current one's work.
   bool persistent = false;
+  // The wgmma forward / dQ kernel runs a first key tile whose only visible keys are sinks (below
+  // kFlashSinkTileKeys) as kFlashSinkTileKeys-key products; chosen where the mask has such sinks
+  // and a left window, so kernels of other masks keep the plain loop.
+  bool sinkTile = false;
   // fp32 on the tensor cores (FlashAttentionConfig::tf32): the forward / dK,dV / dQ kernels are
   // the 16-bit types' mma.sync kernels with TF32 operands; `warps`, `tile`, `mtiles` as there.
   bool tf32 = false;
@@ -149,10 +153,12 @@ struct FlashTuning {
   int fwdPingPong = -1;   // sm_90a wgmma forward: -1 the rule, 0 / 1 warpgroups take turns off / on
   int fwdPersistent = -1; // sm_90a wgmma forward: -1 the rule, 0 / 1 persistent off / on (needs the SM count)
   int bwdPersistent = -1; // sm_90a wgmma dK/dV and dQ: the same; the rule: at padded head dim 64 only
+  int sinkTile = -1;      // sm_90a wgmma forward and dQ: -1 the rule (FlashKernelSpec::sinkTile), 0 off
   int bwdTile = 0;        // sm_90a wgmma backward: streamed tile rows
   int bwdWarpgroups = 0;  // sm_90a wgmma backward: consumer warpgroups
   bool wgmma = true;      // false: the sm_90a fp16/bf16 kernels on mma.sync instead of wgmma
-  bool splitKv = true;    // fp16/bf16 GQA dK/dV per query head (true) or per KV head (false)
+  int splitKv = -1;       // fp16/bf16 GQA dK/dV: -1 the rule (sm_90a: an estimate; else per query head),
+                          // 1 per query head (fp32 partials + reduce), 0 per KV head
   int dqTile = 0;         // mma.sync dQ kernel: keys per tile
   int dqMtiles = 0;       // mma.sync dQ kernel: m-tiles per warp
   int f32FwdRows = 0;     // fp32 FFMA forward: query rows per thread (1, 2, 4, 8)
@@ -167,7 +173,7 @@ FlashKernelSpec chooseFlashSpec(FlashKernelKind kind, const FlashAttentionConfig
                                 const FlashTuning& tuning = {});
 
 // GQA with 16-bit types: dK/dV blocks per query head (partials + reduce) instead of per KV head.
-bool flashSplitKvHeads(const FlashAttentionConfig& cfg, const FlashTuning& tuning = {});
+bool flashSplitKvHeads(const FlashAttentionConfig& cfg, const FlashTarget& target = {}, const FlashTuning& tuning = {});
 
 // Every kernel the launcher runs for a problem (forward, or the backward's kernels in launch
 // order) on a target.

@@ -176,8 +176,10 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
 // DMMA; bf16: `precision` has no fp16), `deterministic`, the padded head dim, the grid's size
 // against the SM count (batch x heads or kvHeads x blocks: the FFMA rows-per-thread rule, the
 // DMMA forward's kFp64MmaForwardMinBlocks, TF32's small-grid blocks), the key blocks against
-// kMaxDqPartialBlocks, q_len >= 2048 (the wgmma forward's warpgroups), GQA (the split dK/dV's
-// reduce) and sink logits (their reduce); never the mask. The grid below crosses every one of
+// kMaxDqPartialBlocks, q_len >= 2048 (the wgmma forward's warpgroups), GQA and, on sm_90a, the
+// mask (GQA's dK/dV per query head with a reduce, or per KV head and persistent: an estimate over
+// the mask's visible tiles), sinks beside a window (the sink tile) and sink logits (their
+// reduce). The grid below crosses every one of
 // those thresholds on each target a graph may run on or be dumped for: the SM counts of an A100,
 // H100 and L40 and 0 (codegen's dumps, which do not know the device), with and without wgmma and
 // full-rate FP64 as those parts have them. The graph never sets atomicDq or fp64Mma.
@@ -194,6 +196,11 @@ std::vector<FlashKernelSpec> flashProductionKernelSpecs() {
       lengths.push_back({shortLen, longLen});
       lengths.push_back({longLen, shortLen});
     }
+  // No mask (every key block alike), causal (the first key blocks the heaviest), and a causal
+  // window with sinks (tiny_gpt's kind: the sink tile).
+  AttentionMaskSpec masks[3];
+  masks[1].causal = 1;
+  masks[2].causal = 1, masks[2].windowLeft = 128, masks[2].sinks = 4;
   std::vector<FlashKernelSpec> specs;
   std::set<std::string> names;
   FlashAttentionConfig c;
@@ -217,9 +224,12 @@ std::vector<FlashKernelSpec> flashProductionKernelSpecs() {
               c.headDim = d;
               c.heads = h[0], c.kvHeads = h[1];
               c.qLen = qLen, c.kLen = kLen;
-              for (bool backward : {false, true}) {
-                if (backward && c.dtype == kFlashF32 && d > 128) continue;  // validation refuses it
-                for (const FlashKernelSpec& s : flashKernelsOf(c, backward, target)) addUnique(specs, names, s);
+              for (const AttentionMaskSpec& mask : masks) {
+                c.mask = mask;
+                for (bool backward : {false, true}) {
+                  if (backward && c.dtype == kFlashF32 && d > 128) continue;  // validation refuses it
+                  for (const FlashKernelSpec& s : flashKernelsOf(c, backward, target)) addUnique(specs, names, s);
+                }
               }
             }
   return specs;

@@ -24,7 +24,8 @@
  *
  * dQ: a block owns BM = 64·CONSUMERS query rows (Q and dO copied once) and streams the visible
  * K/V tiles; per tile S = Q·Kᵀ and dP = dO·Vᵀ from shared memory, dS = P ⊙ (dP − Δ) in registers,
- * dQ += dS·K with dS as the register operand.
+ * dQ += dS·K with dS as the register operand (dqTile). SINK_TILE: a first tile whose only visible
+ * keys are sinks below kSinkKeys runs as kSinkKeys-key products, as in the forward.
  *
  * PERSISTENT (both kernels; the rule where the launcher knows the SM count): one block an SM takes
  * (slice, key block) or (slice, query tile) items from a work list (WorkList, heaviest first), as
@@ -105,10 +106,10 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
 
   const int warp = threadIdx.x >> 5;
   // PERSISTENT: (slice, key block) items, the first key blocks (the heaviest under a top-left
-  // causal mask) first.
+  // causal mask) first, those with sink keys ahead of all.
   WorkList work;
   work.init(p, PERSISTENT ? ceilDiv(p.kLen, BN) : 1,
-            PERSISTENT ? p.batch * (p.dKVPartial != 0 ? p.heads : p.kvHeads) : 1, false);
+            PERSISTENT ? p.batch * (p.dKVPartial != 0 ? p.heads : p.kvHeads) : 1, false, p.workLead);
 
   if (threadIdx.x == 0) {
     sm90::mbarInitRange(full(0), STAGES, 2 * 128);
@@ -264,8 +265,57 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
   }
 }
 
+// One K/V tile of the dQ kernel (K at kTile, V after it, BN rows each), its first N keys: S =
+// Q·Kᵀ and dP = dO·Vᵀ from shared memory, dS = P ⊙ (dP − Δ) in registers (the mask unless
+// `full`), dQ += dS·K with dS as the register operand; every product complete on return.
+template <typename Tag, int DPAD, int BM, int BN, int N>
+__device__ __forceinline__ void dqTile(const FlashKernelParams& p, float (&dQ)[DPAD / 2], float (&sT)[N / 2],
+                                       float (&dpT)[N / 2], u32 qRows, u32 oRows, u32 kTile, int n0, bool full,
+                                       const int (&bandLo)[2], const int (&bandHi)[2], const int (&bandSink)[2],
+                                       const float (&lse2)[2], const float (&dl)[2], int t) {
+  constexpr int IN = WgmmaInputOf<Tag>::kValue;
+  const u32 vTile = kTile + BN * DPAD * 2;
+  sm90::wgmmaFence();
+  headDimProduct<N, IN, DPAD, BM, BN>(sT, qRows, kTile);
+  headDimProduct<N, IN, DPAD, BM, BN>(dpT, oRows, vTile);
+  sm90::wgmmaCommit();
+  sm90::wgmmaWait<0>();
+  sm90::fenceRegisters(sT);
+  sm90::fenceRegisters(dpT);
+  sm90::fenceRegisters(dQ);
+
+  // The mask is a pass of its own that full tiles skip.
+  if (!full) {
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        if (!bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) sT[4 * nt + e] = negInf();
+      }
+  }
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      const float pe = fastExp2(fmaf(sT[4 * nt + e], p.scaleLog2, -lse2[r]));
+      dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - dl[r]);
+    }
+  u32 aS[N / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) packFragment<Tag>(aS[kk], dpT, kk);
+  sm90::wgmmaFence();
+  tileProduct<DPAD, IN, N>(dQ, aS, kTile, BN * 128);
+  sm90::wgmmaCommit();
+  sm90::wgmmaWait<0>();
+  sm90::fenceRegisters(dQ);
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) sm90::fenceRegisters(aS[kk]);
+}
+
 // =============================================================================================
-template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false>
+template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false, bool SINK_TILE = false>
 __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p) {
   typedef WgmmaDqConfig<DPAD, BN, CONSUMERS, STAGES, PERSISTENT> Cfg;
   constexpr int BM = Cfg::BM, IN = WgmmaInputOf<Tag>::kValue, QB = Cfg::kQBuffers;
@@ -378,49 +428,27 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p)
     for (int k = 0; k < BN / 2; ++k) s[k] = dp[k] = 0.f;
 
     const u32 qRows = sQ0 + qb * 2 * Cfg::kQBytes + wg * 64 * 128, oRows = qRows + Cfg::kQBytes;
-    for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i) {
+    // Each K/V tile: wait, dqTile, release. A first tile whose only visible keys are sinks below
+    // kSinkKeys (tiles.sinkNarrow) runs kSinkKeys-key products: the other keys' dS is exactly 0.
+    int j = tiles.next(0);
+    if (SINK_TILE && j == 0 && tiles.sinkNarrow) {
       const int st = i % STAGES;
       sm90::mbarWait(full(st), (i / STAGES) & 1);
       sm90::fenceProxyAsync();
-      const u32 kTile = stage(st), vTile = kTile + Cfg::kTileBytes;
+      float sSink[kSinkKeys / 2] = {}, dpSink[kSinkKeys / 2] = {};
+      dqTile<Tag, DPAD, BM, BN, kSinkKeys>(p, dQ, sSink, dpSink, qRows, oRows, stage(st), 0, false, bandLo, bandHi, bandSink,
+                                           lse2, dl, t);
+      sm90::mbarArrive(empty(st));
+      ++i;
+      j = tiles.next(1);
+    }
+    for (; j < nTiles; j = tiles.next(j + 1), ++i) {
+      const int st = i % STAGES;
+      sm90::mbarWait(full(st), (i / STAGES) & 1);
+      sm90::fenceProxyAsync();
       const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
-      sm90::wgmmaFence();
-      headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
-      headDimProduct<BN, IN, DPAD, BM>(dp, oRows, vTile);
-      sm90::wgmmaCommit();
-      sm90::wgmmaWait<0>();
-      sm90::fenceRegisters(s);
-      sm90::fenceRegisters(dp);
-      sm90::fenceRegisters(dQ);
-
-      // The mask is a pass of its own that full tiles skip.
-      if (!(tiles.full(n0, n1) && n1 - n0 == BN)) {
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1;
-            if (!bandVisible(n0 + nt * 8 + 2 * t + (e & 1), bandLo[r], bandHi[r], bandSink[r])) s[4 * nt + e] = negInf();
-          }
-      }
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          const float pe = fastExp2(fmaf(s[4 * nt + e], p.scaleLog2, -lse2[r]));
-          dp[4 * nt + e] = pe * (dp[4 * nt + e] - dl[r]);
-        }
-      u32 aS[BN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(aS[kk], dp, kk);
-      sm90::wgmmaFence();
-      tileProduct<DPAD, IN, BN>(dQ, aS, kTile);
-      sm90::wgmmaCommit();
-      sm90::wgmmaWait<0>();
-      sm90::fenceRegisters(dQ);
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(aS[kk]);
+      dqTile<Tag, DPAD, BM, BN, BN>(p, dQ, s, dp, qRows, oRows, stage(st), n0, tiles.full(n0, n1) && n1 - n0 == BN, bandLo,
+                                    bandHi, bandSink, lse2, dl, t);
       sm90::mbarArrive(empty(st));
     }
     if (PERSISTENT) sm90::mbarArrive(qEmpty(qb));  // every product of the item is complete

@@ -437,6 +437,9 @@ struct TileMask {
 struct BlockTiles {
   int nTiles, sinkLast, bandFirst, bandLast;
   int loMax, hiMin, sinkMin;
+  // Tile 0 holds no key of any row's band and the sinks lie below 16 (the wgmma kernels' narrow
+  // products: kSinkKeys). With bn >= 16 only.
+  bool sinkNarrow;
   __device__ __forceinline__ void init(const TileMask& tm, int m0, int m1, int bn) {
     nTiles = (int)((tm.kLen + bn - 1) / bn);
     long long lo0, hi0, lo1, hi1;
@@ -451,6 +454,7 @@ struct BlockTiles {
       bandLast = -1;
     }
     sinkLast = sinkHi >= 0 ? (int)(sinkHi / bn) : -1;
+    sinkNarrow = bandFirst > 0 && sinkHi >= 0 && sinkHi < 16 && bn >= 16;
     loMax = (int)lo1;
     hiMin = (int)(hi0 < -1 ? -1 : hi0);
     const long long sinkLo = attentionSinkLimit(tm.m, m0, tm.qLen, tm.kLen);
@@ -487,18 +491,27 @@ __device__ __forceinline__ int heavyFirstTile() { return gridDim.x - 1 - blockId
 // part of L2), each group's tiles heaviest first (`lastFirst`: the last tile first, for query
 // tiles under a causal mask; else the first, for key blocks), slice by slice. Taken in that order
 // by whichever block is free, the heavy items start first and the grid ends on the lightest
-// (longest-first list scheduling). A non-persistent kernel keeps count 1 and never calls take().
+// (longest-first list scheduling). Ahead of the groups, `lead` first tiles of every slice (the
+// dK/dV key blocks that hold sink keys, which every query sees: far the heaviest; 0 elsewhere).
+// A non-persistent kernel keeps count 1 and never calls take().
 struct WorkList {
-  int tiles, slices, count;
+  int tiles, slices, count, lead;
   bool lastFirst;
-  __device__ __forceinline__ void init(const FlashKernelParams& p, int nTiles, int nSlices, bool lastTileFirst) {
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int nTiles, int nSlices, bool lastTileFirst, int leadTiles = 0) {
     tiles = nTiles, slices = nSlices, count = nTiles * nSlices, lastFirst = lastTileFirst;
+    lead = lastTileFirst ? 0 : min(leadTiles, nTiles);
     (void)p;
   }
   __device__ __forceinline__ void item(const FlashKernelParams& p, int n, int& slice, int& tile) const {
-    const int groupItems = p.workHeads * tiles, group = n / groupItems, r = n % groupItems;
+    if (n < lead * slices) {
+      tile = n / slices, slice = n % slices;
+      return;
+    }
+    n -= lead * slices;
+    const int rest = tiles - lead;
+    const int groupItems = p.workHeads * rest, group = n / groupItems, r = n % groupItems;
     const int inGroup = min(p.workHeads, slices - group * p.workHeads);
-    tile = lastFirst ? tiles - 1 - r / inGroup : r / inGroup;
+    tile = lastFirst ? tiles - 1 - r / inGroup : lead + r / inGroup;
     slice = group * p.workHeads + r % inGroup;
   }
   __device__ __forceinline__ int take(const FlashKernelParams& p) const { return atomicAdd((int*)p.workCounter, 1); }

@@ -36,6 +36,11 @@
  * the softmax under the latter) was measured slower here and is not in the kernel:
  * bench/RESULTS_flash.md, "Forward schedules".
  *
+ * SINK_TILE (the rule where the mask has 1 to kSinkKeys sinks beside a left window): far from the
+ * start a block's first visible key tile holds only the sinks (BlockTiles::sinkNarrow); it runs
+ * as kSinkKeys-key products (S in m64n16k16 steps, one k16 step of P·V), whose sums are the whole
+ * tile's: its other keys' P is exactly 0.
+ *
  * PERSISTENT (the rule where the launcher knows the SM count): one block an SM, each taking
  * (slice, query tile) items from a work list through an atomic counter until it runs out
  * (WorkList: heaviest tiles first, so the light ones fill in at the end). The producer loads
@@ -110,26 +115,31 @@ __device__ __forceinline__ void loadSwizzled(u32 dst, const u16* gbase, long lon
 }
 
 // acc = A·Bᵀ summed over the head dim, both read k-major from the swizzled layout: A is the 64-row
-// block at `aRows` inside a tile of A_ROWS rows, B the N-row tile at `bTile`.
-// The descriptors of one product's k16 steps are the first step's plus a constant each
+// block at `aRows` inside a tile of A_ROWS rows, B the first N rows of the B_ROWS-row tile at
+// `bTile`. The descriptors of one product's k16 steps are the first step's plus a constant each
 // (sm90::smemDescriptorStep), so a step costs an add, not a descriptor built from its address.
-template <int N, int IN, int DPAD, int A_ROWS>
+template <int N, int IN, int DPAD, int A_ROWS, int B_ROWS = N>
 __device__ __forceinline__ void headDimProduct(float (&acc)[N / 2], u32 aRows, u32 bTile) {
   const sm90::u64 da = sm90::smemDescriptor(aRows, 16, 1024), db = sm90::smemDescriptor(bTile, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < DPAD / 16; ++kk)
     sm90::WgmmaSS<N, IN, 0, 0>::run(acc, sm90::smemDescriptorStep(da, (kk / 4) * (A_ROWS * 128) + 32 * (kk % 4)),
-                                    sm90::smemDescriptorStep(db, (kk / 4) * (N * 128) + 32 * (kk % 4)), kk > 0);
+                                    sm90::smemDescriptorStep(db, (kk / 4) * (B_ROWS * 128) + 32 * (kk % 4)), kk > 0);
 }
 
-// acc += F·T, T the ROWS-row swizzled tile at `tile` read MN-major (its columns are the head dim),
-// F register fragments, four registers per k16 step.
+// acc += F·T over the first ROWS rows of the swizzled tile at `tile` (`tileRows` rows: its column
+// blocks lie tileRows · 128 bytes apart), read MN-major (its columns are the head dim), F register
+// fragments, four registers per k16 step.
 template <int DPAD, int IN, int ROWS>
-__device__ __forceinline__ void tileProduct(float (&acc)[DPAD / 2], const u32 (&f)[ROWS / 16][4], u32 tile) {
-  const sm90::u64 d = sm90::smemDescriptor(tile, ROWS * 128, 1024);
+__device__ __forceinline__ void tileProduct(float (&acc)[DPAD / 2], const u32 (&f)[ROWS / 16][4], u32 tile,
+                                            int tileRowBytes = ROWS * 128) {
+  const sm90::u64 d = sm90::smemDescriptor(tile, tileRowBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < ROWS / 16; ++kk) sm90::WgmmaRS<DPAD, IN, 1>::run(acc, f[kk], sm90::smemDescriptorStep(d, 2048 * kk), 1);
 }
+
+// Keys of the narrow products that stand for a tile holding only sink keys (BlockTiles::sinkNarrow).
+constexpr int kSinkKeys = kFlashSinkTileKeys;
 
 // The A fragment of k16 step kk from a wgmma m64nN accumulator (acc[4j + e]: rows g, g + 8 of the
 // warp's 16, columns 8j + 2t, 8j + 2t + 1), the packing mma.sync's A layout needs.
@@ -213,7 +223,8 @@ __device__ __forceinline__ void scaleRows(float (&o)[DPAD / 2], const float (&co
 __device__ __forceinline__ void namedBarrierSync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void namedBarrierArrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
-template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false, bool PERSISTENT = false>
+template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false, bool PERSISTENT = false,
+          bool SINK_TILE = false>
 __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_, PERSISTENT> Cfg;
   static_assert(!PINGPONG || CONSUMERS >= 2, "ping-pong needs two consumer warpgroups");
@@ -336,9 +347,36 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
 
     const u32 qRows = sQ0 + qb * Cfg::kQBytes + wg * 64 * 128;
     // Each tile: S = Q·Kᵀ, wait (also for the previous P·V), softmax, then O += P·V left in
-    // flight under the next tile's S.
+    // flight under the next tile's S. A first tile whose only visible keys are sinks below
+    // kSinkKeys (tiles.sinkNarrow) runs kSinkKeys-key products: its other keys' P is exactly 0.
     int local = 0;  // tiles of this item so far
-    for (int j = tiles.next(0); j < nTiles; j = tiles.next(j + 1), ++i, ++local) {
+    int j = tiles.next(0);
+    if (SINK_TILE && j == 0 && tiles.sinkNarrow) {
+      const int st = i % STAGES;
+      const u32 parity = (i / STAGES) & 1;
+      sm90::mbarWait(kFull(st), parity);
+      sm90::fenceProxyAsync();
+      if (PINGPONG) namedBarrierSync(myTurn);
+      float sSink[kSinkKeys / 2] = {};
+      sm90::wgmmaFence();
+      headDimProduct<kSinkKeys, IN, DPAD, BM, BN>(sSink, qRows, sK + st * Cfg::kTileBytes);
+      sm90::wgmmaCommit();
+      if (PINGPONG) namedBarrierArrive(nextTurn);
+      sm90::wgmmaWait<0>();
+      sm90::fenceRegisters(sSink);
+      sm90::fenceRegisters(o);
+      sm90::mbarArrive(kEmpty(st));
+      float corr[2];
+      softmaxTile<kSinkKeys>(sSink, rowMax, rowSum, corr, false, 0, bandLo, bandHi, bandSink, p.scaleLog2, t);
+      packFragment<Tag>(pv[0], sSink, 0);
+      sm90::mbarWait(vFull(st), parity);
+      sm90::fenceProxyAsync();
+      sm90::wgmmaFence();
+      tileProduct<DPAD, IN, kSinkKeys>(o, reinterpret_cast<const u32(&)[1][4]>(pv[0]), sV + st * Cfg::kTileBytes, BN * 128);
+      sm90::wgmmaCommit();
+      j = tiles.next(1), ++i, ++local;
+    }
+    for (; j < nTiles; j = tiles.next(j + 1), ++i, ++local) {
       const int st = i % STAGES;
       const u32 parity = (i / STAGES) & 1;
       const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);

@@ -5,6 +5,10 @@
 
 namespace pa {
 
+// The wgmma forward and dQ kernels' narrow products for a first key tile whose only visible keys
+// are sinks (FlashKernelSpec::sinkTile): sinks below this many keys.
+constexpr int kFlashSinkTileKeys = 16;
+
 // Layout of every tensor is [batch, heads, seq, head_dim] with a unit stride on head_dim; the
 // three outer strides are in elements and may differ between tensors (views, packed QKV, ...).
 struct FlashTensorView {
@@ -42,6 +46,7 @@ struct FlashKernelParams {
   AttentionMaskSpec mask;
   int qTiles;    // ceil(qLen / query tile of the backward preprocess kernel)
   int workHeads; // persistent forward: (batch, head) slices per group of its work list (flashForwardWgmma)
+  int workLead;  // persistent dK/dV: leading key blocks (those holding sink keys) taken for every slice first
   unsigned long long workCounter;  // persistent forward: int [2], zero between launches (items taken, blocks done)
 };
 

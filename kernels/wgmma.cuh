@@ -155,6 +155,7 @@ __device__ __forceinline__ u64 smemDescriptorStep(u64 descriptor, u32 bytes) {
 }
 
 // ---- wgmma wrappers (see the note) -----------------------------------------------------------
+#define PA_WG_REGS8 "%0,%1,%2,%3,%4,%5,%6,%7"
 #define PA_WG_REGS32                                                  \
   "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15" \
   ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
@@ -209,6 +210,8 @@ struct WgmmaSS;
 template <int N, int IN, int TB>
 struct WgmmaRS;
 
+PA_WGMMA_SS(16, bf16, kInBf16, PA_WG_REGS8, PA_WG_ACC8(0), 8, 9, 10, 11, 12)
+PA_WGMMA_SS(16, f16, kInF16, PA_WG_REGS8, PA_WG_ACC8(0), 8, 9, 10, 11, 12)
 PA_WGMMA_SS(64, bf16, kInBf16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
@@ -260,6 +263,7 @@ PA_WGMMA_RS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 
 #undef PA_WG_REGS128
 #undef PA_WG_REGS64
 #undef PA_WG_REGS32
+#undef PA_WG_REGS8
 
 }  // namespace sm90
 }  // namespace pa

@@ -108,7 +108,7 @@ unsigned long long FlashAttention::keyOf(const FlashKernelSpec& spec) {
   key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
   key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
   key = (key * 2 + spec.tf32) * 2 + spec.f64;
-  key = (key * 2 + spec.pingpong) * 2 + spec.persistent;
+  key = ((key * 2 + spec.pingpong) * 2 + spec.persistent) * 2 + spec.sinkTile;
   return key;
 }
 
@@ -215,7 +215,7 @@ size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) con
   const size_t delta = ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
   const size_t partial = ((size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4 + 15) / 16 * 16;
   const size_t dqAccum = (size_t)c.batch * c.heads * c.qLen * c.headDim * 4;  // atomic-dQ path only
-  const size_t dkvPartial = flashSplitKvHeads(c, tuning_) ? 2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 : 0;
+  const size_t dkvPartial = flashSplitKvHeads(c, target_, tuning_) ? 2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 : 0;
   const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
   const size_t dqPartial = dkdv.dqPartial ? (size_t)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dqAccum + 16 : 0;
   return delta + partial + (dkdv.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
@@ -246,7 +246,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     p.dQAccum = next;
     next += ((size_t)c.batch * c.heads * c.qLen * c.headDim * 4 + 15) / 16 * 16;
   }
-  if (flashSplitKvHeads(c, tuning_)) {
+  if (flashSplitKvHeads(c, target_, tuning_)) {
     p.dKVPartial = next;
     next += (2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 + 15) / 16 * 16;
   }
@@ -259,7 +259,11 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   if (dkdv.persistent) {
     // A slice's Q and dO: one query head's, or a KV head's group's.
     const long long qBytes = 2LL * c.qLen * c.headDim * elemBytes(c.dtype) * (p.dKVPartial ? 1 : c.heads / c.kvHeads);
-    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, qBytes, 1, p, stream, mode);
+    // The key blocks holding sink keys (every query sees them when a window hides the rest) first.
+    FlashKernelParams lead = p;
+    if (c.mask.sinks > 0 && c.mask.windowLeft >= 0)
+      lead.workLead = ceilDiv(std::min(c.mask.sinks, c.kLen), dkdv.rowsPerBlock());
+    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, qBytes, 1, lead, stream, mode);
   } else {
     launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode);
   }

@@ -61,6 +61,7 @@ class FlashAttention {
   void validate(const FlashAttentionConfig& cfg, bool backward) const;
   void forward(const FlashAttentionConfig& cfg, const FlashForwardArgs& args, cuda::CUstream stream,
                cuda::LaunchMode mode = cuda::LaunchMode::Plain);
+  // For backward() with the same config, mask included: GQA's dK/dV scheme depends on it.
   size_t backwardWorkspaceBytes(const FlashAttentionConfig& cfg) const;
   void backward(const FlashAttentionConfig& cfg, const FlashBackwardArgs& args, cuda::CUstream stream,
                 cuda::LaunchMode mode = cuda::LaunchMode::Plain);

@@ -2,6 +2,7 @@
 // production list (what flash_nvrtc_tests compiles) holds every kernel the example configs run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -283,6 +284,83 @@ TEST(FlashSpec, PersistentForwardWhereTheSmCountIsKnown) {
   const FlashKernelSpec three = chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true, true}, big);
   EXPECT_FALSE(three.persistent) << three.name();
   EXPECT_LE(three.sharedBytes(), 227 * 1024) << three.name();
+}
+
+// GQA's dK/dV on the sm_90a kernels runs per KV head where the estimate (flash_chooser.cpp,
+// dkdvPerQueryHead) finds its fewer, heavier items no slower than per query head plus the
+// partials' reduce: with a window (every key block's items alike) and on grids of several waves;
+// per query head where one item would outlast the rest (a short causal grid; sink keys that
+// every query of a long sequence sees). Per KV head, the dK/dV kernel is persistent at head dim
+// 128 too and no reduce kernel runs; the tuning's 0 / 1 force either; unknown devices and the
+// mma.sync kernels keep per query head.
+TEST(FlashSpec, GqaDkDvPerKvHeadByTheEstimate) {
+  const FlashTarget hopper{132, true, true};
+  auto cfgOf = [](int b, int hq, int hk, int s, int d, int window, int sinks) {
+    FlashAttentionConfig c;
+    c.dtype = kFlashBF16, c.batch = b, c.heads = hq, c.kvHeads = hk, c.qLen = c.kLen = s, c.headDim = d;
+    c.mask.causal = 1, c.mask.windowLeft = window, c.mask.sinks = sinks;
+    return c;
+  };
+  struct Case {
+    FlashAttentionConfig cfg;
+    bool perQueryHead;
+  };
+  const Case cases[] = {{cfgOf(8, 8, 2, 1024, 64, -1, 0), true},       // tiny_llama: 128 items, key block 0 the heaviest
+                        {cfgOf(8, 8, 2, 1024, 64, 128, 0), false},     // tiny_gpt's windowed layers
+                        {cfgOf(4, 16, 4, 4096, 128, -1, 0), false},    // 512 items: about four waves
+                        {cfgOf(4, 16, 4, 4096, 128, 1023, 0), false},
+                        {cfgOf(4, 16, 4, 4096, 128, 1023, 4), false},  // the sink blocks first in the list
+                        {cfgOf(1, 16, 4, 16384, 128, 1023, 4), true}}; // one sink block: 4 x 256 tiles
+  for (const Case& c : cases) {
+    SCOPED_TRACE("b" + std::to_string(c.cfg.batch) + " s" + std::to_string(c.cfg.qLen) + " d" + std::to_string(c.cfg.headDim) +
+                 " window " + std::to_string(c.cfg.mask.windowLeft) + " sinks " + std::to_string(c.cfg.mask.sinks));
+    EXPECT_EQ(flashSplitKvHeads(c.cfg, hopper), c.perQueryHead);
+    const std::vector<FlashKernelSpec> specs = flashKernelsOf(c.cfg, true, hopper);
+    const bool reduce = std::any_of(specs.begin(), specs.end(), [](const FlashKernelSpec& s) { return s.kind == FlashKernelKind::kBwdDkDvReduce; });
+    EXPECT_EQ(reduce, c.perQueryHead);
+    const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, c.cfg, hopper);
+    EXPECT_EQ(dkdv.persistent, c.cfg.headDim == 64 || !c.perQueryHead) << dkdv.name();
+    EXPECT_LE(dkdv.sharedBytes(), 227 * 1024) << dkdv.name();
+    for (int forced : {0, 1}) {
+      FlashTuning t;
+      t.splitKv = forced;
+      EXPECT_EQ(flashSplitKvHeads(c.cfg, hopper, t), forced == 1);
+    }
+    EXPECT_TRUE(flashSplitKvHeads(c.cfg, {0, true, true}));      // SM count unknown
+    EXPECT_TRUE(flashSplitKvHeads(c.cfg, {132, false, true}));   // mma.sync kernels
+    FlashAttentionConfig mha = c.cfg;
+    mha.kvHeads = mha.heads;
+    EXPECT_FALSE(flashSplitKvHeads(mha, hopper));
+  }
+}
+
+// The sm_90a forward and dQ kernels carry the narrow sink tile where the mask has 1 to
+// kFlashSinkTileKeys sinks beside a left window (the only masks whose first key tile can hold
+// nothing but sinks); never the dK/dV kernel, other masks, or with the tuning's 0.
+TEST(FlashSpec, SinkTileWhereSinksSitBesideAWindow) {
+  const FlashTarget hopper{132, true, true};
+  FlashAttentionConfig c;
+  c.dtype = kFlashBF16, c.batch = 2, c.heads = 8, c.kvHeads = 2, c.qLen = c.kLen = 2048, c.headDim = 64;
+  struct Mask {
+    int causal, windowLeft, sinks;
+    bool tile;
+  };
+  for (const Mask& m : {Mask{1, 128, 4, true}, Mask{0, 300, kFlashSinkTileKeys, true}, Mask{1, 128, kFlashSinkTileKeys + 1, false},
+                        Mask{1, -1, 4, false}, Mask{1, 128, 0, false}, Mask{0, -1, 0, false}}) {
+    c.mask.causal = m.causal, c.mask.windowLeft = m.windowLeft, c.mask.sinks = m.sinks;
+    SCOPED_TRACE("window " + std::to_string(m.windowLeft) + " sinks " + std::to_string(m.sinks));
+    for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDq}) {
+      const FlashKernelSpec s = chooseFlashSpec(k, c, hopper);
+      EXPECT_EQ(s.sinkTile, m.tile) << s.name();
+      EXPECT_EQ(s.name().find("_sk") != std::string::npos, m.tile) << s.name();
+      EXPECT_EQ(s.source().find(", true, true>") != std::string::npos, m.tile) << s.source();  // persistent, sink tile
+      FlashTuning off;
+      off.sinkTile = 0;
+      EXPECT_FALSE(chooseFlashSpec(k, c, hopper, off).sinkTile);
+      EXPECT_FALSE(chooseFlashSpec(k, c, {132, false, true}).sinkTile);  // mma.sync
+    }
+    EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, c, hopper).sinkTile);
+  }
 }
 
 }  // namespace

@@ -711,6 +711,57 @@ TEST(FlashAttentionGpu, PersistentForwardEqualsOneItemABlock) {
   }
 }
 
+// The narrow sink tile (FlashKernelSpec::sinkTile: a first key tile that holds only sinks runs
+// kFlashSinkTileKeys-key products in the forward and dQ kernels) adds exactly what the full tile
+// adds, its other keys' P and dS being exact zeros: the same bits in O, lse, dQ, dK, dV and the
+// sink-logit gradient with and without it. GQA, head dims 64 and 128, unequal lengths, bottom-right
+// alignment, 1 to kFlashSinkTileKeys sinks.
+TEST(FlashAttentionGpu, SinkTileEqualsTheFullTile) {
+  REQUIRE_GPU();
+  FlashAttention& fa = *env().flash;
+  const FlashTarget target = flashTargetOf(env().device->info());
+  if (!target.wgmma) GTEST_SKIP() << "the sink tile is the sm_90a wgmma kernels'";
+  struct Shape {
+    int batch, heads, kvHeads, qLen, kLen, headDim;
+    AttentionMaskSpec mask;
+    bool sinks;
+  };
+  const Shape shapes[] = {{2, 8, 2, 1500, 1500, 64, maskOf(1, 0, 200, -1, 4), true},
+                          {1, 4, 4, 1100, 1100, 128, maskOf(1, 1, 300, -1, kFlashSinkTileKeys), false},
+                          {2, 6, 3, 900, 700, 96, maskOf(0, 1, 100, 40, 1), true}};
+  for (const Shape& sh : shapes) {
+    FlashAttentionConfig cfg;
+    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
+    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).sinkTile);
+    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target).sinkTile);
+    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    std::mt19937_64 rng(sh.qLen * 11 + sh.headDim);
+    const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
+    const long long kvElems = (long long)sh.batch * sh.kvHeads * sh.kLen * sh.headDim;
+    DevTensor q(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false), dO(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
+    DevTensor k(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false), v(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false);
+    q.upload(randomVec(qElems, rng, 1, cfg.dtype));
+    k.upload(randomVec(kvElems, rng, 1, cfg.dtype));
+    v.upload(randomVec(kvElems, rng, 1, cfg.dtype));
+    dO.upload(randomVec(qElems, rng, 1, cfg.dtype));
+    FloatBuffer sinks(sh.heads);
+    sinks.upload(randomVec(sh.heads, rng, 1, kFlashF32));
+    std::vector<std::vector<double>> runs;
+    for (int tile : {-1, 0}) {
+      FlashTuning tuning;
+      tuning.sinkTile = tile;
+      const ScopedTuning scoped(tuning);
+      DevTensor o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
+      FloatBuffer lse(sh.batch * sh.heads * sh.qLen);
+      fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sh.sinks ? sinks.buf.ptr() : 0}, nullptr);
+      env().device->synchronize();
+      runs.push_back(joined({o.download(), lse.download(), backwardOutputs(cfg, q, k, v, o, dO, lse, sh.sinks ? &sinks : nullptr)}));
+    }
+    expectSameBits(runs[0], runs[1]);
+  }
+}
+
 // A small persistent forward with more items than SMs (blocks take two or three items each, so
 // Q buffers and the work counter are handed on), for compute-sanitizer's memcheck and racecheck
 // (bench/flash_device_run.sh sanitize): against the float64 reference.
@@ -757,7 +808,9 @@ TEST(FlashAttentionGpu, PersistentBackwardEqualsOneItemABlock) {
   const Shape shapes[] = {{8, 8, 2, 1000, 1000, 64, maskOf(1, 0, -1, -1, 0), true, true},
                           {3, 6, 6, 4100, 4100, 128, maskOf(1, 0, -1, -1, 0), false, true},
                           {2, 12, 3, 2200, 2200, 64, maskOf(1, 0, 300, -1, 4), true, false},
-                          {4, 8, 8, 700, 1500, 128, maskOf(0, 0, -1, -1, 0), false, true}};
+                          {4, 8, 8, 700, 1500, 128, maskOf(0, 0, -1, -1, 0), false, true},
+                          // sink keys in two key blocks: both lead the dK/dV list
+                          {2, 8, 2, 900, 900, 128, maskOf(1, 0, 200, -1, 130), true, false}};
   for (const Shape& sh : shapes) {
     FlashAttentionConfig cfg;
     cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
