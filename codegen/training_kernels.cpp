@@ -20,7 +20,15 @@ struct PaChunk {
   long long state, count;
   unsigned short* mirror;
   long long first, mirrorCols, mirrorRowStride, mirrorStep;
+  long long gradCols, gradRowStride, gradStep;
 };
+
+// Gradient value i of a chunk: contiguous, or at its place in a packed gradient (gradStep > 0).
+__device__ __forceinline__ float paGrad(const PaChunk& c, long long i) {
+  if (!c.gradStep) return c.grad[i];
+  const long long j = c.first + i;
+  return c.grad[j / c.gradCols * c.gradRowStride + j % c.gradCols * c.gradStep];
+}
 
 // Rounded to the nearest bf16, ties to even, as the Cast kernels store (kernels/storage.cuh).
 __device__ __forceinline__ unsigned short paToBf16(float x) {
@@ -85,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_grad_sumsq(const PaChunk* _
   const PaChunk c = chunks[blockIdx.x];
   double s = 0.0;
   for (long long i = threadIdx.x; i < c.count; i += 256) {
-    const double g = c.grad[i];
+    const double g = paGrad(c, i);
     s += g * g;
   }
   red[threadIdx.x] = s;
@@ -139,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     const long long i = threadIdx.x + 256LL * k;
-    if (i < c.count) g[k] = c.grad[i], mo[k] = mc[i], vo[k] = vc[i], po[k] = c.param[i];
+    if (i < c.count) g[k] = paGrad(c, i), mo[k] = mc[i], vo[k] = vc[i], po[k] = c.param[i];
   }
 #pragma unroll
   for (int k = 0; k < N; ++k) {

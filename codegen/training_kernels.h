@@ -39,8 +39,12 @@ struct AdamChunk {
   // (j % mirrorCols) * mirrorStep], j = first + i. mirrorStep 0: the slice's copy is contiguous.
   int64_t first = 0;
   int64_t mirrorCols = 0, mirrorRowStride = 0, mirrorStep = 0;
+  // A gradient read in its packed gradient (CudaGraphRunner::packedGrad; gradStep > 0): `grad` is
+  // the parameter's base there, value `first` + i at grad[(j / gradCols) * gradRowStride + (j %
+  // gradCols) * gradStep], j = first + i. gradStep 0: the slice's gradient is contiguous.
+  int64_t gradCols = 0, gradRowStride = 0, gradStep = 0;
 };
-static_assert(sizeof(AdamChunk) == 72, "AdamChunk is mirrored in the kernel source");
+static_assert(sizeof(AdamChunk) == 96, "AdamChunk is mirrored in the kernel source");
 
 // What a fused-mlp-train kernel that applies Adam itself reads (EmitOptions::adamInTrainNode):
 // mirrored as pa::adam::Binding (kernels/adam.cuh). Per node input index, the parameter's and

@@ -335,6 +335,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.pdl = opt.pdl;
   spec.adamInTrainNode = opt.adamInTrainNode;
   spec.packedWeightCopies = opt.packedWeightCopies;
+  spec.packedGradViews = opt.packedGradViews;
   spec.seed = cfg.seed;
   spec.shuffle = cfg.data.shuffle;
   const OptimizerConfig& o = cfg.train.optimizer;

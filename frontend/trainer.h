@@ -46,6 +46,9 @@ struct RunOptions {
   // GPU, bf16: Adam writes the packed bf16 copies of fuse-qkv's and SwiGLU's weights (SessionSpec);
   // false launches the packing kernels each step (A/B benchmarks: gpu_train_bench --no-packed-copies; tests).
   bool packedWeightCopies = true;
+  // GPU: Adam reads the packed weights' gradients in place (SessionSpec); false launches the slice /
+  // deinterleave kernels that unpack them each step (A/B benchmarks: gpu_train_bench --no-packed-grads; tests).
+  bool packedGradViews = true;
   // `train`: Ctrl-C (SIGINT) or SIGTERM stops after the step in flight, with a summary
   // (TrainResult::interruptedBy); off for library callers, whose signals stay theirs.
   bool catchInterrupts = false;

@@ -117,7 +117,8 @@ void placeInOrder(const std::vector<Item>& items, const std::vector<int64_t>& fi
 
 }  // namespace
 
-MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool storageSizes) {
+MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool storageSizes,
+                      const std::vector<ValueId>& liveToEnd) {
   const std::vector<NodeId> order = g.topoOrder();
   const int64_t end = static_cast<int64_t>(order.size());
   const size_t nv = g.numValues();
@@ -146,6 +147,7 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
     }
   }
   for (const auto& kv : g.outputs()) last[root[kv.second]] = end;
+  for (ValueId v : liveToEnd) last[root[v]] = end;
 
   std::vector<Item> items;
   MemoryPlan plan;

@@ -38,8 +38,10 @@ constexpr size_t kGreedyBySizeLimit = 4096;
 // CPU executor keeps every value in its own float or double).
 // Sizes add up without overflow: should the values together exceed 2^62 units (no machine
 // holds that), the plan gives up: arenaElements and naiveElements are INT64_MAX and no value
-// has an offset. checkFitsMemory rejects such a graph before anything runs it.
-MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16, bool aliasReshapes = false, bool storageSizes = false);
+// has an offset. checkFitsMemory rejects such a graph before anything runs it. `liveToEnd`: values
+// read after the run as outputs are (a packed gradient that Adam reads in place of its slices).
+MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16, bool aliasReshapes = false, bool storageSizes = false,
+                      const std::vector<ValueId>& liveToEnd = {});
 // Whether node `id` is a Reshape whose output shares its input's bytes in `plan` (planned with
 // aliasReshapes): the GPU runner launches nothing for it, and --dump-kernels writes nothing.
 bool aliasedReshape(const Graph& g, NodeId id, const MemoryPlan& plan);

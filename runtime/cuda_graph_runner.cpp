@@ -18,6 +18,7 @@
 #include "codegen/emit.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
+#include "passes/autodiff.h"
 #include "passes/memory_plan.h"
 #include "runtime/cuda_graph_runner_internal.h"
 #include "runtime/kernel_params.h"
@@ -56,7 +57,8 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       compiled_(opt.shareParamsWith ? opt.shareParamsWith->compiled_ : std::make_shared<CompiledKernels>()),
       deterministic_(opt.deterministic), tf32_(opt.tf32), launch_(cuda::launchModeFor(opt.pdl, device.info())) {
   device_.makeCurrent();
-  const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true);
+  const std::vector<ValueId> packedGrads = planGradViews(opt);
+  const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true, packedGrads);
   // Refuse a step that cannot fit the device before allocating anything (a user mistake: exit 2).
   MemoryLayout layout;
   layout.storageSizes = true;
@@ -86,6 +88,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   params_ = cuda::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(paramFloats_, 16)) * sizeof(float));
   params_.fill32(0);
   planParamMirrors(opt);
+  for (const auto& [grad, view] : gradViews_) skipped_[static_cast<size_t>(view.node)] = kGradView;
 
   launches_.resize(g.numNodes());
   std::vector<std::pair<FlashAttentionConfig, bool>> flashProblems;  // {config, backward} of every attention node
@@ -105,7 +108,8 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     }
     // A reshape whose output shares its input's bytes has nothing to do, nor has a cast whose
     // output is another runner's mirror.
-    if (aliasedReshape(g, id, plan) || skipped_[static_cast<size_t>(id)] == kReadsOtherMirror) continue;
+    const char skip = skipped_[static_cast<size_t>(id)];
+    if (aliasedReshape(g, id, plan) || skip == kReadsOtherMirror || skip == kGradView) continue;
     size_t scratchBytes = nk.scratchBytes;
     if (opt.tuneGemmTiles && opt.gemm != GemmProvider::Cublaslt && codegen::libraryGemmOf(g, id).supported)
       scratchBytes = std::max(scratchBytes, addTileVariants(id, nk, emit));
@@ -430,6 +434,44 @@ void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
   }
 }
 
+// packedGradViews: each parameter gradient (a graph output named gradOutputName) that a Slice or
+// Deinterleave of an fp32 packed gradient makes and no node reads; returns the packed gradients,
+// which must live to the end of the run.
+std::vector<ValueId> CudaGraphRunner::planGradViews(const CudaRunnerOptions& opt) {
+  std::vector<ValueId> packed;
+  if (!opt.packedGradViews) return packed;
+  const std::vector<std::vector<NodeId>> users = g_.users();
+  for (ValueId p : g_.params()) {
+    const auto out = g_.outputs().find(gradOutputName(g_.value(p).name));
+    if (out == g_.outputs().end()) continue;
+    const ValueId grad = out->second;
+    if (!users[static_cast<size_t>(grad)].empty()) continue;
+    const Node& n = g_.producer(grad);
+    if ((n.op != OpKind::Slice && n.op != OpKind::Deinterleave) || g_.value(grad).type.dtype != DType::F32 ||
+        g_.value(n.inputs[0]).type.dtype != DType::F32 || g_.producer(n.inputs[0]).op == OpKind::Param)
+      continue;
+    const ValueId x = n.inputs[0];
+    const int64_t width = g_.shape(x).back();
+    GradView v{g_.value(grad).producer, x, 0, 0, 0, 0};
+    if (n.op == OpKind::Slice) {  // value j of [..., L] at row j / L, column start + j % L of [..., W]
+      v.first = n.attrs.get<attr::Start>(), v.cols = n.attrs.get<attr::Length>(), v.rowStride = width, v.step = 1;
+    } else {  // part k: value j at 2j + k
+      v.first = n.attrs.get<attr::Part>(), v.cols = numel(g_.shape(grad)), v.rowStride = 0, v.step = 2;
+    }
+    if (v.cols <= 0) continue;
+    gradViews_[grad] = v;
+    packed.push_back(x);
+  }
+  return packed;
+}
+
+CudaGraphRunner::PackedPlace CudaGraphRunner::packedGrad(ValueId grad) const {
+  auto it = gradViews_.find(grad);
+  if (it == gradViews_.end()) return PackedPlace{};
+  const GradView& v = it->second;
+  return PackedPlace{ptr(v.packed) + static_cast<cuda::CUdeviceptr>(v.first) * sizeof(float), v.cols, v.rowStride, v.step};
+}
+
 // A packing node by what it packs: its op and its parameters' names, in order (the training and
 // the validation graph name a parameter alike).
 std::string CudaGraphRunner::packedKey(const Node& n) const {
@@ -486,6 +528,15 @@ void CudaGraphRunner::upload(ValueId v, const float* host) {
 void CudaGraphRunner::download(ValueId v, float* host) const {
   PA_CU_CHECK(cuCtxSynchronize());
   const size_t count = static_cast<size_t>(numel(g_.shape(v)));
+  if (auto it = gradViews_.find(v); it != gradViews_.end()) {  // left in its packed gradient (packedGradViews)
+    const GradView& gv = it->second;
+    std::vector<float> all(static_cast<size_t>(numel(g_.shape(gv.packed))));
+    download(gv.packed, all.data());
+    for (size_t j = 0; j < count; ++j)
+      host[j] = all[static_cast<size_t>(gv.first + static_cast<int64_t>(j) / gv.cols * gv.rowStride +
+                                        static_cast<int64_t>(j) % gv.cols * gv.step)];
+    return;
+  }
   if (g_.value(v).type.dtype == DType::BF16) {
     std::vector<uint16_t> bits(count);
     PA_CU_CHECK(cuMemcpyDtoH(bits.data(), ptr(v), count * sizeof(uint16_t)));

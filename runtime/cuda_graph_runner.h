@@ -50,6 +50,12 @@ struct CudaRunnerOptions {
   // mirror that run() skips: the packed copy. Adam rounds each updated weight into its place in it
   // (packedMirror); upload() reruns the node. Results are the same bits either way (tests, A/B).
   bool mirrorPackedWeights = true;
+  // A parameter's gradient that is a Slice (fuse-qkv's projection weights) or a Deinterleave
+  // (SwiGLU's gate and up weights) of a packed gradient, read by nothing else, is not computed:
+  // the packed gradient lives to the end of the run and Adam reads each value at its place there
+  // (packedGrad). Only for a caller that reads gradients through packedGrad (CudaSession without
+  // NCCL: its all-reduce needs every gradient whole). Results are the same bits either way.
+  bool packedGradViews = false;
   // Launch the step's kernels as programmatic dependents where the device and driver allow
   // (sm_90+, runtime/cuda/launch.h): each may start while the one before it finishes. Off: every
   // kernel plain (A/B benchmarks: gpu_train_bench --no-pdl). Results are the same bits either way.
@@ -84,6 +90,7 @@ public:
   // numel(shape) floats to or from value `v`, converted where it is stored in bf16 (rounded to
   // nearest on the way up): inputs and parameters, and any value still alive after run().
   void upload(ValueId v, const float* host);
+  // A gradient left in its packed gradient (packedGradViews) downloads from there.
   void download(ValueId v, float* host) const;
   // Queues every node's kernels on `stream`, in topological order, with no host synchronisation
   // and no allocation, so a stream capture of it replays as one CUDA graph. Our kernels go out
@@ -115,6 +122,10 @@ public:
     int64_t cols = 0, rowStride = 0, step = 0;
   };
   PackedPlace packedMirror(ValueId p) const;
+  // Where gradient value `grad`'s values are when the runner leaves it uncomputed
+  // (packedGradViews; else step 0): value j at base[(j / cols) * rowStride + (j % cols) * step],
+  // fp32.
+  PackedPlace packedGrad(ValueId grad) const;
   // Whether a kernel applies the session's Adam (CudaRunnerOptions::adamInTrainNode and a
   // fused-mlp-train node), and the state it reads, which must be given before run().
   bool takesAdam() const { return adamBinding_.bytes() > 0; }
@@ -214,7 +225,15 @@ private:
   std::map<ValueId, PackedPlace> packedPlace_;          // an owned parameter: its place in a packed mirror
   std::map<std::string, cuda::CUdeviceptr> packedByKey_;  // a packed mirror by its node's packedKey()
   std::string packedKey(const Node& n) const;
-  enum : char { kRuns = 0, kWritesMirror = 1, kReadsOtherMirror = 2 };
+  enum : char { kRuns = 0, kWritesMirror = 1, kReadsOtherMirror = 2, kGradView = 3 };
+  // packedGradViews: a gradient left in its packed gradient, by the node that would have unpacked it.
+  struct GradView {
+    NodeId node;
+    ValueId packed;
+    int64_t first, cols, rowStride, step;  // in elements of the packed gradient
+  };
+  std::map<ValueId, GradView> gradViews_;
+  std::vector<ValueId> planGradViews(const CudaRunnerOptions& opt);
   std::vector<char> skipped_;                          // per node: kRuns, or a mirrored cast run() skips
   std::vector<std::vector<Launch>> launches_;          // per node id
   std::map<NodeId, std::vector<std::vector<Launch>>> tileVariants_;  // other tiles of a generated GEMM

@@ -245,6 +245,9 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   ropt.gemm = spec_.gemm;
   ropt.mirrorParamCasts = true;  // bf16: Adam writes the weights' bf16 copies (no cast kernels in the step)
   ropt.mirrorPackedWeights = spec_.packedWeightCopies;  // and their packed copies (no concat / interleave kernels)
+  // Adam reads the packed weights' gradients in place (no slice / deinterleave kernels); NCCL's
+  // all-reduce needs every gradient whole.
+  ropt.packedGradViews = spec_.packedGradViews && !spec_.nccl;
   ropt.pdl = spec_.pdl;
   if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
     throw SessionSettingError("compiler.gemm",
@@ -299,6 +302,11 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
         c.mirror = place.base;
         c.first = at;
         c.mirrorCols = place.cols, c.mirrorRowStride = place.rowStride, c.mirrorStep = place.step;
+      }
+      if (const CudaGraphRunner::PackedPlace place = runner_->packedGrad(p.grad); place.step) {
+        c.grad = place.base;
+        c.first = at;
+        c.gradCols = place.cols, c.gradRowStride = place.rowStride, c.gradStep = place.step;
       }
       chunks.push_back(c);
     }

@@ -119,6 +119,11 @@ struct SessionSpec {
   // into one GEMM operand, and the step launches no packing kernel (CudaRunnerOptions::
   // mirrorPackedWeights); the same results either way (A/B benchmarks and tests turn it off).
   bool packedWeightCopies = true;
+  // GPU: Adam (and clipping's norm) reads the gradients of fuse-qkv's and SwiGLU's packed weights
+  // in place in the packed gradient, and the step launches no slice or deinterleave of them
+  // (CudaRunnerOptions::packedGradViews; not with NCCL); the same results either way (A/B
+  // benchmarks and tests turn it off).
+  bool packedGradViews = true;
   uint64_t seed = 0;             // the batch order's stream
   bool shuffle = true;           // shuffle the training samples every epoch
   AdamSettings adam;

@@ -903,6 +903,28 @@ TEST(MemoryPlan, NoTwoLiveValuesShareBytesWithAndWithoutReshapeAliases) {
   }
 }
 
+// A value planned to live to the end (planMemory's liveToEnd: the GPU runner's packed gradients,
+// which Adam reads after the run) shares no bytes with any value made after its last reader; without
+// it, the chain's first value and its last share bytes.
+TEST(MemoryPlan, LiveToEndValuesKeepTheirBytesToTheEnd) {
+  Graph g;
+  const ValueId x = g.addInput("x", {64, 64});
+  const ValueId a = g.add(OpKind::Relu, {x});
+  const ValueId b = g.add(OpKind::Relu, {a});
+  const ValueId c = g.add(OpKind::Relu, {b});
+  const ValueId d = g.add(OpKind::Relu, {c});
+  g.setOutput("d", d);
+  auto overlap = [&](const MemoryPlan& p, ValueId u, ValueId v) {
+    const int64_t n = numel(g.shape(u));
+    return p.offset[u] < p.offset[v] + n && p.offset[v] < p.offset[u] + n;
+  };
+  const MemoryPlan plain = planMemory(g), kept = planMemory(g, 16, false, false, {a});
+  EXPECT_TRUE(overlap(plain, a, c));
+  for (ValueId v : {b, c, d}) EXPECT_FALSE(overlap(kept, a, v)) << v;
+  EXPECT_GT(kept.arenaElements, plain.arenaElements);
+  checkPlan(g, kept, false);
+}
+
 // A reshape of a parameter, and a reshape of that, share the parameter's bytes under aliasing:
 // no arena offset (the GPU runner binds them to the parameter); without aliasing each is a copy.
 TEST(MemoryPlan, ReshapesOfParametersShareTheParameter) {

@@ -840,6 +840,42 @@ TEST(TrainOnGpu, Bf16PackedWeightCopiesAreBitIdenticalToThePackingKernels) {
   }
 }
 
+// Adam and clipping's norm read the gradients of fuse-qkv's and SwiGLU's packed weights in place
+// in the packed gradient (RunOptions::packedGradViews): the same losses, parameters, validation
+// and gradients, bit for bit, as launching the slice and deinterleave kernels that unpack them,
+// in fp32 and bf16, with clipping; and those kernels no longer launch (4 blocks: 3 slices and 2
+// deinterleaves each; sine_attention's one layer: 3 weight and 3 bias slices).
+TEST(TrainOnGpu, PackedGradientsReadInPlaceAreBitIdenticalToTheUnpackingKernels) {
+  PA_REQUIRE_GPU();
+  struct Case {
+    const char* config;
+    std::vector<std::string> sets;
+    int unpackingNodes;
+  };
+  std::vector<std::string> gpt = tinyGptSmall(), llama = kTinyLlamaSmall;
+  for (auto* s : {&gpt, &llama}) s->insert(s->end(), {"train.steps=12", "data.samples=64"});
+  gpt.push_back("train.optimizer.clip_grad_norm=0.05");
+  std::vector<std::string> gptBf16 = gpt, llamaBf16 = llama;
+  gptBf16.push_back("precision=bf16");
+  llamaBf16.push_back("precision=bf16");
+  const std::vector<Case> cases = {{"tiny_gpt", gptBf16, 20},
+                                   {"tiny_gpt", gpt, 20},
+                                   {"tiny_llama", llamaBf16, 20},
+                                   {"sine_attention", withQkv({"train.steps=12", "train.optimizer.clip_grad_norm=0.5"}), 6}};
+  for (const Case& c : cases) {
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", c.sets);
+    SCOPED_TRACE(std::string(c.config) + " " + c.sets.back());
+    auto [views, kernels] = defaultAndOther(cfg, [](RunOptions& o) { o.packedGradViews = false; });
+    expectBitIdenticalLosses(*views, *kernels, 12);
+    EXPECT_EQ(views->params(), kernels->params());
+    EXPECT_EQ(views->gradients(), kernels->gradients());
+    EXPECT_EQ(views->validate(), kernels->validate());
+    EXPECT_EQ(kernels->launchesPerStep() - views->launchesPerStep(), c.unpackingNodes);
+    std::printf("  %s: %d launches per step reading the packed gradients in place, %d with the unpacking kernels; "
+                "12 steps bit-identical\n", c.config, views->launchesPerStep(), kernels->launchesPerStep());
+  }
+}
+
 // A copy or a memset is never a programmatic predecessor (kernels/pdl.cuh): a kernel launched as a
 // programmatic dependent right after one sees all of its bytes, eagerly and replayed from a
 // captured graph. 64 MiB copies, so that a kernel that started early would read stale values.
