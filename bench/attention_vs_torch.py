@@ -495,6 +495,8 @@ def main():
                 "b4_s4096_d64_causal": (4, 32, 8, 4096, 64, dict(causal=True)),
                 "b1_s16384_swa1024_sink4": (1, 16, 4, 16384, 128, dict(causal=True, window=(1023, -1), sinks=4)),
                 "mqa_b1_s4096_d128": (1, 8, 1, 4096, 128, dict(causal=True))}.items():
+            if a.quick and not name.startswith("gqa_"):  # --quick: the three GQA rows only
+                continue
             sets = input_sets(fl, b, hq, hk, s, d, torch.bfloat16, **mask)
             if sink.get(name):  # learnable sink logits, as tiny_gpt's layers have
                 for o in sets:
@@ -505,7 +507,8 @@ def main():
                                             sink_logits=o.sink, dsink=o.dsink, **mask)
             t_f, t_fb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
             print(f"gqatune {name} split_kv={os.environ.get('PA_FLASH_SPLIT_KV', '-')} "
-                  f"ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: fwd {t_f:.4f} ms, f+b {t_fb:.4f} ms, "
+                  f"ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')} fwd_tile={os.environ.get('PA_FLASH_FWD_TILE', '-')}: "
+                  f"fwd {t_f:.4f} ms, f+b {t_fb:.4f} ms, "
                   f"bwd {t_fb - t_f:.4f} ms", flush=True)
             del sets
         return
