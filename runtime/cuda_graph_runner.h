@@ -234,7 +234,7 @@ private:
   };
   std::map<ValueId, GradView> gradViews_;
   std::vector<ValueId> planGradViews(const CudaRunnerOptions& opt);
-  std::vector<char> skipped_;                          // per node: kRuns, or a mirrored cast run() skips
+  std::vector<char> skipped_;                          // per node: kRuns, or a node run() skips (a mirrored cast or packing node, a gradient view)
   std::vector<std::vector<Launch>> launches_;          // per node id
   std::map<NodeId, std::vector<std::vector<Launch>>> tileVariants_;  // other tiles of a generated GEMM
   std::map<NodeId, double> generatedMs_;                   // measured: the node's launches_ now
