@@ -5,6 +5,7 @@
 
 #include "codegen/emit.h"
 #include "codegen/embedded_kernels.h"
+#include "passes/autodiff.h"
 #include "passes/memory_plan.h"
 
 namespace pa::codegen {
@@ -35,11 +36,15 @@ int dumpKernels(const Graph& g, const std::string& dir) { return dumpKernels(g, 
 
 int dumpKernels(const Graph& g, const std::string& dir, const EmitOptions& opt) {
   std::filesystem::create_directories(dir);
-  // The GPU runner's plan: a reshape that shares its input's bytes launches nothing.
+  // The GPU runner's plan: a reshape that shares its input's bytes launches nothing; nor does a
+  // node that only unpacks a parameter's gradient from a packed one (Adam reads it in place).
   const MemoryPlan plan = planMemory(g, 16, /*aliasReshapes=*/true, /*storageSizes=*/true);
+  const std::vector<std::vector<NodeId>> users = g.users();
+  std::set<NodeId> unpacking;
+  for (ValueId p : g.params()) unpacking.insert(unpackingOfParamGradient(g, p, users));
   int written = 0;
   for (NodeId id : g.topoOrder()) {
-    if (aliasedReshape(g, id, plan)) continue;
+    if (aliasedReshape(g, id, plan) || unpacking.count(id)) continue;
     for (const Kernel& k : emitNode(g, id, opt).kernels) {
       std::ofstream(std::filesystem::path(dir) / (k.name + ".cu")) << selfContainedSource(k);
       ++written;

@@ -453,6 +453,19 @@ void gradFusedElementwise(GradCtx& c) {
 
 std::string gradOutputName(const std::string& param) { return "grad/" + param; }
 
+NodeId unpackingOfParamGradient(const Graph& g, ValueId param, const std::vector<std::vector<NodeId>>& users) {
+  const auto out = g.outputs().find(gradOutputName(g.value(param).name));
+  if (out == g.outputs().end()) return -1;
+  const ValueId grad = out->second;
+  if (!users[static_cast<size_t>(grad)].empty()) return -1;
+  const Node& n = g.producer(grad);
+  if ((n.op != OpKind::Slice && n.op != OpKind::Deinterleave) || g.value(grad).type.dtype != DType::F32 ||
+      g.value(n.inputs[0]).type.dtype != DType::F32 || g.producer(n.inputs[0]).op == OpKind::Param ||
+      numel(g.shape(grad)) == 0)
+    return -1;
+  return n.id;
+}
+
 std::map<ValueId, ValueId> appendBackward(Graph& g, ValueId loss, const std::vector<ValueId>& wrt) {
   if (!g.shape(loss).empty() && numel(g.shape(loss)) != 1)
     throw std::logic_error("autodiff: the loss must be a scalar, got " + shapeString(g.shape(loss)));

@@ -17,4 +17,11 @@ std::map<ValueId, ValueId> appendBackward(Graph& g, ValueId loss, const std::vec
 // Name of the graph output holding the gradient of parameter `param`.
 std::string gradOutputName(const std::string& param);
 
+// The node that only unpacks parameter `param`'s gradient from a packed one, or -1: the graph
+// output gradOutputName(param) made by a Slice or Deinterleave of an fp32 value (the gradient of
+// fuse-qkv's Concat or SwiGLU's Interleave of weights), read by no node. The GPU session's Adam
+// reads such a gradient at its place in the packed one (CudaRunnerOptions::packedGradViews), so
+// the node launches nothing there. `users`: g.users().
+NodeId unpackingOfParamGradient(const Graph& g, ValueId param, const std::vector<std::vector<NodeId>>& users);
+
 }  // namespace pa

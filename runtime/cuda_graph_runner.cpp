@@ -434,31 +434,24 @@ void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
   }
 }
 
-// packedGradViews: each parameter gradient (a graph output named gradOutputName) that a Slice or
-// Deinterleave of an fp32 packed gradient makes and no node reads; returns the packed gradients,
-// which must live to the end of the run.
+// packedGradViews: each parameter gradient that a node only unpacks from a packed one
+// (unpackingOfParamGradient); returns the packed gradients, which must live to the end of the run.
 std::vector<ValueId> CudaGraphRunner::planGradViews(const CudaRunnerOptions& opt) {
   std::vector<ValueId> packed;
   if (!opt.packedGradViews) return packed;
   const std::vector<std::vector<NodeId>> users = g_.users();
   for (ValueId p : g_.params()) {
-    const auto out = g_.outputs().find(gradOutputName(g_.value(p).name));
-    if (out == g_.outputs().end()) continue;
-    const ValueId grad = out->second;
-    if (!users[static_cast<size_t>(grad)].empty()) continue;
-    const Node& n = g_.producer(grad);
-    if ((n.op != OpKind::Slice && n.op != OpKind::Deinterleave) || g_.value(grad).type.dtype != DType::F32 ||
-        g_.value(n.inputs[0]).type.dtype != DType::F32 || g_.producer(n.inputs[0]).op == OpKind::Param)
-      continue;
-    const ValueId x = n.inputs[0];
+    const NodeId unpack = unpackingOfParamGradient(g_, p, users);
+    if (unpack < 0) continue;
+    const Node& n = g_.node(unpack);
+    const ValueId grad = n.outputs[0], x = n.inputs[0];
     const int64_t width = g_.shape(x).back();
-    GradView v{g_.value(grad).producer, x, 0, 0, 0, 0};
+    GradView v{unpack, x, 0, 0, 0, 0};
     if (n.op == OpKind::Slice) {  // value j of [..., L] at row j / L, column start + j % L of [..., W]
       v.first = n.attrs.get<attr::Start>(), v.cols = n.attrs.get<attr::Length>(), v.rowStride = width, v.step = 1;
     } else {  // part k: value j at 2j + k
       v.first = n.attrs.get<attr::Part>(), v.cols = numel(g_.shape(grad)), v.rowStride = 0, v.step = 2;
     }
-    if (v.cols <= 0) continue;
     gradViews_[grad] = v;
     packed.push_back(x);
   }

@@ -13,6 +13,7 @@
 #include "codegen/flops.h"
 #include "common/attention_mask.h"
 #include "graph/node_attrs.h"
+#include "passes/autodiff.h"
 #include "tests/training_graph.h"
 
 namespace pa {
@@ -58,6 +59,28 @@ TEST(CodegenEmit, DumpLeavesOutReshapesThatShareTheirInputsBytes) {
   ASSERT_EQ(reshapes.size(), 1u);  // only the dtype-changing one
   EXPECT_EQ(reshapes[0], "k" + std::to_string(g.producer(br).id) + "_reshape.cu");
   EXPECT_EQ(written, 5);  // relu, permute, relu, cast, the copying reshape
+  std::filesystem::remove_all(dir);
+}
+
+// Nor a kernel for a node that only unpacks a parameter's gradient from a packed one (fuse-qkv's
+// slices, SwiGLU's deinterleaves: the GPU session's Adam reads them in place); the slice of a
+// gradient that another node reads is still written.
+TEST(CodegenEmit, DumpLeavesOutTheUnpackingOfPackedParameterGradients) {
+  const Graph g = trainingGraph("tiny_llama", false, "fp32", {"data.window=16", "model.input=[16, 8]", "data.delay=4"});
+  const std::vector<std::vector<NodeId>> users = g.users();
+  int unpacking = 0, slices = 0;
+  for (ValueId p : g.params()) unpacking += unpackingOfParamGradient(g, p, users) >= 0;
+  for (NodeId id : g.topoOrder()) slices += g.node(id).op == OpKind::Slice || g.node(id).op == OpKind::Deinterleave;
+  EXPECT_EQ(unpacking, 20);  // four blocks: Q, K, V and gate, up
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("pa_dump_unpack_" + std::to_string(::getpid()));
+  const int written = codegen::dumpKernels(g, dir.string());
+  int dumpedUnpacking = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string f = e.path().filename().string();
+    dumpedUnpacking += f.find("_slice") != std::string::npos || f.find("_deinterleave") != std::string::npos;
+  }
+  EXPECT_EQ(dumpedUnpacking, slices - unpacking);
+  EXPECT_GT(written, 0);
   std::filesystem::remove_all(dir);
 }
 
