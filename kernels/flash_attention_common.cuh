@@ -437,8 +437,8 @@ struct TileMask {
 struct BlockTiles {
   int nTiles, sinkLast, bandFirst, bandLast;
   int loMax, hiMin, sinkMin;
-  // Tile 0 holds no key of any row's band and the sinks lie below 16 (the wgmma kernels' narrow
-  // products: kSinkKeys). With bn >= 16 only.
+  // Tile 0 holds no key of any row's band and the sinks lie below kFlashSinkTileKeys (the wgmma
+  // kernels' narrow products), which a tile of bn keys holds.
   bool sinkNarrow;
   __device__ __forceinline__ void init(const TileMask& tm, int m0, int m1, int bn) {
     nTiles = (int)((tm.kLen + bn - 1) / bn);
@@ -454,7 +454,7 @@ struct BlockTiles {
       bandLast = -1;
     }
     sinkLast = sinkHi >= 0 ? (int)(sinkHi / bn) : -1;
-    sinkNarrow = bandFirst > 0 && sinkHi >= 0 && sinkHi < 16 && bn >= 16;
+    sinkNarrow = bandFirst > 0 && sinkHi >= 0 && sinkHi < kFlashSinkTileKeys && bn >= kFlashSinkTileKeys;
     loMax = (int)lo1;
     hiMin = (int)(hi0 < -1 ? -1 : hi0);
     const long long sinkLo = attentionSinkLimit(tm.m, m0, tm.qLen, tm.kLen);
