@@ -7,7 +7,8 @@ kernel holds the stream while many calls are queued behind it, one CUDA event pa
 median of five such windows), on inputs rotating through more memory than the L2 cache holds.
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
-usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune] [--out FILE]
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune]
+                             [--out FILE] [--dims 64,128] [--seqs 4096]
 """
 import argparse
 import ctypes
@@ -404,7 +405,10 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="anchors,gqa,fp32")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--dims", default="64,128", help="--only tune: head dims")
+    ap.add_argument("--seqs", default="4096", help="--only tune: sequence lengths (batch 16384 / S)")
     a = ap.parse_args()
+    a.dims, a.seqs = [int(x) for x in a.dims.split(",")], [int(x) for x in a.seqs.split(",")]
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False
     fl = Flash(a.lib)
@@ -507,20 +511,21 @@ def main():
                                             sink_logits=o.sink, dsink=o.dsink, **mask)
             t_f, t_fb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
             print(f"gqatune {name} split_kv={os.environ.get('PA_FLASH_SPLIT_KV', '-')} "
-                  f"ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')} fwd_tile={os.environ.get('PA_FLASH_FWD_TILE', '-')}: "
+                  f"ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')} fwd_tile={os.environ.get('PA_FLASH_FWD_TILE', '-')} "
+                  f"fwd_wg={os.environ.get('PA_FLASH_FWD_WG', '-')}: "
                   f"fwd {t_f:.4f} ms, f+b {t_fb:.4f} ms, "
                   f"bwd {t_fb - t_f:.4f} ms", flush=True)
             del sets
         return
     if "tune" in a.only:  # forward only, for comparing tile knobs (PA_FLASH_FWD_TILE / _MT / _WG, PA_FLASH_WGMMA)
-        for d in (64, 128):
+        for d, s in itertools.product(a.dims, a.seqs):
             for causal in (False, True):
-                b, h, s = 4, 2048 // d, 4096
+                b, h = 16384 // s, 2048 // d
                 q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 ours = Ours(fl, q, k, v, causal=causal)
                 ms = bench(ours.fwd)
                 fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
-                print(f"tune d={d} causal={causal} wgmma={os.environ.get('PA_FLASH_WGMMA', '-')} "
+                print(f"tune d={d} s={s} causal={causal} wgmma={os.environ.get('PA_FLASH_WGMMA', '-')} "
                       f"tile={os.environ.get('PA_FLASH_FWD_TILE', '-')} mt={os.environ.get('PA_FLASH_FWD_MT', '-')} "
                       f"wg={os.environ.get('PA_FLASH_FWD_WG', '-')} st={os.environ.get('PA_FLASH_FWD_STAGES', '-')}: {fl_f / ms / 1e9:.0f} TFLOP/s", flush=True)
         return

@@ -38,6 +38,7 @@ pa::FlashTuning tuningFromEnvironment() {
   t.fwdPersistent = onOffOrRule("PA_FLASH_FWD_PERSISTENT");
   t.bwdPersistent = onOffOrRule("PA_FLASH_BWD_PERSISTENT");
   t.sinkTile = onOffOrRule("PA_FLASH_SINK_TILE");
+  t.tma = onOffOrRule("PA_FLASH_TMA");
   t.bwdTile = knob("PA_FLASH_BWD_TILE");
   t.bwdWarpgroups = knob("PA_FLASH_BWD_WG");
   t.wgmma = onOff("PA_FLASH_WGMMA", true);

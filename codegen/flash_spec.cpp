@@ -116,6 +116,7 @@ std::string FlashKernelSpec::name() const {
   if (pingpong) os << "_pp";
   if (persistent) os << "_ps";
   if (sinkTile) os << "_sk";
+  if (tma) os << "_tma";
   if (dqPartial) os << "_dqp";
   return os.str();
 }
@@ -134,7 +135,8 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kForward:
       if (wgmma) {
         call = "flashForwardWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " + std::to_string(warps / 4) + ", " +
-               std::to_string(stages) + ", " + (pingpong ? "true" : "false") + ", " + (persistent ? "true" : "false") + (sinkTile ? ", true" : "") + ">";
+               std::to_string(stages) + ", " + (pingpong ? "true" : "false") + ", " + (persistent ? "true" : "false") +
+               (sinkTile || tma ? (sinkTile ? ", true" : ", false") : "") + (tma ? ", true" : "") + ">";
         break;
       }
       call = f32 ? "flashForwardF32<" + d + ", " + std::to_string(mtiles) + ">"
@@ -180,7 +182,9 @@ std::string FlashKernelSpec::source() const {
      << "#include \"kernels/pdl.cuh\"\n"
      << "#include \"kernels/" << headerOf(*this) << "\"\n"
      << "extern \"C\" __global__ void __launch_bounds__(" << threads() << ") " << name()
-     << "(const pa::FlashKernelParams p) {\n  pa::pdlBegin();\n  pa::flash::" << call << "(p);\n}\n";
+     << (tma ? "(const pa::FlashKernelParams p, const __grid_constant__ pa::FlashTensorMaps maps) {\n"
+             : "(const pa::FlashKernelParams p) {\n")
+     << "  pa::pdlBegin();\n  pa::flash::" << call << (tma ? "(p, &maps);\n}\n" : "(p);\n}\n");
   return os.str();
 }
 

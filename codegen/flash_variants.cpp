@@ -228,7 +228,14 @@ std::vector<FlashKernelSpec> flashProductionKernelSpecs() {
                 c.mask = mask;
                 for (bool backward : {false, true}) {
                   if (backward && c.dtype == kFlashF32 && d > 128) continue;  // validation refuses it
-                  for (const FlashKernelSpec& s : flashKernelsOf(c, backward, target)) addUnique(specs, names, s);
+                  for (const FlashKernelSpec& s : flashKernelsOf(c, backward, target)) {
+                    addUnique(specs, names, s);
+                    if (s.tma) {  // the launcher's fallback where the driver rejects a tensor map
+                      FlashKernelSpec v = s;
+                      v.tma = false;
+                      addUnique(specs, names, v);
+                    }
+                  }
                 }
               }
             }

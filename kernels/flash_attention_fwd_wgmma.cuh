@@ -114,6 +114,16 @@ __device__ __forceinline__ void loadSwizzled(u32 dst, const u16* gbase, long lon
   }
 }
 
+// The same rows by TMA (FlashKernelSpec::tma): one copy per 64 columns from `map` (a 4-d map of
+// [batch, heads, seq, head dim], boxes of 64 columns by ROWS rows, 128-byte swizzle: the layout
+// above, rows and columns out of range as zeros); the bytes land on `bar`, whose expected bytes
+// the caller set. One thread issues it.
+template <int ROWS, int DPAD>
+__device__ __forceinline__ void tmaSwizzled(u32 dst, const FlashTensorMap& map, int row0, int head, int batch, u32 bar) {
+#pragma unroll
+  for (int c = 0; c < DPAD / 64; ++c) sm90::tmaLoad4d(dst + c * (ROWS * 128), &map, 64 * c, row0, head, batch, bar);
+}
+
 // acc = A·Bᵀ summed over the head dim, both read k-major from the swizzled layout: A is the 64-row
 // block at `aRows` inside a tile of A_ROWS rows, B the first N rows of the B_ROWS-row tile at
 // `bTile`. The descriptors of one product's k16 steps are the first step's plus a constant each
@@ -223,9 +233,10 @@ __device__ __forceinline__ void scaleRows(float (&o)[DPAD / 2], const float (&co
 __device__ __forceinline__ void namedBarrierSync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void namedBarrierArrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
+// TMA: the producer's copies are TMA copies from `maps`, issued by one thread (FlashKernelSpec::tma).
 template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false, bool PERSISTENT = false,
-          bool SINK_TILE = false>
-__device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
+          bool SINK_TILE = false, bool TMA = false>
+__device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, const FlashTensorMaps* maps = nullptr) {
   typedef WgmmaForwardConfig<DPAD, BN, CONSUMERS, STAGES_, PERSISTENT> Cfg;
   static_assert(!PINGPONG || CONSUMERS >= 2, "ping-pong needs two consumer warpgroups");
   constexpr int LANES = 128;
@@ -251,14 +262,55 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
   work.init(p, PERSISTENT ? ceilDiv(p.qLen, BM) : 1, PERSISTENT ? p.batch * p.heads : 1, true);
 
   if (threadIdx.x == 0) {
-    sm90::mbarInitRange(kFull(0), 2 * STAGES, LANES);                // kFull, vFull
+    // The copies' arrivals: one a producer thread (cp.async), or the one thread's expected bytes (TMA).
+    const u32 copiers = TMA ? 1 : LANES;
+    sm90::mbarInitRange(kFull(0), 2 * STAGES, copiers);              // kFull, vFull
     sm90::mbarInitRange(kEmpty(0), 2 * STAGES, 128 * CONSUMERS);     // kEmpty, vEmpty
-    // PERSISTENT: Q's copies, and a plain arrival that publishes the buffer's item (release).
-    sm90::mbarInitRange(qFull(0), QB, PERSISTENT ? 2 * LANES : LANES);
+    // PERSISTENT with cp.async: Q's copies, and a plain arrival that publishes the buffer's item
+    // (release); with TMA the one arrival does both.
+    sm90::mbarInitRange(qFull(0), QB, PERSISTENT && !TMA ? 2 * LANES : copiers);
     sm90::mbarInitRange(qEmpty(0), QB, 128 * CONSUMERS);
   }
   __syncthreads();
 
+  if (warp >= 4 * CONSUMERS && TMA) {  // the producer: one thread's TMA copies
+    Cfg::Registers::enterProducer();
+    if (threadIdx.x != 128 * CONSUMERS) return;
+    int i = 0;  // the K/V ring's position
+    for (int done = 0;; ++done) {
+      const int qb = done % QB;
+      int n = 0;
+      if (PERSISTENT) {
+        sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
+        n = itemOfBuffer[qb] = work.take(p);
+        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
+          sm90::mbarArrive(qFull(qb));
+          work.finish(p);
+          break;
+        }
+      } else if (done > 0) {
+        break;
+      }
+      int slice = blockIdx.y, qt = heavyFirstTile();
+      if (PERSISTENT) work.item(p, n, slice, qt);
+      QueryBlock blk;
+      blk.initAt(p, BM, BN, slice, qt);
+      const BlockTiles& tiles = blk.tiles;
+      sm90::mbarArriveExpectBytes(qFull(qb), Cfg::kQBytes);  // also publishes itemOfBuffer (release)
+      tmaSwizzled<BM, DPAD>(sQ0 + qb * Cfg::kQBytes, maps->q, blk.m0, blk.h, blk.b, qFull(qb));
+      for (int j = tiles.next(0); j < tiles.nTiles; j = tiles.next(j + 1), ++i) {
+        const int st = i % STAGES;
+        const u32 parity = ((i / STAGES) & 1) ^ 1;
+        sm90::mbarWait(kEmpty(st), parity);
+        sm90::mbarArriveExpectBytes(kFull(st), Cfg::kTileBytes);
+        tmaSwizzled<BN, DPAD>(sK + st * Cfg::kTileBytes, maps->k, j * BN, blk.hk, blk.b, kFull(st));
+        sm90::mbarWait(vEmpty(st), parity);
+        sm90::mbarArriveExpectBytes(vFull(st), Cfg::kTileBytes);
+        tmaSwizzled<BN, DPAD>(sV + st * Cfg::kTileBytes, maps->v, j * BN, blk.hk, blk.b, vFull(st));
+      }
+    }
+    return;
+  }
   if (warp >= 4 * CONSUMERS) {  // the producer
     Cfg::Registers::enterProducer();
     const int pid = threadIdx.x - 128 * CONSUMERS;
@@ -355,7 +407,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
       const int st = i % STAGES;
       const u32 parity = (i / STAGES) & 1;
       sm90::mbarWait(kFull(st), parity);
-      sm90::fenceProxyAsync();
+      if (!TMA) sm90::fenceProxyAsync();  // cp.async wrote through the generic proxy
       if (PINGPONG) namedBarrierSync(myTurn);
       float sSink[kSinkKeys / 2] = {};
       sm90::wgmmaFence();
@@ -370,7 +422,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
       softmaxTile<kSinkKeys>(sSink, rowMax, rowSum, corr, false, 0, bandLo, bandHi, bandSink, p.scaleLog2, t);
       packFragment<Tag>(pv[0], sSink, 0);
       sm90::mbarWait(vFull(st), parity);
-      sm90::fenceProxyAsync();
+      if (!TMA) sm90::fenceProxyAsync();  // cp.async wrote through the generic proxy
       sm90::wgmmaFence();
       tileProduct<DPAD, IN, kSinkKeys>(o, reinterpret_cast<const u32(&)[1][4]>(pv[0]), sV + st * Cfg::kTileBytes, BN * 128);
       sm90::wgmmaCommit();
@@ -381,7 +433,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
       const u32 parity = (i / STAGES) & 1;
       const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
       sm90::mbarWait(kFull(st), parity);
-      sm90::fenceProxyAsync();
+      if (!TMA) sm90::fenceProxyAsync();  // cp.async wrote through the generic proxy
       const u32 kTile = sK + st * Cfg::kTileBytes;
       if (PINGPONG) namedBarrierSync(myTurn);
       sm90::wgmmaFence();
@@ -403,7 +455,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p) {
       for (int kk = 0; kk < BN / 16; ++kk) packFragment<Tag>(pv[kk], s, kk);
 
       sm90::mbarWait(vFull(st), parity);
-      sm90::fenceProxyAsync();
+      if (!TMA) sm90::fenceProxyAsync();  // cp.async wrote through the generic proxy
       const u32 vTile = sV + st * Cfg::kTileBytes;
       sm90::wgmmaFence();
       tileProduct<DPAD, IN, BN>(o, pv, vTile);

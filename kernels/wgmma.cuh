@@ -79,6 +79,15 @@ __device__ __forceinline__ void tmaLoad3d(u32 dst, const TensorMap& map, int c0,
       : "memory");
 }
 
+// The same from a four-dimensional map (c0 innermost); `map` is the descriptor's generic address
+// (a __grid_constant__ kernel argument).
+__device__ __forceinline__ void tmaLoad4d(u32 dst, const void* map, int c0, int c1, int c2, int c3, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
 // 16 bytes global -> shared (a shared-window address); zero-filled when !valid.
 __device__ __forceinline__ void cpAsync16To(u32 dst, const void* src, bool valid) {
   asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <exception>
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
+#include "runtime/cuda/tensor_map.h"
 
 namespace pa {
 
@@ -40,6 +42,36 @@ void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
     fail(std::string(name) + " strides must be multiples of " + std::to_string(perVec) +
          " elements (16 bytes); got batch/head/seq strides " + std::to_string(t.batchStride) + "/" +
          std::to_string(t.headStride) + "/" + std::to_string(t.seqStride));
+}
+
+// The TMA maps of Q, K and V for a kernel whose spec.tma is set: [batch, heads, seq, head dim] with
+// the views' strides, boxes of 64 columns by the kernel's query rows (Q) or tile (K, V). False
+// where the driver rejects one (a stride TMA cannot express): the caller runs the cp.async kernel.
+bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, FlashTensorMaps& maps) {
+  auto encode = [&](const FlashTensorView& t, int heads, int len, int rows, FlashTensorMap& out) {
+    codegen::TensorMapSpec m;
+    m.rank = 4;
+    m.elementBytes = 2;
+    const long long extent[3] = {len, heads, p.batch}, stride[3] = {t.seqStride, t.headStride, t.batchStride};
+    m.dims[0] = static_cast<uint64_t>(p.headDim);
+    for (int i = 0; i < 3; ++i) {
+      m.dims[i + 1] = static_cast<uint64_t>(std::max(1LL, extent[i]));
+      m.strideBytes[i] = extent[i] > 1 ? static_cast<uint64_t>(stride[i]) * 2 : 16;  // one element never steps
+    }
+    m.box[0] = 64;
+    m.box[1] = static_cast<uint32_t>(rows);
+    const cuda::TensorMap map = cuda::encodeTensorMap(m, t.ptr);
+    static_assert(sizeof(map) == sizeof(out), "a tensor map is 128 bytes");
+    std::memcpy(&out, &map, sizeof out);
+  };
+  try {
+    encode(p.q, p.heads, p.qLen, spec.rowsPerBlock(), maps.q);
+    encode(p.k, p.kvHeads, p.kLen, spec.tile, maps.k);
+    encode(p.v, p.kvHeads, p.kLen, spec.tile, maps.v);
+  } catch (const cuda::CudaError&) {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -108,7 +140,7 @@ unsigned long long FlashAttention::keyOf(const FlashKernelSpec& spec) {
   key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
   key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
   key = (key * 2 + spec.tf32) * 2 + spec.f64;
-  key = ((key * 2 + spec.pingpong) * 2 + spec.persistent) * 2 + spec.sinkTile;
+  key = (((key * 2 + spec.pingpong) * 2 + spec.persistent) * 2 + spec.sinkTile) * 2 + spec.tma;
   return key;
 }
 
@@ -162,11 +194,15 @@ void FlashAttention::prepare(const std::vector<std::pair<FlashAttentionConfig, b
 }
 
 void FlashAttention::launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY,
-                            const FlashKernelParams& params, cuda::CUstream stream, cuda::LaunchMode mode) {
+                            const FlashKernelParams& params, cuda::CUstream stream, cuda::LaunchMode mode,
+                            const FlashTensorMaps* maps) {
   if (gridX == 0 || gridY == 0) return;
+  if (spec.tma != (maps != nullptr)) fail(spec.name() + ": TMA kernels take tensor maps, the others none");
   const Loaded& l = load(spec);
   FlashKernelParams copy = params;
-  void* args[] = {&copy};
+  FlashTensorMaps mapsCopy{};
+  if (maps) mapsCopy = *maps;
+  void* args[] = {&copy, &mapsCopy};
   ++launches_;
   cuda::LaunchShape shape;
   shape.grid = {gridX, gridY, 1};
@@ -184,10 +220,11 @@ long long FlashAttention::kvBytesPerSlice(const FlashAttentionConfig& c) {
 // shared data (`sliceBytes` each) fit kPersistentL2Bytes; `counter` picks the kernel's pair of ints
 // in workCounter_ (kernels/flash_attention_common.cuh, WorkList).
 void FlashAttention::launchPersistent(const FlashKernelSpec& spec, long long items, long long slices, long long sliceBytes,
-                                      int counter, FlashKernelParams p, cuda::CUstream stream, cuda::LaunchMode mode) {
+                                      int counter, FlashKernelParams p, cuda::CUstream stream, cuda::LaunchMode mode,
+                                      const FlashTensorMaps* maps) {
   p.workHeads = (int)std::max<long long>(1, std::min<long long>(slices, kPersistentL2Bytes / std::max(1LL, sliceBytes)));
   p.workCounter = workCounter_.ptr() + 8 * counter;
-  launch(spec, (unsigned)std::min<long long>(items, target_.multiprocessors), 1, p, stream, mode);
+  launch(spec, (unsigned)std::min<long long>(items, target_.multiprocessors), 1, p, stream, mode, maps);
 }
 
 void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardArgs& a, cuda::CUstream stream,
@@ -201,13 +238,16 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.q = view(a.q), p.k = view(a.k), p.v = view(a.v), p.o = view(a.o);
   p.lse = a.lse;
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
-  const FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
+  FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
+  FlashTensorMaps maps{};
+  if (spec.tma && !encodeFlashMaps(spec, p, maps)) spec.tma = false;
+  const FlashTensorMaps* tma = spec.tma ? &maps : nullptr;
   const int qTiles = ceilDiv(c.qLen, spec.rowsPerBlock()), slices = c.batch * c.heads;
   if (!spec.persistent) {
-    launch(spec, qTiles, slices, p, stream, mode);
+    launch(spec, qTiles, slices, p, stream, mode, tma);
     return;
   }
-  launchPersistent(spec, (long long)qTiles * slices, slices, kvBytesPerSlice(c), 0, p, stream, mode);
+  launchPersistent(spec, (long long)qTiles * slices, slices, kvBytesPerSlice(c), 0, p, stream, mode, tma);
 }
 
 size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {

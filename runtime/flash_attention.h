@@ -85,10 +85,12 @@ class FlashAttention {
   static unsigned long long keyOf(const FlashKernelSpec& spec);
   codegen::CompileRequest requestOf(const FlashKernelSpec& spec) const;
   const Loaded& loadCompiled(unsigned long long key, const FlashKernelSpec& spec, const codegen::CompileResult& res);
+  // `maps`: the tensor maps of a kernel whose spec.tma is set (null for the others).
   void launch(const FlashKernelSpec& spec, unsigned gridX, unsigned gridY, const FlashKernelParams& params,
-              cuda::CUstream stream, cuda::LaunchMode mode);
+              cuda::CUstream stream, cuda::LaunchMode mode, const FlashTensorMaps* maps = nullptr);
   void launchPersistent(const FlashKernelSpec& spec, long long items, long long slices, long long sliceBytes, int counter,
-                        FlashKernelParams params, cuda::CUstream stream, cuda::LaunchMode mode);
+                        FlashKernelParams params, cuda::CUstream stream, cuda::LaunchMode mode,
+                        const FlashTensorMaps* maps = nullptr);
   static long long kvBytesPerSlice(const FlashAttentionConfig& cfg);
   FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
   FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;

@@ -21,8 +21,8 @@ TensorMap encodeTensorMap(const TensorMapSpec& spec, CUdeviceptr base) {
     throw CudaError("cuTensorMapEncodeTiled: this CUDA driver has no tensor maps (TMA needs CUDA 12 or later)",
                     kErrorNotSupported);
   TensorMap map{};
-  const uint32_t elementStrides[3] = {1, 1, 1};
-  PA_CU_CHECK(cuTensorMapEncodeTiled(&map, spec.elementBytes == 4 ? kTensorMapFloat32 : kTensorMapBfloat16, 3, reinterpret_cast<void*>(base), spec.dims, spec.strideBytes,
+  const uint32_t elementStrides[4] = {1, 1, 1, 1};
+  PA_CU_CHECK(cuTensorMapEncodeTiled(&map, spec.elementBytes == 4 ? kTensorMapFloat32 : kTensorMapBfloat16, spec.rank, reinterpret_cast<void*>(base), spec.dims, spec.strideBytes,
                                      spec.box, elementStrides, kTensorMapInterleaveNone, kTensorMapSwizzle128B,
                                      kTensorMapL2Promotion256B, kTensorMapOobFillZero));
   return map;
