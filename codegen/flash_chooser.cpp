@@ -274,7 +274,6 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     s.persistent = target.multiprocessors > 0 && tuning.fwdPersistent != 0;
     if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
     s.sinkTile = hasSinkTile(cfg) && tuning.sinkTile != 0;
-    s.tma = tuning.tma != 0;
   } else {
     s.tile = s.dpad == 64 ? 128 : 64;
     s.warps = 8;
@@ -292,6 +291,7 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
     s.sinkTile = kind == FlashKernelKind::kBwdDq && hasSinkTile(cfg) && tuning.sinkTile != 0;
   }
+  s.tma = tuning.tma != 0;
   return s;
 }
 

@@ -150,7 +150,8 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kBwdDkDv:
       if (wgmma) {
         call = "flashBackwardDkDvWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " +
-               std::to_string(warps / 4) + ", " + std::to_string(stages) + ", " + (persistent ? "true" : "false") + ">";
+               std::to_string(warps / 4) + ", " + std::to_string(stages) + ", " + (persistent ? "true" : "false") +
+               (tma ? ", true" : "") + ">";
         break;
       }
       call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " +
@@ -169,7 +170,7 @@ std::string FlashKernelSpec::source() const {
       if (wgmma) {
         call = "flashBackwardDqWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " +
                std::to_string(warps / 4) + ", " + std::to_string(stages) + ", " + (persistent ? "true" : "false") +
-               (sinkTile ? ", true" : "") + ">";
+               (sinkTile || tma ? (sinkTile ? ", true" : ", false") : "") + (tma ? ", true" : "") + ">";
         break;
       }
       call = f32 ? "flashBackwardDqF32<" + d + ", " + std::to_string(mtiles) + ">"

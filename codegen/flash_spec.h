@@ -102,9 +102,11 @@ struct FlashKernelSpec {
   // kFlashSinkTileKeys) as kFlashSinkTileKeys-key products; chosen where the mask has such sinks
   // and a left window, so kernels of other masks keep the plain loop.
   bool sinkTile = false;
-  // The wgmma forward loads Q, K and V with TMA copies issued by one producer thread, from tensor
-  // maps the launcher encodes (FlashTensorMaps, a second kernel argument), instead of the producer
-  // warpgroup's cp.async; the launcher falls back to cp.async where the driver rejects a map.
+  // The wgmma forward, dK/dV and dQ kernels load their tiles (Q, K, V, dO) with TMA copies issued
+  // by one producer thread, from tensor maps the launcher encodes (FlashTensorMaps, a second
+  // kernel argument), instead of the producer warpgroup's cp.async (the dK/dV producer still
+  // writes the query statistics); the launcher falls back to cp.async where the driver rejects a
+  // map.
   bool tma = false;
   // fp32 on the tensor cores (FlashAttentionConfig::tf32): the forward / dK,dV / dQ kernels are
   // the 16-bit types' mma.sync kernels with TF32 operands; `warps`, `tile`, `mtiles` as there.
@@ -158,7 +160,7 @@ struct FlashTuning {
   int fwdPersistent = -1; // sm_90a wgmma forward: -1 the rule, 0 / 1 persistent off / on (needs the SM count)
   int bwdPersistent = -1; // sm_90a wgmma dK/dV and dQ: the same; the rule: at padded head dim 64 only
   int sinkTile = -1;      // sm_90a wgmma forward and dQ: -1 the rule (FlashKernelSpec::sinkTile), 0 off
-  int tma = -1;           // sm_90a wgmma forward: -1 the rule (TMA loads), 0 cp.async (FlashKernelSpec::tma)
+  int tma = -1;           // sm_90a wgmma kernels: -1 the rule (TMA loads), 0 cp.async (FlashKernelSpec::tma)
   int bwdTile = 0;        // sm_90a wgmma backward: streamed tile rows
   int bwdWarpgroups = 0;  // sm_90a wgmma backward: consumer warpgroups
   bool wgmma = true;      // false: the sm_90a fp16/bf16 kernels on mma.sync instead of wgmma

@@ -81,8 +81,10 @@ struct WgmmaDqConfig {
 };
 
 // =============================================================================================
-template <typename Tag, int DPAD, int BQ, int CONSUMERS, int STAGES, bool PERSISTENT = false>
-__device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& p) {
+// TMA: K, V, Q and dO arrive by TMA copies from `maps`, issued by one producer thread; the
+// producer warpgroup still writes the statistics (FlashKernelSpec::tma).
+template <typename Tag, int DPAD, int BQ, int CONSUMERS, int STAGES, bool PERSISTENT = false, bool TMA = false>
+__device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& p, const FlashTensorMaps* maps = nullptr) {
   typedef WgmmaDkDvConfig<DPAD, BQ, CONSUMERS, STAGES, PERSISTENT> Cfg;
   typedef WgmmaRowStats<BQ> Stats;
   constexpr int BN = Cfg::BN, IN = WgmmaInputOf<Tag>::kValue, KB = Cfg::kKvBuffers;
@@ -112,10 +114,12 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
             PERSISTENT ? p.batch * (p.dKVPartial != 0 ? p.heads : p.kvHeads) : 1, false, p.workLead);
 
   if (threadIdx.x == 0) {
-    sm90::mbarInitRange(full(0), STAGES, 2 * 128);
+    // The producer threads' copies (not with TMA: thread 0's expected bytes) and statistics.
+    sm90::mbarInitRange(full(0), STAGES, TMA ? 128 : 2 * 128);
     sm90::mbarInitRange(empty(0), STAGES, 128 * CONSUMERS);
-    // PERSISTENT: K's and V's copies, and a plain arrival that publishes the buffer's item.
-    sm90::mbarInitRange(kvFull(0), KB, PERSISTENT ? 2 * 128 : 128);
+    // PERSISTENT with cp.async: K's and V's copies, and a plain arrival that publishes the
+    // buffer's item; with TMA thread 0's one arrival does both.
+    sm90::mbarInitRange(kvFull(0), KB, TMA ? 1 : PERSISTENT ? 2 * 128 : 128);
     sm90::mbarInitRange(kvEmpty(0), KB, 128 * CONSUMERS);
   }
   __syncthreads();
@@ -133,8 +137,12 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
         asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
         n = itemOfBuffer[kvb];
         if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
-          sm90::mbarArrive(kvFull(kvb));
-          sm90::mbarArrive(kvFull(kvb));
+          if (!TMA) {
+            sm90::mbarArrive(kvFull(kvb));
+            sm90::mbarArrive(kvFull(kvb));
+          } else if (pid == 0) {
+            sm90::mbarArrive(kvFull(kvb));
+          }
           if (pid == 0) work.finish(p);
           break;
         }
@@ -146,18 +154,30 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       DkDvBlock blk;
       blk.initAt(p, BN, BQ, slice, kb);
       const u32 sK = sKV0 + kvb * 2 * Cfg::kKBytes, sV = sK + Cfg::kKBytes;
-      loadSwizzled<BN, DPAD, 128>(sK, slicePtr<u16>(p.k, blk.b, blk.hk), p.k.seqStride, blk.n0, p.kLen, p.headDim, pid);
-      loadSwizzled<BN, DPAD, 128>(sV, slicePtr<u16>(p.v, blk.b, blk.hk), p.v.seqStride, blk.n0, p.kLen, p.headDim, pid);
-      sm90::cpAsyncArriveOnLanding(kvFull(kvb));
-      if (PERSISTENT) sm90::mbarArrive(kvFull(kvb));  // publishes itemOfBuffer (release)
+      if (!TMA) {
+        loadSwizzled<BN, DPAD, 128>(sK, slicePtr<u16>(p.k, blk.b, blk.hk), p.k.seqStride, blk.n0, p.kLen, p.headDim, pid);
+        loadSwizzled<BN, DPAD, 128>(sV, slicePtr<u16>(p.v, blk.b, blk.hk), p.v.seqStride, blk.n0, p.kLen, p.headDim, pid);
+        sm90::cpAsyncArriveOnLanding(kvFull(kvb));
+        if (PERSISTENT) sm90::mbarArrive(kvFull(kvb));  // publishes itemOfBuffer (release)
+      } else if (pid == 0) {
+        sm90::mbarArriveExpectBytes(kvFull(kvb), 2 * Cfg::kKBytes);  // also publishes itemOfBuffer (release)
+        tmaSwizzled<BN, DPAD>(sK, maps->k, blk.n0, blk.hk, blk.b, kvFull(kvb));
+        tmaSwizzled<BN, DPAD>(sV, maps->v, blk.n0, blk.hk, blk.b, kvFull(kvb));
+      }
       for (int it = blk.next(0); it < blk.nItems; it = blk.next(it + 1), ++i) {
         const int st = i % STAGES;
         sm90::mbarWait(empty(st), ((i / STAGES) & 1) ^ 1);
         const int h = blk.head(it), q0 = blk.q0(it);
-        loadSwizzled<BQ, DPAD, 128>(stage(st), slicePtr<u16>(p.q, blk.b, h), p.q.seqStride, q0, p.qLen, p.headDim, pid);
-        loadSwizzled<BQ, DPAD, 128>(stage(st) + Cfg::kTileBytes, slicePtr<u16>(p.dO, blk.b, h), p.dO.seqStride, q0, p.qLen,
-                                    p.headDim, pid);
-        sm90::cpAsyncArriveOnLanding(full(st));
+        if (!TMA) {
+          loadSwizzled<BQ, DPAD, 128>(stage(st), slicePtr<u16>(p.q, blk.b, h), p.q.seqStride, q0, p.qLen, p.headDim, pid);
+          loadSwizzled<BQ, DPAD, 128>(stage(st) + Cfg::kTileBytes, slicePtr<u16>(p.dO, blk.b, h), p.dO.seqStride, q0, p.qLen,
+                                      p.headDim, pid);
+          sm90::cpAsyncArriveOnLanding(full(st));
+        } else if (pid == 0) {
+          sm90::mbarExpectBytes(full(st), 2 * Cfg::kTileBytes);  // thread 0 arrives with the statistics below
+          tmaSwizzled<BQ, DPAD>(stage(st), maps->q, q0, h, blk.b, full(st));
+          tmaSwizzled<BQ, DPAD>(stage(st) + Cfg::kTileBytes, maps->dO, q0, h, blk.b, full(st));
+        }
         const long long rowBase = ((long long)blk.b * p.heads + h) * p.qLen;
         Stats* sts = stats(st);
         for (int r = pid; r < BQ; r += 128) {
@@ -200,7 +220,7 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     for (int it = blk.next(0); it < blk.nItems; it = blk.next(it + 1), ++i) {
       const int st = i % STAGES;
       sm90::mbarWait(full(st), (i / STAGES) & 1);
-      sm90::fenceProxyAsync();
+      if (!TMA) sm90::fenceProxyAsync();  // cp.async wrote through the generic proxy
       const u32 qTile = stage(st), oTile = qTile + Cfg::kTileBytes;
       const Stats* sts = stats(st);
       const int q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
@@ -315,8 +335,11 @@ __device__ __forceinline__ void dqTile(const FlashKernelParams& p, float (&dQ)[D
 }
 
 // =============================================================================================
-template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false, bool SINK_TILE = false>
-__device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p) {
+// TMA: Q, dO, K and V arrive by TMA copies from `maps`, issued by one producer thread
+// (FlashKernelSpec::tma).
+template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false, bool SINK_TILE = false,
+          bool TMA = false>
+__device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p, const FlashTensorMaps* maps = nullptr) {
   typedef WgmmaDqConfig<DPAD, BN, CONSUMERS, STAGES, PERSISTENT> Cfg;
   constexpr int BM = Cfg::BM, IN = WgmmaInputOf<Tag>::kValue, QB = Cfg::kQBuffers;
   extern __shared__ unsigned char smemRaw[];
@@ -337,14 +360,53 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p)
   work.init(p, PERSISTENT ? ceilDiv(p.qLen, BM) : 1, PERSISTENT ? p.batch * p.heads : 1, true);
 
   if (threadIdx.x == 0) {
-    sm90::mbarInitRange(full(0), STAGES, 128);
+    const u32 copiers = TMA ? 1 : 128;  // one arrival a producer thread, or the one thread's expected bytes
+    sm90::mbarInitRange(full(0), STAGES, copiers);
     sm90::mbarInitRange(empty(0), STAGES, 128 * CONSUMERS);
-    // PERSISTENT: Q's and dO's copies, and a plain arrival that publishes the buffer's item.
-    sm90::mbarInitRange(qFull(0), QB, PERSISTENT ? 2 * 128 : 128);
+    // PERSISTENT with cp.async: Q's and dO's copies, and a plain arrival that publishes the
+    // buffer's item; with TMA the one arrival does both.
+    sm90::mbarInitRange(qFull(0), QB, PERSISTENT && !TMA ? 2 * 128 : copiers);
     sm90::mbarInitRange(qEmpty(0), QB, 128 * CONSUMERS);
   }
   __syncthreads();
 
+  if (warp >= 4 * CONSUMERS && TMA) {  // the producer: one thread's TMA copies
+    Cfg::Registers::enterProducer();
+    if (threadIdx.x != 128 * CONSUMERS) return;
+    int i = 0;  // the K/V ring's position
+    for (int done = 0;; ++done) {
+      const int qb = done % QB;
+      int n = 0;
+      if (PERSISTENT) {
+        sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
+        n = itemOfBuffer[qb] = work.take(p);
+        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
+          sm90::mbarArrive(qFull(qb));
+          work.finish(p);
+          break;
+        }
+      } else if (done > 0) {
+        break;
+      }
+      int slice = blockIdx.y, qt = heavyFirstTile();
+      if (PERSISTENT) work.item(p, n, slice, qt);
+      QueryBlock blk;
+      blk.initAt(p, BM, BN, slice, qt);
+      const BlockTiles& tiles = blk.tiles;
+      const u32 sQ = sQ0 + qb * 2 * Cfg::kQBytes;
+      sm90::mbarArriveExpectBytes(qFull(qb), 2 * Cfg::kQBytes);  // also publishes itemOfBuffer (release)
+      tmaSwizzled<BM, DPAD>(sQ, maps->q, blk.m0, blk.h, blk.b, qFull(qb));
+      tmaSwizzled<BM, DPAD>(sQ + Cfg::kQBytes, maps->dO, blk.m0, blk.h, blk.b, qFull(qb));
+      for (int j = tiles.next(0); j < tiles.nTiles; j = tiles.next(j + 1), ++i) {
+        const int st = i % STAGES;
+        sm90::mbarWait(empty(st), ((i / STAGES) & 1) ^ 1);
+        sm90::mbarArriveExpectBytes(full(st), 2 * Cfg::kTileBytes);
+        tmaSwizzled<BN, DPAD>(stage(st), maps->k, j * BN, blk.hk, blk.b, full(st));
+        tmaSwizzled<BN, DPAD>(stage(st) + Cfg::kTileBytes, maps->v, j * BN, blk.hk, blk.b, full(st));
+      }
+    }
+    return;
+  }
   if (warp >= 4 * CONSUMERS) {  // the producer
     Cfg::Registers::enterProducer();
     const int pid = threadIdx.x - 128 * CONSUMERS;
@@ -434,7 +496,7 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p)
     if (SINK_TILE && j == 0 && tiles.sinkNarrow) {
       const int st = i % STAGES;
       sm90::mbarWait(full(st), (i / STAGES) & 1);
-      sm90::fenceProxyAsync();
+      if (!TMA) sm90::fenceProxyAsync();  // cp.async wrote through the generic proxy
       float sSink[kSinkKeys / 2] = {}, dpSink[kSinkKeys / 2] = {};
       dqTile<Tag, DPAD, BM, BN, kSinkKeys>(p, dQ, sSink, dpSink, qRows, oRows, stage(st), 0, false, bandLo, bandHi, bandSink,
                                            lse2, dl, t);
@@ -445,7 +507,7 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p)
     for (; j < nTiles; j = tiles.next(j + 1), ++i) {
       const int st = i % STAGES;
       sm90::mbarWait(full(st), (i / STAGES) & 1);
-      sm90::fenceProxyAsync();
+      if (!TMA) sm90::fenceProxyAsync();  // cp.async wrote through the generic proxy
       const int n0 = j * BN, n1 = min(n0 + BN, p.kLen);
       dqTile<Tag, DPAD, BM, BN, BN>(p, dQ, s, dp, qRows, oRows, stage(st), n0, tiles.full(n0, n1) && n1 - n0 == BN, bandLo,
                                     bandHi, bandSink, lse2, dl, t);

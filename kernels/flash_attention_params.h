@@ -50,14 +50,15 @@ struct FlashKernelParams {
   unsigned long long workCounter;  // persistent forward: int [2], zero between launches (items taken, blocks done)
 };
 
-// TMA tensor maps (the driver's opaque 128-byte descriptors, 64-byte aligned) of Q, K and V as
-// [batch, heads, seq, head dim] tensors, boxes of 64 columns by a tile's rows in 128-byte swizzle:
-// the second, __grid_constant__ argument of the kernels whose FlashKernelSpec::tma is set.
+// TMA tensor maps (the driver's opaque 128-byte descriptors, 64-byte aligned) of Q, K, V and dO
+// (backward) as [batch, heads, seq, head dim] tensors, boxes of 64 columns by the kernel's tile
+// rows in 128-byte swizzle: the second, __grid_constant__ argument of the kernels whose
+// FlashKernelSpec::tma is set.
 struct alignas(64) FlashTensorMap {
   unsigned long long words[16];
 };
 struct FlashTensorMaps {
-  FlashTensorMap q, k, v;
+  FlashTensorMap q, k, v, dO;
 };
 
 }  // namespace pa

@@ -69,6 +69,11 @@ struct __align__(64) TensorMap {
 __device__ __forceinline__ void mbarArriveExpectBytes(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
+// The next phase of `bar` also waits for `bytes` bytes of asynchronous copies, without an arrival
+// (the thread arrives later, with the barrier's other arrivals).
+__device__ __forceinline__ void mbarExpectBytes(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 // The box of `map` at coordinates (c0 innermost, c1, c2) into shared memory at `dst`, in the map's
 // swizzle; the bytes are counted on `bar` when they land. Out-of-range elements arrive as zeros
 // and still count.

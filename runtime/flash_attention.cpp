@@ -44,9 +44,10 @@ void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
          std::to_string(t.headStride) + "/" + std::to_string(t.seqStride));
 }
 
-// The TMA maps of Q, K and V for a kernel whose spec.tma is set: [batch, heads, seq, head dim] with
-// the views' strides, boxes of 64 columns by the kernel's query rows (Q) or tile (K, V). False
-// where the driver rejects one (a stride TMA cannot express): the caller runs the cp.async kernel.
+// The TMA maps of Q, K, V and (backward) dO for a kernel whose spec.tma is set: [batch, heads,
+// seq, head dim] with the views' strides, boxes of 64 columns by the rows the kernel copies at a
+// time (its block's rows of the resident operands, its tile of the streamed ones). False where
+// the driver rejects one (a stride TMA cannot express): the caller runs the cp.async kernel.
 bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, FlashTensorMaps& maps) {
   auto encode = [&](const FlashTensorView& t, int heads, int len, int rows, FlashTensorMap& out) {
     codegen::TensorMapSpec m;
@@ -64,10 +65,13 @@ bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, Fl
     static_assert(sizeof(map) == sizeof(out), "a tensor map is 128 bytes");
     std::memcpy(&out, &map, sizeof out);
   };
+  const bool keyBlocks = spec.kind == FlashKernelKind::kBwdDkDv;  // resident K, V; streamed Q, dO
+  const int qRows = keyBlocks ? spec.tile : spec.rowsPerBlock(), kRows = keyBlocks ? spec.rowsPerBlock() : spec.tile;
   try {
-    encode(p.q, p.heads, p.qLen, spec.rowsPerBlock(), maps.q);
-    encode(p.k, p.kvHeads, p.kLen, spec.tile, maps.k);
-    encode(p.v, p.kvHeads, p.kLen, spec.tile, maps.v);
+    encode(p.q, p.heads, p.qLen, qRows, maps.q);
+    encode(p.k, p.kvHeads, p.kLen, kRows, maps.k);
+    encode(p.v, p.kvHeads, p.kLen, kRows, maps.v);
+    if (spec.kind != FlashKernelKind::kForward) encode(p.dO, p.heads, p.qLen, qRows, maps.dO);
   } catch (const cuda::CudaError&) {
     return false;
   }
@@ -280,7 +284,9 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   p.dSinkLogits = c.sinkLogits ? a.dSinkLogits : 0;
   p.delta = a.workspace;
   p.sinkPartial = a.workspace + ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
-  const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
+  FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
+  FlashTensorMaps dkdvMaps{};
+  if (dkdv.tma && !encodeFlashMaps(dkdv, p, dkdvMaps)) dkdv.tma = false;
   unsigned long long next = p.sinkPartial + ((size_t)c.heads * c.batch * p.qTiles * 4 + 15) / 16 * 16;
   if (dkdv.atomicDq) {
     p.dQAccum = next;
@@ -303,9 +309,10 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     FlashKernelParams lead = p;
     if (c.mask.sinks > 0 && c.mask.windowLeft >= 0)
       lead.workLead = ceilDiv(std::min(c.mask.sinks, c.kLen), dkdv.rowsPerBlock());
-    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, qBytes, 1, lead, stream, mode);
+    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, qBytes, 1, lead, stream, mode,
+                     dkdv.tma ? &dkdvMaps : nullptr);
   } else {
-    launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode);
+    launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode, dkdv.tma ? &dkdvMaps : nullptr);
   }
   if (p.dKVPartial) launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream, mode);
   if (dkdv.atomicDq) {
@@ -313,12 +320,15 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   } else if (dkdv.dqPartial) {
     launch(specFor(FlashKernelKind::kBwdDqReduce, c), ceilDiv(c.qLen, kDqReduceRows), c.batch * c.heads, p, stream, mode);
   } else {
-    const FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);
+    FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);
+    FlashTensorMaps dqMaps{};
+    if (dq.tma && !encodeFlashMaps(dq, p, dqMaps)) dq.tma = false;
+    const FlashTensorMaps* maps = dq.tma ? &dqMaps : nullptr;
     if (dq.persistent)
       launchPersistent(dq, (long long)ceilDiv(c.qLen, dq.rowsPerBlock()) * c.batch * c.heads, c.batch * c.heads, kvBytesPerSlice(c),
-                       2, p, stream, mode);
+                       2, p, stream, mode, maps);
     else
-      launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream, mode);
+      launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream, mode, maps);
   }
 }
 

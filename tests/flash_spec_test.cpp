@@ -353,9 +353,8 @@ TEST(FlashSpec, SinkTileWhereSinksSitBesideAWindow) {
       const FlashKernelSpec s = chooseFlashSpec(k, c, hopper);
       EXPECT_EQ(s.sinkTile, m.tile) << s.name();
       EXPECT_EQ(s.name().find("_sk") != std::string::npos, m.tile) << s.name();
-      // persistent, sink tile (and the forward's TMA)
-      const char* args = k == FlashKernelKind::kForward ? ", true, true, true>" : ", true, true>";
-      EXPECT_EQ(s.source().find(args) != std::string::npos, m.tile) << s.source();
+      // persistent, sink tile, TMA
+      EXPECT_EQ(s.source().find(", true, true, true>") != std::string::npos, m.tile) << s.source();
       FlashTuning off;
       off.sinkTile = 0;
       EXPECT_FALSE(chooseFlashSpec(k, c, hopper, off).sinkTile);
@@ -365,32 +364,38 @@ TEST(FlashSpec, SinkTileWhereSinksSitBesideAWindow) {
   }
 }
 
-// The sm_90a wgmma forward loads with TMA (a second, __grid_constant__ argument of tensor maps);
-// FlashTuning::tma = 0 keeps cp.async; no other kernel takes maps.
-TEST(FlashSpec, WgmmaForwardLoadsWithTma) {
+// The sm_90a wgmma forward, dK/dV and dQ kernels load with TMA (a second, __grid_constant__
+// argument of tensor maps); FlashTuning::tma = 0 keeps cp.async; no other kernel takes maps.
+TEST(FlashSpec, WgmmaKernelsLoadWithTma) {
   const FlashTarget hopper{132, true, true};
   FlashAttentionConfig c;
   c.dtype = kFlashBF16, c.batch = 2, c.heads = 8, c.kvHeads = 2, c.qLen = c.kLen = 2048;
+  c.mask.causal = 1, c.mask.windowLeft = 128, c.mask.sinks = 4;  // the dQ kernel's sink tile beside TMA
   for (int d : {40, 64, 96, 128}) {
     c.headDim = d;
-    SCOPED_TRACE("d" + std::to_string(d));
-    const FlashKernelSpec s = chooseFlashSpec(FlashKernelKind::kForward, c, hopper);
-    ASSERT_TRUE(s.wgmma);
-    EXPECT_TRUE(s.tma);
-    EXPECT_NE(s.name().find("_tma"), std::string::npos) << s.name();
-    EXPECT_NE(s.source().find("const __grid_constant__ pa::FlashTensorMaps maps"), std::string::npos) << s.source();
-    EXPECT_NE(s.source().find("(p, &maps)"), std::string::npos) << s.source();
-    FlashTuning off;
-    off.tma = 0;
-    const FlashKernelSpec plain = chooseFlashSpec(FlashKernelKind::kForward, c, hopper, off);
-    EXPECT_FALSE(plain.tma);
-    EXPECT_EQ(plain.name().find("_tma"), std::string::npos) << plain.name();
-    EXPECT_EQ(plain.source().find("FlashTensorMaps"), std::string::npos) << plain.source();
-    EXPECT_NE(plain.name(), s.name());
+    for (FlashKernelKind kind : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+      const FlashKernelSpec s = chooseFlashSpec(kind, c, hopper);
+      SCOPED_TRACE(s.name());
+      ASSERT_TRUE(s.wgmma);
+      EXPECT_TRUE(s.tma);
+      EXPECT_NE(s.name().find("_tma"), std::string::npos);
+      EXPECT_NE(s.source().find("const __grid_constant__ pa::FlashTensorMaps maps"), std::string::npos) << s.source();
+      EXPECT_NE(s.source().find(", true>(p, &maps)"), std::string::npos) << s.source();  // the template's TMA argument
+      FlashTuning off;
+      off.tma = 0;
+      const FlashKernelSpec plain = chooseFlashSpec(kind, c, hopper, off);
+      EXPECT_FALSE(plain.tma);
+      EXPECT_EQ(plain.name().find("_tma"), std::string::npos) << plain.name();
+      EXPECT_EQ(plain.source().find("FlashTensorMaps"), std::string::npos) << plain.source();
+      EXPECT_NE(plain.source().find("(p);"), std::string::npos) << plain.source();
+      EXPECT_NE(plain.name(), s.name());
+      EXPECT_FALSE(chooseFlashSpec(kind, c, {132, false, true}).tma);  // mma.sync
+    }
     for (bool backward : {false, true})
       for (const FlashKernelSpec& k : flashKernelsOf(c, backward, hopper))
-        EXPECT_EQ(k.tma, k.kind == FlashKernelKind::kForward) << k.name();
-    EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, c, {132, false, true}).tma);  // mma.sync
+        EXPECT_EQ(k.tma, k.kind == FlashKernelKind::kForward || k.kind == FlashKernelKind::kBwdDkDv ||
+                             k.kind == FlashKernelKind::kBwdDq)
+            << k.name();
   }
   c.dtype = kFlashF32;
   EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, c, hopper).tma);

@@ -762,10 +762,11 @@ TEST(FlashAttentionGpu, SinkTileEqualsTheFullTile) {
   }
 }
 
-// The wgmma forward's TMA loads (FlashKernelSpec::tma) hand the consumers the same tiles as the
-// producer warpgroup's cp.async: the same bits in O and lse, for padded head dims 64 and 128 with
-// columns past the head dim (96) and rows past the lengths (zeros either way), packed strides,
-// GQA, the sink tile, two and three warpgroups, persistent and one item a block, one row.
+// The wgmma kernels' TMA loads (FlashKernelSpec::tma) hand the consumers the same tiles as the
+// producer warpgroup's cp.async: the same bits in O, lse, dQ, dK, dV and the sink-logit gradient,
+// for padded head dims 64 and 128 with columns past the head dim (40, 96) and rows past the
+// lengths (zeros either way), packed strides, GQA (dK/dV per query head and per KV head), the
+// sink tile, two and three warpgroups, persistent and one item a block, one row.
 TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
   REQUIRE_GPU();
   FlashAttention& fa = *env().flash;
@@ -775,19 +776,22 @@ TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
     int batch, heads, kvHeads, qLen, kLen, headDim;
     AttentionMaskSpec mask;
     bool sinks, packed;
-    int persistent;  // FlashTuning::fwdPersistent
+    int persistent;  // FlashTuning::fwdPersistent and ::bwdPersistent
+    int splitKv;     // FlashTuning::splitKv
   };
-  const Shape shapes[] = {{2, 8, 2, 1500, 1500, 128, maskOf(1, 0, 200, -1, 4), true, false, -1},
-                          {2, 6, 3, 129, 257, 96, maskOf(1, 1, -1, -1, 0), false, true, -1},
-                          {2, 3, 3, 2100, 2100, 64, maskOf(0, 0, -1, -1, 0), false, false, -1},
-                          {1, 4, 1, 300, 77, 40, maskOf(0, 0, 50, 20, 0), true, true, 0},
-                          {1, 2, 2, 1, 1, 128, maskOf(0, 0, -1, -1, 0), false, false, 0},
-                          {3, 4, 2, 700, 700, 128, maskOf(1, 0, -1, -1, 0), false, false, 0}};
+  const Shape shapes[] = {{2, 8, 2, 1500, 1500, 128, maskOf(1, 0, 200, -1, 4), true, false, -1, -1},
+                          {2, 6, 3, 129, 257, 96, maskOf(1, 1, -1, -1, 0), false, true, 1, 1},
+                          {2, 3, 3, 2100, 2100, 64, maskOf(0, 0, -1, -1, 0), false, false, -1, -1},
+                          {1, 4, 1, 300, 77, 40, maskOf(0, 0, 50, 20, 0), true, true, 0, 0},
+                          {1, 2, 2, 1, 1, 128, maskOf(0, 0, -1, -1, 0), false, false, 0, -1},
+                          {3, 4, 2, 700, 700, 128, maskOf(1, 0, -1, -1, 0), false, false, 0, 1},
+                          {2, 8, 2, 1024, 1024, 64, maskOf(1, 0, 128, -1, 0), true, false, -1, 0}};
   for (const Shape& sh : shapes) {
     FlashAttentionConfig cfg;
     cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
     cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
-    ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).tma);
+    for (FlashKernelKind kind : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+      ASSERT_TRUE(chooseFlashSpec(kind, cfg, target).tma);
     SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
     std::mt19937_64 rng(sh.qLen * 13 + sh.headDim);
     const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
@@ -795,22 +799,25 @@ TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
     DevTensor q(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, sh.packed);
     DevTensor k(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, sh.packed);
     DevTensor v(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, sh.packed);
+    DevTensor dO(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, sh.packed);
     q.upload(randomVec(qElems, rng, 1, cfg.dtype));
     k.upload(randomVec(kvElems, rng, 1, cfg.dtype));
     v.upload(randomVec(kvElems, rng, 1, cfg.dtype));
+    dO.upload(randomVec(qElems, rng, 1, cfg.dtype));
     FloatBuffer sinks(sh.heads);
     sinks.upload(randomVec(sh.heads, rng, 1, kFlashF32));
     std::vector<std::vector<double>> runs;
     for (int tma : {-1, 0}) {
       FlashTuning tuning;
       tuning.tma = tma;
-      tuning.fwdPersistent = sh.persistent;
+      tuning.fwdPersistent = tuning.bwdPersistent = sh.persistent;
+      tuning.splitKv = sh.splitKv;
       const ScopedTuning scoped(tuning);
       DevTensor o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
       FloatBuffer lse(sh.batch * sh.heads * sh.qLen);
       fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sh.sinks ? sinks.buf.ptr() : 0}, nullptr);
       env().device->synchronize();
-      runs.push_back(joined({o.download(), lse.download()}));
+      runs.push_back(joined({o.download(), lse.download(), backwardOutputs(cfg, q, k, v, o, dO, lse, sh.sinks ? &sinks : nullptr)}));
     }
     expectSameBits(runs[0], runs[1]);
   }
