@@ -405,7 +405,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="anchors,gqa,fp32")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--dims", default="64,128", help="--only tune: head dims")
+    ap.add_argument("--dims", default="64,128", help="--only tune, bwdtune: head dims")
     ap.add_argument("--seqs", default="4096", help="--only tune: sequence lengths (batch 16384 / S)")
     a = ap.parse_args()
     a.dims, a.seqs = [int(x) for x in a.dims.split(",")], [int(x) for x in a.seqs.split(",")]
@@ -475,14 +475,15 @@ def main():
                           flush=True)
         return
     if "bwdtune" in a.only:  # backward only (fwd+bwd minus fwd), b·s = 16384, h·d = 2048; PA_FLASH_ATOMIC_DQ / _BWD_PERSISTENT=0/1
-        for d, s, causal in itertools.product((64, 128), (1024, 4096), (False, True)):
+        for d, s, causal in itertools.product(a.dims, (1024, 4096), (False, True)):
             b, h = 16384 // s, 2048 // d
             q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             ours = Ours(fl, q, k, v, causal=causal)
             ms = bench(ours.fwd_bwd) - bench(ours.fwd)
             fl_b = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
             print(f"bwdtune d={d} s={s} causal={causal} atomic_dq={os.environ.get('PA_FLASH_ATOMIC_DQ', '0')} "
-                  f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')} ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
+                  f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')} dq_tile={os.environ.get('PA_FLASH_DQ_TILE', '-')} "
+                  f"tma={os.environ.get('PA_FLASH_TMA', '-')} ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
                   f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
     if "gqatune" in a.only:  # ours alone on the GQA rows and the tiny models' attention; PA_FLASH_SPLIT_KV / _BWD_PERSISTENT=0/1

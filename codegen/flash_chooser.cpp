@@ -278,16 +278,13 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     s.tile = s.dpad == 64 ? 128 : 64;
     s.warps = 8;
     if (tuning.bwdTile) s.tile = tuning.bwdTile;
+    if (kind == FlashKernelKind::kBwdDq && tuning.dqTile) s.tile = tuning.dqTile;
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
-    // Persistent where the SM count is known, at padded head dim 64: at 128 one item a block
-    // measured 2-3 % faster on three of the four rows of bench/RESULTS_flash.md's "Persistent
-    // backward" table (head dim 64: flat to 14 % faster with the list). GQA's dK/dV per KV head
-    // is persistent at 128 too: its items are `group` times longer, and its heaviest (the key
-    // blocks with sinks) must start first.
-    const bool perKvHead = kind == FlashKernelKind::kBwdDkDv && cfg.heads != cfg.kvHeads &&
-                           !dkdvPerQueryHead(cfg, target, tuning, s.rowsPerBlock(), s.tile, s.dpad);
-    s.persistent = target.multiprocessors > 0 &&
-                   (tuning.bwdPersistent > 0 || (tuning.bwdPersistent < 0 && (s.dpad == 64 || perKvHead)));
+    // Persistent where the SM count is known: with TMA loads flat to 11 % faster than one item a
+    // block at padded head dims 64 and 128 (bench/RESULTS_flash.md, "Persistent backward" and
+    // "TMA loads"); GQA's dK/dV per KV head needs it most: its items are `group` times longer,
+    // and its heaviest (the key blocks with sinks) must start first.
+    s.persistent = target.multiprocessors > 0 && tuning.bwdPersistent != 0;
     if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
     s.sinkTile = kind == FlashKernelKind::kBwdDq && hasSinkTile(cfg) && tuning.sinkTile != 0;
   }

@@ -158,7 +158,7 @@ struct FlashTuning {
   int fwdStages = 0;      // sm_90a wgmma forward: depth of the K/V ring
   int fwdPingPong = -1;   // sm_90a wgmma forward: -1 the rule, 0 / 1 warpgroups take turns off / on
   int fwdPersistent = -1; // sm_90a wgmma forward: -1 the rule, 0 / 1 persistent off / on (needs the SM count)
-  int bwdPersistent = -1; // sm_90a wgmma dK/dV and dQ: the same; the rule: at padded head dim 64 only
+  int bwdPersistent = -1; // sm_90a wgmma dK/dV and dQ: the same (the rule: on where the SM count is known)
   int sinkTile = -1;      // sm_90a wgmma forward and dQ: -1 the rule (FlashKernelSpec::sinkTile), 0 off
   int tma = -1;           // sm_90a wgmma kernels: -1 the rule (TMA loads), 0 cp.async (FlashKernelSpec::tma)
   int bwdTile = 0;        // sm_90a wgmma backward: streamed tile rows
@@ -166,7 +166,7 @@ struct FlashTuning {
   bool wgmma = true;      // false: the sm_90a fp16/bf16 kernels on mma.sync instead of wgmma
   int splitKv = -1;       // fp16/bf16 GQA dK/dV: -1 the rule (sm_90a: an estimate; else per query head),
                           // 1 per query head (fp32 partials + reduce), 0 per KV head
-  int dqTile = 0;         // mma.sync dQ kernel: keys per tile
+  int dqTile = 0;         // dQ kernel: keys per tile (mma.sync; wgmma: 64 / 128, over bwdTile)
   int dqMtiles = 0;       // mma.sync dQ kernel: m-tiles per warp
   int f32FwdRows = 0;     // fp32 FFMA forward: query rows per thread (1, 2, 4, 8)
   int f32BwdRows = 0;     // fp32 FFMA backward: keys (dK/dV) / query rows (dQ) per thread (1, 2, 4)

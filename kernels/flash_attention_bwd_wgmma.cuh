@@ -7,7 +7,7 @@
  *
  * Both follow the wgmma forward (flash_attention_fwd_wgmma.cuh): a producer warpgroup that gives
  * its registers to the consumers (setmaxnreg), a STAGES-deep ring of 128-byte-swizzled tiles
- * filled with cp.async landing on mbarriers, consumer warpgroups of 64 rows that run every
+ * filled with TMA copies (TMA; else the producer's cp.async) landing on mbarriers, consumer warpgroups of 64 rows that run every
  * product on wgmma and never wait for one another. One swizzled layout (rows of 64 head-dim
  * elements, 128 bytes) serves every operand: read k-major when the head dim is the reduction
  * (S = Q·Kᵀ, dP = dO·Vᵀ) and MN-major when the head dim is the output's column (dV += Pᵀ·dO,
@@ -19,8 +19,9 @@
  * Pᵀ = exp2(Sᵀ·scale·log2 e − lse2) and dSᵀ = Pᵀ ⊙ (dPᵀ − Δ) in registers with the per-query
  * statistics and mask bands the producer wrote beside the tile, then dV += Pᵀ·dO and dK += dSᵀ·Q
  * with Pᵀ and dSᵀ as register operands. The producer's plain stores of those statistics are
- * published by a plain mbarrier arrival (release) on the same "full" barrier that its cp.async
- * copies arrive on, so the barrier expects 2 × 128 arrivals.
+ * published by a plain mbarrier arrival (release) on the same "full" barrier that its copies
+ * arrive on: 2 × 128 arrivals with cp.async; with TMA 128, thread 0 having added the tile's
+ * bytes (mbarrier.expect_tx) before it issued the copies.
  *
  * dQ: a block owns BM = 64·CONSUMERS query rows (Q and dO copied once) and streams the visible
  * K/V tiles; per tile S = Q·Kᵀ and dP = dO·Vᵀ from shared memory, dS = P ⊙ (dP − Δ) in registers,

@@ -878,7 +878,7 @@ TEST(FlashAttentionGpu, PersistentBackwardEqualsOneItemABlock) {
     cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
     FlashTuning base, forced;
     base.splitKv = forced.splitKv = sh.splitKv;
-    forced.bwdPersistent = 1;  // the rule's is head dim 64 only; 128 forced
+    forced.bwdPersistent = 1;  // the rule's too, where the SM count is known
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, forced).persistent);
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target, forced).persistent);
     SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
