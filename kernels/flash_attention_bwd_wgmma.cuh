@@ -7,8 +7,8 @@
  *
  * Both follow the wgmma forward (flash_attention_fwd_wgmma.cuh): a producer warpgroup that gives
  * its registers to the consumers (setmaxnreg), a STAGES-deep ring of 128-byte-swizzled tiles
- * filled with TMA copies (TMA; else the producer's cp.async) landing on mbarriers, consumer warpgroups of 64 rows that run every
- * product on wgmma and never wait for one another. One swizzled layout (rows of 64 head-dim
+ * filled with TMA copies (TMA; else the producer's cp.async) landing on mbarriers, consumer
+ * warpgroups of 64 rows that run every product on wgmma and never wait for one another. One swizzled layout (rows of 64 head-dim
  * elements, 128 bytes) serves every operand: read k-major when the head dim is the reduction
  * (S = Q·Kᵀ, dP = dO·Vᵀ) and MN-major when the head dim is the output's column (dV += Pᵀ·dO,
  * dK += dSᵀ·Q, dQ += dS·K).
