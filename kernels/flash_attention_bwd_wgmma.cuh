@@ -377,20 +377,8 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
     int i = 0;  // the K/V ring's position
     for (int done = 0;; ++done) {
       const int qb = done % QB;
-      int n = 0;
-      if (PERSISTENT) {
-        sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
-        n = itemOfBuffer[qb] = work.take(p);
-        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
-          sm90::mbarArrive(qFull(qb));
-          work.finish(p);
-          break;
-        }
-      } else if (done > 0) {
-        break;
-      }
-      int slice = blockIdx.y, qt = heavyFirstTile();
-      if (PERSISTENT) work.item(p, n, slice, qt);
+      int slice, qt;
+      if (!nextQueryItemOfOneThread<PERSISTENT, QB>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, slice, qt)) break;
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;

@@ -227,6 +227,31 @@ __device__ __forceinline__ void scaleRows(float (&o)[DPAD / 2], const float (&co
   }
 }
 
+// The TMA producer thread's next (slice, query tile) item in a kernel over query blocks (the
+// forward, dQ): PERSISTENT, the work list's next once the consumers released buffer `done %
+// BUFFERS` (`empty`), written to `itemOfBuffer` for them (the caller's arrival on the buffer's
+// full barrier publishes it); else the block's own item, once. False when none is left (with
+// PERSISTENT the consumers were told on `full` and the counter handed back).
+template <bool PERSISTENT, int BUFFERS>
+__device__ __forceinline__ bool nextQueryItemOfOneThread(const FlashKernelParams& p, WorkList& work, int done, u32 empty,
+                                                         u32 full, int* itemOfBuffer, int& slice, int& qt) {
+  int n = 0;
+  if (PERSISTENT) {
+    sm90::mbarWait(empty, ((done / BUFFERS) & 1) ^ 1);
+    n = itemOfBuffer[done % BUFFERS] = work.take(p);
+    if (n >= work.count) {
+      sm90::mbarArrive(full);
+      work.finish(p);
+      return false;
+    }
+  } else if (done > 0) {
+    return false;
+  }
+  slice = blockIdx.y, qt = heavyFirstTile();
+  if (PERSISTENT) work.item(p, n, slice, qt);
+  return true;
+}
+
 // Named barriers 1..CONSUMERS order the consumer warpgroups' tensor-core work (PINGPONG): warpgroup
 // w issues its products after w - 1 has issued its own, so one warpgroup's softmax runs under
 // another's products (kept apart from barrier 0, __syncthreads).
@@ -279,20 +304,8 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
     int i = 0;  // the K/V ring's position
     for (int done = 0;; ++done) {
       const int qb = done % QB;
-      int n = 0;
-      if (PERSISTENT) {
-        sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
-        n = itemOfBuffer[qb] = work.take(p);
-        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
-          sm90::mbarArrive(qFull(qb));
-          work.finish(p);
-          break;
-        }
-      } else if (done > 0) {
-        break;
-      }
-      int slice = blockIdx.y, qt = heavyFirstTile();
-      if (PERSISTENT) work.item(p, n, slice, qt);
+      int slice, qt;
+      if (!nextQueryItemOfOneThread<PERSISTENT, QB>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, slice, qt)) break;
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;
