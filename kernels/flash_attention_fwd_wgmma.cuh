@@ -29,6 +29,13 @@
  * of a stage waits for parity (i / STAGES) & 1 on full and the opposite on empty (a fresh barrier
  * reports its previous phase complete).
  *
+ * TMA (FlashKernelSpec::tma, the launcher's default): the copies are TMA copies instead, one per
+ * 64 columns of a tile (tmaSwizzled), issued by one producer thread from tensor maps the launcher
+ * passes as a second, __grid_constant__ argument; the map's 128-byte swizzle is the layout above
+ * and rows or columns out of range arrive as zeros. The full barriers then expect that thread's
+ * one arrival, with the tile's bytes (mbarrier.arrive.expect_tx), the rest of the producer
+ * warpgroup exits, and the consumers skip the proxy fence (TMA writes through the async proxy).
+ *
  * PINGPONG (FlashAttention-3's inter-warpgroup schedule; the rule turns it on at head dim 128 with
  * two consumer warpgroups): named barrier 1 + w gates warpgroup w's issue of S, which then opens
  * w + 1's, so the warpgroups issue in turn and one's softmax runs under another's products.
