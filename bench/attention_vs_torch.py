@@ -483,7 +483,8 @@ def main():
             fl_b = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
             print(f"bwdtune d={d} s={s} causal={causal} atomic_dq={os.environ.get('PA_FLASH_ATOMIC_DQ', '0')} "
                   f"dq_mt={os.environ.get('PA_FLASH_DQ_MT', '-')} dq_tile={os.environ.get('PA_FLASH_DQ_TILE', '-')} "
-                  f"tma={os.environ.get('PA_FLASH_TMA', '-')} ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
+                  f"tma={os.environ.get('PA_FLASH_TMA', '-')} st={os.environ.get('PA_FLASH_BWD_STAGES', '-')} "
+                  f"ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
                   f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
     if "gqatune" in a.only:  # ours alone on the GQA rows and the tiny models' attention; PA_FLASH_SPLIT_KV / _BWD_PERSISTENT=0/1

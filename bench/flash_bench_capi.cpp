@@ -41,6 +41,7 @@ pa::FlashTuning tuningFromEnvironment() {
   t.tma = onOffOrRule("PA_FLASH_TMA");
   t.bwdTile = knob("PA_FLASH_BWD_TILE");
   t.bwdWarpgroups = knob("PA_FLASH_BWD_WG");
+  t.bwdStages = knob("PA_FLASH_BWD_STAGES");
   t.wgmma = onOff("PA_FLASH_WGMMA", true);
   t.splitKv = onOffOrRule("PA_FLASH_SPLIT_KV");
   t.dqTile = knob("PA_FLASH_DQ_TILE");

@@ -280,6 +280,7 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.bwdTile) s.tile = tuning.bwdTile;
     if (kind == FlashKernelKind::kBwdDq && tuning.dqTile) s.tile = tuning.dqTile;
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
+    if (tuning.bwdStages) s.stages = tuning.bwdStages;
     // Persistent where the SM count is known: with TMA loads flat to 11 % faster than one item a
     // block at padded head dims 64 and 128 (bench/RESULTS_flash.md, "Persistent backward" and
     // "TMA loads"); GQA's dK/dV per KV head needs it most: its items are `group` times longer,

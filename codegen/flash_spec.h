@@ -163,6 +163,7 @@ struct FlashTuning {
   int tma = -1;           // sm_90a wgmma kernels: -1 the rule (TMA loads), 0 cp.async (FlashKernelSpec::tma)
   int bwdTile = 0;        // sm_90a wgmma backward: streamed tile rows
   int bwdWarpgroups = 0;  // sm_90a wgmma backward: consumer warpgroups
+  int bwdStages = 0;      // sm_90a wgmma backward: depth of the streamed tiles' ring (dK/dV: Q, dO; dQ: K, V)
   bool wgmma = true;      // false: the sm_90a fp16/bf16 kernels on mma.sync instead of wgmma
   int splitKv = -1;       // fp16/bf16 GQA dK/dV: -1 the rule (sm_90a: an estimate; else per query head),
                           // 1 per query head (fp32 partials + reduce), 0 per KV head

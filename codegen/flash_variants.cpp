@@ -136,12 +136,14 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
       cfg.headDim = d;
       for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
         for (int tile : {64, 128})
-          for (bool persistent : {false, true}) {  // FlashTuning::bwdPersistent, where the SM count is known
-            FlashKernelSpec v = chooseFlashSpec(k, cfg, sm90a);
-            v.tile = tile;
-            v.persistent = persistent;
-            if (v.sharedBytes() <= kSm90MaxSharedBytes) specs.push_back(v);
-          }
+          for (int stages : {2, 3})  // FlashTuning::bwdStages
+            for (bool persistent : {false, true}) {  // FlashTuning::bwdPersistent, where the SM count is known
+              FlashKernelSpec v = chooseFlashSpec(k, cfg, sm90a);
+              v.tile = tile;
+              v.stages = stages;
+              v.persistent = persistent;
+              if (v.sharedBytes() <= kSm90MaxSharedBytes) specs.push_back(v);
+            }
       const FlashKernelSpec chosen = chooseFlashSpec(FlashKernelKind::kForward, cfg, sm90a);
       for (int tile : {64, 128})
         for (int consumers : {1, 2, 3})

@@ -366,6 +366,33 @@ TEST(FlashSpec, SinkTileWhereSinksSitBesideAWindow) {
   }
 }
 
+// FlashTuning::bwdStages deepens the wgmma backward's ring of streamed tiles; a persistent kernel
+// whose second buffer would then outgrow an sm_90 block's shared memory runs one item a block.
+TEST(FlashSpec, BackwardStagesByTheTuning) {
+  const FlashTarget hopper{132, true, true};
+  FlashAttentionConfig c;
+  c.dtype = kFlashBF16, c.batch = 2, c.heads = 8, c.kvHeads = 2, c.qLen = c.kLen = 2048;
+  FlashTuning three;
+  three.bwdStages = 3;
+  for (int d : {64, 128})
+    for (FlashKernelKind kind : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+      c.headDim = d;
+      const FlashKernelSpec two = chooseFlashSpec(kind, c, hopper), deep = chooseFlashSpec(kind, c, hopper, three);
+      SCOPED_TRACE(deep.name());
+      EXPECT_EQ(two.stages, 2);
+      EXPECT_EQ(deep.stages, 3);
+      EXPECT_NE(deep.name().find("_wg_s3"), std::string::npos);
+      EXPECT_LE(deep.sharedBytes(), kSm90MaxSharedBytes);
+      FlashKernelSpec persistentDeep = deep;
+      persistentDeep.persistent = true;
+      EXPECT_EQ(deep.persistent, persistentDeep.sharedBytes() <= kSm90MaxSharedBytes);
+      FlashKernelSpec shallow = deep;  // the same kernel with two stages: one stage's tiles (and statistics) less
+      shallow.stages = 2;
+      const int stageBytes = 2 * deep.tile * d * 2 + (kind == FlashKernelKind::kBwdDkDv ? (20 * deep.tile + 1023) / 1024 * 1024 : 0);
+      EXPECT_EQ(deep.sharedBytes() - shallow.sharedBytes(), stageBytes);
+    }
+}
+
 // The sm_90a wgmma forward, dK/dV and dQ kernels load with TMA (a second, __grid_constant__
 // argument of tensor maps); FlashTuning::tma = 0 keeps cp.async; no other kernel takes maps.
 TEST(FlashSpec, WgmmaKernelsLoadWithTma) {
