@@ -23,11 +23,14 @@ struct PaChunk {
   long long gradCols, gradRowStride, gradStep;
 };
 
+// Where value j of a parameter stands in a packed tensor: row j / cols, `step` apart in the row.
+__device__ __forceinline__ long long paPackedAt(long long j, long long cols, long long rowStride, long long step) {
+  return j / cols * rowStride + j % cols * step;
+}
 // Gradient value i of a chunk: contiguous, or at its place in a packed gradient (gradStep > 0).
 __device__ __forceinline__ float paGrad(const PaChunk& c, long long i) {
   if (!c.gradStep) return c.grad[i];
-  const long long j = c.first + i;
-  return c.grad[j / c.gradCols * c.gradRowStride + j % c.gradCols * c.gradStep];
+  return c.grad[paPackedAt(c.first + i, c.gradCols, c.gradRowStride, c.gradStep)];
 }
 
 // Rounded to the nearest bf16, ties to even, as the Cast kernels store (kernels/storage.cuh).
@@ -159,10 +162,7 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
     c.param[i] = p;
     if (c.mirror) {
       long long at = i;
-      if (c.mirrorStep) {
-        const long long j = c.first + i;
-        at = j / c.mirrorCols * c.mirrorRowStride + j % c.mirrorCols * c.mirrorStep;
-      }
+      if (c.mirrorStep) at = paPackedAt(c.first + i, c.mirrorCols, c.mirrorRowStride, c.mirrorStep);
       c.mirror[at] = paToBf16(p);
     }
   }
