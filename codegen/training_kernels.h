@@ -34,10 +34,10 @@ struct AdamChunk {
   int64_t state = 0;   // offset (floats) of the slice in the flat m and v buffers
   int64_t count = 0;   // values in the slice
   uint64_t mirror = 0;  // device pointer to the slice's bf16 copy (CudaRunnerOptions::mirrorParamCasts), or 0
+  int64_t first = 0;    // index of the slice's first value in its parameter (the packed places read it)
   // A packed copy (CudaGraphRunner::packedMirror; mirrorStep > 0): `mirror` is the parameter's
   // base in it, and its value `first` + i goes to mirror[(j / mirrorCols) * mirrorRowStride +
   // (j % mirrorCols) * mirrorStep], j = first + i. mirrorStep 0: the slice's copy is contiguous.
-  int64_t first = 0;
   int64_t mirrorCols = 0, mirrorRowStride = 0, mirrorStep = 0;
   // A gradient read in its packed gradient (CudaGraphRunner::packedGrad; gradStep > 0): `grad` is
   // the parameter's base there, value `first` + i at grad[(j / gradCols) * gradRowStride + (j %

@@ -297,15 +297,14 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
       c.grad = runner_->devicePtr(p.grad) + static_cast<uint64_t>(at) * sizeof(float);
       c.state = offset + at;
       c.count = std::min(codegen::kAdamChunkValues, p.count - at);
+      c.first = at;  // read by the packed places below
       if (const cuda::CUdeviceptr m = runner_->paramMirror(pv)) c.mirror = m + static_cast<uint64_t>(at) * sizeof(uint16_t);
       if (const CudaGraphRunner::PackedPlace place = runner_->packedMirror(pv); place.step) {
         c.mirror = place.base;
-        c.first = at;
         c.mirrorCols = place.cols, c.mirrorRowStride = place.rowStride, c.mirrorStep = place.step;
       }
       if (const CudaGraphRunner::PackedPlace place = runner_->packedGrad(p.grad); place.step) {
         c.grad = place.base;
-        c.first = at;
         c.gradCols = place.cols, c.gradRowStride = place.rowStride, c.gradStep = place.step;
       }
       chunks.push_back(c);
