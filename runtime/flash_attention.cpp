@@ -78,6 +78,14 @@ bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, Fl
   return true;
 }
 
+// The tensor maps a launch of `spec` passes: `maps`, encoded, for a TMA kernel; null for the
+// others, and for a TMA kernel whose maps the driver rejects, whose spec then falls back to
+// cp.async (spec.tma cleared).
+const FlashTensorMaps* mapsOrFallBack(FlashKernelSpec& spec, const FlashKernelParams& p, FlashTensorMaps& maps) {
+  if (spec.tma && !encodeFlashMaps(spec, p, maps)) spec.tma = false;
+  return spec.tma ? &maps : nullptr;
+}
+
 }  // namespace
 
 FlashAttention::FlashAttention(const cuda::Device& device)
@@ -244,8 +252,7 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   p.sinkLogits = c.sinkLogits ? a.sinkLogits : 0;
   FlashKernelSpec spec = specFor(FlashKernelKind::kForward, c);
   FlashTensorMaps maps{};
-  if (spec.tma && !encodeFlashMaps(spec, p, maps)) spec.tma = false;
-  const FlashTensorMaps* tma = spec.tma ? &maps : nullptr;
+  const FlashTensorMaps* tma = mapsOrFallBack(spec, p, maps);
   const int qTiles = ceilDiv(c.qLen, spec.rowsPerBlock()), slices = c.batch * c.heads;
   if (!spec.persistent) {
     launch(spec, qTiles, slices, p, stream, mode, tma);
@@ -286,7 +293,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   p.sinkPartial = a.workspace + ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
   FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
   FlashTensorMaps dkdvMaps{};
-  if (dkdv.tma && !encodeFlashMaps(dkdv, p, dkdvMaps)) dkdv.tma = false;
+  const FlashTensorMaps* dkdvTma = mapsOrFallBack(dkdv, p, dkdvMaps);
   unsigned long long next = p.sinkPartial + ((size_t)c.heads * c.batch * p.qTiles * 4 + 15) / 16 * 16;
   if (dkdv.atomicDq) {
     p.dQAccum = next;
@@ -305,14 +312,13 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   if (dkdv.persistent) {
     // A slice's Q and dO: one query head's, or a KV head's group's.
     const long long qBytes = 2LL * c.qLen * c.headDim * elemBytes(c.dtype) * (p.dKVPartial ? 1 : c.heads / c.kvHeads);
-    // The key blocks holding sink keys (every query sees them when a window hides the rest) first.
-    FlashKernelParams lead = p;
-    if (c.mask.sinks > 0 && c.mask.windowLeft >= 0)
-      lead.workLead = ceilDiv(std::min(c.mask.sinks, c.kLen), dkdv.rowsPerBlock());
-    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, qBytes, 1, lead, stream, mode,
-                     dkdv.tma ? &dkdvMaps : nullptr);
+    // The key blocks holding sink keys (every query sees them when a window hides the rest) first
+    // (the kernels after it ignore workLead).
+    if (c.mask.sinks > 0 && c.mask.windowLeft >= 0) p.workLead = ceilDiv(std::min(c.mask.sinks, c.kLen), dkdv.rowsPerBlock());
+    launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, qBytes, 1, p, stream, mode,
+                     dkdvTma);
   } else {
-    launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode, dkdv.tma ? &dkdvMaps : nullptr);
+    launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode, dkdvTma);
   }
   if (p.dKVPartial) launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream, mode);
   if (dkdv.atomicDq) {
@@ -322,8 +328,7 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   } else {
     FlashKernelSpec dq = specFor(FlashKernelKind::kBwdDq, c);
     FlashTensorMaps dqMaps{};
-    if (dq.tma && !encodeFlashMaps(dq, p, dqMaps)) dq.tma = false;
-    const FlashTensorMaps* maps = dq.tma ? &dqMaps : nullptr;
+    const FlashTensorMaps* maps = mapsOrFallBack(dq, p, dqMaps);
     if (dq.persistent)
       launchPersistent(dq, (long long)ceilDiv(c.qLen, dq.rowsPerBlock()) * c.batch * c.heads, c.batch * c.heads, kvBytesPerSlice(c),
                        2, p, stream, mode, maps);
