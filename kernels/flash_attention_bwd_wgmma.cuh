@@ -21,7 +21,8 @@
  * with Pᵀ and dSᵀ as register operands. The producer's plain stores of those statistics are
  * published by a plain mbarrier arrival (release) on the same "full" barrier that its copies
  * arrive on: 2 × 128 arrivals with cp.async; with TMA 128, thread 0 having added the tile's
- * bytes (mbarrier.expect_tx) before it issued the copies.
+ * bytes (mbarrier.expect_tx) before it issued the copies. With TMA at head dim 64, 16-bit dK and
+ * dV leave through the warpgroup's rows of the K/V buffer by TMA stores, as the forward's O does.
  *
  * dQ: a block owns BM = 64·CONSUMERS query rows (Q and dO copied once) and streams the visible
  * K/V tiles; per tile S = Q·Kᵀ and dP = dO·Vᵀ from shared memory, dS = P ⊙ (dP − Δ) in registers,
@@ -197,6 +198,19 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
 
   Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // TMA at head dim 64, 16-bit dK and dV (not the fp32 partials of split GQA): thread 0 of each
+  // consumer warpgroup stores its keys' dK and dV from the K/V buffer; its arrival on the buffer's
+  // kvEmpty waits until the stores have read it, under the next item's first products (or at its
+  // end, if it has no visible tile). At 128 the register stores stay: there the TMA stores measured
+  // 1-3 % slower on the GQA rows and flat on most others (bench/RESULTS_flash.md, "TMA stores").
+  constexpr bool STORE_TMA = TMA && DPAD == 64;
+  const bool storeByTma = STORE_TMA && p.dKVPartial == 0, storer = storeByTma && threadIdx.x % 128 == 0;
+  auto releaseStored = [&](int done) {
+    if (PERSISTENT && storer && done > 0) {
+      sm90::bulkWaitRead<0>();
+      sm90::mbarArrive(kvEmpty((done - 1) % KB));
+    }
+  };
   int i = 0;  // the stages' position
   for (int done = 0;; ++done) {
     const int kvb = done % KB;
@@ -218,7 +232,8 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     for (int k = 0; k < BQ / 2; ++k) sT[k] = dpT[k] = 0.f;
 
     const u32 kRows = sKV0 + kvb * 2 * Cfg::kKBytes + wg * 64 * 128, vRows = kRows + Cfg::kKBytes;
-    for (int it = blk.next(0); it < blk.nItems; it = blk.next(it + 1), ++i) {
+    const int firstIt = blk.next(0);
+    for (int it = firstIt; it < blk.nItems; it = blk.next(it + 1), ++i) {
       const int st = i % STAGES;
       sm90::mbarWait(full(st), (i / STAGES) & 1);
       if (!TMA) sm90::fenceProxyAsync();  // cp.async wrote through the generic proxy
@@ -229,6 +244,7 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
       headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
       sm90::wgmmaCommit();
+      if (it == firstIt) releaseStored(done);  // the last item's stores, under these products
       sm90::wgmmaWait<0>();
       sm90::fenceRegisters(sT);
       sm90::fenceRegisters(dpT);
@@ -278,12 +294,32 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       }
       sm90::mbarArrive(empty(st));
     }
-    if (PERSISTENT) sm90::mbarArrive(kvEmpty(kvb));  // every product reading the item's K and V is complete
-
-    blk.storeKeys<Tag, DPAD / 8>(p, keyA, t, [&](int dt, int r) {
-      return make_float4(dK[4 * dt + 2 * r], dK[4 * dt + 2 * r + 1], dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
-    });
+    // Every product reading the item's K and V is complete.
+    if (PERSISTENT && !storeByTma) sm90::mbarArrive(kvEmpty(kvb));
+    if (storeByTma) {  // dK and dV through the warpgroup's rows of the K/V buffer
+      if (firstIt >= blk.nItems) releaseStored(done);  // an item without visible tiles had no products
+      const float scaleK[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
+      stageAccRows<Tag, DPAD, BN>(kRows, dK, scaleK, warp % 4, lane);
+      stageAccRows<Tag, DPAD, BN>(vRows, dV, one, warp % 4, lane);
+      sm90::fenceProxyAsync();  // the TMA stores read through the async proxy
+      warpgroupBarrierSync(wg);
+      if (storer) {
+#pragma unroll
+        for (int c = 0; c < DPAD / 64; ++c) {
+          sm90::tmaStore4d(&maps->dK, kRows + c * (BN * 128), 64 * c, n0 + 64 * wg, blk.hk, blk.b);
+          sm90::tmaStore4d(&maps->dV, vRows + c * (BN * 128), 64 * c, n0 + 64 * wg, blk.hk, blk.b);
+        }
+        sm90::bulkCommit();
+      } else if (PERSISTENT) {
+        sm90::mbarArrive(kvEmpty(kvb));
+      }
+    } else {
+      blk.storeKeys<Tag, DPAD / 8>(p, keyA, t, [&](int dt, int r) {
+        return make_float4(dK[4 * dt + 2 * r], dK[4 * dt + 2 * r + 1], dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
+      });
+    }
   }
+  if (storer) sm90::bulkWait<0>();  // the block's last stores are done
 }
 
 // One K/V tile of the dQ kernel (K at kTile, V after it, BN rows each), its first N keys: S =
@@ -342,7 +378,7 @@ template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSIS
           bool TMA = false>
 __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p, const FlashTensorMaps* maps = nullptr) {
   typedef WgmmaDqConfig<DPAD, BN, CONSUMERS, STAGES, PERSISTENT> Cfg;
-  constexpr int BM = Cfg::BM, IN = WgmmaInputOf<Tag>::kValue, QB = Cfg::kQBuffers;
+  constexpr int BM = Cfg::BM, QB = Cfg::kQBuffers;
   extern __shared__ unsigned char smemRaw[];
   __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 2 * QB];  // full, empty per stage; qFull, qEmpty per buffer
   __shared__ int itemOfBuffer[QB];  // PERSISTENT: the work-list item whose Q and dO a buffer holds

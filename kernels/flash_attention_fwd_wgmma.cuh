@@ -35,6 +35,12 @@
  * and rows or columns out of range arrive as zeros. The full barriers then expect that thread's
  * one arrival, with the tile's bytes (mbarrier.arrive.expect_tx), the rest of the producer
  * warpgroup exits, and the consumers skip the proxy fence (TMA writes through the async proxy).
+ * At head dim 128 with up to two consumer warpgroups O leaves by TMA as well (STORE_TMA): a
+ * warpgroup writes its 64 rows, scaled and rounded, into its rows of the Q buffer (stmatrix, the
+ * same swizzle), fences them for the async proxy, and after a barrier of its 128 threads its
+ * thread 0 stores them with cp.async.bulk.tensor from a map of O (rows and columns out of range
+ * are not written). That thread's arrival on the buffer's qEmpty waits until the store has read
+ * the buffer, and it comes under the next item's first product, so no warp waits for the store.
  *
  * PINGPONG (FlashAttention-3's inter-warpgroup schedule; the rule turns it on at head dim 128 with
  * two consumer warpgroups): named barrier 1 + w gates warpgroup w's issue of S, which then opens
@@ -179,6 +185,26 @@ __device__ __forceinline__ void storeAccRow(u16* dst, const float (&acc)[DPAD / 
   }
 }
 
+// The warp's 16 rows (warp q of its warpgroup) of an m64nDPAD accumulator, row g + 8r times
+// scale[r], as 16-bit values into the swizzled layout of the note at `rows` (the warpgroup's
+// 64-row block of a BM-row tile: column blocks BM · 128 bytes apart), two 8-column groups of both
+// row halves per stmatrix.
+template <typename Tag, int DPAD, int BM>
+__device__ __forceinline__ void stageAccRows(u32 rows, const float (&acc)[DPAD / 2], const float (&scale)[2], int q, int lane) {
+  const int m = lane >> 3, row = 16 * q + (lane & 7) + 8 * (m & 1);
+#pragma unroll
+  for (int dt0 = 0; dt0 < DPAD / 8; dt0 += 2) {
+    const int dt = dt0 + (m >> 1);  // this lane's address: matrix m's row
+    u32 v[4];                        // matrix k: column group dt0 + k / 2, row half k % 2
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int d = dt0 + (k >> 1), h = k & 1;
+      v[k] = Elem<Tag>::pack(acc[4 * d + 2 * h] * scale[h], acc[4 * d + 2 * h + 1] * scale[h]);
+    }
+    sm90::stMatrix4(rows + (dt >> 3) * (BM * 128) + row * 128 + (((dt & 7) ^ (lane & 7)) << 4), v[0], v[1], v[2], v[3]);
+  }
+}
+
 // The online softmax of one S tile in place (the mma.sync kernel's, flashForwardMma: mask, raw-score
 // maximum, FFMA-folded exp2): s becomes P in fp32, rowMax and rowSum move on, and corr holds what
 // the output accumulated so far must be scaled by; returns whether any row of the warp moved its
@@ -264,6 +290,13 @@ __device__ __forceinline__ bool nextQueryItemOfOneThread(const FlashKernelParams
 // another's products (kept apart from barrier 0, __syncthreads).
 __device__ __forceinline__ void namedBarrierSync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void namedBarrierArrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+// Named barriers 8 + w: consumer warpgroup w's 128 threads, before its O store (TMA). Immediate
+// ids, so that a kernel without ping-pong reserves only the barriers it uses.
+__device__ __forceinline__ void warpgroupBarrierSync(int wg) {
+  if (wg == 0) asm volatile("bar.sync 8, 128;" ::: "memory");
+  else if (wg == 1) asm volatile("bar.sync 9, 128;" ::: "memory");
+  else asm volatile("bar.sync 10, 128;" ::: "memory");
+}
 
 // TMA: the producer's copies are TMA copies from `maps`, issued by one thread (FlashKernelSpec::tma).
 template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false, bool PERSISTENT = false,
@@ -274,6 +307,9 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
   constexpr int LANES = 128;
   constexpr int BM = Cfg::BM, STAGES = STAGES_, QB = Cfg::kQBuffers;
   constexpr int IN = WgmmaInputOf<Tag>::kValue;
+  // O stored by TMA (the note) at head dim 128 with up to two consumer warpgroups; the others keep
+  // the register stores (measured 1-2 % slower at 64; at three warpgroups the staging spills).
+  constexpr bool STORE_TMA = TMA && DPAD == 128 && CONSUMERS <= 2;
   extern __shared__ unsigned char smemRaw[];
   // kFull, vFull, kEmpty, vEmpty per stage; qFull, qEmpty per Q buffer
   __shared__ __align__(8) sm90::u64 barriers[4 * STAGES + 2 * QB];
@@ -387,6 +423,16 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
   // arrival back at the end, so no barrier is left with arrivals. The turns run on across items.
   const int myTurn = 1 + wg, nextTurn = 1 + (wg + 1) % CONSUMERS;
   if (PINGPONG && wg == CONSUMERS - 1) namedBarrierArrive(nextTurn);
+  // TMA: thread 0 of each consumer warpgroup stores its O rows from the Q buffer; its arrival on
+  // that buffer's qEmpty waits until the store has read them, under the next item's first product
+  // (or at its end, if it has no visible tile).
+  const bool storer = STORE_TMA && threadIdx.x % 128 == 0;
+  auto releaseStoredQ = [&](int done) {
+    if (PERSISTENT && storer && done > 0) {
+      sm90::bulkWaitRead<0>();
+      sm90::mbarArrive(qEmpty((done - 1) % QB));
+    }
+  };
   int i = 0;  // the K/V ring's position
   for (int done = 0;; ++done) {
     const int qb = done % QB;
@@ -434,6 +480,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
       headDimProduct<kSinkKeys, IN, DPAD, BM, BN>(sSink, qRows, sK + st * Cfg::kTileBytes);
       sm90::wgmmaCommit();
       if (PINGPONG) namedBarrierArrive(nextTurn);
+      releaseStoredQ(done);  // the last item's O store, under this product
       sm90::wgmmaWait<0>();
       sm90::fenceRegisters(sSink);
       sm90::fenceRegisters(o);
@@ -460,6 +507,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
       headDimProduct<BN, IN, DPAD, BM>(s, qRows, kTile);
       sm90::wgmmaCommit();
       if (PINGPONG) namedBarrierArrive(nextTurn);
+      if (local == 0) releaseStoredQ(done);  // the last item's O store, under this product
       sm90::wgmmaWait<0>();  // S is ready, and the previous tile's P·V is complete
       sm90::fenceRegisters(s);
       sm90::fenceRegisters(o);
@@ -485,9 +533,9 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
     sm90::fenceRegisters(o);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) sm90::fenceRegisters(pv[kk]);
-    if (PERSISTENT) {  // the item's last V tile and its Q are read
+    if (PERSISTENT) {  // the item's last V tile is read, and (cp.async) its Q
       if (local > 0) sm90::mbarArrive(vEmpty((i - 1) % STAGES));
-      sm90::mbarArrive(qEmpty(qb));
+      if (!STORE_TMA) sm90::mbarArrive(qEmpty(qb));
     }
 
     typedef u16 T;
@@ -495,6 +543,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
     const float sink2 = hasSink ? ((const float*)p.sinkLogits)[h] * 1.4426950408889634f : 0.f;
     T* gO = sliceMutPtr<T>(p.o, b, h);
     float* gLse = (float*)p.lse + (long long)bh * p.qLen;
+    float outScale[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = rowSum[r];
@@ -502,12 +551,27 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const RowFinal fin = finishRow(rowMax[r], l, hasSink, sink2);
       const int row = rowA + 8 * r;
+      outScale[r] = fin.outScale;
       if (row < p.qLen) {
-        storeAccRow<Tag, DPAD>(gO + (long long)row * p.o.seqStride, o, r, fin.outScale, t, p.headDim);
+        if (!STORE_TMA) storeAccRow<Tag, DPAD>(gO + (long long)row * p.o.seqStride, o, r, fin.outScale, t, p.headDim);
         if (t == 0) gLse[row] = fin.lse;
       }
     }
+    if (STORE_TMA) {  // O through the warpgroup's rows of the Q buffer, which its products no longer read
+      if (local == 0) releaseStoredQ(done);  // an item without visible tiles had no first product
+      stageAccRows<Tag, DPAD, BM>(qRows, o, outScale, q, lane);
+      sm90::fenceProxyAsync();  // the TMA store reads through the async proxy
+      warpgroupBarrierSync(wg);
+      if (storer) {
+#pragma unroll
+        for (int c = 0; c < DPAD / 64; ++c) sm90::tmaStore4d(&maps->o, qRows + c * (BM * 128), 64 * c, m0 + 64 * wg, h, b);
+        sm90::bulkCommit();
+      } else if (PERSISTENT) {
+        sm90::mbarArrive(qEmpty(qb));
+      }
+    }
   }
+  if (storer) sm90::bulkWait<0>();  // the block's last O stores are done
   if (PINGPONG && wg == 0) namedBarrierSync(myTurn);
 }
 

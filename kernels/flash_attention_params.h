@@ -52,13 +52,14 @@ struct FlashKernelParams {
 
 // TMA tensor maps (the driver's opaque 128-byte descriptors, 64-byte aligned) of Q, K, V and dO
 // (backward) as [batch, heads, seq, head dim] tensors, boxes of 64 columns by the kernel's tile
-// rows in 128-byte swizzle: the second, __grid_constant__ argument of the kernels whose
-// FlashKernelSpec::tma is set.
+// rows in 128-byte swizzle, and of the outputs a warpgroup stores (O in the forward, dK and dV in
+// the dK/dV kernel: boxes of 64 columns by its 64 rows): the second, __grid_constant__ argument of
+// the kernels whose FlashKernelSpec::tma is set.
 struct alignas(64) FlashTensorMap {
   unsigned long long words[16];
 };
 struct FlashTensorMaps {
-  FlashTensorMap q, k, v, dO;
+  FlashTensorMap q, k, v, dO, o, dK, dV;
 };
 
 }  // namespace pa

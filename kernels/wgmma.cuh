@@ -93,6 +93,37 @@ __device__ __forceinline__ void tmaLoad4d(u32 dst, const void* map, int c0, int 
       : "memory");
 }
 
+// The box of `map` at coordinates (c0 innermost, c1, c2, c3) from shared memory at `src` (in the
+// map's swizzle) to global memory, as a bulk group of this thread (commit with bulkCommit); the
+// elements out of range are not written. Writers of `src` through the generic proxy fence
+// (fenceProxyAsync) before the issuing thread sees them (a barrier).
+__device__ __forceinline__ void tmaStore4d(const void* map, u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// This thread's bulk groups but the newest N have read their shared-memory sources.
+template <int N>
+__device__ __forceinline__ void bulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// This thread's bulk groups but the newest N are complete (their writes done).
+template <int N>
+__device__ __forceinline__ void bulkWait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four 8 × 8 matrices of 16-bit pairs into shared memory: lane l gives the address of row l % 8 of
+// matrix l / 8, and each lane holds (row l / 4, columns 2 (l % 4), +1) of matrix i in `mi`: the
+// mma accumulator layout.
+__device__ __forceinline__ void stMatrix4(u32 address, u32 m0, u32 m1, u32 m2, u32 m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(m0), "r"(m1), "r"(m2),
+               "r"(m3)
+               : "memory");
+}
+
 // 16 bytes global -> shared (a shared-window address); zero-filled when !valid.
 __device__ __forceinline__ void cpAsync16To(u32 dst, const void* src, bool valid) {
   asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");

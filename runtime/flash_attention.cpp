@@ -72,6 +72,13 @@ bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, Fl
     encode(p.k, p.kvHeads, p.kLen, kRows, maps.k);
     encode(p.v, p.kvHeads, p.kLen, kRows, maps.v);
     if (spec.kind != FlashKernelKind::kForward) encode(p.dO, p.heads, p.qLen, qRows, maps.dO);
+    // The outputs, in boxes of a warpgroup's 64 rows, for the kernels that store by TMA (the rule
+    // is the kernels': O at head dim 128, dK and dV at 64); encoded for every launch of the kind.
+    if (spec.kind == FlashKernelKind::kForward) encode(p.o, p.heads, p.qLen, 64, maps.o);
+    if (keyBlocks) {
+      encode(p.dK, p.kvHeads, p.kLen, 64, maps.dK);
+      encode(p.dV, p.kvHeads, p.kLen, 64, maps.dV);
+    }
   } catch (const cuda::CudaError&) {
     return false;
   }
