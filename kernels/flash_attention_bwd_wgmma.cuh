@@ -438,23 +438,8 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
     int i = 0;  // the K/V ring's position
     for (int done = 0;; ++done) {
       const int qb = done % QB;
-      int n = 0;
-      if (PERSISTENT) {
-        sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
-        if (pid == 0) itemOfBuffer[qb] = work.take(p);
-        asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
-        n = itemOfBuffer[qb];
-        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
-          sm90::mbarArrive(qFull(qb));
-          sm90::mbarArrive(qFull(qb));
-          if (pid == 0) work.finish(p);
-          break;
-        }
-      } else if (done > 0) {
-        break;
-      }
-      int slice = blockIdx.y, qt = heavyFirstTile();
-      if (PERSISTENT) work.item(p, n, slice, qt);
+      int slice, qt;
+      if (!nextQueryItemOfWarpgroup<PERSISTENT, QB>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, pid, slice, qt)) break;
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;

@@ -285,6 +285,32 @@ __device__ __forceinline__ bool nextQueryItemOfOneThread(const FlashKernelParams
   return true;
 }
 
+// The same for the cp.async producer's 128 threads (`pid` 0-127): thread 0 takes the item, named
+// barrier 5 lets the others read it; at the list's end two arrivals on `full` tell the consumers
+// (the barrier expects the copies' arrivals and the publishing one).
+template <bool PERSISTENT, int BUFFERS>
+__device__ __forceinline__ bool nextQueryItemOfWarpgroup(const FlashKernelParams& p, WorkList& work, int done, u32 empty,
+                                                         u32 full, int* itemOfBuffer, int pid, int& slice, int& qt) {
+  int n = 0;
+  if (PERSISTENT) {
+    sm90::mbarWait(empty, ((done / BUFFERS) & 1) ^ 1);
+    if (pid == 0) itemOfBuffer[done % BUFFERS] = work.take(p);
+    asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
+    n = itemOfBuffer[done % BUFFERS];
+    if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
+      sm90::mbarArrive(full);
+      sm90::mbarArrive(full);
+      if (pid == 0) work.finish(p);
+      return false;
+    }
+  } else if (done > 0) {
+    return false;
+  }
+  slice = blockIdx.y, qt = heavyFirstTile();
+  if (PERSISTENT) work.item(p, n, slice, qt);
+  return true;
+}
+
 // Named barriers 1..CONSUMERS order the consumer warpgroups' tensor-core work (PINGPONG): warpgroup
 // w issues its products after w - 1 has issued its own, so one warpgroup's softmax runs under
 // another's products (kept apart from barrier 0, __syncthreads).
@@ -373,23 +399,8 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
     int i = 0;  // the K/V ring's position
     for (int done = 0;; ++done) {
       const int qb = done % QB;
-      int n = 0;
-      if (PERSISTENT) {
-        sm90::mbarWait(qEmpty(qb), ((done / QB) & 1) ^ 1);
-        if (pid == 0) itemOfBuffer[qb] = work.take(p);
-        asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
-        n = itemOfBuffer[qb];
-        if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
-          sm90::mbarArrive(qFull(qb));
-          sm90::mbarArrive(qFull(qb));
-          if (pid == 0) work.finish(p);
-          break;
-        }
-      } else if (done > 0) {
-        break;
-      }
-      int slice = blockIdx.y, qt = heavyFirstTile();
-      if (PERSISTENT) work.item(p, n, slice, qt);
+      int slice, qt;
+      if (!nextQueryItemOfWarpgroup<PERSISTENT, QB>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, pid, slice, qt)) break;
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;
