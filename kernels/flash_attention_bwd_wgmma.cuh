@@ -414,7 +414,7 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
     for (int done = 0;; ++done) {
       const int qb = done % QB;
       int slice, qt;
-      if (!nextQueryItemOfOneThread<PERSISTENT, QB>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, slice, qt)) break;
+      if (!nextQueryItem<PERSISTENT, QB, 1>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, 0, slice, qt)) break;
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;
@@ -439,7 +439,7 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
     for (int done = 0;; ++done) {
       const int qb = done % QB;
       int slice, qt;
-      if (!nextQueryItemOfWarpgroup<PERSISTENT, QB>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, pid, slice, qt)) break;
+      if (!nextQueryItem<PERSISTENT, QB, 128>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, pid, slice, qt)) break;
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;

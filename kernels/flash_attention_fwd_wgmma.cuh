@@ -260,46 +260,30 @@ __device__ __forceinline__ void scaleRows(float (&o)[DPAD / 2], const float (&co
   }
 }
 
-// The TMA producer thread's next (slice, query tile) item in a kernel over query blocks (the
-// forward, dQ): PERSISTENT, the work list's next once the consumers released buffer `done %
-// BUFFERS` (`empty`), written to `itemOfBuffer` for them (the caller's arrival on the buffer's
-// full barrier publishes it); else the block's own item, once. False when none is left (with
-// PERSISTENT the consumers were told on `full` and the counter handed back).
-template <bool PERSISTENT, int BUFFERS>
-__device__ __forceinline__ bool nextQueryItemOfOneThread(const FlashKernelParams& p, WorkList& work, int done, u32 empty,
-                                                         u32 full, int* itemOfBuffer, int& slice, int& qt) {
+// The producer's next (slice, query tile) item in a kernel over query blocks (the forward, dQ):
+// PERSISTENT, the work list's next once the consumers released buffer `done % BUFFERS` (`empty`),
+// written to `itemOfBuffer` for them (the caller's arrival on the buffer's full barrier publishes
+// it); else the block's own item, once. False when none is left (with PERSISTENT the consumers
+// were told on `full` and the counter handed back). THREADS: the TMA producer's one thread, or the
+// cp.async producer's 128 (`pid` 0-127: thread 0 takes the item, named barrier 5 lets the others
+// read it, and the list's end is two arrivals, as `full` expects the copies' and the publishing one).
+template <bool PERSISTENT, int BUFFERS, int THREADS>
+__device__ __forceinline__ bool nextQueryItem(const FlashKernelParams& p, WorkList& work, int done, u32 empty, u32 full,
+                                              int* itemOfBuffer, int pid, int& slice, int& qt) {
+  static_assert(THREADS == 1 || THREADS == 128, "the TMA producer's thread or the cp.async producer warpgroup");
   int n = 0;
   if (PERSISTENT) {
     sm90::mbarWait(empty, ((done / BUFFERS) & 1) ^ 1);
-    n = itemOfBuffer[done % BUFFERS] = work.take(p);
-    if (n >= work.count) {
-      sm90::mbarArrive(full);
-      work.finish(p);
-      return false;
+    if (THREADS == 1) {
+      n = itemOfBuffer[done % BUFFERS] = work.take(p);
+    } else {
+      if (pid == 0) itemOfBuffer[done % BUFFERS] = work.take(p);
+      asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
+      n = itemOfBuffer[done % BUFFERS];
     }
-  } else if (done > 0) {
-    return false;
-  }
-  slice = blockIdx.y, qt = heavyFirstTile();
-  if (PERSISTENT) work.item(p, n, slice, qt);
-  return true;
-}
-
-// The same for the cp.async producer's 128 threads (`pid` 0-127): thread 0 takes the item, named
-// barrier 5 lets the others read it; at the list's end two arrivals on `full` tell the consumers
-// (the barrier expects the copies' arrivals and the publishing one).
-template <bool PERSISTENT, int BUFFERS>
-__device__ __forceinline__ bool nextQueryItemOfWarpgroup(const FlashKernelParams& p, WorkList& work, int done, u32 empty,
-                                                         u32 full, int* itemOfBuffer, int pid, int& slice, int& qt) {
-  int n = 0;
-  if (PERSISTENT) {
-    sm90::mbarWait(empty, ((done / BUFFERS) & 1) ^ 1);
-    if (pid == 0) itemOfBuffer[done % BUFFERS] = work.take(p);
-    asm volatile("bar.sync 5, 128;" ::: "memory");  // the producer's threads read the item
-    n = itemOfBuffer[done % BUFFERS];
     if (n >= work.count) {  // the list is done: tell the consumers, hand the counter back
       sm90::mbarArrive(full);
-      sm90::mbarArrive(full);
+      if (THREADS == 128) sm90::mbarArrive(full);
       if (pid == 0) work.finish(p);
       return false;
     }
@@ -374,7 +358,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
     for (int done = 0;; ++done) {
       const int qb = done % QB;
       int slice, qt;
-      if (!nextQueryItemOfOneThread<PERSISTENT, QB>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, slice, qt)) break;
+      if (!nextQueryItem<PERSISTENT, QB, 1>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, 0, slice, qt)) break;
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;
@@ -400,7 +384,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
     for (int done = 0;; ++done) {
       const int qb = done % QB;
       int slice, qt;
-      if (!nextQueryItemOfWarpgroup<PERSISTENT, QB>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, pid, slice, qt)) break;
+      if (!nextQueryItem<PERSISTENT, QB, 128>(p, work, done, qEmpty(qb), qFull(qb), itemOfBuffer, pid, slice, qt)) break;
       QueryBlock blk;
       blk.initAt(p, BM, BN, slice, qt);
       const BlockTiles& tiles = blk.tiles;
