@@ -660,6 +660,39 @@ std::vector<double> backwardOutputs(const FlashAttentionConfig& cfg, const DevTe
                : joined({dq.download(), dk.download(), dv.download()});
 }
 
+// Random inputs of `cfg`: Q, K, V, dO and the sink logits, drawn in that order from one generator
+// seeded with `seed`, in packed or contiguous layouts.
+struct RandomAttentionInputs {
+  DevTensor q, k, v, dO;
+  FloatBuffer sinks;
+  RandomAttentionInputs(const FlashAttentionConfig& c, bool packed, uint64_t seed)
+      : q(c.dtype, c.batch, c.heads, c.qLen, c.headDim, packed), k(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, packed),
+        v(c.dtype, c.batch, c.kvHeads, c.kLen, c.headDim, packed), dO(c.dtype, c.batch, c.heads, c.qLen, c.headDim, packed),
+        sinks(c.heads) {
+    std::mt19937_64 rng(seed);
+    const long long qElems = (long long)c.batch * c.heads * c.qLen * c.headDim;
+    const long long kvElems = (long long)c.batch * c.kvHeads * c.kLen * c.headDim;
+    q.upload(randomVec(qElems, rng, 1, c.dtype));
+    k.upload(randomVec(kvElems, rng, 1, c.dtype));
+    v.upload(randomVec(kvElems, rng, 1, c.dtype));
+    dO.upload(randomVec(qElems, rng, 1, c.dtype));
+    sinks.upload(randomVec(c.heads, rng, 1, kFlashF32));
+  }
+  const FloatBuffer* sinksOf(const FlashAttentionConfig& c) const { return c.sinkLogits ? &sinks : nullptr; }
+  // The forward into `o` and `lse` under the current tuning.
+  void forward(const FlashAttentionConfig& c, const DevTensor& o, const FloatBuffer& lse) const {
+    env().flash->forward(c, {q.view, k.view, v.view, o.view, lse.buf.ptr(), c.sinkLogits ? sinks.buf.ptr() : 0}, nullptr);
+    env().device->synchronize();
+  }
+  // O and lse of a forward into fresh buffers, then the backward's outputs (backwardOutputs).
+  std::vector<double> forwardBackwardOutputs(const FlashAttentionConfig& c) const {
+    DevTensor o(c.dtype, c.batch, c.heads, c.qLen, c.headDim, false);
+    FloatBuffer lse(c.batch * c.heads * c.qLen);
+    forward(c, o, lse);
+    return joined({o.download(), lse.download(), backwardOutputs(c, q, k, v, o, dO, lse, sinksOf(c))});
+  }
+};
+
 // The persistent wgmma forward (blocks walking a work list of many items each, Q of the next
 // item loaded under the current one, groups of slices) computes every item as the one-item-a-block
 // kernel does: the same operations in the same order, so the same bits, O and lse. Shapes with
@@ -718,7 +751,6 @@ TEST(FlashAttentionGpu, PersistentForwardEqualsOneItemABlock) {
 // alignment, 1 to kFlashSinkTileKeys sinks.
 TEST(FlashAttentionGpu, SinkTileEqualsTheFullTile) {
   REQUIRE_GPU();
-  FlashAttention& fa = *env().flash;
   const FlashTarget target = flashTargetOf(env().device->info());
   if (!target.wgmma) GTEST_SKIP() << "the sink tile is the sm_90a wgmma kernels'";
   struct Shape {
@@ -736,27 +768,13 @@ TEST(FlashAttentionGpu, SinkTileEqualsTheFullTile) {
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).sinkTile);
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target).sinkTile);
     SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
-    std::mt19937_64 rng(sh.qLen * 11 + sh.headDim);
-    const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
-    const long long kvElems = (long long)sh.batch * sh.kvHeads * sh.kLen * sh.headDim;
-    DevTensor q(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false), dO(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
-    DevTensor k(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false), v(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false);
-    q.upload(randomVec(qElems, rng, 1, cfg.dtype));
-    k.upload(randomVec(kvElems, rng, 1, cfg.dtype));
-    v.upload(randomVec(kvElems, rng, 1, cfg.dtype));
-    dO.upload(randomVec(qElems, rng, 1, cfg.dtype));
-    FloatBuffer sinks(sh.heads);
-    sinks.upload(randomVec(sh.heads, rng, 1, kFlashF32));
+    const RandomAttentionInputs in(cfg, false, sh.qLen * 11 + sh.headDim);
     std::vector<std::vector<double>> runs;
     for (int tile : {-1, 0}) {
       FlashTuning tuning;
       tuning.sinkTile = tile;
       const ScopedTuning scoped(tuning);
-      DevTensor o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
-      FloatBuffer lse(sh.batch * sh.heads * sh.qLen);
-      fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sh.sinks ? sinks.buf.ptr() : 0}, nullptr);
-      env().device->synchronize();
-      runs.push_back(joined({o.download(), lse.download(), backwardOutputs(cfg, q, k, v, o, dO, lse, sh.sinks ? &sinks : nullptr)}));
+      runs.push_back(in.forwardBackwardOutputs(cfg));
     }
     expectSameBits(runs[0], runs[1]);
   }
@@ -770,7 +788,6 @@ TEST(FlashAttentionGpu, SinkTileEqualsTheFullTile) {
 // sink tile, two and three warpgroups, persistent and one item a block, one row.
 TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
   REQUIRE_GPU();
-  FlashAttention& fa = *env().flash;
   const FlashTarget target = flashTargetOf(env().device->info());
   if (!target.wgmma) GTEST_SKIP() << "TMA loads are the sm_90a wgmma forward's";
   struct Shape {
@@ -794,19 +811,7 @@ TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
     for (FlashKernelKind kind : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
       ASSERT_TRUE(chooseFlashSpec(kind, cfg, target).tma);
     SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
-    std::mt19937_64 rng(sh.qLen * 13 + sh.headDim);
-    const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
-    const long long kvElems = (long long)sh.batch * sh.kvHeads * sh.kLen * sh.headDim;
-    DevTensor q(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, sh.packed);
-    DevTensor k(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, sh.packed);
-    DevTensor v(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, sh.packed);
-    DevTensor dO(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, sh.packed);
-    q.upload(randomVec(qElems, rng, 1, cfg.dtype));
-    k.upload(randomVec(kvElems, rng, 1, cfg.dtype));
-    v.upload(randomVec(kvElems, rng, 1, cfg.dtype));
-    dO.upload(randomVec(qElems, rng, 1, cfg.dtype));
-    FloatBuffer sinks(sh.heads);
-    sinks.upload(randomVec(sh.heads, rng, 1, kFlashF32));
+    const RandomAttentionInputs in(cfg, sh.packed, sh.qLen * 13 + sh.headDim);
     std::vector<std::vector<double>> runs;
     for (int tma : {-1, 0}) {
       FlashTuning tuning;
@@ -814,11 +819,7 @@ TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
       tuning.fwdPersistent = tuning.bwdPersistent = sh.persistent;
       tuning.splitKv = sh.splitKv;
       const ScopedTuning scoped(tuning);
-      DevTensor o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
-      FloatBuffer lse(sh.batch * sh.heads * sh.qLen);
-      fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sh.sinks ? sinks.buf.ptr() : 0}, nullptr);
-      env().device->synchronize();
-      runs.push_back(joined({o.download(), lse.download(), backwardOutputs(cfg, q, k, v, o, dO, lse, sh.sinks ? &sinks : nullptr)}));
+      runs.push_back(in.forwardBackwardOutputs(cfg));
     }
     expectSameBits(runs[0], runs[1]);
   }
@@ -859,7 +860,6 @@ TEST(FlashAttentionGpu, PersistentBackwardSeveralItemsABlock) {
 // split GQA (dK/dV per query head) and without, several items a block, groups of slices.
 TEST(FlashAttentionGpu, PersistentBackwardEqualsOneItemABlock) {
   REQUIRE_GPU();
-  FlashAttention& fa = *env().flash;
   const FlashTarget target = flashTargetOf(env().device->info());
   if (!target.wgmma) GTEST_SKIP() << "the persistent backward is the sm_90a wgmma kernels";
   struct Shape {
@@ -883,28 +883,19 @@ TEST(FlashAttentionGpu, PersistentBackwardEqualsOneItemABlock) {
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, forced).persistent);
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target, forced).persistent);
     SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
-    std::mt19937_64 rng(sh.qLen * 5 + sh.headDim);
-    const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
-    const long long kvElems = (long long)sh.batch * sh.kvHeads * sh.kLen * sh.headDim;
-    DevTensor q(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false), o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
-    DevTensor dO(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
-    DevTensor k(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false), v(cfg.dtype, sh.batch, sh.kvHeads, sh.kLen, sh.headDim, false);
-    q.upload(randomVec(qElems, rng, 1, cfg.dtype));
-    k.upload(randomVec(kvElems, rng, 1, cfg.dtype));
-    v.upload(randomVec(kvElems, rng, 1, cfg.dtype));
-    dO.upload(randomVec(qElems, rng, 1, cfg.dtype));
-    FloatBuffer lse(sh.batch * sh.heads * sh.qLen), sinks(sh.heads);
-    sinks.upload(randomVec(sh.heads, rng, 1, kFlashF32));
+    const RandomAttentionInputs in(cfg, false, sh.qLen * 5 + sh.headDim);
+    DevTensor o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
+    FloatBuffer lse(sh.batch * sh.heads * sh.qLen);
     {
       const ScopedTuning scoped(base);
-      fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sh.sinks ? sinks.buf.ptr() : 0}, nullptr);
+      in.forward(cfg, o, lse);
     }
     std::vector<std::vector<double>> runs;
     for (int persistent : {1, 0}) {
       FlashTuning tuning = base;
       tuning.bwdPersistent = persistent;
       const ScopedTuning scoped(tuning);
-      runs.push_back(backwardOutputs(cfg, q, k, v, o, dO, lse, sh.sinks ? &sinks : nullptr));
+      runs.push_back(backwardOutputs(cfg, in.q, in.k, in.v, o, in.dO, lse, in.sinksOf(cfg)));
     }
     expectSameBits(runs[0], runs[1]);
   }
@@ -987,7 +978,6 @@ TEST(FlashAttentionGpu, FullyMaskedRowsAreZeroNotNaN) {
 // whose default always does).
 TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
-  FlashAttention& fa = *env().flash;
   for (const auto& [precision, len] :
        {std::pair<int, int>{kBF16, 300}, {kF32, 1000}, {kTF32, 1000}, {kF64Mma, 300}}) {
     const FlashDType dtype = dtypeOf(precision);
@@ -1003,18 +993,12 @@ TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
     EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq,
               precision == kF32 || precision == kF64Mma);
     cfg.deterministic = true;
-    std::mt19937_64 rng(11);
-    DevTensor q(dtype, 2, 8, len, 64, false), k(dtype, 2, 2, len, 64, false), v(dtype, 2, 2, len, 64, false);
-    DevTensor o(dtype, 2, 8, len, 64, false), dO(dtype, 2, 8, len, 64, false);
-    q.upload(randomVec(2 * 8 * len * 64, rng, 1, dtype));
-    k.upload(randomVec(2 * 2 * len * 64, rng, 1, dtype));
-    v.upload(randomVec(2 * 2 * len * 64, rng, 1, dtype));
-    dO.upload(randomVec(2 * 8 * len * 64, rng, 1, dtype));
-    FloatBuffer lse(2 * 8 * len), sinks(8);
-    sinks.upload(randomVec(8, rng, 1, kFlashF32));
-    fa.forward(cfg, {q.view, k.view, v.view, o.view, lse.buf.ptr(), sinks.buf.ptr()}, nullptr);
+    const RandomAttentionInputs in(cfg, false, 11);
+    DevTensor o(dtype, 2, 8, len, 64, false);
+    FloatBuffer lse(2 * 8 * len);
+    in.forward(cfg, o, lse);
     std::vector<std::vector<double>> runs;
-    for (int r = 0; r < 2; ++r) runs.push_back(backwardOutputs(cfg, q, k, v, o, dO, lse, &sinks));
+    for (int r = 0; r < 2; ++r) runs.push_back(backwardOutputs(cfg, in.q, in.k, in.v, o, in.dO, lse, &in.sinks));
     expectSameBits(runs[0], runs[1]);
   }
 }
