@@ -44,10 +44,11 @@ void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
          std::to_string(t.headStride) + "/" + std::to_string(t.seqStride));
 }
 
-// The TMA maps of Q, K, V and (backward) dO for a kernel whose spec.tma is set: [batch, heads,
-// seq, head dim] with the views' strides, boxes of 64 columns by the rows the kernel copies at a
-// time (its block's rows of the resident operands, its tile of the streamed ones). False where
-// the driver rejects one (a stride TMA cannot express): the caller runs the cp.async kernel.
+// The TMA maps of Q, K, V, (backward) dO and the outputs a kernel may store by TMA (O; dK, dV)
+// for a kernel whose spec.tma is set: [batch, heads, seq, head dim] with the views' strides,
+// boxes of 64 columns by the rows the kernel moves at a time (its block's rows of the resident
+// operands, its tile of the streamed ones, a warpgroup's 64 rows of an output). False where the
+// driver rejects one (a stride TMA cannot express): the caller runs the cp.async kernel.
 bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, FlashTensorMaps& maps) {
   auto encode = [&](const FlashTensorView& t, int heads, int len, int rows, FlashTensorMap& out) {
     codegen::TensorMapSpec m;
