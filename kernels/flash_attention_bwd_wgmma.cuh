@@ -21,13 +21,16 @@
  * with Pᵀ and dSᵀ as register operands. The producer's plain stores of those statistics are
  * published by a plain mbarrier arrival (release) on the same "full" barrier that its copies
  * arrive on: 2 × 128 arrivals with cp.async; with TMA 128, thread 0 having added the tile's
- * bytes (mbarrier.expect_tx) before it issued the copies. With TMA at head dim 64, 16-bit dK and
- * dV leave through the warpgroup's rows of the K/V buffer by TMA stores, as the forward's O does.
+ * bytes (mbarrier.expect_tx) before it issued the copies. With TMA, 16-bit dK and dV leave through
+ * the consumers' rows of the K/V buffer by TMA stores, as the forward's O does: a warpgroup's 64
+ * rows a store at head dim 64, a warp's 16 at 128 (flashDkDvStoreRows, StoreBoxes).
  *
  * dQ: a block owns BM = 64·CONSUMERS query rows (Q and dO copied once) and streams the visible
  * K/V tiles; per tile S = Q·Kᵀ and dP = dO·Vᵀ from shared memory, dS = P ⊙ (dP − Δ) in registers,
  * dQ += dS·K with dS as the register operand (dqTile). SINK_TILE: a first tile whose only visible
- * keys are sinks below kSinkKeys runs as kSinkKeys-key products, as in the forward.
+ * keys are sinks below kSinkKeys runs as kSinkKeys-key products, as in the forward. With TMA at
+ * head dim 128 dQ leaves through the Q buffer by TMA stores, a warp's 16 rows a store
+ * (flashDqStoreRows); at 64 by register stores.
  *
  * PERSISTENT (both kernels; the rule where the launcher knows the SM count): one block an SM takes
  * (slice, key block) or (slice, query tile) items from a work list (WorkList, heaviest first), as
@@ -198,13 +201,14 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
 
   Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // TMA at head dim 64, 16-bit dK and dV (not the fp32 partials of split GQA): thread 0 of each
-  // consumer warpgroup stores its keys' dK and dV from the K/V buffer; its arrival on the buffer's
-  // kvEmpty waits until the stores have read it, under the next item's first products (or at its
-  // end, if it has no visible tile). At 128 the register stores stay: there the TMA stores measured
-  // 1-3 % slower on the GQA rows and flat on most others (bench/RESULTS_flash.md, "TMA stores").
-  constexpr bool STORE_TMA = TMA && DPAD == 64;
-  const bool storeByTma = STORE_TMA && p.dKVPartial == 0, storer = storeByTma && threadIdx.x % 128 == 0;
+  // TMA, 16-bit dK and dV (not the fp32 partials of split GQA): the consumers stage their keys'
+  // dK and dV in the K/V buffer and store them in boxes of flashDkDvStoreRows rows (StoreBoxes: a
+  // warpgroup's at head dim 64, a warp's at 128); a storing thread's arrival on the buffer's
+  // kvEmpty waits until its stores have read it, under the next item's first products (or at its
+  // end, if it has no visible tile).
+  constexpr int STORE_ROWS = TMA ? flashDkDvStoreRows(DPAD) : 0;
+  typedef StoreBoxes<STORE_ROWS> Boxes;
+  const bool storeByTma = STORE_ROWS > 0 && p.dKVPartial == 0, storer = storeByTma && threadIdx.x % Boxes::kThreadsPerBox == 0;
   auto releaseStored = [&](int done) {
     if (PERSISTENT && storer && done > 0) {
       sm90::bulkWaitRead<0>();
@@ -302,12 +306,13 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       stageAccRows<Tag, DPAD, BN>(kRows, dK, scaleK, warp % 4, lane);
       stageAccRows<Tag, DPAD, BN>(vRows, dV, one, warp % 4, lane);
       sm90::fenceProxyAsync();  // the TMA stores read through the async proxy
-      warpgroupBarrierSync(wg);
+      Boxes::sync(wg);
       if (storer) {
+        const int r0 = Boxes::firstRow(warp % 4);
 #pragma unroll
         for (int c = 0; c < DPAD / 64; ++c) {
-          sm90::tmaStore4d(&maps->dK, kRows + c * (BN * 128), 64 * c, n0 + 64 * wg, blk.hk, blk.b);
-          sm90::tmaStore4d(&maps->dV, vRows + c * (BN * 128), 64 * c, n0 + 64 * wg, blk.hk, blk.b);
+          sm90::tmaStore4d(&maps->dK, kRows + c * (BN * 128) + r0 * 128, 64 * c, n0 + 64 * wg + r0, blk.hk, blk.b);
+          sm90::tmaStore4d(&maps->dV, vRows + c * (BN * 128) + r0 * 128, 64 * c, n0 + 64 * wg + r0, blk.hk, blk.b);
         }
         sm90::bulkCommit();
       } else if (PERSISTENT) {
@@ -466,6 +471,19 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
 
   Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // TMA: the consumers stage dQ, scaled and rounded, in their rows of the Q buffer (its products
+  // no longer read them) and store it in boxes of flashDqStoreRows rows (StoreBoxes); a storing
+  // thread's arrival on the buffer's qEmpty waits until its store has read it, under the next
+  // item's first product (or at its end, if it has no visible tile).
+  constexpr int STORE_ROWS = TMA ? flashDqStoreRows(DPAD) : 0;
+  typedef StoreBoxes<STORE_ROWS> Boxes;
+  const bool storer = STORE_ROWS > 0 && threadIdx.x % Boxes::kThreadsPerBox == 0;
+  auto releaseStoredQ = [&](int done) {
+    if (PERSISTENT && storer && done > 0) {
+      sm90::bulkWaitRead<0>();
+      sm90::mbarArrive(qEmpty((done - 1) % QB));
+    }
+  };
   int i = 0;  // the K/V ring's position
   for (int done = 0;; ++done) {
     const int qb = done % QB;
@@ -503,6 +521,7 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
     // Each K/V tile: wait, dqTile, release. A first tile whose only visible keys are sinks below
     // kSinkKeys (tiles.sinkNarrow) runs kSinkKeys-key products: the other keys' dS is exactly 0.
     int j = tiles.next(0);
+    bool released = false;  // the previous item's stored rows (STORE_ROWS)
     if (SINK_TILE && j == 0 && tiles.sinkNarrow) {
       const int st = i % STAGES;
       sm90::mbarWait(full(st), (i / STAGES) & 1);
@@ -511,6 +530,8 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
       dqTile<Tag, DPAD, BM, BN, kSinkKeys>(p, dQ, sSink, dpSink, qRows, oRows, stage(st), 0, false, bandLo, bandHi, bandSink,
                                            lse2, dl, t);
       sm90::mbarArrive(empty(st));
+      releaseStoredQ(done);  // the last item's dQ store, under this product
+      released = true;
       ++i;
       j = tiles.next(1);
     }
@@ -522,6 +543,25 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
       dqTile<Tag, DPAD, BM, BN, BN>(p, dQ, s, dp, qRows, oRows, stage(st), n0, tiles.full(n0, n1) && n1 - n0 == BN, bandLo,
                                     bandHi, bandSink, lse2, dl, t);
       sm90::mbarArrive(empty(st));
+      if (!released) releaseStoredQ(done);  // the last item's dQ store, under this product
+      released = true;
+    }
+    if (STORE_ROWS > 0) {  // dQ through the warp's or warpgroup's rows of the Q buffer
+      if (!released) releaseStoredQ(done);  // an item without visible tiles had no products
+      const float scale[2] = {p.scale, p.scale};
+      stageAccRows<Tag, DPAD, BM>(qRows, dQ, scale, warp % 4, lane);
+      sm90::fenceProxyAsync();  // the TMA store reads through the async proxy
+      Boxes::sync(wg);
+      if (storer) {
+        const int r0 = Boxes::firstRow(warp % 4);
+#pragma unroll
+        for (int c = 0; c < DPAD / 64; ++c)
+          sm90::tmaStore4d(&maps->dQ, qRows + c * (BM * 128) + r0 * 128, 64 * c, m0 + 64 * wg + r0, h, b);
+        sm90::bulkCommit();
+      } else if (PERSISTENT) {
+        sm90::mbarArrive(qEmpty(qb));
+      }
+      continue;
     }
     if (PERSISTENT) sm90::mbarArrive(qEmpty(qb));  // every product of the item is complete
 
@@ -532,6 +572,7 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
       if (q < p.qLen) storeAccRow<Tag, DPAD>(gdQ + (long long)q * p.dQ.seqStride, dQ, r, p.scale, t, p.headDim);
     }
   }
+  if (storer) sm90::bulkWait<0>();  // the block's last dQ stores are done
 }
 
 }  // namespace flash

@@ -308,6 +308,24 @@ __device__ __forceinline__ void warpgroupBarrierSync(int wg) {
   else asm volatile("bar.sync 10, 128;" ::: "memory");
 }
 
+// A consumer's part in the TMA stores of its warpgroup's 64 staged output rows, in boxes of ROWS
+// rows (flashForwardStoreRows and its kin in flash_attention_params.h): at 64 thread 0 of the
+// warpgroup stores them after the warpgroup's named barrier, at 16 lane 0 of each warp stores the
+// warp's rows after __syncwarp; at 0 nothing is stored this way.
+template <int ROWS>
+struct StoreBoxes {
+  static_assert(ROWS == 0 || ROWS == 16 || ROWS == 64, "a warp's or a warpgroup's rows");
+  // Threads whose rows one box holds; its storer is the first (threadIdx.x % kThreadsPerBox == 0).
+  static constexpr int kThreadsPerBox = ROWS > 0 ? 2 * ROWS : 1;
+  // The box's first row within the warpgroup's 64 (q: the warp within its warpgroup).
+  static __device__ __forceinline__ int firstRow(int q) { return ROWS == 64 ? 0 : 16 * q; }
+  // The box's rows are staged and fenced for the async proxy: its storer may issue.
+  static __device__ __forceinline__ void sync(int wg) {
+    if (ROWS == 64) warpgroupBarrierSync(wg);
+    else __syncwarp();
+  }
+};
+
 // TMA: the producer's copies are TMA copies from `maps`, issued by one thread (FlashKernelSpec::tma).
 template <typename Tag, int DPAD, int BN, int CONSUMERS, int STAGES_, bool PINGPONG = false, bool PERSISTENT = false,
           bool SINK_TILE = false, bool TMA = false>
@@ -319,7 +337,9 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
   constexpr int IN = WgmmaInputOf<Tag>::kValue;
   // O stored by TMA (the note) at head dim 128 with up to two consumer warpgroups; the others keep
   // the register stores (measured 1-2 % slower at 64; at three warpgroups the staging spills).
-  constexpr bool STORE_TMA = TMA && DPAD == 128 && CONSUMERS <= 2;
+  constexpr int STORE_ROWS = TMA ? flashForwardStoreRows(DPAD, CONSUMERS) : 0;
+  constexpr bool STORE_TMA = STORE_ROWS > 0;
+  typedef StoreBoxes<STORE_ROWS> Boxes;
   extern __shared__ unsigned char smemRaw[];
   // kFull, vFull, kEmpty, vEmpty per stage; qFull, qEmpty per Q buffer
   __shared__ __align__(8) sm90::u64 barriers[4 * STAGES + 2 * QB];
@@ -421,7 +441,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
   // TMA: thread 0 of each consumer warpgroup stores its O rows from the Q buffer; its arrival on
   // that buffer's qEmpty waits until the store has read them, under the next item's first product
   // (or at its end, if it has no visible tile).
-  const bool storer = STORE_TMA && threadIdx.x % 128 == 0;
+  const bool storer = STORE_TMA && threadIdx.x % Boxes::kThreadsPerBox == 0;
   auto releaseStoredQ = [&](int done) {
     if (PERSISTENT && storer && done > 0) {
       sm90::bulkWaitRead<0>();
@@ -556,10 +576,12 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
       if (local == 0) releaseStoredQ(done);  // an item without visible tiles had no first product
       stageAccRows<Tag, DPAD, BM>(qRows, o, outScale, q, lane);
       sm90::fenceProxyAsync();  // the TMA store reads through the async proxy
-      warpgroupBarrierSync(wg);
+      Boxes::sync(wg);
       if (storer) {
+        const int r0 = Boxes::firstRow(q);
 #pragma unroll
-        for (int c = 0; c < DPAD / 64; ++c) sm90::tmaStore4d(&maps->o, qRows + c * (BM * 128), 64 * c, m0 + 64 * wg, h, b);
+        for (int c = 0; c < DPAD / 64; ++c)
+          sm90::tmaStore4d(&maps->o, qRows + c * (BM * 128) + r0 * 128, 64 * c, m0 + 64 * wg + r0, h, b);
         sm90::bulkCommit();
       } else if (PERSISTENT) {
         sm90::mbarArrive(qEmpty(qb));

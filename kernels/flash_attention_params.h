@@ -52,14 +52,25 @@ struct FlashKernelParams {
 
 // TMA tensor maps (the driver's opaque 128-byte descriptors, 64-byte aligned) of Q, K, V and dO
 // (backward) as [batch, heads, seq, head dim] tensors, boxes of 64 columns by the kernel's tile
-// rows in 128-byte swizzle, and of the outputs a warpgroup stores (O in the forward, dK and dV in
-// the dK/dV kernel: boxes of 64 columns by its 64 rows): the second, __grid_constant__ argument of
-// the kernels whose FlashKernelSpec::tma is set.
+// rows in 128-byte swizzle, and of the outputs the kernels store by TMA (O in the forward, dK and
+// dV in the dK/dV kernel, dQ in the dQ kernel: boxes of 64 columns by the store rows below): the
+// second, __grid_constant__ argument of the kernels whose FlashKernelSpec::tma is set.
 struct alignas(64) FlashTensorMap {
   unsigned long long words[16];
 };
 struct FlashTensorMaps {
-  FlashTensorMap q, k, v, dO, o, dK, dV;
+  FlashTensorMap q, k, v, dO, o, dK, dV, dQ;
 };
+
+// Rows of one TMA store of a wgmma kernel's output at padded head dim `dpad`, staged in shared
+// memory: 64, a consumer warpgroup's rows (its thread 0 stores them after the warpgroup's named
+// barrier), or 16, a warp's rows (its lane 0 stores them after __syncwarp); 0: stored from
+// registers. The kernels and the launcher's tensor maps read the same rule; the measurements
+// behind it are in bench/RESULTS_flash.md, "TMA stores" and "TMA stores per warp".
+PA_HOST_DEVICE constexpr int flashForwardStoreRows(int dpad, int consumerWarpgroups) {
+  return dpad == 128 && consumerWarpgroups <= 2 ? 64 : 0;
+}
+PA_HOST_DEVICE constexpr int flashDkDvStoreRows(int dpad) { return dpad == 64 ? 64 : 16; }
+PA_HOST_DEVICE constexpr int flashDqStoreRows(int dpad) { return dpad == 128 ? 16 : 0; }
 
 }  // namespace pa

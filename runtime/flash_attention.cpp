@@ -44,11 +44,11 @@ void checkTensor(const char* name, const FlashTensor& t, FlashDType dtype) {
          std::to_string(t.headStride) + "/" + std::to_string(t.seqStride));
 }
 
-// The TMA maps of Q, K, V, (backward) dO and the outputs a kernel may store by TMA (O; dK, dV)
+// The TMA maps of Q, K, V, (backward) dO and the outputs a kernel stores by TMA (O; dK, dV; dQ)
 // for a kernel whose spec.tma is set: [batch, heads, seq, head dim] with the views' strides,
 // boxes of 64 columns by the rows the kernel moves at a time (its block's rows of the resident
-// operands, its tile of the streamed ones, a warpgroup's 64 rows of an output). False where the
-// driver rejects one (a stride TMA cannot express): the caller runs the cp.async kernel.
+// operands, its tile of the streamed ones, the store rows of an output). False where the driver
+// rejects one (a stride TMA cannot express): the caller runs the cp.async kernel.
 bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, FlashTensorMaps& maps) {
   auto encode = [&](const FlashTensorView& t, int heads, int len, int rows, FlashTensorMap& out) {
     codegen::TensorMapSpec m;
@@ -73,12 +73,18 @@ bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, Fl
     encode(p.k, p.kvHeads, p.kLen, kRows, maps.k);
     encode(p.v, p.kvHeads, p.kLen, kRows, maps.v);
     if (spec.kind != FlashKernelKind::kForward) encode(p.dO, p.heads, p.qLen, qRows, maps.dO);
-    // The outputs, in boxes of a warpgroup's 64 rows, for the kernels that store by TMA (the rule
-    // is the kernels': O at head dim 128, dK and dV at 64); encoded for every launch of the kind.
-    if (spec.kind == FlashKernelKind::kForward) encode(p.o, p.heads, p.qLen, 64, maps.o);
+    // The outputs a kernel stores by TMA, in boxes of the kernels' store rows (flashForwardStoreRows
+    // and its kin); encoded for every launch of the kind whose rule stores by TMA (the dK/dV kernel's
+    // fp32 partials of split GQA are stored from registers and leave them unused).
+    auto encodeOutput = [&](const FlashTensorView& t, int heads, int len, int rows, FlashTensorMap& out) {
+      if (rows > 0) encode(t, heads, len, rows, out);
+    };
+    if (spec.kind == FlashKernelKind::kForward)
+      encodeOutput(p.o, p.heads, p.qLen, flashForwardStoreRows(spec.dpad, spec.warps / 4), maps.o);
+    if (spec.kind == FlashKernelKind::kBwdDq) encodeOutput(p.dQ, p.heads, p.qLen, flashDqStoreRows(spec.dpad), maps.dQ);
     if (keyBlocks) {
-      encode(p.dK, p.kvHeads, p.kLen, 64, maps.dK);
-      encode(p.dV, p.kvHeads, p.kLen, 64, maps.dV);
+      encodeOutput(p.dK, p.kvHeads, p.kLen, flashDkDvStoreRows(spec.dpad), maps.dK);
+      encodeOutput(p.dV, p.kvHeads, p.kLen, flashDkDvStoreRows(spec.dpad), maps.dV);
     }
   } catch (const cuda::CudaError&) {
     return false;

@@ -781,7 +781,7 @@ TEST(FlashAttentionGpu, SinkTileEqualsTheFullTile) {
 }
 
 // The wgmma kernels' TMA loads (FlashKernelSpec::tma) hand the consumers the same tiles as the
-// producer warpgroup's cp.async, and their TMA stores (O at head dim 128, dK and dV at 64) write
+// producer warpgroup's cp.async, and their TMA stores (O at head dim 128, dK and dV, dQ at 128) write
 // what the register stores write: the same bits in O, lse, dQ, dK, dV and the sink-logit gradient,
 // for padded head dims 64 and 128 with columns past the head dim (40, 96) and rows past the
 // lengths (zeros either way), packed strides, GQA (dK/dV per query head and per KV head), the
