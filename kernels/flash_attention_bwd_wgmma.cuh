@@ -553,10 +553,7 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
       sm90::fenceProxyAsync();  // the TMA store reads through the async proxy
       Boxes::sync(wg);
       if (storer) {
-        const int r0 = Boxes::firstRow(warp % 4);
-#pragma unroll
-        for (int c = 0; c < DPAD / 64; ++c)
-          sm90::tmaStore4d(&maps->dQ, qRows + c * (BM * 128) + r0 * 128, 64 * c, m0 + 64 * wg + r0, h, b);
+        Boxes::template issue<DPAD, BM>(maps->dQ, qRows, m0 + 64 * wg, warp % 4, h, b);
         sm90::bulkCommit();
       } else if (PERSISTENT) {
         sm90::mbarArrive(qEmpty(qb));

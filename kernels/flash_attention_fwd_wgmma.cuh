@@ -324,6 +324,16 @@ struct StoreBoxes {
     if (ROWS == 64) warpgroupBarrierSync(wg);
     else __syncwarp();
   }
+  // The storer's stores of its box (not committed): from `rows`, the warpgroup's 64-row block of a
+  // TILE-row buffer in the swizzled layout (column blocks TILE · 128 bytes apart), to rows row0 +
+  // firstRow(q) on of `map` at (head, batch), one store per 64 columns. (The dK/dV kernel
+  // interleaves its two outputs' stores column block by column block, written out there.)
+  template <int DPAD, int TILE>
+  static __device__ __forceinline__ void issue(const FlashTensorMap& map, u32 rows, int row0, int q, int head, int batch) {
+    const int r0 = firstRow(q);
+#pragma unroll
+    for (int c = 0; c < DPAD / 64; ++c) sm90::tmaStore4d(&map, rows + c * (TILE * 128) + r0 * 128, 64 * c, row0 + r0, head, batch);
+  }
 };
 
 // TMA: the producer's copies are TMA copies from `maps`, issued by one thread (FlashKernelSpec::tma).
@@ -578,10 +588,7 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
       sm90::fenceProxyAsync();  // the TMA store reads through the async proxy
       Boxes::sync(wg);
       if (storer) {
-        const int r0 = Boxes::firstRow(q);
-#pragma unroll
-        for (int c = 0; c < DPAD / 64; ++c)
-          sm90::tmaStore4d(&maps->o, qRows + c * (BM * 128) + r0 * 128, 64 * c, m0 + 64 * wg + r0, h, b);
+        Boxes::template issue<DPAD, BM>(maps->o, qRows, m0 + 64 * wg, q, h, b);
         sm90::bulkCommit();
       } else if (PERSISTENT) {
         sm90::mbarArrive(qEmpty(qb));
