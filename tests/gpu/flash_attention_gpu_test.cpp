@@ -94,6 +94,7 @@ struct DevTensor {
   FlashTensor view;
   int batch = 0, heads = 0, seq = 0, dim = 0;
   FlashDType dtype = kFlashF32;
+  long long base = 0;  // the view's first element, from the buffer's start (reverseSequence)
 
   DevTensor(FlashDType t, int b, int h, int s, int d, bool packed)
       : buf((size_t)std::max(1, b * h * s * d) * elemBytes(t) + 16), batch(b), heads(h), seq(s), dim(d), dtype(t) {
@@ -108,7 +109,16 @@ struct DevTensor {
     poison();
   }
   size_t offset(int b, int h, int s, int d) const {
-    return (size_t)(b * view.batchStride + h * view.headStride + s * view.seqStride + d);
+    return (size_t)(base + b * view.batchStride + h * view.headStride + s * view.seqStride + d);
+  }
+  // The same values through a view with a negative sequence stride (each slice's last row first
+  // in memory), which no TMA map can express.
+  void reverseSequence() {
+    const std::vector<double> x = download();
+    base += (long long)(seq - 1) * view.seqStride;
+    view.seqStride = -view.seqStride;
+    view.ptr = buf.ptr() + (unsigned long long)base * elemBytes(dtype);
+    upload(x);
   }
   void poison() { buf.fill32(dtype == kFlashF32 ? 0x7fc00000u : 0x7fc07fc0u); }
   void upload(const std::vector<double>& x) {
@@ -679,6 +689,10 @@ struct RandomAttentionInputs {
     sinks.upload(randomVec(c.heads, rng, 1, kFlashF32));
   }
   const FloatBuffer* sinksOf(const FlashAttentionConfig& c) const { return c.sinkLogits ? &sinks : nullptr; }
+  // Q, K, V and dO keep their values through views with negative sequence strides.
+  void reverseSequences() {
+    for (DevTensor* t : {&q, &k, &v, &dO}) t->reverseSequence();
+  }
   // The forward into `o` and `lse` under the current tuning.
   void forward(const FlashAttentionConfig& c, const DevTensor& o, const FloatBuffer& lse) const {
     env().flash->forward(c, {q.view, k.view, v.view, o.view, lse.buf.ptr(), c.sinkLogits ? sinks.buf.ptr() : 0}, nullptr);
@@ -822,6 +836,38 @@ TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
       runs.push_back(in.forwardBackwardOutputs(cfg));
     }
     expectSameBits(runs[0], runs[1]);
+  }
+}
+
+// Views that no TMA map can express (negative sequence strides: each slice's last row first in
+// memory) run the kernels the rule picks with the producer's cp.async instead (the launcher's
+// mapsOrFallBack): the same bits as the TMA kernels on the same values laid out forward, forward
+// and backward (O, lse, dQ, dK, dV, the sink-logit gradient), at padded head dims 64 and 128, with
+// GQA, sinks, windows and lengths off the tiles.
+TEST(FlashAttentionGpu, ViewsNoTmaMapExpressesFallBackToCpAsync) {
+  REQUIRE_GPU();
+  const FlashTarget target = flashTargetOf(env().device->info());
+  if (!target.wgmma) GTEST_SKIP() << "TMA is the sm_90a wgmma kernels'";
+  struct Shape {
+    int batch, heads, kvHeads, qLen, kLen, headDim;
+    AttentionMaskSpec mask;
+    bool sinks;
+  };
+  const Shape shapes[] = {{2, 8, 2, 700, 700, 128, maskOf(1, 0, 200, -1, 4), true},
+                          {1, 4, 4, 333, 333, 64, maskOf(1, 0, -1, -1, 0), false},
+                          {2, 6, 3, 129, 257, 96, maskOf(0, 0, -1, -1, 0), false}};
+  for (const Shape& sh : shapes) {
+    FlashAttentionConfig cfg;
+    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
+    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+    for (FlashKernelKind kind : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
+      ASSERT_TRUE(chooseFlashSpec(kind, cfg, target).tma);
+    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    RandomAttentionInputs in(cfg, false, sh.qLen * 7 + sh.headDim);
+    const std::vector<double> byTma = in.forwardBackwardOutputs(cfg);
+    in.reverseSequences();
+    ASSERT_LT(in.q.view.seqStride, 0);
+    expectSameBits(byTma, in.forwardBackwardOutputs(cfg));
   }
 }
 
