@@ -707,6 +707,23 @@ struct RandomAttentionInputs {
   }
 };
 
+// A bf16 problem of the bitwise comparisons below: its sizes, mask and whether it has sink logits.
+struct Bf16Problem {
+  int batch, heads, kvHeads, qLen, kLen, headDim;
+  AttentionMaskSpec mask;
+  bool sinks;
+  FlashAttentionConfig config() const {
+    FlashAttentionConfig c;
+    c.dtype = kFlashBF16, c.batch = batch, c.heads = heads, c.kvHeads = kvHeads;
+    c.qLen = qLen, c.kLen = kLen, c.headDim = headDim, c.mask = mask, c.sinkLogits = sinks;
+    return c;
+  }
+  // "d<head dim> q <query length> k <key length>", for SCOPED_TRACE.
+  std::string name() const {
+    return "d" + std::to_string(headDim) + " q " + std::to_string(qLen) + " k " + std::to_string(kLen);
+  }
+};
+
 // The persistent wgmma forward (blocks walking a work list of many items each, Q of the next
 // item loaded under the current one, groups of slices) computes every item as the one-item-a-block
 // kernel does: the same operations in the same order, so the same bits, O and lse. Shapes with
@@ -717,22 +734,15 @@ TEST(FlashAttentionGpu, PersistentForwardEqualsOneItemABlock) {
   FlashAttention& fa = *env().flash;
   const FlashTarget target = flashTargetOf(env().device->info());
   if (!target.wgmma) GTEST_SKIP() << "the persistent forward is the sm_90a wgmma kernel";
-  struct Shape {
-    int batch, heads, kvHeads, qLen, kLen, headDim;
-    AttentionMaskSpec mask;
-    bool sinks;
-  };
-  const Shape shapes[] = {{8, 16, 4, 1000, 1000, 64, maskOf(1, 0, -1, -1, 0), true},
+  const Bf16Problem shapes[] = {{8, 16, 4, 1000, 1000, 64, maskOf(1, 0, -1, -1, 0), true},
                           {3, 6, 6, 4100, 4100, 128, maskOf(1, 0, -1, -1, 0), false},
                           {2, 12, 3, 2200, 2200, 64, maskOf(1, 0, 300, -1, 4), true},
                           {4, 8, 8, 700, 1500, 128, maskOf(0, 0, -1, -1, 0), false},
                           {6, 8, 2, 1300, 900, 64, maskOf(1, 1, 200, 50, 2), false}};
-  for (const Shape& sh : shapes) {
-    FlashAttentionConfig cfg;
-    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
-    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+  for (const Bf16Problem& sh : shapes) {
+    const FlashAttentionConfig cfg = sh.config();
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).persistent);
-    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    SCOPED_TRACE(sh.name());
     std::mt19937_64 rng(sh.qLen * 7 + sh.headDim);
     const long long qElems = (long long)sh.batch * sh.heads * sh.qLen * sh.headDim;
     const long long kvElems = (long long)sh.batch * sh.kvHeads * sh.kLen * sh.headDim;
@@ -767,21 +777,14 @@ TEST(FlashAttentionGpu, SinkTileEqualsTheFullTile) {
   REQUIRE_GPU();
   const FlashTarget target = flashTargetOf(env().device->info());
   if (!target.wgmma) GTEST_SKIP() << "the sink tile is the sm_90a wgmma kernels'";
-  struct Shape {
-    int batch, heads, kvHeads, qLen, kLen, headDim;
-    AttentionMaskSpec mask;
-    bool sinks;
-  };
-  const Shape shapes[] = {{2, 8, 2, 1500, 1500, 64, maskOf(1, 0, 200, -1, 4), true},
+  const Bf16Problem shapes[] = {{2, 8, 2, 1500, 1500, 64, maskOf(1, 0, 200, -1, 4), true},
                           {1, 4, 4, 1100, 1100, 128, maskOf(1, 1, 300, -1, kFlashSinkTileKeys), false},
                           {2, 6, 3, 900, 700, 96, maskOf(0, 1, 100, 40, 1), true}};
-  for (const Shape& sh : shapes) {
-    FlashAttentionConfig cfg;
-    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
-    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+  for (const Bf16Problem& sh : shapes) {
+    const FlashAttentionConfig cfg = sh.config();
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).sinkTile);
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target).sinkTile);
-    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    SCOPED_TRACE(sh.name());
     const RandomAttentionInputs in(cfg, false, sh.qLen * 11 + sh.headDim);
     std::vector<std::vector<double>> runs;
     for (int tile : {-1, 0}) {
@@ -804,27 +807,23 @@ TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
   REQUIRE_GPU();
   const FlashTarget target = flashTargetOf(env().device->info());
   if (!target.wgmma) GTEST_SKIP() << "TMA loads are the sm_90a wgmma forward's";
-  struct Shape {
-    int batch, heads, kvHeads, qLen, kLen, headDim;
-    AttentionMaskSpec mask;
-    bool sinks, packed;
+  struct Shape : Bf16Problem {
+    bool packed;
     int persistent;  // FlashTuning::fwdPersistent and ::bwdPersistent
     int splitKv;     // FlashTuning::splitKv
   };
-  const Shape shapes[] = {{2, 8, 2, 1500, 1500, 128, maskOf(1, 0, 200, -1, 4), true, false, -1, -1},
-                          {2, 6, 3, 129, 257, 96, maskOf(1, 1, -1, -1, 0), false, true, 1, 1},
-                          {2, 3, 3, 2100, 2100, 64, maskOf(0, 0, -1, -1, 0), false, false, -1, -1},
-                          {1, 4, 1, 300, 77, 40, maskOf(0, 0, 50, 20, 0), true, true, 0, 0},
-                          {1, 2, 2, 1, 1, 128, maskOf(0, 0, -1, -1, 0), false, false, 0, -1},
-                          {3, 4, 2, 700, 700, 128, maskOf(1, 0, -1, -1, 0), false, false, 0, 1},
-                          {2, 8, 2, 1024, 1024, 64, maskOf(1, 0, 128, -1, 0), true, false, -1, 0}};
+  const Shape shapes[] = {{{2, 8, 2, 1500, 1500, 128, maskOf(1, 0, 200, -1, 4), true}, false, -1, -1},
+                          {{2, 6, 3, 129, 257, 96, maskOf(1, 1, -1, -1, 0), false}, true, 1, 1},
+                          {{2, 3, 3, 2100, 2100, 64, maskOf(0, 0, -1, -1, 0), false}, false, -1, -1},
+                          {{1, 4, 1, 300, 77, 40, maskOf(0, 0, 50, 20, 0), true}, true, 0, 0},
+                          {{1, 2, 2, 1, 1, 128, maskOf(0, 0, -1, -1, 0), false}, false, 0, -1},
+                          {{3, 4, 2, 700, 700, 128, maskOf(1, 0, -1, -1, 0), false}, false, 0, 1},
+                          {{2, 8, 2, 1024, 1024, 64, maskOf(1, 0, 128, -1, 0), true}, false, -1, 0}};
   for (const Shape& sh : shapes) {
-    FlashAttentionConfig cfg;
-    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
-    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+    const FlashAttentionConfig cfg = sh.config();
     for (FlashKernelKind kind : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
       ASSERT_TRUE(chooseFlashSpec(kind, cfg, target).tma);
-    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    SCOPED_TRACE(sh.name());
     const RandomAttentionInputs in(cfg, sh.packed, sh.qLen * 13 + sh.headDim);
     std::vector<std::vector<double>> runs;
     for (int tma : {-1, 0}) {
@@ -848,21 +847,14 @@ TEST(FlashAttentionGpu, ViewsNoTmaMapExpressesFallBackToCpAsync) {
   REQUIRE_GPU();
   const FlashTarget target = flashTargetOf(env().device->info());
   if (!target.wgmma) GTEST_SKIP() << "TMA is the sm_90a wgmma kernels'";
-  struct Shape {
-    int batch, heads, kvHeads, qLen, kLen, headDim;
-    AttentionMaskSpec mask;
-    bool sinks;
-  };
-  const Shape shapes[] = {{2, 8, 2, 700, 700, 128, maskOf(1, 0, 200, -1, 4), true},
+  const Bf16Problem shapes[] = {{2, 8, 2, 700, 700, 128, maskOf(1, 0, 200, -1, 4), true},
                           {1, 4, 4, 333, 333, 64, maskOf(1, 0, -1, -1, 0), false},
                           {2, 6, 3, 129, 257, 96, maskOf(0, 0, -1, -1, 0), false}};
-  for (const Shape& sh : shapes) {
-    FlashAttentionConfig cfg;
-    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
-    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+  for (const Bf16Problem& sh : shapes) {
+    const FlashAttentionConfig cfg = sh.config();
     for (FlashKernelKind kind : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
       ASSERT_TRUE(chooseFlashSpec(kind, cfg, target).tma);
-    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    SCOPED_TRACE(sh.name());
     RandomAttentionInputs in(cfg, false, sh.qLen * 7 + sh.headDim);
     const std::vector<double> byTma = in.forwardBackwardOutputs(cfg);
     in.reverseSequences();
@@ -908,27 +900,23 @@ TEST(FlashAttentionGpu, PersistentBackwardEqualsOneItemABlock) {
   REQUIRE_GPU();
   const FlashTarget target = flashTargetOf(env().device->info());
   if (!target.wgmma) GTEST_SKIP() << "the persistent backward is the sm_90a wgmma kernels";
-  struct Shape {
-    int batch, heads, kvHeads, qLen, kLen, headDim;
-    AttentionMaskSpec mask;
-    bool sinks, splitKv;
+  struct Shape : Bf16Problem {
+    bool splitKv;
   };
-  const Shape shapes[] = {{8, 8, 2, 1000, 1000, 64, maskOf(1, 0, -1, -1, 0), true, true},
-                          {3, 6, 6, 4100, 4100, 128, maskOf(1, 0, -1, -1, 0), false, true},
-                          {2, 12, 3, 2200, 2200, 64, maskOf(1, 0, 300, -1, 4), true, false},
-                          {4, 8, 8, 700, 1500, 128, maskOf(0, 0, -1, -1, 0), false, true},
+  const Shape shapes[] = {{{8, 8, 2, 1000, 1000, 64, maskOf(1, 0, -1, -1, 0), true}, true},
+                          {{3, 6, 6, 4100, 4100, 128, maskOf(1, 0, -1, -1, 0), false}, true},
+                          {{2, 12, 3, 2200, 2200, 64, maskOf(1, 0, 300, -1, 4), true}, false},
+                          {{4, 8, 8, 700, 1500, 128, maskOf(0, 0, -1, -1, 0), false}, true},
                           // sink keys in two key blocks: both lead the dK/dV list
-                          {2, 8, 2, 900, 900, 128, maskOf(1, 0, 200, -1, 130), true, false}};
+                          {{2, 8, 2, 900, 900, 128, maskOf(1, 0, 200, -1, 130), true}, false}};
   for (const Shape& sh : shapes) {
-    FlashAttentionConfig cfg;
-    cfg.dtype = kFlashBF16, cfg.batch = sh.batch, cfg.heads = sh.heads, cfg.kvHeads = sh.kvHeads;
-    cfg.qLen = sh.qLen, cfg.kLen = sh.kLen, cfg.headDim = sh.headDim, cfg.mask = sh.mask, cfg.sinkLogits = sh.sinks;
+    const FlashAttentionConfig cfg = sh.config();
     FlashTuning base, forced;
     base.splitKv = forced.splitKv = sh.splitKv;
     forced.bwdPersistent = 1;  // the rule's too, where the SM count is known
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, forced).persistent);
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target, forced).persistent);
-    SCOPED_TRACE("d" + std::to_string(sh.headDim) + " q " + std::to_string(sh.qLen) + " k " + std::to_string(sh.kLen));
+    SCOPED_TRACE(sh.name());
     const RandomAttentionInputs in(cfg, false, sh.qLen * 5 + sh.headDim);
     DevTensor o(cfg.dtype, sh.batch, sh.heads, sh.qLen, sh.headDim, false);
     FloatBuffer lse(sh.batch * sh.heads * sh.qLen);
