@@ -231,15 +231,15 @@ def anchors(fl, quick, lines):
                 del q, k, v, ours, sets, fns
 
 
-def head_dims(fl, lines):
-    """bf16 at head dims 16, 32 and 96 (b*s = 16384, h = 2048 // d): the sm_90a default (wgmma, the
-    head dim padded to 64 / 128) against the mma.sync kernels at the head dim (PA_FLASH_WGMMA=0)
-    and PyTorch's flash and cuDNN backends. ms; ratios > 1: the default faster."""
-    lines.append("\n## bf16 head dims 16, 32 and 96, ms; ratio = other / default (>1: the default faster)\n")
+def head_dims(fl, lines, dims):
+    """bf16 at head dims `dims` (16, 32 and 96 unless --headdims; b*s = 16384, h = 2048 // d): the
+    sm_90a default (wgmma where the rule puts it, the head dim padded) against the mma.sync kernels
+    at the head dim (PA_FLASH_WGMMA=0) and PyTorch's cuDNN backend. ms; ratios > 1: the default faster."""
+    lines.append(f"\n## bf16 head dims {', '.join(map(str, dims))}, ms; ratio = other / default (>1: the default faster)\n")
     lines.append("| d | s | causal | default fwd | mma.sync fwd | cudnn fwd | mma.sync/default | cudnn/default "
                  "| default f+b | mma.sync f+b | cudnn f+b | mma.sync/default f+b | cudnn/default f+b | rel err O vs SDPA |")
     lines.append("|" + "---|" * 14)
-    for d in (16, 32, 96):
+    for d in dims:
         for s in (1024, 4096):
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // d
@@ -407,8 +407,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--dims", default="64,128", help="--only tune, bwdtune: head dims")
     ap.add_argument("--seqs", default="4096", help="--only tune: sequence lengths (batch 16384 / S)")
+    ap.add_argument("--headdims", default="16,32,96", help="--only headdims: head dims")
     a = ap.parse_args()
     a.dims, a.seqs = [int(x) for x in a.dims.split(",")], [int(x) for x in a.seqs.split(",")]
+    a.headdims = [int(x) for x in a.headdims.split(",")]
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False
     fl = Flash(a.lib)
@@ -532,7 +534,7 @@ def main():
                       f"wg={os.environ.get('PA_FLASH_FWD_WG', '-')} st={os.environ.get('PA_FLASH_FWD_STAGES', '-')}: {fl_f / ms / 1e9:.0f} TFLOP/s", flush=True)
         return
     if "headdims" in a.only:
-        head_dims(fl, lines)
+        head_dims(fl, lines, a.headdims)
     if "tinyllama" in a.only:
         tiny_llama(fl, lines)
     if "fp32" in a.only:
