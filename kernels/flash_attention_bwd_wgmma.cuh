@@ -299,8 +299,7 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       sm90::mbarArrive(empty(st));
     }
     // Every product reading the item's K and V is complete.
-    if (PERSISTENT && !storeByTma) sm90::mbarArrive(kvEmpty(kvb));
-    if (storeByTma) {  // dK and dV through the warpgroup's rows of the K/V buffer
+    if (storeByTma) {  // dK and dV through the consumers' rows of the K/V buffer
       if (firstIt >= blk.nItems) releaseStored(done);  // an item without visible tiles had no products
       const float scaleK[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
       stageAccRows<Tag, DPAD, BN>(kRows, dK, scaleK, warp % 4, lane);
@@ -319,6 +318,7 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
         sm90::mbarArrive(kvEmpty(kvb));
       }
     } else {
+      if (PERSISTENT) sm90::mbarArrive(kvEmpty(kvb));
       blk.storeKeys<Tag, DPAD / 8>(p, keyA, t, [&](int dt, int r) {
         return make_float4(dK[4 * dt + 2 * r], dK[4 * dt + 2 * r + 1], dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
       });
