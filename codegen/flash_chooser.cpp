@@ -42,12 +42,18 @@ bool usesFp64Mma(FlashKernelKind kind, const FlashAttentionConfig& c, const Flas
 // 128. At 96 the wgmma kernels at 128 run 1.3-1.5x faster than mma.sync at 96; at 16 and 32
 // the wgmma kernels at 64 are up to 1.4x slower than mma.sync at 32 (bench/RESULTS_flash.md,
 // "Head dims 16, 32 and 96 on wgmma").
-int wgmmaHeadDim(int headDim) { return headDim <= 32 ? 0 : headDim <= 64 ? 64 : headDim <= 128 ? 128 : 0; }
+// The wgmma kernels' padded head dim for a kind (0: none): 64 and 128 for every kind, 256 for the
+// forward only (the backward's dK and dV of 64 keys at 256 would take 256 registers a thread).
+int wgmmaHeadDim(FlashKernelKind kind, int headDim) {
+  if (headDim <= 32) return 0;
+  if (headDim <= 128) return headDim <= 64 ? 64 : 128;
+  return kind == FlashKernelKind::kForward && headDim <= 256 ? 256 : 0;
+}
 
-// The sm_90a wgmma kernels: 16-bit types at head dims 33-128 (wgmmaHeadDim); the backward only
-// in the default scheme (atomic dQ stays on mma.sync).
+// The sm_90a wgmma kernels: 16-bit types at head dims 33-128, the forward up to 256
+// (wgmmaHeadDim); the backward only in the default scheme (atomic dQ stays on mma.sync).
 bool usesWgmma(FlashKernelKind kind, const FlashAttentionConfig& c, const FlashTarget& target, const FlashTuning& tuning) {
-  return c.dtype != kFlashF32 && target.wgmma && tuning.wgmma && wgmmaHeadDim(c.headDim) > 0 &&
+  return c.dtype != kFlashF32 && target.wgmma && tuning.wgmma && wgmmaHeadDim(kind, c.headDim) > 0 &&
          (kind == FlashKernelKind::kForward || !c.atomicDq);
 }
 
@@ -247,7 +253,8 @@ bool dkdvPerQueryHead(const FlashAttentionConfig& c, const FlashTarget& target, 
   return e.perQ;
 }
 
-// sm_90a, 16-bit types at padded head dims 64 and 128 (wgmmaHeadDim): the fastest of the sweeps in
+// sm_90a, 16-bit types at padded head dims 64 and 128 (and 256 for the forward: 64-key tiles, two
+// consumer warpgroups, one item a block, all that fits 227 KB) (wgmmaHeadDim): the fastest of the sweeps in
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
 // three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
 // otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
@@ -260,14 +267,15 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
                             const FlashTuning& tuning) {
   FlashKernelSpec s = baseSpec(kind, cfg);
   s.wgmma = true;
-  s.dpad = wgmmaHeadDim(cfg.headDim);
+  s.dpad = wgmmaHeadDim(kind, cfg.headDim);
   s.stages = 2;
   if (kind == FlashKernelKind::kForward) {
-    s.tile = 128;
+    s.tile = s.dpad == 256 ? 64 : 128;  // at 256 two stages of 128-key tiles outgrow shared memory
     s.warps = s.dpad == 64 && cfg.qLen >= 2048 ? 12 : 8;
     if (tuning.fwdTile) s.tile = tuning.fwdTile;
     if (tuning.fwdWarpgroups) s.warps = 4 * tuning.fwdWarpgroups;
     if (tuning.fwdStages) s.stages = tuning.fwdStages;
+    if (s.dpad == 256) s.tile = 64, s.warps = std::min(s.warps, 8), s.stages = 2;  // what fits (the kernel's assert)
     s.pingpong = s.dpad == 128 && s.warps == 8;
     if (tuning.fwdPingPong >= 0) s.pingpong = tuning.fwdPingPong != 0 && s.warps >= 8;
     // Persistent where the SM count is known and the second Q buffer fits an sm_90 block.

@@ -262,6 +262,7 @@ PA_WGMMA_SS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
 PA_WGMMA_SS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
 PA_WGMMA_SS(256, bf16, kInBf16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132)
+PA_WGMMA_SS(256, f16, kInF16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132)
 // TF32: m64nNk8, both operands K-major (no transpose immediates).
 #define PA_WGMMA_SS_TF32(N, REGS, ACCS, DA, DB, ACC)                                                          \
   template <>                                                                                                \
@@ -295,6 +296,8 @@ PA_WGMMA_RS(64, bf16, kInBf16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36,
 PA_WGMMA_RS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36, 37, 38)
 PA_WGMMA_RS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69, 70)
 PA_WGMMA_RS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69, 70)
+PA_WGMMA_RS(256, bf16, kInBf16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132, 133, 134)
+PA_WGMMA_RS(256, f16, kInF16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132, 133, 134)
 
 #undef PA_WGMMA_RS_TF32
 #undef PA_WGMMA_RS

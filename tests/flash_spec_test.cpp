@@ -32,18 +32,34 @@ TEST(FlashSpec, SpecNamesAreUnique) {
 }
 
 // 16-bit head dims 33-128 run on wgmma on sm_90a, 96 padded to 128 (faster there than mma.sync
-// at 96); 32 and below stay on mma.sync (faster than wgmma at 64).
+// at 96); 32 and below stay on mma.sync (faster than wgmma at 64). The forward runs on wgmma up to
+// 256 too (padded to 256: 64-key tiles, two consumer warpgroups, one item a block, whatever the
+// tuning asks); the backward above 128 stays on mma.sync.
 TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
   FlashAttentionConfig cfg;
+  cfg.qLen = cfg.kLen = 4096;
   for (FlashDType dt : {kFlashF32, kFlashF16, kFlashBF16})
-    for (int d : {8, 32, 40, 64, 96, 128, 200}) {
+    for (int d : {8, 32, 40, 64, 96, 128, 136, 200, 256}) {
       cfg.dtype = dt;
       cfg.headDim = d;
-      const bool want = dt != kFlashF32 && d > 32 && d <= 128;
+      const bool want = dt != kFlashF32 && d > 32 && d <= 128, wantForward = dt != kFlashF32 && d > 32;
       const FlashKernelSpec fwd = chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true});
-      EXPECT_EQ(fwd.wgmma, want) << dt << " d" << d;
-      if (want) {
-        EXPECT_EQ(fwd.dpad, d <= 64 ? 64 : 128) << dt << " d" << d << ": the wgmma kernels' head dims";
+      EXPECT_EQ(fwd.wgmma, wantForward) << dt << " d" << d;
+      if (wantForward) {
+        EXPECT_EQ(fwd.dpad, d <= 64 ? 64 : d <= 128 ? 128 : 256) << dt << " d" << d << ": the wgmma kernels' head dims";
+        EXPECT_LE(fwd.sharedBytes(), 227 * 1024) << fwd.name();
+      }
+      if (wantForward && d > 128) {
+        FlashTuning asks;
+        asks.fwdTile = 128, asks.fwdWarpgroups = 3, asks.fwdStages = 3;
+        for (const FlashTuning& tuning : {FlashTuning{}, asks}) {
+          const FlashKernelSpec s = chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true}, tuning);
+          EXPECT_EQ(s.tile, 64) << s.name();
+          EXPECT_EQ(s.warps, 8) << s.name();
+          EXPECT_EQ(s.stages, 2) << s.name();
+          EXPECT_FALSE(s.persistent) << s.name() << ": a second Q buffer does not fit";
+          EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
+        }
       }
       EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, false}).wgmma) << dt << " d" << d;
       for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
