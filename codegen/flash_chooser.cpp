@@ -42,18 +42,13 @@ bool usesFp64Mma(FlashKernelKind kind, const FlashAttentionConfig& c, const Flas
 // 128. At 96 the wgmma kernels at 128 run 1.3-1.5x faster than mma.sync at 96; at 16 and 32
 // the wgmma kernels at 64 are up to 1.4x slower than mma.sync at 32 (bench/RESULTS_flash.md,
 // "Head dims 16, 32 and 96 on wgmma").
-// The wgmma kernels' padded head dim for a kind (0: none): 64 and 128 for every kind, 256 for the
-// forward only (the backward's dK and dV of 64 keys at 256 would take 256 registers a thread).
-int wgmmaHeadDim(FlashKernelKind kind, int headDim) {
-  if (headDim <= 32) return 0;
-  if (headDim <= 128) return headDim <= 64 ? 64 : 128;
-  return kind == FlashKernelKind::kForward && headDim <= 256 ? 256 : 0;
-}
+// The wgmma kernels' padded head dim (0: none): 64, 128 and 256.
+int wgmmaHeadDim(int headDim) { return headDim <= 32 ? 0 : headDim <= 64 ? 64 : headDim <= 128 ? 128 : headDim <= 256 ? 256 : 0; }
 
-// The sm_90a wgmma kernels: 16-bit types at head dims 33-128, the forward up to 256
-// (wgmmaHeadDim); the backward only in the default scheme (atomic dQ stays on mma.sync).
+// The sm_90a wgmma kernels: 16-bit types at head dims 33-256 (wgmmaHeadDim); the backward only in
+// the default scheme (atomic dQ stays on mma.sync).
 bool usesWgmma(FlashKernelKind kind, const FlashAttentionConfig& c, const FlashTarget& target, const FlashTuning& tuning) {
-  return c.dtype != kFlashF32 && target.wgmma && tuning.wgmma && wgmmaHeadDim(kind, c.headDim) > 0 &&
+  return c.dtype != kFlashF32 && target.wgmma && tuning.wgmma && wgmmaHeadDim(c.headDim) > 0 &&
          (kind == FlashKernelKind::kForward || !c.atomicDq);
 }
 
@@ -253,21 +248,21 @@ bool dkdvPerQueryHead(const FlashAttentionConfig& c, const FlashTarget& target, 
   return e.perQ;
 }
 
-// sm_90a, 16-bit types at padded head dims 64 and 128 (and 256 for the forward: 64-key tiles, two
-// consumer warpgroups, one item a block, all that fits 227 KB) (wgmmaHeadDim): the fastest of the sweeps in
+// sm_90a, 16-bit types at padded head dims 64, 128 and 256 (wgmmaHeadDim; at 256 what fits 227 KB:
+// one item a block, two consumer warpgroups, the tiles below): the fastest of the sweeps in
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
 // three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
 // otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
 // causal imbalance); the two warpgroups of head dim 128 take turns issuing (ping-pong); where
 // the SM count is known, a persistent kernel (one block an SM over a work list, heaviest query
-// tiles first). dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer warpgroups (128
-// keys / query rows), streamed tiles of 128 rows at head dim 64 and 64 at 128 (128 spills heavily
-// there), two stages.
+// tiles first); at 256 64-key tiles. dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer
+// warpgroups (128 keys / query rows), streamed tiles of 128 rows at head dim 64 and 64 at 128 (128
+// spills heavily there), two stages; at 256 see below.
 FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
                             const FlashTuning& tuning) {
   FlashKernelSpec s = baseSpec(kind, cfg);
   s.wgmma = true;
-  s.dpad = wgmmaHeadDim(kind, cfg.headDim);
+  s.dpad = wgmmaHeadDim(cfg.headDim);
   s.stages = 2;
   if (kind == FlashKernelKind::kForward) {
     s.tile = s.dpad == 256 ? 64 : 128;  // at 256 two stages of 128-key tiles outgrow shared memory
@@ -289,6 +284,9 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (kind == FlashKernelKind::kBwdDq && tuning.dqTile) s.tile = tuning.dqTile;
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
     if (tuning.bwdStages) s.stages = tuning.bwdStages;
+    // At 256, what fits (the kernels' asserts): dK/dV's two warpgroups share 64 keys (one holds dV,
+    // the other dK) over 64-query tiles; dQ's 128 query rows stream 32-key tiles.
+    if (s.dpad == 256) s.tile = kind == FlashKernelKind::kBwdDq ? 32 : 64, s.warps = 8, s.stages = 2;
     // Persistent where the SM count is known: with TMA loads flat to 11 % faster than one item a
     // block at padded head dims 64 and 128 (bench/RESULTS_flash.md, "Persistent backward" and
     // "TMA loads"); GQA's dK/dV per KV head needs it most: its items are `group` times longer,

@@ -76,10 +76,10 @@ int FlashKernelSpec::sharedBytes() const {
       return f32 ? (16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
                  : (16 * mtiles * warps + 2 * tile) * row;
     case FlashKernelKind::kBwdDkDv:
-      // wgmma: K and V of 16·warps keys, per stage Q, dO and the query statistics (20 bytes a row,
-      // rounded to 1 KB), alignment slack (WgmmaDkDvConfig).
+      // wgmma: K and V of the block's keys, per stage Q, dO and the query statistics (20 bytes a
+      // row, rounded to 1 KB), alignment slack (WgmmaDkDvConfig).
       if (wgmma)
-        return (persistent ? 2 : 1) * 2 * 16 * warps * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) +
+        return (persistent ? 2 : 1) * 2 * rowsPerBlock() * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) +
                1024;
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 2 * 16 * mtiles * 68 + 2 * 64) * 4
                  : (2 * 16 * warps + 4 * tile) * row + 4 * tile * 4 + 6 * tile * 4 + (atomicDq ? 16 * warps * dsRow : 0);
@@ -123,6 +123,7 @@ std::string FlashKernelSpec::name() const {
 
 int FlashKernelSpec::rowsPerBlock() const {
   if (ffma()) return 16 * mtiles;  // R rows (or keys) per thread, 16 R per block
+  if (wgmma && kind == FlashKernelKind::kBwdDkDv) return flashDkDvKeys(dpad, warps / 4);
   return 16 * warps * (kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDq ? mtiles : 1);
 }
 

@@ -243,6 +243,30 @@ struct DkDvBlock {
       });
     }
   }
+  // One of dK (scaled; isK) and dV, as storeKeys stores both: `pair(dt, r)` gives row r's pair. For
+  // the wgmma kernel at head dim 256, whose consumer warpgroups hold one each.
+  template <typename Tag, int DT, class Pair>
+  __device__ __forceinline__ void storeKeysOf(const FlashKernelParams& p, bool isK, int keyA, int t, const Pair& pair) const {
+    typedef typename Elem<Tag>::Storage T;
+    auto pairs = [&](int dt, int r) {
+      const float2 v = pair(dt, r);
+      return make_float4(v.x, v.y, v.x, v.y);
+    };
+    if (splitHeads) {
+      float* part = (float*)p.dKVPartial + ((long long)b * p.heads + hFirst) * p.kLen * p.headDim +
+                    (isK ? 0 : (long long)p.batch * p.heads * p.kLen * p.headDim);
+      forEachPair<DT>(p, keyA, t, pairs, [&](int k, int col, float2 dk, float2 dv) {
+        *(float2*)(part + (long long)k * p.headDim + col) = isK ? dk : dv;
+      });
+    } else {
+      T* out = isK ? sliceMutPtr<T>(p.dK, b, hk) : sliceMutPtr<T>(p.dV, b, hk);
+      const long long stride = isK ? p.dK.seqStride : p.dV.seqStride;
+      forEachPair<DT>(p, keyA, t, pairs, [&](int k, int col, float2 dk, float2 dv) {
+        const float2 v = isK ? dk : dv;
+        Elem<Tag>::storePair(out + k * stride + col, v.x, v.y);
+      });
+    }
+  }
   template <int DT, class Pairs, class Store>
   __device__ __forceinline__ void forEachPair(const FlashKernelParams& p, int keyA, int t, const Pairs& pairs,
                                               const Store& store) const {

@@ -59,9 +59,12 @@ struct WgmmaRowStats {
 
 template <int DPAD, int BQ, int CONSUMERS, int STAGES, bool PERSISTENT = false>
 struct WgmmaDkDvConfig {
-  static_assert(DPAD == 64 || DPAD == 128, "wgmma backward: padded head dim 64 or 128");
+  static_assert(DPAD == 64 || DPAD == 128 || DPAD == 256, "wgmma backward: padded head dim 64, 128 or 256");
   static_assert(BQ == 64 || BQ == 128, "wgmma backward: 64 or 128 queries per tile");
-  static constexpr int BN = 64 * CONSUMERS;
+  // At 256 the two consumer warpgroups share the block's keys: one holds dV, the other dK.
+  static constexpr bool kRoles = DPAD == 256;
+  static_assert(!kRoles || (CONSUMERS == 2 && BQ == 64 && !PERSISTENT), "head dim 256: two warpgroups, 64-query tiles, one item a block");
+  static constexpr int BN = flashDkDvKeys(DPAD, CONSUMERS);
   static constexpr int kThreads = 128 * (CONSUMERS + 1);
   typedef sm90::RegisterSplit<CONSUMERS, 24> Registers;
   static constexpr int kKBytes = BN * DPAD * 2;              // K, and again V
@@ -74,8 +77,8 @@ struct WgmmaDkDvConfig {
 
 template <int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false>
 struct WgmmaDqConfig {
-  static_assert(DPAD == 64 || DPAD == 128, "wgmma backward: padded head dim 64 or 128");
-  static_assert(BN == 64 || BN == 128, "wgmma backward: 64 or 128 keys per tile");
+  static_assert(DPAD == 64 || DPAD == 128 || DPAD == 256, "wgmma backward: padded head dim 64, 128 or 256");
+  static_assert(BN == 64 || BN == 128 || (DPAD == 256 && BN == 32), "wgmma backward: 64 or 128 keys per tile (32 at 256)");
   static constexpr int BM = 64 * CONSUMERS;
   static constexpr int kThreads = 128 * (CONSUMERS + 1);
   typedef sm90::RegisterSplit<CONSUMERS, 24> Registers;
@@ -201,6 +204,7 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
 
   Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const bool isDk = Cfg::kRoles && wg == 1;  // kRoles: warpgroup 1 holds the keys' dK, 0 their dV
   // TMA, 16-bit dK and dV (not the fp32 partials of split GQA): the consumers stage their keys'
   // dK and dV in the K/V buffer and store them in boxes of flashDkDvStoreRows rows (StoreBoxes: a
   // warpgroup's at head dim 64, a warp's at 128); a storing thread's arrival on the buffer's
@@ -228,14 +232,22 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     blk.initAt(p, BN, BQ, slice, kb);
     const int n0 = blk.n0, n1 = blk.n1;
     const TileMask& tm = blk.tm;
-    const int keyA = n0 + 64 * wg + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
-    float dK[DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];
+    // kRoles (head dim 256): the warpgroups share the block's keys; dV holds the dK warpgroup's dK.
+    const int keyRow = Cfg::kRoles ? 0 : 64 * wg;        // the warpgroup's first key in the block
+    const int keyA = n0 + keyRow + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
+    const bool dpWanted = !Cfg::kRoles || isDk;          // the warpgroup needs dPᵀ
+    float dK[Cfg::kRoles ? 1 : DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];
 #pragma unroll
-    for (int k = 0; k < DPAD / 2; ++k) dK[k] = dV[k] = 0.f;
+    for (int k = 0; k < DPAD / 2; ++k) {
+      if constexpr (Cfg::kRoles)
+        dV[k] = 0.f;
+      else
+        dK[k] = dV[k] = 0.f;
+    }
 #pragma unroll
     for (int k = 0; k < BQ / 2; ++k) sT[k] = dpT[k] = 0.f;
 
-    const u32 kRows = sKV0 + kvb * 2 * Cfg::kKBytes + wg * 64 * 128, vRows = kRows + Cfg::kKBytes;
+    const u32 kRows = sKV0 + kvb * 2 * Cfg::kKBytes + keyRow * 128, vRows = kRows + Cfg::kKBytes;
     const int firstIt = blk.next(0);
     for (int it = firstIt; it < blk.nItems; it = blk.next(it + 1), ++i) {
       const int st = i % STAGES;
@@ -246,13 +258,13 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       const int q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
       sm90::wgmmaFence();
       headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
-      headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
+      if (dpWanted) headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
       sm90::wgmmaCommit();
       if (it == firstIt) releaseStored(done);  // the last item's stores, under these products
       sm90::wgmmaWait<0>();
       sm90::fenceRegisters(sT);
       sm90::fenceRegisters(dpT);
-      sm90::fenceRegisters(dK);
+      if constexpr (!Cfg::kRoles) sm90::fenceRegisters(dK);
       sm90::fenceRegisters(dV);
 
       // Pᵀ and dSᵀ: element e of n-tile nt is key keyA + 8·(e >> 1), query q0 + 8·nt + 2t + (e & 1).
@@ -274,32 +286,54 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float pe = fastExp2(fmaf(sT[4 * nt + e], p.scaleLog2, -((e & 1) ? lse2.y : lse2.x)));
-          sT[4 * nt + e] = pe;
-          dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
+          const float ds = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
+          if constexpr (Cfg::kRoles) {
+            sT[4 * nt + e] = isDk ? ds : pe;  // the warpgroup's register operand: dSᵀ or Pᵀ
+          } else {
+            sT[4 * nt + e] = pe;
+            dpT[4 * nt + e] = ds;
+          }
         }
       }
-      u32 aP[BQ / 16][4], aS[BQ / 16][4];
+      if constexpr (Cfg::kRoles) {  // dK += dSᵀ·Q or dV += Pᵀ·dO
+        u32 a[BQ / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        packFragment<Tag>(aP[kk], sT, kk);
-        packFragment<Tag>(aS[kk], dpT, kk);
-      }
-      sm90::wgmmaFence();
-      tileProduct<DPAD, IN, BQ>(dV, aP, oTile);
-      tileProduct<DPAD, IN, BQ>(dK, aS, qTile);
-      sm90::wgmmaCommit();
-      sm90::wgmmaWait<0>();
-      sm90::fenceRegisters(dK);
-      sm90::fenceRegisters(dV);
+        for (int kk = 0; kk < BQ / 16; ++kk) packFragment<Tag>(a[kk], sT, kk);
+        sm90::wgmmaFence();
+        tileProduct<DPAD, IN, BQ>(dV, a, isDk ? qTile : oTile);
+        sm90::wgmmaCommit();
+        sm90::wgmmaWait<0>();
+        sm90::fenceRegisters(dV);
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        sm90::fenceRegisters(aP[kk]);
-        sm90::fenceRegisters(aS[kk]);
+        for (int kk = 0; kk < BQ / 16; ++kk) sm90::fenceRegisters(a[kk]);
+      } else {
+        u32 aP[BQ / 16][4], aS[BQ / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; ++kk) {
+          packFragment<Tag>(aP[kk], sT, kk);
+          packFragment<Tag>(aS[kk], dpT, kk);
+        }
+        sm90::wgmmaFence();
+        tileProduct<DPAD, IN, BQ>(dV, aP, oTile);
+        tileProduct<DPAD, IN, BQ>(dK, aS, qTile);
+        sm90::wgmmaCommit();
+        sm90::wgmmaWait<0>();
+        sm90::fenceRegisters(dK);
+        sm90::fenceRegisters(dV);
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; ++kk) {
+          sm90::fenceRegisters(aP[kk]);
+          sm90::fenceRegisters(aS[kk]);
+        }
       }
       sm90::mbarArrive(empty(st));
     }
     // Every product reading the item's K and V is complete.
-    if (storeByTma) {  // dK and dV through the consumers' rows of the K/V buffer
+    if constexpr (Cfg::kRoles) {  // register stores of the warpgroup's dK or dV
+      blk.storeKeysOf<Tag, DPAD / 8>(p, isDk, keyA, t, [&](int dt, int r) {
+        return make_float2(dV[4 * dt + 2 * r], dV[4 * dt + 2 * r + 1]);
+      });
+    } else if (storeByTma) {  // dK and dV through the consumers' rows of the K/V buffer
       if (firstIt >= blk.nItems) releaseStored(done);  // an item without visible tiles had no products
       const float scaleK[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
       stageAccRows<Tag, DPAD, BN>(kRows, dK, scaleK, warp % 4, lane);

@@ -70,7 +70,15 @@ struct FlashTensorMaps {
 PA_HOST_DEVICE constexpr int flashForwardStoreRows(int dpad, int consumerWarpgroups) {
   return dpad == 128 && consumerWarpgroups <= 2 ? 64 : 0;
 }
-PA_HOST_DEVICE constexpr int flashDkDvStoreRows(int dpad) { return dpad == 64 ? 64 : 16; }
+PA_HOST_DEVICE constexpr int flashDkDvStoreRows(int dpad) { return dpad == 64 ? 64 : dpad == 128 ? 16 : 0; }
 PA_HOST_DEVICE constexpr int flashDqStoreRows(int dpad) { return dpad == 128 ? 16 : 0; }
+
+// Keys of a wgmma dK/dV block at padded head dim `dpad`: 64 a consumer warpgroup; at 256 the two
+// warpgroups share 64 keys, one holding their dV and the other their dK (a warpgroup's registers
+// hold one 64 x 256 fp32 accumulator, not two). The kernel and the launcher's grid and tensor
+// maps read the same rule.
+PA_HOST_DEVICE constexpr int flashDkDvKeys(int dpad, int consumerWarpgroups) {
+  return dpad == 256 ? 64 : 64 * consumerWarpgroups;
+}
 
 }  // namespace pa

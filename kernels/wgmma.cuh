@@ -201,6 +201,7 @@ __device__ __forceinline__ u64 smemDescriptorStep(u64 descriptor, u32 bytes) {
 
 // ---- wgmma wrappers (see the note) -----------------------------------------------------------
 #define PA_WG_REGS8 "%0,%1,%2,%3,%4,%5,%6,%7"
+#define PA_WG_REGS16 PA_WG_REGS8 ",%8,%9,%10,%11,%12,%13,%14,%15"
 #define PA_WG_REGS32                                                  \
   "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15" \
   ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
@@ -214,6 +215,7 @@ __device__ __forceinline__ u64 smemDescriptorStep(u64 descriptor, u32 bytes) {
                ",%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
 #define PA_WG_ACC8(i) \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define PA_WG_ACC16(i) PA_WG_ACC8(i), PA_WG_ACC8(i + 8)
 #define PA_WG_ACC32(i) PA_WG_ACC8(i), PA_WG_ACC8(i + 8), PA_WG_ACC8(i + 16), PA_WG_ACC8(i + 24)
 #define PA_WG_ACC64(i) PA_WG_ACC32(i), PA_WG_ACC32(i + 32)
 #define PA_WG_ACC128 PA_WG_ACC64(0), PA_WG_ACC64(64)
@@ -257,6 +259,8 @@ struct WgmmaRS;
 
 PA_WGMMA_SS(16, bf16, kInBf16, PA_WG_REGS8, PA_WG_ACC8(0), 8, 9, 10, 11, 12)
 PA_WGMMA_SS(16, f16, kInF16, PA_WG_REGS8, PA_WG_ACC8(0), 8, 9, 10, 11, 12)
+PA_WGMMA_SS(32, bf16, kInBf16, PA_WG_REGS16, PA_WG_ACC16(0), 16, 17, 18, 19, 20)
+PA_WGMMA_SS(32, f16, kInF16, PA_WG_REGS16, PA_WG_ACC16(0), 16, 17, 18, 19, 20)
 PA_WGMMA_SS(64, bf16, kInBf16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
@@ -307,10 +311,12 @@ PA_WGMMA_RS(256, f16, kInF16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 1
 #undef PA_WG_ACC128
 #undef PA_WG_ACC64
 #undef PA_WG_ACC32
+#undef PA_WG_ACC16
 #undef PA_WG_ACC8
 #undef PA_WG_REGS128
 #undef PA_WG_REGS64
 #undef PA_WG_REGS32
+#undef PA_WG_REGS16
 #undef PA_WG_REGS8
 
 }  // namespace sm90

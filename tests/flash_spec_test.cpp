@@ -31,10 +31,11 @@ TEST(FlashSpec, SpecNamesAreUnique) {
   }
 }
 
-// 16-bit head dims 33-128 run on wgmma on sm_90a, 96 padded to 128 (faster there than mma.sync
-// at 96); 32 and below stay on mma.sync (faster than wgmma at 64). The forward runs on wgmma up to
-// 256 too (padded to 256: 64-key tiles, two consumer warpgroups, one item a block, whatever the
-// tuning asks); the backward above 128 stays on mma.sync.
+// 16-bit head dims 33-256 run on wgmma on sm_90a, 96 padded to 128 (faster there than mma.sync
+// at 96), 129-256 padded to 256; 32 and below stay on mma.sync (faster than wgmma at 64). At 256
+// every kernel takes what fits shared memory whatever the tuning asks: the forward 64-key tiles and
+// two consumer warpgroups, dK/dV two warpgroups sharing 64 keys over 64-query tiles, dQ 128 query
+// rows over 32-key tiles, one item a block.
 TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
   FlashAttentionConfig cfg;
   cfg.qLen = cfg.kLen = 4096;
@@ -42,29 +43,31 @@ TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
     for (int d : {8, 32, 40, 64, 96, 128, 136, 200, 256}) {
       cfg.dtype = dt;
       cfg.headDim = d;
-      const bool want = dt != kFlashF32 && d > 32 && d <= 128, wantForward = dt != kFlashF32 && d > 32;
-      const FlashKernelSpec fwd = chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true});
-      EXPECT_EQ(fwd.wgmma, wantForward) << dt << " d" << d;
-      if (wantForward) {
-        EXPECT_EQ(fwd.dpad, d <= 64 ? 64 : d <= 128 ? 128 : 256) << dt << " d" << d << ": the wgmma kernels' head dims";
-        EXPECT_LE(fwd.sharedBytes(), 227 * 1024) << fwd.name();
+      const bool want = dt != kFlashF32 && d > 32;
+      for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+        const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true});
+        EXPECT_EQ(s.wgmma, want) << s.name();
+        if (!want) continue;
+        EXPECT_EQ(s.dpad, d <= 64 ? 64 : d <= 128 ? 128 : 256) << s.name() << ": the wgmma kernels' head dims";
+        EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
       }
-      if (wantForward && d > 128) {
+      if (want && d > 128) {
         FlashTuning asks;
         asks.fwdTile = 128, asks.fwdWarpgroups = 3, asks.fwdStages = 3;
-        for (const FlashTuning& tuning : {FlashTuning{}, asks}) {
-          const FlashKernelSpec s = chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, true}, tuning);
-          EXPECT_EQ(s.tile, 64) << s.name();
-          EXPECT_EQ(s.warps, 8) << s.name();
-          EXPECT_EQ(s.stages, 2) << s.name();
-          EXPECT_FALSE(s.persistent) << s.name() << ": a second Q buffer does not fit";
-          EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
-        }
+        asks.bwdTile = 128, asks.dqTile = 64, asks.bwdWarpgroups = 3, asks.bwdStages = 3;
+        for (const FlashTuning& tuning : {FlashTuning{}, asks})
+          for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
+            const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true}, tuning);
+            EXPECT_EQ(s.tile, k == FlashKernelKind::kBwdDq ? 32 : 64) << s.name();
+            EXPECT_EQ(s.warps, 8) << s.name();
+            EXPECT_EQ(s.stages, 2) << s.name();
+            EXPECT_EQ(s.rowsPerBlock(), k == FlashKernelKind::kBwdDkDv ? 64 : 128) << s.name();
+            EXPECT_FALSE(s.persistent) << s.name() << ": a second resident buffer does not fit";
+            EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
+          }
       }
       EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, false}).wgmma) << dt << " d" << d;
       for (FlashKernelKind k : {FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
-        cfg.atomicDq = false;
-        EXPECT_EQ(chooseFlashSpec(k, cfg, {132, true}).wgmma, want) << dt << " d" << d;
         cfg.atomicDq = dt != kFlashF32;  // the atomic scheme stays on mma.sync
         EXPECT_FALSE(chooseFlashSpec(k, cfg, {132, true}).wgmma) << dt << " d" << d;
         cfg.atomicDq = false;
