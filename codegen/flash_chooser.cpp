@@ -253,7 +253,7 @@ bool dkdvPerQueryHead(const FlashAttentionConfig& c, const FlashTarget& target, 
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
 // three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
 // otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
-// causal imbalance); the two warpgroups of head dim 128 take turns issuing (ping-pong); where
+// causal imbalance); the two warpgroups of head dims 128 and 256 take turns issuing (ping-pong); where
 // the SM count is known, a persistent kernel (one block an SM over a work list, heaviest query
 // tiles first); at 256 64-key tiles. dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer
 // warpgroups (128 keys / query rows), streamed tiles of 128 rows at head dim 64 and 64 at 128 (128
@@ -271,7 +271,7 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.fwdWarpgroups) s.warps = 4 * tuning.fwdWarpgroups;
     if (tuning.fwdStages) s.stages = tuning.fwdStages;
     if (s.dpad == 256) s.tile = 64, s.warps = std::min(s.warps, 8), s.stages = 2;  // what fits (the kernel's assert)
-    s.pingpong = s.dpad == 128 && s.warps == 8;
+    s.pingpong = s.dpad >= 128 && s.warps == 8;
     if (tuning.fwdPingPong >= 0) s.pingpong = tuning.fwdPingPong != 0 && s.warps >= 8;
     // Persistent where the SM count is known and the second Q buffer fits an sm_90 block.
     s.persistent = target.multiprocessors > 0 && tuning.fwdPersistent != 0;
@@ -285,8 +285,13 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
     if (tuning.bwdStages) s.stages = tuning.bwdStages;
     // At 256, what fits (the kernels' asserts): dK/dV's two warpgroups share 64 keys (one holds dV,
-    // the other dK) over 64-query tiles; dQ's 128 query rows stream 32-key tiles.
-    if (s.dpad == 256) s.tile = kind == FlashKernelKind::kBwdDq ? 32 : 64, s.warps = 8, s.stages = 2;
+    // the other dK) over 64-query tiles in two stages; dQ's 128 query rows stream 32-key tiles in
+    // three (1-2 % faster than two), or the tuning's stages where they fit.
+    if (s.dpad == 256) {
+      s.tile = kind == FlashKernelKind::kBwdDq ? 32 : 64, s.warps = 8;
+      if (kind == FlashKernelKind::kBwdDq && !tuning.bwdStages) s.stages = 3;
+      if (s.sharedBytes() > kSm90MaxSharedBytes) s.stages = 2;
+    }
     // Persistent where the SM count is known: with TMA loads flat to 11 % faster than one item a
     // block at padded head dims 64 and 128 (bench/RESULTS_flash.md, "Persistent backward" and
     // "TMA loads"); GQA's dK/dV per KV head needs it most: its items are `group` times longer,

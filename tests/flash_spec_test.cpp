@@ -35,7 +35,7 @@ TEST(FlashSpec, SpecNamesAreUnique) {
 // at 96), 129-256 padded to 256; 32 and below stay on mma.sync (faster than wgmma at 64). At 256
 // every kernel takes what fits shared memory whatever the tuning asks: the forward 64-key tiles and
 // two consumer warpgroups, dK/dV two warpgroups sharing 64 keys over 64-query tiles, dQ 128 query
-// rows over 32-key tiles, one item a block.
+// rows over 32-key tiles in three stages, one item a block; the forward's warpgroups take turns.
 TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
   FlashAttentionConfig cfg;
   cfg.qLen = cfg.kLen = 4096;
@@ -60,7 +60,11 @@ TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
             const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true}, tuning);
             EXPECT_EQ(s.tile, k == FlashKernelKind::kBwdDq ? 32 : 64) << s.name();
             EXPECT_EQ(s.warps, 8) << s.name();
-            EXPECT_EQ(s.stages, 2) << s.name();
+            const bool threeFit = k == FlashKernelKind::kBwdDq;  // 128 KB of Q and dO, 3 x 32 KB of K and V
+            EXPECT_EQ(s.stages, threeFit ? 3 : 2) << s.name();
+            if (k == FlashKernelKind::kForward) {
+              EXPECT_TRUE(s.pingpong) << s.name();
+            }
             EXPECT_EQ(s.rowsPerBlock(), k == FlashKernelKind::kBwdDkDv ? 64 : 128) << s.name();
             EXPECT_FALSE(s.persistent) << s.name() << ": a second resident buffer does not fit";
             EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
