@@ -1,5 +1,5 @@
-// Flash attention backward on Hopper's wgmma (sm_90a), bf16 and fp16 at padded head dims 64 and
-// 128: the dK/dV kernel and the dQ kernel of the default (no-atomics) scheme, with the semantics
+// Flash attention backward on Hopper's wgmma (sm_90a), bf16 and fp16 at padded head dims 64, 128
+// and 256: the dK/dV kernel and the dQ kernel of the default (no-atomics) scheme, with the semantics
 // of flashBackwardDkDvMma / flashBackwardDqMma (flash_attention_bwd_mma.cuh); the launcher picks them
 // on sm_90a devices.
 /*
@@ -40,6 +40,12 @@
  * Each tile's register-operand products are waited for before the stage is released, which
  * keeps the packed P / dS registers short-lived (the register budget is the limit at head dim
  * 128: dK and dV alone take 128 a thread).
+ *
+ * Head dim 256 (kRoles; one item a block, what fits 227 KB): a warpgroup's registers hold one
+ * 64 × 256 fp32 accumulator, not dK and dV both, so the dK/dV kernel's two warpgroups share the
+ * block's 64 keys: warpgroup 0 computes Sᵀ and dV += Pᵀ·dO, warpgroup 1 Sᵀ, dPᵀ and dK += dSᵀ·Q,
+ * each with its own register operand and no barrier between them, and each stores its tensor from
+ * registers. The dQ kernel streams 32-key tiles, so that Q and dO of 128 rows and three stages fit.
  */
 #pragma once
 
