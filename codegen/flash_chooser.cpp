@@ -265,12 +265,13 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
   s.dpad = wgmmaHeadDim(cfg.headDim);
   s.stages = 2;
   if (kind == FlashKernelKind::kForward) {
-    s.tile = s.dpad == 256 ? 64 : 128;  // at 256 two stages of 128-key tiles outgrow shared memory
+    s.tile = 128;
     s.warps = s.dpad == 64 && cfg.qLen >= 2048 ? 12 : 8;
     if (tuning.fwdTile) s.tile = tuning.fwdTile;
     if (tuning.fwdWarpgroups) s.warps = 4 * tuning.fwdWarpgroups;
     if (tuning.fwdStages) s.stages = tuning.fwdStages;
-    if (s.dpad == 256) s.tile = 64, s.warps = std::min(s.warps, 8), s.stages = 2;  // what fits (the kernel's assert)
+    // At 256 what fits (the kernel's assert): two stages of 128-key tiles outgrow shared memory.
+    if (s.dpad == 256) s.tile = 64, s.warps = std::min(s.warps, 8), s.stages = 2;
     s.pingpong = s.dpad >= 128 && s.warps == 8;
     if (tuning.fwdPingPong >= 0) s.pingpong = tuning.fwdPingPong != 0 && s.warps >= 8;
     // Persistent where the SM count is known and the second Q buffer fits an sm_90 block.
