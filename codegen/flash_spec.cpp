@@ -77,10 +77,11 @@ int FlashKernelSpec::sharedBytes() const {
                  : (16 * mtiles * warps + 2 * tile) * row;
     case FlashKernelKind::kBwdDkDv:
       // wgmma: K and V of the block's keys, per stage Q, dO and the query statistics (20 bytes a
-      // row, rounded to 1 KB), alignment slack (WgmmaDkDvConfig).
+      // row, rounded to 1 KB), at 256 the fp32 Pᵀ one warpgroup hands the other (64 keys × the
+      // tile), alignment slack (WgmmaDkDvConfig).
       if (wgmma)
         return (persistent ? 2 : 1) * 2 * rowsPerBlock() * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) +
-               1024;
+               (dpad == 256 ? 64 * tile * 4 : 0) + 1024;
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 2 * 16 * mtiles * 68 + 2 * 64) * 4
                  : (2 * 16 * warps + 4 * tile) * row + 4 * tile * 4 + 6 * tile * 4 + (atomicDq ? 16 * warps * dsRow : 0);
     case FlashKernelKind::kBwdDq:

@@ -43,9 +43,10 @@
  *
  * Head dim 256 (kRoles; one item a block, what fits 227 KB): a warpgroup's registers hold one
  * 64 × 256 fp32 accumulator, not dK and dV both, so the dK/dV kernel's two warpgroups share the
- * block's 64 keys: warpgroup 0 computes Sᵀ and dV += Pᵀ·dO, warpgroup 1 Sᵀ, dPᵀ and dK += dSᵀ·Q,
- * each with its own register operand and no barrier between them, and each stores its tensor from
- * registers. The dQ kernel streams 32-key tiles, so that Q and dO of 128 rows and three stages fit.
+ * block's 64 keys: warpgroup 0 computes Sᵀ, Pᵀ and dV += Pᵀ·dO and hands Pᵀ (fp32) to warpgroup
+ * 1 through 16 KB of shared memory, which computes dPᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Δ) and dK += dSᵀ·Q:
+ * two products each a tile pair, and each stores its tensor from registers. The dQ kernel streams
+ * 32-key tiles, so that Q and dO of 128 rows and three stages fit.
  */
 #pragma once
 
@@ -78,7 +79,8 @@ struct WgmmaDkDvConfig {
   static constexpr int kStatsBytes = (int)sizeof(WgmmaRowStats<BQ>);
   static constexpr int kStageBytes = 2 * kTileBytes + ((kStatsBytes + 1023) / 1024) * 1024;
   static constexpr int kKvBuffers = PERSISTENT ? 2 : 1;  // K and V of the next item under this one
-  static constexpr int kSharedBytes = kKvBuffers * 2 * kKBytes + STAGES * kStageBytes + 1024;
+  static constexpr int kExchangeBytes = kRoles ? 64 * BQ * 4 : 0;  // kRoles: Pᵀ from the dV warpgroup to the dK one
+  static constexpr int kSharedBytes = kKvBuffers * 2 * kKBytes + STAGES * kStageBytes + kExchangeBytes + 1024;
 };
 
 template <int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false>
@@ -103,8 +105,8 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
   typedef WgmmaRowStats<BQ> Stats;
   constexpr int BN = Cfg::BN, IN = WgmmaInputOf<Tag>::kValue, KB = Cfg::kKvBuffers;
   extern __shared__ unsigned char smemRaw[];
-  // full, empty per stage; kvFull, kvEmpty per K/V buffer
-  __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 2 * KB];
+  // full, empty per stage; kvFull, kvEmpty per K/V buffer; kRoles: pFull, pEmpty (the Pᵀ exchange)
+  __shared__ __align__(8) sm90::u64 barriers[2 * STAGES + 2 * KB + (Cfg::kRoles ? 2 : 0)];
   __shared__ int itemOfBuffer[KB];  // PERSISTENT: the work-list item whose K and V a buffer holds
   sm90::trapIfSharedBelow(Cfg::kSharedBytes);
   const u32 base = (smemAddr(smemRaw) + 1023u) & ~1023u;
@@ -119,6 +121,7 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
   auto empty = [&](int s) { return bar + 8 * (STAGES + s); };
   auto kvFull = [&](int s) { return bar + 8 * (2 * STAGES + s); };
   auto kvEmpty = [&](int s) { return bar + 8 * (2 * STAGES + KB + s); };
+  const u32 pFull = bar + 8 * (2 * STAGES + 2 * KB), pEmpty = pFull + 8;
 
   const int warp = threadIdx.x >> 5;
   // PERSISTENT: (slice, key block) items, the first key blocks (the heaviest under a top-left
@@ -135,6 +138,10 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     // buffer's item; with TMA thread 0's one arrival does both.
     sm90::mbarInitRange(kvFull(0), KB, TMA ? 1 : PERSISTENT ? 2 * 128 : 128);
     sm90::mbarInitRange(kvEmpty(0), KB, 128 * CONSUMERS);
+    if (Cfg::kRoles) {
+      sm90::mbarInit(pFull, 128);
+      sm90::mbarInit(pEmpty, 128);
+    }
   }
   __syncthreads();
 
@@ -211,6 +218,13 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
   Cfg::Registers::enterConsumer();
   const int wg = warp / 4, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const bool isDk = Cfg::kRoles && wg == 1;  // kRoles: warpgroup 1 holds the keys' dK, 0 their dV
+  // kRoles: the dV warpgroup computes Sᵀ and Pᵀ and hands Pᵀ (fp32, in its accumulator layout,
+  // which the dK warpgroup's thread of the same rank shares) over in shared memory: every thread
+  // arrives on pFull once it has written its part, on pEmpty once it has read it (mbarriers, not
+  // named barriers: racecheck orders accesses by an mbarrier's arrivals, not by bar.arrive).
+  float4* const exchange = reinterpret_cast<float4*>(baseGeneric + KB * 2 * Cfg::kKBytes + STAGES * Cfg::kStageBytes);
+  const int rank = threadIdx.x % 128;
+  int handoffs = 0;  // Pᵀ handed over (dV warpgroup) or taken (dK warpgroup): the barriers' phase
   // TMA, 16-bit dK and dV (not the fp32 partials of split GQA): the consumers stage their keys'
   // dK and dV in the K/V buffer and store them in boxes of flashDkDvStoreRows rows (StoreBoxes: a
   // warpgroup's at head dim 64, a warp's at 128); a storing thread's arrival on the buffer's
@@ -241,7 +255,8 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     // kRoles (head dim 256): the warpgroups share the block's keys; dV holds the dK warpgroup's dK.
     const int keyRow = Cfg::kRoles ? 0 : 64 * wg;        // the warpgroup's first key in the block
     const int keyA = n0 + keyRow + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
-    const bool dpWanted = !Cfg::kRoles || isDk;          // the warpgroup needs dPᵀ
+    const bool dpWanted = !Cfg::kRoles || isDk;          // the warpgroup computes dPᵀ
+    const bool sWanted = !Cfg::kRoles || !isDk;          // the warpgroup computes Sᵀ
     float dK[Cfg::kRoles ? 1 : DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];
 #pragma unroll
     for (int k = 0; k < DPAD / 2; ++k) {
@@ -263,7 +278,7 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       const Stats* sts = stats(st);
       const int q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
       sm90::wgmmaFence();
-      headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
+      if (sWanted) headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
       if (dpWanted) headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
       sm90::wgmmaCommit();
       if (it == firstIt) releaseStored(done);  // the last item's stores, under these products
@@ -276,6 +291,21 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       // Pᵀ and dSᵀ: element e of n-tile nt is key keyA + 8·(e >> 1), query q0 + 8·nt + 2t + (e & 1).
       // The mask is a pass of its own that full tiles skip; the queries' statistics are read two
       // at a time (the thread's two adjacent queries).
+      if (Cfg::kRoles && isDk) {  // Pᵀ from the dV warpgroup
+        sm90::mbarWait(pFull, handoffs++ & 1);
+#pragma unroll
+        for (int v = 0; v < BQ / 8; ++v) {
+          const float4 x = exchange[v * 128 + rank];
+          sT[4 * v] = x.x, sT[4 * v + 1] = x.y, sT[4 * v + 2] = x.z, sT[4 * v + 3] = x.w;
+        }
+        sm90::mbarArrive(pEmpty);
+#pragma unroll
+        for (int nt = 0; nt < BQ / 8; ++nt) {
+          const float2 delta = *reinterpret_cast<const float2*>(&sts->delta[nt * 8 + 2 * t]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sT[4 * nt + e] = sT[4 * nt + e] * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
+        }
+      } else {
       if (!(tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ)) {
 #pragma unroll
         for (int nt = 0; nt < BQ / 8; ++nt)
@@ -292,14 +322,17 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float pe = fastExp2(fmaf(sT[4 * nt + e], p.scaleLog2, -((e & 1) ? lse2.y : lse2.x)));
-          const float ds = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
-          if constexpr (Cfg::kRoles) {
-            sT[4 * nt + e] = isDk ? ds : pe;  // the warpgroup's register operand: dSᵀ or Pᵀ
-          } else {
-            sT[4 * nt + e] = pe;
-            dpT[4 * nt + e] = ds;
-          }
+          sT[4 * nt + e] = pe;
+          if constexpr (!Cfg::kRoles) dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
         }
+      }
+      if constexpr (Cfg::kRoles) {  // hand Pᵀ over once the last one has been read
+        if (handoffs > 0) sm90::mbarWait(pEmpty, (handoffs - 1) & 1);
+#pragma unroll
+        for (int v = 0; v < BQ / 8; ++v) exchange[v * 128 + rank] = make_float4(sT[4 * v], sT[4 * v + 1], sT[4 * v + 2], sT[4 * v + 3]);
+        sm90::mbarArrive(pFull);
+        ++handoffs;
+      }
       }
       if constexpr (Cfg::kRoles) {  // dK += dSᵀ·Q or dV += Pᵀ·dO
         u32 a[BQ / 16][4];
