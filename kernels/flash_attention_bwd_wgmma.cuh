@@ -306,33 +306,33 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
           for (int e = 0; e < 4; ++e) sT[4 * nt + e] = sT[4 * nt + e] * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
         }
       } else {
-      if (!(tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ)) {
+        if (!(tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ)) {
 #pragma unroll
-        for (int nt = 0; nt < BQ / 8; ++nt)
+          for (int nt = 0; nt < BQ / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int ql = nt * 8 + 2 * t + (e & 1);
+              if (!bandVisible(keyA + 8 * (e >> 1), sts->lo[ql], sts->hi[ql], sts->sinkHi[ql])) sT[4 * nt + e] = negInf();
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < BQ / 8; ++nt) {
+          const float2 lse2 = *reinterpret_cast<const float2*>(&sts->lse2[nt * 8 + 2 * t]);
+          const float2 delta = *reinterpret_cast<const float2*>(&sts->delta[nt * 8 + 2 * t]);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int ql = nt * 8 + 2 * t + (e & 1);
-            if (!bandVisible(keyA + 8 * (e >> 1), sts->lo[ql], sts->hi[ql], sts->sinkHi[ql])) sT[4 * nt + e] = negInf();
+            const float pe = fastExp2(fmaf(sT[4 * nt + e], p.scaleLog2, -((e & 1) ? lse2.y : lse2.x)));
+            sT[4 * nt + e] = pe;
+            if constexpr (!Cfg::kRoles) dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
           }
-      }
-#pragma unroll
-      for (int nt = 0; nt < BQ / 8; ++nt) {
-        const float2 lse2 = *reinterpret_cast<const float2*>(&sts->lse2[nt * 8 + 2 * t]);
-        const float2 delta = *reinterpret_cast<const float2*>(&sts->delta[nt * 8 + 2 * t]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float pe = fastExp2(fmaf(sT[4 * nt + e], p.scaleLog2, -((e & 1) ? lse2.y : lse2.x)));
-          sT[4 * nt + e] = pe;
-          if constexpr (!Cfg::kRoles) dpT[4 * nt + e] = pe * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
         }
-      }
-      if constexpr (Cfg::kRoles) {  // hand Pᵀ over once the last one has been read
-        if (handoffs > 0) sm90::mbarWait(pEmpty, (handoffs - 1) & 1);
+        if constexpr (Cfg::kRoles) {  // hand Pᵀ over once the last one has been read
+          if (handoffs > 0) sm90::mbarWait(pEmpty, (handoffs - 1) & 1);
 #pragma unroll
-        for (int v = 0; v < BQ / 8; ++v) exchange[v * 128 + rank] = make_float4(sT[4 * v], sT[4 * v + 1], sT[4 * v + 2], sT[4 * v + 3]);
-        sm90::mbarArrive(pFull);
-        ++handoffs;
-      }
+          for (int v = 0; v < BQ / 8; ++v) exchange[v * 128 + rank] = make_float4(sT[4 * v], sT[4 * v + 1], sT[4 * v + 2], sT[4 * v + 3]);
+          sm90::mbarArrive(pFull);
+          ++handoffs;
+        }
       }
       if constexpr (Cfg::kRoles) {  // dK += dSᵀ·Q or dV += Pᵀ·dO
         u32 a[BQ / 16][4];
