@@ -81,7 +81,7 @@ int FlashKernelSpec::sharedBytes() const {
       // tile), alignment slack (WgmmaDkDvConfig).
       if (wgmma)
         return (persistent ? 2 : 1) * 2 * rowsPerBlock() * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) +
-               (dpad == 256 ? 64 * tile * 4 : 0) + 1024;
+               flashDkDvExchangeBytes(dpad, tile) + 1024;
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 2 * 16 * mtiles * 68 + 2 * 64) * 4
                  : (2 * 16 * warps + 4 * tile) * row + 4 * tile * 4 + 6 * tile * 4 + (atomicDq ? 16 * warps * dsRow : 0);
     case FlashKernelKind::kBwdDq:

@@ -69,7 +69,7 @@ struct WgmmaDkDvConfig {
   static_assert(DPAD == 64 || DPAD == 128 || DPAD == 256, "wgmma backward: padded head dim 64, 128 or 256");
   static_assert(BQ == 64 || BQ == 128, "wgmma backward: 64 or 128 queries per tile");
   // At 256 the two consumer warpgroups share the block's keys: one holds dV, the other dK.
-  static constexpr bool kRoles = DPAD == 256;
+  static constexpr bool kRoles = flashDkDvRoles(DPAD);
   static_assert(!kRoles || (CONSUMERS == 2 && BQ == 64 && !PERSISTENT), "head dim 256: two warpgroups, 64-query tiles, one item a block");
   static constexpr int BN = flashDkDvKeys(DPAD, CONSUMERS);
   static constexpr int kThreads = 128 * (CONSUMERS + 1);
@@ -79,7 +79,7 @@ struct WgmmaDkDvConfig {
   static constexpr int kStatsBytes = (int)sizeof(WgmmaRowStats<BQ>);
   static constexpr int kStageBytes = 2 * kTileBytes + ((kStatsBytes + 1023) / 1024) * 1024;
   static constexpr int kKvBuffers = PERSISTENT ? 2 : 1;  // K and V of the next item under this one
-  static constexpr int kExchangeBytes = kRoles ? 64 * BQ * 4 : 0;  // kRoles: Pᵀ from the dV warpgroup to the dK one
+  static constexpr int kExchangeBytes = flashDkDvExchangeBytes(DPAD, BQ);  // kRoles: Pᵀ from the dV warpgroup to the dK one
   static constexpr int kSharedBytes = kKvBuffers * 2 * kKBytes + STAGES * kStageBytes + kExchangeBytes + 1024;
 };
 

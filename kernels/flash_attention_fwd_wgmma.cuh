@@ -1,6 +1,7 @@
 // Flash attention forward on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), for
-// bf16 and fp16 at padded head dims 64, 128 and 256 (64-key tiles and two warpgroups there). Same semantics and row statistics as
-// flashForwardMma (flash_attention_fwd.cuh); the launcher picks it on sm_90a devices.
+// bf16 and fp16 at padded head dims 64, 128 and 256 (64-key tiles and two warpgroups there). Same
+// semantics and row statistics as flashForwardMma (flash_attention_fwd.cuh); the launcher picks it
+// on sm_90a devices.
 /*
  * Note on the kernel.
  *
