@@ -255,8 +255,6 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     // kRoles (head dim 256): the warpgroups share the block's keys; dV holds the dK warpgroup's dK.
     const int keyRow = Cfg::kRoles ? 0 : 64 * wg;        // the warpgroup's first key in the block
     const int keyA = n0 + keyRow + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
-    const bool dpWanted = !Cfg::kRoles || isDk;          // the warpgroup computes dPᵀ
-    const bool sWanted = !Cfg::kRoles || !isDk;          // the warpgroup computes Sᵀ
     float dK[Cfg::kRoles ? 1 : DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];
 #pragma unroll
     for (int k = 0; k < DPAD / 2; ++k) {
@@ -278,32 +276,38 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       const Stats* sts = stats(st);
       const int q0 = blk.q0(it), q1 = min(q0 + BQ, p.qLen);
       sm90::wgmmaFence();
-      if (sWanted) headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
-      if (dpWanted) headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
+      if constexpr (Cfg::kRoles) {
+        // One product a warpgroup into sT, Sᵀ in the dV warpgroup and dPᵀ in the dK one: the same
+        // instructions on other tiles, as ptxas serialises wgmma in a path that diverges.
+        headDimProduct<BQ, IN, DPAD, BN>(sT, isDk ? vRows : kRows, isDk ? oTile : qTile);
+      } else {
+        headDimProduct<BQ, IN, DPAD, BN>(sT, kRows, qTile);
+        headDimProduct<BQ, IN, DPAD, BN>(dpT, vRows, oTile);
+      }
       sm90::wgmmaCommit();
       if (it == firstIt) releaseStored(done);  // the last item's stores, under these products
       sm90::wgmmaWait<0>();
       sm90::fenceRegisters(sT);
-      sm90::fenceRegisters(dpT);
+      if constexpr (!Cfg::kRoles) sm90::fenceRegisters(dpT);
       if constexpr (!Cfg::kRoles) sm90::fenceRegisters(dK);
       sm90::fenceRegisters(dV);
 
       // Pᵀ and dSᵀ: element e of n-tile nt is key keyA + 8·(e >> 1), query q0 + 8·nt + 2t + (e & 1).
       // The mask is a pass of its own that full tiles skip; the queries' statistics are read two
       // at a time (the thread's two adjacent queries).
-      if (Cfg::kRoles && isDk) {  // Pᵀ from the dV warpgroup
+      if (Cfg::kRoles && isDk) {  // sT holds dPᵀ; Pᵀ from the dV warpgroup into dpT
         sm90::mbarWait(pFull, handoffs++ & 1);
 #pragma unroll
         for (int v = 0; v < BQ / 8; ++v) {
           const float4 x = exchange[v * 128 + rank];
-          sT[4 * v] = x.x, sT[4 * v + 1] = x.y, sT[4 * v + 2] = x.z, sT[4 * v + 3] = x.w;
+          dpT[4 * v] = x.x, dpT[4 * v + 1] = x.y, dpT[4 * v + 2] = x.z, dpT[4 * v + 3] = x.w;
         }
         sm90::mbarArrive(pEmpty);
 #pragma unroll
         for (int nt = 0; nt < BQ / 8; ++nt) {
           const float2 delta = *reinterpret_cast<const float2*>(&sts->delta[nt * 8 + 2 * t]);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sT[4 * nt + e] = sT[4 * nt + e] * (dpT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
+          for (int e = 0; e < 4; ++e) sT[4 * nt + e] = dpT[4 * nt + e] * (sT[4 * nt + e] - ((e & 1) ? delta.y : delta.x));
         }
       } else {
         if (!(tm.allVisible(q0, q1, n0, n1) && q1 - q0 == BQ)) {
