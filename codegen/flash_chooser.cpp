@@ -38,12 +38,14 @@ bool usesFp64Mma(FlashKernelKind kind, const FlashAttentionConfig& c, const Flas
 }
 
 // The head dim the sm_90a wgmma kernels run a 16-bit problem at (the columns past the problem's
-// are zeros), or 0 where the mma.sync kernels run it: head dims 33-64 pad to 64 and 65-128 to
-// 128. At 96 the wgmma kernels at 128 run 1.3-1.5x faster than mma.sync at 96; at 16 and 32
-// the wgmma kernels at 64 are up to 1.4x slower than mma.sync at 32 (bench/RESULTS_flash.md,
-// "Head dims 16, 32 and 96 on wgmma").
-// The wgmma kernels' padded head dim (0: none): 64, 128 and 256.
-int wgmmaHeadDim(int headDim) { return headDim <= 32 ? 0 : headDim <= 64 ? 64 : headDim <= 128 ? 128 : headDim <= 256 ? 256 : 0; }
+// are zeros), or 0 where the mma.sync kernels run it: head dims 33-64 pad to 64, 65-128 to 128,
+// 129-192 to 192 and 193-256 to 256. At 96 the wgmma kernels at 128 run 1.3-1.5x faster than
+// mma.sync at 96; at 16 and 32 the wgmma kernels at 64 are up to 1.4x slower than mma.sync at 32
+// (bench/RESULTS_flash.md, "Head dims 16, 32 and 96 on wgmma"). 192 is three of the kernels'
+// 64-column blocks: a quarter of 256's products.
+int wgmmaHeadDim(int headDim) {
+  return headDim <= 32 ? 0 : headDim <= 64 ? 64 : headDim <= 128 ? 128 : headDim <= 192 ? 192 : headDim <= 256 ? 256 : 0;
+}
 
 // The sm_90a wgmma kernels: 16-bit types at head dims 33-256 (wgmmaHeadDim); the backward only in
 // the default scheme (atomic dQ stays on mma.sync).
@@ -248,8 +250,8 @@ bool dkdvPerQueryHead(const FlashAttentionConfig& c, const FlashTarget& target, 
   return e.perQ;
 }
 
-// sm_90a, 16-bit types at padded head dims 64, 128 and 256 (wgmmaHeadDim; at 256 what fits 227 KB:
-// one item a block, two consumer warpgroups, the tiles below): the fastest of the sweeps in
+// sm_90a, 16-bit types at padded head dims 64, 128, 192 and 256 (wgmmaHeadDim; above 128 one
+// backward item a block, two consumer warpgroups, the tiles below): the fastest of the sweeps in
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
 // three consumer warpgroups (192 query rows) at head dim 64 from 2048 queries on, two (128 rows)
 // otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
@@ -270,8 +272,11 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.fwdTile) s.tile = tuning.fwdTile;
     if (tuning.fwdWarpgroups) s.warps = 4 * tuning.fwdWarpgroups;
     if (tuning.fwdStages) s.stages = tuning.fwdStages;
-    // At 256 what fits (the kernel's assert): two stages of 128-key tiles outgrow shared memory.
-    if (s.dpad == 256) s.tile = 64, s.warps = std::min(s.warps, 8), s.stages = 2;
+    // Above 128 what fits (the kernel's assert): 64-key tiles and two warpgroups; at 256 two stages.
+    if (s.dpad > 128) {
+      s.tile = 64, s.warps = std::min(s.warps, 8);
+      if (s.dpad == 256 || s.sharedBytes() > kSm90MaxSharedBytes) s.stages = 2;
+    }
     s.pingpong = s.dpad >= 128 && s.warps == 8;
     if (tuning.fwdPingPong >= 0) s.pingpong = tuning.fwdPingPong != 0 && s.warps >= 8;
     // Persistent where the SM count is known and the second Q buffer fits an sm_90 block.
@@ -285,19 +290,22 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (kind == FlashKernelKind::kBwdDq && tuning.dqTile) s.tile = tuning.dqTile;
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
     if (tuning.bwdStages) s.stages = tuning.bwdStages;
-    // At 256, what fits (the kernels' asserts): dK/dV's two warpgroups share 64 keys (one holds dV,
-    // the other dK) over 64-query tiles in two stages; dQ's 128 query rows stream 32-key tiles in
-    // three (1-2 % faster than two), or the tuning's stages where they fit.
-    if (s.dpad == 256) {
-      s.tile = kind == FlashKernelKind::kBwdDq ? 32 : 64, s.warps = 8;
+    // Above 128 (the kernels' asserts): dK/dV's two warpgroups share 64 keys (one holds dV, the
+    // other dK) over 64-query tiles; dQ's 128 query rows stream 32-key tiles in three stages (1-2 %
+    // faster than two at 256), at 192 64-key tiles where the tuning asks; the tuning's stages where
+    // they fit, else two.
+    if (s.dpad > 128) {
+      const bool dq64 = s.dpad == 192 && tuning.dqTile == 64;
+      s.tile = kind == FlashKernelKind::kBwdDq && !dq64 ? 32 : 64, s.warps = 8;
       if (kind == FlashKernelKind::kBwdDq && !tuning.bwdStages) s.stages = 3;
       if (s.sharedBytes() > kSm90MaxSharedBytes) s.stages = 2;
     }
     // Persistent where the SM count is known: with TMA loads flat to 11 % faster than one item a
     // block at padded head dims 64 and 128 (bench/RESULTS_flash.md, "Persistent backward" and
     // "TMA loads"); GQA's dK/dV per KV head needs it most: its items are `group` times longer,
-    // and its heaviest (the key blocks with sinks) must start first.
-    s.persistent = target.multiprocessors > 0 && tuning.bwdPersistent != 0;
+    // and its heaviest (the key blocks with sinks) must start first. Above 128 one item a block
+    // (the dK/dV kernel's warpgroup roles).
+    s.persistent = target.multiprocessors > 0 && tuning.bwdPersistent != 0 && s.dpad <= 128;
     if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
     s.sinkTile = kind == FlashKernelKind::kBwdDq && hasSinkTile(cfg) && tuning.sinkTile != 0;
   }

@@ -77,7 +77,7 @@ int FlashKernelSpec::sharedBytes() const {
                  : (16 * mtiles * warps + 2 * tile) * row;
     case FlashKernelKind::kBwdDkDv:
       // wgmma: K and V of the block's keys, per stage Q, dO and the query statistics (20 bytes a
-      // row, rounded to 1 KB), at 256 the fp32 Pᵀ one warpgroup hands the other (64 keys × the
+      // row, rounded to 1 KB), above 128 the fp32 Pᵀ one warpgroup hands the other (64 keys × the
       // tile), alignment slack (WgmmaDkDvConfig).
       if (wgmma)
         return (persistent ? 2 : 1) * 2 * rowsPerBlock() * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) +

@@ -78,7 +78,7 @@ const char* flashDTypeName(FlashDType t);
 struct FlashKernelSpec {
   FlashKernelKind kind = FlashKernelKind::kForward;
   FlashDType dtype = kFlashBF16;
-  int dpad = 64;   // padded head dim of the instantiation (32, 64, 96, 128, 256)
+  int dpad = 64;   // padded head dim of the instantiation (32, 64, 96, 128, 192, 256)
   int warps = 4;   // warps per block
   int tile = 64;   // the streamed tile (keys for forward/dQ, queries for dK/dV)
   int mtiles = 1;  // 16-bit: 16-row m-tiles per warp (rows per block = 16 * warps * mtiles);

@@ -1,5 +1,5 @@
-// Flash attention backward on Hopper's wgmma (sm_90a), bf16 and fp16 at padded head dims 64, 128
-// and 256: the dK/dV kernel and the dQ kernel of the default (no-atomics) scheme, with the semantics
+// Flash attention backward on Hopper's wgmma (sm_90a), bf16 and fp16 at padded head dims 64, 128,
+// 192 and 256: the dK/dV kernel and the dQ kernel of the default (no-atomics) scheme, with the semantics
 // of flashBackwardDkDvMma / flashBackwardDqMma (flash_attention_bwd_mma.cuh); the launcher picks them
 // on sm_90a devices.
 /*
@@ -41,8 +41,8 @@
  * keeps the packed P / dS registers short-lived (the register budget is the limit at head dim
  * 128: dK and dV alone take 128 a thread).
  *
- * Head dim 256 (kRoles; one item a block, what fits 227 KB): a warpgroup's registers hold one
- * 64 × 256 fp32 accumulator, not dK and dV both, so the dK/dV kernel's two warpgroups share the
+ * Head dims 192 and 256 (kRoles; one item a block): a warpgroup's registers hold one
+ * 64 × DPAD fp32 accumulator, not dK and dV both, so the dK/dV kernel's two warpgroups share the
  * block's 64 keys: warpgroup 0 computes Sᵀ, Pᵀ and dV += Pᵀ·dO and hands Pᵀ (fp32) to warpgroup
  * 1 through 16 KB of shared memory, which computes dPᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Δ) and dK += dSᵀ·Q:
  * two products each a tile pair, and each stores its tensor from registers. The dQ kernel streams
@@ -66,11 +66,11 @@ struct WgmmaRowStats {
 
 template <int DPAD, int BQ, int CONSUMERS, int STAGES, bool PERSISTENT = false>
 struct WgmmaDkDvConfig {
-  static_assert(DPAD == 64 || DPAD == 128 || DPAD == 256, "wgmma backward: padded head dim 64, 128 or 256");
+  static_assert(DPAD == 64 || DPAD == 128 || DPAD == 192 || DPAD == 256, "wgmma backward: padded head dim 64, 128, 192 or 256");
   static_assert(BQ == 64 || BQ == 128, "wgmma backward: 64 or 128 queries per tile");
-  // At 256 the two consumer warpgroups share the block's keys: one holds dV, the other dK.
+  // Above 128 the two consumer warpgroups share the block's keys: one holds dV, the other dK.
   static constexpr bool kRoles = flashDkDvRoles(DPAD);
-  static_assert(!kRoles || (CONSUMERS == 2 && BQ == 64 && !PERSISTENT), "head dim 256: two warpgroups, 64-query tiles, one item a block");
+  static_assert(!kRoles || (CONSUMERS == 2 && BQ == 64 && !PERSISTENT), "head dims 192 and 256: two warpgroups, 64-query tiles, one item a block");
   static constexpr int BN = flashDkDvKeys(DPAD, CONSUMERS);
   static constexpr int kThreads = 128 * (CONSUMERS + 1);
   typedef sm90::RegisterSplit<CONSUMERS, 24> Registers;
@@ -85,8 +85,8 @@ struct WgmmaDkDvConfig {
 
 template <int DPAD, int BN, int CONSUMERS, int STAGES, bool PERSISTENT = false>
 struct WgmmaDqConfig {
-  static_assert(DPAD == 64 || DPAD == 128 || DPAD == 256, "wgmma backward: padded head dim 64, 128 or 256");
-  static_assert(BN == 64 || BN == 128 || (DPAD == 256 && BN == 32), "wgmma backward: 64 or 128 keys per tile (32 at 256)");
+  static_assert(DPAD == 64 || DPAD == 128 || DPAD == 192 || DPAD == 256, "wgmma backward: padded head dim 64, 128, 192 or 256");
+  static_assert(BN == 64 || BN == 128 || (DPAD > 128 && BN == 32), "wgmma backward: 64 or 128 keys per tile (or 32 above 128)");
   static constexpr int BM = 64 * CONSUMERS;
   static constexpr int kThreads = 128 * (CONSUMERS + 1);
   typedef sm90::RegisterSplit<CONSUMERS, 24> Registers;
@@ -252,7 +252,7 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     blk.initAt(p, BN, BQ, slice, kb);
     const int n0 = blk.n0, n1 = blk.n1;
     const TileMask& tm = blk.tm;
-    // kRoles (head dim 256): the warpgroups share the block's keys; dV holds the dK warpgroup's dK.
+    // kRoles (head dims 192 and 256): the warpgroups share the block's keys; dV holds the dK warpgroup's dK.
     const int keyRow = Cfg::kRoles ? 0 : 64 * wg;        // the warpgroup's first key in the block
     const int keyA = n0 + keyRow + 16 * (warp % 4) + g;  // this thread's keys: keyA, keyA + 8
     float dK[Cfg::kRoles ? 1 : DPAD / 2], dV[DPAD / 2], sT[BQ / 2], dpT[BQ / 2];

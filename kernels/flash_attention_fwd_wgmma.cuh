@@ -1,7 +1,7 @@
 // Flash attention forward on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), for
-// bf16 and fp16 at padded head dims 64, 128 and 256 (64-key tiles and two warpgroups there). Same
-// semantics and row statistics as flashForwardMma (flash_attention_fwd.cuh); the launcher picks it
-// on sm_90a devices.
+// bf16 and fp16 at padded head dims 64, 128, 192 and 256 (64-key tiles and two warpgroups above
+// 128). Same semantics and row statistics as flashForwardMma (flash_attention_fwd.cuh); the
+// launcher picks it on sm_90a devices.
 /*
  * Note on the kernel.
  *
@@ -79,9 +79,9 @@ namespace flash {
 
 template <int DPAD, int BN, int CONSUMERS, int STAGES_, bool PERSISTENT = false>
 struct WgmmaForwardConfig {
-  static_assert(DPAD == 64 || DPAD == 128 || DPAD == 256, "wgmma forward: padded head dim 64, 128 or 256");
+  static_assert(DPAD == 64 || DPAD == 128 || DPAD == 192 || DPAD == 256, "wgmma forward: padded head dim 64, 128, 192 or 256");
   static_assert(BN == 64 || BN == 128, "wgmma forward: 64 or 128 keys per tile");
-  static_assert(DPAD < 256 || (BN == 64 && CONSUMERS <= 2), "head dim 256: 64-key tiles, at most two consumer warpgroups");
+  static_assert(DPAD <= 128 || (BN == 64 && CONSUMERS <= 2), "head dims 192 and 256: 64-key tiles, at most two consumer warpgroups");
   static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "wgmma forward: 1 to 3 consumer warpgroups");
   static_assert(STAGES_ >= 2, "the ring needs a stage to fill while another is read");
   static constexpr int BM = 64 * CONSUMERS;
@@ -113,19 +113,36 @@ template <int ROWS, int DPAD, int LANES>
 __device__ __forceinline__ void loadSwizzled(u32 dst, const u16* gbase, long long seqStride, int row0, int rows,
                                              int headDim, int lane) {
   constexpr int kChunksPerRow = DPAD / 8;  // 16-byte chunks
-  constexpr int kRowStep = LANES / kChunksPerRow;
-  static_assert(ROWS % kRowStep == 0, "whole row steps");
-  constexpr int kIters = ROWS / kRowStep;
-  const int c = lane % kChunksPerRow, r0 = lane / kChunksPerRow;
-  const bool colOk = 8 * c < headDim;
-  const u16* src = gbase + (long long)(row0 + r0) * seqStride + 8 * c;
-  const u32 base = dst + (c >> 3) * (ROWS * 128) + r0 * 128;
+  if constexpr (LANES % kChunksPerRow == 0) {  // a lane keeps its column
+    constexpr int kRowStep = LANES / kChunksPerRow;
+    static_assert(ROWS % kRowStep == 0, "whole row steps");
+    constexpr int kIters = ROWS / kRowStep;
+    const int c = lane % kChunksPerRow, r0 = lane / kChunksPerRow;
+    const bool colOk = 8 * c < headDim;
+    const u16* src = gbase + (long long)(row0 + r0) * seqStride + 8 * c;
+    const u32 base = dst + (c >> 3) * (ROWS * 128) + r0 * 128;
 #pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int r = r0 + i * kRowStep;
-    const bool valid = colOk && row0 + r < rows;
-    sm90::cpAsync16To(base + i * kRowStep * 128 + (((c & 7) ^ (r & 7)) << 4),
-                      valid ? src + (long long)i * kRowStep * seqStride : gbase, valid);
+    for (int i = 0; i < kIters; ++i) {
+      const int r = r0 + i * kRowStep;
+      const bool valid = colOk && row0 + r < rows;
+      sm90::cpAsync16To(base + i * kRowStep * 128 + (((c & 7) ^ (r & 7)) << 4),
+                        valid ? src + (long long)i * kRowStep * seqStride : gbase, valid);
+    }
+  } else {  // head dim 192 (24 chunks a row, which LANES does not divide): 64 columns at a time
+    constexpr int kRowStep = LANES / 8;
+    static_assert(ROWS % kRowStep == 0, "whole row steps");
+    const int c8 = lane % 8, r0 = lane / 8;
+#pragma unroll
+    for (int block = 0; block < DPAD / 64; ++block) {
+      const bool colOk = 8 * (8 * block + c8) < headDim;
+      const u16* src = gbase + (long long)(row0 + r0) * seqStride + 8 * (8 * block + c8);
+      const u32 base = dst + block * (ROWS * 128) + r0 * 128 + ((c8 ^ (r0 & 7)) << 4);  // r0 + kRowStep·i ≡ r0 mod 8
+#pragma unroll
+      for (int i = 0; i < ROWS / kRowStep; ++i) {
+        const bool valid = colOk && row0 + r0 + i * kRowStep < rows;
+        sm90::cpAsync16To(base + i * kRowStep * 128, valid ? src + (long long)i * kRowStep * seqStride : gbase, valid);
+      }
+    }
   }
 }
 

@@ -73,13 +73,13 @@ PA_HOST_DEVICE constexpr int flashForwardStoreRows(int dpad, int consumerWarpgro
 PA_HOST_DEVICE constexpr int flashDkDvStoreRows(int dpad) { return dpad == 64 ? 64 : dpad == 128 ? 16 : 0; }
 PA_HOST_DEVICE constexpr int flashDqStoreRows(int dpad) { return dpad == 128 ? 16 : 0; }
 
-// The wgmma dK/dV kernel at padded head dim `dpad`. With roles (at 256: a warpgroup's registers
-// hold one 64 x 256 fp32 accumulator, not two) its two consumer warpgroups share 64 keys, one
-// holding their dV and the other their dK, and the dV warpgroup hands each tile's fp32 Pᵀ (64 keys
-// x `queryTile` queries) to the dK one in shared memory; without, each warpgroup has 64 keys of
-// its own. The kernel, the spec's shared bytes and rows per block, and the launcher's grid and
-// tensor maps read these.
-PA_HOST_DEVICE constexpr bool flashDkDvRoles(int dpad) { return dpad == 256; }
+// The wgmma dK/dV kernel at padded head dim `dpad`. With roles (at 192 and 256: a warpgroup's
+// registers hold one 64 x dpad fp32 accumulator, not two) its two consumer warpgroups share 64
+// keys, one holding their dV and the other their dK, and the dV warpgroup hands each tile's fp32 Pᵀ
+// (64 keys x `queryTile` queries) to the dK one in shared memory; without, each warpgroup has 64
+// keys of its own. The kernel, the spec's shared bytes and rows per block, and the launcher's grid
+// and tensor maps read these.
+PA_HOST_DEVICE constexpr bool flashDkDvRoles(int dpad) { return dpad > 128; }
 PA_HOST_DEVICE constexpr int flashDkDvKeys(int dpad, int consumerWarpgroups) {
   return flashDkDvRoles(dpad) ? 64 : 64 * consumerWarpgroups;
 }

@@ -208,6 +208,9 @@ __device__ __forceinline__ u64 smemDescriptorStep(u64 descriptor, u32 bytes) {
 #define PA_WG_REGS64                                                       \
   PA_WG_REGS32 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47" \
                ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define PA_WG_REGS96                                                                          \
+  PA_WG_REGS64 ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"            \
+               ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
 #define PA_WG_REGS128                                                                         \
   PA_WG_REGS64 ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"            \
                ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"            \
@@ -218,6 +221,7 @@ __device__ __forceinline__ u64 smemDescriptorStep(u64 descriptor, u32 bytes) {
 #define PA_WG_ACC16(i) PA_WG_ACC8(i), PA_WG_ACC8(i + 8)
 #define PA_WG_ACC32(i) PA_WG_ACC8(i), PA_WG_ACC8(i + 8), PA_WG_ACC8(i + 16), PA_WG_ACC8(i + 24)
 #define PA_WG_ACC64(i) PA_WG_ACC32(i), PA_WG_ACC32(i + 32)
+#define PA_WG_ACC96 PA_WG_ACC64(0), PA_WG_ACC32(64)
 #define PA_WG_ACC128 PA_WG_ACC64(0), PA_WG_ACC64(64)
 #define PA_WG_STR(x) #x
 
@@ -265,6 +269,8 @@ PA_WGMMA_SS(64, bf16, kInBf16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
 PA_WGMMA_SS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
+PA_WGMMA_SS(192, bf16, kInBf16, PA_WG_REGS96, PA_WG_ACC96, 96, 97, 98, 99, 100)
+PA_WGMMA_SS(192, f16, kInF16, PA_WG_REGS96, PA_WG_ACC96, 96, 97, 98, 99, 100)
 PA_WGMMA_SS(256, bf16, kInBf16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132)
 PA_WGMMA_SS(256, f16, kInF16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132)
 // TF32: m64nNk8, both operands K-major (no transpose immediates).
@@ -300,6 +306,8 @@ PA_WGMMA_RS(64, bf16, kInBf16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36,
 PA_WGMMA_RS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36, 37, 38)
 PA_WGMMA_RS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69, 70)
 PA_WGMMA_RS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68, 69, 70)
+PA_WGMMA_RS(192, bf16, kInBf16, PA_WG_REGS96, PA_WG_ACC96, 96, 97, 98, 99, 100, 101, 102)
+PA_WGMMA_RS(192, f16, kInF16, PA_WG_REGS96, PA_WG_ACC96, 96, 97, 98, 99, 100, 101, 102)
 PA_WGMMA_RS(256, bf16, kInBf16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132, 133, 134)
 PA_WGMMA_RS(256, f16, kInF16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132, 133, 134)
 
@@ -309,11 +317,13 @@ PA_WGMMA_RS(256, f16, kInF16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 1
 #undef PA_WGMMA_SS
 #undef PA_WG_STR
 #undef PA_WG_ACC128
+#undef PA_WG_ACC96
 #undef PA_WG_ACC64
 #undef PA_WG_ACC32
 #undef PA_WG_ACC16
 #undef PA_WG_ACC8
 #undef PA_WG_REGS128
+#undef PA_WG_REGS96
 #undef PA_WG_REGS64
 #undef PA_WG_REGS32
 #undef PA_WG_REGS16

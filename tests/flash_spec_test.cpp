@@ -32,41 +32,49 @@ TEST(FlashSpec, SpecNamesAreUnique) {
 }
 
 // 16-bit head dims 33-256 run on wgmma on sm_90a, 96 padded to 128 (faster there than mma.sync
-// at 96), 129-256 padded to 256; 32 and below stay on mma.sync (faster than wgmma at 64). At 256
-// every kernel takes what fits shared memory whatever the tuning asks: the forward 64-key tiles and
-// two consumer warpgroups, dK/dV two warpgroups sharing 64 keys over 64-query tiles, dQ 128 query
-// rows over 32-key tiles in three stages, one item a block; the forward's warpgroups take turns.
+// at 96), 129-192 padded to 192 and 193-256 to 256; 32 and below stay on mma.sync (faster than
+// wgmma at 64). Above 128 every kernel keeps to what fits shared memory whatever the tuning asks:
+// the forward 64-key tiles and two consumer warpgroups taking turns (two stages at 256; at 192 a
+// third where asked, and persistent where its second Q buffer fits), dK/dV two warpgroups sharing
+// 64 keys over 64-query tiles, dQ 128 query rows over 32-key tiles in three stages (64-key tiles in
+// two where asked at 192); the backward one item a block.
 TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
   FlashAttentionConfig cfg;
   cfg.qLen = cfg.kLen = 4096;
   for (FlashDType dt : {kFlashF32, kFlashF16, kFlashBF16})
-    for (int d : {8, 32, 40, 64, 96, 128, 136, 200, 256}) {
+    for (int d : {8, 32, 40, 64, 96, 128, 136, 192, 200, 256}) {
       cfg.dtype = dt;
       cfg.headDim = d;
       const bool want = dt != kFlashF32 && d > 32;
+      const int dpad = d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
       for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
         const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true});
         EXPECT_EQ(s.wgmma, want) << s.name();
         if (!want) continue;
-        EXPECT_EQ(s.dpad, d <= 64 ? 64 : d <= 128 ? 128 : 256) << s.name() << ": the wgmma kernels' head dims";
+        EXPECT_EQ(s.dpad, dpad) << s.name() << ": the wgmma kernels' head dims";
         EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
       }
       if (want && d > 128) {
         FlashTuning asks;
         asks.fwdTile = 128, asks.fwdWarpgroups = 3, asks.fwdStages = 3;
         asks.bwdTile = 128, asks.dqTile = 64, asks.bwdWarpgroups = 3, asks.bwdStages = 3;
-        for (const FlashTuning& tuning : {FlashTuning{}, asks})
+        for (bool asked : {false, true})
           for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
-            const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true}, tuning);
-            EXPECT_EQ(s.tile, k == FlashKernelKind::kBwdDq ? 32 : 64) << s.name();
+            const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true}, asked ? asks : FlashTuning{});
+            const bool at192 = dpad == 192, dq = k == FlashKernelKind::kBwdDq;
+            EXPECT_EQ(s.tile, dq && !(at192 && asked) ? 32 : 64) << s.name();
             EXPECT_EQ(s.warps, 8) << s.name();
-            const bool threeFit = k == FlashKernelKind::kBwdDq;  // 128 KB of Q and dO, 3 x 32 KB of K and V
-            EXPECT_EQ(s.stages, threeFit ? 3 : 2) << s.name();
+            // Shared memory (KB): dQ 96 of Q and dO at 192 (128 at 256) + 24 (32) a stage of
+            // 32-key tiles, 48 of 64-key ones; dK/dV 48 (64) of K and V + 50 (66) a stage + 16;
+            // the forward 48 (64) of Q + 48 (64) a stage.
+            const int stages = dq ? (at192 && asked ? 2 : 3) : at192 && asked ? 3 : 2;
+            EXPECT_EQ(s.stages, stages) << s.name();
             if (k == FlashKernelKind::kForward) {
               EXPECT_TRUE(s.pingpong) << s.name();
             }
             EXPECT_EQ(s.rowsPerBlock(), k == FlashKernelKind::kBwdDkDv ? 64 : 128) << s.name();
-            EXPECT_FALSE(s.persistent) << s.name() << ": a second resident buffer does not fit";
+            // A second Q buffer fits the forward at 192 in two stages (193 KB), nothing else.
+            EXPECT_EQ(s.persistent, k == FlashKernelKind::kForward && at192 && !asked) << s.name();
             EXPECT_LE(s.sharedBytes(), 227 * 1024) << s.name();
           }
       }

@@ -487,7 +487,7 @@ TEST_P(FlashHeadDims, MatchesFloat64Reference) {
 }
 INSTANTIATE_TEST_SUITE_P(Dims, FlashHeadDims,
                          ::testing::Combine(::testing::Values(kF32, kTF32, kBF16, kF16, kF64Mma),
-                                            ::testing::Values(8, 32, 40, 64, 96, 128, 200, 256)),
+                                            ::testing::Values(8, 32, 40, 64, 96, 128, 176, 200, 256)),
                          [](const auto& info) {
                            return precisionName(std::get<0>(info.param)) + "_d" + std::to_string(std::get<1>(info.param));
                          });
@@ -800,7 +800,7 @@ TEST(FlashAttentionGpu, SinkTileEqualsTheFullTile) {
 // The wgmma kernels' TMA loads (FlashKernelSpec::tma) hand the consumers the same tiles as the
 // producer warpgroup's cp.async, and their TMA stores (O at head dim 128, dK and dV, dQ at 128) write
 // what the register stores write: the same bits in O, lse, dQ, dK, dV and the sink-logit gradient,
-// for padded head dims 64, 128 and 256 with columns past the head dim (40, 96, 200) and rows past the
+// for padded head dims 64, 128, 192 and 256 with columns past the head dim (40, 96, 144, 200) and rows past the
 // lengths (zeros either way), packed strides, GQA (dK/dV per query head and per KV head), the
 // sink tile, two and three warpgroups, persistent and one item a block, one row.
 TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
@@ -820,7 +820,9 @@ TEST(FlashAttentionGpu, TmaLoadsEqualCpAsync) {
                           {{3, 4, 2, 700, 700, 128, maskOf(1, 0, -1, -1, 0), false}, false, 0, 1},
                           {{2, 8, 2, 1024, 1024, 64, maskOf(1, 0, 128, -1, 0), true}, false, -1, 0},
                           {{2, 4, 2, 300, 333, 256, maskOf(1, 1, 100, -1, 3), true}, false, -1, 0},
-                          {{1, 4, 4, 200, 129, 200, maskOf(0, 0, -1, -1, 0), false}, true, -1, -1}};
+                          {{1, 4, 4, 200, 129, 200, maskOf(0, 0, -1, -1, 0), false}, true, -1, -1},
+                          {{2, 4, 2, 300, 333, 192, maskOf(1, 1, 100, -1, 3), true}, false, -1, 0},
+                          {{1, 4, 4, 200, 129, 144, maskOf(0, 0, -1, -1, 0), false}, true, -1, -1}};
   for (const Shape& sh : shapes) {
     const FlashAttentionConfig cfg = sh.config();
     for (FlashKernelKind kind : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq})
@@ -979,22 +981,24 @@ TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
     SCOPED_TRACE("d128 mask " + std::to_string(m));
     runCase(c, 800 + m);
   }
-  // Head dims 129-256, padded to 256 (the dK/dV kernel's warpgroups share their keys, one holding
-  // dV and the other dK; dQ streams 32-key tiles): every mask, GQA's dK/dV per query head (fp32
-  // partials and the reduce) and per KV head, lengths off the tiles.
+  // Head dims 129-192 and 193-256, padded to 192 and 256 (the dK/dV kernel's warpgroups share
+  // their keys, one holding dV and the other dK; dQ streams 32-key tiles): every mask, GQA's dK/dV
+  // per query head (fp32 partials and the reduce) and per KV head, lengths off the tiles.
   for (size_t m = 0; m < maskCases().size(); ++m)
-    for (int splitKv : {1, 0}) {
-      FlashTuning tuning;
-      tuning.splitKv = splitKv;
-      const ScopedTuning scoped(tuning);
-      Case c;
-      c.dtype = m % 2 ? kFlashF16 : kFlashBF16, c.batch = 2, c.heads = 4, c.kvHeads = 2;
-      c.qLen = m % 3 ? 129 : 65, c.kLen = m % 2 ? 127 : 200, c.headDim = (m + splitKv) % 2 ? 256 : 160;
-      c.mask = maskCases()[m].mask;
-      c.sinkLogits = maskCases()[m].sinkLogits;
-      SCOPED_TRACE("d" + std::to_string(c.headDim) + " mask " + std::to_string(m) + " splitKv " + std::to_string(splitKv));
-      runCase(c, 900 + 2 * m + splitKv);
-    }
+    for (int splitKv : {1, 0})
+      for (int wide : {0, 1}) {
+        FlashTuning tuning;
+        tuning.splitKv = splitKv;
+        const ScopedTuning scoped(tuning);
+        Case c;
+        c.dtype = m % 2 ? kFlashF16 : kFlashBF16, c.batch = 2, c.heads = 4, c.kvHeads = 2;
+        c.qLen = m % 3 ? 129 : 65, c.kLen = m % 2 ? 127 : 200;
+        c.headDim = (m + splitKv) % 2 ? (wide ? 256 : 192) : (wide ? 200 : 160);
+        c.mask = maskCases()[m].mask;
+        c.sinkLogits = maskCases()[m].sinkLogits;
+        SCOPED_TRACE("d" + std::to_string(c.headDim) + " mask " + std::to_string(m) + " splitKv " + std::to_string(splitKv));
+        runCase(c, 900 + 4 * m + 2 * splitKv + wide);
+      }
 }
 
 TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
