@@ -74,15 +74,15 @@ bool encodeFlashMaps(const FlashKernelSpec& spec, const FlashKernelParams& p, Fl
     encode(p.v, p.kvHeads, p.kLen, kRows, maps.v);
     if (spec.kind != FlashKernelKind::kForward) encode(p.dO, p.heads, p.qLen, qRows, maps.dO);
     // The outputs a kernel stores by TMA, in boxes of the kernels' store rows (flashForwardStoreRows
-    // and its kin); encoded for every launch of the kind whose rule stores by TMA (the dK/dV kernel's
-    // fp32 partials of split GQA are stored from registers and leave them unused).
+    // and its kin), for every launch of the kind whose rule stores by TMA; not dK and dV where the
+    // dK/dV kernel writes split GQA's fp32 partials (from registers).
     auto encodeOutput = [&](const FlashTensorView& t, int heads, int len, int rows, FlashTensorMap& out) {
       if (rows > 0) encode(t, heads, len, rows, out);
     };
     if (spec.kind == FlashKernelKind::kForward)
       encodeOutput(p.o, p.heads, p.qLen, flashForwardStoreRows(spec.dpad, spec.warps / 4), maps.o);
     if (spec.kind == FlashKernelKind::kBwdDq) encodeOutput(p.dQ, p.heads, p.qLen, flashDqStoreRows(spec.dpad), maps.dQ);
-    if (keyBlocks) {
+    if (keyBlocks && p.dKVPartial == 0) {
       encodeOutput(p.dK, p.kvHeads, p.kLen, flashDkDvStoreRows(spec.dpad), maps.dK);
       encodeOutput(p.dV, p.kvHeads, p.kLen, flashDkDvStoreRows(spec.dpad), maps.dV);
     }
@@ -306,8 +306,6 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   p.delta = a.workspace;
   p.sinkPartial = a.workspace + ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
   FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
-  FlashTensorMaps dkdvMaps{};
-  const FlashTensorMaps* dkdvTma = mapsOrFallBack(dkdv, p, dkdvMaps);
   unsigned long long next = p.sinkPartial + ((size_t)c.heads * c.batch * p.qTiles * 4 + 15) / 16 * 16;
   if (dkdv.atomicDq) {
     p.dQAccum = next;
@@ -318,6 +316,8 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     next += (2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 + 15) / 16 * 16;
   }
   if (dkdv.dqPartial) p.dQPartial = next;
+  FlashTensorMaps dkdvMaps{};
+  const FlashTensorMaps* dkdvTma = mapsOrFallBack(dkdv, p, dkdvMaps);  // reads p.dKVPartial
 
   launch(specFor(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream, mode);
   // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
