@@ -291,11 +291,12 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     if (tuning.bwdWarpgroups) s.warps = 4 * tuning.bwdWarpgroups;
     if (tuning.bwdStages) s.stages = tuning.bwdStages;
     // Above 128 (the kernels' asserts): dK/dV's two warpgroups share 64 keys (one holds dV, the
-    // other dK) over 64-query tiles; dQ's 128 query rows stream 32-key tiles in three stages (1-2 %
-    // faster than two at 256), at 192 64-key tiles where the tuning asks; the tuning's stages where
-    // they fit, else two.
+    // other dK) over 64-query tiles; dQ's 128 query rows stream 32-key tiles in three stages at 256
+    // (1-2 % faster than two; 64-key tiles do not fit), 64-key tiles in two at 192 (forward +
+    // backward 4-5 % faster than 32-key tiles in three; 32 where the tuning asks); the tuning's
+    // stages where they fit, else two.
     if (s.dpad > 128) {
-      const bool dq64 = s.dpad == 192 && tuning.dqTile == 64;
+      const bool dq64 = s.dpad == 192 && tuning.dqTile != 32;
       s.tile = kind == FlashKernelKind::kBwdDq && !dq64 ? 32 : 64, s.warps = 8;
       if (kind == FlashKernelKind::kBwdDq && !tuning.bwdStages) s.stages = 3;
       if (s.sharedBytes() > kSm90MaxSharedBytes) s.stages = 2;

@@ -46,7 +46,8 @@
  * block's 64 keys: warpgroup 0 computes Sᵀ, Pᵀ and dV += Pᵀ·dO and hands Pᵀ (fp32) to warpgroup
  * 1 through 16 KB of shared memory, which computes dPᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Δ) and dK += dSᵀ·Q:
  * two products each a tile pair, and each stores its tensor from registers. The dQ kernel streams
- * 32-key tiles, so that Q and dO of 128 rows and three stages fit.
+ * 32-key tiles at 256, so that Q and dO of 128 rows and three stages fit (64-key tiles in two at
+ * 192, the chooser's rule).
  */
 #pragma once
 

@@ -36,8 +36,8 @@ TEST(FlashSpec, SpecNamesAreUnique) {
 // wgmma at 64). Above 128 every kernel keeps to what fits shared memory whatever the tuning asks:
 // the forward 64-key tiles and two consumer warpgroups taking turns (two stages at 256; at 192 a
 // third where asked, and persistent where its second Q buffer fits), dK/dV two warpgroups sharing
-// 64 keys over 64-query tiles, dQ 128 query rows over 32-key tiles in three stages (64-key tiles in
-// two where asked at 192); the backward one item a block.
+// 64 keys over 64-query tiles, dQ 128 query rows over 32-key tiles in three stages at 256, 64-key
+// tiles in two at 192 (32-key tiles in three where asked); the backward one item a block.
 TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
   FlashAttentionConfig cfg;
   cfg.qLen = cfg.kLen = 4096;
@@ -57,17 +57,17 @@ TEST(FlashSpec, Sm90aKernelsUseWgmmaWhereTheyApply) {
       if (want && d > 128) {
         FlashTuning asks;
         asks.fwdTile = 128, asks.fwdWarpgroups = 3, asks.fwdStages = 3;
-        asks.bwdTile = 128, asks.dqTile = 64, asks.bwdWarpgroups = 3, asks.bwdStages = 3;
+        asks.bwdTile = 128, asks.dqTile = 32, asks.bwdWarpgroups = 3, asks.bwdStages = 3;
         for (bool asked : {false, true})
           for (FlashKernelKind k : {FlashKernelKind::kForward, FlashKernelKind::kBwdDkDv, FlashKernelKind::kBwdDq}) {
             const FlashKernelSpec s = chooseFlashSpec(k, cfg, {132, true}, asked ? asks : FlashTuning{});
             const bool at192 = dpad == 192, dq = k == FlashKernelKind::kBwdDq;
-            EXPECT_EQ(s.tile, dq && !(at192 && asked) ? 32 : 64) << s.name();
+            EXPECT_EQ(s.tile, dq && !(at192 && !asked) ? 32 : 64) << s.name();
             EXPECT_EQ(s.warps, 8) << s.name();
             // Shared memory (KB): dQ 96 of Q and dO at 192 (128 at 256) + 24 (32) a stage of
             // 32-key tiles, 48 of 64-key ones; dK/dV 48 (64) of K and V + 50 (66) a stage + 16;
             // the forward 48 (64) of Q + 48 (64) a stage.
-            const int stages = dq ? (at192 && asked ? 2 : 3) : at192 && asked ? 3 : 2;
+            const int stages = dq ? (at192 && !asked ? 2 : 3) : at192 && asked ? 3 : 2;
             EXPECT_EQ(s.stages, stages) << s.name();
             if (k == FlashKernelKind::kForward) {
               EXPECT_TRUE(s.pingpong) << s.name();

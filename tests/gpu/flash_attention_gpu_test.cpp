@@ -982,8 +982,9 @@ TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
     runCase(c, 800 + m);
   }
   // Head dims 129-192 and 193-256, padded to 192 and 256 (the dK/dV kernel's warpgroups share
-  // their keys, one holding dV and the other dK; dQ streams 32-key tiles): every mask, GQA's dK/dV
-  // per query head (fp32 partials and the reduce) and per KV head, lengths off the tiles.
+  // their keys, one holding dV and the other dK; dQ streams 64-key tiles at 192, 32 at 256): every
+  // mask, GQA's dK/dV per query head (fp32 partials and the reduce) and per KV head, lengths off
+  // the tiles; then every third mask at 192 with the 32-key dQ tiles the tuning can ask for.
   for (size_t m = 0; m < maskCases().size(); ++m)
     for (int splitKv : {1, 0})
       for (int wide : {0, 1}) {
@@ -999,6 +1000,18 @@ TEST(FlashAttentionGpu, EveryBackwardVariantOfTheSixteenBitTypes) {
         SCOPED_TRACE("d" + std::to_string(c.headDim) + " mask " + std::to_string(m) + " splitKv " + std::to_string(splitKv));
         runCase(c, 900 + 4 * m + 2 * splitKv + wide);
       }
+  for (size_t m = 0; m < maskCases().size(); m += 3) {
+    FlashTuning tuning;
+    tuning.dqTile = 32;
+    const ScopedTuning scoped(tuning);
+    Case c;
+    c.dtype = m % 2 ? kFlashF16 : kFlashBF16, c.batch = 2, c.heads = 4, c.kvHeads = 2;
+    c.qLen = 129, c.kLen = m % 2 ? 127 : 200, c.headDim = 176;
+    c.mask = maskCases()[m].mask;
+    c.sinkLogits = maskCases()[m].sinkLogits;
+    SCOPED_TRACE("d176 dQ tile 32 mask " + std::to_string(m));
+    runCase(c, 1000 + m);
+  }
 }
 
 TEST(FlashAttentionGpu, PackedStridesMatchContiguous) {
