@@ -432,7 +432,9 @@ Config parseConfig(const std::string& yamlText, const std::string& file, const s
   auto src = std::make_shared<ConfigSource>();
   src->file = file;
   YAML::Node root = loadYaml(yamlText, file);
-  if (!root || root.IsNull()) throw ConfigError(file, "", "the config is empty");
+  // Nothing but whitespace, comments or a null: the position is the file's start.
+  if (!root || root.IsNull())
+    throw ConfigError(file + ":1:1", "", "the config is empty: it holds no keys");
   checkTree(CfgNode(root, "", src), 0);
   for (const std::string& o : overrides) {
     try {

@@ -74,6 +74,16 @@ TEST(ConfigErrors, MalformedYamlNamesLineAndColumn) {
   EXPECT_NE(e.find("malformed YAML"), std::string::npos) << e;
 }
 
+// A file with no keys (empty, comments only, a YAML null) is named at its start, as every
+// config error is named at a line and column (the config fuzzer's rule).
+TEST(ConfigErrors, EmptyConfigNamesTheFileStart) {
+  for (const char* text : {"", "\n\n", "# only a comment\n", "~\n", "null"}) {
+    const std::string e = errorOf(text);
+    EXPECT_EQ(e.rfind("model.yaml:1:1: ", 0), 0u) << "'" << text << "': " << e;
+    EXPECT_NE(e.find("the config is empty"), std::string::npos) << e;
+  }
+}
+
 TEST(ConfigErrors, UnknownKeySuggestsTheClosest) {
   const std::string e = errorOf(replaced(kGood, "heads: 2", "haeds: 2"));
   EXPECT_NE(e.find("model.yaml:7:19"), std::string::npos) << e;
