@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "common/errors.h"
 #include "frontend/predict.h"
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
   } catch (const pa::UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: %s\n", pa::kOutOfHostMemory);
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -14,7 +14,9 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <new>
 
+#include "common/errors.h"
 #include "frontend/checkpoint.h"
 #include "frontend/compare.h"
 #include "frontend/config.h"
@@ -286,6 +288,9 @@ int main(int argc, char** argv) {
   } catch (const pa::UserError& e) {
     failure = e.what();
     code = 2;
+  } catch (const std::bad_alloc&) {
+    failure = pa::kOutOfHostMemory;
+    code = 1;
   } catch (const std::exception& e) {
     failure = e.what();
     code = 1;
