@@ -26,7 +26,7 @@ private:
 // What `train` and `predict` print for std::bad_alloc (exit 1): host memory ran out, which the
 // size checks before allocating (data.samples, layer widths) cannot rule out on a smaller machine
 // or under a memory limit.
-inline const char* kOutOfHostMemory =
+inline constexpr const char* kOutOfHostMemory =
     "out of host memory (std::bad_alloc): the data (data.samples x the values a sample holds), the parameters "
     "or a step's activations need more than this process may allocate; lower data.samples, the layer widths or "
     "train.batch_size, or raise the memory limit";

@@ -433,8 +433,7 @@ Config parseConfig(const std::string& yamlText, const std::string& file, const s
   src->file = file;
   YAML::Node root = loadYaml(yamlText, file);
   // Nothing but whitespace, comments or a null: the position is the file's start.
-  if (!root || root.IsNull())
-    throw ConfigError(file + ":1:1", "", "the config is empty: it holds no keys");
+  if (!root || root.IsNull()) throw ConfigError(markText(file, YAML::Mark()), "", "the config is empty: it holds no keys");
   checkTree(CfgNode(root, "", src), 0);
   for (const std::string& o : overrides) {
     try {
