@@ -233,13 +233,26 @@ __device__ __forceinline__ bool softmaxTile(float (&s)[BN / 2], float (&rowMax)[
                                             bool full, int n0, const int (&bandLo)[2], const int (&bandHi)[2],
                                             const int (&bandSink)[2], float scaleLog2, int t) {
   if (!full) {
+    // bandVisible with the bounds taken relative to the thread's first key n0 + 2t, so that each
+    // key tests a constant. Where no thread of the warp has its band's start or a sink at or past
+    // its first key (a causal diagonal, a window's right edge: most masked tiles) the upper bound
+    // alone decides.
+    const int first = n0 + 2 * t;
+    const int lo[2] = {bandLo[0] - first, bandLo[1] - first}, hi[2] = {bandHi[0] - first, bandHi[1] - first};
+    const int sink[2] = {bandSink[0] - first, bandSink[1] - first};
+    if (__all_sync(0xffffffffu, max(lo[0], lo[1]) <= 0 && max(sink[0], sink[1]) < 0)) {
 #pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt)
+      for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, k = n0 + nt * 8 + 2 * t + (e & 1);
-        if (!bandVisible(k, bandLo[r], bandHi[r], bandSink[r])) s[4 * nt + e] = negInf();
-      }
+        for (int e = 0; e < 4; ++e)
+          if (nt * 8 + (e & 1) > hi[e >> 1]) s[4 * nt + e] = negInf();
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!bandVisible(nt * 8 + (e & 1), lo[e >> 1], hi[e >> 1], sink[e >> 1])) s[4 * nt + e] = negInf();
+    }
   }
   bool rescale = false;
   float base[2];
@@ -495,7 +508,12 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
     const int rowA = m0 + 64 * wg + 16 * q + g;  // this thread's rows: rowA and rowA + 8
     int bandLo[2], bandHi[2], bandSink[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) tm.rowBand(rowA + 8 * r, bandLo[r], bandHi[r], bandSink[r]);
+    for (int r = 0; r < 2; ++r) {
+      tm.rowBand(rowA + 8 * r, bandLo[r], bandHi[r], bandSink[r]);
+      // Computed here, once an item: left to itself the compiler recomputes them (64-bit) in
+      // every masked tile, their only reader.
+      asm volatile("" : "+r"(bandLo[r]), "+r"(bandHi[r]), "+r"(bandSink[r]));
+    }
 
     float o[DPAD / 2], s[BN / 2];
 #pragma unroll
