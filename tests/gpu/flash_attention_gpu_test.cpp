@@ -728,7 +728,8 @@ struct Bf16Problem {
 // item loaded under the current one, groups of slices) computes every item as the one-item-a-block
 // kernel does: the same operations in the same order, so the same bits, O and lse. Shapes with
 // several items a block, several groups of slices (the last one short), partial last tiles, every
-// kind of mask, GQA, head dims 64 and 128 (two and three consumer warpgroups, ping-pong).
+// kind of mask, GQA, head dims 64 and 128 (two and three consumer warpgroups, ping-pong), and
+// query tiles that see no key (bottom-right causal, more queries than keys).
 TEST(FlashAttentionGpu, PersistentForwardEqualsOneItemABlock) {
   REQUIRE_GPU();
   FlashAttention& fa = *env().flash;
@@ -738,7 +739,8 @@ TEST(FlashAttentionGpu, PersistentForwardEqualsOneItemABlock) {
                           {3, 6, 6, 4100, 4100, 128, maskOf(1, 0, -1, -1, 0), false},
                           {2, 12, 3, 2200, 2200, 64, maskOf(1, 0, 300, -1, 4), true},
                           {4, 8, 8, 700, 1500, 128, maskOf(0, 0, -1, -1, 0), false},
-                          {6, 8, 2, 1300, 900, 64, maskOf(1, 1, 200, 50, 2), false}};
+                          {6, 8, 2, 1300, 900, 64, maskOf(1, 1, 200, 50, 2), false},
+                          {2, 8, 8, 1500, 400, 64, maskOf(1, 1, -1, -1, 0), false}};  // tiles that see no key
   for (const Bf16Problem& sh : shapes) {
     const FlashAttentionConfig cfg = sh.config();
     ASSERT_TRUE(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).persistent);
@@ -869,7 +871,10 @@ TEST(FlashAttentionGpu, ViewsNoTmaMapExpressesFallBackToCpAsync) {
 
 // A small persistent forward with more items than SMs (blocks take two or three items each, so
 // Q buffers and the work counter are handed on), for compute-sanitizer's memcheck and racecheck
-// (bench/flash_device_run.sh sanitize): against the float64 reference.
+// (bench/flash_device_run.sh sanitize): against the float64 reference. The first case has the
+// narrow sink tile at head dim 64; the second is head dim 128 (O stored by TMA from the Q buffer,
+// ping-pong), whose first query tile of each slice sees no key (causal, bottom-right, 300 queries
+// over 100 keys): an item without products hands its Q buffer on too.
 TEST(FlashAttentionGpu, PersistentForwardSeveralItemsABlock) {
   REQUIRE_GPU();
   const FlashTarget target = flashTargetOf(env().device->info());
@@ -880,6 +885,10 @@ TEST(FlashAttentionGpu, PersistentForwardSeveralItemsABlock) {
   c.sinkLogits = true;
   c.backward = false;
   runCase(c, 4242);
+  c.qLen = 300, c.kLen = 100, c.headDim = 128;
+  c.mask = maskOf(1, 1, -1, -1, 0);
+  c.sinkLogits = false;
+  runCase(c, 4244);
 }
 
 // A small persistent backward with more items than SMs (dK/dV and dQ blocks take two or three
