@@ -175,19 +175,45 @@ TEST_P(DataParallelMatch, TwoRanksTrainAsOneProcess) {
     ASSERT_EQ(m1.val[i] < 0, m2.val[i] < 0) << "step " << i + 1;
     if (m1.val[i] >= 0) worstVal = std::max(worstVal, relDiff(m1.val[i], m2.val[i]));
   }
-  EXPECT_LE(worstLoss, c.lossTol);
-  EXPECT_LE(worstVal, c.lossTol);
-  EXPECT_LE(paramsDiff(dir / "one", dir / "two"), c.paramTol);
+  // fp32: both runs round the same sums, differently (the batch's gradient split in two), and
+  // each lies about as far from the exact trajectory as fp32's rounding moves it: the one-process
+  // run in fp64 against fp32 measures that distance d, and the two fp32 runs must lie within 2d
+  // of each other (and never needs less than the case's floor). A fixed bar does not hold across
+  // machines: the gap grows as the loss falls and follows BLAS's kernels (sine_attention: 4e-7 on
+  // one machine, 3.2e-6 on another where d was 3.5e-6).
+  double lossTol = c.lossTol, valTol = c.lossTol, paramTol = c.paramTol;
+  if (std::string(c.precision) == "fp32") {
+    const std::string refArgs = " -c " + example(c.config) + " --device cpu --progress none --steps 50 --set precision=fp64" +
+                                " --set train.log_every=10" + fuse;
+    const Ran ref = run(std::string(PA_TRAIN_BINARY) + refArgs + " --metrics " + (dir / "ref.csv").string() +
+                            " --checkpoint-dir " + (dir / "ref").string(),
+                        dir);
+    ASSERT_EQ(ref.code, 0) << ref.err;
+    const Metrics r = readMetrics(dir / "ref.csv");
+    ASSERT_EQ(r.lines, 50u);
+    double refLoss = 0, refVal = 0;
+    for (size_t i = 0; i < 50; ++i) {
+      refLoss = std::max(refLoss, relDiff(m1.loss[i], r.loss[i]));
+      if (m1.val[i] >= 0 && r.val[i] >= 0) refVal = std::max(refVal, relDiff(m1.val[i], r.val[i]));
+    }
+    lossTol = std::max(lossTol, 2 * refLoss);
+    valTol = std::max(valTol, 2 * refVal);
+    paramTol = std::max(paramTol, 2 * paramsDiff(dir / "one", dir / "ref"));
+  }
+  EXPECT_LE(worstLoss, lossTol);
+  EXPECT_LE(worstVal, valTol);
+  EXPECT_LE(paramsDiff(dir / "one", dir / "two"), paramTol);
   size_t checkpoints = 0;
   for (const auto& e : fs::directory_iterator(dir / "two")) checkpoints += e.is_directory();
   EXPECT_EQ(checkpoints, 1u);
-  std::printf("%s %s: 2 ranks against 1 process over 50 steps: loss max rel diff %.3g, validation %.3g, parameters %.3g\n",
-              c.config, c.precision, worstLoss, worstVal, paramsDiff(dir / "one", dir / "two"));
+  std::printf("%s %s: 2 ranks against 1 process over 50 steps: loss max rel diff %.3g (bar %.3g), validation %.3g (%.3g), "
+              "parameters %.3g (%.3g)\n",
+              c.config, c.precision, worstLoss, lossTol, worstVal, valTol, paramsDiff(dir / "one", dir / "two"), paramTol);
   fs::remove_all(dir);
 }
 
-// fp32: the batch's gradient sums split in two round differently (measured: ~4e-7 relative on the
-// losses over 50 steps); fp64: the same at ~1e-15.
+// The floors: fp32 1e-6 on the losses, 1e-5 on the parameters (raised to twice fp32's own distance
+// from fp64 where that is larger: the test above); fp64 ~1e-15 measured, 1e-12 asked.
 INSTANTIATE_TEST_SUITE_P(Configs, DataParallelMatch,
                          // fp32 sine_attention on the unpacked projections, whose bar this is: with
                          // the example's packed ones (qkv) the runs agree to the step-1 rounding
