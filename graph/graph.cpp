@@ -53,6 +53,9 @@ ValueId Graph::add(OpKind op, llvm::ArrayRef<ValueId> inputs, AttrMap attrs, std
     int64_t elements;
     if (std::any_of(t.shape.begin(), t.shape.end(), [](int64_t d) { return d < 0; }))
       throw ShapeError(n.name, "output " + shapeString(t.shape) + " has a negative extent");
+    if (t.shape.size() > static_cast<size_t>(kMaxRank))
+      throw ShapeError(n.name, "output has " + std::to_string(t.shape.size()) + " dimensions; at most " +
+                                   std::to_string(kMaxRank) + " are supported");
     if (!checkedNumel(t.shape, elements))
       throw ShapeError(n.name, "output " + shapeString(t.shape) + " holds more than 2^48 elements (" +
                                    elementCountString(t.shape) + "); no machine holds a tensor that large");

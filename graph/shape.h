@@ -18,6 +18,10 @@ using Shape = llvm::SmallVector<int64_t, 6>;
 // int64 without further checks.
 constexpr int64_t kMaxElements = int64_t{1} << 48;
 
+// The most dimensions one tensor may have: the CPU kernels' strided views hold this many
+// (cpu::kMaxRank); Graph::add refuses more, so a config cannot reach them with a larger rank.
+constexpr int kMaxRank = 8;
+
 // a * b, false when the product is negative, overflows or exceeds kMaxElements.
 inline bool checkedMul(int64_t a, int64_t b, int64_t& out) {
   int64_t r;

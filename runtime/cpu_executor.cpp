@@ -31,6 +31,8 @@ struct Ctx {
   int64_t outCount() const { return numel(outShape()); }
 };
 
+static_assert(cpu::kMaxRank >= kMaxRank, "the CPU kernels' views must hold every rank a graph may have");
+
 // A view of `src` (shape) broadcast to the extents of `dst` (numpy alignment from the right).
 cpu::Strided broadcastView(const Shape& src, const Shape& dst) {
   cpu::Strided v;

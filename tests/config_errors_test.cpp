@@ -432,6 +432,20 @@ TEST(ConfigErrors, MistakesFoundByMutatingTheExamples) {
             std::string::npos) << e;
 }
 
+// Tensors of more than kMaxRank dimensions are refused where the config asks for them, with its
+// location (config fuzzer, seed 505, case 2729: a model.input of 81 ones crashed the CPU kernels).
+TEST(ConfigErrors, TensorsOfMoreThanEightDimensionsAreNamed) {
+  std::string e = errorOf(kGood, {"model.input=[1, 1, 1, 1, 1, 1, 1, 8]"});
+  EXPECT_NE(e.find("model.input: [1, 1, 1, 1, 1, 1, 1, 8] has 8 dimensions, 9 with the batch's; a tensor may have at "
+                   "most 8"),
+            std::string::npos) << e;
+  e = errorOf("name: t\ndata: {kind: function}\nmodel:\n  params: {w: {shape: [1, 1, 1, 1, 1, 1, 1, 1, 1]}}\n"
+              "  nodes: [{op: matmul, inputs: [input, w], output: y}]\n");
+  EXPECT_NE(e.find("model.params.w.shape: node 'w': output has 9 dimensions; at most 8 are supported"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("model.yaml:4:"), std::string::npos) << e;
+}
+
 class CsvErrors : public ::testing::Test {
 protected:
   void SetUp() override {

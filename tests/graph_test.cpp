@@ -33,6 +33,29 @@ TEST(Graph, ShapeErrorNamesTheNodeAndBothShapes) {
   EXPECT_THROW(g.add(OpKind::Softmax, {a}, AttrMap().set<attr::Axis>(2)), ShapeError);
 }
 
+// Every value has at most kMaxRank dimensions (the CPU kernels' strided views hold that many):
+// Graph::add refuses more, by name, whichever op makes them (an input, a parameter, a reshape, a
+// broadcast), and takes exactly kMaxRank (found by the config fuzzer: a model.input of 81 ones
+// reached the CPU kernels and crashed).
+TEST(Graph, ValuesOfMoreThanMaxRankDimensionsAreRefused) {
+  Graph g;
+  const Shape eight(kMaxRank, 1), nine(kMaxRank + 1, 1);
+  const ValueId a = g.addInput("a", eight);
+  EXPECT_EQ(g.shape(a).size(), static_cast<size_t>(kMaxRank));
+  try {
+    g.addInput("b", nine);
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("node 'b'"), std::string::npos) << m;
+    EXPECT_NE(m.find("output has 9 dimensions; at most 8 are supported"), std::string::npos) << m;
+  }
+  EXPECT_THROW(g.addParam("w", nine, "xavier"), ShapeError);
+  EXPECT_THROW(g.add(OpKind::Reshape, {a}, AttrMap().set<attr::Shape>(std::vector<int64_t>(kMaxRank + 1, 1))), ShapeError);
+  const ValueId c = g.addParam("c", {1}, "zeros");
+  EXPECT_NO_THROW(g.add(OpKind::Add, {a, c}));  // broadcast up to kMaxRank
+}
+
 // attrs.def and ops.def agree: every attribute an op names has a typed key, every typed key is
 // some op's, and a key declared twice (two defaults) has one kind.
 TEST(Graph, AttributeListMatchesTheOpList) {
