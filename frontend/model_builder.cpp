@@ -193,13 +193,12 @@ BuiltModel buildModel(const Config& cfg, const std::vector<int64_t>& sampleX, co
   if (!checkedNumel(sampleX, sampleCount) || !checkedNumel(sampleY, targetCount))
     cfg.where.fail("data", "a sample " + shapeString(sampleX) + " -> " + shapeString(sampleY) +
                                " holds more than 2^48 elements");
-  if (inShape.size() + 1 > static_cast<size_t>(kMaxRank)) {  // + 1: the batch's dimension
-    const std::string dims = shapeString(inShape) + " has " + std::to_string(inShape.size()) + " dimensions, " +
-                             std::to_string(inShape.size() + 1) + " with the batch's; a tensor may have at most " +
-                             std::to_string(kMaxRank);
-    if (m.input.empty()) cfg.where.fail("data", "a sample " + dims);
-    throw ConfigError(m.inputLocation, "model.input", dims);
-  }
+  // + 1: the batch's dimension. (Samples of the data kinds have at most 2 dimensions.)
+  if (m.input.size() + 1 > static_cast<size_t>(kMaxRank))
+    throw ConfigError(m.inputLocation, "model.input",
+                      shapeString(m.input) + " has " + std::to_string(m.input.size()) + " dimensions, " +
+                          std::to_string(m.input.size() + 1) + " with the batch's; a tensor may have at most " +
+                          std::to_string(kMaxRank));
   if (!checkedNumel(inShape, inCount))
     throw ConfigError(m.inputLocation, "model.input", shapeString(inShape) + " holds " + elementCountString(inShape) +
                                                           " elements, more than 2^48; no machine holds a tensor that large");
