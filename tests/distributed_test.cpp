@@ -153,13 +153,19 @@ TEST_P(DataParallelMatch, TwoRanksTrainAsOneProcess) {
   const Case c = GetParam();
   const fs::path dir = tempDir(std::string(c.config) + "_" + c.precision);
   const std::string fuse = c.fuse ? std::string(" --set 'compiler.fuse=") + c.fuse + "'" : "";  // (quoted: [ ] glob)
-  const std::string args = " -c " + example(c.config) + " --device cpu --progress none --steps 50 --set precision=" +
-                           c.precision + " --set train.log_every=10" + fuse;
-  const Ran one = run(std::string(PA_TRAIN_BINARY) + args + " --metrics " + (dir / "one.csv").string() +
-                          " --checkpoint-dir " + (dir / "one").string(),
-                      dir);
+  auto argsIn = [&](const std::string& precision) {
+    return " -c " + example(c.config) + " --device cpu --progress none --steps 50 --set precision=" + precision +
+           " --set train.log_every=10" + fuse;
+  };
+  // One process in `precision`, its metrics and checkpoint under dir / `name`.
+  auto runOne = [&](const std::string& precision, const std::string& name) {
+    return run(std::string(PA_TRAIN_BINARY) + argsIn(precision) + " --metrics " + (dir / (name + ".csv")).string() +
+                   " --checkpoint-dir " + (dir / name).string(),
+               dir);
+  };
+  const Ran one = runOne(c.precision, "one");
   ASSERT_EQ(one.code, 0) << one.err;
-  const Ran two = run("PA_CHECK_REPLICAS=1 " + launch(mpirun, 2) + PA_TRAIN_BINARY + args + " --metrics " +
+  const Ran two = run("PA_CHECK_REPLICAS=1 " + launch(mpirun, 2) + PA_TRAIN_BINARY + argsIn(c.precision) + " --metrics " +
                           (dir / "two.csv").string() + " --checkpoint-dir " + (dir / "two").string(),
                       dir);
   ASSERT_EQ(two.code, 0) << two.out << two.err;
@@ -183,11 +189,7 @@ TEST_P(DataParallelMatch, TwoRanksTrainAsOneProcess) {
   // one machine, 3.2e-6 on another where d was 3.5e-6).
   double lossTol = c.lossTol, valTol = c.lossTol, paramTol = c.paramTol;
   if (std::string(c.precision) == "fp32") {
-    const std::string refArgs = " -c " + example(c.config) + " --device cpu --progress none --steps 50 --set precision=fp64" +
-                                " --set train.log_every=10" + fuse;
-    const Ran ref = run(std::string(PA_TRAIN_BINARY) + refArgs + " --metrics " + (dir / "ref.csv").string() +
-                            " --checkpoint-dir " + (dir / "ref").string(),
-                        dir);
+    const Ran ref = runOne("fp64", "ref");
     ASSERT_EQ(ref.code, 0) << ref.err;
     const Metrics r = readMetrics(dir / "ref.csv");
     ASSERT_EQ(r.lines, 50u);
