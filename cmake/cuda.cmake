@@ -42,6 +42,7 @@ set(PA_EMBEDDED_KERNELS
   kernels/gemm_ptx.cuh
   kernels/gemm_simt.cuh
   kernels/gemm_tf32.cuh
+  kernels/mma_f64.cuh
   kernels/storage.cuh
   kernels/norm.cuh
   kernels/pdl.cuh

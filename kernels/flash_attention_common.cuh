@@ -22,6 +22,7 @@
 #pragma once
 
 #include "kernels/flash_attention_params.h"
+#include "kernels/mma_f64.cuh"
 
 namespace pa {
 namespace flash {
@@ -353,21 +354,6 @@ struct Tf32Widen {
 };
 template <> struct MmaStep<TF32Tag> : MmaStepF32<Tf32Widen> {};
 
-// d += A.B for one 16x8x4 fp64 tile (m16n8k4 on sm_90; two m8n8k4, rows g and g + 8, below).
-__device__ __forceinline__ void mmaF64(double (&d)[4], double a0, double a1, double b0) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("{ mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3}; }"
-               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-               : "d"(a0), "d"(a1), "d"(b0));
-#else
-  asm volatile("{ mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1}; }"
-               : "+d"(d[0]), "+d"(d[1])
-               : "d"(a0), "d"(b0));
-  asm volatile("{ mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1}; }"
-               : "+d"(d[2]), "+d"(d[3])
-               : "d"(a1), "d"(b0));
-#endif
-}
 // Operands widened exactly to fp64, products exact. With fp32 accumulators (the backward
 // kernels) the k16 step's 16 products and the accumulator are summed in fp64 and rounded to fp32
 // once: no less accurate than 16 FFMAs. The forward keeps S and O in fp64 (Acc), which saves
