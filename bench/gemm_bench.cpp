@@ -12,6 +12,8 @@
 //     fp32 products whose auto choice splits the last wave's tiles along K (a tail split,
 //     EmitOptions::gemmTailSplits): "large_notail" without it, and with --sweep "large_tailS"
 //     for S = 2 to 9.
+//     fp32 on a device with full-rate FP64 (auto: the FP64 tensor-core kernel, EmitOptions::fp32Gemm):
+//     "simt" is the SIMT kernel on its auto tiles (and tail split); --sweep adds FP64 config variants.
 //     bf16: operands stored in bf16 as lower-bf16 stores them, outputs in bf16 except the
 //     weight gradients (dW rows: fp32), the wgmma kernel on an sm_90a device.
 #include <algorithm>
@@ -179,6 +181,8 @@ int run(int argc, char** argv) {
        2 * 8 * (132 + 132) * 4},
       {"fp32", GemmTile::Large, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 32, 8, 8, 2>", "(256, 1)", "(256, 1)",
        2 * 32 * (132 + 132) * 4},
+      // FP64 mma.sync (fp32 on full-rate FP64): four stages of BK = 8 (the same 40 KB).
+      {"fp32", GemmTile::Large, "Tf32Config<128, 128, 16, 2, 4, 2>", "Tf32Config<128, 128, 8, 2, 4, 4>", "(256, 1)", "(256, 1)", 0},
       // wgmma: ring depth.
       {"bf16", GemmTile::Large, "WgmmaConfig<256, 2, 4>", "WgmmaConfig<256, 2, 3>", "(384, 1)", "(384, 1)", 3 * 384 * 128 + 2 * 64 * 256 + 1024},
       {"bf16", GemmTile::Medium, "WgmmaConfig<128, 2, 6>", "WgmmaConfig<128, 2, 4>", "(384, 1)", "(384, 1)", 4 * 256 * 128 + 2 * 64 * 256 + 1024},
@@ -237,6 +241,12 @@ int run(int argc, char** argv) {
           gemmtest::NodeOnGpu gpu(g, id, opt, device());
           report(gpu, tail == 1 ? "large_notail" : "large_tail" + std::to_string(tail));
         }
+      }
+      if (!tf32 && !bf16 && deviceOpt.fullRateFp64) {  // the SIMT kernel beside the FP64 one
+        codegen::EmitOptions opt = deviceOpt;
+        opt.fp32Gemm = codegen::Fp32Gemm::Simt;
+        gemmtest::NodeOnGpu gpu(g, id, opt, device());
+        report(gpu, "simt");
       }
       if (tf32 && deviceOpt.wgmma) {  // the TF32 mma.sync kernel beside the auto choice
         codegen::EmitOptions opt = deviceOpt;

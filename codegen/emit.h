@@ -91,6 +91,9 @@ struct NodeKernels {
 // attention nodes' dumps (wgmma, fullRateFp64).
 struct EmitOptions {
   bool tf32 = false;  // GEMMs on the tensor cores with TF32 operands (fp32 accumulation)
+  // fp32 GEMMs without tf32: the SIMT kernel or the FP64 tensor cores (Auto: FP64 where
+  // fullRateFp64). Tests and benchmarks force either.
+  Fp32Gemm fp32Gemm = Fp32Gemm::Auto;
   GemmTile gemmTile = GemmTile::Auto;
   int gemmSplits = 0;  // K splits of a single (unbatched) GEMM; 0: from the shape
   // fp32 GEMMs on large tiles (one unbatched product): K splits of the tiles of the last, partial
@@ -104,7 +107,8 @@ struct EmitOptions {
   // (dynamic shared memory above 48 KB: the launcher opts in with Kernel::sharedBytes).
   bool wgmma = false;
   // The target runs FP64 at full rate (FlashTarget::fullRateFp64): fp32 flash-attention forwards
-  // there run on the FP64 tensor cores where FlashFp64Mma::kAuto picks them.
+  // there run on the FP64 tensor cores where FlashFp64Mma::kAuto picks them, and fp32 GEMMs do
+  // (fp32Gemm Auto).
   bool fullRateFp64 = false;
   // The device's SM count: the wgmma GEMMs are persistent and start at most this many blocks
   // (times the blocks an SM holds).

@@ -38,7 +38,7 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 }
 
 // Note on the GEMM kernels. The algorithms live in kernels/gemm_simt.cuh (fp32 SIMT with blocked
-// summation), kernels/gemm_tf32.cuh (TF32 mma.sync) and kernels/gemm_wgmma.cuh (bf16 or TF32
+// summation), kernels/gemm_tf32.cuh (TF32 or FP64 mma.sync) and kernels/gemm_wgmma.cuh (bf16 or TF32
 // wgmma, sm_90a); a generated kernel only names its problem (shape, transposes, batch strides, K
 // splits: compile-time constants), its epilogue (bias, activation, FusedLinear's saved
 // pre-activation) and one tile variant (codegen/gemm_plan.h). Variants, from the shape:
@@ -47,7 +47,7 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 //           weight gradients Xᵀ·dY of a batch-8192 layer: 64 blocks on 132 SMs for 1024×1024):
 //           S·M·N partial sums in the node's scratch buffer, then a reduce kernel adds them in a
 //           fixed order (deterministic) and applies the epilogue;
-//   tail    large tiles whose last, partial wave is split along K (fp32; see "tail split");
+//   tail    large tiles whose last, partial wave is split along K (fp32 SIMT; see "tail split");
 //   medium  64×64 tiles: 4× the blocks, for batched products too small for large tiles;
 //   small   32×32 tiles of 64 threads: tiny models (a 3×5 output gets one 64-thread block).
 // `pairBody`, when not empty, makes the epilogue a pair epilogue (kernels/gemm_common.cuh): it
@@ -73,19 +73,23 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
                          (pairBody.empty() || !tf32Plan(q, c.opt->tf32BLoad).swap);
   const bool wgmma = wgmmaBf16 || wgmmaTf32;
   const bool tf32 = !wgmma && (c.opt->tf32 || wide[0] || wide[1]);
+  // fp32 operands under precision fp32: the FP64 tensor cores where the target runs them at full
+  // rate (exact products, fp64 sums), the SIMT kernel elsewhere.
+  const bool f64 = !wgmma && !tf32 &&
+                   (c.opt->fp32Gemm == Fp32Gemm::F64Mma || (c.opt->fp32Gemm == Fp32Gemm::Auto && c.opt->fullRateFp64));
   // The product the kernel computes: TF32 wgmma's from tf32Plan, the node's elsewhere.
   const Tf32Plan plan = wgmmaTf32 ? tf32Plan(q, c.opt->tf32BLoad) : Tf32Plan{q};
   const GemmGeometry& pq = plan.product;
   std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, pq.m, pq.n, k) : chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
   if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
-  const GemmVariant v = wgmma ? wgmmaVariant(choice.first, wgmmaTf32) : gemmVariant(tf32, choice.first);
+  const GemmVariant v = wgmma ? wgmmaVariant(choice.first, wgmmaTf32) : f64 ? f64Variant(choice.first) : gemmVariant(tf32, choice.first);
   // The product kernel's header; a tail split's reduce is the SIMT one's, split-K's is shared.
-  const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : tf32 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";
+  const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : tf32 || f64 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";
   const std::string tailReduceHeader = "kernels/gemm_simt.cuh", splitReduceHeader = "kernels/gemm_common.cuh";
   const int splits = choice.second;
   const int64_t tiles = tilesOf(pq.m, pq.n, v.bm, v.bn);
-  const TailSplit tail = !wgmma && !tf32 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
+  const TailSplit tail = !wgmma && !tf32 && !f64 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
                              ? chooseTailSplit(tiles, k, v.bm, v.bn, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
                              : TailSplit{};
   TemplateVars vars = {{"TAILTILES", ll(tail.tiles)}, {"TAILSPLITS", std::to_string(tail.splits)},
@@ -175,9 +179,9 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
     return fillTemplate(kGemmProblem, pv);
   };
   const TemplateVars kernelVars = {{"THREADS", std::to_string(v.threads)}, {"MINBLOCKS", std::to_string(v.minBlocks)},
-                                   {"ALGO", wgmma ? "wgmmaGemm" : tf32 ? "tf32Gemm" : "simtGemm"}, {"CONFIG", v.config},
+                                   {"ALGO", wgmma ? "wgmmaGemm" : tf32 ? "tf32Gemm" : f64 ? "f64Gemm" : "simtGemm"}, {"CONFIG", v.config},
                                    {"APTR", operand[0]}, {"BPTR", operand[1]},
-                                   {"SHAREDCHECK", wgmma || tf32 ? std::string()
+                                   {"SHAREDCHECK", wgmma || tf32 || f64 ? std::string()
                                                                  : "static_assert(pa::gemm::" + v.config + "::kDynamicShared == " +
                                                                        std::to_string(v.sharedBytes) +
                                                                        ", \"the launch's dynamic shared memory is the config's\");\n"}};

@@ -33,6 +33,16 @@ GemmVariant gemmVariant(bool tf32, GemmTile tile) {
   return {};
 }
 
+// The TF32 tiles read the same fragments; fp64 accumulators double a warp tile's registers (large:
+// 128 of them a thread), so no config asks for two blocks an SM. Tiles and splits come from the
+// SIMT plan (chooseGemm(false, ...)): the same tile sizes, one block an SM at large tiles; no tail
+// split (simtGemmTail is the SIMT kernel's).
+GemmVariant f64Variant(GemmTile tile) {
+  GemmVariant v = gemmVariant(true, tile);
+  v.minBlocks = 1;
+  return v;
+}
+
 int64_t tilesOf(int64_t m, int64_t n, int64_t t) { return ((m + t - 1) / t) * ((n + t - 1) / t); }
 
 int64_t tilesOf(int64_t m, int64_t n, int64_t bm, int64_t bn) { return ((m + bm - 1) / bm) * ((n + bn - 1) / bn); }

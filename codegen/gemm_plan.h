@@ -12,6 +12,11 @@ namespace pa::codegen {
 // Tests and benchmarks force the others.
 enum class GemmTile { Auto, Large, Medium, Small };
 
+// Which kernel multiplies fp32 operands under precision fp32 (EmitOptions::fp32Gemm): the SIMT
+// kernel (kernels/gemm_simt.cuh) or the FP64 tensor cores (kernels/gemm_tf32.cuh, "Note on the
+// FP64 path"); Auto: FP64 where the target runs it at full rate.
+enum class Fp32Gemm { Auto, Simt, F64Mma };
+
 // How a TF32 wgmma GEMM gets an N-major B into the K-major layout it reads (EmitOptions::tf32BLoad).
 enum class Tf32BLoad { Auto, Copy, InKernel };
 
@@ -50,7 +55,7 @@ struct GemmVariant {
   std::string config;  // the kernels/gemm_{simt,tf32,wgmma}.cuh config type
   int bm, bn, threads, minBlocks;  // minBlocks: __launch_bounds__'s blocks per SM
   // Dynamic shared memory: fp32, the config's kDynamicShared (checked in the kernel); wgmma, its
-  // ring and staging; TF32 mma.sync, none (static tiles).
+  // ring and staging; TF32 and FP64 mma.sync, none (static tiles).
   unsigned sharedBytes = 0;
 };
 
@@ -63,6 +68,9 @@ constexpr int64_t kBlockedSumK = 64;
 GemmVariant simtVariant(int bm, int bn, int bk, int tm, int tn, int minBlocks);
 // The fp32 SIMT (tf32: TF32 mma.sync) variant of `tile` (not Auto).
 GemmVariant gemmVariant(bool tf32, GemmTile tile);
+// The FP64 mma.sync variant of `tile` (not Auto): the TF32 tiles and ring, one block an SM's worth
+// of registers.
+GemmVariant f64Variant(GemmTile tile);
 // The wgmma variant of `tile` (not Auto): bf16 operands, or fp32 ones on TF32 with `tf32`.
 GemmVariant wgmmaVariant(GemmTile tile, bool tf32);
 

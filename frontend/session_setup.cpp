@@ -334,6 +334,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.cudaGraph = opt.cudaGraph;
   spec.pdl = opt.pdl;
   spec.adamInTrainNode = opt.adamInTrainNode;
+  spec.fp64Gemm = opt.fp64Gemm;
   spec.packedWeightCopies = opt.packedWeightCopies;
   spec.packedGradViews = opt.packedGradViews;
   spec.seed = cfg.seed;

@@ -43,6 +43,9 @@ struct RunOptions {
   // GPU: a step that is one fused-mlp-train node takes Adam in that kernel (SessionSpec); false
   // launches the Adam kernel after it (A/B benchmarks: gpu_train_bench --no-adam-in-node; tests).
   bool adamInTrainNode = true;
+  // GPU, fp32: products on the FP64 tensor cores where the device runs FP64 at full rate
+  // (codegen::Fp32Gemm); false runs the SIMT kernel (A/B benchmarks: gpu_train_bench --simt-gemm).
+  bool fp64Gemm = true;
   // GPU, bf16: Adam writes the packed bf16 copies of fuse-qkv's and SwiGLU's weights (SessionSpec);
   // false launches the packing kernels each step (A/B benchmarks: gpu_train_bench --no-packed-copies; tests).
   bool packedWeightCopies = true;

@@ -1,5 +1,6 @@
-// The TF32 tensor-core GEMM (mma.sync.m16n8k8, sm_80+) behind the generated MatMul and FusedLinear
-// kernels under precision tf32, and for bf16 operands widened to fp32 where wgmma is not used.
+// The mma.sync GEMMs behind the generated MatMul and FusedLinear kernels: TF32 (m16n8k8, sm_80+)
+// under precision tf32 and for bf16 operands widened to fp32 where wgmma is not used, and FP64
+// (m16n8k4) for fp32 products on devices that run FP64 at full rate ("Note on the FP64 path").
 /*
  * Note on the TF32 path (tf32Gemm): mma.sync.m16n8k8 (sm_80+) on warp tiles of (BM/WARPS_M)×(BN/WARPS_N),
  * operands rounded to TF32 with cvt.rna (round to nearest, ties away) as they leave shared memory,
@@ -15,11 +16,24 @@
  * without raising the limit), which caps the TF32 ring at 2 stages of BK = 16 or 4 of BK = 8.
  *
  * The problem contract is kernels/gemm_common.cuh's ("Note on the problem").
+ *
+ * Note on the FP64 path (f64Gemm). The same tiles, ring and fragment reads, with each fp32 element
+ * widened to fp64 (exact) as it leaves shared memory instead of rounded to TF32, and two
+ * mma.sync.m16n8k4.f64 (kernels/mma_f64.cuh; k 0-3 and 4-7 of the same fragments, whose layout is
+ * TF32's) in place of each m16n8k8. Every product is exact and the sums are fp64 across the whole
+ * K (or a split's share of it), rounded to fp32 once, before the epilogue: no less accurate than
+ * the SIMT kernel's blocked fp32 sums. On sm_80 and sm_90 parts the FP64 tensor pipe's rate
+ * equals the FP32 FFMA rate (128 FMA an SM and clock) at a sixteenth of the instructions. fp64
+ * accumulators double a warp tile's registers: large tiles run one 256-thread block an SM (two
+ * warps a scheduler), which keeps the pipe about three quarters busy; widening each value once a
+ * block into fp64 stages instead was slower (bench/RESULTS.md, "fp32 GEMMs on the FP64 tensor
+ * cores").
  */
 #pragma once
 
 #include "kernels/gemm_common.cuh"
 #include "kernels/gemm_ptx.cuh"
+#include "kernels/mma_f64.cuh"
 
 namespace pa {
 namespace gemm {
@@ -74,8 +88,28 @@ struct Tf32Config {
   static_assert(STAGES >= 2, "the ring needs a stage to fill while another is read");
 };
 
-template <class P, class Cfg, class Epi, class CPtr>
-__device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
+// One k8 step of a warp's m16n8 tiles. A fragment holds A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
+// and B[t][g], B[t+4][g] of the step (g = lane/4, t = lane%4), as the step's operand type.
+struct Tf32Step {
+  typedef u32 Frag;
+  typedef float Acc;
+  static __device__ __forceinline__ Frag frag(float x) { return toTf32(x); }
+  static __device__ __forceinline__ void mma(Acc (&d)[4], const Frag (&a)[4], const Frag (&b)[2]) { mmaTf32(d, a, b); }
+};
+struct F64Step {
+  typedef double Frag;
+  typedef double Acc;
+  static __device__ __forceinline__ Frag frag(float x) { return static_cast<double>(x); }
+  static __device__ __forceinline__ void mma(Acc (&d)[4], const Frag (&a)[4], const Frag (&b)[2]) {
+    mmaF64(d, a[0], a[1], b[0]);  // k 0-3
+    mmaF64(d, a[2], a[3], b[1]);  // k 4-7
+  }
+};
+
+template <class P, class Cfg, class Step, class Epi, class CPtr>
+__device__ __forceinline__ void mmaSyncGemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
+  typedef typename Step::Frag Frag;
+  typedef typename Step::Acc Acc;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, MT = Cfg::MT, NT = Cfg::NT, STAGES = Cfg::STAGES;
   constexpr int kThreads = Cfg::kThreads;
   constexpr long long M = P::M, N = P::N, K = P::K;
@@ -105,13 +139,13 @@ __device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const floa
   C += (b + split) * M * N;
   const bool vecA = kVecA && aligned16(A), vecB = kVecB && aligned16(B);
 
-  float acc[MT][NT][4];
+  Acc acc[MT][NT][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0;
 
   // Prologue: slices 0 .. STAGES-2 in flight (a group is committed even when empty, so that
   // wait_group's count always names the slice about to be read).
@@ -141,25 +175,25 @@ __device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const floa
     const float* bs = Bs[s % STAGES];
 #pragma unroll
     for (int k8 = 0; k8 < BK; k8 += 8) {
-      u32 af[MT][4], bf[NT][2];
+      Frag af[MT][4], bf[NT][2];
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         const int r = wm0 + i * 16 + g;
-        af[i][0] = toTf32(as[OpA::at(r, k8 + t)]);
-        af[i][1] = toTf32(as[OpA::at(r + 8, k8 + t)]);
-        af[i][2] = toTf32(as[OpA::at(r, k8 + t + 4)]);
-        af[i][3] = toTf32(as[OpA::at(r + 8, k8 + t + 4)]);
+        af[i][0] = Step::frag(as[OpA::at(r, k8 + t)]);
+        af[i][1] = Step::frag(as[OpA::at(r + 8, k8 + t)]);
+        af[i][2] = Step::frag(as[OpA::at(r, k8 + t + 4)]);
+        af[i][3] = Step::frag(as[OpA::at(r + 8, k8 + t + 4)]);
       }
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int c = wn0 + j * 8 + g;
-        bf[j][0] = toTf32(bs[OpB::at(c, k8 + t)]);
-        bf[j][1] = toTf32(bs[OpB::at(c, k8 + t + 4)]);
+        bf[j][0] = Step::frag(bs[OpB::at(c, k8 + t)]);
+        bf[j][1] = Step::frag(bs[OpB::at(c, k8 + t + 4)]);
       }
 #pragma unroll
       for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int j = 0; j < NT; ++j) mmaTf32(acc[i][j], af[i], bf[j]);
+        for (int j = 0; j < NT; ++j) Step::mma(acc[i][j], af[i], bf[j]);
     }
   }
   cpAsyncWait<0>();  // nothing is left in flight at exit (only empty groups, but be explicit)
@@ -175,7 +209,7 @@ __device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const floa
       for (int j = 0; j < NT; ++j) {
         const long long n = n0 + wn0 + j * 8 + 2 * t;
         const long long at = m * N + n;
-        const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+        const float v0 = static_cast<float>(acc[i][j][2 * h]), v1 = static_cast<float>(acc[i][j][2 * h + 1]);
         if ((vecC || Epi::kPairs) && n + 1 < N) {
           float2 o = make_float2(v0, v1);
           epiPair(epi, o.x, o.y, m, n, b * M * N + at);
@@ -187,6 +221,16 @@ __device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const floa
         }
       }
     }
+}
+
+template <class P, class Cfg, class Epi, class CPtr>
+__device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
+  mmaSyncGemm<P, Cfg, Tf32Step>(A, B, C, epi);
+}
+// (Note on the FP64 path.)
+template <class P, class Cfg, class Epi, class CPtr>
+__device__ __forceinline__ void f64Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
+  mmaSyncGemm<P, Cfg, F64Step>(A, B, C, epi);
 }
 
 }  // namespace gemm

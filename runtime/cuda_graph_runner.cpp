@@ -94,6 +94,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   std::vector<std::pair<FlashAttentionConfig, bool>> flashProblems;  // {config, backward} of every attention node
   codegen::EmitOptions emit = emitOptionsFor(device_, opt.tf32);
   emit.adamInTrainNode = opt.adamInTrainNode;
+  if (!opt.fp64Gemm) emit.fp32Gemm = codegen::Fp32Gemm::Simt;
   for (NodeId id : order_) {
     codegen::NodeKernels nk = codegen::emitNode(g, id, emit);
     const Node& n = g.node(id);

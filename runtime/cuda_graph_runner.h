@@ -67,6 +67,9 @@ struct CudaRunnerOptions {
   // The session's Adam in a fused-mlp-train node's kernel (codegen::EmitOptions::adamInTrainNode):
   // run() then also steps the parameters, reading the state given to bindAdam first.
   bool adamInTrainNode = false;
+  // fp32 GEMMs on the FP64 tensor cores where the device runs FP64 at full rate
+  // (codegen::EmitOptions::fp32Gemm Auto); false: the SIMT kernel (A/B benchmarks).
+  bool fp64Gemm = true;
 };
 
 class CudaGraphRunner {

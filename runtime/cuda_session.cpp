@@ -192,6 +192,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   if (!spec_.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
     codegen::EmitOptions emit = CudaGraphRunner::emitOptionsFor(device(), tf32);
     emit.adamInTrainNode = adamInNode;
+    if (!spec_.fp64Gemm) emit.fp32Gemm = codegen::Fp32Gemm::Simt;
     const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, emit);
     if (spec_.announceCompile) std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
   }
@@ -249,6 +250,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   // all-reduce needs every gradient whole.
   ropt.packedGradViews = spec_.packedGradViews && !spec_.nccl;
   ropt.pdl = spec_.pdl;
+  ropt.fp64Gemm = spec_.fp64Gemm;
   if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
     throw SessionSettingError("compiler.gemm",
                               "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());

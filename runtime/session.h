@@ -115,6 +115,9 @@ struct SessionSpec {
   // takes the Adam step too, with no Adam kernel after it; the same results either way (A/B
   // benchmarks and tests turn it off).
   bool adamInTrainNode = true;
+  // GPU, fp32: generated GEMMs on the FP64 tensor cores where the device runs FP64 at full rate;
+  // false: the SIMT kernel (A/B benchmarks).
+  bool fp64Gemm = true;
   // GPU, bf16: Adam also writes the packed bf16 copies of weights that fuse-qkv and SwiGLU pack
   // into one GEMM operand, and the step launches no packing kernel (CudaRunnerOptions::
   // mirrorPackedWeights); the same results either way (A/B benchmarks and tests turn it off).

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "codegen/embedded_kernels.h"
+#include "codegen/gemm_plan.h"
 #include "tests/gemm_variants.h"
 
 namespace pa {
@@ -85,7 +86,7 @@ TEST(GemmEmit, Bf16OperandsTakeTheWgmmaKernelWhereTheyCan) {
 
 TEST(GemmEmit, EmbedsTheTemplates) {
   for (const char* name : {"kernels/gemm_common.cuh", "kernels/gemm_ptx.cuh", "kernels/gemm_simt.cuh", "kernels/gemm_tf32.cuh",
-                           "kernels/gemm_wgmma.cuh"}) {
+                           "kernels/mma_f64.cuh", "kernels/gemm_wgmma.cuh"}) {
     bool found = false;
     for (const auto& f : codegen::embeddedKernelFiles()) found |= std::string(f.name) == name;
     EXPECT_TRUE(found) << name;
@@ -95,14 +96,16 @@ TEST(GemmEmit, EmbedsTheTemplates) {
 TEST(GemmEmit, OptionsPickThePath) {
   for (const Variant& v : gemmtest::allVariants()) {
     const bool tf32 = v.name.find("_tf32") != std::string::npos, tail = v.name.find("_tail") != std::string::npos;
+    const bool f64 = v.name.find("_f64") != std::string::npos;
     const bool reduce = v.kernel.name.find("_reduce") != std::string::npos;
     const char* expected = reduce ? (tail ? "pa::gemm::simtTailReduce<" : "pa::gemm::splitReduce<")
                            : tf32 ? "pa::gemm::tf32Gemm<"
+                           : f64  ? "pa::gemm::f64Gemm<"
                            : tail ? "pa::gemm::simtGemmTail<"
                                   : "pa::gemm::simtGemm<";
     EXPECT_NE(v.kernel.source.find(expected), std::string::npos) << v.name;
     // Each kernel includes its family's header only: split-K's reduce the shared one.
-    const char* header = reduce && !tail ? "kernels/gemm_common.cuh" : tf32 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";
+    const char* header = reduce && !tail ? "kernels/gemm_common.cuh" : tf32 || f64 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";
     EXPECT_EQ(v.kernel.headers, std::vector<std::string>{header}) << v.name;
   }
 }
@@ -138,6 +141,48 @@ TEST(GemmEmit, TailSplitWhereTheLastWaveIsPartial) {
   GemmProblem batched;
   batched.a = {2, 4096, 4096}, batched.b = {2, 4096, 4096};
   EXPECT_FALSE(tailOf(emit(batched, false)));
+}
+
+// fp32 products under precision fp32: the FP64 tensor-core kernel where the target runs FP64 at
+// full rate (or forced), the SIMT kernel elsewhere (or forced); the FP64 kernel takes the SIMT
+// plan's tiles and splits, one block an SM, and never a tail split. TF32 and bf16 operands keep
+// their kernels.
+TEST(GemmEmit, Fp32ProductsTakeTheFp64KernelOnFullRateTargets) {
+  auto emit = [](const GemmProblem& p, bool fullRate, codegen::Fp32Gemm engine, bool tf32 = false) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    codegen::EmitOptions opt;
+    opt.fullRateFp64 = fullRate, opt.fp32Gemm = engine, opt.tf32 = tf32;
+    return codegen::emitNode(g, id, opt);
+  };
+  auto uses = [](const codegen::NodeKernels& nk, const char* algo) {
+    for (const codegen::Kernel& k : nk.kernels)
+      if (k.source.find(algo) != std::string::npos) return true;
+    return false;
+  };
+  using codegen::Fp32Gemm;
+  const GemmProblem square = gemmtest::matmulProblem(8192, 4096, 4096, false, false);
+  const codegen::NodeKernels f64 = emit(square, true, Fp32Gemm::Auto);
+  ASSERT_EQ(f64.kernels.size(), 1u);  // no tail split (the SIMT kernel splits this one's last wave)
+  EXPECT_TRUE(uses(f64, "pa::gemm::f64Gemm<"));
+  EXPECT_NE(f64.kernels[0].source.find("Tf32Config<128, 128, 16, 2, 4, 2>"), std::string::npos);
+  EXPECT_NE(f64.kernels[0].source.find("__launch_bounds__(256, 1)"), std::string::npos);
+  EXPECT_EQ(f64.kernels[0].grid[0], 2048u);
+  EXPECT_EQ(f64.kernels[0].headers, std::vector<std::string>{"kernels/gemm_tf32.cuh"});
+  EXPECT_TRUE(uses(emit(square, false, Fp32Gemm::Auto), "pa::gemm::simtGemmTail<"));
+  EXPECT_TRUE(uses(emit(square, true, Fp32Gemm::Simt), "pa::gemm::simtGemmTail<"));
+  EXPECT_TRUE(uses(emit(square, false, Fp32Gemm::F64Mma), "pa::gemm::f64Gemm<"));
+  EXPECT_TRUE(uses(emit(square, true, Fp32Gemm::F64Mma, true), "pa::gemm::tf32Gemm<"));
+  // A weight gradient the large tiles cannot fill: the SIMT plan's split, then the shared reduce.
+  GemmProblem dw = gemmtest::matmulProblem(1024, 1024, 8192, true, false);
+  const codegen::NodeKernels split = emit(dw, true, Fp32Gemm::Auto);
+  const std::pair<codegen::GemmTile, int> plan = codegen::chooseGemm(false, 1, 1024, 1024, 8192);
+  ASSERT_GT(plan.second, 1);
+  ASSERT_EQ(split.kernels.size(), 2u);
+  EXPECT_TRUE(uses(split, "pa::gemm::f64Gemm<"));
+  EXPECT_NE(split.kernels[0].source.find("splits = " + std::to_string(plan.second) + ";"), std::string::npos);
+  EXPECT_EQ(split.kernels[0].grid[2], static_cast<unsigned>(plan.second));
+  EXPECT_TRUE(uses(split, "pa::gemm::splitReduce<"));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The generated GEMM variants the GEMM tests walk: every tile, transpose, batch, split, tail
-// split and FusedLinear epilogue (fp32 SIMT and TF32), the kernels that follow a cuBLASLt
+// split and FusedLinear epilogue (fp32 SIMT and TF32; a subset on FP64), the kernels that follow a cuBLASLt
 // product, and the bf16 wgmma kernels. gemm_emit_test.cpp checks what each emits (CPU);
 // nvrtc/gemm_nvrtc_test.cpp compiles them (NVRTC).
 #pragma once
@@ -58,6 +58,34 @@ inline std::vector<Variant> allVariants() {
             if (tile == GemmTile::Large && !tf32) add(name + "_tail", p, tf32, tile, 0, 2);
           }
     }
+  // fp32 on the FP64 tensor cores (EmitOptions::fp32Gemm, the default where FP64 runs at full
+  // rate): every tile's transposes and batch, one split product, and four epilogues on large
+  // tiles (one of them split).
+  auto addF64 = [&](const std::string& name, const GemmProblem& p, GemmTile tile, int splits = 0) {
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    codegen::EmitOptions opt;
+    opt.fp32Gemm = codegen::Fp32Gemm::F64Mma;
+    opt.gemmTile = tile;
+    opt.gemmSplits = splits;
+    for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
+      out.push_back({name + "_f64_" + std::to_string(static_cast<int>(tile)) + "_" + k.name, k});
+  };
+  for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) {
+    for (int t = 0; t < 4; ++t) addF64("MatMul_t" + std::to_string(t), gemmtest::matmulProblem(33, 100, 129, t & 1, t & 2), tile);
+    GemmProblem batched;
+    batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
+    addF64("MatMul_batched", batched, tile);
+  }
+  addF64("MatMul_split_t1", gemmtest::matmulProblem(33, 100, 129, true, false), GemmTile::Large, 3);
+  for (const char* act : {"relu", "gelu", "swiglu", "rope"}) {
+    GemmProblem p;
+    p.fused = true, p.act = act, p.bias = true;
+    p.a = {4, 7, 36};
+    p.b = {36, 40};
+    addF64(std::string("FusedLinear_") + act + "_bias", p, GemmTile::Large);
+    if (std::string(act) == "gelu") addF64(std::string("FusedLinear_") + act + "_bias_split", p, GemmTile::Large, 2);
+  }
   return out;
 }
 

@@ -150,6 +150,16 @@ std::vector<GemmCase> allCases() {
   // mma.sync TF32 kernel elsewhere. A B stored N-major is transposed by the product kernel as it
   // loads it (EmitOptions::tf32BLoad; the cost model's choice where the tile is too), and those
   // cases run once more with B copied transposed first instead.
+  // Every fp32 case but the tail splits (the SIMT kernel's) again on the FP64 tensor cores
+  // (EmitOptions::fp32Gemm; the default on full-rate FP64 devices): "_f64" in place of "_fp32".
+  const size_t fp32Count = cases.size();
+  for (size_t i = 0; i < fp32Count; ++i) {
+    if (cases[i].opt.tf32 || cases[i].opt.gemmTailSplits != 0) continue;
+    GemmCase c = cases[i];
+    c.opt.fp32Gemm = codegen::Fp32Gemm::F64Mma;
+    c.name.replace(c.name.find("_fp32_"), 6, "_f64_");
+    cases.push_back(c);
+  }
   const size_t count = cases.size();
   for (size_t i = 0; i < count; ++i) {
     if (!cases[i].opt.tf32) continue;
@@ -375,6 +385,21 @@ std::vector<Errors> runAgainstReference(CudaGraphRunner& runner, const Graph& g,
 
 class GemmOnGpu : public ::testing::TestWithParam<GemmCase> {};
 
+// The FP64 kernel's bar (relative to the largest |output|): its products are exact and its sums
+// fp64, so what is left is fp32 rounding after the sums: each of S split partial sums rounded, the
+// reduce's S additions, the output's rounding and the epilogue's operations (the bias, an
+// activation: a few ulp), (2·S + 4)·2^-24 relative to the values involved, doubled because a
+// partial sum may exceed the largest output. Far below the SIMT kernel's 1e-5, and a SIMT kernel
+// in its place would miss it on the large products.
+double f64Bar(const GemmCase& c, const Graph& g, NodeId id) {
+  int splits = c.opt.gemmSplits > 0 ? c.opt.gemmSplits : 1;
+  if (c.opt.gemmTile == codegen::GemmTile::Auto) {
+    const codegen::LibraryGemm lg = codegen::libraryGemmOf(g, id);
+    splits = codegen::chooseGemm(false, lg.geometry.batch, lg.geometry.m, lg.geometry.n, lg.geometry.k).second;
+  }
+  return 2.0 * (2.0 * splits + 4.0) * std::ldexp(1.0, -24);
+}
+
 // fp32 arithmetic with blocked sums lands far below 1e-5 of the largest |output| (K ≤ 8192:
 // (64 + K/64)·2^-24 ≈ 1e-5 in the worst case of same-signed terms; random signs give ~1e-7).
 // TF32 rounds every operand to 11 significant bits (relative 2^-12 each), ~2e-4 of the
@@ -393,6 +418,15 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
     for (const codegen::Kernel& kk : gpu.kernels().kernels) wgmma |= kk.source.find("pa::gemm::wgmmaGemm<") != std::string::npos;
     EXPECT_EQ(wgmma, k % 4 == 0) << "K = " << k;
   }
+  // The FP64 cases run the FP64 kernel, except Aᵀ·B of one column, which is a weighted column sum
+  // in double on every path (emit_gemm.cpp, columnProduct).
+  const bool f64 = c.opt.fp32Gemm == codegen::Fp32Gemm::F64Mma;
+  const Shape& out0 = g.shape(g.node(id).outputs[0]);
+  if (f64 && !(c.problem.ta && !c.problem.tb && out0.back() == 1 && out0.size() == 2)) {
+    bool found = false;
+    for (const codegen::Kernel& kk : gpu.kernels().kernels) found |= kk.source.find("pa::gemm::f64Gemm<") != std::string::npos;
+    EXPECT_TRUE(found) << "the case should run the FP64 kernel";
+  }
   const Node& n = g.node(id);
   std::vector<std::vector<float>> in;
   for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -403,7 +437,7 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
   gpu.launch();
   PA_CU_CHECK(cuCtxSynchronize());
   const auto want = gemmtest::reference(g, id, in);
-  const double bar = c.opt.tf32 ? 1e-3 : 1e-5;
+  const double bar = c.opt.tf32 ? 1e-3 : f64 ? f64Bar(c, g, id) : 1e-5;
   const bool swiglu = n.op == OpKind::FusedLinear && n.attrs.get<attr::Activation>() == "swiglu";
   for (size_t o = 0; o < n.outputs.size(); ++o) {
     std::vector<float> got(want[o].size());
@@ -517,7 +551,8 @@ TEST_P(GemmOnCublasLt, MatchesFloat64Reference) {
 std::vector<GemmCase> cublasLtCases() {
   std::vector<GemmCase> out;
   for (GemmCase c : allCases())
-    if (c.opt.gemmTile == codegen::GemmTile::Large && c.opt.gemmSplits == 0 && c.opt.gemmTailSplits == 0 && !c.opt.wgmma) {
+    if (c.opt.gemmTile == codegen::GemmTile::Large && c.opt.gemmSplits == 0 && c.opt.gemmTailSplits == 0 && !c.opt.wgmma &&
+        c.opt.fp32Gemm != codegen::Fp32Gemm::F64Mma) {
       c.name = c.name.substr(0, c.name.rfind("_large"));
       out.push_back(c);
     }
