@@ -167,6 +167,7 @@ TEST(GemmEmit, Fp32ProductsTakeTheFp64KernelOnFullRateTargets) {
   EXPECT_TRUE(uses(f64, "pa::gemm::f64Gemm<"));
   EXPECT_NE(f64.kernels[0].source.find("Tf32Config<128, 128, 16, 2, 4, 2>"), std::string::npos);
   EXPECT_NE(f64.kernels[0].source.find("__launch_bounds__(256, 1)"), std::string::npos);
+  EXPECT_EQ(f64.kernels[0].block[0], 256u);
   EXPECT_EQ(f64.kernels[0].grid[0], 2048u);
   EXPECT_EQ(f64.kernels[0].headers, std::vector<std::string>{"kernels/gemm_tf32.cuh"});
   EXPECT_TRUE(uses(emit(square, false, Fp32Gemm::Auto), "pa::gemm::simtGemmTail<"));
