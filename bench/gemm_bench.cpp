@@ -18,6 +18,7 @@
 //     weight gradients (dW rows: fp32), the wgmma kernel on an sm_90a device.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -181,7 +182,9 @@ int run(int argc, char** argv) {
        2 * 8 * (132 + 132) * 4},
       {"fp32", GemmTile::Large, "SimtConfig<128, 128, 16, 8, 8, 4>", "SimtConfig<128, 128, 32, 8, 8, 2>", "(256, 1)", "(256, 1)",
        2 * 32 * (132 + 132) * 4},
-      // FP64 mma.sync (fp32 on full-rate FP64): four stages of BK = 8 (the same 40 KB).
+      // FP64 mma.sync (fp32 on full-rate FP64): 16 warps of 32 × 32 (120 registers against 224), and
+      // four stages of BK = 8 (the same 40 KB).
+      {"fp32", GemmTile::Large, "Tf32Config<128, 128, 16, 2, 4, 2>", "Tf32Config<128, 128, 16, 4, 4, 2>", "(256, 1)", "(512, 1)", 0},
       {"fp32", GemmTile::Large, "Tf32Config<128, 128, 16, 2, 4, 2>", "Tf32Config<128, 128, 8, 2, 4, 4>", "(256, 1)", "(256, 1)", 0},
       // wgmma: ring depth.
       {"bf16", GemmTile::Large, "WgmmaConfig<256, 2, 4>", "WgmmaConfig<256, 2, 3>", "(384, 1)", "(384, 1)", 3 * 384 * 128 + 2 * 64 * 256 + 1024},
@@ -291,6 +294,7 @@ int run(int argc, char** argv) {
         }
         replaceAll(nk.kernels[0].source, std::string("__launch_bounds__") + cv.boundsFrom,
                    std::string("__launch_bounds__") + cv.boundsTo);
+        nk.kernels[0].block[0] = static_cast<unsigned>(std::atoi(cv.boundsTo + 1));  // the block the bounds name
         gemmtest::NodeOnGpu gpu(g, id, std::move(nk), device());
         std::string label = std::string(cv.to) + cv.boundsTo;  // no commas or spaces: it is a CSV field
         replaceAll(label, ", ", "/");
