@@ -79,7 +79,7 @@ TEST(GeneratedKernels, AGraphsKernelsCompileAsOneProgram) {
     DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
     const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, cfg.train.batchSize).model.graph;
     codegen::EmitOptions opt;
-    opt.wgmma = true;
+    opt.wgmma = opt.fullRateFp64 = true;  // as the runner emits on an H100
     test::CompileUnit unit{std::string("tiny_gpt ") + precision + " as one program", "", ""};
     std::map<OpKind, int> kernels;
     for (NodeId id : g.topoOrder()) {
@@ -108,7 +108,7 @@ TEST(GeneratedKernels, EveryOpCasesKernelsCompile) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
   codegen::EmitOptions opt;
-  opt.wgmma = true;
+  opt.wgmma = opt.fullRateFp64 = true;  // as the runner emits on an H100
   std::vector<test::CompileUnit> units;
   std::set<OpKind> compiled;
   for (const test::OpCase& oc : test::allCases()) {
@@ -138,8 +138,9 @@ TEST(GeneratedKernels, EveryOpCasesKernelsCompile) {
 // Every graph's own kernels, for each target in one parallel batch over all the graphs: each
 // kernel is its own program, as the runner compiles it, and kernels that differ only in their
 // names and banners compile once (tests/nvrtc/compile_in_parallel.h). sm_90a is what the runner
-// compiles for on an H100 (with the wgmma GEMMs, as it sets EmitOptions::wgmma there; no device
-// gets plain sm_90); sm_80, the Ampere path, builds PTX only. The FlashAttention nodes' kernels
+// compiles for on an H100 (with the wgmma GEMMs and fp32 GEMMs on the FP64 tensor cores, as it
+// sets EmitOptions::wgmma and fullRateFp64 there; no device gets plain sm_90); sm_80, the Ampere
+// path, builds PTX only, with the SIMT fp32 GEMMs of the parts without full-rate FP64. The FlashAttention nodes' kernels
 // (NodeKernels::external) are skipped: they are the launcher's instantiations, which
 // flash_nvrtc_tests compiles (every one production can choose, and a CPU test checks that every
 // example config's choices are among them).
@@ -150,7 +151,7 @@ TEST(GeneratedKernels, EveryConfigsKernelsCompileForEveryTarget) {
   for (const GraphCase& c : kGraphCases) graphs.push_back(trainingGraph(c.config, c.noFuse, c.precision, c.sets));
   for (const char* arch : {"sm_80", "sm_90a"}) {
     codegen::EmitOptions opt;
-    opt.wgmma = std::string(arch) == "sm_90a";
+    opt.wgmma = opt.fullRateFp64 = std::string(arch) == "sm_90a";
     std::vector<test::CompileUnit> units;
     for (size_t c = 0; c < kGraphCases.size(); ++c) {
       const size_t before = units.size();
@@ -314,7 +315,7 @@ TEST(GeneratedKernels, EpilogueFusionKernelsCompileForEveryTarget) {
   }
   for (const char* arch : {"sm_80", "sm_90a"}) {
     codegen::EmitOptions opt;
-    opt.wgmma = std::string(arch) == "sm_90a";
+    opt.wgmma = opt.fullRateFp64 = std::string(arch) == "sm_90a";
     std::vector<test::CompileUnit> units;
     std::set<OpKind> seen;
     for (size_t i = 0; i < graphs.size(); ++i)
