@@ -52,9 +52,14 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 //   small   32×32 tiles of 64 threads: tiny models (a 3×5 output gets one 64-thread block).
 // `pairBody`, when not empty, makes the epilogue a pair epilogue (kernels/gemm_common.cuh): it
 // runs after each column pair's v0 and v1 went through `epilogue`; `cOutput` is the output the
-// product writes.
+// product writes. `sumInput` (0: A, 1: B; -1: none) asks for that operand's sums over K in the
+// node's output 1 (MatMulBiasGrad): the mma.sync kernels (TF32, FP64) of one product add them as
+// the operand's tiles pass through shared memory ("Operand sums" in kernels/gemm_common.cuh), a
+// split product's reduce kernel adding the splits' partial sums; `*summed` says whether this
+// emission wrote them (elsewhere the caller adds column-sum kernels).
 NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
-                 const std::string& init, int cOutput = 0, const std::string& pairBody = std::string()) {
+                 const std::string& init, int cOutput = 0, const std::string& pairBody = std::string(), int sumInput = -1,
+                 bool* summed = nullptr) {
   const int64_t m = q.m, n = q.n, k = q.k;
   // bf16 operands on an sm_90a device go to the wgmma kernel when their contiguous extents and
   // batch strides allow 16-byte copies. Elsewhere they are widened into the scratch buffer first
@@ -80,7 +85,9 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   // The product the kernel computes: TF32 wgmma's from tf32Plan, the node's elsewhere.
   const Tf32Plan plan = wgmmaTf32 ? tf32Plan(q, c.opt->tf32BLoad) : Tf32Plan{q};
   const GemmGeometry& pq = plan.product;
-  std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, pq.m, pq.n, k) : chooseGemm(tf32, q.batch, m, n, k);
+  std::pair<GemmTile, int> choice = wgmma ? chooseWgmma(q.batch, pq.m, pq.n, k)
+                                    : f64   ? chooseF64Gemm(q.batch, m, n, k)
+                                            : chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
   if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
   const GemmVariant v = wgmma ? wgmmaVariant(choice.first, wgmmaTf32) : f64 ? f64Variant(choice.first) : gemmVariant(tf32, choice.first);
@@ -92,6 +99,11 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   const TailSplit tail = !wgmma && !tf32 && !f64 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
                              ? chooseTailSplit(tiles, k, v.bm, v.bn, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
                              : TailSplit{};
+  // Operand sums inside the product (see above): the mma.sync kernels, one product.
+  const bool sums = sumInput >= 0 && (tf32 || f64) && q.batch == 1;
+  if (summed) *summed = sums;
+  const int64_t sumExtent = sumInput == 0 ? m : n;
+  const std::string sumType = "pa::gemm::OperandSums<" + std::to_string(sumInput + 1) + ", ";
   TemplateVars vars = {{"TAILTILES", ll(tail.tiles)}, {"TAILSPLITS", std::to_string(tail.splits)},
                        {"M", ll(pq.m)}, {"N", ll(pq.n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
                        {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
@@ -184,7 +196,8 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
                                    {"SHAREDCHECK", wgmma || tf32 || f64 ? std::string()
                                                                  : "static_assert(pa::gemm::" + v.config + "::kDynamicShared == " +
                                                                        std::to_string(v.sharedBytes) +
-                                                                       ", \"the launch's dynamic shared memory is the config's\");\n"}};
+                                                                       ", \"the launch's dynamic shared memory is the config's\");\n"},
+                                   {"SUMS", sums && splits == 1 ? ", " + sumType + "float>{out1}" : ""}};
   if (tail.splits > 1) {
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
@@ -192,6 +205,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
     kv["PARTS"] = ll(scratchFloats);
     kv["COUT"] = cOut;
     kv.erase("ALGO");  // (simtGemmTail)
+    kv.erase("SUMS");
     const int64_t blocks = tiles - tail.tiles + tail.tiles * tail.splits;
     nk.kernels.push_back(finish(c, "", kGemmTail, kv, {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(v.threads),
                                 join(join(operandArgs, epilogueArgs), scratchArg), {header}, v.sharedBytes));
@@ -208,20 +222,30 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
     kv["PROBLEM"] = problem("");
     kv["EPIINIT"] = init;
     kv["COUT"] = cOut;
-    const std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
+    std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
+    if (sums) args.push_back({KernelArg::Output, 1});
     nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {header}, v.sharedBytes));
     nk.scratchBytes = static_cast<size_t>(scratchFloats) * sizeof(float);
     return nk;
   }
+  // Scratch after the operands: [splits][M][N] partial products, then (8-byte aligned) the
+  // operand sums' [splits][extent] fp64 partials.
+  const int64_t sumParts = (scratchFloats + splits * m * n + 1) / 2 * 2;
+  const std::string sumPtr = "reinterpret_cast<double*>(scratch + " + ll(sumParts) + ")";
   TemplateVars kv = kernelVars;
   kv["PROBLEM"] = problem("split");
   kv["PARTS"] = ll(scratchFloats);
+  if (sums) kv["SUMS"] = ", " + sumType + "double>{" + sumPtr + "}";
   nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), join(operandArgs, scratchArg),
                               {header}, v.sharedBytes));
-  TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"COUT", cOut}};
-  nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
-                              {splitReduceHeader}));
-  nk.scratchBytes = static_cast<size_t>(scratchFloats + splits * m * n) * sizeof(float);
+  TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"COUT", cOut},
+                     {"SUMREDUCE", sums ? "  pa::gemm::splitReduceSums<" + c.kernelName("reduce") + "_problem>(" + sumPtr + ", out1, " +
+                                              ll(sumExtent) + ");\n"
+                                        : ""}};
+  std::vector<KernelArg> reduceArgs = join(scratchArg, epilogueArgs);
+  if (sums) reduceArgs.push_back({KernelArg::Output, 1});
+  nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, reduceArgs, {splitReduceHeader}));
+  nk.scratchBytes = static_cast<size_t>(sums ? sumParts + 2 * splits * sumExtent : scratchFloats + splits * m * n) * sizeof(float);
   return nk;
 }
 
@@ -298,12 +322,17 @@ NodeKernels emitMatMulActGrad(const Ctx& c) {
 
 int biasGradInput(const Node& n) { return n.attrs.get<attr::BiasOperand>() == "a" ? 0 : 1; }
 
-// The product, then its bias gradient by SumTo's kernels over the summed operand (after the
-// product, so the two share the node's scratch). The GEMM kernels do not sum it themselves (yet):
-// on the generated path this node launches what MatMul + SumTo did; cuBLASLt writes both in one.
+// The product with its bias gradient: the mma.sync kernels (TF32, FP64) sum the operand inside
+// the product (gemm's `sumInput`); elsewhere SumTo's kernels over the summed operand follow the
+// product (after it, so the two share the node's scratch), as MatMul + SumTo did. cuBLASLt writes
+// both in one.
 NodeKernels emitMatMulBiasGrad(const Ctx& c) {
-  NodeKernels nk = columnProduct(c) && biasGradInput(c.n) == 1 ? weightedColumnSums(c, 0, 1, 0) : gemm(c, matmulGeometry(c), "", "", "");
-  NodeKernels sums = columnSums(c, biasGradInput(c.n), 1);
+  const int input = biasGradInput(c.n);
+  bool summed = false;
+  NodeKernels nk = columnProduct(c) && input == 1 ? weightedColumnSums(c, 0, 1, 0)
+                                                 : gemm(c, matmulGeometry(c), "", "", "", 0, std::string(), input, &summed);
+  if (summed) return nk;
+  NodeKernels sums = columnSums(c, input, 1);
   for (Kernel& k : sums.kernels) nk.kernels.push_back(std::move(k));
   nk.scratchBytes = std::max(nk.scratchBytes, sums.scratchBytes);
   return nk;

@@ -94,6 +94,25 @@ __device__ __forceinline__ void tileOf(long long pid, long long& tm, long long& 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
 
 // ---------------------------------------------------------------------------------------------
+// Operand sums (MatMulBiasGrad's bias gradient, kernels/gemm_tf32.cuh): the mma.sync kernels can
+// sum one operand over K as its tiles pass through shared memory, A per row m (OPERAND 1) or B
+// per column n (OPERAND 2), in the blocks of the first tile column (A) or row (B). T = float: the
+// sums themselves (one K split); T = double: split z's partial sums at out[z·extent + i], which
+// splitReduceSums adds in split order.
+struct NoSums {
+  static constexpr int kOperand = 0;
+  typedef float T;
+  float* out = nullptr;
+};
+template <int OPERAND, class T_>
+struct OperandSums {
+  static_assert(OPERAND == 1 || OPERAND == 2, "operand 1 (A) or 2 (B)");
+  static constexpr int kOperand = OPERAND;
+  typedef T_ T;
+  T_* out;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Split-K: the GEMM kernels (simtGemm, tf32Gemm, wgmmaGemm), given P::splits = S > 1, treat blockIdx.z as the split and
 // write the raw sum over their share of K to parts[split] (S·M·N floats, no epilogue); this
 // adds the S partial sums in split order (deterministic) and applies the epilogue.
@@ -117,6 +136,18 @@ __device__ __forceinline__ void splitReduce(const float* __restrict__ parts, CPt
       for (int z = 1; z < S; ++z) v += parts[z * MN + i];
       C[i] = epi(v, i / N, i % N, i);
     }
+  }
+}
+
+// The operand sums of a split product (OperandSums<., double>): `extent` sums, each the S
+// partial sums added in split order (deterministic), rounded to fp32 once.
+template <class P>
+__device__ __forceinline__ void splitReduceSums(const double* __restrict__ parts, float* __restrict__ out, long long extent) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < extent; i += (long long)gridDim.x * blockDim.x) {
+    double v = parts[i];
+#pragma unroll
+    for (int z = 1; z < P::splits; ++z) v += parts[z * extent + i];
+    out[i] = static_cast<float>(v);
   }
 }
 

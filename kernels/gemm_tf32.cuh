@@ -106,8 +106,9 @@ struct F64Step {
   }
 };
 
-template <class P, class Cfg, class Step, class Epi, class CPtr>
-__device__ __forceinline__ void mmaSyncGemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
+template <class P, class Cfg, class Step, class Epi, class CPtr, class Sums>
+__device__ __forceinline__ void mmaSyncGemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi,
+                                            const Sums& sums) {
   typedef typename Step::Frag Frag;
   typedef typename Step::Acc Acc;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, MT = Cfg::MT, NT = Cfg::NT, STAGES = Cfg::STAGES;
@@ -138,6 +139,15 @@ __device__ __forceinline__ void mmaSyncGemm(const float* __restrict__ A, const f
   B += b * P::strideB;
   C += (b + split) * M * N;
   const bool vecA = kVecA && aligned16(A), vecB = kVecB && aligned16(B);
+  // Operand sums (gemm_common.cuh, "Operand sums"): thread r < R of a first-column (A) or
+  // first-row (B) block adds row r of each of its slices (out-of-range elements are the copies'
+  // zeros), in fp32 within a slice and fp64 across slices.
+  constexpr int kSum = Sums::kOperand;
+  constexpr int kSumRows = kSum == 1 ? BM : BN;
+  static_assert(kSum == 0 || (P::batch == 1 && kSumRows <= kThreads), "operand sums: one product, a thread per tile row");
+  static_assert(kSum == 0 || (sizeof(typename Sums::T) == 8) == (P::splits > 1), "split products write fp64 partial sums");
+  const bool summing = kSum == 1 ? tn == 0 && tid < kSumRows : kSum == 2 ? tm == 0 && tid < kSumRows : false;
+  double operandSum = 0.0;
 
   Acc acc[MT][NT][4];
 #pragma unroll
@@ -173,6 +183,14 @@ __device__ __forceinline__ void mmaSyncGemm(const float* __restrict__ A, const f
     }
     const float* as = As[s % STAGES];
     const float* bs = Bs[s % STAGES];
+    if constexpr (kSum != 0) {
+      if (summing) {
+        float part = 0.0f;
+#pragma unroll
+        for (int k = 0; k < BK; ++k) part += kSum == 1 ? as[OpA::at(tid, k)] : bs[OpB::at(tid, k)];
+        operandSum += part;
+      }
+    }
 #pragma unroll
     for (int k8 = 0; k8 < BK; k8 += 8) {
       Frag af[MT][4], bf[NT][2];
@@ -197,6 +215,11 @@ __device__ __forceinline__ void mmaSyncGemm(const float* __restrict__ A, const f
     }
   }
   cpAsyncWait<0>();  // nothing is left in flight at exit (only empty groups, but be explicit)
+  if constexpr (kSum != 0) {
+    constexpr long long kExtent = kSum == 1 ? M : N;
+    const long long r = (kSum == 1 ? m0 : n0) + tid;
+    if (summing && r < kExtent) sums.out[split * kExtent + r] = static_cast<typename Sums::T>(operandSum);
+  }
 
   const bool vecC = kVecC && alignedC(C);
 #pragma unroll
@@ -223,14 +246,16 @@ __device__ __forceinline__ void mmaSyncGemm(const float* __restrict__ A, const f
     }
 }
 
-template <class P, class Cfg, class Epi, class CPtr>
-__device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
-  mmaSyncGemm<P, Cfg, Tf32Step>(A, B, C, epi);
+template <class P, class Cfg, class Epi, class CPtr, class Sums = NoSums>
+__device__ __forceinline__ void tf32Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi,
+                                         const Sums& sums = Sums()) {
+  mmaSyncGemm<P, Cfg, Tf32Step>(A, B, C, epi, sums);
 }
 // (Note on the FP64 path.)
-template <class P, class Cfg, class Epi, class CPtr>
-__device__ __forceinline__ void f64Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi) {
-  mmaSyncGemm<P, Cfg, F64Step>(A, B, C, epi);
+template <class P, class Cfg, class Epi, class CPtr, class Sums = NoSums>
+__device__ __forceinline__ void f64Gemm(const float* __restrict__ A, const float* __restrict__ B, CPtr C, const Epi& epi,
+                                        const Sums& sums = Sums()) {
+  mmaSyncGemm<P, Cfg, F64Step>(A, B, C, epi, sums);
 }
 
 }  // namespace gemm

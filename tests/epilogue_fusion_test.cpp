@@ -290,5 +290,37 @@ TEST(EpilogueKernels, MatMulBiasGradOnBothProviders) {
   EXPECT_EQ(codegen::libraryGemmEpilogue(g, id, false, false).kernels.size(), 2u);
 }
 
+// On the mma.sync kernels (fp32 where FP64 runs at full rate) the product sums the bias operand
+// itself: a split product's partial sums go to the scratch after the partial products and its
+// reduce kernel adds them into output 1; a whole product writes output 1 directly. Either operand.
+TEST(EpilogueKernels, MatMulBiasGradSumsInsideTheMmaSyncProduct) {
+  codegen::EmitOptions opt;
+  opt.fullRateFp64 = true;
+  for (bool tw : {false, true}) {
+    SCOPED_TRACE(tw ? "transpose_w (dY is A)" : "dY is B");
+    Graph g = linearGraph({8192, 5}, 129, tw, "none");
+    applyOne(g, makeFuseBiasGradPattern());
+    const NodeId id = findOp(g, OpKind::MatMulBiasGrad);
+    const std::string operand = tw ? "1" : "2";
+    const codegen::NodeKernels split = codegen::emitNode(g, id, opt);  // K = 8192 on 1-2 tiles: split
+    ASSERT_EQ(split.kernels.size(), 2u);
+    EXPECT_NE(split.kernels[0].source.find("pa::gemm::f64Gemm<"), std::string::npos);
+    EXPECT_NE(split.kernels[0].source.find("pa::gemm::OperandSums<" + operand + ", double>"), std::string::npos);
+    EXPECT_NE(split.kernels[1].source.find("pa::gemm::splitReduceSums<"), std::string::npos);
+    EXPECT_NE(split.kernels[1].source.find("out1"), std::string::npos);
+    EXPECT_EQ(split.kernels[0].source.find("out1"), std::string::npos);
+    codegen::EmitOptions whole = opt;
+    whole.gemmTile = codegen::GemmTile::Medium;  // forced tiles: one product, no split
+    const codegen::NodeKernels one = codegen::emitNode(g, id, whole);
+    ASSERT_EQ(one.kernels.size(), 1u);
+    EXPECT_NE(one.kernels[0].source.find("pa::gemm::OperandSums<" + operand + ", float>{out1}"), std::string::npos);
+    opt.fp32Gemm = codegen::Fp32Gemm::Simt;  // the SIMT kernel: SumTo's column sums after the product
+    const codegen::NodeKernels simt = codegen::emitNode(g, id, opt);
+    EXPECT_NE(simt.kernels.back().name.find("colsum"), std::string::npos);
+    EXPECT_EQ(simt.kernels[0].source.find("OperandSums"), std::string::npos);
+    opt.fp32Gemm = codegen::Fp32Gemm::Auto;
+  }
+}
+
 }  // namespace
 }  // namespace pa

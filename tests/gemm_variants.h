@@ -1,5 +1,6 @@
 // The generated GEMM variants the GEMM tests walk: every tile, transpose, batch, split, tail
-// split and FusedLinear epilogue (fp32 SIMT and TF32; a subset on FP64), the kernels that follow a cuBLASLt
+// split and FusedLinear epilogue (fp32 SIMT and TF32; a subset on FP64), MatMulBiasGrad on the
+// mma.sync kernels, the kernels that follow a cuBLASLt
 // product, and the bf16 wgmma kernels. gemm_emit_test.cpp checks what each emits (CPU);
 // nvrtc/gemm_nvrtc_test.cpp compiles them (NVRTC).
 #pragma once
@@ -86,6 +87,27 @@ inline std::vector<Variant> allVariants() {
     addF64(std::string("FusedLinear_") + act + "_bias", p, GemmTile::Large);
     if (std::string(act) == "gelu") addF64(std::string("FusedLinear_") + act + "_bias_split", p, GemmTile::Large, 2);
   }
+  // MatMulBiasGrad on the mma.sync kernels (FP64, and TF32 where wgmma is off), which sum the
+  // bias operand inside the product: either operand, whole and split products, every tile.
+  for (const char* operand : {"a", "b"})
+    for (bool tf32 : {false, true})
+      for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small})
+        for (int splits : {0, 3}) {
+          if (splits > 0 && tile != GemmTile::Large) continue;
+          Graph g;
+          const ValueId a = g.addParam("a", {129, 33}, "xavier"), b = g.addParam("b", {129, 100}, "xavier");
+          AttrMap attrs;
+          attrs.set<attr::TransposeA>(true).set<attr::BiasOperand>(std::string(operand));
+          const NodeId id = g.producer(g.add(OpKind::MatMulBiasGrad, {a, b}, attrs)).id;
+          codegen::EmitOptions opt;
+          opt.tf32 = tf32;
+          if (!tf32) opt.fp32Gemm = codegen::Fp32Gemm::F64Mma;
+          opt.gemmTile = tile;
+          opt.gemmSplits = splits;
+          const std::string name = std::string("MatMulBiasGrad_") + operand + (splits ? "_split" : "") + (tf32 ? "_tf32_" : "_f64_") +
+                                   std::to_string(static_cast<int>(tile));
+          for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels) out.push_back({name + "_" + k.name, k});
+        }
   return out;
 }
 

@@ -36,15 +36,16 @@ inline constexpr const char* kGemm = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
   ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, ${COUT}, epilogue);
+${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, ${COUT}, epilogue${SUMS});
 }
 )";
 
-// Split-K: each block's raw sum over its share of K into the scratch (no epilogue).
+// Split-K: each block's raw sum over its share of K into the scratch (no epilogue), and its
+// partial operand sums where the kernel sums an operand (kernels/gemm_common.cuh).
 inline constexpr const char* kGemmSplit = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, scratch + ${PARTS}, pa::gemm::Identity());
+  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, scratch + ${PARTS}, pa::gemm::Identity()${SUMS});
 }
 )";
 
@@ -66,13 +67,14 @@ ${EPIINIT}  pa::gemm::simtTailReduce<${NAME}_problem, pa::gemm::${CONFIG}>(scrat
 }
 )";
 
-// Split-K's second kernel: the partial sums added in split order, then the epilogue.
+// Split-K's second kernel: the partial sums added in split order, then the epilogue; and the
+// partial operand sums alike where the product kernel summed an operand.
 inline constexpr const char* kGemmReduce = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
   ${NAME}_epilogue epilogue;
 ${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch + ${PARTS}, ${COUT}, epilogue);
-}
+${SUMREDUCE}}
 )";
 
 // An fp32 operand copied transposed into the node's scratch: for the TF32 wgmma kernel, which reads

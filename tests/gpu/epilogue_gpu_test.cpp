@@ -122,7 +122,8 @@ TEST(EpilogueOnGpu, MseLossGradMatchesTheFloat64Reference) {
 }
 
 // MatMulBiasGrad of one linear layer (x [rows, K]; dY the gradient of an MSE on its output), both
-// operand sides (transpose_w puts dY in A), on the generated kernels and on cuBLASLt. Bounds: a
+// operand sides (transpose_w puts dY in A), on the generated kernels (FP64 where the part runs it
+// at full rate, and SIMT) and on cuBLASLt. Bounds: a
 // float32 sum of K products is within γ_K = K·u of the exact one relative to Σ|a||b| (Higham's
 // bound for recursive summation, which also covers blocked and split sums), plus u for the
 // products' own rounding, plus the GPU's dY's own error (its Sub, Scale, Mul: ≤ 4u relative, and
@@ -137,9 +138,10 @@ TEST(EpilogueOnGpu, MatMulBiasGradMatchesTheFloat64ReferenceOnBothProviders) {
   };
   // (units 1 without transpose_w: the generated weight gradient is a weighted column sum, whole
   // or split into parts: rows 1 and 300, 8191 and 8192 at widths 257 and 256, attn_block's last layer)
+  // (rows 5000 and 3001: split products whose tiles overhang both edges, either operand summed)
   const std::vector<Case> cases = {{1, 5, 1, false},     {7, 3, 3, false},       {257, 33, 129, false}, {257, 33, 129, true},
                                    {7, 17, 1, true},     {8192, 64, 129, false}, {8192, 256, 256, true}, {300, 7, 1, false},
-                                   {8191, 257, 1, false}, {8192, 256, 1, false}};
+                                   {8191, 257, 1, false}, {8192, 256, 1, false}, {5000, 130, 300, false}, {3001, 200, 70, true}};
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.k) + "->" + std::to_string(c.units) + (c.tw ? " transpose_w" : ""));
     Graph g;
@@ -179,11 +181,15 @@ TEST(EpilogueOnGpu, MatMulBiasGradMatchesTheFloat64ReferenceOnBothProviders) {
           absW[at] += std::fabs(values[x][static_cast<size_t>(r * c.k + i)]) * dv;
         }
       }
-    for (GemmProvider provider : {GemmProvider::Generated, GemmProvider::Cublaslt}) {
+    // Generated: the default (on full-rate FP64 parts the FP64 kernel, which sums the bias
+    // operand inside the product) and the SIMT kernel with SumTo's column sums after it.
+    for (int arm = 0; arm < 3; ++arm) {
+      const GemmProvider provider = arm == 2 ? GemmProvider::Cublaslt : GemmProvider::Generated;
       if (provider == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available()) continue;
-      SCOPED_TRACE(provider == GemmProvider::Generated ? "generated" : "cublaslt");
+      SCOPED_TRACE(arm == 0 ? "generated" : arm == 1 ? "generated, SIMT" : "cublaslt");
       CudaRunnerOptions opt;
       opt.gemm = provider;
+      opt.fp64Gemm = arm != 1;
       const Results r = runBoth(g, values, opt);
       // The forward's error reaches dY: y's K-term sum (≤ (K + 1)·u·Σ|x||w| + |b|·u) times 2/N.
       const double slack = 2.0 / static_cast<double>(c.rows * c.units) * (c.k + 2) * kU * (c.k + 1.0);

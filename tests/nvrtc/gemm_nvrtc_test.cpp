@@ -106,8 +106,9 @@ void compileAll(const std::string& arch) {
   // tiles × 20 FusedLinear epilogues (5 activations × bias × transposed weight) and 20 split ones
   // (2 kernels each); fp32 also 4 tail-split products and 20 tail-split FusedLinear (2 kernels each);
   // FP64: 3 tiles × (4 transposes + batched), a split product (2 kernels) and 4 FusedLinear and a
-  // split one (2 kernels).
-  EXPECT_EQ(generated, 2u * (3 * 5 + 4 * 2 + 2 * 20 + 20 * 2) + (4 + 20) * 2 + (3 * 5 + 2 + 4 + 2));
+  // split one (2 kernels); MatMulBiasGrad: 2 operands × (FP64, TF32) × (3 tiles + a split
+  // product of 2 kernels).
+  EXPECT_EQ(generated, 2u * (3 * 5 + 4 * 2 + 2 * 20 + 20 * 2) + (4 + 20) * 2 + (3 * 5 + 2 + 4 + 2) + 2 * 2 * (3 + 2));
   EXPECT_GT(variants.size(), generated);
 }
 
