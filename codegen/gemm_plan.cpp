@@ -34,9 +34,9 @@ GemmVariant gemmVariant(bool tf32, GemmTile tile) {
 }
 
 // The TF32 tiles read the same fragments; fp64 accumulators double a warp tile's registers (large:
-// 128 of them a thread), so no config asks for two blocks an SM. Tiles and splits come from the
-// SIMT plan (chooseGemm(false, ...)): the same tile sizes, one block an SM at large tiles; no tail
-// split (simtGemmTail is the SIMT kernel's). The runner's tile autotuning measures the other tiles
+// 128 of them a thread), so no config asks for two blocks an SM. Tiles and splits come from
+// chooseF64Gemm (the SIMT plan's tiles, splits that fill one wave): one block an SM at large
+// tiles; no tail split (simtGemmTail is the SIMT kernel's). The runner's tile autotuning measures the other tiles
 // in training (medium tiles, several blocks an SM, can be the faster: bench/RESULTS.md, "fp32
 // GEMMs on the FP64 tensor cores").
 GemmVariant f64Variant(GemmTile tile) {
@@ -86,6 +86,18 @@ std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t
   }
   if (batch * tilesOf(m, n, 64) >= kSms / 2) return {GemmTile::Medium, 1};
   return {GemmTile::Small, 1};
+}
+
+// The FP64 kernel runs one large block an SM (its fp64 accumulators), so a split product's time
+// is (waves of blocks) × (a block's share of K): the splits that fill one wave, ⌊SMs / tiles⌋, do
+// best. The SIMT plan's powers of two overshoot where the tiles do not divide the SMs (attn_block's
+// 256×768×8192 weight gradient: 12 tiles, 32 splits make 3 waves of 256-deep blocks and 25 MB of
+// partial sums; 11 splits one wave of 745-deep blocks and 8.6 MB).
+std::pair<GemmTile, int> chooseF64Gemm(int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const std::pair<GemmTile, int> simt = chooseGemm(false, batch, m, n, k);
+  if (simt.first != GemmTile::Large || simt.second <= 1) return simt;
+  const int64_t splits = std::min<int64_t>({kSms / tilesOf(m, n, 128), k / 128, 64});
+  return splits >= 2 ? std::pair<GemmTile, int>{GemmTile::Large, static_cast<int>(splits)} : simt;
 }
 
 // Note on the tail split. A large fp32 block fills an SM (its registers), so T tiles run as

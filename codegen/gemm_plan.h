@@ -81,6 +81,10 @@ int64_t tilesOf(int64_t m, int64_t n, int64_t bm, int64_t bn);
 // The SIMT / mma.sync choice: tile variant and K splits (1: none) of a product. See the note in
 // gemm_plan.cpp.
 std::pair<GemmTile, int> chooseGemm(bool tf32, int64_t batch, int64_t m, int64_t n, int64_t k);
+// The FP64 mma.sync choice: chooseGemm's SIMT plan, except that a product split on large tiles
+// takes the split count that fills one wave of one block an SM (any count, not only powers of
+// two), keeping at least 128 of K a split. See the note in gemm_plan.cpp.
+std::pair<GemmTile, int> chooseF64Gemm(int64_t batch, int64_t m, int64_t n, int64_t k);
 // The estimated time of a SIMT / mma.sync product with `tile` tiles and K split `splits` ways.
 double splitCost(bool tf32, GemmTile tile, int64_t m, int64_t n, int64_t k, int64_t splits);
 

@@ -145,8 +145,8 @@ TEST(GemmEmit, TailSplitWhereTheLastWaveIsPartial) {
 
 // fp32 products under precision fp32: the FP64 tensor-core kernel where the target runs FP64 at
 // full rate (or forced), the SIMT kernel elsewhere (or forced); the FP64 kernel takes the SIMT
-// plan's tiles and splits, one block an SM, and never a tail split. TF32 and bf16 operands keep
-// their kernels.
+// plan's tiles, one block an SM, never a tail split, and splits that fill one wave
+// (chooseF64Gemm). TF32 and bf16 operands keep their kernels.
 TEST(GemmEmit, Fp32ProductsTakeTheFp64KernelOnFullRateTargets) {
   auto emit = [](const GemmProblem& p, bool fullRate, codegen::Fp32Gemm engine, bool tf32 = false) {
     Graph g;
@@ -174,16 +174,27 @@ TEST(GemmEmit, Fp32ProductsTakeTheFp64KernelOnFullRateTargets) {
   EXPECT_TRUE(uses(emit(square, true, Fp32Gemm::Simt), "pa::gemm::simtGemmTail<"));
   EXPECT_TRUE(uses(emit(square, false, Fp32Gemm::F64Mma), "pa::gemm::f64Gemm<"));
   EXPECT_TRUE(uses(emit(square, true, Fp32Gemm::F64Mma, true), "pa::gemm::tf32Gemm<"));
-  // A weight gradient the large tiles cannot fill: the SIMT plan's split, then the shared reduce.
-  GemmProblem dw = gemmtest::matmulProblem(1024, 1024, 8192, true, false);
-  const codegen::NodeKernels split = emit(dw, true, Fp32Gemm::Auto);
-  const std::pair<codegen::GemmTile, int> plan = codegen::chooseGemm(false, 1, 1024, 1024, 8192);
-  ASSERT_GT(plan.second, 1);
-  ASSERT_EQ(split.kernels.size(), 2u);
-  EXPECT_TRUE(uses(split, "pa::gemm::f64Gemm<"));
-  EXPECT_NE(split.kernels[0].source.find("splits = " + std::to_string(plan.second) + ";"), std::string::npos);
-  EXPECT_EQ(split.kernels[0].grid[2], static_cast<unsigned>(plan.second));
-  EXPECT_TRUE(uses(split, "pa::gemm::splitReduce<"));
+  // Weight gradients the large tiles cannot fill: split into one wave of blocks, then the shared
+  // reduce. 1024×1024: 64 tiles, 2 splits (the SIMT plan's too); 256×768: 12 tiles, 11 splits
+  // (the SIMT plan's 32 make three waves); 256×256: 4 tiles, 33 splits; 256×768 with K 1024: 128
+  // of K a split at least, so 8.
+  struct Dw {
+    int64_t m, n, k;
+    int splits;
+  };
+  for (const Dw& d : {Dw{1024, 1024, 8192, 2}, Dw{256, 768, 8192, 11}, Dw{256, 256, 8192, 33}, Dw{256, 768, 1024, 8}}) {
+    SCOPED_TRACE(std::to_string(d.m) + "x" + std::to_string(d.n) + "x" + std::to_string(d.k));
+    const codegen::NodeKernels split = emit(gemmtest::matmulProblem(d.m, d.n, d.k, true, false), true, Fp32Gemm::Auto);
+    EXPECT_EQ(codegen::chooseF64Gemm(1, d.m, d.n, d.k), (std::pair<codegen::GemmTile, int>{codegen::GemmTile::Large, d.splits}));
+    ASSERT_EQ(split.kernels.size(), 2u);
+    EXPECT_TRUE(uses(split, "pa::gemm::f64Gemm<"));
+    EXPECT_NE(split.kernels[0].source.find("splits = " + std::to_string(d.splits) + ";"), std::string::npos);
+    EXPECT_EQ(split.kernels[0].grid[2], static_cast<unsigned>(d.splits));
+    EXPECT_TRUE(uses(split, "pa::gemm::splitReduce<"));
+  }
+  EXPECT_EQ(codegen::chooseF64Gemm(1, 1024, 1024, 8192), codegen::chooseGemm(false, 1, 1024, 1024, 8192));
+  EXPECT_EQ(codegen::chooseF64Gemm(1, 8192, 4096, 4096), codegen::chooseGemm(false, 1, 8192, 4096, 4096));  // no split
+  EXPECT_EQ(codegen::chooseF64Gemm(1, 384, 256, 1024), codegen::chooseGemm(false, 1, 384, 256, 1024));    // medium tiles
 }
 
 }  // namespace
