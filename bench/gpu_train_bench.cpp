@@ -4,7 +4,7 @@
 // (--profile: also print each node's time, slowest first, to stderr; --no-pdl: launch the step's
 // kernels plain instead of as programmatic dependents on sm_90+; --no-adam-in-node: a step that is
 // one fused-mlp-train node runs the Adam kernel after it instead of in it; --no-packed-copies:
-// bf16 runs the concat / interleave kernels that pack fuse-qkv's and SwiGLU's weights each step
+// the concat / interleave kernels that pack fuse-qkv's and SwiGLU's weights (and fuse-qkv's biases) run each step
 // instead of Adam writing the packed copies; --no-packed-grads: the slice / deinterleave kernels
 // unpack those weights' gradients each step instead of Adam reading them in place; --simt-gemm: fp32
 // products on the SIMT kernel where the device would run them on the FP64 tensor cores; all for A/B runs)

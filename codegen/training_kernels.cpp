@@ -18,9 +18,10 @@ struct PaChunk {
   float* param;
   const float* grad;
   long long state, count;
-  unsigned short* mirror;
+  void* mirror;
   long long first, mirrorCols, mirrorRowStride, mirrorStep;
   long long gradCols, gradRowStride, gradStep;
+  long long mirrorBytes;
 };
 
 // Where value j of a parameter stands in a packed tensor: row j / cols, `step` apart in the row.
@@ -129,8 +130,8 @@ extern "C" __global__ void __launch_bounds__(256) pa_clip_scale(const double* __
 }
 
 // One block per chunk of one parameter; m and v are flat buffers laid out like the parameters.
-// A chunk with a mirror also stores each updated weight's bf16 copy there (contiguous, or at its
-// place in a packed copy: AdamChunk). A thread's values
+// A chunk with a mirror also stores each updated weight's copy there, bf16 or fp32 (contiguous, or
+// at its place in a packed copy: AdamChunk). A thread's values
 // (PA_ADAM_PER_THREAD, 256 apart) are all loaded before any is computed. Block 0 also copies the
 // step's loss into the ring (the step's last kernel: the loss is final).
 extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* __restrict__ chunks, float* __restrict__ m,
@@ -163,7 +164,8 @@ extern "C" __global__ void __launch_bounds__(256) pa_adam_multi(const PaChunk* _
     if (c.mirror) {
       long long at = i;
       if (c.mirrorStep) at = paPackedAt(c.first + i, c.mirrorCols, c.mirrorRowStride, c.mirrorStep);
-      c.mirror[at] = paToBf16(p);
+      if (c.mirrorBytes == 4) static_cast<float*>(c.mirror)[at] = p;
+      else static_cast<unsigned short*>(c.mirror)[at] = paToBf16(p);
     }
   }
 }

@@ -33,7 +33,7 @@ struct AdamChunk {
   uint64_t grad = 0;   // device pointer to its gradient
   int64_t state = 0;   // offset (floats) of the slice in the flat m and v buffers
   int64_t count = 0;   // values in the slice
-  uint64_t mirror = 0;  // device pointer to the slice's bf16 copy (CudaRunnerOptions::mirrorParamCasts), or 0
+  uint64_t mirror = 0;  // device pointer to the slice's copy (CudaRunnerOptions::mirrorParamCasts), or 0
   int64_t first = 0;    // index of the slice's first value in its parameter (the packed places read it)
   // A packed copy (CudaGraphRunner::packedMirror; mirrorStep > 0): `mirror` is the parameter's
   // base in it, and its value `first` + i goes to mirror[(j / mirrorCols) * mirrorRowStride +
@@ -43,8 +43,11 @@ struct AdamChunk {
   // the parameter's base there, value `first` + i at grad[(j / gradCols) * gradRowStride + (j %
   // gradCols) * gradStep], j = first + i. gradStep 0: the slice's gradient is contiguous.
   int64_t gradCols = 0, gradRowStride = 0, gradStep = 0;
+  // The copy's element: 2, bf16 (rounded to nearest, ties to even, as a Cast stores); 4, fp32 (a
+  // packed fp32 operand: the value itself).
+  int64_t mirrorBytes = 2;
 };
-static_assert(sizeof(AdamChunk) == 96, "AdamChunk is mirrored in the kernel source");
+static_assert(sizeof(AdamChunk) == 104, "AdamChunk is mirrored in the kernel source");
 
 // What a fused-mlp-train kernel that applies Adam itself reads (EmitOptions::adamInTrainNode):
 // mirrored as pa::adam::Binding (kernels/adam.cuh). Per node input index, the parameter's and

@@ -46,7 +46,8 @@ struct RunOptions {
   // GPU, fp32: products on the FP64 tensor cores where the device runs FP64 at full rate
   // (codegen::Fp32Gemm); false runs the SIMT kernel (A/B benchmarks: gpu_train_bench --simt-gemm).
   bool fp64Gemm = true;
-  // GPU, bf16: Adam writes the packed bf16 copies of fuse-qkv's and SwiGLU's weights (SessionSpec);
+  // GPU: Adam writes the packed copies of fuse-qkv's and SwiGLU's weights (bf16 or fp32) and of
+  // fuse-qkv's biases (SessionSpec);
   // false launches the packing kernels each step (A/B benchmarks: gpu_train_bench --no-packed-copies; tests).
   bool packedWeightCopies = true;
   // GPU: Adam reads the packed weights' gradients in place (SessionSpec); false launches the slice /

@@ -347,11 +347,12 @@ CudaGraphRunner::~CudaGraphRunner() = default;
 // kernel rounds each updated weight into its slot as it stores it, with the cast's rounding
 // (to nearest, ties to even). The step then launches no cast of a parameter, and its results
 // are bit for bit those of the step that did.
-// The same holds for a node that packs parameters into one bf16 GEMM operand (fuse-qkv's Concat
-// of the projection weights, SwiGLU's Interleave of gate and up: each rounds as it stores, in
-// place of a cast; mirrorPackedWeights): its output gets a slot, and each of its parameters a
-// place in it (packedPlace_) where Adam stores the rounded weight. A parameter with a cast's
-// mirror, or in two packing nodes, is left to its nodes (Adam writes one copy of a weight).
+// The same holds for a node that packs parameters into one GEMM operand (fuse-qkv's Concat of the
+// projection weights and of their biases, SwiGLU's Interleave of gate and up; mirrorPackedWeights),
+// bf16 (each rounds as it stores, in place of a cast) or fp32: its output gets a slot, and each of
+// its parameters a place in it (packedPlace_) where Adam stores the weight as the node would. A
+// parameter with a cast's mirror, or in two packing nodes, is left to its nodes (Adam writes one
+// copy of a weight).
 void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
   skipped_.assign(g_.numNodes(), 0);
   std::map<ValueId, int64_t> slot;  // owned parameter -> byte offset in mirrors_
@@ -379,8 +380,9 @@ void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
   std::set<ValueId> packedParams;
   for (NodeId id : order_) {
     const Node& n = g_.node(id);
+    const DType packedType = g_.value(n.outputs[0]).type.dtype;
     if (!opt.mirrorParamCasts || (n.op != OpKind::Concat && n.op != OpKind::Interleave) ||
-        g_.value(n.outputs[0]).type.dtype != DType::BF16 || numel(g_.shape(n.outputs[0])) == 0)
+        (packedType != DType::BF16 && packedType != DType::F32) || numel(g_.shape(n.outputs[0])) == 0)
       continue;
     bool ownsAll = true, sharesAll = true;
     std::set<ValueId> seen;
@@ -393,7 +395,7 @@ void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
     }
     if (ownsAll && opt.mirrorPackedWeights) {
       packed.emplace_back(id, bytes);
-      bytes += alignUp(numel(g_.shape(n.outputs[0])) * 2, 256);
+      bytes += alignUp(numel(g_.shape(n.outputs[0])) * static_cast<int64_t>(dtypeSize(packedType)), 256);
       packedParams.insert(seen.begin(), seen.end());
     } else if (sharesAll) {
       auto it = opt.shareParamsWith->packedByKey_.find(packedKey(n));
@@ -417,17 +419,17 @@ void CudaGraphRunner::planParamMirrors(const CudaRunnerOptions& opt) {
     mirrorPtr_[n.outputs[0]] = base;
     packedByKey_[packedKey(n)] = base;
     skipped_[static_cast<size_t>(id)] = kWritesMirror;
-    const int64_t width = g_.shape(n.outputs[0]).back();
+    const int64_t width = g_.shape(n.outputs[0]).back(), eb = static_cast<int64_t>(dtypeSize(g_.value(n.outputs[0]).type.dtype));
     int64_t column = 0;  // Concat: the input's first column in the packed rows
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const ValueId p = root_[static_cast<size_t>(n.inputs[i])];
       PackedPlace place;
       if (n.op == OpKind::Concat) {  // value i of input [..., N] at row (i / N), column `column` + i % N
         const int64_t cols = g_.shape(n.inputs[i]).back();
-        place = {base + static_cast<cuda::CUdeviceptr>(column) * 2, cols, width, 1};
+        place = {base + static_cast<cuda::CUdeviceptr>(column * eb), cols, width, 1, eb};
         column += cols;
       } else {  // Interleave: input k's value i at 2i + k
-        place = {base + static_cast<cuda::CUdeviceptr>(i) * 2, numel(g_.shape(p)), 0, 2};
+        place = {base + static_cast<cuda::CUdeviceptr>(i * eb), numel(g_.shape(p)), 0, 2, eb};
       }
       packedPlace_[p] = place;
       mirrorCasts_[p].push_back(id);
@@ -463,7 +465,7 @@ CudaGraphRunner::PackedPlace CudaGraphRunner::packedGrad(ValueId grad) const {
   auto it = gradViews_.find(grad);
   if (it == gradViews_.end()) return PackedPlace{};
   const GradView& v = it->second;
-  return PackedPlace{ptr(v.packed) + static_cast<cuda::CUdeviceptr>(v.first) * sizeof(float), v.cols, v.rowStride, v.step};
+  return PackedPlace{ptr(v.packed) + static_cast<cuda::CUdeviceptr>(v.first) * sizeof(float), v.cols, v.rowStride, v.step, 4};
 }
 
 // A packing node by what it packs: its op and its parameters' names, in order (the training and

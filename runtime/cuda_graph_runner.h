@@ -45,10 +45,11 @@ struct CudaRunnerOptions {
   // (CudaSession's Adam, through paramMirror). A runner sharing this one's parameters reads
   // its mirrors in place of its own casts.
   bool mirrorParamCasts = false;
-  // With mirrorParamCasts: a Concat (fuse-qkv's projection weights) or an Interleave (SwiGLU's
-  // gate and up weights) whose every input is a parameter, stored bf16, also writes a persistent
-  // mirror that run() skips: the packed copy. Adam rounds each updated weight into its place in it
-  // (packedMirror); upload() reruns the node. Results are the same bits either way (tests, A/B).
+  // With mirrorParamCasts: a Concat (fuse-qkv's projection weights and biases) or an Interleave
+  // (SwiGLU's gate and up weights) whose every input is a parameter, stored bf16 or fp32, also
+  // writes a persistent mirror that run() skips: the packed copy. Adam stores each updated weight
+  // into its place in it (packedMirror), rounded as the node rounds; upload() reruns the node.
+  // Results are the same bits either way (tests, A/B).
   bool mirrorPackedWeights = true;
   // A parameter's gradient that is a Slice (fuse-qkv's projection weights) or a Deinterleave
   // (SwiGLU's gate and up weights) of a packed gradient, read by nothing else, is not computed:
@@ -118,11 +119,12 @@ public:
   int64_t paramBlockFloats() const { return paramFloats_; }
   // The bf16 mirror of owned parameter `p` (CudaRunnerOptions::mirrorParamCasts), or 0.
   cuda::CUdeviceptr paramMirror(ValueId p) const;
-  // Where owned parameter `p`'s bf16 values go in a packed mirror (mirrorPackedWeights): value i
-  // at base[(i / cols) * rowStride + (i % cols) * step]. step 0: none (then paramMirror may be set).
+  // Where owned parameter `p`'s values go in a packed mirror (mirrorPackedWeights): value i at
+  // base[(i / cols) * rowStride + (i % cols) * step], elements of `bytes` (2: bf16, 4: fp32).
+  // step 0: none (then paramMirror may be set).
   struct PackedPlace {
     cuda::CUdeviceptr base = 0;
-    int64_t cols = 0, rowStride = 0, step = 0;
+    int64_t cols = 0, rowStride = 0, step = 0, bytes = 4;
   };
   PackedPlace packedMirror(ValueId p) const;
   // Where gradient value `grad`'s values are when the runner leaves it uncomputed

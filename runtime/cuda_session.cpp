@@ -303,7 +303,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
       if (const cuda::CUdeviceptr m = runner_->paramMirror(pv)) c.mirror = m + static_cast<uint64_t>(at) * sizeof(uint16_t);
       if (const CudaGraphRunner::PackedPlace place = runner_->packedMirror(pv); place.step) {
         c.mirror = place.base;
-        c.mirrorCols = place.cols, c.mirrorRowStride = place.rowStride, c.mirrorStep = place.step;
+        c.mirrorCols = place.cols, c.mirrorRowStride = place.rowStride, c.mirrorStep = place.step, c.mirrorBytes = place.bytes;
       }
       if (const CudaGraphRunner::PackedPlace place = runner_->packedGrad(p.grad); place.step) {
         c.grad = place.base;
@@ -351,7 +351,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
       if (g.node(id).op == OpKind::FusedMlpTrain) train = &g.node(id);
     for (const Param& p : params_) {
       if (runner_->paramMirror(p.value) || runner_->packedMirror(p.value).step)
-        throw std::logic_error("Adam in the train node: parameter '" + p.name + "' has a bf16 mirror");
+        throw std::logic_error("Adam in the train node: parameter '" + p.name + "' has a mirror");
       for (size_t i = 0; i < train->inputs.size(); ++i) {
         if (train->inputs[i] != p.value) continue;
         const uint64_t at = static_cast<uint64_t>(runner_->paramOffset(p.value)) * sizeof(float);

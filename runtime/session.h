@@ -118,9 +118,10 @@ struct SessionSpec {
   // GPU, fp32: generated GEMMs on the FP64 tensor cores where the device runs FP64 at full rate;
   // false: the SIMT kernel (A/B benchmarks).
   bool fp64Gemm = true;
-  // GPU, bf16: Adam also writes the packed bf16 copies of weights that fuse-qkv and SwiGLU pack
-  // into one GEMM operand, and the step launches no packing kernel (CudaRunnerOptions::
-  // mirrorPackedWeights); the same results either way (A/B benchmarks and tests turn it off).
+  // GPU: Adam also writes the packed copies (bf16 or fp32) of weights that fuse-qkv and SwiGLU pack
+  // into one GEMM operand, and of fuse-qkv's biases, and the step launches no packing kernel
+  // (CudaRunnerOptions::mirrorPackedWeights); the same results either way (A/B benchmarks and tests
+  // turn it off).
   bool packedWeightCopies = true;
   // GPU: Adam (and clipping's norm) reads the gradients of fuse-qkv's and SwiGLU's packed weights
   // in place in the packed gradient, and the step launches no slice or deinterleave of them

@@ -807,14 +807,14 @@ TEST(TrainOnGpu, ProgrammaticDependentLaunchIsBitIdenticalToPlainLaunches) {
   }
 }
 
-// precision bf16: Adam writing each weight's bf16 value into its place in the packed copies
-// (fuse-qkv's Concat of the projection weights, SwiGLU's Interleave of gate and up; the biases'
-// Concat stays fp32 and runs)
-// gives the bits the packing kernels give, so a run without those kernels in its step and one
-// with them train and validate alike, bit for bit, step by step (clipping scales the gradient
-// first); the step launches one kernel fewer per packing node. The validation graph reads the
-// training runner's packed copies.
-TEST(TrainOnGpu, Bf16PackedWeightCopiesAreBitIdenticalToThePackingKernels) {
+// Adam writing each weight's value into its place in the packed copies (fuse-qkv's Concat of the
+// projection weights and of their biases, SwiGLU's Interleave of gate and up), rounded to bf16
+// where the copy is bf16 and as it is where it is fp32 (the biases, and every copy under
+// precision fp32), gives the bits the packing kernels give, so a run without those kernels in its
+// step and one with them train and validate alike, bit for bit, step by step (clipping scales
+// the gradient first); the step launches one kernel fewer per packing node. The validation graph
+// reads the training runner's packed copies.
+TEST(TrainOnGpu, PackedWeightCopiesAreBitIdenticalToThePackingKernels) {
   PA_REQUIRE_GPU();
   struct Case {
     const char* config;
@@ -822,21 +822,29 @@ TEST(TrainOnGpu, Bf16PackedWeightCopiesAreBitIdenticalToThePackingKernels) {
     int packingNodes;
   };
   std::vector<std::string> gpt = tinyGptSmall(), llama = kTinyLlamaSmall;
-  for (auto* s : {&gpt, &llama}) s->insert(s->end(), {"precision=bf16", "train.steps=12", "data.samples=64"});
+  for (auto* s : {&gpt, &llama}) s->insert(s->end(), {"train.steps=12", "data.samples=64"});
   gpt.push_back("train.optimizer.clip_grad_norm=0.05");
-  const std::vector<Case> cases = {{"tiny_gpt", gpt, 8},
-                                   {"tiny_llama", llama, 8},
-                                   {"sine_attention", withQkv({"precision=bf16", "train.steps=12"}), 1}};
+  std::vector<std::string> gptBf16 = gpt, llamaBf16 = llama;
+  gptBf16.push_back("precision=bf16");
+  llamaBf16.push_back("precision=bf16");
+  // (tiny_gpt and tiny_llama: 4 Concats of weights and 4 Interleaves; sine_attention: one Concat
+  // of weights and one of biases)
+  const std::vector<Case> cases = {{"tiny_gpt", gptBf16, 8},
+                                   {"tiny_llama", llamaBf16, 8},
+                                   {"sine_attention", withQkv({"precision=bf16", "train.steps=12"}), 2},
+                                   {"tiny_gpt", gpt, 8},
+                                   {"sine_attention", withQkv({"train.steps=12"}), 2}};
   for (const Case& c : cases) {
     const Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", c.sets);
-    SCOPED_TRACE(c.config);
+    SCOPED_TRACE(std::string(c.config) + " " + precisionName(cfg.precision));
     auto [packed, kernels] = defaultAndOther(cfg, [](RunOptions& o) { o.packedWeightCopies = false; });
     expectBitIdenticalLosses(*packed, *kernels, 12);
     EXPECT_EQ(packed->params(), kernels->params());
     EXPECT_EQ(packed->validate(), kernels->validate());
     EXPECT_EQ(kernels->launchesPerStep() - packed->launchesPerStep(), c.packingNodes);
-    std::printf("  %s bf16: %d launches per step with the packed copies written by Adam, %d with the packing kernels; "
-                "12 steps bit-identical\n", c.config, packed->launchesPerStep(), kernels->launchesPerStep());
+    std::printf("  %s %s: %d launches per step with the packed copies written by Adam, %d with the packing kernels; "
+                "12 steps bit-identical\n", c.config, precisionName(cfg.precision), packed->launchesPerStep(),
+                kernels->launchesPerStep());
   }
 }
 
