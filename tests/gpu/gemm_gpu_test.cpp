@@ -87,6 +87,7 @@ std::vector<GemmCase> allCases() {
       for (bool tf32 : {false, true}) {
         for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tf32, tile);
         if (k >= 33) add(base, p, tf32, GemmTile::Large, 3);  // split-K, uneven shares
+        if (k >= 129) add(base, p, tf32, GemmTile::Medium, 3);  // the same on medium tiles
         if (k == 7) add(base, p, tf32, GemmTile::Large, 5);   // more splits than K slices
         if (k == 96) add(base, p, tf32, GemmTile::Large, 8);  // the same beside interior tiles (6 slices of 16)
       }
@@ -395,7 +396,7 @@ double f64Bar(const GemmCase& c, const Graph& g, NodeId id) {
   int splits = c.opt.gemmSplits > 0 ? c.opt.gemmSplits : 1;
   if (c.opt.gemmTile == codegen::GemmTile::Auto) {
     const codegen::LibraryGemm lg = codegen::libraryGemmOf(g, id);
-    splits = codegen::chooseGemm(false, lg.geometry.batch, lg.geometry.m, lg.geometry.n, lg.geometry.k).second;
+    splits = codegen::chooseF64Gemm(lg.geometry.batch, lg.geometry.m, lg.geometry.n, lg.geometry.k).second;
   }
   return 2.0 * (2.0 * splits + 4.0) * std::ldexp(1.0, -24);
 }
@@ -411,18 +412,19 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
   Graph g;
   const NodeId id = gemmtest::buildGraph(g, c.problem);
   gemmtest::NodeOnGpu gpu(g, id, c.opt, device());
-  if (c.opt.wgmma) {  // K a multiple of 4: the TF32 wgmma kernel, else the mma.sync one
+  // Aᵀ·B of one column is a weighted column sum in double on every path (emit_gemm.cpp,
+  // columnProduct); every other case runs the kernel its options name.
+  const Shape& out0 = g.shape(g.node(id).outputs[0]);
+  const bool columnProduct = c.problem.ta && !c.problem.tb && out0.back() == 1 && out0.size() == 2;
+  if (c.opt.wgmma && !columnProduct) {  // K a multiple of 4: the TF32 wgmma kernel, else the mma.sync one
     const Shape& a = g.shape(g.node(id).inputs[0]);
     const int64_t k = c.problem.ta ? a[a.size() - 2] : a.back();
     bool wgmma = false;
     for (const codegen::Kernel& kk : gpu.kernels().kernels) wgmma |= kk.source.find("pa::gemm::wgmmaGemm<") != std::string::npos;
     EXPECT_EQ(wgmma, k % 4 == 0) << "K = " << k;
   }
-  // The FP64 cases run the FP64 kernel, except Aᵀ·B of one column, which is a weighted column sum
-  // in double on every path (emit_gemm.cpp, columnProduct).
   const bool f64 = c.opt.fp32Gemm == codegen::Fp32Gemm::F64Mma;
-  const Shape& out0 = g.shape(g.node(id).outputs[0]);
-  if (f64 && !(c.problem.ta && !c.problem.tb && out0.back() == 1 && out0.size() == 2)) {
+  if (f64 && !columnProduct) {
     bool found = false;
     for (const codegen::Kernel& kk : gpu.kernels().kernels) found |= kk.source.find("pa::gemm::f64Gemm<") != std::string::npos;
     EXPECT_TRUE(found) << "the case should run the FP64 kernel";
@@ -654,6 +656,18 @@ TEST(GemmOnGpuRunner, TileTuningRunsTheFastestVariantAndCachesIt) {
                   st.tilesChanged ? "changed from the shape's default" : "the shape's default");
     }
   }
+  // A weight gradient Aᵀ·B (K = 8192 on 16 large tiles, split by default): whichever variant wins
+  // computes the product.
+  Graph g;
+  const NodeId id = gemmtest::buildGraph(g, gemmtest::matmulProblem(256, 1024, 8192, true, false));
+  CudaRunnerOptions opt;
+  opt.gemm = GemmProvider::Generated;
+  CudaGraphRunner runner(g, device(), opt);
+  EXPECT_EQ(runner.gemmStats().tilesMeasured + runner.gemmStats().tilesCached, 1);
+  const Errors e = runAgainstReference(runner, g, id, 131)[0];
+  EXPECT_TRUE(e.finite);
+  EXPECT_LE(e.worst, 1e-5 * e.scale);
+  std::printf("  weight gradient 256x1024x8192: tiles %s\n", runner.gemmStats().tilesChanged ? "changed from the shape's default" : "the shape's default");
 }
 
 // compiler.gemm auto: cuBLASLt's candidates are timed (the product alone) while the kernels
