@@ -7,7 +7,7 @@ kernel holds the stream while many calls are queued behind it, one CUDA event pa
 median of five such windows), on inputs rotating through more memory than the L2 cache holds.
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
-usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune]
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune|f32bwd|f32bwdgrid]
                              [--out FILE] [--dims 64,128] [--seqs 4096]
 """
 import argparse
@@ -488,6 +488,54 @@ def main():
                   f"tma={os.environ.get('PA_FLASH_TMA', '-')} st={os.environ.get('PA_FLASH_BWD_STAGES', '-')} "
                   f"ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
                   f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
+        return
+    if "f32bwd" in a.only:  # fp32 backward engines (FFMA / FP64 tensor cores) and dQ schemes at attn_block-like shapes
+        grid = "f32bwdgrid" in a.only  # many shapes, the two engines only (for kAuto's backward rule)
+        shapes = ((32, 4, 256, 64, True), (32, 4, 128, 64, True), (32, 4, 512, 64, True),
+                  (8, 4, 1024, 64, True), (32, 4, 256, 64, False))
+        if grid:
+            shapes = tuple((b, h, s, d, c) for (b, h) in ((1, 8), (4, 8), (16, 8), (32, 4)) for s in (128, 256, 512, 1024)
+                           for d in (32, 64) for c in (True,) if b * h * s <= 32 * 4 * 1024)
+        variants = ((("0", "0", ""), ("1", "0", "")) if grid else
+                    (("", "0", ""), ("0", "0", ""), ("0", "1", ""), ("0", "0", "1"), ("0", "0", "2"), ("0", "0", "4"),
+                     ("1", "0", ""), ("1", "1", "")))
+        for b, h, s, d, causal in shapes:
+            sets = input_sets(fl, b, h, h, s, d, torch.float32, causal=causal)
+            fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
+            ref = None
+            for f64, atomic, rows in variants:
+                for n, val in (("PA_FLASH_FP64MMA", f64), ("PA_FLASH_ATOMIC_DQ", atomic), ("PA_FLASH_F32_BWD_R", rows)):
+                    os.environ[n] = val
+                for o in sets:  # the backward's workspace depends on the variant (dQ partials)
+                    o.ws = fl.workspace(o.q, o.k, causal=causal)
+                    o.ba = fl.backward_args(o.q, o.k, o.v, o.o, o.do, o.dq, o.dk, o.dv, o.lse, o.ws, causal=causal)
+                t_f, t_fb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
+                o0 = sets[0]
+                o0.fwd_bwd()
+                torch.cuda.synchronize()
+                got = torch.cat([o0.dq.flatten(), o0.dk.flatten(), o0.dv.flatten()])
+                if ref is None:
+                    qg, kg, vg = (t.detach().double().requires_grad_(True) for t in (o0.q, o0.k, o0.v))
+                    out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                    out.backward(o0.do.double())
+                    ref = torch.cat([qg.grad.flatten(), kg.grad.flatten(), vg.grad.flatten()])
+                print(f"f32bwd b={b} h={h} s={s} d={d} causal={causal} fp64mma={f64 or 'auto'} atomic_dq={atomic} "
+                      f"bwd_rows={rows or '-'}: fwd {t_f * 1e3:.1f} us, f+b {t_fb * 1e3:.1f} us, bwd {(t_fb - t_f) * 1e3:.1f} us "
+                      f"({2.5 * fl_f / (t_fb - t_f) / 1e9:.1f} TFLOP/s), rel err grads {rel_err(got, ref):.1e}", flush=True)
+            for n in ("PA_FLASH_FP64MMA", "PA_FLASH_ATOMIC_DQ", "PA_FLASH_F32_BWD_R"):
+                del os.environ[n]
+            if grid:
+                del sets
+                continue
+            for name, be in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                fns = [torch_fns(o.q, o.k, o.v, o.do, causal, be) for o in sets]
+                try:
+                    t_f, t_fb = bench([f for f, _ in fns]), bench([fb for _, fb in fns])
+                    print(f"f32bwd b={b} h={h} s={s} d={d} causal={causal} torch {name}: fwd {t_f * 1e3:.1f} us, "
+                          f"f+b {t_fb * 1e3:.1f} us, bwd {(t_fb - t_f) * 1e3:.1f} us", flush=True)
+                except RuntimeError as e:
+                    print(f"f32bwd torch {name} failed: {e}", flush=True)
+            del sets
         return
     if "gqatune" in a.only:  # ours alone on the GQA rows and the tiny models' attention; PA_FLASH_SPLIT_KV / _BWD_PERSISTENT=0/1
         sink = {"tiny_gpt_win128": True}
