@@ -224,7 +224,9 @@ int run(int argc, char** argv) {
           gemmtest::uploadStored(sets[static_cast<size_t>(si)].back(), h, g.value(node.inputs[i]).type.dtype);
         }
       auto report = [&](gemmtest::NodeOnGpu& gpu, const std::string& variant) { reportMs(timeNode(gpu, sets, 5, 30), precision, variant); };
-      const codegen::EmitOptions deviceOpt = CudaGraphRunner::emitOptionsFor(device(), tf32);  // as training emits
+      CudaRunnerOptions runnerOpt;
+      runnerOpt.tf32 = tf32;
+      const codegen::EmitOptions deviceOpt = CudaGraphRunner::emitOptionsFor(device(), runnerOpt);  // as training emits
       std::vector<std::pair<std::string, GemmTile>> tiles = {{"auto", GemmTile::Auto}};
       if (sweep) tiles.insert(tiles.end(), {{"large", GemmTile::Large}, {"medium", GemmTile::Medium}, {"small", GemmTile::Small}});
       for (const auto& t : tiles) {

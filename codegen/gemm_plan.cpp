@@ -36,9 +36,9 @@ GemmVariant gemmVariant(bool tf32, GemmTile tile) {
 // The TF32 tiles read the same fragments; fp64 accumulators double a warp tile's registers (large:
 // 128 of them a thread), so no config asks for two blocks an SM. Tiles and splits come from
 // chooseF64Gemm (the SIMT plan's tiles, splits that fill one wave): one block an SM at large
-// tiles; no tail split (simtGemmTail is the SIMT kernel's). The runner's tile autotuning measures the other tiles
-// in training (medium tiles, several blocks an SM, can be the faster: bench/RESULTS.md, "fp32
-// GEMMs on the FP64 tensor cores").
+// tiles; no tail split (simtGemmTail is the SIMT kernel's). The runner's tile autotuning measures
+// the other tiles in training (medium tiles, several blocks an SM, can be the faster:
+// bench/RESULTS.md, "fp32 GEMMs on the FP64 tensor cores").
 GemmVariant f64Variant(GemmTile tile) {
   GemmVariant v = gemmVariant(true, tile);
   v.minBlocks = 1;

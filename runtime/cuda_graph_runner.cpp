@@ -92,9 +92,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
 
   launches_.resize(g.numNodes());
   std::vector<std::pair<FlashAttentionConfig, bool>> flashProblems;  // {config, backward} of every attention node
-  codegen::EmitOptions emit = emitOptionsFor(device_, opt.tf32);
-  emit.adamInTrainNode = opt.adamInTrainNode;
-  if (!opt.fp64Gemm) emit.fp32Gemm = codegen::Fp32Gemm::Simt;
+  const codegen::EmitOptions emit = emitOptionsFor(device_, opt);
   for (NodeId id : order_) {
     codegen::NodeKernels nk = codegen::emitNode(g, id, emit);
     const Node& n = g.node(id);
@@ -718,9 +716,11 @@ void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode
   for (const Launch& l : launches_[static_cast<size_t>(id)]) l.enqueue(stream, mode);
 }
 
-codegen::EmitOptions CudaGraphRunner::emitOptionsFor(const cuda::Device& device, bool tf32) {
+codegen::EmitOptions CudaGraphRunner::emitOptionsFor(const cuda::Device& device, const CudaRunnerOptions& opt) {
   codegen::EmitOptions emit;
-  emit.tf32 = tf32;
+  emit.tf32 = opt.tf32;
+  emit.adamInTrainNode = opt.adamInTrainNode;
+  if (!opt.fp64Gemm) emit.fp32Gemm = codegen::Fp32Gemm::Simt;
   emit.wgmma = device.info().arch() == "sm_90a";
   emit.fullRateFp64 = flashTargetOf(device.info()).fullRateFp64;
   emit.sms = device.info().multiprocessors;

@@ -81,8 +81,10 @@ public:
   // Nothing is allocated after this. Throws codegen::NvrtcError, cuda::CudaError or
   // FlashAttentionError.
   CudaGraphRunner(const Graph& g, const cuda::Device& device, const CudaRunnerOptions& opt = {});
-  // The code generation choices the runner makes for `device` (also what --dump-kernels writes).
-  static codegen::EmitOptions emitOptionsFor(const cuda::Device& device, bool tf32);
+  // The code generation choices a runner with options `opt` makes for `device` (also what
+  // --dump-kernels writes): TF32, Adam in a fused-mlp-train node, the fp32 GEMM engine, and what
+  // the device runs (wgmma, full-rate FP64, its SMs).
+  static codegen::EmitOptions emitOptionsFor(const cuda::Device& device, const CudaRunnerOptions& opt);
   // Compiles the kernels of runners made with CudaRunnerOptions::deferCompile, each distinct
   // kernel once over all of them, in one pool of threads, and finishes them (arguments, GEMM
   // choices, constants). The runners after the first share the first one's parameters.

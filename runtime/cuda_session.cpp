@@ -189,11 +189,22 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   const Graph& g = spec_.train.graph;
   const bool tf32 = spec_.precision == Precision::Tf32;
   const bool adamInNode = adamFitsTrainNode(g, spec_);
+  // The training runner's options (the validation runner's differ in sharing its parameters and
+  // keeping Adam out of its nodes).
+  CudaRunnerOptions ropt;
+  ropt.tf32 = tf32;
+  ropt.deterministic = spec_.deterministic;
+  ropt.gemm = spec_.gemm;
+  ropt.mirrorParamCasts = true;  // bf16: Adam writes the weights' bf16 copies (no cast kernels in the step)
+  ropt.mirrorPackedWeights = spec_.packedWeightCopies;  // and their packed copies (no concat / interleave kernels)
+  // Adam reads the packed weights' gradients in place (no slice / deinterleave kernels); NCCL's
+  // all-reduce needs every gradient whole.
+  ropt.packedGradViews = spec_.packedGradViews && !spec_.nccl;
+  ropt.pdl = spec_.pdl;
+  ropt.fp64Gemm = spec_.fp64Gemm;
+  ropt.adamInTrainNode = adamInNode;
   if (!spec_.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
-    codegen::EmitOptions emit = CudaGraphRunner::emitOptionsFor(device(), tf32);
-    emit.adamInTrainNode = adamInNode;
-    if (!spec_.fp64Gemm) emit.fp32Gemm = codegen::Fp32Gemm::Simt;
-    const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, emit);
+    const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), ropt));
     if (spec_.announceCompile) std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
   }
   useGraph_ = spec_.cudaGraph && debugSwitches().cudaGraphs;
@@ -240,23 +251,11 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
     std::printf("compiling the training step's kernels with NVRTC for %s ...\n", device().info().arch().c_str());
     std::fflush(stdout);
   }
-  CudaRunnerOptions ropt;
-  ropt.tf32 = tf32;
-  ropt.deterministic = spec_.deterministic;
-  ropt.gemm = spec_.gemm;
-  ropt.mirrorParamCasts = true;  // bf16: Adam writes the weights' bf16 copies (no cast kernels in the step)
-  ropt.mirrorPackedWeights = spec_.packedWeightCopies;  // and their packed copies (no concat / interleave kernels)
-  // Adam reads the packed weights' gradients in place (no slice / deinterleave kernels); NCCL's
-  // all-reduce needs every gradient whole.
-  ropt.packedGradViews = spec_.packedGradViews && !spec_.nccl;
-  ropt.pdl = spec_.pdl;
-  ropt.fp64Gemm = spec_.fp64Gemm;
   if (ropt.gemm == GemmProvider::Cublaslt && !cuda::CublasLt::instance().available())
     throw SessionSettingError("compiler.gemm",
                               "cublaslt, but cuBLASLt is unavailable: " + cuda::CublasLt::instance().unavailableReason());
   t = Clock::now();
   ropt.deferCompile = true;  // both runners' kernels in one pool
-  ropt.adamInTrainNode = adamInNode;
   runner_ = std::make_unique<CudaGraphRunner>(g, device(), ropt);
   ropt.shareParamsWith = runner_.get();
   ropt.adamInTrainNode = false;

@@ -356,7 +356,7 @@ TEST(OpOnGpu, NormKernelsGiveTheSameBitsOnUnalignedTensors) {
     OpKind op;
     bool residual, bf16;
   };
-  const codegen::EmitOptions emit = CudaGraphRunner::emitOptionsFor(device(), false);
+  const codegen::EmitOptions emit = CudaGraphRunner::emitOptionsFor(device(), CudaRunnerOptions());
   for (const NormCase& c : {NormCase{"layer_norm_f512_residual_bf16", {1000, 512}, OpKind::LayerNorm, true, true},
                             NormCase{"rms_norm_f512", {1000, 512}, OpKind::RmsNorm, false, false},
                             NormCase{"layer_norm_f12_bf16", {1000, 12}, OpKind::LayerNorm, false, true},
