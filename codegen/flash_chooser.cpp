@@ -21,18 +21,21 @@ bool isProductKind(FlashKernelKind kind) {
   return kind == FlashKernelKind::kForward || kind == FlashKernelKind::kBwdDkDv || kind == FlashKernelKind::kBwdDq;
 }
 
-// Whether an fp32 product kernel runs on the FP64 tensor cores (FlashFp64Mma). kAuto: the
-// forward where DMMA runs at full rate, at head dims <= 64 (its limit) and on grids of at least
-// kFp64MmaForwardMinBlocks 64-row blocks; the backward stays on FFMA, which measured faster there
-// (bench/RESULTS_flash.md).
+// Whether an fp32 product kernel runs on the FP64 tensor cores (FlashFp64Mma). kAuto, where DMMA
+// runs at full rate and at head dims <= 64 (its limit): the forward on grids of at least
+// kFp64MmaForwardMinBlocks 64-row blocks; the backward (dK/dV and dQ alike) up to
+// kFp64MmaBackwardMaxKeys keys on grids of at least kFp64MmaBackwardMinBlocks 32-key blocks, where
+// it measured faster than FFMA and its dQ is the deterministic per-key-block shares
+// (bench/RESULTS_flash.md, "The fp32 backward on FFMA against the FP64 tensor cores").
 bool usesFp64Mma(FlashKernelKind kind, const FlashAttentionConfig& c, const FlashTarget& target) {
   if (c.tf32) return false;  // TF32 wins (with kOn, validate refuses the problem)
   switch (c.fp64Mma) {
     case FlashFp64Mma::kOn: return true;
     case FlashFp64Mma::kOff: return false;
     case FlashFp64Mma::kAuto:
-      return kind == FlashKernelKind::kForward && target.fullRateFp64 && c.headDim <= 64 &&
-             (long long)c.batch * c.heads * ceilDiv(c.qLen, 64) >= kFp64MmaForwardMinBlocks;
+      if (!target.fullRateFp64 || c.headDim > 64) return false;
+      if (kind == FlashKernelKind::kForward) return (long long)c.batch * c.heads * ceilDiv(c.qLen, 64) >= kFp64MmaForwardMinBlocks;
+      return c.kLen <= kFp64MmaBackwardMaxKeys && (long long)c.batch * c.kvHeads * ceilDiv(c.kLen, 32) >= kFp64MmaBackwardMinBlocks;
   }
   return false;
 }
@@ -117,15 +120,16 @@ void shrinkSmallGrids(FlashKernelSpec& s, const FlashAttentionConfig& cfg, int m
   if (slices * ceilDiv(dkdv ? cfg.kLen : cfg.qLen, s.rowsPerBlock()) >= multiprocessors) return;
   const int mtOverride = s.kind == FlashKernelKind::kForward ? tuning.fwdMtiles : tuning.dqMtiles;
   if (!dkdv && s.mtiles == 2 && !mtOverride) s.mtiles = 1;
-  if (dkdv && !s.atomicDq && s.warps == 4) s.warps = 2;
+  if (dkdv && !s.atomicDq && !s.dqPartial && s.warps == 4) s.warps = 2;
 }
 
 // fp32 on the FP64 tensor cores (DMMA: the mma.sync kernels with MmaStep<F64Tag>). FP64 fragments
 // take twice TF32's registers: at head dims <= 64 (validation allows no more) the tiles that fit
 // 255 registers without spills (ptxas -v on sm_90) are one m-tile of 64-key tiles in the forward,
 // 4 warps over 32-row query tiles in dK/dV and one m-tile over 32 keys in dQ. Its dK/dV kernel
-// adds dQ with atomics (5 products a tile pair, as the FFMA path beyond a few key blocks) unless
-// the backward must be deterministic. f64FwdWarps = 8 makes 128-row forward blocks, one an SM.
+// takes part in dQ as the FFMA one does (5 products a tile pair): per-key-block shares summed in
+// order up to kMaxDqPartialBlocks key blocks, beyond them atomics unless the backward must be
+// deterministic (then the dQ kernel). f64FwdWarps = 8 makes 128-row forward blocks, one an SM.
 FlashKernelSpec chooseF64Mma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
                              const FlashTuning& tuning) {
   FlashKernelSpec s = baseSpec(kind, cfg);
@@ -137,7 +141,8 @@ FlashKernelSpec chooseF64Mma(FlashKernelKind kind, const FlashAttentionConfig& c
     if (tuning.fwdMtiles) s.mtiles = tuning.fwdMtiles;
   } else if (kind == FlashKernelKind::kBwdDkDv) {
     s.tile = 32;
-    s.atomicDq = cfg.atomicDq || !cfg.deterministic;
+    s.dqPartial = !cfg.atomicDq && ceilDiv(cfg.kLen, s.rowsPerBlock()) <= kMaxDqPartialBlocks;
+    s.atomicDq = cfg.atomicDq || (!s.dqPartial && !cfg.deterministic);
   } else {  // kBwdDq
     s.mtiles = tuning.dqMtiles ? tuning.dqMtiles : 1;
     s.tile = tuning.dqTile ? tuning.dqTile : 32;
@@ -320,7 +325,11 @@ FlashKernelSpec chooseAuxiliary(FlashKernelKind kind, const FlashAttentionConfig
                                 const FlashTuning& tuning) {
   FlashKernelSpec s = baseSpec(kind, cfg);
   s.dpad = 0;
-  if (kind == FlashKernelKind::kBwdDqReduce) s.mtiles = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, tuning).mtiles;
+  if (kind == FlashKernelKind::kBwdDqReduce) {  // the dK/dV kernel's key blocks (16 R keys) and query tiles
+    const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, tuning);
+    s.mtiles = dkdv.ffma() ? dkdv.mtiles : dkdv.warps;
+    s.tile = dkdv.ffma() ? 64 : dkdv.tile;
+  }
   if (kind == FlashKernelKind::kBwdSinkReduce) s.dtype = kFlashF32;
   return s;
 }

@@ -83,7 +83,7 @@ int FlashKernelSpec::sharedBytes() const {
         return (persistent ? 2 : 1) * 2 * rowsPerBlock() * dpad * 2 + stages * (2 * tile * dpad * 2 + (20 * tile + 1023) / 1024 * 1024) +
                flashDkDvExchangeBytes(dpad, tile) + 1024;
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 2 * 16 * mtiles * 68 + 2 * 64) * 4
-                 : (2 * 16 * warps + 4 * tile) * row + 4 * tile * 4 + 6 * tile * 4 + (atomicDq ? 16 * warps * dsRow : 0);
+                 : (2 * 16 * warps + 4 * tile) * row + 4 * tile * 4 + 6 * tile * 4 + (atomicDq || dqPartial ? 16 * warps * dsRow : 0);
     case FlashKernelKind::kBwdDq:
       if (wgmma) return (persistent ? 2 : 1) * 2 * 16 * warps * dpad * 2 + stages * 2 * tile * dpad * 2 + 1024;  // WgmmaDqConfig
       return f32 ? (2 * 16 * mtiles * (dpad + 4) + 2 * 64 * (dpad + 4) + 16 * mtiles * 68) * 4
@@ -103,7 +103,10 @@ std::string FlashKernelSpec::name() const {
     case FlashKernelKind::kBwdDq: os << "bwd_dq"; break;
     case FlashKernelKind::kBwdDqConvert: os << "bwd_dqconv"; break;
     case FlashKernelKind::kBwdDkDvReduce: os << "bwd_dkdvsum"; break;
-    case FlashKernelKind::kBwdDqReduce: os << "bwd_dqsum_" << flashDTypeName(dtype) << "_m" << mtiles; return os.str();
+    case FlashKernelKind::kBwdDqReduce:
+      os << "bwd_dqsum_" << flashDTypeName(dtype) << "_m" << mtiles;
+      if (tile != 64) os << "_q" << tile;  // the dK/dV kernel's query tile, where not FFMA's 64
+      return os.str();
   }
   os << "_" << (tf32 ? "tf32" : f64 ? "f64mma" : flashDTypeName(dtype));
   if (kind == FlashKernelKind::kBwdPreprocess || kind == FlashKernelKind::kBwdDqConvert ||
@@ -159,7 +162,7 @@ std::string FlashKernelSpec::source() const {
       call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " +
                        (dqPartial ? "pa::flash::kDqPartial" : atomicDq ? "pa::flash::kDqAtomic" : "pa::flash::kDqSeparate") + ">"
                  : "flashBackwardDkDvMma<" + tag + ", " + d + ", " + w + ", " + t + ", " +
-                       (atomicDq ? "true" : "false") + ">";
+                       (atomicDq ? "true" : "false") + (dqPartial ? ", true" : "") + ">";
       break;
     case FlashKernelKind::kBwdDqConvert:
       call = "flashBackwardDqConvert<" + std::string(dtypeTag(dtype)) + ">";
@@ -167,7 +170,9 @@ std::string FlashKernelSpec::source() const {
     case FlashKernelKind::kBwdDkDvReduce:
       call = "flashBackwardDkDvReduce<" + std::string(dtypeTag(dtype)) + ">";
       break;
-    case FlashKernelKind::kBwdDqReduce: call = "flashBackwardDqReduceF32<" + std::to_string(mtiles) + ">"; break;
+    case FlashKernelKind::kBwdDqReduce:
+      call = "flashBackwardDqReduceF32<" + std::to_string(mtiles) + (tile != 64 ? ", " + t : "") + ">";
+      break;
     case FlashKernelKind::kBwdDq:
       if (wgmma) {
         call = "flashBackwardDqWgmma<" + std::string(dtypeTag(dtype)) + ", " + d + ", " + t + ", " +

@@ -84,8 +84,10 @@ struct FlashKernelSpec {
   int mtiles = 1;  // 16-bit: 16-row m-tiles per warp (rows per block = 16 * warps * mtiles);
                    // fp32 forward: query rows per thread R (rows per block = 16 * R)
   bool atomicDq = false;  // dK/dV kernel also accumulates dQ with atomics (non-deterministic path)
-  // fp32 dK/dV kernel also writes each key block's share of dQ (deterministic, summed by
-  // kBwdDqReduce): chosen when there are at most kMaxDqPartialBlocks key blocks.
+  // fp32 dK/dV kernel (FFMA, or the FP64 tensor cores) also writes each key block's share of dQ
+  // (deterministic, summed by kBwdDqReduce): chosen when there are at most kMaxDqPartialBlocks key
+  // blocks. kBwdDqReduce: `mtiles` R (16 R keys a block) and `tile` the query tile of the dK/dV
+  // kernel whose shares it sums.
   bool dqPartial = false;
   // Forward / dK,dV / dQ on sm_90a with wgmma (flash_attention_{fwd,bwd}_wgmma.cuh): `warps`
   // counts the consumer warps (4 per warpgroup, 64 rows each; a producer warpgroup more), `tile`
@@ -134,6 +136,12 @@ constexpr int kMaxDqPartialBlocks = 8;
 // percent, below FFMA's smaller blocks fill more of the GPU (forward sweep on the H100 in
 // bench/RESULTS_flash.md).
 constexpr long long kFp64MmaForwardMinBlocks = 24;
+// kAuto runs the fp32 backward on the FP64 tensor cores up to this many keys (the dK/dV kernel's
+// 64-key blocks then stay within kMaxDqPartialBlocks: dQ from shares summed in order, as FFMA's)
+// and from this many 32-key blocks (batch x kvHeads x ceil(kLen / 32)): there it measured 0-18 %
+// faster than FFMA, below up to 49 % slower (grid in bench/RESULTS_flash.md, H200).
+constexpr int kFp64MmaBackwardMaxKeys = 512;
+constexpr long long kFp64MmaBackwardMinBlocks = 256;
 
 // The most dynamic shared memory an sm_90 block may have (H100, H200): the wgmma kernels' variants
 // and the persistent forward's second Q buffer are chosen within it.

@@ -108,8 +108,8 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
   }
   cfg.tf32 = false;
   // fp32 on the FP64 tensor cores (head dims <= 64): forward (4 warps, and 8: f64FwdWarps),
-  // dK/dV with atomic dQ, and for the deterministic backward dK/dV without it (4 warps, and the 2
-  // of short sequences) and dQ.
+  // dK/dV with dQ shares (short keys) and their reduce, with atomic dQ, and for the deterministic
+  // backward of long keys dK/dV without either (4 warps, and the 2 of small grids) and dQ.
   cfg.fp64Mma = FlashFp64Mma::kOn;
   for (int d : {32, 64}) {
     cfg.headDim = d;
@@ -117,14 +117,20 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
     specs.push_back(fwd);
     fwd.warps = 8;
     specs.push_back(fwd);
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg));  // (lengths 0: dQ shares)
+    if (d == 32) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDqReduce, cfg));
+    cfg.atomicDq = true;
     specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg));
+    cfg.atomicDq = false;
     cfg.deterministic = true;
+    cfg.qLen = cfg.kLen = 4096;
     FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg);
     specs.push_back(dkdv);
     dkdv.warps = 2;
     specs.push_back(dkdv);
     specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg));
     cfg.deterministic = false;
+    cfg.qLen = cfg.kLen = 0;
   }
   cfg.fp64Mma = FlashFp64Mma::kAuto;
   // sm_90a: the wgmma backward's tiles and the forward's tile / warpgroup / stage variants that

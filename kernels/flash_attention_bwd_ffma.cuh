@@ -192,18 +192,20 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   }
 }
 
-// dQ = scale * the sum of the key blocks' dS.K shares (flashBackwardDkDvF32<..., kDqPartial>), in
-// key-block order, over the blocks that saw the row's 64-row query tile (the dK/dV kernel's own
-// test). Grid (ceil(qLen / kDqReduceRows), batch * heads), 256 threads, a block a slice of a
-// tile; BN = 16 R keys per block, at most kMaxDqPartialBlocks blocks: every share of an element
-// is loaded before the first is added, so the loads are in flight together.
+// dQ = scale * the sum of the key blocks' dS.K shares (flashBackwardDkDvF32<..., kDqPartial>, or
+// flashBackwardDkDvMma<..., PARTIAL_DQ> on the FP64 tensor cores), in key-block order, over the
+// blocks that saw the row's QT-row query tile (the dK/dV kernel's own test: 64-row tiles on FFMA,
+// BQ on the mma.sync kernel). Grid (ceil(qLen / kDqReduceRows), batch * heads), 256 threads, a
+// block a slice of a tile; BN = 16 R keys per block, at most kMaxDqPartialBlocks blocks: every
+// share of an element is loaded before the first is added, so the loads are in flight together.
 constexpr int kDqReduceRows = 16;
-template <int R>
+template <int R, int QT = 64>
 __device__ __forceinline__ void flashBackwardDqReduceF32(const FlashKernelParams& p) {
   constexpr int BN = 16 * R, BQ = kDqReduceRows, KB = 8;  // KB: codegen's kMaxDqPartialBlocks
+  static_assert(QT % BQ == 0, "a reduce block lies in one query tile");
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int q0 = blockIdx.x * BQ, q1 = min(q0 + BQ, p.qLen);
-  const int t0 = q0 / 64 * 64, t1 = min(t0 + 64, p.qLen);  // the query tile whose visibility counts
+  const int t0 = q0 / QT * QT, t1 = min(t0 + QT, p.qLen);  // the query tile whose visibility counts
   const TileMask tm{p.mask, p.qLen, p.kLen};
   const int blocks = min(ceilDiv(p.kLen, BN), KB);
   unsigned visible = 0;

@@ -11,14 +11,20 @@ namespace flash {
 // Tensor-core dK/dV. WARPS warps x 16 keys = one key tile; query tiles of BQ rows, double-buffered.
 // ATOMIC_DQ: also adds this key tile's share of dQ = dS.K into the fp32 dQAccum with atomics
 // (FlashAttention-2's scheme, 5 products per tile pair instead of the 7 of the separate dQ
-// kernel; the summation order of dQ then varies from run to run).
-template <typename Tag, int DPAD, int WARPS, int BQ, bool ATOMIC_DQ>
+// kernel; the summation order of dQ then varies from run to run). PARTIAL_DQ (fp32 on the FP64
+// tensor cores, at most kMaxDqPartialBlocks key tiles): writes the share instead, to the key
+// tile's slab of dQPartial, which flashBackwardDqReduceF32<WARPS, BQ> sums in key-tile order
+// (deterministic); it writes the rows of the query tiles it visits, which the reduce's visibility
+// test (the same TileMask test on the same BQ-row tiles) reads.
+template <typename Tag, int DPAD, int WARPS, int BQ, bool ATOMIC_DQ, bool PARTIAL_DQ = false>
 __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p) {
   typedef MmaStep<Tag> F;
   typedef typename F::T T;
+  static_assert(!(ATOMIC_DQ && PARTIAL_DQ), "one way to take part in dQ");
+  constexpr bool kDqShare = ATOMIC_DQ || PARTIAL_DQ;
   constexpr int BN = 16 * WARPS, THREADS = 32 * WARPS, LD = DPAD + F::kPad;
   constexpr int QT = BQ / 8, DT = DPAD / 8;
-  constexpr int LDS = BQ + F::kPad;  // dS^T tile [BN][BQ] (atomic-dQ only)
+  constexpr int LDS = BQ + F::kPad;  // dS^T tile [BN][BQ] (dQ shares only)
   extern __shared__ __align__(16) unsigned char smemRaw[];
   T* sK = (T*)smemRaw;
   T* sV = sK + BN * LD;
@@ -27,7 +33,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
   float* sLse2b = (float*)(sdOb + 2 * BQ * LD);  // [2][BQ]
   float* sDeltab = sLse2b + 2 * BQ;              // [2][BQ]
   int* sBandb = (int*)(sDeltab + 2 * BQ);        // [2][3][BQ]: lo, hi, sinkHi per query row
-  T* sdS = (T*)(sBandb + 2 * 3 * BQ);            // [BN][LDS], atomic-dQ only
+  T* sdS = (T*)(sBandb + 2 * 3 * BQ);            // [BN][LDS], dQ shares only
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   DkDvBlock blk;
@@ -106,7 +112,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
         dpT[nt][e] = pe * (dpT[nt][e] - sDelta[ql]);
       }
     }
-    if constexpr (ATOMIC_DQ) {
+    if constexpr (kDqShare) {
       // dS^T rows of this warp's keys into shared memory, for the block-wide dQ product below.
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt)
@@ -130,15 +136,18 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
         F::mma(dK[2 * dd + 1], aS, bq, 1);
       }
     }
-    if constexpr (ATOMIC_DQ) {
-      // dQ[q0 + i][:] += dS[i][:] . K over this block's BN keys. Warps split the BQ/16 row groups
-      // and, when there are more warps than row groups, the head dim.
+    if constexpr (kDqShare) {
+      // dQ[q0 + i][:] += dS[i][:] . K over this block's BN keys (PARTIAL_DQ: the share itself, to
+      // this key tile's slab). Warps split the BQ/16 row groups and, when there are more warps than
+      // row groups, the head dim.
       constexpr int kRowGroups = BQ / 16, kColSplit = WARPS / kRowGroups, kCols = DPAD / kColSplit;
       static_assert(WARPS % kRowGroups == 0 && kCols % 16 == 0, "dQ split");
       __syncthreads();  // every warp's dS^T rows are in sdS
       const int rg = warp % kRowGroups, c0 = (warp / kRowGroups) * kCols;
       const int h = blk.head(it);
-      float* dqRow = (float*)p.dQAccum + (((long long)b * p.heads + h) * p.qLen + q0 + rg * 16 + g) * p.headDim;
+      const long long slab = PARTIAL_DQ ? (long long)blockIdx.x * p.batch * p.heads * p.qLen * p.headDim : 0;
+      float* dqRow = (float*)(PARTIAL_DQ ? p.dQPartial : p.dQAccum) + slab +
+                     (((long long)b * p.heads + h) * p.qLen + q0 + rg * 16 + g) * p.headDim;
       const bool row0ok = q0 + rg * 16 + g < p.qLen, row1ok = q0 + rg * 16 + g + 8 < p.qLen;
 #pragma unroll
       for (int dd = 0; dd < kCols / 16; ++dd) {
@@ -155,7 +164,12 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int col = c0 + dd * 16 + nt * 8 + 2 * t;
-          if (col < p.headDim) {
+          if constexpr (PARTIAL_DQ) {  // stores: nothing past the row (an odd head dim's pad column)
+            if (row0ok && col < p.headDim) dqRow[col] = acc[nt][0];
+            if (row0ok && col + 1 < p.headDim) dqRow[col + 1] = acc[nt][1];
+            if (row1ok && col < p.headDim) dqRow[8 * p.headDim + col] = acc[nt][2];
+            if (row1ok && col + 1 < p.headDim) dqRow[8 * p.headDim + col + 1] = acc[nt][3];
+          } else if (col < p.headDim) {
             if (row0ok) {
               atomicAdd(dqRow + col, acc[nt][0]);
               atomicAdd(dqRow + col + 1, acc[nt][1]);

@@ -178,6 +178,34 @@ TEST(FlashSpec, Fp64MmaRunsTheTensorCoreKernelsInTilesThatFit) {
         EXPECT_NE(s.source().find("pa::flash::F32Tag"), std::string::npos) << s.source();
       }
     }
+  // Up to kMaxDqPartialBlocks key blocks (64 keys each) the dK/dV kernel writes per-key-block dQ
+  // shares, deterministic or not, and the fp32 reduce sums them over its 16·4-key blocks and
+  // 32-row query tiles; one key block more and atomics (or, deterministic, the dQ kernel) again.
+  FlashAttentionConfig shortKeys = cfg;
+  shortKeys.headDim = 64;
+  for (bool det : {false, true}) {
+    shortKeys.deterministic = det;
+    shortKeys.qLen = shortKeys.kLen = 64 * kMaxDqPartialBlocks;
+    const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, shortKeys, {132, false});
+    EXPECT_TRUE(dkdv.dqPartial && !dkdv.atomicDq) << dkdv.name();
+    EXPECT_EQ(dkdv.warps, 4) << dkdv.name();
+    EXPECT_NE(dkdv.source().find("flashBackwardDkDvMma<pa::flash::F64Tag, 64, 4, 32, false, true>"), std::string::npos)
+        << dkdv.source();
+    FlashAttentionConfig atomic = shortKeys;  // the same carve-up: the dS^T tile the shares are made from
+    atomic.atomicDq = true, atomic.deterministic = false;
+    EXPECT_EQ(dkdv.sharedBytes(), chooseFlashSpec(FlashKernelKind::kBwdDkDv, atomic, {132, false}).sharedBytes());
+    const FlashKernelSpec reduce = chooseFlashSpec(FlashKernelKind::kBwdDqReduce, shortKeys, {132, false});
+    EXPECT_EQ(reduce.mtiles, 4);
+    EXPECT_EQ(reduce.tile, 32);
+    EXPECT_NE(reduce.source().find("flashBackwardDqReduceF32<4, 32>"), std::string::npos) << reduce.source();
+    EXPECT_NE(reduce.name().find("_q32"), std::string::npos) << reduce.name();
+    const std::vector<FlashKernelSpec> kernels = flashKernelsOf(shortKeys, true, {132, false});
+    EXPECT_TRUE(std::any_of(kernels.begin(), kernels.end(), [](const FlashKernelSpec& s) { return s.kind == FlashKernelKind::kBwdDqReduce; }));
+    shortKeys.qLen = shortKeys.kLen = 64 * kMaxDqPartialBlocks + 1;
+    const FlashKernelSpec longer = chooseFlashSpec(FlashKernelKind::kBwdDkDv, shortKeys, {132, false});
+    EXPECT_FALSE(longer.dqPartial) << longer.name();
+    EXPECT_EQ(longer.atomicDq, !det) << longer.name();
+  }
   // Every one of these is among the instantiations the NVRTC tests build (kOn is the bench's: the
   // sweep list).
   const std::set<std::string> all = namesOf(flashSweepKernelSpecs(), flashProductionKernelSpecs());
@@ -192,8 +220,9 @@ TEST(FlashSpec, Fp64MmaRunsTheTensorCoreKernelsInTilesThatFit) {
 
 // The fp32 default (FlashFp64Mma::kAuto): the forward on the FP64 tensor cores only on a target
 // with full-rate FP64, at head dims <= 64, from kFp64MmaForwardMinBlocks blocks of 64 query rows;
-// never the backward, never with tf32, and the same instantiation as kOn's forward (in the production
-// list). kOff and the other targets keep the FFMA kernels.
+// never with tf32, and the same instantiation as kOn's forward (in the production list). kOff and
+// the other targets keep the FFMA kernels. The backward (below) only on grids these small ones
+// never reach.
 TEST(FlashSpec, Fp32DefaultPutsTheForwardOnTheFp64TensorCoresWhereFullRate) {
   const std::set<std::string> all = namesOf(flashProductionKernelSpecs());
   const FlashTarget h100{132, true, true}, a100{108, false, true}, l40{142, false, false};
@@ -227,6 +256,39 @@ TEST(FlashSpec, Fp32DefaultPutsTheForwardOnTheFp64TensorCoresWhereFullRate) {
   // The 16-bit types never take it.
   cfg.dtype = kFlashBF16, cfg.headDim = 64, cfg.qLen = cfg.kLen = 4096;
   EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kForward, cfg, h100).f64);
+}
+
+// kAuto's backward: on the FP64 tensor cores, dK/dV and dQ alike, where the target runs FP64 at
+// full rate, at head dims <= 64, up to kFp64MmaBackwardMaxKeys keys and from
+// kFp64MmaBackwardMinBlocks blocks of 32 keys (batch x kvHeads x ceil(kLen / 32)); there dQ comes
+// from the deterministic per-key-block shares. attn_block (batch 32, 4 heads, 256 keys, head dim
+// 64) takes it; one KV head of GQA counts once.
+TEST(FlashSpec, Fp32DefaultPutsTheBackwardOnTheFp64TensorCoresOnLargeGridsOfShortKeys) {
+  const std::set<std::string> all = namesOf(flashProductionKernelSpecs());
+  const FlashTarget h100{132, true, true}, a100{108, false, true}, l40{142, false, false};
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32;
+  struct Case {
+    int batch, heads, kvHeads, len;
+  };
+  for (const Case& c : {Case{32, 4, 4, 256}, Case{32, 4, 4, 512}, Case{32, 4, 4, 513}, Case{1, 8, 8, 512}, Case{8, 4, 4, 256},
+                        Case{4, 8, 8, 256}, Case{4, 8, 8, 128}, Case{8, 16, 4, 256}, Case{8, 16, 2, 256}})
+    for (int d : {32, 64, 96}) {
+      cfg.batch = c.batch, cfg.heads = c.heads, cfg.kvHeads = c.kvHeads, cfg.qLen = cfg.kLen = c.len, cfg.headDim = d;
+      const long long blocks = (long long)c.batch * c.kvHeads * ((c.len + 31) / 32);
+      const bool fits = d <= 64 && c.len <= kFp64MmaBackwardMaxKeys && blocks >= kFp64MmaBackwardMinBlocks;
+      for (const FlashTarget& t : {h100, a100, l40}) {
+        SCOPED_TRACE(std::to_string(c.batch) + "x" + std::to_string(c.heads) + "/" + std::to_string(c.kvHeads) + " len " +
+                     std::to_string(c.len) + " d " + std::to_string(d));
+        const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, t);
+        EXPECT_EQ(dkdv.f64, fits && t.fullRateFp64) << dkdv.name();
+        EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, t).f64, dkdv.f64);
+        if (dkdv.f64) {
+          EXPECT_TRUE(dkdv.dqPartial && !dkdv.atomicDq) << dkdv.name();
+          for (const FlashKernelSpec& s : flashKernelsOf(cfg, true, t)) EXPECT_TRUE(all.count(s.name())) << s.name();
+        }
+      }
+    }
 }
 
 // Every kernel the choosers pick for the FlashAttention nodes of every example config (and the

@@ -515,9 +515,10 @@ TEST(FlashAttentionGpu, LongSequence4096AllMasks) {
 }
 
 // The fp32 default (FlashFp64Mma::kAuto): on a device with full-rate FP64 the forward runs on the
-// FP64 tensor cores from kFp64MmaForwardMinBlocks blocks at head dims <= 64 and the backward on
-// the FFMA kernels, from the forward's O and log-sum-exp; elsewhere FFMA throughout. Each case
-// checks the choice and the results (the exact path's bound).
+// FP64 tensor cores from kFp64MmaForwardMinBlocks blocks at head dims <= 64, and the backward
+// there up to kFp64MmaBackwardMaxKeys keys from kFp64MmaBackwardMinBlocks 32-key blocks (dQ from
+// the key blocks' shares), else on the FFMA kernels, from the forward's O and log-sum-exp;
+// elsewhere FFMA throughout. Each case checks the choice and the results (the exact path's bound).
 TEST(FlashAttentionGpu, Fp32DefaultForwardOnTheFp64TensorCoresWhereFullRate) {
   REQUIRE_GPU();
   const FlashTarget target = flashTargetOf(env().device->info());
@@ -526,12 +527,19 @@ TEST(FlashAttentionGpu, Fp32DefaultForwardOnTheFp64TensorCoresWhereFullRate) {
     AttentionMaskSpec mask;
     bool sinkLogits, deterministic;
   };
+  // (forward: 64-row blocks; backward: 32-key blocks of the KV heads, up to 512 keys)
   const Shape shapes[] = {
-      {2, 8, 2, 300, 300, 64, maskOf(1, 0, -1, -1, 0), true, false},     // 80 blocks: DMMA
-      {1, 16, 4, 1000, 1000, 32, maskOf(1, 1, 200, -1, 4), false, false}, // 256 blocks, d 32
+      {2, 8, 2, 300, 300, 64, maskOf(1, 0, -1, -1, 0), true, false},     // 80 blocks: DMMA; backward 40: FFMA
+      {1, 16, 4, 1000, 1000, 32, maskOf(1, 1, 200, -1, 4), false, false}, // 256 blocks, d 32; 1000 keys: FFMA backward
       {1, 8, 8, 1000, 700, 40, maskOf(0, 0, 90, 30, 2), true, true},     // 128 blocks, d 40, deterministic
       {1, 4, 4, 129, 127, 48, maskOf(1, 1, -1, -1, 0), false, false},    // 12 blocks: FFMA
       {1, 8, 4, 600, 600, 96, maskOf(1, 0, -1, -1, 0), false, false},    // head dim 96: FFMA
+      // the backward on DMMA too, dQ from the key blocks' shares: a window with sinks and sink
+      // logits over GQA (8 · 4 · 10 = 320 blocks), causal from the bottom right on unequal lengths
+      // (16 · 4 · 9 = 576), both windows deterministic (9 · 4 · 16 = 576, 512 keys: 8 key blocks)
+      {8, 8, 4, 300, 300, 64, maskOf(1, 0, 70, -1, 3), true, false},
+      {16, 4, 4, 200, 257, 32, maskOf(1, 1, -1, -1, 0), false, false},
+      {9, 4, 4, 333, 512, 48, maskOf(0, 0, 100, 40, 0), false, true},
   };
   for (const Shape& sh : shapes) {
     Case c;
@@ -541,9 +549,15 @@ TEST(FlashAttentionGpu, Fp32DefaultForwardOnTheFp64TensorCoresWhereFullRate) {
     const FlashAttentionConfig cfg = configOf(c);
     const bool wantDmma = target.fullRateFp64 && c.headDim <= 64 &&
                           (long long)c.batch * c.heads * ((c.qLen + 63) / 64) >= kFp64MmaForwardMinBlocks;
+    const bool wantDmmaBackward = target.fullRateFp64 && c.headDim <= 64 && c.kLen <= kFp64MmaBackwardMaxKeys &&
+                                  (long long)c.batch * c.kvHeads * ((c.kLen + 31) / 32) >= kFp64MmaBackwardMinBlocks;
     EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kForward, cfg, target).f64, wantDmma) << c.name();
-    EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).f64) << c.name();
-    EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target).f64) << c.name();
+    const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target);
+    EXPECT_EQ(dkdv.f64, wantDmmaBackward) << c.name();
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, target).f64, wantDmmaBackward) << c.name();
+    if (wantDmmaBackward) {
+      EXPECT_TRUE(dkdv.dqPartial && !dkdv.atomicDq) << c.name();
+    }
     runCase(c, 5000 + c.qLen + c.headDim);
   }
 }
@@ -1057,20 +1071,25 @@ TEST(FlashAttentionGpu, FullyMaskedRowsAreZeroNotNaN) {
 TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   for (const auto& [precision, len] :
-       {std::pair<int, int>{kBF16, 300}, {kF32, 1000}, {kTF32, 1000}, {kF64Mma, 300}}) {
+       {std::pair<int, int>{kBF16, 300}, {kF32, 1000}, {kTF32, 1000}, {kF64Mma, 1000}, {kF64Mma, 300}}) {
     const FlashDType dtype = dtypeOf(precision);
     FlashAttentionConfig cfg;
     cfg.dtype = dtype, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = len, cfg.kLen = len;
     cfg.headDim = 64, cfg.mask = maskOf(1, 0, -1, -1, 0), cfg.sinkLogits = true, cfg.deterministic = true;
     cfg.tf32 = precision == kTF32;
     cfg.fp64Mma = fp64MmaOf(precision);
-    SCOPED_TRACE(precisionName(precision));
+    SCOPED_TRACE(std::string(precisionName(precision)) + " " + std::to_string(len));
     const FlashTarget target = flashTargetOf(env().device->info());
     EXPECT_FALSE(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq);
-    cfg.deterministic = false;  // what the flag changes: fp32's default here adds dQ with atomics
+    // What the flag changes: fp32's default here adds dQ with atomics, except on the FP64 tensor
+    // cores up to kMaxDqPartialBlocks key blocks of 64, whose per-block shares are summed in order
+    // with or without it (checked without it).
+    const bool shares = precision == kF64Mma && len <= 64 * kMaxDqPartialBlocks;
+    cfg.deterministic = false;
     EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).atomicDq,
-              precision == kF32 || precision == kF64Mma);
-    cfg.deterministic = true;
+              precision == kF32 || (precision == kF64Mma && !shares));
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target).dqPartial, shares);
+    cfg.deterministic = !shares;
     const RandomAttentionInputs in(cfg, false, 11);
     DevTensor o(dtype, 2, 8, len, 64, false);
     FloatBuffer lse(2 * 8 * len);
