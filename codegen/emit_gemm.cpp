@@ -299,17 +299,21 @@ GemmGeometry fusedLinearGeometry(const Ctx& c) {
 
 }  // namespace
 
-// Aᵀ·B with B one column (a layer to one output's weight gradient, A [K, M] and B [K, 1]): a
-// weighted column sum of A, in double, one kernel pair over the whole GPU, where a GEMM tile
-// would be 1/8 or less of a 8-wide wgmma or mma.sync and split-K would add its own reduce.
-static bool columnProduct(const Ctx& c) {
+// Products with an extent of 1 are memory-bound, and a GEMM tile would use 1/8 or less of an
+// 8-wide wgmma or mma.sync: they take kernels of their own (emit_pointwise.cpp). Aᵀ·B with B one
+// column (a layer to one output's weight gradient, A [K, M] and B [K, 1]) is the column product,
+// with the bias gradient beside where the node has one; K = 1 (that layer's input gradient) the
+// outer product; a FusedLinear to one output (activation none or relu) the row dot.
+static bool isColumnProduct(const Ctx& c) {
   const GemmGeometry q = matmulGeometry(c);
   return q.transA && !q.transB && q.n == 1 && q.batch == 1 && c.in(0).size() == 2 && c.in(1).size() == 2;
 }
 
 NodeKernels emitMatMul(const Ctx& c) {
-  if (columnProduct(c)) return weightedColumnSums(c, 0, 1, 0);
-  return gemm(c, matmulGeometry(c), "", "", "");
+  if (isColumnProduct(c)) return columnProduct(c, false);
+  const GemmGeometry q = matmulGeometry(c);
+  if (q.k == 1 && q.batch == 1) return outerProduct(c, q.m, q.n);  // a layer from one output's input gradient
+  return gemm(c, q, "", "", "");
 }
 
 // The matmul with ReluGrad/GeluGrad's formula as its epilogue (x: the saved activation input).
@@ -322,15 +326,15 @@ NodeKernels emitMatMulActGrad(const Ctx& c) {
 
 int biasGradInput(const Node& n) { return n.attrs.get<attr::BiasOperand>() == "a" ? 0 : 1; }
 
-// The product with its bias gradient: the mma.sync kernels (TF32, FP64) sum the operand inside
-// the product (gemm's `sumInput`); elsewhere SumTo's kernels over the summed operand follow the
+// The product with its bias gradient: a column product sums B beside (columnProduct); the
+// mma.sync kernels (TF32, FP64) sum the operand inside the product (gemm's `sumInput`); elsewhere SumTo's kernels over the summed operand follow the
 // product (after it, so the two share the node's scratch), as MatMul + SumTo did. cuBLASLt writes
 // both in one.
 NodeKernels emitMatMulBiasGrad(const Ctx& c) {
   const int input = biasGradInput(c.n);
   bool summed = false;
-  NodeKernels nk = columnProduct(c) && input == 1 ? weightedColumnSums(c, 0, 1, 0)
-                                                 : gemm(c, matmulGeometry(c), "", "", "", 0, std::string(), input, &summed);
+  if (isColumnProduct(c) && input == 1) return columnProduct(c, true);
+  NodeKernels nk = gemm(c, matmulGeometry(c), "", "", "", 0, std::string(), input, &summed);
   if (summed) return nk;
   NodeKernels sums = columnSums(c, input, 1);
   for (Kernel& k : sums.kernels) nk.kernels.push_back(std::move(k));
@@ -341,6 +345,7 @@ NodeKernels emitMatMulBiasGrad(const Ctx& c) {
 NodeKernels emitFusedLinear(const Ctx& c) {
   const GemmGeometry q = fusedLinearGeometry(c);
   const std::string act = c.n.attrs.get<attr::Activation>();
+  if (q.n == 1 && (act == "none" || act == "relu")) return rowDot(c, q.m, q.k, act == "relu");  // a layer to one output
   // The epilogue functor: bias by column, GELU's input saved to out1 (its gradient reads it).
   std::string epi, members, init;
   if (c.n.inputs.size() == 3) {

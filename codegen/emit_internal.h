@@ -68,9 +68,16 @@ std::vector<KernelArg> allArgs(const Node& n);
 // kernels (a thread per column, or split along K, in double), so they equal a SumTo's bits. Their
 // names end in _colsum[_partial|_final], apart from the node's other kernels.
 NodeKernels columnSums(const Ctx& c, int input, int output);
-// Σ_k in<input>[k, m] · in<weight>[k] into output [M] (double sums, as columnSums): a product
-// whose B is one column (names end in _wcolsum[_partial|_final]).
-NodeKernels weightedColumnSums(const Ctx& c, int input, int weight, int output);
+// Σ_k in0[k, m] · in1[k] into output 0 [M] (in0 a matrix [K, M], in1 one column [K, 1]) and, with
+// `bias`, Σ_k in1[k] into output 1: one kernel (name ending in _colprod; "Note on the column
+// product" in emit_pointwise.cpp).
+NodeKernels columnProduct(const Ctx& c, bool bias);
+// out0[r, j] = in0[r]·in1[j], r < m, j < n: a product over one shared index (K = 1), whatever the
+// operands' transposes (a vector either way); one kernel, name ending in _outer.
+NodeKernels outerProduct(const Ctx& c, int64_t m, int64_t n);
+// out0[r] = act(Σ_k in0[r, k]·in1[k] (+ in2[0])), act relu where `relu`, over `rows` rows of k: a
+// product to one column (FusedLinear to one output), a warp a row; one kernel, name ending in _rowdot.
+NodeKernels rowDot(const Ctx& c, int64_t rows, int64_t k, bool relu);
 
 // The per-op emitters, one per op of graph/ops.def, defined in the family files
 // (emit_pointwise.cpp, emit_gemm.cpp, emit_flash.cpp).

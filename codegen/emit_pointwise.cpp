@@ -140,19 +140,10 @@ NodeKernels gather(const Ctx& c, const std::vector<int64_t>& extents, const std:
 // Sums the input over the axes marked in `reduced` (the output keeps the others, in order).
 // `input` and `output` name the node's operands (default: its only ones); `prefix`, when not
 // empty, starts the kernels' names (a node with kernels of its own besides these).
-// `weight`, when not negative, multiplies each value by the reduced index's entry of that node input
-// (a vector over the reduced range, read as in<weight>[r]: a weighted column sum).
 NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor, int input = 0, int output = 0,
-                   const std::string& prefix = std::string(), int weight = -1) {
+                   const std::string& prefix = std::string()) {
   const Shape& x = c.in(input);
   const std::string in = "in" + std::to_string(input), out = "out" + std::to_string(output);
-  const std::string weighted = weight < 0 ? std::string() : " * (double)in" + std::to_string(weight) + "[r]";
-  // The kernels' arguments: the summed input (and the weight), then `last`.
-  auto join = [&](std::vector<KernelArg> a, KernelArg last) {
-    if (weight >= 0) a.push_back({KernelArg::Input, weight});
-    a.push_back(last);
-    return a;
-  };
   auto part = [&](const std::string& p) { return prefix.empty() ? p : p.empty() ? prefix : prefix + "_" + p; };
   const Shape st = contiguousStrides(x);
   std::string kept, red;
@@ -180,9 +171,9 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
     const int64_t used = (redCount + chunk - 1) / chunk;
     nk.kernels.push_back(finish(c, part("partial"), kReducePartial,
                                 {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
-                                 {"CHUNK", ll(chunk)}, {"IN", in}, {"WEIGHT", weighted}},
+                                 {"CHUNK", ll(chunk)}, {"IN", in}},
                                 {static_cast<unsigned>(outBlocks), static_cast<unsigned>(used), 1}, kThreads,
-                                join({{KernelArg::Input, input}}, {KernelArg::Scratch, 0})));
+                                {{KernelArg::Input, input}, {KernelArg::Scratch, 0}}));
     nk.kernels.push_back(finish(c, part("final"), kReduceFinal,
                                 {{"OUTCOUNT", ll(outCount)}, {"PARTS", ll(used)}, {"FACTOR", f}, {"OUT", out}},
                                 {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Output, output}, {KernelArg::Scratch, 0}}));
@@ -191,8 +182,8 @@ NodeKernels reduce(const Ctx& c, const std::vector<bool>& reduced, double factor
   }
   nk.kernels.push_back(finish(c, part(""), kReduce,
                               {{"OUTCOUNT", ll(outCount)}, {"REDCOUNT", ll(redCount)}, {"KEPT", kept}, {"REDUCED", red},
-                               {"FACTOR", f}, {"IN", in}, {"WEIGHT", weighted}, {"OUT", out}},
-                              {gridFor(outCount), 1, 1}, kThreads, join({{KernelArg::Input, input}}, {KernelArg::Output, output})));
+                               {"FACTOR", f}, {"IN", in}, {"OUT", out}},
+                              {gridFor(outCount), 1, 1}, kThreads, {{KernelArg::Input, input}, {KernelArg::Output, output}}));
   return nk;
 }
 
@@ -429,9 +420,81 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
   return nk;
 }
 
-NodeKernels columnSums(const Ctx& c, int input, int output) { return reduce(c, {true, false}, 1.0, input, output, "colsum"); }
-NodeKernels weightedColumnSums(const Ctx& c, int input, int weight, int output) {
-  return reduce(c, {true, false}, 1.0, input, output, "wcolsum", weight);
+/*
+ * Note on the column product. A layer to one output has a weight gradient Aᵀ·B with B one column:
+ * a weighted column sum of A [K, M], memory-bound, a GEMM tile 1/8 used. One launch does it and
+ * the bias gradient Σ_k B[k] beside: a grid of (column blocks of CB = LANES·VEC columns) × (PARTS
+ * row chunks); a block's LANES threads span its columns, VEC consecutive ones each (4, one 16-byte
+ * load, where A is fp32 and 4 divides M), and its 256 / LANES rows of threads walk the chunk's rows,
+ * four loads each in flight. CB is 32 columns (a 128-byte line of fp32), fewer where M is
+ * narrower, so a narrow A still gives every thread rows, and a wide one many column blocks and
+ * so few parts, which keeps the last block's sum short. The grid is about two blocks an SM
+ * (EmitOptions::sms), each thread walking at least four rows. A block adds its rows in double in a fixed tree and writes its
+ * partial row to scratch; the block that finishes a column block last (a ticket after a fence, as
+ * MseLossGrad's chunks) adds the PARTS partial rows in a fixed order and resets its ticket. No value
+ * is atomic, so every run gives the same bits. Scratch: PARTS·M doubles, PARTS more for the bias,
+ * a ticket per column block, zeroed once by the runner.
+ */
+NodeKernels columnProduct(const Ctx& c, bool bias) {
+  const Shape& a = c.in(0);
+  const int64_t k = a[0], m = a[1];
+  const int vec = c.inType(0) == DType::F32 && m % 4 == 0 ? 4 : 1;
+  int lanes = 1;
+  while (lanes * vec < 32 && lanes * vec < m) lanes *= 2;
+  const int64_t cb = lanes * vec, colBlocks = (m + cb - 1) / cb, rowThreads = 256 / lanes;
+  const int64_t wantBlocks = 2 * std::max(c.opt->sms, 1);
+  const int64_t parts = std::max<int64_t>(1, std::min(wantBlocks / colBlocks, k / (4 * rowThreads)));
+  const int64_t chunk = std::max<int64_t>(1, (k + parts - 1) / parts);
+  const int64_t used = std::max<int64_t>(1, (k + chunk - 1) / chunk);
+  const std::string load =
+      vec == 4 ? "      if ((((unsigned long long)in0) & 15ull) == 0) {\n"
+                 "        const float4 v = *reinterpret_cast<const float4*>(in0 + r * M + col);\n"
+                 "        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;\n"
+                 "      } else {\n"
+                 "        for (int j = 0; j < 4; ++j) a[j] = in0[r * M + col + j];\n"
+                 "      }\n"
+               : "      a[0] = in0[r * M + col];\n";
+  std::vector<KernelArg> args{{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Output, 0}};
+  if (bias) args.push_back({KernelArg::Output, 1});
+  args.push_back({KernelArg::Scratch, 0});
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "colprod", kColumnProduct,
+                              {{"LANES", std::to_string(lanes)}, {"VEC", std::to_string(vec)}, {"M", ll(m)}, {"K", ll(k)},
+                               {"PARTS", ll(used)}, {"CHUNK", ll(chunk)}, {"LOADROW", load}, {"BIAS", bias ? "true" : "false"},
+                               {"BIASSTORE", bias ? "if (threadIdx.x == 0) out1[0] = (float)bred[0];" : ""}},
+                              {static_cast<unsigned>(colBlocks), static_cast<unsigned>(used), 1}, kThreads, args));
+  nk.scratchBytes = static_cast<size_t>(used * m + used) * sizeof(double) + static_cast<size_t>(colBlocks) * sizeof(unsigned);
+  nk.zeroScratch = true;
+  return nk;
 }
+
+NodeKernels outerProduct(const Ctx& c, int64_t m, int64_t n) {
+  const int vec = c.outType(0) == DType::F32 && n % 4 == 0 ? 4 : 1;
+  const int64_t groups = m * n / vec;
+  const std::string store = vec == 4 ? "        *reinterpret_cast<float4*>(out0 + i) = make_float4(v[0], v[1], v[2], v[3]);\n" : "";
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "outer", kOuterProduct,
+                              {{"VEC", std::to_string(vec)}, {"N", ll(n)}, {"GROUPS", ll(groups)},
+                               {"OUTPTR", vec == 4 ? "out0" : "0"}, {"STOREVEC", store}},
+                              {gridFor((groups + 3) / 4), 1, 1}, kThreads, {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Output, 0}}));
+  return nk;
+}
+
+NodeKernels rowDot(const Ctx& c, int64_t rows, int64_t k, bool relu) {
+  const int vec = c.inType(0) == DType::F32 && k % 4 == 0 ? 4 : 1;
+  const std::string load = vec == 4 ? "        const float4 t = *reinterpret_cast<const float4*>(in0 + row * K + q * 4);\n"
+                                      "        x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;\n"
+                                    : "";
+  std::string epi;
+  if (c.n.inputs.size() == 3) epi += "      v += (float)in2[0];\n";
+  if (relu) epi += "      v = fmaxf(v, 0.0f);\n";
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "rowdot", kRowDot, {{"VEC", std::to_string(vec)}, {"ROWS", ll(rows)}, {"K", ll(k)}, {"XPTR", vec == 4 ? "in0" : "0"}, {"LOADVEC", load},
+                               {"EPILOGUE", epi}},
+                              {gridFor(rows * 32), 1, 1}, kThreads, allArgs(c.n)));
+  return nk;
+}
+
+NodeKernels columnSums(const Ctx& c, int input, int output) { return reduce(c, {true, false}, 1.0, input, output, "colsum"); }
 
 }  // namespace pa::codegen::detail

@@ -4,6 +4,8 @@
 // emitted source without it.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -288,18 +290,22 @@ TEST(GeneratedKernels, FusedMlpKernelsCompileForSm80AndSm90) {
 }
 
 // The backward epilogue fusions' kernels (mse-loss-grad on its one-block and chunked paths,
-// matmul-bias-grad on both operand sides, with the split column sum at long K), fp32 and bf16,
-// for sm_80 and sm_90a, warnings rejected.
+// matmul-bias-grad on both operand sides, with the split column sum at long K) and the products
+// with an extent of 1 (a layer to one output: the row dot, the column product with its bias, the
+// outer product; 5 features one value at a time, 8 in 16-byte accesses), fp32 and bf16, for
+// sm_80 and sm_90a, warnings rejected.
 TEST(GeneratedKernels, EpilogueFusionKernelsCompileForEveryTarget) {
   const codegen::Nvrtc& nvrtc = codegen::Nvrtc::instance();
   if (!nvrtc.available()) GTEST_SKIP() << "NVRTC not found: " << nvrtc.unavailableReason();
   std::vector<Graph> graphs;
+  std::vector<bool> toOne;  // per graph: a layer to one output
   for (bool bf16 : {false, true}) {
-    for (const auto& [rows, units] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 3}, {257, 129}, {8191, 257}}) {
+    for (const auto& [rows, units, features] :
+         std::vector<std::array<int64_t, 3>>{{1, 1, 5}, {7, 3, 5}, {257, 129, 5}, {8191, 257, 5}, {8191, 1, 8}, {300, 1, 5}}) {
       for (bool tw : {false, true}) {
         Graph g;
-        const ValueId x = g.addInput("x", {rows, 5});
-        const ValueId w = g.addParam("w", tw ? Shape{units, 5} : Shape{5, units}, "xavier");
+        const ValueId x = g.addParam("x", {rows, features}, "xavier");  // a parameter: dx too
+        const ValueId w = g.addParam("w", tw ? Shape{units, features} : Shape{features, units}, "xavier");
         const ValueId y = g.add(OpKind::FusedLinear, {x, w, g.addParam("b", {units}, "xavier")}, AttrMap().set<attr::TransposeW>(tw));
         g.setOutput("loss", g.add(OpKind::MseLoss, {y, g.addInput("target", {rows, units})}, {}, "loss"));
         appendBackward(g, g.output("loss"), g.params());
@@ -310,6 +316,7 @@ TEST(GeneratedKernels, EpilogueFusionKernelsCompileForEveryTarget) {
         }
         if (bf16) lowerToBf16(g);
         graphs.push_back(std::move(g));
+        toOne.push_back(units == 1);
       }
     }
   }
@@ -321,12 +328,14 @@ TEST(GeneratedKernels, EpilogueFusionKernelsCompileForEveryTarget) {
     for (size_t i = 0; i < graphs.size(); ++i)
       for (NodeId id : graphs[i].topoOrder()) {
         const OpKind op = graphs[i].node(id).op;
-        if (op != OpKind::MseLossGrad && op != OpKind::MatMulBiasGrad) continue;
+        // A layer to one output's forward and dx (the others' are GEMMs, compiled elsewhere).
+        const bool oneOutput = (op == OpKind::FusedLinear || op == OpKind::MatMul) && toOne[i];
+        if (op != OpKind::MseLossGrad && op != OpKind::MatMulBiasGrad && !oneOutput) continue;
         seen.insert(op);
         for (const codegen::Kernel& k : codegen::emitNode(graphs[i], id, opt).kernels)
           units.push_back({"graph " + std::to_string(i) + "/" + k.name, k.name, k.source});
       }
-    EXPECT_EQ(seen.size(), 2u);
+    EXPECT_EQ(seen.size(), 4u);
     test::CompileOptions options;
     options.arch = arch;
     options.rejectWarnings = true;

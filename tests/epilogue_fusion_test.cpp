@@ -290,6 +290,46 @@ TEST(EpilogueKernels, MatMulBiasGradOnBothProviders) {
   EXPECT_EQ(codegen::libraryGemmEpilogue(g, id, false, false).kernels.size(), 2u);
 }
 
+// A layer to one output: its forward is the row dot, its weight gradient with its bias gradient
+// the column product, its input gradient the outer product, one kernel each, whatever the GEMM
+// options; the column product leaves its ticket as it found it (the runner zeroes the scratch
+// once). 16-byte accesses where a row allows them (256 features), scalar ones where not (5).
+TEST(EpilogueKernels, ALayerToOneOutputTakesOneKernelPerProduct) {
+  for (int64_t k : {int64_t{5}, int64_t{256}}) {
+    SCOPED_TRACE("features " + std::to_string(k));
+    Graph g;
+    const ValueId x = g.addParam("x", {8192, k}, "xavier");  // a parameter, so that dx exists
+    const ValueId w = g.addParam("w", {k, 1}, "xavier");
+    const ValueId y = g.add(OpKind::FusedLinear, {x, w, g.addParam("b", {1}, "xavier")});
+    g.setOutput("loss", g.add(OpKind::MseLoss, {y, g.addInput("target", {8192, 1})}, {}, "loss"));
+    appendBackward(g, g.output("loss"), g.params());
+    applyOne(g, makeFuseBiasGradPattern());
+    const std::string vec = k % 4 == 0 ? "VEC = 4" : "VEC = 1";
+    for (codegen::Fp32Gemm engine : {codegen::Fp32Gemm::Auto, codegen::Fp32Gemm::Simt}) {
+      codegen::EmitOptions opt;
+      opt.fullRateFp64 = true;
+      opt.fp32Gemm = engine;
+      const codegen::NodeKernels fwd = codegen::emitNode(g, findOp(g, OpKind::FusedLinear), opt);
+      ASSERT_EQ(fwd.kernels.size(), 1u);
+      EXPECT_NE(fwd.kernels[0].name.find("_rowdot"), std::string::npos);
+      EXPECT_NE(fwd.kernels[0].source.find(vec), std::string::npos);
+      EXPECT_NE(fwd.kernels[0].source.find("v += (float)in2[0];"), std::string::npos);  // the bias
+      const codegen::NodeKernels wg = codegen::emitNode(g, findOp(g, OpKind::MatMulBiasGrad), opt);
+      ASSERT_EQ(wg.kernels.size(), 1u);
+      EXPECT_NE(wg.kernels[0].name.find("_colprod"), std::string::npos);
+      EXPECT_NE(wg.kernels[0].source.find(vec), std::string::npos);
+      EXPECT_NE(wg.kernels[0].source.find("out1[0] = (float)bred[0]"), std::string::npos);
+      EXPECT_NE(wg.kernels[0].source.find("tickets[blockIdx.x] = 0u"), std::string::npos);
+      EXPECT_TRUE(wg.zeroScratch);
+      EXPECT_GE(wg.kernels[0].grid[1], 2u);  // K = 8192 is cut into parts
+      const codegen::NodeKernels dx = codegen::emitNode(g, g.producer(g.output("grad/x")).id, opt);
+      ASSERT_EQ(dx.kernels.size(), 1u);
+      EXPECT_NE(dx.kernels[0].name.find("_outer"), std::string::npos);
+      EXPECT_NE(dx.kernels[0].source.find(vec), std::string::npos);
+    }
+  }
+}
+
 // On the mma.sync kernels (fp32 where FP64 runs at full rate) the product sums the bias operand
 // itself: a split product's partial sums go to the scratch after the partial products and its
 // reduce kernel adds them into output 1; a whole product writes output 1 directly. Either operand.

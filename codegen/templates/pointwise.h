@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 ${KEPT}    double acc = 0.0;
     for (long long r = 0; r < ${REDCOUNT}; ++r) {
       long long rr = r, off = base;
-${REDUCED}      acc += (double)${IN}[off]${WEIGHT};
+${REDUCED}      acc += (double)${IN}[off];
     }
     ${OUT}[idx] = (float)(acc * ${FACTOR});
   }
@@ -111,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
 ${KEPT}    const long long r0 = part * ${CHUNK}, r1 = min(r0 + ${CHUNK}, ${REDCOUNT});
     for (long long r = r0 + ty; r < r1; r += 8) {
       long long rr = r, off = base;
-${REDUCED}      acc += (double)${IN}[off]${WEIGHT};
+${REDUCED}      acc += (double)${IN}[off];
     }
   }
   red[ty][lane] = acc;
@@ -334,6 +334,153 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   if (threadIdx.x == 0) {
     out0[0] = (float)(part[0] / ${DENOM});
     *done = 0u;
+  }
+}
+)";
+
+// A product whose B is one column, A stored [K, M] (MatMul, MatMulBiasGrad: a layer to one
+// output's weight gradient): out0[m] = Σ_k A[k, m]·B[k] in double and, with BIAS, out1[0] = Σ_k
+// B[k], in one launch (codegen/emit_pointwise.cpp, "Note on the column product").
+inline constexpr const char* kColumnProduct = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
+  constexpr int LANES = ${LANES}, VEC = ${VEC}, RT = 256 / LANES, CB = LANES * VEC, G = 256 / CB;
+  constexpr long long M = ${M}, K = ${K}, PARTS = ${PARTS};
+  __shared__ double red[RT * CB];
+  __shared__ double bred[256];
+  __shared__ bool last;
+  const int lane = threadIdx.x % LANES, rt = threadIdx.x / LANES;
+  const long long col = (long long)blockIdx.x * CB + lane * VEC;
+  const long long r0 = (long long)blockIdx.y * ${CHUNK}, r1 = min(r0 + ${CHUNK}, K);
+  double acc[VEC], bacc = 0.0;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) acc[j] = 0.0;
+  if (col < M) {
+#pragma unroll 4
+    for (long long r = r0 + rt; r < r1; r += RT) {
+      const double b = (double)in1[r];
+      bacc += b;
+      float a[VEC];
+${LOADROW}#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] += (double)a[j] * b;
+    }
+  }
+  // The block's rows, in a fixed tree over the row threads.
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) red[rt * CB + lane * VEC + j] = acc[j];
+  bred[threadIdx.x] = bacc;
+  for (int s = RT / 2; s > 0; s >>= 1) {
+    __syncthreads();
+    if (rt < s) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) red[rt * CB + lane * VEC + j] += red[(rt + s) * CB + lane * VEC + j];
+      bred[threadIdx.x] += bred[threadIdx.x + s * LANES];
+    }
+  }
+  __syncthreads();
+  double* sums = (double*)scratch;  // [PARTS][M], then the bias's [PARTS], then a ticket per column block
+  double* bsums = sums + PARTS * M;
+  unsigned* tickets = (unsigned*)(bsums + PARTS);
+  const long long mine = (long long)blockIdx.x * CB + threadIdx.x;
+  if (threadIdx.x < CB && mine < M) sums[blockIdx.y * M + mine] = red[threadIdx.x];
+  if (${BIAS} && blockIdx.x == 0 && threadIdx.x == 0) bsums[blockIdx.y] = bred[0];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(tickets + blockIdx.x, 1u) == PARTS - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The last block of the column block: thread group h adds parts h, h + G, ... of its column,
+  // then the G sums in a fixed tree.
+  {
+    const int c = threadIdx.x % CB, h = threadIdx.x / CB;
+    const long long m = (long long)blockIdx.x * CB + c;
+    double s = 0.0;
+    if (m < M) {
+#pragma unroll 8
+      for (long long p = h; p < PARTS; p += G) s += __ldcg(sums + p * M + m);
+    }
+    red[threadIdx.x] = s;
+    for (int t = G / 2; t > 0; t >>= 1) {
+      __syncthreads();
+      if (h < t) red[threadIdx.x] += red[threadIdx.x + t * CB];
+    }
+    __syncthreads();
+    if (threadIdx.x < CB && m < M) out0[m] = (float)red[threadIdx.x];
+  }
+  if (${BIAS} && blockIdx.x == 0) {
+    double s = 0.0;
+    for (long long p = threadIdx.x; p < PARTS; p += 256) s += __ldcg(bsums + p);
+    bred[threadIdx.x] = s;
+    for (int t = 128; t > 0; t >>= 1) {
+      __syncthreads();
+      if (threadIdx.x < t) bred[threadIdx.x] += bred[threadIdx.x + t];
+    }
+    ${BIASSTORE}
+  }
+  if (threadIdx.x == 0) tickets[blockIdx.x] = 0u;
+}
+)";
+
+// A product over one shared index (K = 1: a layer from one output's input gradient):
+// out0[r, j] = in0[r]·in1[j] over M rows of N, VEC outputs a thread (4: one 16-byte store where
+// N allows), four groups a thread in flight as kElementwise.
+inline constexpr const char* kOuterProduct = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
+  constexpr int VEC = ${VEC};
+  constexpr long long N = ${N}, GROUPS = ${GROUPS};
+  const bool vector = VEC == 4 && (((unsigned long long)(${OUTPTR})) & 15ull) == 0;
+  for (long long first = (long long)blockIdx.x * 1024 + threadIdx.x; first < GROUPS; first += (long long)gridDim.x * 1024) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const long long g = first + u * 256;
+      if (g >= GROUPS) break;
+      const long long i = g * VEC, r = i / N, j = i % N;
+      const float a = in0[r];
+      float v[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[e] = a * (float)in1[j + e];
+      if (vector) {
+${STOREVEC}      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) out0[i + e] = v[e];
+      }
+    }
+  }
+}
+)";
+
+// A product to one column (N = 1: FusedLinear to one output, activation none or relu): a warp
+// per row adds x[row, :]·w in double (lanes over K, VEC values a load, the same order whether the
+// load is one vector or VEC scalars; a fixed butterfly across the lanes), rounds once, then adds the bias and applies the activation in float as the GEMM
+// epilogues do.
+inline constexpr const char* kRowDot = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
+  constexpr int VEC = ${VEC};
+  constexpr long long ROWS = ${ROWS}, K = ${K};
+  const int lane = threadIdx.x % 32;
+  const bool vector = VEC == 4 && (((unsigned long long)(${XPTR})) & 15ull) == 0;
+  for (long long row = ((long long)blockIdx.x * 256 + threadIdx.x) / 32; row < ROWS; row += (long long)gridDim.x * 8) {
+    double s = 0.0;
+#pragma unroll 4
+    for (long long q = lane; q < K / VEC; q += 32) {
+      float x[VEC];
+      if (vector) {
+${LOADVEC}      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) x[e] = in0[row * K + q * VEC + e];
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += (double)x[e] * (double)in1[q * VEC + e];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+      float v = (float)s;
+${EPILOGUE}      out0[row] = v;
+    }
   }
 }
 )";

@@ -68,7 +68,9 @@ std::vector<GemmCase> allCases() {
     c.name = base + "_fp32_large_tail" + std::to_string(tail) + "_sms" + std::to_string(sms);
     cases.push_back(c);
   };
-  // (M, N, K): every awkward size in every position, K = 1, and sizes whose leading dimensions
+  // (M, N, K): every awkward size in every position, K = 1 (the outer product: 8192×256 in 16-byte
+  // stores, 7×33 one value at a time), N = 1 (Aᵀ·B of one column, the column product: M = 256
+  // and 1000 in 16-byte loads, 1 not; M = 3 over K = 5000 below), and sizes whose leading dimensions
   // are multiples of 4 (the float4 / 16-byte cp.async paths) next to ones that are not. The last
   // two give every tile interior blocks (the fp32 path's unchecked loads: tile inside both
   // operands, K a multiple of the slice), alone and beside edge blocks. 130×516×200: Aᵀ·B with
@@ -76,7 +78,8 @@ std::vector<GemmCase> allCases() {
   // M-major A whose rows are not whole 16-byte chunks).
   const int64_t mnk[][3] = {{1, 1, 1},       {7, 33, 1},     {33, 7, 127},   {127, 129, 255}, {129, 255, 33},
                             {255, 1000, 7},  {1000, 127, 129}, {1, 1000, 255}, {1000, 1, 1000}, {132, 260, 36},
-                            {256, 64, 64},   {1000, 1000, 1000}, {384, 256, 96}, {300, 260, 80}, {130, 516, 200}};
+                            {256, 64, 64},   {1000, 1000, 1000}, {384, 256, 96}, {300, 260, 80}, {130, 516, 200},
+                            {8192, 256, 1},  {256, 1, 8192}};
   for (const auto& s : mnk) {
     const int64_t m = s[0], n = s[1], k = s[2];
     for (int t = 0; t < 4; ++t) {
@@ -99,6 +102,9 @@ std::vector<GemmCase> allCases() {
       if (m * n >= 1000 * 127) addTail(base, p, 5, 5);
     }
   }
+  // The column product of a narrow A over many rows (three columns, 5000 rows: 8 lanes of one
+  // column each, many parts).
+  for (bool tf32 : {false, true}) add("MatMul_3x1x5000_tA", gemmtest::matmulProblem(3, 1, 5000, true, false), tf32, GemmTile::Large);
   // Batches: both batched (strides), batched A with a shared B (one taller GEMM, or strided when
   // A is transposed), shared A with batched B.
   struct Batched {
@@ -138,6 +144,20 @@ std::vector<GemmCase> allCases() {
             add(base, p, tf32, GemmTile::Large, 2);  // the epilogue in the split-K reduce
           }
           addTail(base, p, 2, 3);  // the epilogue in the tail split's reduce and in whole tiles
+        }
+  // FusedLinear to one output (activation none or relu): the row dot, a warp a row, 16-byte loads
+  // where K is a multiple of 4 (256), one value at a time where not (129).
+  for (const Shape& x : {Shape{5, 7, 129}, Shape{8191, 256}})
+    for (const char* act : {"none", "relu"})
+      for (bool bias : {false, true})
+        for (bool tw : {false, true}) {
+          GemmProblem p;
+          p.fused = true;
+          p.a = x;
+          p.b = tw ? Shape{1, x.back()} : Shape{x.back(), 1};
+          p.tb = tw, p.act = act, p.bias = bias;
+          const std::string base = std::string("FusedLinear_") + act + (bias ? "_bias" : "") + (tw ? "_tW" : "") + "_" + dims(p.a) + "_1";
+          for (bool tf32 : {false, true}) add(base, p, tf32, GemmTile::Large);
         }
   // The large case: a weight gradient of a batch-8192 layer (Xᵀ·dY, K = 8192), tiles and K
   // splits from the shape (split-K).
@@ -412,11 +432,22 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
   Graph g;
   const NodeId id = gemmtest::buildGraph(g, c.problem);
   gemmtest::NodeOnGpu gpu(g, id, c.opt, device());
-  // Aᵀ·B of one column is a weighted column sum in double on every path (emit_gemm.cpp,
-  // columnProduct); every other case runs the kernel its options name.
-  const Shape& out0 = g.shape(g.node(id).outputs[0]);
-  const bool columnProduct = c.problem.ta && !c.problem.tb && out0.back() == 1 && out0.size() == 2;
-  if (c.opt.wgmma && !columnProduct) {  // K a multiple of 4: the TF32 wgmma kernel, else the mma.sync one
+  // Products with an extent of 1 run kernels of their own on every path (emit_gemm.cpp): Aᵀ·B of
+  // one column the column product, K = 1 the outer product, a FusedLinear to one output (none or
+  // relu) the row dot; every other case runs the kernel its options name.
+  const Node& node = g.node(id);
+  const Shape& out0 = g.shape(node.outputs[0]);
+  const Shape& a0 = g.shape(node.inputs[0]);
+  const bool fused = node.op == OpKind::FusedLinear;
+  const bool columnProduct = !fused && c.problem.ta && !c.problem.tb && out0.back() == 1 && out0.size() == 2;
+  const bool outerProduct = !fused && !columnProduct && (c.problem.ta ? a0[a0.size() - 2] : a0.back()) == 1 && a0.size() == 2;
+  const bool rowDot = fused && out0.back() == 1 && (c.problem.act == "none" || c.problem.act == "relu");
+  const char* special = columnProduct ? "_colprod" : outerProduct ? "_outer" : rowDot ? "_rowdot" : nullptr;
+  if (special) {
+    ASSERT_EQ(gpu.kernels().kernels.size(), 1u);
+    EXPECT_NE(gpu.kernels().kernels[0].name.find(special), std::string::npos) << gpu.kernels().kernels[0].name;
+  }
+  if (c.opt.wgmma && !special) {  // K a multiple of 4: the TF32 wgmma kernel, else the mma.sync one
     const Shape& a = g.shape(g.node(id).inputs[0]);
     const int64_t k = c.problem.ta ? a[a.size() - 2] : a.back();
     bool wgmma = false;
@@ -424,7 +455,7 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
     EXPECT_EQ(wgmma, k % 4 == 0) << "K = " << k;
   }
   const bool f64 = c.opt.fp32Gemm == codegen::Fp32Gemm::F64Mma;
-  if (f64 && !columnProduct) {
+  if (f64 && !special) {
     bool found = false;
     for (const codegen::Kernel& kk : gpu.kernels().kernels) found |= kk.source.find("pa::gemm::f64Gemm<") != std::string::npos;
     EXPECT_TRUE(found) << "the case should run the FP64 kernel";

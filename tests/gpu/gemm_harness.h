@@ -170,6 +170,7 @@ public:
     for (ValueId v : node_.inputs) inputs.emplace_back(static_cast<size_t>(numel(g.shape(v))) * sizeof(float) + 16);
     for (ValueId v : node_.outputs) outputs.emplace_back(static_cast<size_t>(numel(g.shape(v))) * sizeof(float) + 16);
     scratch = cuda::DeviceBuffer(std::max<size_t>(kernels_.scratchBytes, 16));
+    if (kernels_.zeroScratch) scratch.fill32(0);  // as the runner: once (a kernel leaves it as it found it)
   }
 
   const codegen::NodeKernels& kernels() const { return kernels_; }
