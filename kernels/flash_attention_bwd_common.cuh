@@ -196,7 +196,9 @@ struct DkDvBlock {
   bool splitHeads;
   TileMask tm;
   __device__ __forceinline__ void init(const FlashKernelParams& p, int bn, int bqRows) {
-    initAt(p, bn, bqRows, blockIdx.y, blockIdx.x);
+    int slice, kb;
+    gridItem(p, false, slice, kb);  // the first key blocks first: a causal mask shows them the most queries
+    initAt(p, bn, bqRows, slice, kb);
   }
   // Slice `slice` (batch · heads + query head with split GQA, else batch · kvHeads + KV head),
   // key block `kb` of bn keys.

@@ -166,7 +166,7 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
         const int q = q0 + 4 * ty + i;
         if (q >= p.qLen) continue;
         if constexpr (DQ == kDqPartial) {
-          float* part = (float*)p.dQPartial + ((long long)blockIdx.x * p.batch * p.heads * p.qLen + bhRow + q) * p.headDim;
+          float* part = (float*)p.dQPartial + ((long long)(n0 / BN) * p.batch * p.heads * p.qLen + bhRow + q) * p.headDim;
           storeNNRow<DPAD>(part, acc[i], 1.f, tx, p.headDim);
         } else {
           float* row = (float*)p.dQAccum + (bhRow + q) * p.headDim;
@@ -241,9 +241,11 @@ __device__ __forceinline__ void flashBackwardDqF32(const FlashKernelParams& p) {
   float* sS = sV + BN * LD;  // dS [query][key]
 
   const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  int bh, qt;
+  gridItem(p, true, bh, qt);
+  const int b = bh / p.heads, h = bh % p.heads;
   const int hk = h / (p.heads / p.kvHeads);
-  const int m0 = heavyFirstTile() * BM, m1 = min(m0 + BM, p.qLen);
+  const int m0 = qt * BM, m1 = min(m0 + BM, p.qLen);
   const TileMask tm{p.mask, p.qLen, p.kLen};
   const int nTiles = ceilDiv(p.kLen, BN);
   const float* lse = (const float*)p.lse + (long long)bh * p.qLen;

@@ -145,7 +145,7 @@ __device__ __forceinline__ void flashBackwardDkDvMma(const FlashKernelParams& p)
       __syncthreads();  // every warp's dS^T rows are in sdS
       const int rg = warp % kRowGroups, c0 = (warp / kRowGroups) * kCols;
       const int h = blk.head(it);
-      const long long slab = PARTIAL_DQ ? (long long)blockIdx.x * p.batch * p.heads * p.qLen * p.headDim : 0;
+      const long long slab = PARTIAL_DQ ? (long long)(blk.n0 / BN) * p.batch * p.heads * p.qLen * p.headDim : 0;
       float* dqRow = (float*)(PARTIAL_DQ ? p.dQPartial : p.dQAccum) + slab +
                      (((long long)b * p.heads + h) * p.qLen + q0 + rg * 16 + g) * p.headDim;
       const bool row0ok = q0 + rg * 16 + g < p.qLen, row1ok = q0 + rg * 16 + g + 8 < p.qLen;

@@ -171,8 +171,9 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
       } else if (done > 0) {
         break;
       }
-      int slice = blockIdx.y, kb = blockIdx.x;
+      int slice, kb;
       if (PERSISTENT) work.item(p, n, slice, kb);
+      else gridItem(p, false, slice, kb);
       DkDvBlock blk;
       blk.initAt(p, BN, BQ, slice, kb);
       const u32 sK = sKV0 + kvb * 2 * Cfg::kKBytes, sV = sK + Cfg::kKBytes;
@@ -247,8 +248,9 @@ __device__ __forceinline__ void flashBackwardDkDvWgmma(const FlashKernelParams& 
     sm90::mbarWait(kvFull(kvb), (done / KB) & 1);
     const int n = PERSISTENT ? itemOfBuffer[kvb] : 0;
     if (n >= work.count) break;
-    int slice = blockIdx.y, kb = blockIdx.x;
+    int slice, kb;
     if (PERSISTENT) work.item(p, n, slice, kb);
+    else gridItem(p, false, slice, kb);
     DkDvBlock blk;
     blk.initAt(p, BN, BQ, slice, kb);
     const int n0 = blk.n0, n1 = blk.n1;
@@ -569,8 +571,9 @@ __device__ __forceinline__ void flashBackwardDqWgmma(const FlashKernelParams& p,
     sm90::mbarWait(qFull(qb), (done / QB) & 1);
     const int n = PERSISTENT ? itemOfBuffer[qb] : 0;
     if (n >= work.count) break;
-    int slice = blockIdx.y, qt = heavyFirstTile();
+    int slice, qt;
     if (PERSISTENT) work.item(p, n, slice, qt);
+    else gridItem(p, true, slice, qt);
     QueryBlock blk;
     blk.initAt(p, BM, BN, slice, qt);
     const int bh = blk.bh, b = blk.b, h = blk.h, m0 = blk.m0;

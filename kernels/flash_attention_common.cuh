@@ -466,9 +466,23 @@ __device__ __forceinline__ bool bandVisible(int k, int lo, int hi, int sinkHi) {
 
 __device__ __forceinline__ int ceilDiv(int a, int b) { return (a + b - 1) / b; }
 
-// Query tile of this block, last tile first: under a causal mask the last tiles see the most keys,
-// and starting them first keeps the tail of the grid short (blocks are issued in blockIdx order).
-__device__ __forceinline__ int heavyFirstTile() { return gridDim.x - 1 - blockIdx.x; }
+// The (slice, tile) of a block of a non-persistent grid (x: tiles, y: slices). Blocks are issued in
+// linear blockIdx order (x fastest), and that order is read as WorkList's (below): groups of
+// p.workHeads slices (1 where unset: slice by slice), each group's tiles heaviest first (`lastFirst`:
+// the last tile first, for query tiles under a causal mask; else the first, for key blocks), slice
+// by slice. So the heavy tiles of every slice of a group start before any lighter one and the grid
+// ends on the lightest (longest-first list scheduling), while the slices in flight together stay
+// few enough that the data their blocks share stays in L2.
+__device__ __forceinline__ void gridItem(const FlashKernelParams& p, bool lastFirst, int& slice, int& tile) {
+  const int tiles = (int)gridDim.x, slices = (int)gridDim.y;
+  const int n = (int)blockIdx.x + tiles * (int)blockIdx.y;
+  const int heads = max(1, min(p.workHeads, slices));
+  const int groupItems = heads * tiles, group = n / groupItems, r = n % groupItems;
+  const int inGroup = min(heads, slices - group * heads);
+  const int t = r / inGroup;
+  tile = lastFirst ? tiles - 1 - t : t;
+  slice = group * heads + r % inGroup;
+}
 
 // The work list of a persistent kernel (flashForwardWgmma, and the wgmma backward's): items
 // (slice, tile), each taken by the next block that is free through an atomic counter
@@ -508,12 +522,16 @@ struct WorkList {
 };
 
 // The query rows [m0, m1) of one forward or dQ block (batch b, query head h of slice bh, its KV
-// head hk; heaviest query tiles first) and the key tiles of bn rows they visit.
+// head hk; heaviest query tiles first: gridItem) and the key tiles of bn rows they visit.
 struct QueryBlock {
   int bh, b, h, hk, m0, m1;
   TileMask tm;
   BlockTiles tiles;
-  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm, int bn) { initAt(p, bm, bn, blockIdx.y, heavyFirstTile()); }
+  __device__ __forceinline__ void init(const FlashKernelParams& p, int bm, int bn) {
+    int slice, qt;
+    gridItem(p, true, slice, qt);
+    initAt(p, bm, bn, slice, qt);
+  }
   // Slice `slice` (batch · heads + head), query tile `qt` of bm rows.
   __device__ __forceinline__ void initAt(const FlashKernelParams& p, int bm, int bn, int slice, int qt) {
     bh = slice;

@@ -322,8 +322,8 @@ __device__ __forceinline__ bool nextQueryItem(const FlashKernelParams& p, WorkLi
   } else if (done > 0) {
     return false;
   }
-  slice = blockIdx.y, qt = heavyFirstTile();
   if (PERSISTENT) work.item(p, n, slice, qt);
+  else gridItem(p, true, slice, qt);
   return true;
 }
 
@@ -497,8 +497,9 @@ __device__ __forceinline__ void flashForwardWgmma(const FlashKernelParams& p, co
     sm90::mbarWait(qFull(qb), (done / QB) & 1);
     const int n = PERSISTENT ? itemOfBuffer[qb] : 0;
     if (n >= work.count) break;
-    int slice = blockIdx.y, qt = heavyFirstTile();
+    int slice, qt;
     if (PERSISTENT) work.item(p, n, slice, qt);
+    else gridItem(p, true, slice, qt);
     QueryBlock blk;
     blk.initAt(p, BM, BN, slice, qt);
     const int bh = blk.bh, b = blk.b, h = blk.h, m0 = blk.m0;

@@ -45,7 +45,7 @@ struct FlashKernelParams {
   float scaleLog2;  // scale * log2(e): the kernels work with exp2
   AttentionMaskSpec mask;
   int qTiles;    // ceil(qLen / query tile of the backward preprocess kernel)
-  int workHeads; // persistent forward: (batch, head) slices per group of its work list (flashForwardWgmma)
+  int workHeads; // (batch, head) slices per group of a persistent kernel's work list, or of a grid's issue order (gridItem; 0: 1)
   int workLead;  // persistent dK/dV: leading key blocks (those holding sink keys) taken for every slice first
   unsigned long long workCounter;  // persistent forward: int [2], zero between launches (items taken, blocks done)
 };

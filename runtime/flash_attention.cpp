@@ -242,13 +242,20 @@ long long FlashAttention::kvBytesPerSlice(const FlashAttentionConfig& c) {
   return 2LL * c.kLen * c.headDim * elemBytes(c.dtype) * c.kvHeads / c.heads;
 }
 
+// Slices per group of a work list or a grid's issue order (kernels/flash_attention_common.cuh,
+// WorkList and gridItem): as many as keep their shared data (`sliceBytes` each) within
+// kPersistentL2Bytes.
+int FlashAttention::sliceGroup(long long slices, long long sliceBytes) {
+  return (int)std::max<long long>(1, std::min<long long>(slices, kPersistentL2Bytes / std::max(1LL, sliceBytes)));
+}
+
 // A persistent kernel: one block an SM over `items` (slice, tile) items, in groups of slices whose
 // shared data (`sliceBytes` each) fit kPersistentL2Bytes; `counter` picks the kernel's pair of ints
 // in workCounter_ (kernels/flash_attention_common.cuh, WorkList).
 void FlashAttention::launchPersistent(const FlashKernelSpec& spec, long long items, long long slices, long long sliceBytes,
                                       int counter, FlashKernelParams p, cuda::CUstream stream, cuda::LaunchMode mode,
                                       const FlashTensorMaps* maps) {
-  p.workHeads = (int)std::max<long long>(1, std::min<long long>(slices, kPersistentL2Bytes / std::max(1LL, sliceBytes)));
+  p.workHeads = sliceGroup(slices, sliceBytes);
   p.workCounter = workCounter_.ptr() + 8 * counter;
   launch(spec, (unsigned)std::min<long long>(items, target_.multiprocessors), 1, p, stream, mode, maps);
 }
@@ -269,6 +276,7 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   const FlashTensorMaps* tma = mapsOrFallBack(spec, p, maps);
   const int qTiles = ceilDiv(c.qLen, spec.rowsPerBlock()), slices = c.batch * c.heads;
   if (!spec.persistent) {
+    p.workHeads = sliceGroup(slices, kvBytesPerSlice(c));  // the grid's order: heaviest query tiles first
     launch(spec, qTiles, slices, p, stream, mode, tma);
     return;
   }
@@ -323,15 +331,16 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
   if (c.sinkLogits) launch(specFor(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream, mode);
   const int dkdvSlices = c.batch * (p.dKVPartial ? c.heads : c.kvHeads);
+  // A slice's Q and dO: one query head's, or a KV head's group's.
+  const long long qBytes = 2LL * c.qLen * c.headDim * elemBytes(c.dtype) * (p.dKVPartial ? 1 : c.heads / c.kvHeads);
   if (dkdv.persistent) {
-    // A slice's Q and dO: one query head's, or a KV head's group's.
-    const long long qBytes = 2LL * c.qLen * c.headDim * elemBytes(c.dtype) * (p.dKVPartial ? 1 : c.heads / c.kvHeads);
     // The key blocks holding sink keys (every query sees them when a window hides the rest) first
     // (the kernels after it ignore workLead).
     if (c.mask.sinks > 0 && c.mask.windowLeft >= 0) p.workLead = ceilDiv(std::min(c.mask.sinks, c.kLen), dkdv.rowsPerBlock());
     launchPersistent(dkdv, (long long)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdvSlices, dkdvSlices, qBytes, 1, p, stream, mode,
                      dkdvTma);
   } else {
+    p.workHeads = sliceGroup(dkdvSlices, qBytes);  // the grid's order: heaviest key blocks first
     launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode, dkdvTma);
   }
   if (p.dKVPartial) launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream, mode);
@@ -346,8 +355,10 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     if (dq.persistent)
       launchPersistent(dq, (long long)ceilDiv(c.qLen, dq.rowsPerBlock()) * c.batch * c.heads, c.batch * c.heads, kvBytesPerSlice(c),
                        2, p, stream, mode, maps);
-    else
+    else {
+      p.workHeads = sliceGroup(c.batch * c.heads, kvBytesPerSlice(c));
       launch(dq, ceilDiv(c.qLen, dq.rowsPerBlock()), c.batch * c.heads, p, stream, mode, maps);
+    }
   }
 }
 

@@ -92,6 +92,7 @@ class FlashAttention {
                         FlashKernelParams params, cuda::CUstream stream, cuda::LaunchMode mode,
                         const FlashTensorMaps* maps = nullptr);
   static long long kvBytesPerSlice(const FlashAttentionConfig& cfg);
+  static int sliceGroup(long long slices, long long sliceBytes);
   FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
   FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
 
