@@ -138,10 +138,11 @@ constexpr int kMaxDqPartialBlocks = 8;
 constexpr long long kFp64MmaForwardMinBlocks = 24;
 // kAuto runs the fp32 backward on the FP64 tensor cores up to this many keys (the dK/dV kernel's
 // 64-key blocks then stay within kMaxDqPartialBlocks: dQ from shares summed in order, as FFMA's)
-// and from this many 32-key blocks (batch x kvHeads x ceil(kLen / 32)): there it measured 0-18 %
-// faster than FFMA, below up to 49 % slower (grid in bench/RESULTS_flash.md, H200).
+// and from this many 32-key blocks (batch x kvHeads x ceil(kLen / 32)): there it measured 6-23 %
+// faster than FFMA, at 256 blocks -2..+8 %, below up to 38 % slower (grid in
+// bench/RESULTS_flash.md, H200, both engines with heavy-first grids).
 constexpr int kFp64MmaBackwardMaxKeys = 512;
-constexpr long long kFp64MmaBackwardMinBlocks = 256;
+constexpr long long kFp64MmaBackwardMinBlocks = 512;
 
 // The most dynamic shared memory an sm_90 block may have (H100, H200): the wgmma kernels' variants
 // and the persistent forward's second Q buffer are chosen within it.

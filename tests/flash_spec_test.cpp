@@ -272,6 +272,7 @@ TEST(FlashSpec, Fp32DefaultPutsTheBackwardOnTheFp64TensorCoresOnLargeGridsOfShor
     int batch, heads, kvHeads, len;
   };
   for (const Case& c : {Case{32, 4, 4, 256}, Case{32, 4, 4, 512}, Case{32, 4, 4, 513}, Case{1, 8, 8, 512}, Case{8, 4, 4, 256},
+                        Case{16, 4, 4, 256}, Case{15, 4, 4, 256},  // 512 blocks of 32 keys (the least), 480
                         Case{4, 8, 8, 256}, Case{4, 8, 8, 128}, Case{8, 16, 4, 256}, Case{8, 16, 2, 256}})
     for (int d : {32, 64, 96}) {
       cfg.batch = c.batch, cfg.heads = c.heads, cfg.kvHeads = c.kvHeads, cfg.qLen = cfg.kLen = c.len, cfg.headDim = d;

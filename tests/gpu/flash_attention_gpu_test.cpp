@@ -535,9 +535,9 @@ TEST(FlashAttentionGpu, Fp32DefaultForwardOnTheFp64TensorCoresWhereFullRate) {
       {1, 4, 4, 129, 127, 48, maskOf(1, 1, -1, -1, 0), false, false},    // 12 blocks: FFMA
       {1, 8, 4, 600, 600, 96, maskOf(1, 0, -1, -1, 0), false, false},    // head dim 96: FFMA
       // the backward on DMMA too, dQ from the key blocks' shares: a window with sinks and sink
-      // logits over GQA (8 · 4 · 10 = 320 blocks), causal from the bottom right on unequal lengths
+      // logits over GQA (16 · 4 · 10 = 640 blocks), causal from the bottom right on unequal lengths
       // (16 · 4 · 9 = 576), both windows deterministic (9 · 4 · 16 = 576, 512 keys: 8 key blocks)
-      {8, 8, 4, 300, 300, 64, maskOf(1, 0, 70, -1, 3), true, false},
+      {16, 8, 4, 300, 300, 64, maskOf(1, 0, 70, -1, 3), true, false},
       {16, 4, 4, 200, 257, 32, maskOf(1, 1, -1, -1, 0), false, false},
       {9, 4, 4, 333, 512, 48, maskOf(0, 0, 100, 40, 0), false, true},
   };
