@@ -3,11 +3,14 @@
 SMs: the busiest SM's work against the average, with an item's work = its visible key tiles plus
 a fixed per-item overhead (bench/RESULTS_flash.md, "Persistent forward, heaviest tiles first").
 
-  blocks   one block an item in the launcher's order (slice by slice, the last query tile first),
-           each started on the SM that frees first, as the hardware issues blocks;
+  blocks   one block an item in the launcher's order before eb324f9 (slice by slice, the last
+           query tile first), each started on the SM that frees first, as the hardware issues
+           blocks;
   static   one block an SM, SM k taking items k, k + SMs, ... of the work list;
   counter  one block an SM, each taking the next item of the work list when it is free (the
-           kernel's atomic counter).
+           kernel's atomic counter). Since eb324f9 a grid of one block an item is issued in the
+           work list's order too (gridItem in kernels/flash_attention_common.cuh), which this
+           column also models.
 
 The work list: groups of `group` slices, each group's query tiles from the last to the first,
 slice by slice (kernels/flash_attention_fwd_wgmma.cuh).

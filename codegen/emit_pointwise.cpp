@@ -421,19 +421,19 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
 }
 
 /*
- * Note on the column product. A layer to one output has a weight gradient Aᵀ·B with B one column:
- * a weighted column sum of A [K, M], memory-bound, a GEMM tile 1/8 used. One launch does it and
- * the bias gradient Σ_k B[k] beside: a grid of (column blocks of CB = LANES·VEC columns) × (PARTS
- * row chunks); a block's LANES threads span its columns, VEC consecutive ones each (4, one 16-byte
- * load, where A is fp32 and 4 divides M), and its 256 / LANES rows of threads walk the chunk's rows,
- * four loads each in flight. CB is 32 columns (a 128-byte line of fp32), fewer where M is
- * narrower, so a narrow A still gives every thread rows, and a wide one many column blocks and
- * so few parts, which keeps the last block's sum short. The grid is about two blocks an SM
- * (EmitOptions::sms), each thread walking at least four rows. A block adds its rows in double in a fixed tree and writes its
- * partial row to scratch; the block that finishes a column block last (a ticket after a fence, as
- * MseLossGrad's chunks) adds the PARTS partial rows in a fixed order and resets its ticket. No value
- * is atomic, so every run gives the same bits. Scratch: PARTS·M doubles, PARTS more for the bias,
- * a ticket per column block, zeroed once by the runner.
+ * Note on the column product. A layer to one output has a weight gradient Aᵀ·B with B one column: a
+ * weighted column sum of A [K, M], memory-bound, a GEMM tile 1/8 used. One launch does it and the
+ * bias gradient Σ_k B[k] beside: a grid of (column blocks of CB = LANES·VEC columns) × (PARTS row
+ * chunks); a block's LANES threads span its columns, VEC consecutive ones each (4, one 16-byte
+ * load, where A is fp32 and 4 divides M), and its 256 / LANES rows of threads walk the chunk's
+ * rows, four loads each in flight. CB is 32 columns (a 128-byte line of fp32), fewer where M is
+ * narrower, so a narrow A still gives every thread rows, and a wide one many column blocks and so
+ * few parts, which keeps the last block's sum short. The grid is about two blocks an SM
+ * (EmitOptions::sms), each thread walking at least four rows. A block adds its rows in double in a
+ * fixed tree and writes its partial row to scratch; the block that finishes a column block last (a
+ * ticket after a fence, as MseLossGrad's chunks) adds the PARTS partial rows in a fixed order and
+ * resets its ticket. No value is atomic, so every run gives the same bits. Scratch: PARTS·M
+ * doubles, PARTS more for the bias, a ticket per column block, zeroed once by the runner.
  */
 NodeKernels columnProduct(const Ctx& c, bool bias) {
   const Shape& a = c.in(0);
