@@ -435,6 +435,13 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
  * resets its ticket. No value is atomic, so every run gives the same bits. Scratch: PARTS·M
  * doubles, PARTS more for the bias, a ticket per column block, zeroed once by the runner.
  */
+// The extent-1 products' test for their 16-byte accesses: whether `ptr` is 16-byte aligned where
+// they move VEC = 4 values at once, `false` (one value at a time) where VEC = 1 or the operand is
+// bf16 (a view with no address to test).
+static std::string aligned16(int vec, const char* ptr) {
+  return vec == 4 ? std::string("(((unsigned long long)") + ptr + ") & 15ull) == 0" : "false";
+}
+
 NodeKernels columnProduct(const Ctx& c, bool bias) {
   const Shape& a = c.in(0);
   const int64_t k = a[0], m = a[1];
@@ -446,21 +453,17 @@ NodeKernels columnProduct(const Ctx& c, bool bias) {
   const int64_t parts = std::max<int64_t>(1, std::min(wantBlocks / colBlocks, k / (4 * rowThreads)));
   const int64_t chunk = std::max<int64_t>(1, (k + parts - 1) / parts);
   const int64_t used = std::max<int64_t>(1, (k + chunk - 1) / chunk);
-  const std::string load =
-      vec == 4 ? "      if ((((unsigned long long)in0) & 15ull) == 0) {\n"
-                 "        const float4 v = *reinterpret_cast<const float4*>(in0 + r * M + col);\n"
-                 "        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;\n"
-                 "      } else {\n"
-                 "        for (int j = 0; j < 4; ++j) a[j] = in0[r * M + col + j];\n"
-                 "      }\n"
-               : "      a[0] = in0[r * M + col];\n";
+  const std::string load = vec == 4 ? "        const float4 v = *reinterpret_cast<const float4*>(in0 + r * M + col);\n"
+                                      "        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;\n"
+                                    : "";
   std::vector<KernelArg> args{{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Output, 0}};
   if (bias) args.push_back({KernelArg::Output, 1});
   args.push_back({KernelArg::Scratch, 0});
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "colprod", kColumnProduct,
                               {{"LANES", std::to_string(lanes)}, {"VEC", std::to_string(vec)}, {"M", ll(m)}, {"K", ll(k)},
-                               {"PARTS", ll(used)}, {"CHUNK", ll(chunk)}, {"LOADROW", load}, {"BIAS", bias ? "true" : "false"},
+                               {"PARTS", ll(used)}, {"CHUNK", ll(chunk)}, {"ALIGNED", aligned16(vec, "in0")}, {"LOADVEC", load},
+                               {"BIAS", bias ? "true" : "false"},
                                {"BIASSTORE", bias ? "if (threadIdx.x == 0) out1[0] = (float)bred[0];" : ""}},
                               {static_cast<unsigned>(colBlocks), static_cast<unsigned>(used), 1}, kThreads, args));
   nk.scratchBytes = static_cast<size_t>(used * m + used) * sizeof(double) + static_cast<size_t>(colBlocks) * sizeof(unsigned);
@@ -475,7 +478,7 @@ NodeKernels outerProduct(const Ctx& c, int64_t m, int64_t n) {
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "outer", kOuterProduct,
                               {{"VEC", std::to_string(vec)}, {"N", ll(n)}, {"GROUPS", ll(groups)},
-                               {"OUTPTR", vec == 4 ? "out0" : "0"}, {"STOREVEC", store}},
+                               {"ALIGNED", aligned16(vec, "out0")}, {"STOREVEC", store}},
                               {gridFor((groups + 3) / 4), 1, 1}, kThreads, {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Output, 0}}));
   return nk;
 }
@@ -489,8 +492,9 @@ NodeKernels rowDot(const Ctx& c, int64_t rows, int64_t k, bool relu) {
   if (c.n.inputs.size() == 3) epi += "      v += (float)in2[0];\n";
   if (relu) epi += "      v = fmaxf(v, 0.0f);\n";
   NodeKernels nk;
-  nk.kernels.push_back(finish(c, "rowdot", kRowDot, {{"VEC", std::to_string(vec)}, {"ROWS", ll(rows)}, {"K", ll(k)}, {"XPTR", vec == 4 ? "in0" : "0"}, {"LOADVEC", load},
-                               {"EPILOGUE", epi}},
+  nk.kernels.push_back(finish(c, "rowdot", kRowDot,
+                              {{"VEC", std::to_string(vec)}, {"ROWS", ll(rows)}, {"K", ll(k)}, {"ALIGNED", aligned16(vec, "in0")},
+                               {"LOADVEC", load}, {"EPILOGUE", epi}},
                               {gridFor(rows * 32), 1, 1}, kThreads, allArgs(c.n)));
   return nk;
 }

@@ -352,6 +352,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   const int lane = threadIdx.x % LANES, rt = threadIdx.x / LANES;
   const long long col = (long long)blockIdx.x * CB + lane * VEC;
   const long long r0 = (long long)blockIdx.y * ${CHUNK}, r1 = min(r0 + ${CHUNK}, K);
+  const bool vector = ${ALIGNED};
   double acc[VEC], bacc = 0.0;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) acc[j] = 0.0;
@@ -361,7 +362,12 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
       const double b = (double)in1[r];
       bacc += b;
       float a[VEC];
-${LOADROW}#pragma unroll
+      if (vector) {
+${LOADVEC}      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[j] = in0[r * M + col + j];
+      }
+#pragma unroll
       for (int j = 0; j < VEC; ++j) acc[j] += (double)a[j] * b;
     }
   }
@@ -430,7 +436,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
   constexpr int VEC = ${VEC};
   constexpr long long N = ${N}, GROUPS = ${GROUPS};
-  const bool vector = VEC == 4 && (((unsigned long long)(${OUTPTR})) & 15ull) == 0;
+  const bool vector = ${ALIGNED};
   for (long long first = (long long)blockIdx.x * 1024 + threadIdx.x; first < GROUPS; first += (long long)gridDim.x * 1024) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -461,7 +467,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   constexpr int VEC = ${VEC};
   constexpr long long ROWS = ${ROWS}, K = ${K};
   const int lane = threadIdx.x % 32;
-  const bool vector = VEC == 4 && (((unsigned long long)(${XPTR})) & 15ull) == 0;
+  const bool vector = ${ALIGNED};
   for (long long row = ((long long)blockIdx.x * 256 + threadIdx.x) / 32; row < ROWS; row += (long long)gridDim.x * 8) {
     double s = 0.0;
 #pragma unroll 4
