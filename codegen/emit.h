@@ -103,6 +103,9 @@ struct EmitOptions {
   // into the node's scratch by a kernel of its own, or transposed by the product kernel's
   // producer warpgroup as it loads it; Auto: from the shape (codegen's tf32Plan).
   Tf32BLoad tf32BLoad = Tf32BLoad::Auto;
+  // Where a wgmma GEMM's epilogue runs (codegen/gemm_plan.h); Auto in production, the others for
+  // tests and gemm_bench's sweep.
+  WgmmaEpilogue wgmmaEpilogue = WgmmaEpilogue::Auto;
   // The target has wgmma (sm_90a): GEMMs whose operands are both bf16 run kernels/gemm_wgmma.cuh
   // (dynamic shared memory above 48 KB: the launcher opts in with Kernel::sharedBytes).
   bool wgmma = false;

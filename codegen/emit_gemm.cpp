@@ -50,6 +50,10 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 //   tail    large tiles whose last, partial wave is split along K (fp32 SIMT; see "tail split");
 //   medium  64×64 tiles: 4× the blocks, for batched products too small for large tiles;
 //   small   32×32 tiles of 64 threads: tiny models (a 3×5 output gets one 64-thread block).
+// The epilogue (GemmEpilogue): `moreThanC`: it reads or writes more than C (an input laid out as
+// C, a side output), which the wgmma kernel then runs on its staged raw sums
+// (EmitOptions::wgmmaEpilogue Auto); `auxBody`, when not empty, is such an epilogue's whole
+// formula from v and s = aux[i] (kAux).
 // `pairBody`, when not empty, makes the epilogue a pair epilogue (kernels/gemm_common.cuh): it
 // runs after each column pair's v0 and v1 went through `epilogue`; `cOutput` is the output the
 // product writes. `sumInput` (0: A, 1: B; -1: none) asks for that operand's sums over K in the
@@ -57,9 +61,15 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 // the operand's tiles pass through shared memory ("Operand sums" in kernels/gemm_common.cuh), a
 // split product's reduce kernel adding the splits' partial sums; `*summed` says whether this
 // emission wrote them (elsewhere the caller adds column-sum kernels).
-NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogue, const std::string& members,
-                 const std::string& init, int cOutput = 0, const std::string& pairBody = std::string(), int sumInput = -1,
-                 bool* summed = nullptr) {
+struct GemmEpilogue {
+  std::string body, members, init;  // the functor's statements on v (at m, n, i), its members, their setting
+  int cOutput = 0;
+  std::string pairBody;
+  bool moreThanC = false;
+  std::string auxBody;
+};
+
+NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}, int sumInput = -1, bool* summed = nullptr) {
   const int64_t m = q.m, n = q.n, k = q.k;
   // bf16 operands on an sm_90a device go to the wgmma kernel when their contiguous extents and
   // batch strides allow 16-byte copies. Elsewhere they are widened into the scratch buffer first
@@ -75,7 +85,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
                          q.batch <= 65535 &&  // (the transpose kernels' grid)
                          (c.opt->gemmTile != GemmTile::Auto || c.opt->tf32BLoad != Tf32BLoad::Auto ||  // forced: wherever it can
                           tf32WgmmaPays(q, c.opt->tf32BLoad)) &&
-                         (pairBody.empty() || !tf32Plan(q, c.opt->tf32BLoad).swap);
+                         (e.pairBody.empty() || !tf32Plan(q, c.opt->tf32BLoad).swap);
   const bool wgmma = wgmmaBf16 || wgmmaTf32;
   const bool tf32 = !wgmma && (c.opt->tf32 || wide[0] || wide[1]);
   // fp32 operands under precision fp32: the FP64 tensor cores where the target runs them at full
@@ -95,6 +105,8 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
   const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : tf32 || f64 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";
   const std::string tailReduceHeader = "kernels/gemm_simt.cuh", splitReduceHeader = "kernels/gemm_common.cuh";
   const int splits = choice.second;
+  const bool stageRaw = c.opt->wgmmaEpilogue == WgmmaEpilogue::Staged || (c.opt->wgmmaEpilogue == WgmmaEpilogue::Auto && e.moreThanC);
+  const std::string &epilogue = e.body, &members = e.members, &init = e.init, &pairBody = e.pairBody, &auxBody = e.auxBody;
   const int64_t tiles = tilesOf(pq.m, pq.n, v.bm, v.bn);
   const TailSplit tail = !wgmma && !tf32 && !f64 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
                              ? chooseTailSplit(tiles, k, v.bm, v.bn, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
@@ -110,9 +122,14 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const std::string& epilogu
                        {"TC", plan.swap ? "true" : "false"},
                        {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
                        {"PAIRS", pairBody.empty() ? "false" : "true"},
+                       {"STAGERAW", stageRaw ? "true" : "false"},
+                       {"AUX", auxBody.empty() ? "false" : "true"},
+                       {"AUXFN", auxBody.empty() ? std::string()
+                                                 : "  __device__ __forceinline__ float withAux(float v, float s) const {\n" + auxBody +
+                                                       "    return v;\n  }\n"},
                        {"PAIRBODY", pairBody},
                        {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
-  const std::string cOut = "out" + std::to_string(cOutput);
+  const std::string cOut = "out" + std::to_string(e.cOutput);
   NodeKernels nk;
   // Scratch, in floats: [widened or transposed A][widened or transposed B][split partial sums].
   // The product reads each operand from the node, or its copy.
@@ -313,15 +330,18 @@ NodeKernels emitMatMul(const Ctx& c) {
   if (isColumnProduct(c)) return columnProduct(c, false);
   const GemmGeometry q = matmulGeometry(c);
   if (q.k == 1 && q.batch == 1) return outerProduct(c, q.m, q.n);  // a layer from one output's input gradient
-  return gemm(c, q, "", "", "");
+  return gemm(c, q);
 }
 
-// The matmul with ReluGrad/GeluGrad's formula as its epilogue (x: the saved activation input).
+// The matmul with ReluGrad/GeluGrad's formula as its epilogue (aux: the saved activation input,
+// laid out as C).
 NodeKernels emitMatMulActGrad(const Ctx& c) {
-  const std::string members = "  " + argType(c.inType(2), false) + " x;\n", init = "  epilogue.x = in2;\n";
-  const std::string epi =
-      "    { const float s = x[i];\n      v = " + activationGradOf(c.n.attrs.get<attr::GradActivation>(), "v", "s") + "; }\n";
-  return gemm(c, matmulGeometry(c), epi, members, init);
+  GemmEpilogue e;
+  e.members = "  " + argType(c.inType(2), false) + " aux;\n", e.init = "  epilogue.aux = in2;\n";
+  e.body = "    v = withAux(v, aux[i]);\n";
+  e.auxBody = "    v = " + activationGradOf(c.n.attrs.get<attr::GradActivation>(), "v", "s") + ";\n";
+  e.moreThanC = true;
+  return gemm(c, matmulGeometry(c), e);
 }
 
 int biasGradInput(const Node& n) { return n.attrs.get<attr::BiasOperand>() == "a" ? 0 : 1; }
@@ -334,7 +354,7 @@ NodeKernels emitMatMulBiasGrad(const Ctx& c) {
   const int input = biasGradInput(c.n);
   bool summed = false;
   if (isColumnProduct(c) && input == 1) return columnProduct(c, true);
-  NodeKernels nk = gemm(c, matmulGeometry(c), "", "", "", 0, std::string(), input, &summed);
+  NodeKernels nk = gemm(c, matmulGeometry(c), {}, input, &summed);
   if (summed) return nk;
   NodeKernels sums = columnSums(c, input, 1);
   for (Kernel& k : sums.kernels) nk.kernels.push_back(std::move(k));
@@ -347,31 +367,35 @@ NodeKernels emitFusedLinear(const Ctx& c) {
   const std::string act = c.n.attrs.get<attr::Activation>();
   if (q.n == 1 && (act == "none" || act == "relu")) return rowDot(c, q.m, q.k, act == "relu");  // a layer to one output
   // The epilogue functor: bias by column, GELU's input saved to out1 (its gradient reads it).
-  std::string epi, members, init;
+  GemmEpilogue e;
   if (c.n.inputs.size() == 3) {
-    members += "  " + argType(c.inType(2), false) + " bias;\n";
-    init += "  epilogue.bias = in2;\n";
-    epi += "    v += bias[n];\n";
+    e.members += "  " + argType(c.inType(2), false) + " bias;\n";
+    e.init += "  epilogue.bias = in2;\n";
+    e.body += "    v += bias[n];\n";
   }
   if (act == "gelu") {
-    members += "  " + argType(c.outType(1), true) + " pre;\n";
-    init += "  epilogue.pre = out1;\n";
-    epi += std::string("    pa::storage::storeUnread(") + (c.outType(1) == DType::BF16 ? "pre.p" : "pre") + ", i, v);\n    v = " + geluOf("v") + ";\n";
+    e.members += "  " + argType(c.outType(1), true) + " pre;\n";
+    e.init += "  epilogue.pre = out1;\n";
+    e.body += std::string("    pa::storage::storeUnread(") + (c.outType(1) == DType::BF16 ? "pre.p" : "pre") + ", i, v);\n    v = " + geluOf("v") + ";\n";
+    e.moreThanC = true;
   }
-  if (act == "relu") epi += "    v = fmaxf(v, 0.0f);\n";
+  if (act == "relu") e.body += "    v = fmaxf(v, 0.0f);\n";
   if (act == "swiglu") {
     // One GEMM for both projections: the pre-activations (gate, up column pairs, with their
     // biases) are the product's output, out1, and a pair epilogue writes silu(gate)·up to out0.
-    members += "  " + argType(c.outType(0), true) + " h;\n";
-    init += "  epilogue.h = out0;\n";
+    e.members += "  " + argType(c.outType(0), true) + " h;\n";
+    e.init += "  epilogue.h = out0;\n";
     // A bf16 h rounds away 2^-9 of each value, far more than __expf and __fdividef lose (CUDA's
     // bounds: 2 + 1.16·|gate| ulp of fp32 and 2 ulp; 0, silu's limit, where 1 + exp(-gate) > 2^126).
     const std::string silu = c.outType(0) == DType::BF16 ? "__fdividef(v0, 1.0f + __expf(-v0))" : "v0 / (1.0f + expf(-v0))";
     const std::string hp = c.outType(0) == DType::BF16 ? "h.p" : "h";
-    return gemm(c, q, epi, members, init, 1, "    pa::storage::storeUnread(" + hp + ", i / 2, " + silu + " * v1);\n");
+    e.cOutput = 1;
+    e.pairBody = "    pa::storage::storeUnread(" + hp + ", i / 2, " + silu + " * v1);\n";
+    e.moreThanC = true;
+    return gemm(c, q, e);
   }
-  if (act == "rope") return gemm(c, q, epi, members, init, 0, ropePairStatement(c, "v0", "v1", "m", "n"));
-  return gemm(c, q, epi, members, init);
+  if (act == "rope") e.pairBody = ropePairStatement(c, "v0", "v1", "m", "n");
+  return gemm(c, q, e);
 }
 
 }  // namespace detail

@@ -20,6 +20,11 @@ enum class Fp32Gemm { Auto, Simt, F64Mma };
 // How a TF32 wgmma GEMM gets an N-major B into the K-major layout it reads (EmitOptions::tf32BLoad).
 enum class Tf32BLoad { Auto, Copy, InKernel };
 
+// Where the wgmma GEMM runs its epilogue functor (EmitOptions::wgmmaEpilogue; kernels/gemm_common.cuh,
+// "Where the wgmma kernel runs the functor"): on the fragments in registers, or on the staged raw
+// sums; Auto: staged for the epilogues that read or write more than C (wgmmaStagesRaw).
+enum class WgmmaEpilogue { Auto, Fragments, Staged };
+
 // A GEMM node's product in row-major terms: C[b] = op(A[b])·op(B[b]), M×N over K, where A is the
 // node's input 0 and B its input 1; a stride of 0 shares one matrix across the batch.
 struct GemmGeometry {

@@ -26,6 +26,16 @@
  * 4, the mma.sync and wgmma fragments pairs, the reduce kernels walk pairs), and the transposed
  * wgmma epilogue (pairs along M) is never used with one. epiPair() calls either kind.
  *
+ * Where the wgmma kernel runs the functor. `kStageRaw` false: on the accumulators in registers,
+ * a thread's two rows at a time, before the results are staged for 16-byte stores. true: after
+ * staging the raw fp32 sums, as each thread takes 4 consecutive columns of one row from the
+ * staging, so that the functor's reads and side writes are coalesced across a warp (codegen's
+ * choice: epilogues that read or write more than C). `kAux` (with kStageRaw): the functor is
+ * exactly v ↦ withAux(v, aux[i]), `aux` an input laid out as C (MatMulActGrad's saved
+ * activation), withAux pure; the wgmma kernel then brings each tile's aux into L2 while the
+ * products run, loads it 4 values at a time and may evaluate withAux on elements outside C
+ * (discarded), so that one copy of the formula serves whole and partial chunks.
+ *
  * Vector access. A float4 load of 4 consecutive elements needs the contiguous dimension (the
  * leading dimension, since tensors are dense) and the batch stride to be multiples of 4 (known at
  * compile time) and the base pointer 16-byte aligned (checked once per block); otherwise, and at
@@ -62,7 +72,7 @@ __device__ __forceinline__ bool alignedC(pa_bf16_out) { return true; }
 
 // The epilogue of a plain product.
 struct Identity {
-  static constexpr bool kPairs = false;
+  static constexpr bool kPairs = false, kStageRaw = false, kAux = false;
   __device__ __forceinline__ float operator()(float v, long long, long long, long long) const { return v; }
 };
 

@@ -36,6 +36,11 @@
  * 16-byte chunks of row r XOR-ed with r mod 8, so the pair writes of 8 rows hit distinct banks),
  * 256 bytes of each row at a time (128 bf16 or 64 fp32 columns a pass), and leave as 16-byte row
  * segments. The ring stays the producer's, so the epilogue overlaps the next item's loads.
+ * An epilogue functor with kStageRaw (kernels/gemm_common.cuh) runs after the staging instead: the
+ * raw fp32 sums are staged, 64 columns (256 bytes of each row) a pass, and each thread takes
+ * 16-byte chunks of 4 columns of one row (rows rt + 8u, rt = tid / 16), applies the functor and
+ * stores 4 results; a kAux functor's input is prefetched into L2 when the item starts and loaded
+ * 4 values at a time, a group of 4 chunks ahead of its use (bf16; fp32 at the group's start).
  *
  * Shared layout of the ring: 128-byte swizzle, the only pattern with conflict-free wgmma reads of
  * 64-wide bf16 rows, which is also TMA's CU_TENSOR_MAP_SWIZZLE_128B. Every operand tile is made
@@ -125,6 +130,11 @@ struct CElement<float*> {
   static __device__ __forceinline__ void copy(unsigned char* d, const unsigned char* s) {
     *reinterpret_cast<float*>(d) = *reinterpret_cast<const float*>(s);
   }
+  // The staged-raw epilogue's stores (see the note): four results at once (16-byte aligned), or one.
+  static __device__ __forceinline__ void store4(unsigned char* p, const float (&v)[4]) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]));
+  }
+  static __device__ __forceinline__ void store1(unsigned char* p, float v) { asm volatile("st.global.f32 [%0], %1;" ::"l"(p), "f"(v)); }
 };
 template <>
 struct CElement<pa_bf16_out> {
@@ -136,6 +146,65 @@ struct CElement<pa_bf16_out> {
   static __device__ __forceinline__ void copy(unsigned char* d, const unsigned char* s) {
     *reinterpret_cast<unsigned short*>(d) = *reinterpret_cast<const unsigned short*>(s);
   }
+  // (8-byte aligned)
+  static __device__ __forceinline__ void store4(unsigned char* p, const float (&v)[4]) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(storage::packBf16x2(v[0], v[1])), "r"(storage::packBf16x2(v[2], v[3])));
+  }
+  static __device__ __forceinline__ void store1(unsigned char* p, float v) {
+    asm volatile("st.global.b16 [%0], %1;" ::"l"(p), "h"(storage::floatToBf16(v)));
+  }
+};
+
+// The auxiliary input of an epilogue functor with kAux (see the note): four consecutive values
+// from element i (4·element-size aligned), or one.
+struct AuxF32 {
+  static constexpr int kBytes = 4;
+  typedef float4 Raw;  // four values
+  static __device__ __forceinline__ const unsigned char* bytes(const float* a) { return reinterpret_cast<const unsigned char*>(a); }
+  static __device__ __forceinline__ bool aligned(const float* a) { return ((unsigned long long)a & 15ull) == 0; }
+  static __device__ __forceinline__ Raw load4(const float* a, long long i) { return *reinterpret_cast<const float4*>(a + i); }
+  static __device__ __forceinline__ Raw loadSome(const float* a, long long i, int count) {  // the first `count`, zeros after
+    Raw r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (count > 0) r.x = a[i];
+    if (count > 1) r.y = a[i + 1];
+    if (count > 2) r.z = a[i + 2];
+    if (count > 3) r.w = a[i + 3];
+    return r;
+  }
+  static __device__ __forceinline__ void unpack(const Raw& r, float (&s)[4]) { s[0] = r.x, s[1] = r.y, s[2] = r.z, s[3] = r.w; }
+};
+struct AuxBf16 {
+  static constexpr int kBytes = 2;
+  typedef uint2 Raw;  // four bf16 values
+  static __device__ __forceinline__ const unsigned char* bytes(pa_bf16_in a) { return reinterpret_cast<const unsigned char*>(a.p); }
+  static __device__ __forceinline__ bool aligned(pa_bf16_in a) { return ((unsigned long long)a.p & 7ull) == 0; }
+  static __device__ __forceinline__ Raw load4(pa_bf16_in a, long long i) { return *reinterpret_cast<const uint2*>(a.p + i); }
+  static __device__ __forceinline__ Raw loadSome(pa_bf16_in a, long long i, int count) {
+    unsigned h[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (e < count) h[e] = a.p[i + e];
+    return make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+  }
+  static __device__ __forceinline__ void unpack(const Raw& r, float (&s)[4]) {
+    s[0] = __uint_as_float(r.x << 16), s[1] = __uint_as_float(r.x & 0xffff0000u);
+    s[2] = __uint_as_float(r.y << 16), s[3] = __uint_as_float(r.y & 0xffff0000u);
+  }
+};
+struct AuxNone {  // (a functor without kAux)
+  static constexpr int kBytes = 0;
+  typedef int Raw;
+};
+// (declared only: decltype(auxElementOf(aux)) names the element's traits, whatever qualifies the pointer)
+__device__ AuxF32 auxElementOf(const float*);
+__device__ AuxBf16 auxElementOf(pa_bf16_in);
+template <class Epi, bool = Epi::kAux>
+struct AuxOf {
+  typedef AuxNone type;
+};
+template <class Epi>
+struct AuxOf<Epi, true> {
+  typedef decltype(auxElementOf(static_cast<const Epi*>(nullptr)->aux)) type;
 };
 
 // ---- one operand's R-row slice in shared memory (see the note) -------------------------------
@@ -415,10 +484,133 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
       asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");  // the staging is free again
     }
   };
+  // The staged-raw epilogue (Epi::kStageRaw, see the note): 64 columns a pass, the raw fp32
+  // sums staged (the 16-byte chunks of row r XOR-ed with 2·(r mod 8), so the 8-byte writes of a
+  // half-warp and the 16-byte reads of a quarter-warp hit distinct banks), then each thread takes
+  // 16-byte chunks of 4 columns: the functor (its auxiliary input four at a time), C four at a time.
+  auto stagedRawEpilogue = [&](long long tileRow, long long n0, long long b, unsigned char* out, unsigned char* staged, int r0) {
+    constexpr int kRawPasses = BN / 64, kChunks = 64 * 16 / 128, kGroup = 4;  // chunks a thread takes per pass, a group's
+    typedef typename AuxOf<Epi>::type A;
+    const bool vec = N % 4 == 0 && ((unsigned long long)out & (4 * E::kBytes - 1)) == 0;
+    bool auxVec = false;
+    if constexpr (Epi::kAux) auxVec = N % 4 == 0 && A::aligned(epi.aux);
+    // Chunk u of pass p: row rt + 8u of the 64, columns 64p + 4c .. 64p + 4c + 3 (the same swizzled
+    // chunk in every row a thread takes, as 8u keeps r mod 8).
+    const int rt = tid / 16, c = tid % 16;
+    const long long m0 = tileRow + rt, nc = n0 + 4 * c, at0 = b * M * N + m0 * N + nc;
+    const unsigned char* src = staged + rt * 256 + (((c ^ ((rt & 7) << 1)) & 15) << 4);
+    unsigned char* dst = out + (m0 * N + nc) * E::kBytes;
+    // The auxiliary values of group (p, q) as loaded: each group's are requested one group ahead of
+    // their use (the first before the staging), so their latency overlaps the previous group's work;
+    // fp32 ones (16 registers a group) at the group's start (the consumers have no registers for two).
+    constexpr bool kAhead = A::kBytes == 2;
+    typename A::Raw cur[kGroup] = {}, next[kGroup] = {};
+    auto loadGroup = [&](typename A::Raw(&to)[kGroup], int p, int q) {
+      if constexpr (Epi::kAux) {
+#pragma unroll
+        for (int uu = 0; uu < kGroup; ++uu) {
+          const long long m = m0 + 8 * (q + uu), n = nc + 64 * p, at = at0 + 8 * (q + uu) * N + 64 * p;
+          const bool whole = kFullTiles || (m < M && n + 3 < N), any = kFullTiles || (m < M && n < N);
+          to[uu] = whole && auxVec ? A::load4(epi.aux, at) : A::loadSome(epi.aux, at, any ? (int)(N - n < 4 ? N - n : 4) : 0);
+        }
+      }
+    };
+    if (kAhead) loadGroup(cur, 0, 0);
+#pragma unroll
+    for (int p = 0; p < kRawPasses; ++p) {
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int j = p * 8 + jj, byte = 32 * jj + 8 * t;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = r0 + 8 * h;
+          *reinterpret_cast<float2*>(staged + r * 256 + ((((byte >> 4) ^ ((r & 7) << 1)) & 15) << 4) + (byte & 15)) =
+              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+      const long long n = nc + 64 * p;
+      // The groups one after another (not unrolled: an inlined functor such as GELU's derivative
+      // would otherwise be copied 32 times a pass).
+#pragma unroll 1
+      for (int q = 0; q < kChunks; q += kGroup) {  // a group's functors, then its stores
+        if (!kAhead) {
+          loadGroup(cur, p, q);
+        } else if (q + kGroup < kChunks) {
+          loadGroup(next, p, q + kGroup);
+        } else if (p + 1 < kRawPasses) {
+          loadGroup(next, p + 1, 0);
+        }
+        // Chunk u's four results out (row m0 + 8u, columns n .. n + 3).
+        auto storeChunk = [&](int u, const float (&vals)[4]) {
+          const long long m = m0 + 8 * u;
+          unsigned char* d = dst + (8 * u * N + 64 * p) * E::kBytes;
+          if ((kFullTiles || (m < M && n + 3 < N)) && vec) {
+            E::store4(d, vals);
+          } else if (kFullTiles || m < M) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (n + e < N) E::store1(d + e * E::kBytes, vals[e]);
+          }
+        };
+        if constexpr (Epi::kAux) {  // the auxiliary values are in registers: each chunk out as it is done
+#pragma unroll
+          for (int uu = 0; uu < kGroup; ++uu) {
+            const float4 raw = *reinterpret_cast<const float4*>(src + (q + uu) * 8 * 256);
+            float a[4], x[4] = {raw.x, raw.y, raw.z, raw.w};
+            A::unpack(cur[uu], a);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) x[e] = epi.withAux(x[e], a[e]);  // (one formula for whole and partial chunks: pure,
+                                                                       // and what lies outside C is not stored)
+            storeChunk(q + uu, x);
+            if (kAhead) cur[uu] = next[uu];
+          }
+        } else {
+          float v[kGroup][4];  // the functor may load (a bias): every chunk's loads before the group's stores
+#pragma unroll
+          for (int uu = 0; uu < kGroup; ++uu) {
+            const int u = q + uu;
+            float* x = v[uu];
+            const long long m = m0 + 8 * u, at = at0 + 8 * u * N + 64 * p;
+            const bool whole = kFullTiles || (m < M && n + 3 < N), any = kFullTiles || (m < M && n < N);
+            const float4 raw = *reinterpret_cast<const float4*>(src + u * 8 * 256);
+            x[0] = raw.x, x[1] = raw.y, x[2] = raw.z, x[3] = raw.w;
+            if (whole) {
+              epiPair(epi, x[0], x[1], m, n, at);
+              epiPair(epi, x[2], x[3], m, n + 2, at + 2);
+            } else if (any) {
+#pragma unroll
+              for (int e = 0; e < 4; e += 2) {  // (a pair epilogue has N even: a pair inside C starts inside it)
+                if (n + e + 1 < N) {
+                  epiPair(epi, x[e], x[e + 1], m, n + e, at + e);
+                } else if (n + e < N) {
+                  x[e] = epi(x[e], m, n + e, at + e);
+                }
+              }
+            }
+          }
+#pragma unroll
+          for (int uu = 0; uu < kGroup; ++uu) storeChunk(q + uu, v[uu]);
+        }
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");  // the staging is free again
+    }
+  };
   for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
     const Item item(w);
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+    if constexpr (Epi::kStageRaw && Epi::kAux && !P::transC) {
+      // The epilogue's auxiliary input for this consumer's 64 rows of the tile, into L2 while the
+      // products run: its reads then wait on L2, not DRAM (one 128-byte line a prefetch).
+      typedef typename AuxOf<Epi>::type A;
+      constexpr int kLines = (BN * A::kBytes + 127) / 128;
+      const long long rows = item.m0 + consumer * 64, base = item.b * M * N;
+      for (int l = tid; l < 64 * kLines; l += 128) {
+        const long long m = rows + l / kLines, n = item.n0 + (l % kLines) * (128 / A::kBytes);
+        if (m < M && n < N) asm volatile("prefetch.global.L2 [%0];" ::"l"(A::bytes(epi.aux) + (base + m * N + n) * A::kBytes));
+      }
+    }
     for (int s = 0; s < item.count; ++s) slice(s);
     if constexpr (!kRsA) {
       wgmmaWait<0>();
@@ -435,8 +627,12 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
       transposedEpilogue(tileRow, n0, b, out, staged);
       continue;
     }
-    const bool vec = N % kPerChunk == 0 && aligned16(out);
     const int r0 = (tid / 32) * 16 + g;  // this thread's rows r0 and r0 + 8 of the warpgroup's 64
+    if constexpr (Epi::kStageRaw) {
+      stagedRawEpilogue(tileRow, n0, b, out, staged, r0);
+      continue;
+    }
+    const bool vec = N % kPerChunk == 0 && aligned16(out);
     const long long m0 = tileRow + r0, rowAt = b * M * N + m0 * N + n0;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {

@@ -84,6 +84,24 @@ TEST(GemmEmit, Bf16OperandsTakeTheWgmmaKernelWhereTheyCan) {
   }
 }
 
+// Where the wgmma kernel runs each epilogue (EmitOptions::wgmmaEpilogue Auto): on the staged raw
+// sums where it reads or writes more than C (GELU's saved input, SwiGLU's h, an activation
+// gradient's x, which it reads four at a time through kAux), on the fragments where it does not.
+TEST(GemmEmit, WgmmaEpiloguesThatReadOrWriteMoreThanCRunOnTheStagedSums) {
+  int seen = 0;
+  for (const Variant& v : gemmtest::wgmmaVariants()) {
+    if (v.kernel.name.find("_reduce") != std::string::npos || v.kernel.name.find("_split") != std::string::npos) continue;
+    const bool actGrad = v.name.find("MatMulActGrad_") == 0, forced = v.name.find("_staged") != std::string::npos ||
+                                                                     v.name.find("_fragments") != std::string::npos;
+    const bool staged = forced ? v.name.find("_staged") != std::string::npos : actGrad || v.name.find("FusedLinear_gelu") == 0;
+    EXPECT_NE(v.kernel.source.find(std::string("kStageRaw = ") + (staged ? "true" : "false")), std::string::npos) << v.name;
+    EXPECT_NE(v.kernel.source.find(std::string("kAux = ") + (actGrad ? "true" : "false")), std::string::npos) << v.name;
+    EXPECT_EQ(v.kernel.source.find("withAux(float v, float s)") != std::string::npos, actGrad) << v.name;
+    ++seen;
+  }
+  EXPECT_EQ(seen, 2 * 3 * 12);  // 2 output types × 3 tiles × 12 products that are not split
+}
+
 TEST(GemmEmit, EmbedsTheTemplates) {
   for (const char* name : {"kernels/gemm_common.cuh", "kernels/gemm_ptx.cuh", "kernels/gemm_simt.cuh", "kernels/gemm_tf32.cuh",
                            "kernels/mma_f64.cuh", "kernels/gemm_wgmma.cuh"}) {

@@ -153,7 +153,8 @@ inline std::vector<Variant> libraryEpilogues() {
 // transpose, batch, split and epilogue, with bf16 and fp32 outputs.
 inline std::vector<Variant> wgmmaVariants() {
   std::vector<Variant> out;
-  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, bool bf16Out, int splits = 0) {
+  auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, bool bf16Out, int splits = 0,
+                 codegen::WgmmaEpilogue epilogue = codegen::WgmmaEpilogue::Auto) {
     Graph g;
     const NodeId id = gemmtest::buildGraph(g, p);
     gemmtest::storeOperandsInBf16(g, id, bf16Out);
@@ -161,6 +162,7 @@ inline std::vector<Variant> wgmmaVariants() {
     opt.wgmma = true;
     opt.gemmTile = tile;
     opt.gemmSplits = splits;
+    opt.wgmmaEpilogue = epilogue;
     for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
       out.push_back({name + (bf16Out ? "_bf16out_" : "_f32out_") + std::to_string(static_cast<int>(tile)) + "_" + k.name, k});
   };
@@ -180,6 +182,19 @@ inline std::vector<Variant> wgmmaVariants() {
         p.a = {4, 7, 32}, p.b = {32, 40};
         add(std::string("FusedLinear_") + act, p, tile, bf16Out);
       }
+      // The functor on the staged raw sums (Auto's choice for gelu and the activation gradients)
+      // and on the fragments, each forced where Auto picks the other.
+      for (const char* act : {"relu", "gelu"}) {
+        GemmProblem p = gemmtest::matmulProblem(40, 104, 136, false, true);
+        p.gradAct = act;
+        add(std::string("MatMulActGrad_") + act, p, tile, bf16Out);
+      }
+      GemmProblem fused;
+      fused.fused = true, fused.act = "relu", fused.bias = true;
+      fused.a = {4, 7, 32}, fused.b = {32, 40};
+      add("FusedLinear_relu_staged", fused, tile, bf16Out, 0, codegen::WgmmaEpilogue::Staged);
+      fused.act = "gelu";
+      add("FusedLinear_gelu_fragments", fused, tile, bf16Out, 0, codegen::WgmmaEpilogue::Fragments);
     }
   return out;
 }

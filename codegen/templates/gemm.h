@@ -19,8 +19,8 @@ struct ${NAME}_problem {
   static constexpr long long batch = ${BATCH};
 };
 struct ${NAME}_epilogue {
-${EPIMEMBERS}  static constexpr bool kPairs = ${PAIRS};
-  __device__ __forceinline__ float operator()(float v, long long m, long long n, long long i) const {
+${EPIMEMBERS}  static constexpr bool kPairs = ${PAIRS}, kStageRaw = ${STAGERAW}, kAux = ${AUX};
+${AUXFN}  __device__ __forceinline__ float operator()(float v, long long m, long long n, long long i) const {
 ${EPILOGUE}    return v;
   }
   // Columns n and n + 1 (n even) together, where kPairs (kernels/gemm_common.cuh, "Pair epilogues").

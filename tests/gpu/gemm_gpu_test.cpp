@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "codegen/kernel_cache.h"
@@ -145,6 +147,19 @@ std::vector<GemmCase> allCases() {
           }
           addTail(base, p, 2, 3);  // the epilogue in the tail split's reduce and in whole tiles
         }
+  // MatMulActGrad (a layer's dX: dY·Wᵀ times the activation's derivative at x), the epilogue in the
+  // product and in the split-K reduce.
+  for (const char* act : {"relu", "gelu"})
+    for (const auto& s : {std::array<int64_t, 3>{127, 129, 255}, std::array<int64_t, 3>{300, 260, 80}}) {
+      GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], false, true);
+      p.gradAct = act;
+      const std::string base = std::string("MatMulActGrad_") + act + "_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
+                               std::to_string(s[2]) + "_tB";
+      for (bool tf32 : {false, true}) {
+        for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tf32, tile);
+        add(base, p, tf32, GemmTile::Large, 3);
+      }
+    }
   // FusedLinear to one output (activation none or relu): the row dot, a warp a row, 16-byte loads
   // where K is a multiple of 4 (256), one value at a time where not (129).
   for (const Shape& x : {Shape{5, 7, 129}, Shape{8191, 256}})
@@ -256,6 +271,44 @@ std::vector<Bf16Case> bf16Cases() {
       for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, tile == GemmTile::Large);
       add(base, p, GemmTile::Small, true, 2);  // the epilogue in the split-K reduce
     }
+  // MatMulActGrad on awkward and on whole tiles (x in bf16 with bf16 outputs, fp32 with fp32 ones;
+  // N = 265: the staged epilogue's chunks of 4 columns one value at a time, x too), the epilogue
+  // in the split-K reduce.
+  for (const char* act : {"relu", "gelu"})
+    for (const auto& s : {std::array<int64_t, 3>{201, 265, 72}, std::array<int64_t, 3>{200, 264, 72}, std::array<int64_t, 3>{256, 512, 64}}) {
+      GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], false, true);
+      p.gradAct = act;
+      const std::string base = std::string("MatMulActGrad_") + act + "_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
+                               std::to_string(s[2]) + "_tB";
+      for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, tile != GemmTile::Medium);
+      add(base, p, GemmTile::Small, true, 3);
+    }
+  // Where the functor runs (EmitOptions::wgmmaEpilogue): every epilogue again with the placement
+  // Auto does not pick for it (staged for none, relu and rope; on the fragments for gelu, swiglu
+  // and the activation gradients), on awkward and whole tiles, bf16 and fp32 outputs.
+  {
+    std::vector<Bf16Case> other;
+    for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
+      for (const Shape& a : {Shape{5, 7, 136}, Shape{2, 128, 72}}) {
+        GemmProblem p;
+        p.fused = true, p.act = act, p.bias = true;
+        p.a = a, p.b = {a.back(), a[1] == 7 ? int64_t{1000} : int64_t{512}};
+        const bool staged = std::string(act) == "none" || std::string(act) == "relu" || std::string(act) == "rope";
+        const std::string base = std::string("FusedLinear_") + act + "_" + dims(a) + (staged ? "_staged" : "_fragments");
+        for (GemmTile tile : {GemmTile::Large, GemmTile::Medium}) {
+          add(base, p, tile, tile == GemmTile::Large);
+          cases.back().opt.wgmmaEpilogue = staged ? codegen::WgmmaEpilogue::Staged : codegen::WgmmaEpilogue::Fragments;
+        }
+      }
+    for (const char* act : {"relu", "gelu"}) {
+      GemmProblem p = gemmtest::matmulProblem(201, 265, 72, false, true);
+      p.gradAct = act;
+      for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) {
+        add(std::string("MatMulActGrad_") + act + "_201x265x72_tB_fragments", p, tile, tile == GemmTile::Large);
+        cases.back().opt.wgmmaEpilogue = codegen::WgmmaEpilogue::Fragments;
+      }
+    }
+  }
   // Whole tiles (M and N multiples of every tile's; the epilogue's bounds tests compile away),
   // every epilogue, two batch entries of 128 rows.
   for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"}) {
@@ -293,22 +346,41 @@ NodeId buildBf16Graph(Graph& g, const Bf16Case& c) {
   return id;
 }
 
-// Compiles every case's kernels on all cores up front (through the same kernel cache request
-// that CudaModule makes), so that the tests themselves only hit the in-memory cache.
+// The parameter names of the tests of `suite` that run (gtest applies --gtest_filter before the
+// environments' SetUp).
+std::set<std::string> runningCases(const std::string& suite) {
+  std::set<std::string> names;
+  const ::testing::UnitTest& u = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < u.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& ts = *u.GetTestSuite(i);
+    if (suite != ts.name()) continue;
+    for (int j = 0; j < ts.total_test_count(); ++j)
+      if (ts.GetTestInfo(j)->should_run()) {
+        const std::string name = ts.GetTestInfo(j)->name();
+        names.insert(name.substr(name.rfind('/') + 1));
+      }
+  }
+  return names;
+}
+
+// Compiles the kernels of every case that runs on all cores up front (through the same kernel
+// cache request that CudaModule makes), so that the tests themselves only hit the in-memory cache.
 class PrecompileEnvironment : public ::testing::Environment {
 public:
   void SetUp() override {
     if (!cuda::Driver::instance().available()) return;
     std::vector<std::string> sources;
     const std::string arch = device().info().arch();
+    const std::set<std::string> generated = runningCases("Variants/GemmOnGpu"), wgmma = runningCases("Wgmma/GemmBf16OnGpu");
     for (const GemmCase& c : allCases()) {
-      if (c.opt.wgmma && arch != "sm_90a") continue;
+      if ((c.opt.wgmma && arch != "sm_90a") || !generated.count(c.name)) continue;
       Graph g;
       const NodeId id = gemmtest::buildGraph(g, c.problem);
       for (const codegen::Kernel& k : codegen::emitNode(g, id, c.opt).kernels) sources.push_back(codegen::selfContainedSource(k));
     }
     if (arch == "sm_90a")
       for (const Bf16Case& c : bf16Cases()) {
+        if (!wgmma.count(c.name)) continue;
         Graph g;
         const NodeId id = buildBf16Graph(g, c);
         for (const codegen::Kernel& k : codegen::emitNode(g, id, c.opt).kernels) sources.push_back(codegen::selfContainedSource(k));
@@ -349,6 +421,14 @@ Errors compare(const std::vector<float>& got, const std::vector<double>& want) {
     e.worst = std::max(e.worst, std::fabs(got[i] - want[i]));
     e.scale = std::max(e.scale, std::fabs(want[i]));
   }
+  return e;
+}
+
+// MatMulActGrad's output carries its product's error times the derivative (|relu'|, |gelu'| ≤ 1.1
+// for |x| ≤ 1): its bar is relative to 1.1 × the largest |product| (reference()'s last vector),
+// which may exceed the largest |output| (the derivative shrinks or zeroes many elements).
+Errors actGradErrors(Errors e, const std::vector<double>& product) {
+  for (double v : product) e.scale = std::max(e.scale, 1.1 * std::fabs(v));
   return e;
 }
 
@@ -399,7 +479,7 @@ std::vector<Errors> runAgainstReference(CudaGraphRunner& runner, const Graph& g,
   for (size_t o = 0; o < n.outputs.size(); ++o) {
     std::vector<float> got(want[o].size());
     runner.download(n.outputs[o], got.data());
-    errors.push_back(compare(got, want[o]));
+    errors.push_back(n.op == OpKind::MatMulActGrad ? actGradErrors(compare(got, want[o]), want[1]) : compare(got, want[o]));
   }
   return errors;
 }
@@ -476,6 +556,7 @@ TEST_P(GemmOnGpu, MatchesFloat64Reference) {
     std::vector<float> got(want[o].size());
     gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
     if (swiglu && o == 0) expectSwigluWithin(got, want[1], bar);
+    else if (n.op == OpKind::MatMulActGrad) expectWithin(actGradErrors(compare(got, want[o]), want[1]), bar, o, c.name, false);
     else expectWithin(compare(got, want[o]), bar * ropeFactor(n), o, c.name, numel(g.shape(n.outputs[0])) >= (1 << 20));
   }
 }
@@ -525,8 +606,8 @@ TEST_P(GemmBf16OnGpu, MatchesFloat64Reference) {
         gpu.outputs[o].download(got.data(), got.size() * sizeof(float));
       }
       const double bar = g.value(n.outputs[o]).type.dtype == DType::BF16 ? 1e-2 : 1e-3;
-      expectWithin(compare(got, want[o]), bar * ropeFactor(n), o, c.name + (launch ? " (second launch)" : ""),
-                   numel(g.shape(n.outputs[0])) >= (1 << 19));
+      const Errors e = n.op == OpKind::MatMulActGrad ? actGradErrors(compare(got, want[o]), want[1]) : compare(got, want[o]);
+      expectWithin(e, bar * ropeFactor(n), o, c.name + (launch ? " (second launch)" : ""), numel(g.shape(n.outputs[0])) >= (1 << 19));
       if (launch == 0) first[o] = got;
       else EXPECT_EQ(std::memcmp(got.data(), first[o].data(), got.size() * sizeof(float)), 0) << "output " << o << " differs between launches";
     }

@@ -28,6 +28,9 @@ struct GemmProblem {
   std::string act = "none";
   bool bias = false;
   int64_t headDim = 8, ropeDims = 0;  // activation rope: base 100
+  // MatMul only: "relu" or "gelu" makes it MatMulActGrad, the product times that activation's
+  // derivative at a third input x laid out as the output (a layer's dX: dY·Wᵀ, x its input).
+  std::string gradAct;
 };
 
 // MatMul C[m, n] = op(A)·op(B) with A stored [k, m] when `ta` (else [m, k]) and B stored [n, k]
@@ -52,6 +55,16 @@ inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
     attrs.set<attr::TransposeW>(p.tb);
     if (p.act == "rope") attrs.set<attr::HeadDim>(p.headDim).set<attr::RopeDims>(p.ropeDims).set<attr::RopeBase>(100.0);
     out = g.add(OpKind::FusedLinear, ins, attrs);
+  } else if (!p.gradAct.empty()) {
+    attrs.set<attr::TransposeA>(p.ta);
+    attrs.set<attr::TransposeB>(p.tb);
+    attrs.set<attr::GradActivation>(p.gradAct);
+    const int64_t m = p.ta ? p.a[p.a.size() - 1] : p.a[p.a.size() - 2], n = p.tb ? p.b[p.b.size() - 2] : p.b[p.b.size() - 1];
+    Shape xs(p.a.begin(), p.a.end() - 2);
+    if (p.b.size() > xs.size() + 2) xs.assign(p.b.begin(), p.b.end() - 2);
+    xs.push_back(m), xs.push_back(n);
+    out = g.add(OpKind::MatMulActGrad, {g.addParam("a", p.a, "xavier"), g.addParam("b", p.b, "xavier"), g.addParam("x", xs, "xavier")},
+                attrs);
   } else {
     attrs.set<attr::TransposeA>(p.ta);
     attrs.set<attr::TransposeB>(p.tb);
@@ -62,12 +75,13 @@ inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
 }
 
 // Stores the node's two operands in bf16 (as lower-bf16 does for precision: bf16), and its outputs
-// in bf16 or fp32; the bias stays fp32.
+// in bf16 or fp32; the bias stays fp32, MatMulActGrad's x is stored as the outputs.
 inline void storeOperandsInBf16(Graph& g, NodeId id, bool bf16Outputs) {
   const Node& n = g.node(id);
   g.setStorageTypes();
   g.setDtype(n.inputs[0], DType::BF16);
   g.setDtype(n.inputs[1], DType::BF16);
+  if (n.op == OpKind::MatMulActGrad) g.setDtype(n.inputs[2], bf16Outputs ? DType::BF16 : DType::F32);
   for (ValueId v : n.outputs) g.setDtype(v, bf16Outputs ? DType::BF16 : DType::F32);
 }
 
@@ -84,7 +98,7 @@ inline void uploadStored(cuda::DeviceBuffer& buf, std::vector<float>& values, DT
 }
 
 // Float64 reference of every output of the node (out0, and FusedLinear-GELU's or -SwiGLU's
-// pre-activation). Rope turns each head's column pairs (c, c + 1), c < dims, of row i by
+// pre-activation), and for MatMulActGrad the product before the derivative after them. Rope turns each head's column pairs (c, c + 1), c < dims, of row i by
 // (i mod S)·base^(-c/dims), S the second-to-last extent of x.
 inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, const std::vector<std::vector<float>>& in) {
   const Node& n = g.node(id);
@@ -92,6 +106,7 @@ inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, con
   const Shape& b = g.shape(n.inputs[1]);
   std::vector<std::vector<double>> out;
   for (ValueId v : n.outputs) out.emplace_back(static_cast<size_t>(numel(g.shape(v))));
+  if (n.op == OpKind::MatMulActGrad) out.emplace_back(out[0].size());
   int64_t batch, m, k, nn, strideA, strideB;
   bool ta, tb;
   if (n.op == OpKind::FusedLinear) {
@@ -105,6 +120,7 @@ inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, con
     strideA = a.size() > 2 ? m * k : 0, strideB = b.size() > 2 ? k * nn : 0;
   }
   const std::string act = n.op == OpKind::FusedLinear ? n.attrs.get<attr::Activation>() : "none";
+  const std::string gradAct = n.op == OpKind::MatMulActGrad ? n.attrs.get<attr::GradActivation>() : "";
   const bool bias = n.op == OpKind::FusedLinear && n.inputs.size() == 3;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t bi = 0; bi < batch; ++bi)
@@ -135,6 +151,12 @@ inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, con
           v = 0.5 * v * (1.0 + std::erf(v * 0.70710678118654752));
         }
         if (act == "relu") v = std::max(v, 0.0);
+        if (!gradAct.empty()) {  // dy·relu'(x), dy·gelu'(x) = dy·(Φ(x) + x·φ(x))
+          const double x = in[2][at];
+          out[1][at] = v;
+          v *= gradAct == "relu" ? (x > 0 ? 1.0 : 0.0)
+                                 : 0.5 * (1.0 + std::erf(x * 0.70710678118654752)) + x * 0.39894228040143268 * std::exp(-0.5 * x * x);
+        }
         out[0][at] = v;
       }
       if (act == "rope") {

@@ -23,8 +23,8 @@ TEST(GemmNvrtc, CompilesEveryWgmmaVariantSm90a) {
   std::vector<test::CompileUnit> units;
   for (const Variant& v : gemmtest::wgmmaVariants()) units.push_back({v.name, v.kernel.name, v.kernel.source});
   // 3 tiles × 2 output types × (4 transposes + 4 split products (2 kernels each) on small tiles
-  // only + batched + 3 epilogues).
-  EXPECT_EQ(units.size(), 2u * (3 * 8 + 4 * 2));
+  // only + batched + 3 epilogues + 2 activation gradients + 2 forced epilogue placements).
+  EXPECT_EQ(units.size(), 2u * (3 * 12 + 4 * 2));
   const std::vector<std::string> failures = test::compileInParallel(units, "sm_90a", /*rejectWarnings=*/true);
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
@@ -88,6 +88,9 @@ TEST(GemmNvrtc, CompilesEveryTf32WgmmaVariantSm90a) {
     fused.fused = true, fused.act = "gelu", fused.bias = true;
     fused.a = {4, 7, 32}, fused.b = {32, 40};
     add("FusedLinear_gelu", fused, tile, 0, false, true, false);
+    GemmProblem actGrad = gemmtest::matmulProblem(40, 100, 136, false, true);  // fp32 x, four at a time
+    actGrad.gradAct = "gelu";
+    add("MatMulActGrad_gelu", actGrad, tile, 0, false, false, false);
   }
   const std::vector<std::string> failures = test::compileInParallel(units, "sm_90a", /*rejectWarnings=*/true);
   for (const auto& f : failures) ADD_FAILURE() << f;
