@@ -16,6 +16,9 @@
 //     "simt" is the SIMT kernel on its auto tiles (and tail split); --sweep adds FP64 config variants.
 //     bf16: operands stored in bf16 as lower-bf16 stores them, outputs in bf16 except the
 //     weight gradients (dW rows: fp32), the wgmma kernel on an sm_90a device.
+//     wgmma products with an epilogue (FusedLinear, the _dXrelu / _dXgelu activation gradients):
+//     "epi_fragments" / "epi_staged" with the functor forced onto the fragments / the staged raw
+//     sums (EmitOptions::wgmmaEpilogue; "auto" picks by the epilogue).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -53,9 +56,17 @@ std::vector<Shape3> shapes() {
   fwd("mlp1024_fwd", 8192, 1024, 1024);   // relu(X·W + b)
   mm("mlp1024_dX", 8192, 1024, 1024, false, true);  // dY·Wᵀ
   mm("mlp1024_dW", 1024, 1024, 8192, true, false);  // Xᵀ·dY
+  auto actGrad = [&](const std::string& name, int64_t m, int64_t n, int64_t k, const char* act) {
+    GemmProblem p = gemmtest::matmulProblem(m, n, k, false, true);
+    p.gradAct = act;
+    s.push_back({name, p, m, n, k});
+  };
+  actGrad("mlp1024_dXrelu", 8192, 1024, 1024, "relu");  // (dY·Wᵀ)·relu'(x): matmul-act-grad
+  actGrad("mlp1024_dXgelu", 8192, 1024, 1024, "gelu");
   fwd("mlp256in_fwd", 8192, 1024, 256);
   mm("mlp256in_NN", 8192, 1024, 256, false, false);  // the same product without bias and ReLU
   mm("mlp256in_dX", 8192, 1024, 256, false, true);   // dY·Wᵀ of the 256 → 1024 layer's successor
+  actGrad("mlp256in_dXrelu", 8192, 1024, 256, "relu");
   mm("mlp256in_dW", 256, 1024, 8192, true, false);
   fwd("mlp256out_fwd", 8192, 256, 1024);
   mm("mlp256out_dW", 1024, 256, 8192, true, false);
@@ -267,6 +278,16 @@ int run(int argc, char** argv) {
           opt.gemmTile = GemmTile::Auto;
           gemmtest::NodeOnGpu gpu(g, id, opt, device());
           report(gpu, b.first);
+        }
+      }
+      const bool epilogue = s.p.fused || !s.p.gradAct.empty();
+      if (deviceOpt.wgmma && (bf16 || tf32) && epilogue) {  // the functor on the fragments and on the staged raw sums
+        for (const auto& e : {std::make_pair("epi_fragments", codegen::WgmmaEpilogue::Fragments),
+                              std::make_pair("epi_staged", codegen::WgmmaEpilogue::Staged)}) {
+          codegen::EmitOptions opt = deviceOpt;
+          opt.wgmmaEpilogue = e.second;
+          gemmtest::NodeOnGpu gpu(g, id, opt, device());
+          report(gpu, e.first);
         }
       }
       if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), precision, "cublaslt");

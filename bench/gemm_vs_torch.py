@@ -40,6 +40,11 @@ def torch_case(m, n, k, ta, tb, fused, dtype, name=""):
             pre = torch.matmul(a, b)
             return torch.nn.functional.silu(pre[:, 0::2]) * pre[:, 1::2]
         return swiglu, sets
+    if name.endswith("_dXrelu") or name.endswith("_dXgelu"):  # matmul-act-grad: dY·Wᵀ times act'(x)
+        sets = [(a, b, rand(m, n)) for a, b, _ in sets]
+        if name.endswith("_dXrelu"):
+            return (lambda a, b, x: torch.ops.aten.threshold_backward(torch.matmul(a, b.t()), x, 0.0)), sets
+        return (lambda a, b, x: torch.ops.aten.gelu_backward(torch.matmul(a, b.t()), x)), sets
     if fused:
         return (lambda a, b, bias: torch.relu(torch.addmm(bias, a, b.t() if tb else b))), sets
     return (lambda a, b, bias: torch.matmul(a.t() if ta else a, b.t() if tb else b)), sets

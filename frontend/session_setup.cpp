@@ -335,6 +335,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.pdl = opt.pdl;
   spec.adamInTrainNode = opt.adamInTrainNode;
   spec.fp64Gemm = opt.fp64Gemm;
+  spec.stagedEpilogues = opt.stagedEpilogues;
   spec.packedWeightCopies = opt.packedWeightCopies;
   spec.packedGradViews = opt.packedGradViews;
   spec.seed = cfg.seed;

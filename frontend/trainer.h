@@ -46,6 +46,10 @@ struct RunOptions {
   // GPU, fp32: products on the FP64 tensor cores where the device runs FP64 at full rate
   // (codegen::Fp32Gemm); false runs the SIMT kernel (A/B benchmarks: gpu_train_bench --simt-gemm).
   bool fp64Gemm = true;
+  // GPU, sm_90a: wgmma products whose epilogue reads or writes more than C run it on the staged
+  // raw sums (codegen::WgmmaEpilogue Auto); false runs every epilogue on the fragments (A/B
+  // benchmarks: gpu_train_bench --fragment-epilogues).
+  bool stagedEpilogues = true;
   // GPU: Adam writes the packed copies of fuse-qkv's and SwiGLU's weights (bf16 or fp32) and of
   // fuse-qkv's biases (SessionSpec);
   // false launches the packing kernels each step (A/B benchmarks: gpu_train_bench --no-packed-copies; tests).

@@ -71,6 +71,8 @@ struct CudaRunnerOptions {
   // fp32 GEMMs on the FP64 tensor cores where the device runs FP64 at full rate
   // (codegen::EmitOptions::fp32Gemm Auto); false: the SIMT kernel (A/B benchmarks).
   bool fp64Gemm = true;
+  // Where wgmma products run their epilogue (codegen::EmitOptions::wgmmaEpilogue; A/B benchmarks).
+  codegen::WgmmaEpilogue wgmmaEpilogue = codegen::WgmmaEpilogue::Auto;
 };
 
 class CudaGraphRunner {
