@@ -287,7 +287,6 @@ std::vector<Bf16Case> bf16Cases() {
   // Auto does not pick for it (staged for none, relu and rope; on the fragments for gelu, swiglu
   // and the activation gradients), on awkward and whole tiles, bf16 and fp32 outputs.
   {
-    std::vector<Bf16Case> other;
     for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
       for (const Shape& a : {Shape{5, 7, 136}, Shape{2, 128, 72}}) {
         GemmProblem p;
