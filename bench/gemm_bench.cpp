@@ -1,5 +1,6 @@
 // Times the generated GEMM kernels (one-node MatMul / FusedLinear graphs, fp32, TF32 and bf16)
-// with CUDA events: the issue-6 square product, mlp_wide's and attn_block's forward, dX and dW
+// with CUDA events around 20 queued launches (GPU time: the host's launch latency hidden; median
+// of 30 such samples): the issue-6 square product, mlp_wide's and attn_block's forward, dX and dW
 // GEMMs and tiny_gpt's SwiGLU projection; and the same nodes on the cuBLASLt provider (variant
 // "cublaslt"). Writes a CSV that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
 //   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16] [--shapes NAME,...]
@@ -89,26 +90,31 @@ cuda::Device& device() {
   return d;
 }
 
-// Median milliseconds of `reps` launches after `warmup`, rotating among the input sets.
-double timeNode(gemmtest::NodeOnGpu& node, const std::vector<std::vector<cuda::DeviceBuffer>>& sets, int warmup, int reps) {
-  cuda::CUevent start, stop;
-  PA_CU_CHECK(cuEventCreate(&start, 0));
-  PA_CU_CHECK(cuEventCreate(&stop, 0));
-  for (int i = 0; i < warmup; ++i) node.launchWith(sets[static_cast<size_t>(i) % sets.size()]);
+// GPU time: each of `reps` samples is kQueued launches queued between one pair of events (the
+// host's launch latency hidden behind the kernels before it), divided by kQueued; the median
+// sample, after `warmup` launches, rotating among the input sets.
+constexpr int kQueued = 20;
+
+template <class Launch>
+double medianQueuedMs(Launch&& launch, int warmup, int reps) {
+  cuda::Event start(true), stop(true);
+  for (int i = 0; i < warmup; ++i) launch(i);
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
-    PA_CU_CHECK(cuEventRecord(start, nullptr));
-    node.launchWith(sets[static_cast<size_t>(i) % sets.size()]);
-    PA_CU_CHECK(cuEventRecord(stop, nullptr));
-    PA_CU_CHECK(cuEventSynchronize(stop));
+    start.record(nullptr);
+    for (int q = 0; q < kQueued; ++q) launch(i * kQueued + q);
+    stop.record(nullptr);
+    stop.synchronize();
     float t = 0;
-    PA_CU_CHECK(cuEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
+    PA_CU_CHECK(cuEventElapsedTime(&t, start.get(), stop.get()));
+    ms.push_back(t / kQueued);
   }
-  PA_CU_CHECK(cuEventDestroy(start));
-  PA_CU_CHECK(cuEventDestroy(stop));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+double timeNode(gemmtest::NodeOnGpu& node, const std::vector<std::vector<cuda::DeviceBuffer>>& sets, int warmup, int reps) {
+  return medianQueuedMs([&](int i) { node.launchWith(sets[static_cast<size_t>(i) % sets.size()]); }, warmup, reps);
 }
 
 // The same node through the graph runner with cuBLASLt (compiler.gemm: cublaslt, its fastest
@@ -123,20 +129,7 @@ double timeCublasLt(const Graph& g, NodeId id, bool tf32, int warmup, int reps) 
     const std::vector<float> h = gemmtest::randomValues(numel(g.shape(node.inputs[i])), 7000u + i);
     runner.upload(node.inputs[i], h.data());
   }
-  cuda::Event start(true), stop(true);
-  for (int i = 0; i < warmup; ++i) runner.run();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    start.record(nullptr);
-    runner.run();
-    stop.record(nullptr);
-    stop.synchronize();
-    float t = 0;
-    PA_CU_CHECK(cuEventElapsedTime(&t, start.get(), stop.get()));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return medianQueuedMs([&](int) { runner.run(); }, warmup, reps);
 }
 
 // A bench-only variant: the emitted kernel with another config (and block/grid to match).
