@@ -376,7 +376,8 @@ NodeKernels emitFusedLinear(const Ctx& c) {
   if (act == "gelu") {
     e.members += "  " + argType(c.outType(1), true) + " pre;\n";
     e.init += "  epilogue.pre = out1;\n";
-    e.body += std::string("    pa::storage::storeUnread(") + (c.outType(1) == DType::BF16 ? "pre.p" : "pre") + ", i, v);\n    v = " + geluOf("v") + ";\n";
+    e.body += std::string("    pa::storage::storeUnread(") + (c.outType(1) == DType::BF16 ? "pre.p" : "pre") + ", i, v);\n";
+    e.body += "    v = " + geluOf("v") + ";\n";
     e.moreThanC = true;
   }
   if (act == "relu") e.body += "    v = fmaxf(v, 0.0f);\n";

@@ -275,7 +275,8 @@ std::vector<Bf16Case> bf16Cases() {
   // N = 265: the staged epilogue's chunks of 4 columns one value at a time, x too), the epilogue
   // in the split-K reduce.
   for (const char* act : {"relu", "gelu"})
-    for (const auto& s : {std::array<int64_t, 3>{201, 265, 72}, std::array<int64_t, 3>{200, 264, 72}, std::array<int64_t, 3>{256, 512, 64}}) {
+    for (const auto& s :
+         {std::array<int64_t, 3>{201, 265, 72}, std::array<int64_t, 3>{200, 264, 72}, std::array<int64_t, 3>{256, 512, 64}}) {
       GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], false, true);
       p.gradAct = act;
       const std::string base = std::string("MatMulActGrad_") + act + "_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +

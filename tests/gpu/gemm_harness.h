@@ -98,8 +98,9 @@ inline void uploadStored(cuda::DeviceBuffer& buf, std::vector<float>& values, DT
 }
 
 // Float64 reference of every output of the node (out0, and FusedLinear-GELU's or -SwiGLU's
-// pre-activation), and for MatMulActGrad the product before the derivative after them. Rope turns each head's column pairs (c, c + 1), c < dims, of row i by
-// (i mod S)·base^(-c/dims), S the second-to-last extent of x.
+// pre-activation), and for MatMulActGrad the product before the derivative after them. Rope
+// turns each head's column pairs (c, c + 1), c < dims, of row i by (i mod S)·base^(-c/dims), S
+// the second-to-last extent of x.
 inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, const std::vector<std::vector<float>>& in) {
   const Node& n = g.node(id);
   const Shape& a = g.shape(n.inputs[0]);
