@@ -106,7 +106,6 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
   const std::string tailReduceHeader = "kernels/gemm_simt.cuh", splitReduceHeader = "kernels/gemm_common.cuh";
   const int splits = choice.second;
   const bool stageRaw = c.opt->wgmmaEpilogue == WgmmaEpilogue::Staged || (c.opt->wgmmaEpilogue == WgmmaEpilogue::Auto && e.moreThanC);
-  const std::string &epilogue = e.body, &members = e.members, &init = e.init, &pairBody = e.pairBody, &auxBody = e.auxBody;
   const int64_t tiles = tilesOf(pq.m, pq.n, v.bm, v.bn);
   const TailSplit tail = !wgmma && !tf32 && !f64 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
                              ? chooseTailSplit(tiles, k, v.bm, v.bn, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
@@ -120,15 +119,15 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
                        {"M", ll(pq.m)}, {"N", ll(pq.n)}, {"K", ll(k)}, {"ABATCH", ll(pq.strideA)}, {"BBATCH", ll(pq.strideB)},
                        {"TA", pq.transA ? "true" : "false"}, {"TB", pq.transB ? "true" : "false"},
                        {"TC", plan.swap ? "true" : "false"},
-                       {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", members},
-                       {"PAIRS", pairBody.empty() ? "false" : "true"},
+                       {"SPLITS", std::to_string(splits)}, {"BATCH", ll(q.batch)}, {"EPIMEMBERS", e.members},
+                       {"PAIRS", e.pairBody.empty() ? "false" : "true"},
                        {"STAGERAW", stageRaw ? "true" : "false"},
-                       {"AUX", auxBody.empty() ? "false" : "true"},
-                       {"AUXFN", auxBody.empty() ? std::string()
-                                                 : "  __device__ __forceinline__ float withAux(float v, float s) const {\n" + auxBody +
-                                                       "    return v;\n  }\n"},
-                       {"PAIRBODY", pairBody},
-                       {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + epilogue}};
+                       {"AUX", e.auxBody.empty() ? "false" : "true"},
+                       {"AUXFN", e.auxBody.empty() ? std::string()
+                                                   : "  __device__ __forceinline__ float withAux(float v, float s) const {\n" + e.auxBody +
+                                                         "    return v;\n  }\n"},
+                       {"PAIRBODY", e.pairBody},
+                       {"EPILOGUE", "    (void)m, (void)n, (void)i;\n" + e.body}};
   const std::string cOut = "out" + std::to_string(e.cOutput);
   NodeKernels nk;
   // Scratch, in floats: [widened or transposed A][widened or transposed B][split partial sums].
@@ -218,7 +217,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
   if (tail.splits > 1) {
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
-    kv["EPIINIT"] = init;
+    kv["EPIINIT"] = e.init;
     kv["PARTS"] = ll(scratchFloats);
     kv["COUT"] = cOut;
     kv.erase("ALGO");  // (simtGemmTail)
@@ -227,7 +226,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
     nk.kernels.push_back(finish(c, "", kGemmTail, kv, {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(v.threads),
                                 join(join(operandArgs, epilogueArgs), scratchArg), {header}, v.sharedBytes));
     const int64_t count = tail.tiles * v.bm * v.bn;
-    TemplateVars rv = {{"PROBLEM", problem("reduce", tailReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"CONFIG", v.config},
+    TemplateVars rv = {{"PROBLEM", problem("reduce", tailReduceHeader)}, {"EPIINIT", e.init}, {"PARTS", ll(scratchFloats)}, {"CONFIG", v.config},
                        {"COUT", cOut}};
     nk.kernels.push_back(finish(c, "reduce", kGemmTailReduce, rv, {gridFor(count), 1, 1}, kThreads, join(scratchArg, epilogueArgs),
                                 {tailReduceHeader}));
@@ -237,7 +236,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
   if (splits == 1) {
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
-    kv["EPIINIT"] = init;
+    kv["EPIINIT"] = e.init;
     kv["COUT"] = cOut;
     std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
     if (sums) args.push_back({KernelArg::Output, 1});
@@ -255,7 +254,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
   if (sums) kv["SUMS"] = ", " + sumType + "double>{" + sumPtr + "}";
   nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), join(operandArgs, scratchArg),
                               {header}, v.sharedBytes));
-  TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", init}, {"PARTS", ll(scratchFloats)}, {"COUT", cOut},
+  TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", e.init}, {"PARTS", ll(scratchFloats)}, {"COUT", cOut},
                      {"SUMREDUCE", sums ? "  pa::gemm::splitReduceSums<" + c.kernelName("reduce") + "_problem>(" + sumPtr + ", out1, " +
                                               ll(sumExtent) + ");\n"
                                         : ""}};

@@ -22,7 +22,8 @@ enum class Tf32BLoad { Auto, Copy, InKernel };
 
 // Where the wgmma GEMM runs its epilogue functor (EmitOptions::wgmmaEpilogue; kernels/gemm_common.cuh,
 // "Where the wgmma kernel runs the functor"): on the fragments in registers, or on the staged raw
-// sums; Auto: staged for the epilogues that read or write more than C (wgmmaStagesRaw).
+// sums; Auto: staged for the epilogues that read or write more than C (codegen/emit_gemm.cpp's
+// GemmEpilogue::moreThanC).
 enum class WgmmaEpilogue { Auto, Fragments, Staged };
 
 // A GEMM node's product in row-major terms: C[b] = op(A[b])·op(B[b]), M×N over K, where A is the

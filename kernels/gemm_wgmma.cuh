@@ -155,13 +155,12 @@ struct CElement<pa_bf16_out> {
   }
 };
 
-// The auxiliary input of an epilogue functor with kAux (see the note): four consecutive values
-// from element i (4·element-size aligned), or one.
+// The auxiliary input of an epilogue functor with kAux (see the note): its bytes, four consecutive
+// values from element i (4·kBytes aligned), or the first `count` of them.
 struct AuxF32 {
   static constexpr int kBytes = 4;
   typedef float4 Raw;  // four values
   static __device__ __forceinline__ const unsigned char* bytes(const float* a) { return reinterpret_cast<const unsigned char*>(a); }
-  static __device__ __forceinline__ bool aligned(const float* a) { return ((unsigned long long)a & 15ull) == 0; }
   static __device__ __forceinline__ Raw load4(const float* a, long long i) { return *reinterpret_cast<const float4*>(a + i); }
   static __device__ __forceinline__ Raw loadSome(const float* a, long long i, int count) {  // the first `count`, zeros after
     Raw r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -177,7 +176,6 @@ struct AuxBf16 {
   static constexpr int kBytes = 2;
   typedef uint2 Raw;  // four bf16 values
   static __device__ __forceinline__ const unsigned char* bytes(pa_bf16_in a) { return reinterpret_cast<const unsigned char*>(a.p); }
-  static __device__ __forceinline__ bool aligned(pa_bf16_in a) { return ((unsigned long long)a.p & 7ull) == 0; }
   static __device__ __forceinline__ Raw load4(pa_bf16_in a, long long i) { return *reinterpret_cast<const uint2*>(a.p + i); }
   static __device__ __forceinline__ Raw loadSome(pa_bf16_in a, long long i, int count) {
     unsigned h[4] = {0u, 0u, 0u, 0u};
@@ -493,7 +491,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
     typedef typename AuxOf<Epi>::type A;
     const bool vec = N % 4 == 0 && ((unsigned long long)out & (4 * E::kBytes - 1)) == 0;
     bool auxVec = false;
-    if constexpr (Epi::kAux) auxVec = N % 4 == 0 && A::aligned(epi.aux);
+    if constexpr (Epi::kAux) auxVec = N % 4 == 0 && ((unsigned long long)A::bytes(epi.aux) & (4 * A::kBytes - 1)) == 0;
     // Chunk u of pass p: row rt + 8u of the 64, columns 64p + 4c .. 64p + 4c + 3 (the same swizzled
     // chunk in every row a thread takes, as 8u keeps r mod 8).
     const int rt = tid / 16, c = tid % 16;
