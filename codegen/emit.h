@@ -19,9 +19,11 @@ namespace pa::codegen {
 // session's Adam binding (AdamBinding, codegen/training_kernels.h).
 struct KernelArg {
   // InputTensorMap: the kernel takes a TensorMap (by value) over input `index` instead of a
-  // pointer; ScratchTensorMap: over the scratch (`index` names the GEMM operand it holds).
+  // pointer; ScratchTensorMap: over the scratch (`index` names the GEMM operand it holds, or is
+  // -1: a split product's partial sums, which the kernel stores through it); OutputTensorMap: over
+  // output `index`, which the kernel stores through it (besides its pointer argument).
   // AdamBinding: `const pa::adam::Binding* adam` (EmitOptions::adamInTrainNode).
-  enum Kind { Input, Output, Scratch, InputTensorMap, ScratchTensorMap, AdamBinding } kind;
+  enum Kind { Input, Output, Scratch, InputTensorMap, ScratchTensorMap, OutputTensorMap, AdamBinding } kind;
   int index;
   TensorMapSpec map{};
   uint64_t scratchOffsetBytes = 0;
@@ -106,6 +108,10 @@ struct EmitOptions {
   // Where a wgmma GEMM's epilogue runs (codegen/gemm_plan.h); Auto in production, the others for
   // tests and gemm_bench's sweep.
   WgmmaEpilogue wgmmaEpilogue = WgmmaEpilogue::Auto;
+  // A wgmma GEMM whose epilogue runs on the fragments stores C (or a split product's partial
+  // sums) by TMA where C's rows are whole 16-byte chunks (kernels/gemm_wgmma.cuh); false: by its
+  // threads everywhere (tests and gemm_bench's A/B rows).
+  bool wgmmaTmaStores = true;
   // The target has wgmma (sm_90a): GEMMs whose operands are both bf16 run kernels/gemm_wgmma.cuh
   // (dynamic shared memory above 48 KB: the launcher opts in with Kernel::sharedBytes).
   bool wgmma = false;

@@ -57,10 +57,11 @@ TensorMapSpec gemmTensorMap(int64_t contiguous, int64_t other, int64_t batch, in
 // `pairBody`, when not empty, makes the epilogue a pair epilogue (kernels/gemm_common.cuh): it
 // runs after each column pair's v0 and v1 went through `epilogue`; `cOutput` is the output the
 // product writes. `sumInput` (0: A, 1: B; -1: none) asks for that operand's sums over K in the
-// node's output 1 (MatMulBiasGrad): the mma.sync kernels (TF32, FP64) of one product add them as
-// the operand's tiles pass through shared memory ("Operand sums" in kernels/gemm_common.cuh), a
-// split product's reduce kernel adding the splits' partial sums; `*summed` says whether this
-// emission wrote them (elsewhere the caller adds column-sum kernels).
+// node's output 1 (MatMulBiasGrad): the mma.sync kernels (TF32, FP64) and the bf16 wgmma kernel
+// (an MN-major operand) of one product add them as the operand's tiles pass through shared memory
+// ("Operand sums" in kernels/gemm_common.cuh), a split product's reduce kernel adding the splits'
+// partial sums; `*summed` says whether this emission wrote them (elsewhere the caller adds
+// column-sum kernels).
 struct GemmEpilogue {
   std::string body, members, init;  // the functor's statements on v (at m, n, i), its members, their setting
   int cOutput = 0;
@@ -110,8 +111,11 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
   const TailSplit tail = !wgmma && !tf32 && !f64 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
                              ? chooseTailSplit(tiles, k, v.bm, v.bn, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
                              : TailSplit{};
-  // Operand sums inside the product (see above): the mma.sync kernels, one product.
-  const bool sums = sumInput >= 0 && (tf32 || f64) && q.batch == 1;
+  // Operand sums inside the product (see above), one product: the mma.sync kernels; the bf16
+  // wgmma kernel where the summed operand is MN-major (A transposed, B not: a weight gradient's dY)
+  // and the sums fp32 (as lower-bf16 leaves gradients).
+  const bool sums = sumInput >= 0 && q.batch == 1 &&
+                    (tf32 || f64 || (wgmmaBf16 && (sumInput == 0 ? q.transA : !q.transB) && c.outType(1) == DType::F32));
   if (summed) *summed = sums;
   const int64_t sumExtent = sumInput == 0 ? m : n;
   const std::string sumType = "pa::gemm::OperandSums<" + std::to_string(sumInput + 1) + ", ";
@@ -206,14 +210,29 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
     if (part == "reduce") pv["M"] = ll(m), pv["N"] = ll(n), pv["TC"] = "false";  // the partial sums are laid out as C
     return fillTemplate(kGemmProblem, pv);
   };
+  const bool partsOut = splits > 1;  // the product kernel's C: the partial sums
+  // C (or the split partial sums) by TMA stores where the wgmma kernel's fragments epilogue writes
+  // C's own rows and they are whole 16-byte chunks (EmitOptions::wgmmaTmaStores).
+  const int cBytes = partsOut || c.outType(e.cOutput) != DType::BF16 ? 4 : 2;
+  std::vector<KernelArg> cMapArg;
+  if (wgmma && c.opt->wgmmaTmaStores && !plan.swap && (partsOut || !stageRaw) && pq.n * cBytes % 16 == 0) {
+    const int64_t batch = partsOut ? splits : q.batch;
+    const TensorMapSpec map = gemmTensorMap(pq.n, pq.m, batch, batch > 1 ? pq.m * pq.n : 0, 64, cBytes);
+    cMapArg.push_back(partsOut ? KernelArg{KernelArg::ScratchTensorMap, -1, map, static_cast<uint64_t>(scratchFloats) * sizeof(float)}
+                                 : KernelArg{KernelArg::OutputTensorMap, e.cOutput, map});
+  }
   const TemplateVars kernelVars = {{"THREADS", std::to_string(v.threads)}, {"MINBLOCKS", std::to_string(v.minBlocks)},
+                                   {"CMAP", cMapArg.empty() ? std::string() : ", " + tensorMapArgName(cMapArg[0])},
                                    {"ALGO", wgmma ? "wgmmaGemm" : tf32 ? "tf32Gemm" : f64 ? "f64Gemm" : "simtGemm"}, {"CONFIG", v.config},
                                    {"APTR", operand[0]}, {"BPTR", operand[1]},
                                    {"SHAREDCHECK", wgmma || tf32 || f64 ? std::string()
                                                                  : "static_assert(pa::gemm::" + v.config + "::kDynamicShared == " +
                                                                        std::to_string(v.sharedBytes) +
                                                                        ", \"the launch's dynamic shared memory is the config's\");\n"},
-                                   {"SUMS", sums && splits == 1 ? ", " + sumType + "float>{out1}" : ""}};
+                                   // (the wgmma kernel's sums come before its map of C)
+                                   {"SUMS", sums && splits == 1   ? ", " + sumType + "float>{out1}"
+                                            : !cMapArg.empty() ? std::string(", pa::gemm::NoSums()")
+                                                               : std::string()}};
   if (tail.splits > 1) {
     TemplateVars kv = kernelVars;
     kv["PROBLEM"] = problem("");
@@ -222,6 +241,7 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
     kv["COUT"] = cOut;
     kv.erase("ALGO");  // (simtGemmTail)
     kv.erase("SUMS");
+    kv.erase("CMAP");
     const int64_t blocks = tiles - tail.tiles + tail.tiles * tail.splits;
     nk.kernels.push_back(finish(c, "", kGemmTail, kv, {static_cast<unsigned>(blocks), 1, 1}, static_cast<unsigned>(v.threads),
                                 join(join(operandArgs, epilogueArgs), scratchArg), {header}, v.sharedBytes));
@@ -240,28 +260,31 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
     kv["COUT"] = cOut;
     std::vector<KernelArg> args = join(join(operandArgs, epilogueArgs), scratchFloats > 0 ? scratchArg : std::vector<KernelArg>{});
     if (sums) args.push_back({KernelArg::Output, 1});
+    args = join(args, cMapArg);
     nk.kernels.push_back(finish(c, "", kGemm, kv, grid, static_cast<unsigned>(v.threads), args, {header}, v.sharedBytes));
     nk.scratchBytes = static_cast<size_t>(scratchFloats) * sizeof(float);
     return nk;
   }
   // Scratch after the operands: [splits][M][N] partial products, then (8-byte aligned) the
-  // operand sums' [splits][extent] fp64 partials.
+  // operand sums' [parts][extent] fp64 partials: a split's (mma.sync), or a split's per tile row
+  // (B) or column (A) of the product (wgmma; kernels/gemm_wgmma.cuh, "Operand sums").
   const int64_t sumParts = (scratchFloats + splits * m * n + 1) / 2 * 2;
+  const int64_t sumPartCount = splits * (wgmma ? (sumInput == 0 ? (n + v.bn - 1) / v.bn : (m + v.bm - 1) / v.bm) : 1);
   const std::string sumPtr = "reinterpret_cast<double*>(scratch + " + ll(sumParts) + ")";
   TemplateVars kv = kernelVars;
   kv["PROBLEM"] = problem("split");
   kv["PARTS"] = ll(scratchFloats);
   if (sums) kv["SUMS"] = ", " + sumType + "double>{" + sumPtr + "}";
-  nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads), join(operandArgs, scratchArg),
-                              {header}, v.sharedBytes));
+  nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads),
+                              join(join(operandArgs, scratchArg), cMapArg), {header}, v.sharedBytes));
   TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", e.init}, {"PARTS", ll(scratchFloats)}, {"COUT", cOut},
-                     {"SUMREDUCE", sums ? "  pa::gemm::splitReduceSums<" + c.kernelName("reduce") + "_problem>(" + sumPtr + ", out1, " +
-                                              ll(sumExtent) + ");\n"
+                     {"SUMREDUCE", sums ? "  pa::gemm::splitReduceSums<" + c.kernelName("reduce") + "_problem, " +
+                                              std::to_string(sumPartCount) + ">(" + sumPtr + ", out1, " + ll(sumExtent) + ");\n"
                                         : ""}};
   std::vector<KernelArg> reduceArgs = join(scratchArg, epilogueArgs);
   if (sums) reduceArgs.push_back({KernelArg::Output, 1});
   nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, reduceArgs, {splitReduceHeader}));
-  nk.scratchBytes = static_cast<size_t>(sums ? sumParts + 2 * splits * sumExtent : scratchFloats + splits * m * n) * sizeof(float);
+  nk.scratchBytes = static_cast<size_t>(sums ? sumParts + 2 * sumPartCount * sumExtent : scratchFloats + splits * m * n) * sizeof(float);
   return nk;
 }
 
@@ -346,7 +369,8 @@ NodeKernels emitMatMulActGrad(const Ctx& c) {
 int biasGradInput(const Node& n) { return n.attrs.get<attr::BiasOperand>() == "a" ? 0 : 1; }
 
 // The product with its bias gradient: a column product sums B beside (columnProduct); the mma.sync
-// kernels (TF32, FP64) sum the operand inside the product (gemm's `sumInput`); elsewhere SumTo's
+// kernels (TF32, FP64) and the bf16 wgmma kernel (the operand MN-major) sum the operand inside the
+// product (gemm's `sumInput`); elsewhere SumTo's
 // kernels over the summed operand follow the product (after it, so the two share the node's
 // scratch), as MatMul + SumTo did. cuBLASLt writes both in one.
 NodeKernels emitMatMulBiasGrad(const Ctx& c) {

@@ -48,6 +48,10 @@ struct Ctx {
 // storage type: a pointer for fp32, a bf16 view of kernels/storage.cuh for bf16.
 std::string argType(DType t, bool output);
 
+// The parameter name finish() gives a tensor-map argument: map<i> over input i or its copy in
+// scratch, mapParts over a split product's partial sums, mapOut<i> over output i.
+std::string tensorMapArgName(const KernelArg& a);
+
 // Assembles a kernel: header comment, body from `tpl` with `vars`, launch and arguments.
 Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, TemplateVars vars, std::array<unsigned, 3> grid,
               unsigned block, std::vector<KernelArg> args, std::vector<std::string> headers = {}, unsigned smem = 0);

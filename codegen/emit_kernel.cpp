@@ -146,6 +146,11 @@ std::string argType(DType t, bool output) {
   }
 }
 
+std::string tensorMapArgName(const KernelArg& a) {
+  if (a.kind == KernelArg::OutputTensorMap) return "mapOut" + std::to_string(a.index);
+  return a.index < 0 ? std::string("mapParts") : "map" + std::to_string(a.index);
+}
+
 Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, TemplateVars vars, std::array<unsigned, 3> grid,
               unsigned block, std::vector<KernelArg> args, std::vector<std::string> headers, unsigned smem) {
   Kernel k;
@@ -169,12 +174,14 @@ Kernel finish(const Ctx& c, const std::string& part, const std::string& tpl, Tem
       doc += sep + "adam = the session's Adam binding";
       continue;
     }
-    if (a.kind == KernelArg::InputTensorMap || a.kind == KernelArg::ScratchTensorMap) {
-      const std::string name = "map" + std::to_string(a.index);
-      const std::string of = c.g.value(c.n.inputs[static_cast<size_t>(a.index)]).name;
+    if (a.kind == KernelArg::InputTensorMap || a.kind == KernelArg::ScratchTensorMap || a.kind == KernelArg::OutputTensorMap) {
+      const std::string name = tensorMapArgName(a);
+      const std::string of = a.kind == KernelArg::OutputTensorMap ? c.g.value(c.n.outputs[static_cast<size_t>(a.index)]).name
+                             : a.index < 0                         ? std::string("the split partial sums")
+                                                                   : c.g.value(c.n.inputs[static_cast<size_t>(a.index)]).name;
       params += sep + "const __grid_constant__ pa::sm90::TensorMap " + name;
-      doc += sep + name + " = TMA map of " + (a.kind == KernelArg::InputTensorMap ? of : of + " transposed, in scratch") +
-             (a.map.elementBytes == 2 ? " (bf16)" : "");
+      doc += sep + name + " = TMA map of " + (a.kind == KernelArg::ScratchTensorMap && a.index >= 0 ? of + " transposed" : of) +
+             (a.kind == KernelArg::ScratchTensorMap ? ", in scratch" : "") + (a.map.elementBytes == 2 ? " (bf16)" : "");
       continue;
     }
     const bool output = a.kind == KernelArg::Output;

@@ -79,6 +79,7 @@ std::string argNames(const std::vector<KernelArg>& args) {
     case KernelArg::Scratch: s += "scratch"; break;
     case KernelArg::InputTensorMap:
     case KernelArg::ScratchTensorMap:
+    case KernelArg::OutputTensorMap:
     case KernelArg::AdamBinding: assert(false && "the norm kernels take no tensor maps and no Adam binding"); break;
     }
   }

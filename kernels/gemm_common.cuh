@@ -104,9 +104,10 @@ __device__ __forceinline__ void tileOf(long long pid, long long& tm, long long& 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
 
 // ---------------------------------------------------------------------------------------------
-// Operand sums (MatMulBiasGrad's bias gradient, kernels/gemm_tf32.cuh): the mma.sync kernels can
-// sum one operand over K as its tiles pass through shared memory, A per row m (OPERAND 1) or B
-// per column n (OPERAND 2), in the blocks of the first tile column (A) or row (B). T = float: the
+// Operand sums (MatMulBiasGrad's bias gradient, kernels/gemm_tf32.cuh and gemm_wgmma.cuh): the
+// mma.sync and wgmma kernels can sum one operand over K as its tiles pass through shared memory,
+// A per row m (OPERAND 1) or B per column n (OPERAND 2), in the blocks of the first tile column
+// (A) or row (B). T = float: the
 // sums themselves (one K split); T = double: split z's partial sums at out[z·extent + i], which
 // splitReduceSums adds in split order.
 struct NoSums {
@@ -149,14 +150,15 @@ __device__ __forceinline__ void splitReduce(const float* __restrict__ parts, CPt
   }
 }
 
-// The operand sums of a split product (OperandSums<., double>): `extent` sums, each the S
-// partial sums added in split order (deterministic), rounded to fp32 once.
-template <class P>
+// The operand sums of a split product (OperandSums<., double>): `extent` sums, each the PARTS
+// partial sums added in order (deterministic), rounded to fp32 once. PARTS: the splits (the
+// mma.sync kernels), or splits × the tiles that share the operand's tile (the wgmma kernel).
+template <class P, int PARTS = P::splits>
 __device__ __forceinline__ void splitReduceSums(const double* __restrict__ parts, float* __restrict__ out, long long extent) {
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < extent; i += (long long)gridDim.x * blockDim.x) {
     double v = parts[i];
-#pragma unroll
-    for (int z = 1; z < P::splits; ++z) v += parts[z * extent + i];
+#pragma unroll 4
+    for (int z = 1; z < PARTS; ++z) v += parts[z * extent + i];
     out[i] = static_cast<float>(v);
   }
 }

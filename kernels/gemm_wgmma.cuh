@@ -36,6 +36,25 @@
  * 16-byte chunks of row r XOR-ed with r mod 8, so the pair writes of 8 rows hit distinct banks),
  * 256 bytes of each row at a time (128 bf16 or 64 fp32 columns a pass), and leave as 16-byte row
  * segments. The ring stays the producer's, so the epilogue overlaps the next item's loads.
+ * Given a TMA map of C (the optional argument after the sums; codegen passes one where C's rows are whole
+ * 16-byte chunks), the pass leaves by TMA stores instead: the staging is then two boxes of 64
+ * rows × 128 bytes in TMA's 128-byte swizzle (chunk c of row r at c ^ (r mod 8), as before but
+ * in 128-byte rows), and one thread of the consumer issues the two box stores and goes on. Before
+ * writing the staging again it waits only until the stores have read it
+ * (cp.async.bulk.wait_group.read), not for their writes, so the last pass's writes to global
+ * memory run under the next item's products; the map clips rows and columns outside C.
+ *
+ * Operand sums (Sums, kernels/gemm_common.cuh: MatMulBiasGrad's bias gradient). The operand to
+ * sum over K must be MN-major (A transposed, or B as stored: a weight gradient's dY). After
+ * issuing a slice's products each consumer thread of a summing item reads its share of the
+ * operand's slice from the ring (16-byte chunks of 8 M/N indices, a few k rows) and adds it in
+ * fp32; after the item the threads sharing a chunk column add their sums into 1 KB of shared
+ * memory in a fixed order (named barrier 1 between turns), and they go out. One product: the
+ * items of the first tile column (A) or row (B) sum every slice and write the sums. Split: the
+ * tiles sharing the operand's tile (the other tile rows or columns) share its slices round
+ * robin, so that every item does a share of the summing and none the whole (bench/RESULTS.md,
+ * twenty-fourth session); each writes fp64 partial sums, which the reduce kernel adds in (split,
+ * tile) order. Elements outside the operand arrive as zeros.
  * An epilogue functor with kStageRaw (kernels/gemm_common.cuh) runs after the staging instead: the
  * raw fp32 sums are staged, 64 columns (256 bytes of each row) a pass, and each thread takes
  * 16-byte chunks of 4 columns of one row (rows rt + 8u, rt = tid / 16), applies the functor and
@@ -248,6 +267,18 @@ struct WgmmaConfig {
   static_assert(STAGES >= 2, "the ring needs a stage to fill while another is read");
 };
 
+// The wgmma kernel's optional argument after the operand sums: a TMA map of C (the epilogue then
+// stores by TMA; see the note), or none.
+struct NoOutputMap {};
+template <class CMap>
+struct StoresByTma {
+  static constexpr bool value = false;
+};
+template <>
+struct StoresByTma<TensorMap> {
+  static constexpr bool value = true;
+};
+
 // B as the kernel reads it: a TMA map (stored K-major, or MN-major for bf16), or, TF32 only, the
 // fp32 matrix stored N-major, which the producer warpgroup transposes into the ring (see the note).
 template <class BOperand>
@@ -259,8 +290,9 @@ struct TransposesB<const float*> {
   static constexpr bool value = true;
 };
 
-template <class P, class Cfg, class Epi, class CPtr, class BOperand>
-__device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand& opB, CPtr C, const Epi& epi) {
+template <class P, class Cfg, class Epi, class CPtr, class BOperand, class Sums = NoSums, class CMap = NoOutputMap>
+__device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand& opB, CPtr C, const Epi& epi, const Sums& sums = Sums(),
+                                          const CMap& mapC = CMap()) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   constexpr long long M = P::M, N = P::N, K = P::K;
   constexpr long long TilesM = (M + BM - 1) / BM, TilesN = (N + BN - 1) / BN, kTiles = TilesM * TilesN;
@@ -372,15 +404,32 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   const int consumer = warpgroup - 1;
   typedef CElement<CPtr> E;
   static_assert(!P::transC || E::kBytes == 4, "a transposed output is fp32");
+  constexpr bool kTmaC = StoresByTma<CMap>::value;
+  static_assert(!kTmaC || (!P::transC && !Epi::kStageRaw), "TMA stores leave the fragments' staging of C's own rows");
   constexpr int kChunkCols = 256 / E::kBytes, kPasses = (BN + kChunkCols - 1) / kChunkCols;
   constexpr int kPerChunk = 16 / E::kBytes;
   // Every tile wholly inside C: the epilogue's bounds tests compile away. A row's 64 × N
   // elements within 32-bit offsets: the per-element offsets from a row base are ints.
   constexpr bool kFullTiles = M % BM == 0 && N % BN == 0;
   constexpr bool kOffsets32 = 64 * N < (1ll << 31);
-  unsigned char* const staged =
-      sharedRaw + (ring - smemAddress(sharedRaw)) + STAGES * Cfg::kStageBytes + consumer * Cfg::kStagingBytes;
+  const u32 stagedAt = ring + STAGES * Cfg::kStageBytes + consumer * Cfg::kStagingBytes;
+  unsigned char* const staged = sharedRaw + (stagedAt - smemAddress(sharedRaw));
   const int lane = tid % 32, g = lane / 4, t = lane % 4;
+  // Operand sums (MatMulBiasGrad's bias gradient; see the note): the consumers sum an MN-major
+  // operand's slices as they sit in the ring. Consumer thread T takes the 16-byte chunks (8 consecutive M or N indices) of chunk column
+  // T mod (R / 8) in k rows kRowsPerThread·(T div (R / 8)) + i: a warp's 16-byte loads cover whole
+  // 128-byte rows, conflict-free.
+  constexpr int kSum = Sums::kOperand;
+  constexpr int kSumRows = kSum == 1 ? BM : BN, kSumThreads = 128 * Cfg::CONSUMERS;
+  constexpr int kSumColumns = kSumRows / 8, kThreadsPerColumn = kSumThreads / kSumColumns, kRowsPerThread = 64 / kThreadsPerColumn;
+  static_assert(kSum == 0 || (!Cfg::TF32 && P::batch == 1 && (kSum == 1 ? P::transA : !P::transB)),
+                "operand sums: bf16, one product, the summed operand MN-major");
+  static_assert(kSum == 0 || (sizeof(typename Sums::T) == 8) == (P::splits > 1), "split products write fp64 partial sums");
+  static_assert(kSumThreads % kSumColumns == 0 && 64 % kThreadsPerColumn == 0, "the slice's chunks split evenly");
+  const int sumThread = consumer * 128 + tid, sumColumn = sumThread % kSumColumns, sumRow0 = (sumThread / kSumColumns) * kRowsPerThread;
+  constexpr long long kSumShares = kSum == 1 ? TilesN : TilesM;  // (split products: the items that share a tile's slices)
+  float operandSum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  __shared__ float operandSums[kSum != 0 ? kSumRows : 1];  // the tile's sums, added over the threads in order
   // A from registers: where this thread's fragments of k8 step 0 lie in a stage's A tile (step j
   // is 8 rows, 1024 bytes, further). Fragment h + 2e is row m = 64·consumer + 16·warp + g + 8h,
   // k = t + 4e: block m / 32, row k, 16-byte chunk (m mod 32) / 4 XOR-ed with k mod 8.
@@ -404,7 +453,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
     for (int r = 0; r < 4; ++r) frag[j][r] = 0u;
   int it = 0;
   float acc[BN / 2];
-  auto slice = [&](int s) {
+  auto slice = [&](int s, bool summing) {
     const int st = it % STAGES;
     mbarWait(full + 8 * st, (it / STAGES) & 1);
     if constexpr (kLoadBT) sm90::fenceProxyAsync();  // B's stores came through the generic proxy
@@ -427,6 +476,25 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
       }
     }
     wgmmaCommit();
+    if constexpr (kSum != 0) {  // while the products run (the stage is released after them)
+      if (summing) {
+        const u32 tile = kSum == 1 ? a : bt;
+        const int block = sumColumn / 8, chunk = sumColumn % 8;
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) {
+          const int k = sumRow0 + i;
+          u32 v[4];
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                       : "r"(tile + block * 8192 + k * 128 + ((chunk ^ (k & 7)) << 4)));
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            operandSum[2 * e] += __uint_as_float(v[e] << 16);
+            operandSum[2 * e + 1] += __uint_as_float(v[e] & 0xffff0000u);
+          }
+        }
+      }
+    }
     if constexpr (kRsA) {
       wgmmaWait<0>();  // this slice's products are done: its stage and the fragments are free
       fenceRegisters(acc);
@@ -609,17 +677,47 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
         if (m < M && n < N) asm volatile("prefetch.global.L2 [%0];" ::"l"(A::bytes(epi.aux) + (base + m * N + n) * A::kBytes));
       }
     }
-    for (int s = 0; s < item.count; ++s) slice(s);
+    // Which items sum (see the note): one product, those of the first tile column (A) or row (B);
+    // split, every item, slice g of the split's share where g mod (tile columns or rows) is the item's.
+    const long long other = kSum == 1 ? item.n0 / BN : item.m0 / BM;
+    const bool summing = kSum != 0 && (P::splits > 1 || other == 0);
+    for (int s = 0; s < item.count; ++s) slice(s, summing && (P::splits == 1 || (item.sBegin + s) % kSumShares == other));
     if constexpr (!kRsA) {
       wgmmaWait<0>();
       fenceRegisters(acc);
       if (item.count > 0) mbarArrive(empty + 8 * ((it - 1) % STAGES));
     }
+    if constexpr (kSum != 0) {
+      // The tile's operand sums: the threads of each chunk column add theirs into shared memory
+      // one row group after another (a fixed order), then R threads write them out (the sums; or
+      // the fp64 partials of split z and tile row (B) or column (A) j at out[(z·shares + j)·extent
+      // + r], which the reduce kernel adds in that order).
+      if (summing) {
+        for (int r = 0; r < kThreadsPerColumn; ++r) {
+          if (sumThread / kSumColumns == r) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              float& to = operandSums[sumColumn * 8 + e];
+              to = r == 0 ? operandSum[e] : to + operandSum[e];
+            }
+          }
+          asm volatile("bar.sync 1, %0;" ::"n"(kSumThreads) : "memory");
+        }
+        constexpr long long kExtent = kSum == 1 ? M : N;
+        const long long r = (kSum == 1 ? item.m0 : item.n0) + sumThread;
+        if (sumThread < kSumRows && r < kExtent)
+          sums.out[(P::splits > 1 ? item.split * kSumShares + other : 0) * kExtent + r] = static_cast<typename Sums::T>(operandSums[sumThread]);
+        asm volatile("bar.sync 1, %0;" ::"n"(kSumThreads) : "memory");  // the buffer is free again
+#pragma unroll
+        for (int e = 0; e < 8; ++e) operandSum[e] = 0.0f;
+      }
+    }
 
     // Epilogue (see the note): the functor on the accumulators, staged 256 bytes of each row at
-    // a time, out as 16-byte row segments.
+    // a time, out as 16-byte row segments. C's batch entry: the batch entry's, or a split's partial sums.
     const long long tileRow = item.m0 + consumer * 64, n0 = item.n0, b = item.b;
-    unsigned char* const out = E::bytes(C) + (item.b + item.split) * M * N * E::kBytes;
+    const long long cEntry = item.b + item.split;
+    unsigned char* const out = E::bytes(C) + cEntry * M * N * E::kBytes;
     if constexpr (P::transC) {
       static_assert(!Epi::kPairs, "a pair epilogue runs on C's own rows (codegen never swaps its product)");
       transposedEpilogue(tileRow, n0, b, out, staged);
@@ -634,6 +732,10 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
     const long long m0 = tileRow + r0, rowAt = b * M * N + m0 * N + n0;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
+      if constexpr (kTmaC) {  // the staging's previous stores have read it
+        if (tid == 0) sm90::bulkWaitRead<0>();
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+      }
       // Column pair by column pair, both rows' results before either is stored: the functor's
       // per-column reads (the bias) then serve both rows (no store between them to alias them).
 #pragma unroll
@@ -658,8 +760,23 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = r0 + 8 * h;
-          E::storePair(staged + r * 256 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), o[h]);
+          if constexpr (kTmaC) {  // box byte / 128, its row r, chunk (byte / 16 mod 8) ^ (r mod 8)
+            E::storePair(staged + (byte >> 7) * 8192 + r * 128 + ((((byte >> 4) & 7) ^ (r & 7)) << 4) + (byte & 15), o[h]);
+          } else {
+            E::storePair(staged + r * 256 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), o[h]);
+          }
         }
+      }
+      if constexpr (kTmaC) {
+        sm90::fenceProxyAsync();  // the stores read the staging through the async proxy
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+        if (tid == 0) {
+#pragma unroll
+          for (int q = 0; q < 2; ++q)
+            sm90::tmaStore3d(mapC, stagedAt + q * 8192, (int)(n0 + p * kChunkCols + q * (kChunkCols / 2)), (int)tileRow, (int)cEntry);
+          sm90::bulkCommit();
+        }
+        continue;
       }
       asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
 #pragma unroll 4
@@ -677,6 +794,9 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
       }
       asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");  // the staging is free again
     }
+  }
+  if constexpr (kTmaC) {
+    if (tid == 0) sm90::bulkWait<0>();  // the last stores are done before the block's shared memory goes
   }
 }
 

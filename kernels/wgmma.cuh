@@ -103,6 +103,13 @@ __device__ __forceinline__ void tmaStore4d(const void* map, u32 src, int c0, int
                "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
 }
+// The same from a three-dimensional map (`map`: a __grid_constant__ kernel argument).
+__device__ __forceinline__ void tmaStore3d(const TensorMap& map, u32 src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<unsigned long long>(&map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
 __device__ __forceinline__ void bulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // This thread's bulk groups but the newest N have read their shared-memory sources.
 template <int N>

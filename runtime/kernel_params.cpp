@@ -15,6 +15,7 @@ cuda::KernelParams launchParams(const codegen::Kernel& k, const std::function<cu
     case KernelArg::Scratch: params.addPointer(scratch); break;
     case KernelArg::InputTensorMap: params.addTensorMap(a.map, input(a.index)); break;
     case KernelArg::ScratchTensorMap: params.addTensorMap(a.map, scratch + a.scratchOffsetBytes); break;
+    case KernelArg::OutputTensorMap: params.addTensorMap(a.map, output(a.index)); break;
     case KernelArg::AdamBinding: params.addPointer(adamBinding); break;
     }
   }

@@ -90,7 +90,7 @@ TEST(GemmEmit, Bf16OperandsTakeTheWgmmaKernelWhereTheyCan) {
 TEST(GemmEmit, WgmmaEpiloguesThatReadOrWriteMoreThanCRunOnTheStagedSums) {
   int seen = 0;
   for (const Variant& v : gemmtest::wgmmaVariants()) {
-    if (v.kernel.name.find("_reduce") != std::string::npos || v.kernel.name.find("_split") != std::string::npos) continue;
+    if (v.kernel.name.find("_reduce") != std::string::npos || v.name.find("_split") != std::string::npos) continue;
     const bool actGrad = v.name.find("MatMulActGrad_") == 0, forced = v.name.find("_staged") != std::string::npos ||
                                                                      v.name.find("_fragments") != std::string::npos;
     const bool staged = forced ? v.name.find("_staged") != std::string::npos : actGrad || v.name.find("FusedLinear_gelu") == 0;
@@ -99,7 +99,69 @@ TEST(GemmEmit, WgmmaEpiloguesThatReadOrWriteMoreThanCRunOnTheStagedSums) {
     EXPECT_EQ(v.kernel.source.find("withAux(float v, float s)") != std::string::npos, actGrad) << v.name;
     ++seen;
   }
-  EXPECT_EQ(seen, 2 * 3 * 12);  // 2 output types × 3 tiles × 12 products that are not split
+  EXPECT_EQ(seen, 2 * 3 * 14 + 2);  // 2 output types × 3 tiles × 14 products that are not split, 2 bias gradients
+}
+
+// MatMulBiasGrad on the bf16 wgmma kernel: the bias operand (stored [K, L], so MN-major: A
+// transposed, B as stored) summed inside the product where the sums are fp32; split products write
+// fp64 partial sums that the reduce kernel adds; bf16 sums get the column-sum kernels after it.
+TEST(GemmEmit, Bf16WeightGradientsSumTheBiasOperandInsideTheProduct) {
+  struct Case {
+    const char* operand;
+    bool ta, tb;
+    int splits;
+    bool inside;  // (false: bf16 outputs)
+  };
+  for (const Case& k : {Case{"b", true, false, 0, true}, Case{"a", true, true, 0, true}, Case{"b", true, false, 3, true},
+                        Case{"b", true, false, 0, false}}) {
+    SCOPED_TRACE(std::string(k.operand) + (k.ta ? " tA" : "") + (k.tb ? " tB" : "") + ", " + std::to_string(k.splits) + " splits" +
+                 (k.inside ? "" : ", bf16 outputs"));
+    GemmProblem p = gemmtest::matmulProblem(256, 512, 2048, k.ta, k.tb);
+    p.biasGrad = k.operand;
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    gemmtest::storeOperandsInBf16(g, id, !k.inside);
+    codegen::EmitOptions opt;
+    opt.wgmma = true, opt.gemmTile = GemmTile::Large, opt.gemmSplits = k.splits;
+    const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+    const std::string sums = std::string("pa::gemm::OperandSums<") + (std::string(k.operand) == "a" ? "1" : "2") +
+                             (k.splits > 1 ? ", double>" : ", float>{out1}");
+    ASSERT_FALSE(nk.kernels.empty());
+    EXPECT_NE(nk.kernels[0].source.find("pa::gemm::wgmmaGemm<"), std::string::npos);
+    EXPECT_EQ(nk.kernels[0].source.find(sums) != std::string::npos, k.inside);
+    EXPECT_EQ(nk.kernels.size(), k.inside ? (k.splits > 1 ? 2u : 1u) : 3u);  // else the product and two column-sum kernels
+    if (k.inside && k.splits > 1) {
+      EXPECT_NE(nk.kernels[1].source.find("splitReduceSums<"), std::string::npos);
+    }
+  }
+}
+
+// Where the wgmma kernel stores C by TMA (EmitOptions::wgmmaTmaStores): the epilogues on the
+// fragments (and a split product's partial sums, fp32) whose rows are whole 16-byte chunks; the
+// staged-raw epilogues, N = 100 in bf16 and the forced cases store by the threads.
+TEST(GemmEmit, WgmmaProductsStoreCByTmaWhereItsRowsAreWholeChunks) {
+  int tma = 0, threads = 0;
+  for (const Variant& v : gemmtest::wgmmaVariants()) {
+    if (v.kernel.name.find("_reduce") != std::string::npos) continue;
+    const bool split = v.kernel.name.find("_split") != std::string::npos;
+    const bool staged = v.kernel.source.find("kStageRaw = true") != std::string::npos;
+    const bool bf16Rows100 = v.name.find("MatMul_n100_t2_bf16out") == 0;
+    const bool want = split || (!staged && !bf16Rows100 && v.name.find("_threadstores") == std::string::npos);
+    int maps = 0;
+    for (const codegen::KernelArg& a : v.kernel.args) {
+      if (a.kind != codegen::KernelArg::OutputTensorMap && !(a.kind == codegen::KernelArg::ScratchTensorMap && a.index < 0)) continue;
+      ++maps;
+      EXPECT_EQ(a.kind == codegen::KernelArg::ScratchTensorMap, split) << v.name;
+      EXPECT_EQ(a.map.elementBytes, split || v.name.find("_f32out") != std::string::npos ? 4u : 2u) << v.name;
+      EXPECT_EQ(a.map.box[0] * a.map.elementBytes, 128u) << v.name;
+      EXPECT_EQ(a.map.box[1], 64u) << v.name;
+    }
+    EXPECT_EQ(maps, want ? 1 : 0) << v.name;
+    EXPECT_EQ(v.kernel.source.find(split ? ", mapParts)" : ", mapOut") != std::string::npos, want) << v.name;
+    ++(want ? tma : threads);
+  }
+  EXPECT_GT(tma, 0);
+  EXPECT_GT(threads, 0);
 }
 
 TEST(GemmEmit, EmbedsTheTemplates) {

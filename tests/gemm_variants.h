@@ -150,11 +150,12 @@ inline std::vector<Variant> libraryEpilogues() {
 }
 
 // bf16 operands with EmitOptions::wgmma (an sm_90a device): the wgmma kernel for every tile,
-// transpose, batch, split and epilogue, with bf16 and fp32 outputs.
+// transpose, batch, split and epilogue, with bf16 and fp32 outputs, C stored by TMA and by the
+// threads, and the bias gradient's operand sums.
 inline std::vector<Variant> wgmmaVariants() {
   std::vector<Variant> out;
   auto add = [&](const std::string& name, const GemmProblem& p, GemmTile tile, bool bf16Out, int splits = 0,
-                 codegen::WgmmaEpilogue epilogue = codegen::WgmmaEpilogue::Auto) {
+                 codegen::WgmmaEpilogue epilogue = codegen::WgmmaEpilogue::Auto, bool tmaStores = true) {
     Graph g;
     const NodeId id = gemmtest::buildGraph(g, p);
     gemmtest::storeOperandsInBf16(g, id, bf16Out);
@@ -163,6 +164,7 @@ inline std::vector<Variant> wgmmaVariants() {
     opt.gemmTile = tile;
     opt.gemmSplits = splits;
     opt.wgmmaEpilogue = epilogue;
+    opt.wgmmaTmaStores = tmaStores;
     for (const codegen::Kernel& k : codegen::emitNode(g, id, opt).kernels)
       out.push_back({name + (bf16Out ? "_bf16out_" : "_f32out_") + std::to_string(static_cast<int>(tile)) + "_" + k.name, k});
   };
@@ -195,7 +197,20 @@ inline std::vector<Variant> wgmmaVariants() {
       add("FusedLinear_relu_staged", fused, tile, bf16Out, 0, codegen::WgmmaEpilogue::Staged);
       fused.act = "gelu";
       add("FusedLinear_gelu_fragments", fused, tile, bf16Out, 0, codegen::WgmmaEpilogue::Fragments);
+      // C stored by the threads: forced, and where C's rows are not whole 16-byte chunks (N = 100
+      // in bf16; in fp32 they are).
+      add("MatMul_t0_threadstores", gemmtest::matmulProblem(40, 104, 136, false, false), tile, bf16Out, 0,
+          codegen::WgmmaEpilogue::Auto, false);
+      add("MatMul_n100_t2", gemmtest::matmulProblem(40, 100, 136, false, true), tile, bf16Out);
     }
+  // The bias gradient summed inside the product (MatMulBiasGrad, either operand MN-major; fp32
+  // outputs, as lower-bf16 leaves gradients), whole and split.
+  for (const char* operand : {"a", "b"}) {
+    GemmProblem p = gemmtest::matmulProblem(40, 104, 136, true, false);
+    p.biasGrad = operand;
+    add(std::string("MatMulBiasGrad_") + operand, p, GemmTile::Large, false);
+    add(std::string("MatMulBiasGrad_split_") + operand, p, GemmTile::Small, false, 3);
+  }
   return out;
 }
 

@@ -31,21 +31,22 @@ ${PAIRBODY}  }
 };
 )";
 
-// The product with its epilogue, in one kernel.
+// The product with its epilogue, in one kernel (${CMAP}: as in kGemmSplit).
 inline constexpr const char* kGemm = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
   ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, ${COUT}, epilogue${SUMS});
+${EPIINIT}  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, ${COUT}, epilogue${SUMS}${CMAP});
 }
 )";
 
 // Split-K: each block's raw sum over its share of K into the scratch (no epilogue), and its
-// partial operand sums where the kernel sums an operand (kernels/gemm_common.cuh).
+// partial operand sums where the kernel sums an operand (kernels/gemm_common.cuh). ${CMAP}: the
+// wgmma kernel's TMA map of C (here the partial sums), or nothing.
 inline constexpr const char* kGemmSplit = R"(${PROBLEM}${SHAREDCHECK}
 extern "C" __global__ void __launch_bounds__(${THREADS}, ${MINBLOCKS}) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, scratch + ${PARTS}, pa::gemm::Identity()${SUMS});
+  pa::gemm::${ALGO}<${NAME}_problem, pa::gemm::${CONFIG}>(${APTR}, ${BPTR}, scratch + ${PARTS}, pa::gemm::Identity()${SUMS}${CMAP});
 }
 )";
 

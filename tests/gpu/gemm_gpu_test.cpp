@@ -309,6 +309,46 @@ std::vector<Bf16Case> bf16Cases() {
       }
     }
   }
+  // Weight gradients with the bias's sums (MatMulBiasGrad): the summed operand MN-major (A
+  // transposed, or B as stored) summed inside the product, whole and split (the reduce kernel adds
+  // the splits' fp64 partials), every tile, awkward and whole tiles, K with a partial slice; with
+  // bf16 outputs the column-sum kernels after the product sum it instead.
+  for (const char* operand : {"a", "b"})
+    for (const auto& s : {std::array<int64_t, 3>{136, 264, 4000}, std::array<int64_t, 3>{256, 512, 2048}}) {
+      GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], true, false);
+      p.biasGrad = operand;
+      const std::string base = std::string("MatMulBiasGrad_") + operand + "_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
+                               std::to_string(s[2]) + "_tA";
+      add(base, p, GemmTile::Auto, false);
+      for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, tile == GemmTile::Medium);
+      add(base, p, GemmTile::Large, true, 3);
+      add(base, p, GemmTile::Small, false, 7);
+    }
+  {  // mlp_wide's last layer as training runs it (1024 × 256 over 8192 rows, tiles and splits from the shape)
+    GemmProblem p = gemmtest::matmulProblem(1024, 256, 8192, true, false);
+    p.biasGrad = "b";
+    add("MatMulBiasGrad_b_1024x256x8192_tA", p, GemmTile::Auto, false);
+  }
+  // C stored by the consumers' threads (EmitOptions::wgmmaTmaStores off) where the default stores
+  // it by TMA (rows of whole 16-byte chunks): awkward and whole tiles, split products (their
+  // partial sums stored either way), a bias and ReLU epilogue, both output types.
+  for (const auto& s : {std::array<int64_t, 3>{201, 264, 72}, std::array<int64_t, 3>{256, 512, 64}})
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) {
+      const std::string base = "MatMul_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]) + "_threadstores";
+      add(base, gemmtest::matmulProblem(s[0], s[1], s[2], false, false), tile, tile == GemmTile::Large);
+      cases.back().opt.wgmmaTmaStores = false;
+      add(base, gemmtest::matmulProblem(s[0], s[1], s[2], false, false), tile, true, 3);
+      cases.back().opt.wgmmaTmaStores = false;
+    }
+  {
+    GemmProblem p;
+    p.fused = true, p.act = "relu", p.bias = true;
+    p.a = {5, 7, 136}, p.b = {136, 1000};
+    for (GemmTile tile : {GemmTile::Large, GemmTile::Medium}) {
+      add("FusedLinear_relu_35x1000x136_threadstores", p, tile, tile == GemmTile::Large);
+      cases.back().opt.wgmmaTmaStores = false;
+    }
+  }
   // Whole tiles (M and N multiples of every tile's; the epilogue's bounds tests compile away),
   // every epilogue, two batch entries of 128 rows.
   for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"}) {

@@ -31,6 +31,9 @@ struct GemmProblem {
   // MatMul only: "relu" or "gelu" makes it MatMulActGrad, the product times that activation's
   // derivative at a third input x laid out as the output (a layer's dX: dY·Wᵀ, x its input).
   std::string gradAct;
+  // MatMul only: "a" or "b" makes it MatMulBiasGrad, with that operand's sums over K as a second
+  // output (a layer's weight and bias gradients).
+  std::string biasGrad;
 };
 
 // MatMul C[m, n] = op(A)·op(B) with A stored [k, m] when `ta` (else [m, k]) and B stored [n, k]
@@ -68,7 +71,9 @@ inline NodeId buildGraph(Graph& g, const GemmProblem& p) {
   } else {
     attrs.set<attr::TransposeA>(p.ta);
     attrs.set<attr::TransposeB>(p.tb);
-    out = g.add(OpKind::MatMul, {g.addParam("a", p.a, "xavier"), g.addParam("b", p.b, "xavier")}, attrs);
+    if (!p.biasGrad.empty()) attrs.set<attr::BiasOperand>(p.biasGrad);
+    out = g.add(p.biasGrad.empty() ? OpKind::MatMul : OpKind::MatMulBiasGrad, {g.addParam("a", p.a, "xavier"), g.addParam("b", p.b, "xavier")},
+                attrs);
   }
   g.setOutput("y", out);
   return g.producer(out).id;
@@ -98,7 +103,8 @@ inline void uploadStored(cuda::DeviceBuffer& buf, std::vector<float>& values, DT
 }
 
 // Float64 reference of every output of the node (out0, and FusedLinear-GELU's or -SwiGLU's
-// pre-activation), and for MatMulActGrad the product before the derivative after them. Rope
+// pre-activation, or MatMulBiasGrad's operand sums), and for MatMulActGrad the product before the
+// derivative after them. Rope
 // turns each head's column pairs (c, c + 1), c < dims, of row i by (i mod S)·base^(-c/dims), S
 // the second-to-last extent of x.
 inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, const std::vector<std::vector<float>>& in) {
@@ -160,6 +166,11 @@ inline std::vector<std::vector<double>> reference(const Graph& g, NodeId id, con
         }
         out[0][at] = v;
       }
+      if (n.op == OpKind::MatMulBiasGrad && n.attrs.get<attr::BiasOperand>() == "a")  // (one product: batch 1)
+        for (int64_t p = 0; p < k; ++p) out[1][static_cast<size_t>(i)] += ta ? A[p * m + i] : A[i * k + p];
+      if (n.op == OpKind::MatMulBiasGrad && n.attrs.get<attr::BiasOperand>() == "b" && i == 0)
+        for (int64_t p = 0; p < k; ++p)
+          for (int64_t j = 0; j < nn; ++j) out[1][static_cast<size_t>(j)] += tb ? B[j * k + p] : B[p * nn + j];
       if (act == "rope") {
         double* y = out[0].data() + (bi * m + i) * nn;
         const int64_t hd = n.attrs.get<attr::HeadDim>(), dims = n.attrs.get<attr::RopeDims>() ? n.attrs.get<attr::RopeDims>() : hd;

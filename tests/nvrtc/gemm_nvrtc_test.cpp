@@ -22,9 +22,11 @@ TEST(GemmNvrtc, CompilesEveryWgmmaVariantSm90a) {
   if (!codegen::Nvrtc::instance().available()) GTEST_SKIP() << codegen::Nvrtc::instance().unavailableReason();
   std::vector<test::CompileUnit> units;
   for (const Variant& v : gemmtest::wgmmaVariants()) units.push_back({v.name, v.kernel.name, v.kernel.source});
-  // 3 tiles × 2 output types × (4 transposes + 4 split products (2 kernels each) on small tiles
-  // only + batched + 3 epilogues + 2 activation gradients + 2 forced epilogue placements).
-  EXPECT_EQ(units.size(), 2u * (3 * 12 + 4 * 2));
+  // 2 output types × (3 tiles × (4 transposes + batched + 3 epilogues + 2 activation gradients +
+  // 2 forced epilogue placements + 2 products whose C the threads store) + on small tiles only, 4
+  // split products of 2 kernels each), and 2 bias-gradient products with their operand sums,
+  // whole (one kernel) and split (two).
+  EXPECT_EQ(units.size(), 2u * (3 * 14 + 4 * 2) + 2 * 3);
   const std::vector<std::string> failures = test::compileInParallel(units, "sm_90a", /*rejectWarnings=*/true);
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
