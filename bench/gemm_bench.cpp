@@ -20,6 +20,9 @@
 //     wgmma products with an epilogue (FusedLinear, the _dXrelu / _dXgelu activation gradients):
 //     "epi_fragments" / "epi_staged" with the functor forced onto the fragments / the staged raw
 //     sums (EmitOptions::wgmmaEpilogue; "auto" picks by the epilogue).
+//     Every wgmma product (bf16, TF32): "stores_threads" with C stored by the consumers' threads
+//     where "auto" stores it by TMA (EmitOptions::wgmmaTmaStores). *_dWdb: the weight gradient
+//     with the bias gradient (matmul-bias-grad; cuBLASLt's BGRAD epilogue).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +60,14 @@ std::vector<Shape3> shapes() {
   fwd("mlp1024_fwd", 8192, 1024, 1024);   // relu(X·W + b)
   mm("mlp1024_dX", 8192, 1024, 1024, false, true);  // dY·Wᵀ
   mm("mlp1024_dW", 1024, 1024, 8192, true, false);  // Xᵀ·dY
+  auto dWdb = [&](const std::string& name, int64_t m, int64_t n, int64_t k) {  // Xᵀ·dY and dY's column sums (matmul-bias-grad)
+    GemmProblem p = gemmtest::matmulProblem(m, n, k, true, false);
+    p.biasGrad = "b";
+    s.push_back({name, p, m, n, k});
+  };
+  dWdb("mlp1024_dWdb", 1024, 1024, 8192);
+  dWdb("mlp256in_dWdb", 256, 1024, 8192);
+  dWdb("mlp256out_dWdb", 1024, 256, 8192);
   auto actGrad = [&](const std::string& name, int64_t m, int64_t n, int64_t k, const char* act) {
     GemmProblem p = gemmtest::matmulProblem(m, n, k, false, true);
     p.gradAct = act;
@@ -212,7 +223,7 @@ int run(int argc, char** argv) {
       const bool tf32 = !std::strcmp(precision, "tf32"), bf16 = !std::strcmp(precision, "bf16");
       Graph g;
       const NodeId id = gemmtest::buildGraph(g, s.p);
-      const bool weightGradient = s.name.size() > 3 && s.name.compare(s.name.size() - 3, 3, "_dW") == 0;
+      const bool weightGradient = s.name.find("_dW") != std::string::npos;
       if (bf16) gemmtest::storeOperandsInBf16(g, id, !weightGradient);
       const Node& node = g.node(id);
       // Fresh random non-zero inputs in their storage type; several sets when they would
@@ -282,6 +293,12 @@ int run(int argc, char** argv) {
           gemmtest::NodeOnGpu gpu(g, id, opt, device());
           report(gpu, e.first);
         }
+      }
+      if (deviceOpt.wgmma && (bf16 || tf32)) {  // C stored by the consumers' threads instead of TMA
+        codegen::EmitOptions opt = deviceOpt;
+        opt.wgmmaTmaStores = false;
+        gemmtest::NodeOnGpu gpu(g, id, opt, device());
+        report(gpu, "stores_threads");
       }
       if (cuda::CublasLt::instance().available()) reportMs(timeCublasLt(g, id, tf32, 5, 30), precision, "cublaslt");
       if (!sweep) continue;

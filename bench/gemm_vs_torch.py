@@ -51,6 +51,8 @@ def torch_case(m, n, k, ta, tb, fused, dtype, name=""):
         if name.endswith("_dXrelu"):
             return (lambda a, b, x: torch.ops.aten.threshold_backward(torch.matmul(a, b.t()), x, 0.0)), sets
         return (lambda a, b, x: torch.ops.aten.gelu_backward(torch.matmul(a, b.t()), x)), sets
+    if name.endswith("_dWdb"):  # matmul-bias-grad: Xᵀ·dY and dY's column sums
+        return (lambda a, b, bias: (torch.matmul(a.t(), b), b.sum(0, dtype=torch.float32))), sets
     if fused:
         return (lambda a, b, bias: torch.relu(torch.addmm(bias, a, b.t() if tb else b))), sets
     return (lambda a, b, bias: torch.matmul(a.t() if ta else a, b.t() if tb else b)), sets

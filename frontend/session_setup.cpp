@@ -336,6 +336,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.adamInTrainNode = opt.adamInTrainNode;
   spec.fp64Gemm = opt.fp64Gemm;
   spec.stagedEpilogues = opt.stagedEpilogues;
+  spec.tmaStores = opt.tmaStores;
   spec.packedWeightCopies = opt.packedWeightCopies;
   spec.packedGradViews = opt.packedGradViews;
   spec.seed = cfg.seed;

@@ -50,6 +50,10 @@ struct RunOptions {
   // raw sums (codegen::WgmmaEpilogue Auto); false runs every epilogue on the fragments (A/B
   // benchmarks: gpu_train_bench --fragment-epilogues).
   bool stagedEpilogues = true;
+  // GPU, sm_90a: wgmma products store C by TMA where its rows allow (codegen's
+  // EmitOptions::wgmmaTmaStores); false: by their threads (A/B benchmarks: gpu_train_bench
+  // --thread-stores).
+  bool tmaStores = true;
   // GPU: Adam writes the packed copies of fuse-qkv's and SwiGLU's weights (bf16 or fp32) and of
   // fuse-qkv's biases (SessionSpec);
   // false launches the packing kernels each step (A/B benchmarks: gpu_train_bench --no-packed-copies; tests).

@@ -722,6 +722,7 @@ codegen::EmitOptions CudaGraphRunner::emitOptionsFor(const cuda::Device& device,
   emit.adamInTrainNode = opt.adamInTrainNode;
   if (!opt.fp64Gemm) emit.fp32Gemm = codegen::Fp32Gemm::Simt;
   emit.wgmmaEpilogue = opt.wgmmaEpilogue;
+  emit.wgmmaTmaStores = opt.wgmmaTmaStores;
   emit.wgmma = device.info().arch() == "sm_90a";
   emit.fullRateFp64 = flashTargetOf(device.info()).fullRateFp64;
   emit.sms = device.info().multiprocessors;

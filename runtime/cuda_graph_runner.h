@@ -73,6 +73,9 @@ struct CudaRunnerOptions {
   bool fp64Gemm = true;
   // Where wgmma products run their epilogue (codegen::EmitOptions::wgmmaEpilogue; A/B benchmarks).
   codegen::WgmmaEpilogue wgmmaEpilogue = codegen::WgmmaEpilogue::Auto;
+  // wgmma products store C by TMA where its rows allow (codegen::EmitOptions::wgmmaTmaStores; A/B
+  // benchmarks).
+  bool wgmmaTmaStores = true;
 };
 
 class CudaGraphRunner {

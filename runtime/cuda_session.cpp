@@ -203,6 +203,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   ropt.pdl = spec_.pdl;
   ropt.fp64Gemm = spec_.fp64Gemm;
   ropt.wgmmaEpilogue = spec_.stagedEpilogues ? codegen::WgmmaEpilogue::Auto : codegen::WgmmaEpilogue::Fragments;
+  ropt.wgmmaTmaStores = spec_.tmaStores;
   ropt.adamInTrainNode = adamInNode;
   if (!spec_.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
     const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), ropt));

@@ -120,6 +120,8 @@ struct SessionSpec {
   bool fp64Gemm = true;
   // GPU, sm_90a: CudaRunnerOptions::wgmmaEpilogue Auto; false: Fragments (A/B benchmarks).
   bool stagedEpilogues = true;
+  // GPU, sm_90a: CudaRunnerOptions::wgmmaTmaStores (A/B benchmarks).
+  bool tmaStores = true;
   // GPU: Adam also writes the packed copies (bf16 or fp32) of weights that fuse-qkv and SwiGLU pack
   // into one GEMM operand, and of fuse-qkv's biases, and the step launches no packing kernel
   // (CudaRunnerOptions::mirrorPackedWeights); the same results either way (A/B benchmarks and tests
