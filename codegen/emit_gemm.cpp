@@ -370,9 +370,9 @@ int biasGradInput(const Node& n) { return n.attrs.get<attr::BiasOperand>() == "a
 
 // The product with its bias gradient: a column product sums B beside (columnProduct); the mma.sync
 // kernels (TF32, FP64) and the bf16 wgmma kernel (the operand MN-major) sum the operand inside the
-// product (gemm's `sumInput`); elsewhere SumTo's
-// kernels over the summed operand follow the product (after it, so the two share the node's
-// scratch), as MatMul + SumTo did. cuBLASLt writes both in one.
+// product (gemm's `sumInput`); elsewhere SumTo's kernels over the summed operand follow the product
+// (after it, so the two share the node's scratch), as MatMul + SumTo did. cuBLASLt writes both in
+// one.
 NodeKernels emitMatMulBiasGrad(const Ctx& c) {
   const int input = biasGradInput(c.n);
   bool summed = false;

@@ -46,6 +46,7 @@ std::string dims(const Shape& s) {
   for (int64_t d : s) r += (r.empty() ? "" : "x") + std::to_string(d);
   return r;
 }
+std::string dims(const std::array<int64_t, 3>& mnk) { return dims(Shape(mnk.begin(), mnk.end())); }
 
 std::vector<GemmCase> allCases() {
   using codegen::GemmTile;
@@ -153,8 +154,7 @@ std::vector<GemmCase> allCases() {
     for (const auto& s : {std::array<int64_t, 3>{127, 129, 255}, std::array<int64_t, 3>{300, 260, 80}}) {
       GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], false, true);
       p.gradAct = act;
-      const std::string base = std::string("MatMulActGrad_") + act + "_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
-                               std::to_string(s[2]) + "_tB";
+      const std::string base = std::string("MatMulActGrad_") + act + "_" + dims(s) + "_tB";
       for (bool tf32 : {false, true}) {
         for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tf32, tile);
         add(base, p, tf32, GemmTile::Large, 3);
@@ -279,8 +279,7 @@ std::vector<Bf16Case> bf16Cases() {
          {std::array<int64_t, 3>{201, 265, 72}, std::array<int64_t, 3>{200, 264, 72}, std::array<int64_t, 3>{256, 512, 64}}) {
       GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], false, true);
       p.gradAct = act;
-      const std::string base = std::string("MatMulActGrad_") + act + "_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
-                               std::to_string(s[2]) + "_tB";
+      const std::string base = std::string("MatMulActGrad_") + act + "_" + dims(s) + "_tB";
       for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, tile != GemmTile::Medium);
       add(base, p, GemmTile::Small, true, 3);
     }
@@ -317,8 +316,7 @@ std::vector<Bf16Case> bf16Cases() {
     for (const auto& s : {std::array<int64_t, 3>{136, 264, 4000}, std::array<int64_t, 3>{256, 512, 2048}}) {
       GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], true, false);
       p.biasGrad = operand;
-      const std::string base = std::string("MatMulBiasGrad_") + operand + "_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
-                               std::to_string(s[2]) + "_tA";
+      const std::string base = std::string("MatMulBiasGrad_") + operand + "_" + dims(s) + "_tA";
       add(base, p, GemmTile::Auto, false);
       for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, tile == GemmTile::Medium);
       add(base, p, GemmTile::Large, true, 3);
@@ -334,7 +332,7 @@ std::vector<Bf16Case> bf16Cases() {
   // partial sums stored either way), a bias and ReLU epilogue, both output types.
   for (const auto& s : {std::array<int64_t, 3>{201, 264, 72}, std::array<int64_t, 3>{256, 512, 64}})
     for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) {
-      const std::string base = "MatMul_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]) + "_threadstores";
+      const std::string base = "MatMul_" + dims(s) + "_threadstores";
       add(base, gemmtest::matmulProblem(s[0], s[1], s[2], false, false), tile, tile == GemmTile::Large);
       cases.back().opt.wgmmaTmaStores = false;
       add(base, gemmtest::matmulProblem(s[0], s[1], s[2], false, false), tile, true, 3);
