@@ -48,8 +48,8 @@
  * sum over K must be MN-major (A transposed, or B as stored: a weight gradient's dY). After
  * issuing a slice's products each consumer thread of a summing item reads its share of the
  * operand's slice from the ring (16-byte chunks of 8 M/N indices, a few k rows) and adds it in
- * fp32; after the item the threads sharing a chunk column add their sums into 1 KB of shared
- * memory in a fixed order (named barrier 1 between turns), and they go out. One product: the
+ * fp32; after the item the threads sharing a chunk column (lanes of one warp) add their sums by
+ * a butterfly of shuffles, and one of them writes the column's 8. One product: the
  * items of the first tile column (A) or row (B) sum every slice and write the sums. Split: the
  * tiles sharing the operand's tile (the other tile rows or columns) share its slices round
  * robin, so that every item does a share of the summing and none the whole (bench/RESULTS.md,
@@ -416,20 +416,22 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   unsigned char* const staged = sharedRaw + (stagedAt - smemAddress(sharedRaw));
   const int lane = tid % 32, g = lane / 4, t = lane % 4;
   // Operand sums (MatMulBiasGrad's bias gradient; see the note): the consumers sum an MN-major
-  // operand's slices as they sit in the ring. Consumer thread T takes the 16-byte chunks (8 consecutive M or N indices) of chunk column
-  // T mod (R / 8) in k rows kRowsPerThread·(T div (R / 8)) + i: a warp's 16-byte loads cover whole
-  // 128-byte rows, conflict-free.
+  // operand's slices as they sit in the ring. The P = kThreadsPerColumn consecutive consumer
+  // threads T of a group (lanes of one warp) take chunk column T div P (8 consecutive M or N
+  // indices, one 16-byte chunk of each k row) in k rows T mod P + P·i: the 8 lanes of a 16-byte
+  // load's phase read rows of distinct k mod 8, so distinct chunks of the swizzle (no conflict).
   constexpr int kSum = Sums::kOperand;
   constexpr int kSumRows = kSum == 1 ? BM : BN, kSumThreads = 128 * Cfg::CONSUMERS;
   constexpr int kSumColumns = kSumRows / 8, kThreadsPerColumn = kSumThreads / kSumColumns, kRowsPerThread = 64 / kThreadsPerColumn;
   static_assert(kSum == 0 || (!Cfg::TF32 && P::batch == 1 && (kSum == 1 ? P::transA : !P::transB)),
                 "operand sums: bf16, one product, the summed operand MN-major");
   static_assert(kSum == 0 || (sizeof(typename Sums::T) == 8) == (P::splits > 1), "split products write fp64 partial sums");
-  static_assert(kSumThreads % kSumColumns == 0 && 64 % kThreadsPerColumn == 0, "the slice's chunks split evenly");
-  const int sumThread = consumer * 128 + tid, sumColumn = sumThread % kSumColumns, sumRow0 = (sumThread / kSumColumns) * kRowsPerThread;
+  static_assert(kSumThreads % kSumColumns == 0 && 64 % kThreadsPerColumn == 0 && kThreadsPerColumn >= 8 && kThreadsPerColumn <= 32 &&
+                    (kThreadsPerColumn & (kThreadsPerColumn - 1)) == 0,
+                "a chunk column's threads: 8 to 32 lanes of one warp, a power of two");
+  const int sumThread = consumer * 128 + tid, sumColumn = sumThread / kThreadsPerColumn, sumRow0 = sumThread % kThreadsPerColumn;
   constexpr long long kSumShares = kSum == 1 ? TilesN : TilesM;  // (split products: the items that share a tile's slices)
   float operandSum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  __shared__ float operandSums[kSum != 0 ? kSumRows : 1];  // the tile's sums, added over the threads in order
   // A from registers: where this thread's fragments of k8 step 0 lie in a stage's A tile (step j
   // is 8 rows, 1024 bytes, further). Fragment h + 2e is row m = 64·consumer + 16·warp + g + 8h,
   // k = t + 4e: block m / 32, row k, 16-byte chunk (m mod 32) / 4 XOR-ed with k mod 8.
@@ -482,7 +484,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
         const int block = sumColumn / 8, chunk = sumColumn % 8;
 #pragma unroll
         for (int i = 0; i < kRowsPerThread; ++i) {
-          const int k = sumRow0 + i;
+          const int k = sumRow0 + kThreadsPerColumn * i;
           u32 v[4];
           asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                        : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
@@ -688,26 +690,23 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
       if (item.count > 0) mbarArrive(empty + 8 * ((it - 1) % STAGES));
     }
     if constexpr (kSum != 0) {
-      // The tile's operand sums: the threads of each chunk column add theirs into shared memory
-      // one row group after another (a fixed order), then R threads write them out (the sums; or
-      // the fp64 partials of split z and tile row (B) or column (A) j at out[(z·shares + j)·extent
-      // + r], which the reduce kernel adds in that order).
+      // The tile's operand sums: each chunk column's P threads add theirs by a butterfly of
+      // shuffles (a fixed tree), and the group's first thread writes its 8 sums (or the fp64
+      // partials of split z and tile row (B) or column (A) j at out[(z·shares + j)·extent + r],
+      // which the reduce kernel adds in that order).
       if (summing) {
-        for (int r = 0; r < kThreadsPerColumn; ++r) {
-          if (sumThread / kSumColumns == r) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              float& to = operandSums[sumColumn * 8 + e];
-              to = r == 0 ? operandSum[e] : to + operandSum[e];
-            }
-          }
-          asm volatile("bar.sync 1, %0;" ::"n"(kSumThreads) : "memory");
-        }
+        for (int e = 0; e < 8; ++e)
+#pragma unroll
+          for (int d = 1; d < kThreadsPerColumn; d *= 2) operandSum[e] += __shfl_xor_sync(0xffffffffu, operandSum[e], d);
         constexpr long long kExtent = kSum == 1 ? M : N;
-        const long long r = (kSum == 1 ? item.m0 : item.n0) + sumThread;
-        if (sumThread < kSumRows && r < kExtent)
-          sums.out[(P::splits > 1 ? item.split * kSumShares + other : 0) * kExtent + r] = static_cast<typename Sums::T>(operandSums[sumThread]);
-        asm volatile("bar.sync 1, %0;" ::"n"(kSumThreads) : "memory");  // the buffer is free again
+        const long long r0 = (kSum == 1 ? item.m0 : item.n0) + sumColumn * 8;
+        typename Sums::T* const to = sums.out + (P::splits > 1 ? item.split * kSumShares + other : 0) * kExtent;
+        if (sumRow0 == 0) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            if (r0 + e < kExtent) to[r0 + e] = static_cast<typename Sums::T>(operandSum[e]);
+        }
 #pragma unroll
         for (int e = 0; e < 8; ++e) operandSum[e] = 0.0f;
       }
