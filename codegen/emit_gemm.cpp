@@ -210,15 +210,15 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
     if (part == "reduce") pv["M"] = ll(m), pv["N"] = ll(n), pv["TC"] = "false";  // the partial sums are laid out as C
     return fillTemplate(kGemmProblem, pv);
   };
-  const bool partsOut = splits > 1;  // the product kernel's C: the partial sums
-  // C (or the split partial sums) by TMA stores where the wgmma kernel's fragments epilogue writes
-  // C's own rows and they are whole 16-byte chunks (EmitOptions::wgmmaTmaStores).
-  const int cBytes = partsOut || c.outType(e.cOutput) != DType::BF16 ? 4 : 2;
+  // C (or a split product's fp32 partial sums, its kernel's C) by TMA stores where the wgmma
+  // kernel's fragments epilogue writes C's own rows and they are whole 16-byte chunks
+  // (EmitOptions::wgmmaTmaStores).
+  const int cBytes = splits > 1 || c.outType(e.cOutput) != DType::BF16 ? 4 : 2;
   std::vector<KernelArg> cMapArg;
-  if (wgmma && c.opt->wgmmaTmaStores && !plan.swap && (partsOut || !stageRaw) && pq.n * cBytes % 16 == 0) {
-    const int64_t batch = partsOut ? splits : q.batch;
+  if (wgmma && c.opt->wgmmaTmaStores && !plan.swap && (splits > 1 || !stageRaw) && pq.n * cBytes % 16 == 0) {
+    const int64_t batch = splits > 1 ? splits : q.batch;
     const TensorMapSpec map = gemmTensorMap(pq.n, pq.m, batch, batch > 1 ? pq.m * pq.n : 0, 64, cBytes);
-    cMapArg.push_back(partsOut ? KernelArg{KernelArg::ScratchTensorMap, -1, map, static_cast<uint64_t>(scratchFloats) * sizeof(float)}
+    cMapArg.push_back(splits > 1 ? KernelArg{KernelArg::ScratchTensorMap, -1, map, static_cast<uint64_t>(scratchFloats) * sizeof(float)}
                                  : KernelArg{KernelArg::OutputTensorMap, e.cOutput, map});
   }
   const TemplateVars kernelVars = {{"THREADS", std::to_string(v.threads)}, {"MINBLOCKS", std::to_string(v.minBlocks)},

@@ -106,10 +106,11 @@ __device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned lon
 // ---------------------------------------------------------------------------------------------
 // Operand sums (MatMulBiasGrad's bias gradient, kernels/gemm_tf32.cuh and gemm_wgmma.cuh): the
 // mma.sync and wgmma kernels can sum one operand over K as its tiles pass through shared memory,
-// A per row m (OPERAND 1) or B per column n (OPERAND 2), in the blocks of the first tile column
-// (A) or row (B). T = float: the
-// sums themselves (one K split); T = double: split z's partial sums at out[z·extent + i], which
-// splitReduceSums adds in split order.
+// A per row m (OPERAND 1) or B per column n (OPERAND 2). T = float: the sums themselves (one K
+// split; the blocks of the first tile column (A) or row (B) write them); T = double: a split
+// product's fp64 partial sums, part p at out[p·extent + i], which splitReduceSums adds in order
+// (part = the split on the mma.sync kernels; split × tiles along the operand + the tile on the
+// wgmma kernel, whose tiles share a split's slices: its note).
 struct NoSums {
   static constexpr int kOperand = 0;
   typedef float T;
