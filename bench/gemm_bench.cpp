@@ -3,8 +3,9 @@
 // of 30 such samples): the issue-6 square product, mlp_wide's and attn_block's forward, dX and dW
 // GEMMs and tiny_gpt's SwiGLU projection; and the same nodes on the cuBLASLt provider (variant
 // "cublaslt"). Writes a CSV that bench/gemm_vs_torch.py reads to put PyTorch's times beside ours.
-//   gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16] [--shapes NAME,...]
+//   gemm_bench [--csv FILE] [--sweep] [--sweep-splits S,...] [--precisions fp32,tf32,bf16] [--shapes NAME,...]
 //     --shapes: only these shapes (the names in the first column, e.g. square_NN)
+//     --sweep-splits: the sweep's K splits of weight gradients (default 2,4,8,16,32,64)
 //     --sweep also times every tile variant and the config variants kept here until one wins
 //     (STYLE.md 6), and TF32 and bf16 weight gradients on the wgmma kernel with every tile and
 //     2-64 K splits. TF32 rows "mma.sync": the mma.sync kernel (where auto may pick the wgmma one);
@@ -159,15 +160,16 @@ void replaceAll(std::string& s, const std::string& from, const std::string& to) 
 }
 
 int run(int argc, char** argv) {
-  std::string csvPath = "gemm_bench.csv", precisions = "fp32,tf32,bf16", only;
+  std::string csvPath = "gemm_bench.csv", precisions = "fp32,tf32,bf16", only, sweepSplits = "2,4,8,16,32,64";
   bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csvPath = argv[++i];
     else if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     else if (!std::strcmp(argv[i], "--precisions") && i + 1 < argc) precisions = argv[++i];
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) only = argv[++i];
+    else if (!std::strcmp(argv[i], "--sweep-splits") && i + 1 < argc) sweepSplits = argv[++i];
     else {
-      std::fprintf(stderr, "usage: gemm_bench [--csv FILE] [--sweep] [--precisions fp32,tf32,bf16] [--shapes NAME,...]\n");
+      std::fprintf(stderr, "usage: gemm_bench [--csv FILE] [--sweep] [--sweep-splits S,...] [--precisions fp32,tf32,bf16] [--shapes NAME,...]\n");
       return 2;
     }
   }
@@ -306,6 +308,7 @@ int run(int argc, char** argv) {
         for (const auto& t : {std::make_pair("large", GemmTile::Large), std::make_pair("medium", GemmTile::Medium),
                               std::make_pair("small", GemmTile::Small)})
           for (int splits : {2, 4, 8, 16, 32, 64}) {
+            if (("," + sweepSplits + ",").find("," + std::to_string(splits) + ",") == std::string::npos) continue;
             codegen::EmitOptions opt = deviceOpt;
             opt.gemmTile = t.second, opt.gemmSplits = splits;
             gemmtest::NodeOnGpu gpu(g, id, opt, device());
