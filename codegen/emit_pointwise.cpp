@@ -375,8 +375,10 @@ NodeKernels emitAttentionMask(const Ctx& c) {
   return nk;
 }
 
-// MseLoss's split: one block up to kMseSplitAbove terms, else chunks of kMseChunk per block.
-constexpr int64_t kMseSplitAbove = 65536, kMseChunk = 8192;
+// MseLoss's split: one block up to kMseSplitAbove terms, else chunks of kMseChunk per block (8
+// terms a thread: with 4 loads a round in flight, enough blocks to fill the SMs' memory pipes;
+// bench/RESULTS.md, twenty-fifth session).
+constexpr int64_t kMseSplitAbove = 65536, kMseChunk = 2048;
 
 NodeKernels emitMseLoss(const Ctx& c) {
   const int64_t n = numel(c.in(0));
