@@ -1,6 +1,7 @@
 // Time per training step on the GPU (forward, MSE, backward, Adam), for bench/train_vs_torch.py.
 // Usage: gpu_train_bench CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl]
-//        [--no-adam-in-node] [--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores] [--profile]
+//        [--no-adam-in-node] [--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores]
+//        [--cast-kernel] [--profile]
 // (--profile: also print each node's time, slowest first, to stderr; --no-pdl: launch the step's
 // kernels plain instead of as programmatic dependents on sm_90+; --no-adam-in-node: a step that is
 // one fused-mlp-train node runs the Adam kernel after it instead of in it; --no-packed-copies:
@@ -9,8 +10,9 @@
 // unpack those weights' gradients each step instead of Adam reading them in place; --simt-gemm: fp32
 // products on the SIMT kernel where the device would run them on the FP64 tensor cores;
 // --fragment-epilogues: every wgmma product's epilogue on the fragments in registers, none on the
-// staged raw sums; --thread-stores: wgmma products store C by their threads, not by TMA; all for
-// A/B runs)
+// staged raw sums; --thread-stores: wgmma products store C by their threads, not by TMA;
+// --cast-kernel: in bf16, the cast of the batch input runs as a kernel instead of in the batch
+// gather; all for A/B runs)
 // Prints one JSON object: the median over R repetitions of (wall time of N queued steps, from
 // the first enqueue to the last loss read back) / N, after 10 warm-up steps (the first one runs
 // eagerly and the second captures the CUDA graph). The host only waits at the end of each
@@ -31,7 +33,7 @@
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--no-adam-in-node] "
-                 "[--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores] [--profile]\n",
+                 "[--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores] [--cast-kernel] [--profile]\n",
                  argv[0]);
     return 2;
   }
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--simt-gemm")) opt.fp64Gemm = false;
     else if (!std::strcmp(argv[i], "--fragment-epilogues")) opt.stagedEpilogues = false;
     else if (!std::strcmp(argv[i], "--thread-stores")) opt.tmaStores = false;
+    else if (!std::strcmp(argv[i], "--cast-kernel")) opt.castInGather = false;
     else if (!std::strcmp(argv[i], "--profile")) profile = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);

@@ -49,9 +49,11 @@ __device__ __forceinline__ unsigned short paToBf16(float x) {
 
 // The batch's rows (the step block's indices) of x (blockIdx.y 0) and y (1) into the graph's inputs:
 // four values a thread, 256 apart, all loaded before any is stored (as the elementwise kernels).
+// Each value goes to `dst` and, rounded to bf16, to `dstB` (x's cast to bf16, which the runner then
+// skips: CudaRunnerOptions::gatheredInput); either may be null.
 template <typename I, typename R>
-__device__ __forceinline__ void paGather(const float* __restrict__ src, float* __restrict__ dst, I rowSize, I total,
-                                         const R* __restrict__ idx) {
+__device__ __forceinline__ void paGather(const float* __restrict__ src, float* __restrict__ dst, unsigned short* __restrict__ dstB,
+                                         I rowSize, I total, const R* __restrict__ idx) {
   for (I first = (I)blockIdx.x * 1024 + threadIdx.x; first < total; first += (I)gridDim.x * 1024) {
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -65,13 +67,15 @@ __device__ __forceinline__ void paGather(const float* __restrict__ src, float* _
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const I i = first + (I)(u * 256);
-      if (i < total) dst[i] = v[u];
+      if (i < total && dst) dst[i] = v[u];
+      if (i < total && dstB) dstB[i] = paToBf16(v[u]);
     }
   }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __restrict__ srcX, float* __restrict__ dstX,
-                                                                  long long rowSizeX, const float* __restrict__ srcY,
+                                                                  unsigned short* __restrict__ dstXb, long long rowSizeX,
+                                                                  const float* __restrict__ srcY,
                                                                   float* __restrict__ dstY, long long rowSizeY,
                                                                   const char* __restrict__ step, long long rows, int narrow) {
   pa::pdlBegin();
@@ -80,13 +84,14 @@ extern "C" __global__ void __launch_bounds__(256) pa_gather_rows(const float* __
   const int* idx32 = (const int*)idx;
   const float* src = blockIdx.y ? srcY : srcX;
   float* dst = blockIdx.y ? dstY : dstX;
+  unsigned short* dstB = blockIdx.y ? nullptr : dstXb;
   const long long rowSize = blockIdx.y ? rowSizeY : rowSizeX, total = rows * rowSize;
   if (total <= 0x7fffffffLL) {  // 32-bit division
-    if (narrow) paGather<unsigned>(src, dst, (unsigned)rowSize, (unsigned)total, idx16);
-    else paGather<unsigned>(src, dst, (unsigned)rowSize, (unsigned)total, idx32);
+    if (narrow) paGather<unsigned>(src, dst, dstB, (unsigned)rowSize, (unsigned)total, idx16);
+    else paGather<unsigned>(src, dst, dstB, (unsigned)rowSize, (unsigned)total, idx32);
   } else {
-    if (narrow) paGather<long long>(src, dst, rowSize, total, idx16);
-    else paGather<long long>(src, dst, rowSize, total, idx32);
+    if (narrow) paGather<long long>(src, dst, dstB, rowSize, total, idx16);
+    else paGather<long long>(src, dst, dstB, rowSize, total, idx32);
   }
 }
 

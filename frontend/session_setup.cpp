@@ -337,6 +337,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.fp64Gemm = opt.fp64Gemm;
   spec.stagedEpilogues = opt.stagedEpilogues;
   spec.tmaStores = opt.tmaStores;
+  spec.castInGather = opt.castInGather;
   spec.packedWeightCopies = opt.packedWeightCopies;
   spec.packedGradViews = opt.packedGradViews;
   spec.seed = cfg.seed;

@@ -54,6 +54,9 @@ struct RunOptions {
   // EmitOptions::wgmmaTmaStores); false: by their threads (A/B benchmarks: gpu_train_bench
   // --thread-stores).
   bool tmaStores = true;
+  // GPU, precision bf16: the batch gather rounds x to bf16 itself, in place of the step's cast
+  // kernel (SessionSpec::castInGather); false keeps the cast (A/B benchmarks: gpu_train_bench --cast-kernel).
+  bool castInGather = true;
   // GPU: Adam writes the packed copies of fuse-qkv's and SwiGLU's weights (bf16 or fp32) and of
   // fuse-qkv's biases (SessionSpec);
   // false launches the packing kernels each step (A/B benchmarks: gpu_train_bench --no-packed-copies; tests).

@@ -89,6 +89,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   params_.fill32(0);
   planParamMirrors(opt);
   for (const auto& [grad, view] : gradViews_) skipped_[static_cast<size_t>(view.node)] = kGradView;
+  planGatheredCast(opt);
 
   launches_.resize(g.numNodes());
   std::vector<std::pair<FlashAttentionConfig, bool>> flashProblems;  // {config, backward} of every attention node
@@ -108,7 +109,7 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
     // A reshape whose output shares its input's bytes has nothing to do, nor has a cast whose
     // output is another runner's mirror.
     const char skip = skipped_[static_cast<size_t>(id)];
-    if (aliasedReshape(g, id, plan) || skip == kReadsOtherMirror || skip == kGradView) continue;
+    if (aliasedReshape(g, id, plan) || skip == kReadsOtherMirror || skip == kGradView || skip == kCastByCaller) continue;
     size_t scratchBytes = nk.scratchBytes;
     if (opt.tuneGemmTiles && opt.gemm != GemmProvider::Cublaslt && codegen::libraryGemmOf(g, id).supported)
       scratchBytes = std::max(scratchBytes, addTileVariants(id, nk, emit));
@@ -336,6 +337,34 @@ std::vector<CudaGraphRunner::Launch*> CudaGraphRunner::nodeLaunches(NodeId id, b
 }
 
 CudaGraphRunner::~CudaGraphRunner() = default;
+
+// The gathered input's cast (CudaRunnerOptions::gatheredInput). The caller writes the cast's output
+// before run(), so no value a node computes earlier in the run may share its arena bytes (the plan
+// lets a value that dies before the cast have them); otherwise the cast stays in the run.
+void CudaGraphRunner::planGatheredCast(const CudaRunnerOptions& opt) {
+  if (opt.gatheredInput == kNoValue) return;
+  auto range = [&](ValueId v) {  // [first, end) in the arena's 4-byte units; empty outside the arena
+    v = root_[static_cast<size_t>(v)];
+    const int64_t at = offset_[static_cast<size_t>(v)];
+    const int64_t units = (numel(g_.shape(v)) * static_cast<int64_t>(dtypeSize(g_.value(v).type.dtype)) + 3) / 4;
+    return at < 0 ? std::make_pair(int64_t{0}, int64_t{0}) : std::make_pair(at, at + units);
+  };
+  std::vector<ValueId> earlier;  // outputs of the nodes that launch before the cast
+  for (NodeId id : order_) {
+    const Node& n = g_.node(id);
+    if (n.op == OpKind::Cast && n.inputs[0] == opt.gatheredInput && g_.value(n.outputs[0]).type.dtype == DType::BF16) {
+      const auto [first, end] = range(n.outputs[0]);
+      for (ValueId v : earlier) {
+        const auto [f, e] = range(v);
+        if (f < end && first < e) return;
+      }
+      skipped_[static_cast<size_t>(id)] = kCastByCaller;
+      gatheredCast_ = n.outputs[0];
+      return;
+    }
+    if (skipped_[static_cast<size_t>(id)] == kRuns) earlier.insert(earlier.end(), n.outputs.begin(), n.outputs.end());
+  }
+}
 
 // Note on parameter mirrors. Under precision bf16 every weight a GEMM or the attention kernels
 // read gets a Cast to bf16 each step (passes/lower_bf16.cpp). Its input only changes where the

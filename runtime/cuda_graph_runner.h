@@ -57,6 +57,10 @@ struct CudaRunnerOptions {
   // (packedGrad). Only for a caller that reads gradients through packedGrad (CudaSession without
   // NCCL: its all-reduce needs every gradient whole). Results are the same bits either way.
   bool packedGradViews = false;
+  // The input the caller fills before each run() (CudaSession's batch gather of x): a Cast of it
+  // to bf16 (precision bf16) that only non-launching nodes precede is left to the caller, who
+  // writes its output (gatheredCast) with the same rounding; run() skips it. kNoValue: none.
+  ValueId gatheredInput = kNoValue;
   // Launch the step's kernels as programmatic dependents where the device and driver allow
   // (sm_90+, runtime/cuda/launch.h): each may start while the one before it finishes. Off: every
   // kernel plain (A/B benchmarks: gpu_train_bench --no-pdl). Results are the same bits either way.
@@ -126,6 +130,8 @@ public:
   int64_t paramBlockFloats() const { return paramFloats_; }
   // The bf16 mirror of owned parameter `p` (CudaRunnerOptions::mirrorParamCasts), or 0.
   cuda::CUdeviceptr paramMirror(ValueId p) const;
+  // The output of the Cast of CudaRunnerOptions::gatheredInput that the caller writes, or kNoValue.
+  ValueId gatheredCast() const { return gatheredCast_; }
   // Where owned parameter `p`'s values go in a packed mirror (mirrorPackedWeights): value i at
   // base[(i / cols) * rowStride + (i % cols) * step], elements of `bytes` (2: bf16, 4: fp32).
   // step 0: none (then paramMirror may be set).
@@ -237,7 +243,9 @@ private:
   std::map<ValueId, PackedPlace> packedPlace_;          // an owned parameter: its place in a packed mirror
   std::map<std::string, cuda::CUdeviceptr> packedByKey_;  // a packed mirror by its node's packedKey()
   std::string packedKey(const Node& n) const;
-  enum : char { kRuns = 0, kWritesMirror = 1, kReadsOtherMirror = 2, kGradView = 3 };
+  enum : char { kRuns = 0, kWritesMirror = 1, kReadsOtherMirror = 2, kGradView = 3, kCastByCaller = 4 };
+  ValueId gatheredCast_ = kNoValue;
+  void planGatheredCast(const CudaRunnerOptions& opt);
   // packedGradViews: a gradient left in its packed gradient, by the node that would have unpacked it.
   struct GradView {
     NodeId node;
@@ -246,7 +254,7 @@ private:
   };
   std::map<ValueId, GradView> gradViews_;
   std::vector<ValueId> planGradViews(const CudaRunnerOptions& opt);
-  std::vector<char> skipped_;                          // per node: kRuns, or a node run() skips (a mirrored cast or packing node, a gradient view)
+  std::vector<char> skipped_;                          // per node: kRuns, or a node run() skips (a mirrored cast or packing node, a gradient view, the caller's cast)
   std::vector<std::vector<Launch>> launches_;          // per node id
   std::map<NodeId, std::vector<std::vector<Launch>>> tileVariants_;  // other tiles of a generated GEMM
   std::map<NodeId, double> generatedMs_;                   // measured: the node's launches_ now

@@ -175,6 +175,8 @@ private:
   cuda::CapturedGraph graph_;
   size_t stepBytes_ = 0;
   bool narrowRows_ = false;  // the step block's row indices are uint16 (codegen::kNarrowRowLimit)
+  cuda::CUdeviceptr gatherXb_ = 0;  // where the gather writes x rounded to bf16 (the runner's gatheredCast), or 0
+  bool gatherX_ = true;             // the gather writes x itself
   int64_t chunkCount_ = 0, queued_ = 0, drained_ = 0;
   std::vector<double> ready_;  // losses read back, not yet taken
   std::vector<Param> params_;
@@ -205,6 +207,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   ropt.wgmmaEpilogue = spec_.stagedEpilogues ? codegen::WgmmaEpilogue::Auto : codegen::WgmmaEpilogue::Fragments;
   ropt.wgmmaTmaStores = spec_.tmaStores;
   ropt.adamInTrainNode = adamInNode;
+  ropt.gatheredInput = spec_.castInGather ? spec_.train.x : kNoValue;  // bf16: the gather rounds x's rows (no cast kernel)
   if (!spec_.dumpKernelsDir.empty()) {  // what this device runs: TF32 and wgmma GEMMs where they apply
     const int n = codegen::dumpKernels(g, spec_.dumpKernelsDir, CudaGraphRunner::emitOptionsFor(device(), ropt));
     if (spec_.announceCompile) std::printf("wrote %d CUDA kernels of the training step to %s\n", n, spec_.dumpKernelsDir.c_str());
@@ -261,6 +264,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   runner_ = std::make_unique<CudaGraphRunner>(g, device(), ropt);
   ropt.shareParamsWith = runner_.get();
   ropt.adamInTrainNode = false;
+  ropt.gatheredInput = kNoValue;  // (validation batches are copied, and cast in the graph)
   evalRunner_ = std::make_unique<CudaGraphRunner>(spec_.validation.graph, device(), ropt);
   CudaGraphRunner::compileTogether({runner_.get(), evalRunner_.get()});
   const double runnersSeconds = since(t);
@@ -271,6 +275,12 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   const double trainingKernelsSeconds = since(t);
   const codegen::KernelCacheStats after = codegen::KernelCache::instance().stats();
   gather_ = kernels_->function("pa_gather_rows");
+  // x rounded to bf16 by the gather where the runner left x's cast to it; x itself only where
+  // something else in the step reads it.
+  if (const ValueId xb = runner_->gatheredCast(); xb != kNoValue) {
+    gatherXb_ = runner_->devicePtr(xb);
+    gatherX_ = g.isOutput(spec_.train.x) || g.users()[static_cast<size_t>(spec_.train.x)].size() > 1;
+  }
   sumsq_ = kernels_->function("pa_grad_sumsq");
   clipScale_ = kernels_->function("pa_clip_scale");
   adam_ = kernels_->function("pa_adam_multi");
@@ -455,11 +465,11 @@ void CudaSession::queueStepKernels() {
   const int64_t batch = spec_.batchSize;
   cuda::CUdeviceptr step = stepBlock_.ptr();
   {
-    cuda::CUdeviceptr srcX = trainX_.ptr(), dstX = runner_->devicePtr(spec_.train.x);
+    cuda::CUdeviceptr srcX = trainX_.ptr(), dstX = gatherX_ ? runner_->devicePtr(spec_.train.x) : 0, dstXb = gatherXb_;
     cuda::CUdeviceptr srcY = trainY_.ptr(), dstY = runner_->devicePtr(spec_.train.y);
     long long rowSizeX = spec_.trainData.xSize, rowSizeY = spec_.trainData.ySize, n = batch;
     int narrow = narrowRows_ ? 1 : 0;
-    void* args[] = {&srcX, &dstX, &rowSizeX, &srcY, &dstY, &rowSizeY, &step, &n, &narrow};
+    void* args[] = {&srcX, &dstX, &dstXb, &rowSizeX, &srcY, &dstY, &rowSizeY, &step, &n, &narrow};
     cuda::LaunchShape shape = CudaModule::shapeFor((std::max(rowSizeX, rowSizeY) * n + 3) / 4);  // four values a thread
     shape.grid[1] = 2;  // x's rows on blockIdx.y 0, y's on 1
     cuda::launchKernel(gather_, shape, s, args, launch_);

@@ -122,6 +122,9 @@ struct SessionSpec {
   bool stagedEpilogues = true;
   // GPU, sm_90a: CudaRunnerOptions::wgmmaTmaStores (A/B benchmarks).
   bool tmaStores = true;
+  // GPU, precision bf16: the batch gather rounds x's rows to bf16 where the step's first work on x
+  // is its cast (CudaRunnerOptions::gatheredInput); false: the cast kernel runs (A/B benchmarks).
+  bool castInGather = true;
   // GPU: Adam also writes the packed copies (bf16 or fp32) of weights that fuse-qkv and SwiGLU pack
   // into one GEMM operand, and of fuse-qkv's biases, and the step launches no packing kernel
   // (CudaRunnerOptions::mirrorPackedWeights); the same results either way (A/B benchmarks and tests

@@ -848,6 +848,35 @@ TEST(TrainOnGpu, PackedWeightCopiesAreBitIdenticalToThePackingKernels) {
   }
 }
 
+// The batch gather rounding x's rows to bf16 itself (RunOptions::castInGather) gives the bits of
+// the cast kernel it replaces (both round to nearest, ties to even), so runs with and without it
+// train and validate alike, bit for bit; the step launches one kernel fewer. mlp_wide's x is read
+// by its cast alone (the gather then writes no fp32 x); attn_block's also by the residual add
+// (the gather writes both); fp32 has no cast to take over.
+TEST(TrainOnGpu, InputCastInTheGatherIsBitIdenticalToTheCastKernel) {
+  PA_REQUIRE_GPU();
+  struct Case {
+    const char* config;
+    std::vector<std::string> sets;
+    int fewer;
+  };
+  const std::vector<Case> cases = {
+      {"mlp_wide", {"precision=bf16", "train.steps=12", "train.batch_size=256", "data.samples=2048"}, 1},
+      {"attn_block", {"precision=bf16", "train.steps=12", "train.batch_size=4", "data.samples=64"}, 1},
+      {"mlp_wide", {"train.steps=12", "train.batch_size=256", "data.samples=2048"}, 0}};
+  for (const Case& c : cases) {
+    const Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", c.sets);
+    SCOPED_TRACE(std::string(c.config) + " " + precisionName(cfg.precision));
+    auto [gathered, kernel] = defaultAndOther(cfg, [](RunOptions& o) { o.castInGather = false; });
+    expectBitIdenticalLosses(*gathered, *kernel, 12);
+    EXPECT_EQ(gathered->params(), kernel->params());
+    EXPECT_EQ(gathered->validate(), kernel->validate());
+    EXPECT_EQ(kernel->launchesPerStep() - gathered->launchesPerStep(), c.fewer);
+    std::printf("  %s %s: %d launches per step with the cast in the gather, %d with its kernel; 12 steps bit-identical\n", c.config,
+                precisionName(cfg.precision), gathered->launchesPerStep(), kernel->launchesPerStep());
+  }
+}
+
 // Adam and clipping's norm read the gradients of fuse-qkv's and SwiGLU's packed weights in place
 // in the packed gradient (RunOptions::packedGradViews): the same losses, parameters, validation
 // and gradients, bit for bit, as launching the slice and deinterleave kernels that unpack them,
