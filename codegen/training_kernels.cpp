@@ -48,12 +48,26 @@ __device__ __forceinline__ unsigned short paToBf16(float x) {
 }
 
 // The batch's rows (the step block's indices) of x (blockIdx.y 0) and y (1) into the graph's inputs:
-// four values a thread, 256 apart, all loaded before any is stored (as the elementwise kernels).
+// four consecutive values a thread where rows allow 16-byte loads, else four 256 apart, all loaded
+// before any is stored (as the elementwise kernels).
 // Each value goes to `dst` and, rounded to bf16, to `dstB` (x's cast to bf16, which the runner then
 // skips: CudaRunnerOptions::gatheredInput); either may be null.
 template <typename I, typename R>
 __device__ __forceinline__ void paGather(const float* __restrict__ src, float* __restrict__ dst, unsigned short* __restrict__ dstB,
                                          I rowSize, I total, const R* __restrict__ idx) {
+  // Rows of whole 16-byte chunks (rowSize a multiple of 4) in aligned buffers: 4 consecutive values
+  // of one row a thread at a time (one row index and division per 4 values).
+  if (rowSize % 4 == 0 && (((unsigned long long)src | (unsigned long long)dst) & 15) == 0 && ((unsigned long long)dstB & 7) == 0) {
+    for (I q = (I)blockIdx.x * 256 + threadIdx.x; q < total / 4; q += (I)gridDim.x * 256) {
+      const I i = 4 * q, r = i / rowSize, c = i - r * rowSize;
+      const float4 v = *reinterpret_cast<const float4*>(src + (long long)idx[r] * rowSize + c);
+      if (dst) *reinterpret_cast<float4*>(dst + i) = v;
+      if (dstB)
+        *reinterpret_cast<uint2*>(dstB + i) = make_uint2(paToBf16(v.x) | ((unsigned)paToBf16(v.y) << 16),
+                                                         paToBf16(v.z) | ((unsigned)paToBf16(v.w) << 16));
+    }
+    return;
+  }
   for (I first = (I)blockIdx.x * 1024 + threadIdx.x; first < total; first += (I)gridDim.x * 1024) {
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
