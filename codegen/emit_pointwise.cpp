@@ -376,8 +376,8 @@ NodeKernels emitAttentionMask(const Ctx& c) {
 }
 
 // MseLoss's split: one block up to kMseSplitAbove terms, else chunks of kMseChunk per block (8
-// terms a thread: with 4 loads a round in flight, enough blocks to fill the SMs' memory pipes;
-// bench/RESULTS.md, twenty-fifth session).
+// terms a thread, all loaded in one round: enough blocks and loads in flight to fill the SMs'
+// memory pipes; bench/RESULTS.md, twenty-fifth session).
 constexpr int64_t kMseSplitAbove = 65536, kMseChunk = 2048;
 
 NodeKernels emitMseLoss(const Ctx& c) {
