@@ -58,8 +58,9 @@ struct CudaRunnerOptions {
   // NCCL: its all-reduce needs every gradient whole). Results are the same bits either way.
   bool packedGradViews = false;
   // The input the caller fills before each run() (CudaSession's batch gather of x): a Cast of it
-  // to bf16 (precision bf16) that only non-launching nodes precede is left to the caller, who
-  // writes its output (gatheredCast) with the same rounding; run() skips it. kNoValue: none.
+  // to bf16 (precision bf16) whose output no value computed earlier in the run shares arena bytes
+  // with is left to the caller, who writes that output (gatheredCast) with the same rounding;
+  // run() skips the cast. kNoValue: none.
   ValueId gatheredInput = kNoValue;
   // Launch the step's kernels as programmatic dependents where the device and driver allow
   // (sm_90+, runtime/cuda/launch.h): each may start while the one before it finishes. Off: every
