@@ -277,13 +277,22 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
   if (sums) kv["SUMS"] = ", " + sumType + "double>{" + sumPtr + "}";
   nk.kernels.push_back(finish(c, "split", kGemmSplit, kv, grid, static_cast<unsigned>(v.threads),
                               join(join(operandArgs, scratchArg), cMapArg), {header}, v.sharedBytes));
+  // The reduce's elements a thread (kernels/gemm_common.cuh, splitReduce): 4 or 2 where N allows,
+  // every split's chunk fits 32 registers and the grid still covers the SMs; else 1.
+  int width = 1;
+  for (int w : {4, 2})
+    if (n % w == 0 && splits * w <= 32 && m * n / (w * kThreads) >= c.opt->sms) {
+      width = w;
+      break;
+    }
   TemplateVars rv = {{"PROBLEM", problem("reduce", splitReduceHeader)}, {"EPIINIT", e.init}, {"PARTS", ll(scratchFloats)}, {"COUT", cOut},
+                     {"WIDTH", std::to_string(width)},
                      {"SUMREDUCE", sums ? "  pa::gemm::splitReduceSums<" + c.kernelName("reduce") + "_problem, " +
                                               std::to_string(sumPartCount) + ">(" + sumPtr + ", out1, " + ll(sumExtent) + ");\n"
                                         : ""}};
   std::vector<KernelArg> reduceArgs = join(scratchArg, epilogueArgs);
   if (sums) reduceArgs.push_back({KernelArg::Output, 1});
-  nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n), 1, 1}, kThreads, reduceArgs, {splitReduceHeader}));
+  nk.kernels.push_back(finish(c, "reduce", kGemmReduce, rv, {gridFor(m * n / width), 1, 1}, kThreads, reduceArgs, {splitReduceHeader}));
   nk.scratchBytes = static_cast<size_t>(sums ? sumParts + 2 * sumPartCount * sumExtent : scratchFloats + splits * m * n) * sizeof(float);
   return nk;
 }

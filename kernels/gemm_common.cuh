@@ -127,12 +127,53 @@ struct OperandSums {
 // ---------------------------------------------------------------------------------------------
 // Split-K: the GEMM kernels (simtGemm, tf32Gemm, wgmmaGemm), given P::splits = S > 1, treat blockIdx.z as the split and
 // write the raw sum over their share of K to parts[split] (S·M·N floats, no epilogue); this
-// adds the S partial sums in split order (deterministic) and applies the epilogue.
-template <class P, class Epi, class CPtr>
+// adds the S partial sums in split order (deterministic) and applies the epilogue. W (1, 2 or 4,
+// the emitter's choice) consecutive elements a thread: every split's W-element chunk is loaded
+// (one vector load each; the emitter keeps S·W within 32 registers) before any is added, so a
+// thread waits on memory once per round. W > 1 needs N to be a multiple of W (a thread's
+// elements share a row; with pairs, n is even at every pair) and `parts` 4·W-byte aligned.
+template <int W>
+struct ReduceChunk;
+template <>
+struct ReduceChunk<2> {
+  typedef float2 T;
+};
+template <>
+struct ReduceChunk<4> {
+  typedef float4 T;
+};
+template <class P, int W = 1, class Epi, class CPtr>
 __device__ __forceinline__ void splitReduce(const float* __restrict__ parts, CPtr C, const Epi& epi) {
   constexpr long long MN = P::M * P::N, N = P::N;
   constexpr int S = P::splits;
-  if constexpr (Epi::kPairs) {
+  static_assert(W == 1 || W == 2 || W == 4, "1, 2 or 4 elements a thread");
+  static_assert(W == 1 || N % W == 0, "a thread's elements in one row");
+  if constexpr (W > 1) {
+    typedef typename ReduceChunk<W>::T Chunk;
+    const long long stride = W * (long long)gridDim.x * blockDim.x;
+    for (long long i = W * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < MN; i += stride) {
+      Chunk c[S];
+#pragma unroll
+      for (int z = 0; z < S; ++z) c[z] = *reinterpret_cast<const Chunk*>(parts + z * MN + i);
+      float v[W];
+#pragma unroll
+      for (int e = 0; e < W; ++e) v[e] = reinterpret_cast<const float*>(&c[0])[e];
+#pragma unroll
+      for (int z = 1; z < S; ++z)
+#pragma unroll
+        for (int e = 0; e < W; ++e) v[e] += reinterpret_cast<const float*>(&c[z])[e];
+      if constexpr (Epi::kPairs) {
+#pragma unroll
+        for (int e = 0; e < W; e += 2) {
+          epi.pair(v[e], v[e + 1], (i + e) / N, (i + e) % N, i + e);
+          C[i + e] = v[e], C[i + e + 1] = v[e + 1];
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < W; ++e) C[i + e] = epi(v[e], (i + e) / N, (i + e) % N, i + e);
+      }
+    }
+  } else if constexpr (Epi::kPairs) {
     static_assert(N % 2 == 0, "a pair epilogue needs N even");
     for (long long i = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < MN; i += 2 * (long long)gridDim.x * blockDim.x) {
       float v0 = parts[i], v1 = parts[i + 1];
@@ -151,16 +192,27 @@ __device__ __forceinline__ void splitReduce(const float* __restrict__ parts, CPt
   }
 }
 
-// The operand sums of a split product (OperandSums<., double>): `extent` sums, each the PARTS
-// partial sums added in order (deterministic), rounded to fp32 once. PARTS: the splits (the
-// mma.sync kernels), or splits × the tiles that share the operand's tile (the wgmma kernel).
+// The operand sums of a split product (OperandSums<., double>): `extent` sums of PARTS partial
+// sums each (the splits on the mma.sync kernels; splits × the tiles that share the operand's
+// tile on the wgmma kernel: tens of parts), rounded to fp32 once. A warp per sum: lane l adds
+// parts l, l + 32, ... in order, then the lanes' totals meet in a fixed butterfly of shuffles, so
+// the sum is deterministic and no thread waits on more than one round of ⌈PARTS / 32⌉ loads. The
+// reduce kernel runs these before its share of C, its first warps taking one sum each.
 template <class P, int PARTS = P::splits>
 __device__ __forceinline__ void splitReduceSums(const double* __restrict__ parts, float* __restrict__ out, long long extent) {
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < extent; i += (long long)gridDim.x * blockDim.x) {
-    double v = parts[i];
-#pragma unroll 4
-    for (int z = 1; z < PARTS; ++z) v += parts[z * extent + i];
-    out[i] = static_cast<float>(v);
+  constexpr int R = (PARTS + 31) / 32;
+  const int lane = threadIdx.x % 32;
+  const long long warps = (long long)gridDim.x * blockDim.x / 32;
+  for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < extent; i += warps) {  // (warp-uniform)
+    double t[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) t[r] = lane + 32 * r < PARTS ? parts[(long long)(lane + 32 * r) * extent + i] : 0.0;
+    double v = t[0];
+#pragma unroll
+    for (int r = 1; r < R; ++r) v += t[r];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) out[i] = static_cast<float>(v);
   }
 }
 

@@ -136,6 +136,34 @@ TEST(GemmEmit, Bf16WeightGradientsSumTheBiasOperandInsideTheProduct) {
   }
 }
 
+// The split-K reduce's elements a thread (kernels/gemm_common.cuh, splitReduce): 4 where N is a
+// multiple of 4, the S chunks fit 32 registers and MN / 1024 blocks still cover the SMs; 2 where
+// only MN / 512 do (or S·4 > 32 ≥ S·2); else 1 (N odd, 32 splits, a grid too small).
+TEST(GemmEmit, SplitReduceTakesTheWidestChunksItsShapeAllows) {
+  struct Case {
+    int64_t m, n, k;
+    int splits, sms, width;
+  };
+  for (const Case& k : {Case{1024, 1024, 8192, 4, 132, 4}, Case{256, 512, 2048, 3, 132, 2}, Case{256, 512, 2048, 3, 2, 4},
+                        Case{512, 512, 8192, 16, 132, 2}, Case{256, 256, 8192, 32, 132, 1}, Case{1000, 1001, 1000, 3, 132, 1},
+                        Case{136, 264, 4000, 3, 132, 1}}) {
+    SCOPED_TRACE(std::to_string(k.m) + "x" + std::to_string(k.n) + "x" + std::to_string(k.k) + ", " + std::to_string(k.splits) +
+                 " splits, " + std::to_string(k.sms) + " SMs");
+    GemmProblem p = gemmtest::matmulProblem(k.m, k.n, k.k, true, false);
+    Graph g;
+    const NodeId id = gemmtest::buildGraph(g, p);
+    gemmtest::storeOperandsInBf16(g, id, false);
+    codegen::EmitOptions opt;
+    opt.wgmma = true, opt.gemmTile = GemmTile::Large, opt.gemmSplits = k.splits, opt.sms = k.sms;
+    const codegen::NodeKernels nk = codegen::emitNode(g, id, opt);
+    ASSERT_FALSE(nk.kernels.empty());
+    const codegen::Kernel& reduce = nk.kernels.back();  // (after any operand copies and the product)
+    ASSERT_NE(reduce.name.find("_reduce"), std::string::npos);
+    EXPECT_NE(reduce.source.find("_problem, " + std::to_string(k.width) + ">(scratch"), std::string::npos);
+    EXPECT_EQ(reduce.grid[0], static_cast<unsigned>((k.m * k.n / k.width + 255) / 256));
+  }
+}
+
 // Where the wgmma kernel stores C by TMA (EmitOptions::wgmmaTmaStores): the epilogues on the
 // fragments (and a split product's partial sums, fp32) whose rows are whole 16-byte chunks; the
 // staged-raw epilogues, N = 100 in bf16 and the forced cases store by the threads.

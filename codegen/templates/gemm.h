@@ -68,14 +68,14 @@ ${EPIINIT}  pa::gemm::simtTailReduce<${NAME}_problem, pa::gemm::${CONFIG}>(scrat
 }
 )";
 
-// Split-K's second kernel: the partial sums added in split order, then the epilogue; and the
-// partial operand sums alike where the product kernel summed an operand.
+// Split-K's second kernel: where the product kernel summed an operand, the partial operand sums
+// first (added in order); then the partial products added in split order, and the epilogue.
 inline constexpr const char* kGemmReduce = R"(${PROBLEM}
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  ${NAME}_epilogue epilogue;
-${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem>(scratch + ${PARTS}, ${COUT}, epilogue);
-${SUMREDUCE}}
+${SUMREDUCE}  ${NAME}_epilogue epilogue;
+${EPIINIT}  pa::gemm::splitReduce<${NAME}_problem, ${WIDTH}>(scratch + ${PARTS}, ${COUT}, epilogue);
+}
 )";
 
 // An fp32 operand copied transposed into the node's scratch: for the TF32 wgmma kernel, which reads

@@ -270,6 +270,8 @@ std::vector<Bf16Case> bf16Cases() {
       const std::string base = std::string("FusedLinear_") + act + (tw ? "_tW" : "") + "_35x1000x136";
       for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, tile == GemmTile::Large);
       add(base, p, GemmTile::Small, true, 2);  // the epilogue in the split-K reduce
+      // ... four elements a reduce thread (a grid that covers 2 SMs takes them; pairs: swiglu, rope)
+      add(base, p, GemmTile::Small, true, 2, 2);
     }
   // MatMulActGrad on awkward and on whole tiles (x in bf16 with bf16 outputs, fp32 with fp32 ones;
   // N = 265: the staged epilogue's chunks of 4 columns one value at a time, x too), the epilogue
