@@ -89,6 +89,8 @@ std::vector<Shape3> shapes() {
   s.push_back({"attn_proj_fwd", proj, 8192, 256, 256});
   mm("attn_proj_dX", 8192, 256, 256, false, true);
   mm("attn_proj_dW", 256, 256, 8192, true, false);
+  dWdb("attn_proj_dWdb", 256, 256, 8192);
+  dWdb("attn_qkv_dWdb", 256, 768, 8192);  // fuse-qkv's packed projection
   // tiny_gpt's SwiGLU projection (8 × 1024 tokens, 512 → 1536 as gate/up pairs, no bias): the
   // pair epilogue writes the pre-activations and silu(gate)·up.
   GemmProblem swiglu;
