@@ -375,10 +375,11 @@ NodeKernels emitAttentionMask(const Ctx& c) {
   return nk;
 }
 
-// MseLoss's split: one block up to kMseSplitAbove terms, else chunks of kMseChunk per block (8
-// terms a thread, all loaded in one round: enough blocks and loads in flight to fill the SMs'
-// memory pipes; bench/RESULTS.md, twenty-fifth session).
-constexpr int64_t kMseSplitAbove = 65536, kMseChunk = 2048;
+// MseLoss's split: one block up to kMseSplitAbove terms, else chunks of kMseChunk per block
+// (kMseTerms a thread, all loaded in one round, so that a chunk waits on memory once; 16 keeps
+// the grid of mlp_wide's 2M terms to one wave of blocks at the kernels' registers, where 8 took
+// 1.3: bench/RESULTS.md, twenty-fifth and twenty-sixth sessions).
+constexpr int64_t kMseSplitAbove = 65536, kMseTerms = 16, kMseChunk = 256 * kMseTerms;
 
 NodeKernels emitMseLoss(const Ctx& c) {
   const int64_t n = numel(c.in(0));
@@ -387,7 +388,7 @@ NodeKernels emitMseLoss(const Ctx& c) {
   constexpr int64_t kSplitAbove = kMseSplitAbove, kChunk = kMseChunk;
   if (n > kSplitAbove) {
     const int64_t parts = (n + kChunk - 1) / kChunk;
-    nk.kernels.push_back(finish(c, "partial", kMsePartial, {{"COUNT", ll(n)}, {"CHUNK", ll(kChunk)}},
+    nk.kernels.push_back(finish(c, "partial", kMsePartial, {{"COUNT", ll(n)}, {"CHUNK", ll(kChunk)}, {"TERMS", ll(kMseTerms)}},
                                 {static_cast<unsigned>(parts), 1, 1}, kThreads,
                                 {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Scratch, 0}}));
     nk.kernels.push_back(finish(c, "final", kMseFinal, {{"PARTS", ll(parts)}, {"DENOM", denom}}, {1, 1, 1}, kThreads,
@@ -412,7 +413,8 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
     args.push_back({KernelArg::Scratch, 0});
     const int64_t parts = (n + kMseChunk - 1) / kMseChunk;
     nk.kernels.push_back(finish(c, "", kMseGradChunks,
-                                {{"COUNT", ll(n)}, {"CHUNK", ll(kMseChunk)}, {"PARTS", ll(parts)}, {"DENOM", denom}, {"SCALE", scale}},
+                                {{"COUNT", ll(n)}, {"CHUNK", ll(kMseChunk)}, {"TERMS", ll(kMseTerms)}, {"PARTS", ll(parts)}, {"DENOM", denom},
+                                 {"SCALE", scale}},
                                 {static_cast<unsigned>(parts), 1, 1}, kThreads, args));
     nk.scratchBytes = static_cast<size_t>(parts) * sizeof(double) + sizeof(unsigned);
     nk.zeroScratch = true;

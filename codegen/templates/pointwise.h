@@ -231,16 +231,17 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   __shared__ double part[256];
   const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
   double acc = 0.0;
-  // Eight terms 256 apart a round, every load before the first add (the adds in the order of i).
-  for (long long i = begin + threadIdx.x; i < end; i += 2048) {
-    double p[8] = {}, t[8] = {};
+  // ${TERMS} terms 256 apart a round (a chunk is one round), every load before the first add (the
+  // adds in the order of i).
+  for (long long i = begin + threadIdx.x; i < end; i += 256 * ${TERMS}) {
+    float p[${TERMS}] = {}, t[${TERMS}] = {};
 #pragma unroll
-    for (int u = 0; u < 8; ++u)
-      if (i + 256 * u < end) p[u] = (double)in0[i + 256 * u], t[u] = (double)in1[i + 256 * u];
+    for (int u = 0; u < ${TERMS}; ++u)
+      if (i + 256 * u < end) p[u] = in0[i + 256 * u], t[u] = in1[i + 256 * u];
 #pragma unroll
-    for (int u = 0; u < 8; ++u)
+    for (int u = 0; u < ${TERMS}; ++u)
       if (i + 256 * u < end) {
-        const double d = p[u] - t[u];
+        const double d = (double)p[u] - (double)t[u];
         acc += d * d;
       }
   }
@@ -310,14 +311,14 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   const float dy = in2[0];
   const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
   double acc = 0.0;
-  // As kMsePartial: eight terms 256 apart a round, loaded before any is added or stored.
-  for (long long i = begin + threadIdx.x; i < end; i += 2048) {
-    float p[8] = {}, t[8] = {};
+  // As kMsePartial: ${TERMS} terms 256 apart a round, loaded before any is added or stored.
+  for (long long i = begin + threadIdx.x; i < end; i += 256 * ${TERMS}) {
+    float p[${TERMS}] = {}, t[${TERMS}] = {};
 #pragma unroll
-    for (int u = 0; u < 8; ++u)
+    for (int u = 0; u < ${TERMS}; ++u)
       if (i + 256 * u < end) p[u] = in0[i + 256 * u], t[u] = in1[i + 256 * u];
 #pragma unroll
-    for (int u = 0; u < 8; ++u)
+    for (int u = 0; u < ${TERMS}; ++u)
       if (i + 256 * u < end) {
         const double d = (double)p[u] - (double)t[u];
         acc += d * d;

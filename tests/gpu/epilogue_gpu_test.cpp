@@ -73,7 +73,7 @@ Results runBoth(const Graph& g, const std::map<ValueId, std::vector<double>>& va
 
 using test::applyOne;
 
-// MseLossGrad on sizes around both paths (one block up to 65536 terms, chunks of 2048 with the
+// MseLossGrad on sizes around both paths (one block up to 65536 terms, chunks of 4096 with the
 // last-block-done sum beyond). Bounds: the gradient is fl(fl(fl(p − t)·fl(2/N))·dy), four
 // roundings of relative size ≤ u each against the exact (p − t)·(2/N)·dy, so ≤ 5u·|exact|; the
 // loss sums exact float differences squared in double (error ≤ N·2^-53 relative, negligible
