@@ -381,6 +381,12 @@ NodeKernels emitAttentionMask(const Ctx& c) {
 // 1.3: bench/RESULTS.md, twenty-fifth and twenty-sixth sessions).
 constexpr int64_t kMseSplitAbove = 65536, kMseTerms = 16, kMseChunk = 256 * kMseTerms;
 
+// kMseRound for a chunk of the loss's sum; `gradStore`: the statement that also stores a term's
+// gradient (MseLossGrad), or empty.
+std::string mseRound(const std::string& gradStore) {
+  return fillTemplate(kMseRound, {{"TERMS", std::to_string(kMseTerms)}, {"GRADSTORE", gradStore}});
+}
+
 NodeKernels emitMseLoss(const Ctx& c) {
   const int64_t n = numel(c.in(0));
   const std::string denom = std::to_string(std::max<int64_t>(n, 1)) + ".0";
@@ -388,7 +394,7 @@ NodeKernels emitMseLoss(const Ctx& c) {
   constexpr int64_t kSplitAbove = kMseSplitAbove, kChunk = kMseChunk;
   if (n > kSplitAbove) {
     const int64_t parts = (n + kChunk - 1) / kChunk;
-    nk.kernels.push_back(finish(c, "partial", kMsePartial, {{"COUNT", ll(n)}, {"CHUNK", ll(kChunk)}, {"TERMS", ll(kMseTerms)}},
+    nk.kernels.push_back(finish(c, "partial", kMsePartial, {{"COUNT", ll(n)}, {"CHUNK", ll(kChunk)}, {"ROUND", mseRound("")}},
                                 {static_cast<unsigned>(parts), 1, 1}, kThreads,
                                 {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Scratch, 0}}));
     nk.kernels.push_back(finish(c, "final", kMseFinal, {{"PARTS", ll(parts)}, {"DENOM", denom}}, {1, 1, 1}, kThreads,
@@ -413,8 +419,8 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
     args.push_back({KernelArg::Scratch, 0});
     const int64_t parts = (n + kMseChunk - 1) / kMseChunk;
     nk.kernels.push_back(finish(c, "", kMseGradChunks,
-                                {{"COUNT", ll(n)}, {"CHUNK", ll(kMseChunk)}, {"TERMS", ll(kMseTerms)}, {"PARTS", ll(parts)}, {"DENOM", denom},
-                                 {"SCALE", scale}},
+                                {{"COUNT", ll(n)}, {"CHUNK", ll(kMseChunk)}, {"PARTS", ll(parts)}, {"DENOM", denom},
+                                 {"ROUND", mseRound("        out1[i + 256 * u] = ((p[u] - t[u]) * " + scale + ") * dy;\n")}},
                                 {static_cast<unsigned>(parts), 1, 1}, kThreads, args));
     nk.scratchBytes = static_cast<size_t>(parts) * sizeof(double) + sizeof(unsigned);
     nk.zeroScratch = true;

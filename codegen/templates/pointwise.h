@@ -222,17 +222,11 @@ extern "C" __global__ void __launch_bounds__(1024) ${NAME}(${PARAMS}) {
 }
 )";
 
-// Large MSE sums (mlp_wide: 2M terms) take two kernels: one block per contiguous chunk writes
-// the chunk's fixed-tree sum to scratch, then one block adds the chunks' sums in a fixed tree,
-// so the result is still the same every run.
-inline constexpr const char* kMsePartial = R"(
-extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
-  pa::pdlBegin();
-  __shared__ double part[256];
-  const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
-  double acc = 0.0;
-  // ${TERMS} terms 256 apart a round (a chunk is one round), every load before the first add (the
-  // adds in the order of i).
+// A large MSE's chunk: `acc` += the chunk's squared differences, this thread's share, and, with
+// ${GRADSTORE}, each term's gradient stored as it is added. The MSE kernels below take it as
+// ${ROUND} (codegen/emit_pointwise.cpp), so the loss's sums are the same in both.
+inline constexpr const char* kMseRound = R"(  // ${TERMS} terms 256 apart a round (a chunk is one round), every load before the first add or
+  // store (the adds in the order of i).
   for (long long i = begin + threadIdx.x; i < end; i += 256 * ${TERMS}) {
     float p[${TERMS}] = {}, t[${TERMS}] = {};
 #pragma unroll
@@ -243,9 +237,20 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
       if (i + 256 * u < end) {
         const double d = (double)p[u] - (double)t[u];
         acc += d * d;
-      }
+${GRADSTORE}      }
   }
-  part[threadIdx.x] = acc;
+)";
+
+// Large MSE sums (mlp_wide: 2M terms) take two kernels: one block per contiguous chunk writes
+// the chunk's fixed-tree sum to scratch, then one block adds the chunks' sums in a fixed tree,
+// so the result is still the same every run.
+inline constexpr const char* kMsePartial = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
+  __shared__ double part[256];
+  const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
+  double acc = 0.0;
+${ROUND}  part[threadIdx.x] = acc;
   __syncthreads();
   for (int s = 128; s > 0; s >>= 1) {
     if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
@@ -311,21 +316,7 @@ extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   const float dy = in2[0];
   const long long begin = (long long)blockIdx.x * ${CHUNK}, end = min(begin + ${CHUNK}, ${COUNT});
   double acc = 0.0;
-  // As kMsePartial: ${TERMS} terms 256 apart a round, loaded before any is added or stored.
-  for (long long i = begin + threadIdx.x; i < end; i += 256 * ${TERMS}) {
-    float p[${TERMS}] = {}, t[${TERMS}] = {};
-#pragma unroll
-    for (int u = 0; u < ${TERMS}; ++u)
-      if (i + 256 * u < end) p[u] = in0[i + 256 * u], t[u] = in1[i + 256 * u];
-#pragma unroll
-    for (int u = 0; u < ${TERMS}; ++u)
-      if (i + 256 * u < end) {
-        const double d = (double)p[u] - (double)t[u];
-        acc += d * d;
-        out1[i + 256 * u] = ((p[u] - t[u]) * ${SCALE}) * dy;
-      }
-  }
-  part[threadIdx.x] = acc;
+${ROUND}  part[threadIdx.x] = acc;
   __syncthreads();
   for (int s = 128; s > 0; s >>= 1) {
     if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
