@@ -21,6 +21,9 @@
 //     wgmma products with an epilogue (FusedLinear, the _dXrelu / _dXgelu activation gradients):
 //     "epi_fragments" / "epi_staged" with the functor forced onto the fragments / the staged raw
 //     sums (EmitOptions::wgmmaEpilogue; "auto" picks by the epilogue).
+//     bf16 products other than weight gradients on the wgmma kernel: "pingpong" (GemmTile::PingPong,
+//     each consumer warpgroup a whole 128 × 128 tile, the two taking turns) and "medium" (the same
+//     tile shared by both consumers).
 //     Every wgmma product (bf16, TF32): "stores_threads" with C stored by the consumers' threads
 //     where "auto" stores it by TMA (EmitOptions::wgmmaTmaStores). *_dWdb: the weight gradient
 //     with the bias gradient (matmul-bias-grad; cuBLASLt's BGRAD epilogue).
@@ -248,6 +251,11 @@ int run(int argc, char** argv) {
       const codegen::EmitOptions deviceOpt = CudaGraphRunner::emitOptionsFor(device(), runnerOpt);  // as training emits
       std::vector<std::pair<std::string, GemmTile>> tiles = {{"auto", GemmTile::Auto}};
       if (sweep) tiles.insert(tiles.end(), {{"large", GemmTile::Large}, {"medium", GemmTile::Medium}, {"small", GemmTile::Small}});
+      // bf16 on the wgmma kernel: the ping-pong consumers beside their cooperative twin (medium).
+      if (bf16 && deviceOpt.wgmma && !weightGradient) {
+        if (!sweep) tiles.push_back({"medium", GemmTile::Medium});
+        tiles.push_back({"pingpong", GemmTile::PingPong});
+      }
       for (const auto& t : tiles) {
         codegen::EmitOptions opt = deviceOpt;
         opt.gemmTile = t.second;
@@ -308,7 +316,7 @@ int run(int argc, char** argv) {
       if (!sweep) continue;
       if ((tf32 || bf16) && deviceOpt.wgmma && weightGradient) {  // the wgmma kernel on every tile and split
         for (const auto& t : {std::make_pair("large", GemmTile::Large), std::make_pair("medium", GemmTile::Medium),
-                              std::make_pair("small", GemmTile::Small)})
+                              std::make_pair("small", GemmTile::Small), std::make_pair("pingpong", GemmTile::PingPong)})
           for (int splits : {2, 4, 8, 16, 32, 64}) {
             if (("," + sweepSplits + ",").find("," + std::to_string(splits) + ",") == std::string::npos) continue;
             codegen::EmitOptions opt = deviceOpt;

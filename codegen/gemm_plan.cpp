@@ -27,9 +27,10 @@ GemmVariant gemmVariant(bool tf32, GemmTile tile) {
     return tf32 ? GemmVariant{"Tf32Config<64, 64, 16, 2, 2, 4>", 64, 64, 128, 1} : simtVariant(64, 64, 16, 4, 4, 1);
   case GemmTile::Small:
     return tf32 ? GemmVariant{"Tf32Config<32, 32, 16, 1, 2, 2>", 32, 32, 64, 1} : simtVariant(32, 32, 16, 4, 4, 1);
+  case GemmTile::PingPong:  // (the emitter takes Medium for these kernels)
   case GemmTile::Auto: break;
   }
-  assert(false && "GemmTile::Auto is resolved by chooseGemm");
+  assert(false && "GemmTile::Auto is resolved by chooseGemm, PingPong by the emitter");
   return {};
 }
 
@@ -152,6 +153,9 @@ GemmVariant wgmmaVariant(GemmTile tile, bool tf32) {
   case GemmTile::Large: return make(tf32 ? "WgmmaConfig<256, 2, 4, true>" : "WgmmaConfig<256, 2, 4>", 128, 256, 2, 4, 1);
   case GemmTile::Medium: return make(tf32 ? "WgmmaConfig<128, 2, 6, true>" : "WgmmaConfig<128, 2, 6>", 128, 128, 2, 6, 1);
   case GemmTile::Small: return make(tf32 ? "WgmmaConfig<128, 1, 3, true>" : "WgmmaConfig<128, 1, 3>", 64, 128, 1, 3, 2);
+  case GemmTile::PingPong:
+    assert(!tf32 && "ping-pong consumers are bf16's (the emitter takes Medium for TF32)");
+    return make("WgmmaConfig<128, 2, 6, false, true>", 128, 128, 2, 6, 1);
   case GemmTile::Auto: break;
   }
   assert(false && "GemmTile::Auto is resolved by chooseWgmma");

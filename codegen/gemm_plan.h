@@ -9,8 +9,11 @@
 namespace pa::codegen {
 
 // The tile variant of a generated GEMM (MatMul, FusedLinear); Auto picks one from the shape.
-// Tests and benchmarks force the others.
-enum class GemmTile { Auto, Large, Medium, Small };
+// Tests and benchmarks force the others. PingPong: the bf16 wgmma kernel's 128 × 128 tiles, each
+// multiplied by one consumer warpgroup while the other runs its epilogue (kernels/gemm_wgmma.cuh);
+// elsewhere (other kernels, operand sums) Medium. The runner's tile autotuning measures it beside
+// the others; Auto does not pick it.
+enum class GemmTile { Auto, Large, Medium, Small, PingPong };
 
 // Which kernel multiplies fp32 operands under precision fp32 (EmitOptions::fp32Gemm): the SIMT
 // kernel (kernels/gemm_simt.cuh) or the FP64 tensor cores (kernels/gemm_tf32.cuh, "Note on the

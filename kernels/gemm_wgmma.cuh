@@ -23,6 +23,18 @@
  * descriptors; its BN/2 fp32 accumulators per thread stay in registers for the whole K.
  * TMA writes and wgmma reads both go through the async proxy: no proxy fence between them.
  *
+ * Ping-pong consumers (Cfg::PINGPONG, bf16, 128 × 128 tiles): each consumer warpgroup multiplies
+ * whole tiles, both 64-row blocks (two wgmma.m64n128k16 a k step, 128 accumulators a thread),
+ * and the two take turns: consumer c owns the block's items c, c + 2, ... while the producer fills
+ * the ring in item order as before. So one consumer's epilogue runs while the other's products
+ * do, where the cooperative tiles leave the tensor cores idle through every epilogue (bench/
+ * RESULTS.md, twenty-seventh session). A consumer skips the other's slices in its ring position,
+ * and starts an item's products only once the other has taken its previous item's last slice
+ * (named barriers 4 and 5: one consumer arrives, the other syncs; an arrival only where the other
+ * has a next item): a parity wait tells apart only two phases of a stage's barrier, so no wait
+ * may run more than one phase ahead of the slices already taken. A stage's empty barrier then
+ * counts the 128 threads of the one consumer that read it.
+ *
  * Hand-offs are mbarriers, two per stage. full[s]: one arrival (the producer's expect) plus the
  * stage's bytes. empty[s]: every consumer thread arrives once the wgmmas that read stage s have
  * completed (wgmma.wait_group 1 after committing the next slice's, so one slice's products are
@@ -249,14 +261,17 @@ struct WgmmaOperand {
 };
 
 // BN ∈ {128, 256}; CONSUMERS ∈ {1, 2} (BM = 64·CONSUMERS). TF32: fp32 operands, products on
-// TF32 (see the note). Launch: grid (min(work items, SMs × blocks an SM)), block kThreads,
+// TF32 (see the note). PINGPONG: two consumers, each multiplying whole 128 × 128 tiles of its own
+// (BM = 128; see the note). Launch: grid (min(work items, SMs × blocks an SM)), block kThreads,
 // dynamic shared memory kSharedBytes (opt-in above 48 KB).
-template <int BN_, int CONSUMERS_, int STAGES_, bool TF32_ = false>
+template <int BN_, int CONSUMERS_, int STAGES_, bool TF32_ = false, bool PINGPONG_ = false>
 struct WgmmaConfig {
   static constexpr int BN = BN_, CONSUMERS = CONSUMERS_, STAGES = STAGES_;
-  static constexpr bool TF32 = TF32_;
+  static constexpr bool TF32 = TF32_, PINGPONG = PINGPONG_;
   static constexpr int kElemBytes = TF32 ? 4 : 2;
-  static constexpr int BM = 64 * CONSUMERS, BK = 128 / kElemBytes;  // a slice row is 128 bytes either way
+  // The 64-row blocks of a tile that one consumer multiplies (two with PINGPONG, else its own one).
+  static constexpr int kRowBlocks = PINGPONG ? 2 : 1;
+  static constexpr int BM = 64 * (PINGPONG ? kRowBlocks : CONSUMERS), BK = 128 / kElemBytes;  // a slice row is 128 bytes either way
   static constexpr int kThreads = 128 * (1 + CONSUMERS);
   static constexpr int kStageBytes = (BM + BN) * 128;
   static constexpr int kStagingBytes = 64 * 256;  // a consumer's epilogue staging (see the note)
@@ -265,6 +280,7 @@ struct WgmmaConfig {
   static_assert(BN == 128 || BN == 256, "wgmma tiles are 128 or 256 wide here");
   static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
   static_assert(STAGES >= 2, "the ring needs a stage to fill while another is read");
+  static_assert(!PINGPONG || (CONSUMERS == 2 && BN == 128 && !TF32), "ping-pong: two bf16 consumers of 128 × 128 tiles");
 };
 
 // The wgmma kernel's optional argument after the operand sums: a TMA map of C (the epilogue then
@@ -313,7 +329,11 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   // TF32 with A stored M-major: A from registers (see the note); the large tile's consumers then
   // need more registers than 384 threads get, and take them from the producer warpgroup.
   constexpr bool kRsA = Cfg::TF32 && P::transA;
-  constexpr bool kSplitRegs = kRsA && Cfg::CONSUMERS == 2;
+  constexpr bool kSplitRegs = (kRsA && Cfg::CONSUMERS == 2) || Cfg::PINGPONG;  // (ping-pong: 128 accumulators and the epilogue)
+  // Ping-pong (see the note): each consumer multiplies whole tiles, every other item of the block's.
+  constexpr bool kPingPong = Cfg::PINGPONG;
+  constexpr int kRowBlocks = Cfg::kRowBlocks;
+  static_assert(!kPingPong || (!kRsA && !kLoadBT && Sums::kOperand == 0), "ping-pong: both operands by TMA, no operand sums");
   typedef sm90::RegisterSplit<Cfg::CONSUMERS, 40> Registers;
   constexpr int IN = Cfg::TF32 ? sm90::kInTf32 : sm90::kInBf16;
   static_assert(M < (1ll << 31) && N < (1ll << 31) && K < (1ll << 31), "TMA coordinates are 32-bit");
@@ -367,7 +387,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     mbarInitRange(full, STAGES, kLoadBT ? 1 + 128 : 1);  // B transposed: every producer thread's copies too
-    mbarInitRange(empty, STAGES, 128 * Cfg::CONSUMERS);
+    mbarInitRange(empty, STAGES, 128 * (kPingPong ? 1 : Cfg::CONSUMERS));  // (ping-pong: the one consumer that read it)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA unit
   }
   __syncthreads();
@@ -454,7 +474,11 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
 #pragma unroll
     for (int r = 0; r < 4; ++r) frag[j][r] = 0u;
   int it = 0;
-  float acc[BN / 2];
+  float accs[kRowBlocks][BN / 2];  // the consumer's 64-row blocks of the tile
+  auto fenceAccs = [&]() {
+#pragma unroll
+    for (int h = 0; h < kRowBlocks; ++h) fenceRegisters(accs[h]);
+  };
   auto slice = [&](int s, bool summing) {
     const int st = it % STAGES;
     mbarWait(full + 8 * st, (it / STAGES) & 1);
@@ -466,15 +490,17 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
 #pragma unroll
         for (int r = 0; r < 4; ++r) frag[j][r] = sm90::ldShared32(a + aAt[r] + 1024 * j);
     }
-    fenceRegisters(acc);
+    fenceAccs();
     wgmmaFence();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // k16 (bf16) or k8 (TF32) steps: 32 bytes of each 128-byte row
       if constexpr (kRsA) {
-        sm90::WgmmaRS<BN, sm90::kInTf32, 0>::run(acc, frag[j], OpB::descriptor(bt, 0, j), 1);
+        sm90::WgmmaRS<BN, sm90::kInTf32, 0>::run(accs[0], frag[j], OpB::descriptor(bt, 0, j), 1);
       } else {
-        sm90::WgmmaSS<BN, IN, P::transA ? 1 : 0, kBKmajor ? 0 : 1>::run(acc, OpA::descriptor(a, consumer, j),
-                                                                           OpB::descriptor(bt, 0, j), 1);
+#pragma unroll
+        for (int h = 0; h < kRowBlocks; ++h)
+          sm90::WgmmaSS<BN, IN, P::transA ? 1 : 0, kBKmajor ? 0 : 1>::run(accs[h], OpA::descriptor(a, kPingPong ? h : consumer, j),
+                                                                             OpB::descriptor(bt, 0, j), 1);
       }
     }
     wgmmaCommit();
@@ -499,13 +525,13 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
     }
     if constexpr (kRsA) {
       wgmmaWait<0>();  // this slice's products are done: its stage and the fragments are free
-      fenceRegisters(acc);
+      fenceAccs();
 #pragma unroll
       for (int j = 0; j < 4; ++j) fenceRegisters(frag[j]);
       mbarArrive(empty + 8 * st);
     } else {
       wgmmaWait<1>();  // the previous slice's products are done: its stage can be refilled
-      fenceRegisters(acc);
+      fenceAccs();
       if (s > 0) mbarArrive(empty + 8 * ((it - 1) % STAGES));
     }
     ++it;
@@ -513,7 +539,8 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   // The transposed output (P::transC, see the note): the kernel's row index is C's column and its
   // column C's row (C is N × M). 64 kernel columns a pass, staged as rows of C (64 kernel rows,
   // 256 bytes, chunk c of staged row i at c ^ (i mod 16)), out as 16-byte segments of C's rows.
-  auto transposedEpilogue = [&](long long tileRow, long long n0, long long b, unsigned char* out, unsigned char* staged) {
+  auto transposedEpilogue = [&](const float (&acc)[BN / 2], long long tileRow, long long n0, long long b, unsigned char* out,
+                                unsigned char* staged) {
     const bool vec = M % 4 == 0 && aligned16(out);
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
@@ -556,7 +583,8 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   // sums staged (the 16-byte chunks of row r XOR-ed with 2·(r mod 8), so the 8-byte writes of a
   // half-warp and the 16-byte reads of a quarter-warp hit distinct banks), then each thread takes
   // 16-byte chunks of 4 columns: the functor (its auxiliary input four at a time), C four at a time.
-  auto stagedRawEpilogue = [&](long long tileRow, long long n0, long long b, unsigned char* out, unsigned char* staged, int r0) {
+  auto stagedRawEpilogue = [&](const float (&acc)[BN / 2], long long tileRow, long long n0, long long b, unsigned char* out,
+                               unsigned char* staged, int r0) {
     constexpr int kRawPasses = BN / 64, kChunks = 64 * 16 / 128, kGroup = 4;  // chunks a thread takes per pass, a group's
     typedef typename AuxOf<Epi>::type A;
     const bool vec = N % 4 == 0 && ((unsigned long long)out & (4 * E::kBytes - 1)) == 0;
@@ -664,17 +692,30 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
       asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");  // the staging is free again
     }
   };
-  for (long long w = blockIdx.x; w < kItems; w += gridDim.x) {
+  long long local = 0;  // the item's place in the block's sequence
+  for (long long w = blockIdx.x; w < kItems; w += gridDim.x, ++local) {
     const Item item(w);
+    if constexpr (kPingPong) {
+      // Every other item is this consumer's: the other's slices pass by in the ring. The products
+      // start once the other consumer has taken its previous item's last slice, so that no wait
+      // on a stage's full barrier runs more than one phase ahead (see the note).
+      if (local % 2 != consumer) {
+        it += item.count;
+        continue;
+      }
+      if (local > 0) asm volatile("bar.sync %0, 256;" ::"r"(4 + consumer) : "memory");
+    }
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+    for (int h = 0; h < kRowBlocks; ++h)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) accs[h][i] = 0.0f;
     if constexpr (Epi::kStageRaw && Epi::kAux && !P::transC) {
-      // The epilogue's auxiliary input for this consumer's 64 rows of the tile, into L2 while the
+      // The epilogue's auxiliary input for this consumer's rows of the tile, into L2 while the
       // products run: its reads then wait on L2, not DRAM (one 128-byte line a prefetch).
       typedef typename AuxOf<Epi>::type A;
       constexpr int kLines = (BN * A::kBytes + 127) / 128;
-      const long long rows = item.m0 + consumer * 64, base = item.b * M * N;
-      for (int l = tid; l < 64 * kLines; l += 128) {
+      const long long rows = item.m0 + (kPingPong ? 0 : consumer * 64), base = item.b * M * N;
+      for (int l = tid; l < 64 * kRowBlocks * kLines; l += 128) {
         const long long m = rows + l / kLines, n = item.n0 + (l % kLines) * (128 / A::kBytes);
         if (m < M && n < N) asm volatile("prefetch.global.L2 [%0];" ::"l"(A::bytes(epi.aux) + (base + m * N + n) * A::kBytes));
       }
@@ -684,9 +725,12 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
     const long long other = kSum == 1 ? item.n0 / BN : item.m0 / BM;
     const bool summing = kSum != 0 && (P::splits > 1 || other == 0);
     for (int s = 0; s < item.count; ++s) slice(s, summing && (P::splits == 1 || (item.sBegin + s) % kSumShares == other));
+    if constexpr (kPingPong) {  // the other consumer's next item may start (where it has one)
+      if (w + gridDim.x < kItems) asm volatile("bar.arrive %0, 256;" ::"r"(5 - consumer) : "memory");
+    }
     if constexpr (!kRsA) {
       wgmmaWait<0>();
-      fenceRegisters(acc);
+      fenceAccs();
       if (item.count > 0) mbarArrive(empty + 8 * ((it - 1) % STAGES));
     }
     if constexpr (kSum != 0) {
@@ -714,84 +758,89 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
 
     // Epilogue (see the note): the functor on the accumulators, staged 256 bytes of each row at
     // a time, out as 16-byte row segments. C's batch entry: the batch entry's, or a split's partial sums.
-    const long long tileRow = item.m0 + consumer * 64, n0 = item.n0, b = item.b;
+    const long long n0 = item.n0, b = item.b;
     const long long cEntry = item.b + item.split;
     unsigned char* const out = E::bytes(C) + cEntry * M * N * E::kBytes;
-    if constexpr (P::transC) {
-      static_assert(!Epi::kPairs, "a pair epilogue runs on C's own rows (codegen never swaps its product)");
-      transposedEpilogue(tileRow, n0, b, out, staged);
-      continue;
-    }
-    const int r0 = (tid / 32) * 16 + g;  // this thread's rows r0 and r0 + 8 of the warpgroup's 64
-    if constexpr (Epi::kStageRaw) {
-      stagedRawEpilogue(tileRow, n0, b, out, staged, r0);
-      continue;
-    }
-    const bool vec = N % kPerChunk == 0 && aligned16(out);
-    const long long m0 = tileRow + r0, rowAt = b * M * N + m0 * N + n0;
 #pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      if constexpr (kTmaC) {  // the staging's previous stores have read it
-        if (tid == 0) sm90::bulkWaitRead<0>();
-        asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
-      }
-      // Column pair by column pair, both rows' results before either is stored: the functor's
-      // per-column reads (the bias) then serve both rows (no store between them to alias them).
-#pragma unroll
-      for (int jj = 0; jj < kChunkCols / 8; ++jj) {
-        const int j = p * (kChunkCols / 8) + jj;
-        if (j >= BN / 8) break;
-        const int col = 8 * j + 2 * t, byte = (8 * jj + 2 * t) * E::kBytes;
-        const long long n = n0 + col;
-        float2 o[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const long long m = m0 + 8 * h, at = rowAt + (kOffsets32 ? (long long)(int)(8 * h * (int)N + col) : 8 * h * N + col);
-          o[h] = make_float2(0.0f, 0.0f);  // the functor runs exactly once for every element of C
-          if (kFullTiles || (m < M && n + 1 < N)) {
-            o[h] = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            epiPair(epi, o[h].x, o[h].y, m, n, at);
-          } else {
-            if (m < M && n < N) o[h].x = epi(acc[4 * j + 2 * h], m, n, at);
-            if (m < M && n + 1 < N) o[h].y = epi(acc[4 * j + 2 * h + 1], m, n + 1, at + 1);
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = r0 + 8 * h;
-          if constexpr (kTmaC) {  // box byte / 128, its row r, chunk (byte / 16 mod 8) ^ (r mod 8)
-            E::storePair(staged + (byte >> 7) * 8192 + r * 128 + ((((byte >> 4) & 7) ^ (r & 7)) << 4) + (byte & 15), o[h]);
-          } else {
-            E::storePair(staged + r * 256 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), o[h]);
-          }
-        }
-      }
-      if constexpr (kTmaC) {
-        sm90::fenceProxyAsync();  // the stores read the staging through the async proxy
-        asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
-        if (tid == 0) {
-#pragma unroll
-          for (int q = 0; q < 2; ++q)
-            sm90::tmaStore3d(mapC, stagedAt + q * 8192, (int)(n0 + p * kChunkCols + q * (kChunkCols / 2)), (int)tileRow, (int)cEntry);
-          sm90::bulkCommit();
-        }
+    for (int h = 0; h < kRowBlocks; ++h) {  // the consumer's 64-row blocks of the tile, one after the other
+      const float(&acc)[BN / 2] = accs[h];
+      const long long tileRow = item.m0 + 64 * (kPingPong ? h : consumer);
+      if constexpr (P::transC) {
+        static_assert(!Epi::kPairs, "a pair epilogue runs on C's own rows (codegen never swaps its product)");
+        transposedEpilogue(acc, tileRow, n0, b, out, staged);
         continue;
       }
-      asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
-#pragma unroll 4
-      for (int f = tid; f < 64 * 16; f += 128) {
-        const int r = f / 16, c = f % 16;
-        const long long m = tileRow + r, n = n0 + p * kChunkCols + c * kPerChunk;
-        if (p * kChunkCols + c * kPerChunk >= BN || (!kFullTiles && (m >= M || n >= N))) continue;
-        const unsigned char* src = staged + r * 256 + ((c ^ (r & 7)) << 4);
-        unsigned char* dst = out + (m * N + n) * E::kBytes;
-        if (vec) {
-          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-        } else {
-          for (int e = 0; e < kPerChunk && n + e < N; ++e) E::copy(dst + e * E::kBytes, src + e * E::kBytes);
-        }
+      const int r0 = (tid / 32) * 16 + g;  // this thread's rows r0 and r0 + 8 of the warpgroup's 64
+      if constexpr (Epi::kStageRaw) {
+        stagedRawEpilogue(acc, tileRow, n0, b, out, staged, r0);
+        continue;
       }
-      asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");  // the staging is free again
+      const bool vec = N % kPerChunk == 0 && aligned16(out);
+      const long long m0 = tileRow + r0, rowAt = b * M * N + m0 * N + n0;
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        if constexpr (kTmaC) {  // the staging's previous stores have read it
+          if (tid == 0) sm90::bulkWaitRead<0>();
+          asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+        }
+        // Column pair by column pair, both rows' results before either is stored: the functor's
+        // per-column reads (the bias) then serve both rows (no store between them to alias them).
+#pragma unroll
+        for (int jj = 0; jj < kChunkCols / 8; ++jj) {
+          const int j = p * (kChunkCols / 8) + jj;
+          if (j >= BN / 8) break;
+          const int col = 8 * j + 2 * t, byte = (8 * jj + 2 * t) * E::kBytes;
+          const long long n = n0 + col;
+          float2 o[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const long long m = m0 + 8 * h, at = rowAt + (kOffsets32 ? (long long)(int)(8 * h * (int)N + col) : 8 * h * N + col);
+            o[h] = make_float2(0.0f, 0.0f);  // the functor runs exactly once for every element of C
+            if (kFullTiles || (m < M && n + 1 < N)) {
+              o[h] = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+              epiPair(epi, o[h].x, o[h].y, m, n, at);
+            } else {
+              if (m < M && n < N) o[h].x = epi(acc[4 * j + 2 * h], m, n, at);
+              if (m < M && n + 1 < N) o[h].y = epi(acc[4 * j + 2 * h + 1], m, n + 1, at + 1);
+            }
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            if constexpr (kTmaC) {  // box byte / 128, its row r, chunk (byte / 16 mod 8) ^ (r mod 8)
+              E::storePair(staged + (byte >> 7) * 8192 + r * 128 + ((((byte >> 4) & 7) ^ (r & 7)) << 4) + (byte & 15), o[h]);
+            } else {
+              E::storePair(staged + r * 256 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), o[h]);
+            }
+          }
+        }
+        if constexpr (kTmaC) {
+          sm90::fenceProxyAsync();  // the stores read the staging through the async proxy
+          asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+          if (tid == 0) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+              sm90::tmaStore3d(mapC, stagedAt + q * 8192, (int)(n0 + p * kChunkCols + q * (kChunkCols / 2)), (int)tileRow, (int)cEntry);
+            sm90::bulkCommit();
+          }
+          continue;
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");
+#pragma unroll 4
+        for (int f = tid; f < 64 * 16; f += 128) {
+          const int r = f / 16, c = f % 16;
+          const long long m = tileRow + r, n = n0 + p * kChunkCols + c * kPerChunk;
+          if (p * kChunkCols + c * kPerChunk >= BN || (!kFullTiles && (m >= M || n >= N))) continue;
+          const unsigned char* src = staged + r * 256 + ((c ^ (r & 7)) << 4);
+          unsigned char* dst = out + (m * N + n) * E::kBytes;
+          if (vec) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+          } else {
+            for (int e = 0; e < kPerChunk && n + e < N; ++e) E::copy(dst + e * E::kBytes, src + e * E::kBytes);
+          }
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");  // the staging is free again
+      }
     }
   }
   if constexpr (kTmaC) {

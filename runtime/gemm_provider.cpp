@@ -41,8 +41,9 @@ extern "C" __global__ void pa_fill_uniform(float* p, unsigned long long n, unsig
 }  // namespace
 
 // The other tile variants of generated GEMM node `id` (see chooseGemmTiles) beside `chosen`, the
-// emitter's pick; a variant that emits what the pick does is not a candidate. Returns the
-// largest scratch a variant needs.
+// emitter's pick; a variant that emits what the pick or an earlier variant does is not a
+// candidate (PingPong emits Medium where ping-pong consumers do not apply). Returns the largest
+// scratch a variant needs.
 size_t CudaGraphRunner::addTileVariants(NodeId id, const codegen::NodeKernels& chosen, const codegen::EmitOptions& emit) {
   size_t scratchBytes = 0;
   auto text = [](const codegen::NodeKernels& k) {
@@ -50,12 +51,13 @@ size_t CudaGraphRunner::addTileVariants(NodeId id, const codegen::NodeKernels& c
     for (const codegen::Kernel& kk : k.kernels) t += kk.source;
     return t;
   };
-  const std::string chosenText = text(chosen);
+  std::set<std::string> texts{text(chosen)};
   int index = 0;
-  for (codegen::GemmTile tile : {codegen::GemmTile::Large, codegen::GemmTile::Medium, codegen::GemmTile::Small}) {
+  for (codegen::GemmTile tile :
+       {codegen::GemmTile::Large, codegen::GemmTile::Medium, codegen::GemmTile::Small, codegen::GemmTile::PingPong}) {
     codegen::EmitOptions alt = emit;
     alt.gemmTile = tile;
-    if (text(codegen::emitNode(g_, id, alt)) == chosenText) continue;
+    if (!texts.insert(text(codegen::emitNode(g_, id, alt))).second) continue;
     alt.kernelSuffix = "_v" + std::to_string(++index);
     codegen::NodeKernels ak = codegen::emitNode(g_, id, alt);
     scratchBytes = std::max(scratchBytes, ak.scratchBytes);

@@ -203,6 +203,27 @@ inline std::vector<Variant> wgmmaVariants() {
           codegen::WgmmaEpilogue::Auto, false);
       add("MatMul_n100_t2", gemmtest::matmulProblem(40, 100, 136, false, true), tile, bf16Out);
     }
+  // Ping-pong consumers: every transpose, a split, a batch, the epilogues on the fragments and
+  // staged (the activation gradients), C by the threads.
+  for (int t = 0; t < 4; ++t)
+    add("MatMul_t" + std::to_string(t), gemmtest::matmulProblem(40, 104, 136, t & 1, t & 2), GemmTile::PingPong, t != 3);
+  add("MatMul_split_t1", gemmtest::matmulProblem(40, 104, 136, true, false), GemmTile::PingPong, false, 3);
+  {
+    GemmProblem batched;
+    batched.a = {3, 64, 128}, batched.b = {3, 128, 96};
+    add("MatMul_batched", batched, GemmTile::PingPong, true);
+    for (const char* act : {"relu", "gelu"}) {
+      GemmProblem p;
+      p.fused = true, p.act = act, p.bias = true;
+      p.a = {4, 7, 32}, p.b = {32, 40};
+      add(std::string("FusedLinear_") + act, p, GemmTile::PingPong, true);
+    }
+    GemmProblem p = gemmtest::matmulProblem(40, 104, 136, false, true);
+    p.gradAct = "relu";
+    add("MatMulActGrad_relu", p, GemmTile::PingPong, true);
+    add("MatMul_t0_threadstores", gemmtest::matmulProblem(40, 104, 136, false, false), GemmTile::PingPong, false, 0,
+        codegen::WgmmaEpilogue::Auto, false);
+  }
   // The bias gradient summed inside the product (MatMulBiasGrad, either operand MN-major; fp32
   // outputs, as lower-bf16 leaves gradients), whole and split.
   for (const char* operand : {"a", "b"}) {

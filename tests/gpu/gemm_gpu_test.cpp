@@ -37,6 +37,7 @@ const char* tileName(codegen::GemmTile t) {
   case codegen::GemmTile::Large: return "large";
   case codegen::GemmTile::Medium: return "medium";
   case codegen::GemmTile::Small: return "small";
+  case codegen::GemmTile::PingPong: return "pingpong";
   }
   return "?";
 }
@@ -376,6 +377,68 @@ std::vector<Bf16Case> bf16Cases() {
     GemmProblem b;
     b.a = {3, 136, 200}, b.b = {3, 264, 136}, b.ta = true, b.tb = true;
     for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add("MatMulBatched_3x136x200T_3x264x136T", b, tile, true, 0, 2);
+  }
+  // Ping-pong consumers (GemmTile::PingPong: each consumer multiplies whole tiles, taking turns):
+  // every transpose on awkward and whole shapes, K splits, batches, every epilogue (staged and on
+  // the fragments), C by TMA and by the threads. On a grid of 2, 3 or 5 SMs the blocks take many
+  // items, even and odd numbers of them, so both consumers turn many times and one of them may
+  // have an item less; on the full grid most blocks take one item (the second consumer idles).
+  for (const auto& s : mnk)
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const int64_t m = ta ? s[0] : s[0] + 1, n = tb ? s[1] + 1 : s[1], k = s[2];
+      const GemmProblem p = gemmtest::matmulProblem(m, n, k, ta, tb);
+      const std::string base = "MatMul_" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? "_tA" : "") +
+                               (tb ? "_tB" : "");
+      add(base, p, GemmTile::PingPong, t != 3);
+      add(base, p, GemmTile::PingPong, t == 3, 0, 2);
+      if (k >= 72) add(base, p, GemmTile::PingPong, true, 3, 5);  // uneven split shares
+    }
+  for (const Batched& bt : batched) {
+    GemmProblem p;
+    p.a = bt.a, p.b = bt.b, p.ta = bt.ta, p.tb = bt.tb;
+    add("MatMulBatched_" + dims(bt.a) + (bt.ta ? "T" : "") + "_" + dims(bt.b) + (bt.tb ? "T" : ""), p, GemmTile::PingPong, true, 0, 3);
+  }
+  for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
+    for (const Shape& a : {Shape{5, 7, 136}, Shape{2, 128, 72}, Shape{4, 250, 64}}) {
+      GemmProblem p;
+      p.fused = true, p.act = act, p.bias = true, p.tb = a[0] == 2;
+      p.a = a;
+      p.b = p.tb ? Shape{a[1] == 128 ? int64_t{512} : int64_t{1000}, a.back()} : Shape{a.back(), int64_t{1000}};
+      const std::string base = std::string("FusedLinear_") + act + (p.tb ? "_tW_" : "_") + dims(a);
+      add(base, p, GemmTile::PingPong, a[0] != 4, 0, a[0] == 5 ? 0 : 3);
+      add(base + "_fragments", p, GemmTile::PingPong, a[0] == 4, 0, 2);
+      cases.back().opt.wgmmaEpilogue = codegen::WgmmaEpilogue::Fragments;
+      add(base + "_staged", p, GemmTile::PingPong, true, 0, 5);
+      cases.back().opt.wgmmaEpilogue = codegen::WgmmaEpilogue::Staged;
+      add(base, p, GemmTile::PingPong, true, 2, 2);  // the epilogue in the split-K reduce
+    }
+  for (const char* act : {"relu", "gelu"})
+    for (const auto& s :
+         {std::array<int64_t, 3>{201, 265, 72}, std::array<int64_t, 3>{200, 264, 72}, std::array<int64_t, 3>{1000, 512, 64}}) {
+      GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], false, true);
+      p.gradAct = act;
+      const std::string base = std::string("MatMulActGrad_") + act + "_" + dims(s) + "_tB";
+      add(base, p, GemmTile::PingPong, true, 0, 3);
+      add(base, p, GemmTile::PingPong, false, 0, 2);
+      add(base + "_fragments", p, GemmTile::PingPong, true, 0, 5);
+      cases.back().opt.wgmmaEpilogue = codegen::WgmmaEpilogue::Fragments;
+    }
+  for (const auto& s : {std::array<int64_t, 3>{201, 264, 72}, std::array<int64_t, 3>{256, 512, 64}}) {
+    add("MatMul_" + dims(s) + "_threadstores", gemmtest::matmulProblem(s[0], s[1], s[2], false, false), GemmTile::PingPong, true, 0, 2);
+    cases.back().opt.wgmmaTmaStores = false;
+  }
+  {
+    GemmProblem p;
+    p.a = {1001, 1000}, p.b = {1000, 1000};
+    add("MatMul_1001x1000x1000", p, GemmTile::PingPong, true, 0, 2);
+    add("MatMul_1001x1000x1000", p, GemmTile::PingPong, false, 0, 3);
+  }
+  // Where ping-pong consumers do not apply (operand sums) the emitter takes the medium tile.
+  {
+    GemmProblem p = gemmtest::matmulProblem(256, 512, 2048, true, false);
+    p.biasGrad = "b";
+    add("MatMulBiasGrad_b_256x512x2048_tA", p, GemmTile::PingPong, false, 3, 2);
   }
   return cases;
 }
