@@ -107,9 +107,9 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
   const bool sums = sumInput >= 0 && q.batch == 1 &&
                     (tf32 || f64 || (wgmmaBf16 && (sumInput == 0 ? q.transA : !q.transB) && c.outType(1) == DType::F32));
   if (summed) *summed = sums;
-  // Ping-pong consumers are the bf16 wgmma kernel's, without operand sums; elsewhere the same
-  // 128 × 128 tile shared by two consumers.
-  if (choice.first == GemmTile::PingPong && (!wgmmaBf16 || sums)) choice.first = GemmTile::Medium;
+  // Ping-pong consumers are the bf16 wgmma kernel's; elsewhere the same 128 × 128 tile shared by
+  // two consumers.
+  if (choice.first == GemmTile::PingPong && !wgmmaBf16) choice.first = GemmTile::Medium;
   const GemmVariant v = wgmma ? wgmmaVariant(choice.first, wgmmaTf32) : f64 ? f64Variant(choice.first) : gemmVariant(tf32, choice.first);
   // The product kernel's header; a tail split's reduce is the SIMT one's, split-K's is shared.
   const std::string header = wgmma ? "kernels/gemm_wgmma.cuh" : tf32 || f64 ? "kernels/gemm_tf32.cuh" : "kernels/gemm_simt.cuh";

@@ -11,8 +11,8 @@ namespace pa::codegen {
 // The tile variant of a generated GEMM (MatMul, FusedLinear); Auto picks one from the shape.
 // Tests and benchmarks force the others. PingPong: the bf16 wgmma kernel's 128 × 128 tiles, each
 // multiplied by one consumer warpgroup while the other runs its epilogue (kernels/gemm_wgmma.cuh);
-// elsewhere (other kernels, operand sums) Medium. The runner's tile autotuning measures it beside
-// the others; Auto does not pick it.
+// elsewhere (the other kernels) Medium. The runner's tile autotuning measures it beside the
+// others; Auto does not pick it.
 enum class GemmTile { Auto, Large, Medium, Small, PingPong };
 
 // Which kernel multiplies fp32 operands under precision fp32 (EmitOptions::fp32Gemm): the SIMT

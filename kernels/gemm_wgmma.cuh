@@ -33,7 +33,8 @@
  * (named barriers 4 and 5: one consumer arrives, the other syncs; an arrival only where the other
  * has a next item): a parity wait tells apart only two phases of a stage's barrier, so no wait
  * may run more than one phase ahead of the slices already taken. A stage's empty barrier then
- * counts the 128 threads of the one consumer that read it.
+ * counts the 128 threads of the one consumer that read it, and an item's operand sums are its
+ * consumer's threads' alone (8 to a chunk column).
  *
  * Hand-offs are mbarriers, two per stage. full[s]: one arrival (the producer's expect) plus the
  * stage's bytes. empty[s]: every consumer thread arrives once the wgmmas that read stage s have
@@ -333,7 +334,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   // Ping-pong (see the note): each consumer multiplies whole tiles, every other item of the block's.
   constexpr bool kPingPong = Cfg::PINGPONG;
   constexpr int kRowBlocks = Cfg::kRowBlocks;
-  static_assert(!kPingPong || (!kRsA && !kLoadBT && Sums::kOperand == 0), "ping-pong: both operands by TMA, no operand sums");
+  static_assert(!kPingPong || (!kRsA && !kLoadBT), "ping-pong: both operands by TMA");
   typedef sm90::RegisterSplit<Cfg::CONSUMERS, 40> Registers;
   constexpr int IN = Cfg::TF32 ? sm90::kInTf32 : sm90::kInBf16;
   static_assert(M < (1ll << 31) && N < (1ll << 31) && K < (1ll << 31), "TMA coordinates are 32-bit");
@@ -441,7 +442,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   // indices, one 16-byte chunk of each k row) in k rows T mod P + P·i: the 8 lanes of a 16-byte
   // load's phase read rows of distinct k mod 8, so distinct chunks of the swizzle (no conflict).
   constexpr int kSum = Sums::kOperand;
-  constexpr int kSumRows = kSum == 1 ? BM : BN, kSumThreads = 128 * Cfg::CONSUMERS;
+  constexpr int kSumRows = kSum == 1 ? BM : BN, kSumThreads = 128 * (kPingPong ? 1 : Cfg::CONSUMERS);  // (ping-pong: the item's consumer)
   constexpr int kSumColumns = kSumRows / 8, kThreadsPerColumn = kSumThreads / kSumColumns, kRowsPerThread = 64 / kThreadsPerColumn;
   static_assert(kSum == 0 || (!Cfg::TF32 && P::batch == 1 && (kSum == 1 ? P::transA : !P::transB)),
                 "operand sums: bf16, one product, the summed operand MN-major");
@@ -449,7 +450,7 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
   static_assert(kSumThreads % kSumColumns == 0 && 64 % kThreadsPerColumn == 0 && kThreadsPerColumn >= 8 && kThreadsPerColumn <= 32 &&
                     (kThreadsPerColumn & (kThreadsPerColumn - 1)) == 0,
                 "a chunk column's threads: 8 to 32 lanes of one warp, a power of two");
-  const int sumThread = consumer * 128 + tid, sumColumn = sumThread / kThreadsPerColumn, sumRow0 = sumThread % kThreadsPerColumn;
+  const int sumThread = (kPingPong ? 0 : consumer) * 128 + tid, sumColumn = sumThread / kThreadsPerColumn, sumRow0 = sumThread % kThreadsPerColumn;
   constexpr long long kSumShares = kSum == 1 ? TilesN : TilesM;  // (split products: the items that share a tile's slices)
   float operandSum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   // A from registers: where this thread's fragments of k8 step 0 lie in a stage's A tile (step j

@@ -223,6 +223,12 @@ inline std::vector<Variant> wgmmaVariants() {
     add("MatMulActGrad_relu", p, GemmTile::PingPong, true);
     add("MatMul_t0_threadstores", gemmtest::matmulProblem(40, 104, 136, false, false), GemmTile::PingPong, false, 0,
         codegen::WgmmaEpilogue::Auto, false);
+    for (const char* operand : {"a", "b"}) {  // the bias gradient's sums by the item's consumer
+      GemmProblem bg = gemmtest::matmulProblem(40, 104, 136, true, false);
+      bg.biasGrad = operand;
+      if (*operand == 'a') add("MatMulBiasGrad_a", bg, GemmTile::PingPong, false);
+      else add("MatMulBiasGrad_split_b", bg, GemmTile::PingPong, false, 3);
+    }
   }
   // The bias gradient summed inside the product (MatMulBiasGrad, either operand MN-major; fp32
   // outputs, as lower-bf16 leaves gradients), whole and split.

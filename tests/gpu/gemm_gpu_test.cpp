@@ -434,12 +434,17 @@ std::vector<Bf16Case> bf16Cases() {
     add("MatMul_1001x1000x1000", p, GemmTile::PingPong, true, 0, 2);
     add("MatMul_1001x1000x1000", p, GemmTile::PingPong, false, 0, 3);
   }
-  // Where ping-pong consumers do not apply (operand sums) the emitter takes the medium tile.
-  {
-    GemmProblem p = gemmtest::matmulProblem(256, 512, 2048, true, false);
-    p.biasGrad = "b";
-    add("MatMulBiasGrad_b_256x512x2048_tA", p, GemmTile::PingPong, false, 3, 2);
-  }
+  // The bias gradient's operand sums by the item's consumer, whole and split, either operand.
+  for (const char* operand : {"a", "b"})
+    for (const auto& s : {std::array<int64_t, 3>{136, 264, 4000}, std::array<int64_t, 3>{256, 512, 2048}}) {
+      GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], true, false);
+      p.biasGrad = operand;
+      const std::string base = std::string("MatMulBiasGrad_") + operand + "_" + dims(s) + "_tA";
+      add(base, p, GemmTile::PingPong, false);
+      add(base, p, GemmTile::PingPong, false, 0, 3);
+      add(base, p, GemmTile::PingPong, false, 3, 2);
+      add(base, p, GemmTile::PingPong, true, 2);  // bf16 outputs: the column-sum kernels sum it
+    }
   return cases;
 }
 
