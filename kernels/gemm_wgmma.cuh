@@ -663,15 +663,22 @@ __device__ __forceinline__ void wgmmaGemm(const TensorMap& mapA, const BOperand&
             if (kAhead) cur[uu] = next[uu];
           }
         } else {
-          float v[kGroup][4];  // the functor may load (a bias): every chunk's loads before the group's stores
+          // The group's staged sums first (the four loads in flight at once), then the functors
+          // (which may load: a bias), then the stores: a consumer's epilogue runs on one warp a
+          // scheduler, so its chunks' latencies must overlap. (The aux path above keeps its loads
+          // in the loop, which measured faster there: bench/RESULTS.md, twenty-seventh session.)
+          float v[kGroup][4];
+#pragma unroll
+          for (int uu = 0; uu < kGroup; ++uu) {
+            const float4 raw = *reinterpret_cast<const float4*>(src + (q + uu) * 8 * 256);
+            v[uu][0] = raw.x, v[uu][1] = raw.y, v[uu][2] = raw.z, v[uu][3] = raw.w;
+          }
 #pragma unroll
           for (int uu = 0; uu < kGroup; ++uu) {
             const int u = q + uu;
             float* x = v[uu];
             const long long m = m0 + 8 * u, at = at0 + 8 * u * N + 64 * p;
             const bool whole = kFullTiles || (m < M && n + 3 < N), any = kFullTiles || (m < M && n < N);
-            const float4 raw = *reinterpret_cast<const float4*>(src + u * 8 * 256);
-            x[0] = raw.x, x[1] = raw.y, x[2] = raw.z, x[3] = raw.w;
             if (whole) {
               epiPair(epi, x[0], x[1], m, n, at);
               epiPair(epi, x[2], x[3], m, n + 2, at + 2);
