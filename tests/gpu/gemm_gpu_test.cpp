@@ -248,6 +248,10 @@ std::vector<Bf16Case> bf16Cases() {
       for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, t != 3);
       if (k >= 72) add(base, p, GemmTile::Small, true, 3);  // uneven split shares
       add(base, p, GemmTile::Auto, false);
+      // Ping-pong consumers (see below) on the full grid and on 2 and 5 SMs.
+      add(base, p, GemmTile::PingPong, t != 3);
+      add(base, p, GemmTile::PingPong, t == 3, 0, 2);
+      if (k >= 72) add(base, p, GemmTile::PingPong, true, 3, 5);
     }
   struct Batched {
     Shape a, b;
@@ -261,6 +265,7 @@ std::vector<Bf16Case> bf16Cases() {
     p.a = bt.a, p.b = bt.b, p.ta = bt.ta, p.tb = bt.tb;
     const std::string base = "MatMulBatched_" + dims(bt.a) + (bt.ta ? "T" : "") + "_" + dims(bt.b) + (bt.tb ? "T" : "");
     for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add(base, p, tile, true);
+    add(base, p, GemmTile::PingPong, true, 0, 3);
   }
   for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
     for (bool tw : {false, true}) {
@@ -285,6 +290,10 @@ std::vector<Bf16Case> bf16Cases() {
       const std::string base = std::string("MatMulActGrad_") + act + "_" + dims(s) + "_tB";
       for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, tile != GemmTile::Medium);
       add(base, p, GemmTile::Small, true, 3);
+      add(base, p, GemmTile::PingPong, true, 0, 3);
+      add(base, p, GemmTile::PingPong, false, 0, 2);
+      add(base + "_fragments", p, GemmTile::PingPong, true, 0, 5);
+      cases.back().opt.wgmmaEpilogue = codegen::WgmmaEpilogue::Fragments;
     }
   // Where the functor runs (EmitOptions::wgmmaEpilogue): every epilogue again with the placement
   // Auto does not pick for it (staged for none, relu and rope; on the fragments for gelu, swiglu
@@ -324,6 +333,11 @@ std::vector<Bf16Case> bf16Cases() {
       for (GemmTile tile : {GemmTile::Large, GemmTile::Medium, GemmTile::Small}) add(base, p, tile, tile == GemmTile::Medium);
       add(base, p, GemmTile::Large, true, 3);
       add(base, p, GemmTile::Small, false, 7);
+      // Ping-pong (see below): the sums by the item's consumer, on the full grid and on 2 and 3 SMs.
+      add(base, p, GemmTile::PingPong, false);
+      add(base, p, GemmTile::PingPong, false, 0, 3);
+      add(base, p, GemmTile::PingPong, false, 3, 2);
+      add(base, p, GemmTile::PingPong, true, 2);
     }
   {  // mlp_wide's last layer as training runs it (1024 × 256 over 8192 rows, tiles and splits from the shape)
     GemmProblem p = gemmtest::matmulProblem(1024, 256, 8192, true, false);
@@ -378,27 +392,12 @@ std::vector<Bf16Case> bf16Cases() {
     b.a = {3, 136, 200}, b.b = {3, 264, 136}, b.ta = true, b.tb = true;
     for (GemmTile tile : {GemmTile::Large, GemmTile::Small}) add("MatMulBatched_3x136x200T_3x264x136T", b, tile, true, 0, 2);
   }
-  // Ping-pong consumers (GemmTile::PingPong: each consumer multiplies whole tiles, taking turns):
-  // every transpose on awkward and whole shapes, K splits, batches, every epilogue (staged and on
-  // the fragments), C by TMA and by the threads. On a grid of 2, 3 or 5 SMs the blocks take many
-  // items, even and odd numbers of them, so both consumers turn many times and one of them may
-  // have an item less; on the full grid most blocks take one item (the second consumer idles).
-  for (const auto& s : mnk)
-    for (int t = 0; t < 4; ++t) {
-      const bool ta = t & 1, tb = t & 2;
-      const int64_t m = ta ? s[0] : s[0] + 1, n = tb ? s[1] + 1 : s[1], k = s[2];
-      const GemmProblem p = gemmtest::matmulProblem(m, n, k, ta, tb);
-      const std::string base = "MatMul_" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? "_tA" : "") +
-                               (tb ? "_tB" : "");
-      add(base, p, GemmTile::PingPong, t != 3);
-      add(base, p, GemmTile::PingPong, t == 3, 0, 2);
-      if (k >= 72) add(base, p, GemmTile::PingPong, true, 3, 5);  // uneven split shares
-    }
-  for (const Batched& bt : batched) {
-    GemmProblem p;
-    p.a = bt.a, p.b = bt.b, p.ta = bt.ta, p.tb = bt.tb;
-    add("MatMulBatched_" + dims(bt.a) + (bt.ta ? "T" : "") + "_" + dims(bt.b) + (bt.tb ? "T" : ""), p, GemmTile::PingPong, true, 0, 3);
-  }
+  // Ping-pong consumers (GemmTile::PingPong: each consumer multiplies whole tiles, taking turns;
+  // the transposes, batches, activation gradients and bias gradients above too): every epilogue
+  // (staged and on the fragments), C by TMA and by the threads. On a grid of 2, 3 or 5
+  // SMs the blocks take many items, even and odd numbers of them, so both consumers turn many
+  // times and one of them may have an item less; on the full grid most blocks take one item (the
+  // second consumer idles).
   for (const char* act : {"none", "relu", "gelu", "swiglu", "rope"})
     for (const Shape& a : {Shape{5, 7, 136}, Shape{2, 128, 72}, Shape{4, 250, 64}}) {
       GemmProblem p;
@@ -413,17 +412,6 @@ std::vector<Bf16Case> bf16Cases() {
       cases.back().opt.wgmmaEpilogue = codegen::WgmmaEpilogue::Staged;
       add(base, p, GemmTile::PingPong, true, 2, 2);  // the epilogue in the split-K reduce
     }
-  for (const char* act : {"relu", "gelu"})
-    for (const auto& s :
-         {std::array<int64_t, 3>{201, 265, 72}, std::array<int64_t, 3>{200, 264, 72}, std::array<int64_t, 3>{1000, 512, 64}}) {
-      GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], false, true);
-      p.gradAct = act;
-      const std::string base = std::string("MatMulActGrad_") + act + "_" + dims(s) + "_tB";
-      add(base, p, GemmTile::PingPong, true, 0, 3);
-      add(base, p, GemmTile::PingPong, false, 0, 2);
-      add(base + "_fragments", p, GemmTile::PingPong, true, 0, 5);
-      cases.back().opt.wgmmaEpilogue = codegen::WgmmaEpilogue::Fragments;
-    }
   for (const auto& s : {std::array<int64_t, 3>{201, 264, 72}, std::array<int64_t, 3>{256, 512, 64}}) {
     add("MatMul_" + dims(s) + "_threadstores", gemmtest::matmulProblem(s[0], s[1], s[2], false, false), GemmTile::PingPong, true, 0, 2);
     cases.back().opt.wgmmaTmaStores = false;
@@ -434,17 +422,6 @@ std::vector<Bf16Case> bf16Cases() {
     add("MatMul_1001x1000x1000", p, GemmTile::PingPong, true, 0, 2);
     add("MatMul_1001x1000x1000", p, GemmTile::PingPong, false, 0, 3);
   }
-  // The bias gradient's operand sums by the item's consumer, whole and split, either operand.
-  for (const char* operand : {"a", "b"})
-    for (const auto& s : {std::array<int64_t, 3>{136, 264, 4000}, std::array<int64_t, 3>{256, 512, 2048}}) {
-      GemmProblem p = gemmtest::matmulProblem(s[0], s[1], s[2], true, false);
-      p.biasGrad = operand;
-      const std::string base = std::string("MatMulBiasGrad_") + operand + "_" + dims(s) + "_tA";
-      add(base, p, GemmTile::PingPong, false);
-      add(base, p, GemmTile::PingPong, false, 0, 3);
-      add(base, p, GemmTile::PingPong, false, 3, 2);
-      add(base, p, GemmTile::PingPong, true, 2);  // bf16 outputs: the column-sum kernels sum it
-    }
   return cases;
 }
 
