@@ -101,12 +101,6 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
                                             : chooseGemm(tf32, q.batch, m, n, k);
   if (c.opt->gemmTile != GemmTile::Auto) choice = {c.opt->gemmTile, 1};
   if (c.opt->gemmSplits > 0 && q.batch == 1) choice.second = c.opt->gemmSplits;
-  // Operand sums inside the product (see above), one product: the mma.sync kernels; the bf16
-  // wgmma kernel where the summed operand is MN-major (A transposed, B not: a weight gradient's dY)
-  // and the sums fp32 (as lower-bf16 leaves gradients).
-  const bool sums = sumInput >= 0 && q.batch == 1 &&
-                    (tf32 || f64 || (wgmmaBf16 && (sumInput == 0 ? q.transA : !q.transB) && c.outType(1) == DType::F32));
-  if (summed) *summed = sums;
   // Ping-pong consumers are the bf16 wgmma kernel's; elsewhere the same 128 × 128 tile shared by
   // two consumers.
   if (choice.first == GemmTile::PingPong && !wgmmaBf16) choice.first = GemmTile::Medium;
@@ -120,6 +114,12 @@ NodeKernels gemm(const Ctx& c, const GemmGeometry& q, const GemmEpilogue& e = {}
   const TailSplit tail = !wgmma && !tf32 && !f64 && choice.first == GemmTile::Large && splits == 1 && q.batch == 1
                              ? chooseTailSplit(tiles, k, v.bm, v.bn, int64_t{c.opt->sms} * v.minBlocks, c.opt->gemmTailSplits)
                              : TailSplit{};
+  // Operand sums inside the product (see above), one product: the mma.sync kernels; the bf16
+  // wgmma kernel where the summed operand is MN-major (A transposed, B not: a weight gradient's dY)
+  // and the sums fp32 (as lower-bf16 leaves gradients).
+  const bool sums = sumInput >= 0 && q.batch == 1 &&
+                    (tf32 || f64 || (wgmmaBf16 && (sumInput == 0 ? q.transA : !q.transB) && c.outType(1) == DType::F32));
+  if (summed) *summed = sums;
   const int64_t sumExtent = sumInput == 0 ? m : n;
   const std::string sumType = "pa::gemm::OperandSums<" + std::to_string(sumInput + 1) + ", ";
   TemplateVars vars = {{"TAILTILES", ll(tail.tiles)}, {"TAILSPLITS", std::to_string(tail.splits)},
