@@ -25,8 +25,12 @@ struct PaChunk {
 };
 
 // Where value j of a parameter stands in a packed tensor: row j / cols, `step` apart in the row.
+// (A 32-bit division where j and cols fit in 32 bits: a 64-bit one is a long subroutine, and this
+// runs for every value of a packed parameter.)
 __device__ __forceinline__ long long paPackedAt(long long j, long long cols, long long rowStride, long long step) {
-  return j / cols * rowStride + j % cols * step;
+  const bool narrow = ((unsigned long long)j | (unsigned long long)cols) < (1ull << 32);
+  const long long row = narrow ? (long long)((unsigned)j / (unsigned)cols) : j / cols;
+  return row * rowStride + (j - row * cols) * step;
 }
 // Gradient value i of a chunk: contiguous, or at its place in a packed gradient (gradStep > 0).
 __device__ __forceinline__ float paGrad(const PaChunk& c, long long i) {

@@ -14,7 +14,7 @@ namespace pa::codegen {
 // Mirrored as pa::adam::StepHeader (kernels/adam.cuh); the batch's row indices follow it, uint16
 // where the training set has at most kNarrowRowLimit rows, else int32 (pa_gather_rows' `narrow`).
 struct StepHeader {
-  double lr = 0, c1 = 1, c2 = 1, decay = 1;  // learning rate, Adam's bias corrections, 1 - lr·wd
+  double lrOverC1 = 0, invSqrtC2 = 1, decay = 1, pad0 = 0;  // Adam's step scalars (cpu::AdamScalars)
   int64_t lossSlot = 0;                      // where the step's loss goes in the ring
   int64_t pad[3] = {0, 0, 0};
 };

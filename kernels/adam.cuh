@@ -8,10 +8,11 @@
 namespace pa {
 namespace adam {
 
-// The values the host refreshes before every step (learning rate, bias corrections, 1 - lr·wd,
-// where the step's loss goes in the ring); the batch's row indices follow it in the step block.
+// The values the host refreshes before every step (kernels/cpu/cpu_kernels.h's AdamScalars: lr
+// over the first bias correction, one over the second's square root, 1 - lr·wd; where the step's
+// loss goes in the ring); the batch's row indices follow it in the step block.
 struct StepHeader {
-  double lr, c1, c2, decay;
+  double lrOverC1, invSqrtC2, decay, pad0;
   long long lossSlot;
   long long pad[3];
 };
@@ -34,24 +35,24 @@ struct Binding {
 
 // One step's scalars, read once by a kernel.
 struct Hyper {
-  double lr, c1, c2, decay, beta1, beta2, eps;
+  double lrOverC1, invSqrtC2, decay, beta1, beta2, eps;
 };
 __device__ __forceinline__ Hyper hyperOf(const StepHeader* step, double beta1, double beta2, double eps) {
-  return Hyper{step->lr, step->c1, step->c2, step->decay, beta1, beta2, eps};
+  return Hyper{step->lrOverC1, step->invSqrtC2, step->decay, beta1, beta2, eps};
 }
 
 // Adam (kernels/cpu/cpu_kernels.cpp's adamStep, in double) on one value: the gradient g times
 // gradScale (clipping), the moments m and v updated in place; returns the new parameter. Every
 // operation is rounded on its own (the _rn intrinsics are never fused into an FMA), so the
 // result does not depend on the kernel the update is inlined into, and equals the CPU's
-// operation for operation.
+// operation for operation. One division and one square root (the per-step scalars come divided).
 __device__ __forceinline__ float update(float g, double gradScale, float& m, float& v, float p, const Hyper& h) {
   const double gi = __dmul_rn((double)g, gradScale);
   const double mi = __dadd_rn(__dmul_rn(h.beta1, (double)m), __dmul_rn(__dsub_rn(1.0, h.beta1), gi));
   const double vi = __dadd_rn(__dmul_rn(h.beta2, (double)v), __dmul_rn(__dmul_rn(__dsub_rn(1.0, h.beta2), gi), gi));
   m = (float)mi;
   v = (float)vi;
-  const double step = __ddiv_rn(__dmul_rn(h.lr, __ddiv_rn(mi, h.c1)), __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, h.c2)), h.eps));
+  const double step = __ddiv_rn(__dmul_rn(h.lrOverC1, mi), __dadd_rn(__dmul_rn(__dsqrt_rn(vi), h.invSqrtC2), h.eps));
   return (float)__dsub_rn(__dmul_rn((double)p, h.decay), step);
 }
 

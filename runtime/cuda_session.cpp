@@ -17,6 +17,7 @@
 #include "codegen/kernel_cache.h"
 #include "codegen/training_kernels.h"
 #include "common/debug.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "graph/node_attrs.h"
 #include "passes/autodiff.h"
 #include "runtime/batch_order.h"
@@ -520,10 +521,10 @@ void CudaSession::enqueueStep(int64_t step) {
   char* staging = static_cast<char*>(staging_.data()) + static_cast<size_t>(slot) * stepBytes_;
   const AdamSettings& adam = spec_.adam;
   codegen::StepHeader head;
-  head.lr = spec_.schedule.at(step, spec_.steps);
-  head.c1 = 1.0 - std::pow(adam.beta1, static_cast<double>(step));
-  head.c2 = 1.0 - std::pow(adam.beta2, static_cast<double>(step));
-  head.decay = 1.0 - head.lr * adam.weightDecay;
+  const cpu::AdamScalars scalars = cpu::adamScalars(spec_.schedule.at(step, spec_.steps), adam.beta1, adam.beta2, adam.weightDecay, step);
+  head.lrOverC1 = scalars.lrOverC1;
+  head.invSqrtC2 = scalars.invSqrtC2;
+  head.decay = scalars.decay;
   head.lossSlot = queued_ % kLossRing;
   std::memcpy(staging, &head, sizeof head);
   const int64_t batch = spec_.batchSize;

@@ -456,11 +456,17 @@ double mse(const T* pred, const T* target, int64_t n) {
   return n ? acc / static_cast<double>(n) : 0.0;
 }
 
+AdamScalars adamScalars(double lr, double beta1, double beta2, double weightDecay, int64_t step) {
+  AdamScalars s;
+  s.lrOverC1 = lr / (1.0 - std::pow(beta1, static_cast<double>(step)));
+  s.invSqrtC2 = 1.0 / std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step)));
+  s.decay = 1.0 - lr * weightDecay;
+  return s;
+}
+
 template <class T>
 void adamStep(T* p, const T* g, T* m, T* v, int64_t n, const AdamHyper& h, int64_t step, double gradScale) {
-  const double c1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
-  const double c2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
-  const double decay = 1.0 - h.lr * h.weightDecay;
+  const AdamScalars s = adamScalars(h.lr, h.beta1, h.beta2, h.weightDecay, step);
 #pragma omp parallel for if (n > kParallelMin) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const double gi = static_cast<double>(g[i]) * gradScale;
@@ -468,7 +474,7 @@ void adamStep(T* p, const T* g, T* m, T* v, int64_t n, const AdamHyper& h, int64
     const double vi = h.beta2 * v[i] + (1.0 - h.beta2) * gi * gi;
     m[i] = static_cast<T>(mi);
     v[i] = static_cast<T>(vi);
-    p[i] = static_cast<T>(p[i] * decay - h.lr * (mi / c1) / (std::sqrt(vi / c2) + h.eps));
+    p[i] = static_cast<T>(p[i] * s.decay - s.lrOverC1 * mi / (std::sqrt(vi) * s.invSqrtC2 + h.eps));
   }
 }
 

@@ -130,4 +130,14 @@ struct AdamHyper {
 template <class T>
 void adamStep(T* param, const T* grad, T* m, T* v, int64_t n, const AdamHyper& h, int64_t step, double gradScale);
 
+// The per-step scalars of that update, which the CPU and GPU trainers both take from here (the
+// GPU's through codegen::StepHeader), so that they round alike: p ← p·decay − lrOverC1·m̂ /
+// (√v̂·invSqrtC2 + eps), with lrOverC1 = lr / (1 − β1^step), invSqrtC2 = 1 / √(1 − β2^step) and
+// decay = 1 − lr·weightDecay. One division and one square root a value (PyTorch's Adam, up to the
+// rounding of its scalar divisions).
+struct AdamScalars {
+  double lrOverC1 = 0, invSqrtC2 = 1, decay = 1;
+};
+AdamScalars adamScalars(double lr, double beta1, double beta2, double weightDecay, int64_t step);
+
 }  // namespace pa::cpu
