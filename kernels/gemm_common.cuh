@@ -76,6 +76,18 @@ struct Identity {
   __device__ __forceinline__ float operator()(float v, long long, long long, long long) const { return v; }
 };
 
+// SiLU, x / (1 + e^-x), for a bf16 result (SwiGLU's h): e^-x and the reciprocal on the
+// approximate units with subnormals flushed (ex2.approx.ftz, rcp.approx.ftz: 2 ulp each, CUDA's
+// bounds; a bf16 result rounds away 2^-9). The flush changes nothing a bf16 result keeps: an e^-x
+// below 2^-126 leaves 1 + e^-x = 1 either way, and x itself is multiplied unflushed. Five
+// instructions where __fdividef(x, 1 + __expf(-x)) takes about a dozen (their subnormal handling).
+__device__ __forceinline__ float siluBf16(float x) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return x * r;
+}
+
 // C's elements n and n + 1 (n even) of row m, at i and i + 1, through the epilogue.
 template <class Epi>
 __device__ __forceinline__ void epiPair(const Epi& epi, float& v0, float& v1, long long m, long long n, long long i) {
