@@ -250,6 +250,11 @@ NodeKernels emitSlice(const Ctx& c) {
 }
 NodeKernels emitSwigluGrad(const Ctx& c) {
   NodeKernels nk;
+  if (c.inType(0) == DType::BF16 && c.inType(1) == DType::BF16 && c.outType(0) == DType::BF16) {
+    const int64_t count = numel(c.in(0));
+    nk.kernels.push_back(finish(c, "", kSwigluGradBf16, {{"COUNT", ll(count)}}, {gridFor((count + 7) / 8), 1, 1}, kThreads, allArgs(c.n)));
+    return nk;
+  }
   nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)), 3, "        x[0] = in1[2 * i], x[1] = in1[2 * i + 1], x[2] = in0[i];\n",
                                       "        const float g = x[0], up = x[1], d = x[2];\n"
                                       "        const float s = 1.0f / (1.0f + expf(-g));\n"
