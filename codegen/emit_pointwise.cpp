@@ -439,10 +439,10 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
  * Note on the column product. A layer to one output has a weight gradient Aᵀ·B with B one column: a
  * weighted column sum of A [K, M], memory-bound, a GEMM tile 1/8 used. One launch does it and the
  * bias gradient Σ_k B[k] beside: a grid of (column blocks of CB = LANES·VEC columns) × (PARTS row
- * chunks); a block's LANES threads span its columns, VEC consecutive ones each (one 16-byte
- * load: 4 where A is fp32 and 4 divides M, 8 where it is bf16 and 8 divides M), and its
- * 256 / LANES rows of threads walk the chunk's rows, four loads each in flight. CB is 32 columns
- * (a 128-byte line of fp32), fewer where M is narrower, so a narrow A still gives every thread rows, and a wide one many column blocks and so
+ * chunks); a block's LANES threads span its columns, VEC consecutive ones each (4, one 16-byte
+ * load, where A is fp32 and 4 divides M), and its 256 / LANES rows of threads walk the chunk's
+ * rows, four loads each in flight. CB is 32 columns (a 128-byte line of fp32), fewer where M is
+ * narrower, so a narrow A still gives every thread rows, and a wide one many column blocks and so
  * few parts, which keeps the last block's sum short. The grid is about two blocks an SM
  * (EmitOptions::sms), each thread walking at least four rows. A block adds its rows in double in a
  * fixed tree and writes its partial row to scratch; the block that finishes a column block last (a
@@ -450,39 +450,17 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
  * resets its ticket. No value is atomic, so every run gives the same bits. Scratch: PARTS·M
  * doubles, PARTS more for the bias, a ticket per column block, zeroed once by the runner.
  */
-// The extent-1 products' 16-byte accesses of their wide operand `in` (input `input`, `extent`
-// values to a row): VEC values a load, 4 where it is fp32 and 8 where it is bf16 and its rows hold
-// whole loads, else 1; the test that it starts 16-byte aligned (`false` where VEC = 1); and the
-// load of the VEC values at element `at` into a[] (float).
-struct VectorLoad {
-  int vec = 1;
-  std::string aligned = "false", load;
-};
-static VectorLoad vectorLoad(const Ctx& c, int input, int64_t extent, const std::string& at, const char* a) {
-  VectorLoad v;
-  const std::string in = "in" + std::to_string(input);
-  if (c.inType(input) == DType::F32 && extent % 4 == 0) {
-    v.vec = 4;
-    v.aligned = "(((unsigned long long)" + in + ") & 15ull) == 0";
-    v.load = "        const float4 t = *reinterpret_cast<const float4*>(" + in + " + " + at + ");\n"
-             "        " + a + "[0] = t.x, " + a + "[1] = t.y, " + a + "[2] = t.z, " + a + "[3] = t.w;\n";
-  } else if (c.inType(input) == DType::BF16 && extent % 8 == 0) {
-    v.vec = 8;
-    v.aligned = "(((unsigned long long)" + in + ".p) & 15ull) == 0";
-    v.load = "        const uint4 t = *reinterpret_cast<const uint4*>(" + in + ".p + " + at + ");\n"
-             "        const unsigned tw[4] = {t.x, t.y, t.z, t.w};\n"
-             "#pragma unroll\n"
-             "        for (int e = 0; e < 4; ++e) " + a + "[2 * e] = __uint_as_float(tw[e] << 16), " + a +
-             "[2 * e + 1] = __uint_as_float(tw[e] & 0xffff0000u);\n";
-  }
-  return v;
+// The extent-1 products' test for their 16-byte accesses: whether `ptr` is 16-byte aligned where
+// they move VEC = 4 values at once, `false` (one value at a time) where VEC = 1 or the operand is
+// bf16 (a view with no address to test).
+static std::string aligned16(int vec, const char* ptr) {
+  return vec == 4 ? std::string("(((unsigned long long)") + ptr + ") & 15ull) == 0" : "false";
 }
 
 NodeKernels columnProduct(const Ctx& c, bool bias) {
   const Shape& a = c.in(0);
   const int64_t k = a[0], m = a[1];
-  const VectorLoad vl = vectorLoad(c, 0, m, "r * M + col", "a");
-  const int vec = vl.vec;
+  const int vec = c.inType(0) == DType::F32 && m % 4 == 0 ? 4 : 1;
   int lanes = 1;
   while (lanes * vec < 32 && lanes * vec < m) lanes *= 2;
   const int64_t cb = lanes * vec, colBlocks = (m + cb - 1) / cb, rowThreads = 256 / lanes;
@@ -490,13 +468,16 @@ NodeKernels columnProduct(const Ctx& c, bool bias) {
   const int64_t parts = std::max<int64_t>(1, std::min(wantBlocks / colBlocks, k / (4 * rowThreads)));
   const int64_t chunk = std::max<int64_t>(1, (k + parts - 1) / parts);
   const int64_t used = std::max<int64_t>(1, (k + chunk - 1) / chunk);
+  const std::string load = vec == 4 ? "        const float4 v = *reinterpret_cast<const float4*>(in0 + r * M + col);\n"
+                                      "        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;\n"
+                                    : "";
   std::vector<KernelArg> args{{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Output, 0}};
   if (bias) args.push_back({KernelArg::Output, 1});
   args.push_back({KernelArg::Scratch, 0});
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "colprod", kColumnProduct,
                               {{"LANES", std::to_string(lanes)}, {"VEC", std::to_string(vec)}, {"M", ll(m)}, {"K", ll(k)},
-                               {"PARTS", ll(used)}, {"CHUNK", ll(chunk)}, {"ALIGNED", vl.aligned}, {"LOADVEC", vl.load},
+                               {"PARTS", ll(used)}, {"CHUNK", ll(chunk)}, {"ALIGNED", aligned16(vec, "in0")}, {"LOADVEC", load},
                                {"BIAS", bias ? "true" : "false"},
                                {"BIASSTORE", bias ? "if (threadIdx.x == 0) out1[0] = (float)bred[0];" : ""}},
                               {static_cast<unsigned>(colBlocks), static_cast<unsigned>(used), 1}, kThreads, args));
@@ -506,33 +487,29 @@ NodeKernels columnProduct(const Ctx& c, bool bias) {
 }
 
 NodeKernels outerProduct(const Ctx& c, int64_t m, int64_t n) {
-  // 16-byte stores where the rows hold whole ones: 4 fp32 or 8 bf16 values (rounded as one at a time).
-  const bool f32 = c.outType(0) == DType::F32;
-  const int vec = f32 && n % 4 == 0 ? 4 : !f32 && n % 8 == 0 ? 8 : 1;
+  const int vec = c.outType(0) == DType::F32 && n % 4 == 0 ? 4 : 1;
   const int64_t groups = m * n / vec;
-  const std::string store =
-      vec == 4   ? "        *reinterpret_cast<float4*>(out0 + i) = make_float4(v[0], v[1], v[2], v[3]);\n"
-      : vec == 8 ? "        *reinterpret_cast<uint4*>(out0.p + i) = make_uint4(pa::storage::packBf16x2(v[0], v[1]), "
-                   "pa::storage::packBf16x2(v[2], v[3]), pa::storage::packBf16x2(v[4], v[5]), pa::storage::packBf16x2(v[6], v[7]));\n"
-                 : "";
-  const std::string aligned = vec == 4 ? "(((unsigned long long)out0) & 15ull) == 0" : vec == 8 ? "(((unsigned long long)out0.p) & 15ull) == 0" : "false";
+  const std::string store = vec == 4 ? "        *reinterpret_cast<float4*>(out0 + i) = make_float4(v[0], v[1], v[2], v[3]);\n" : "";
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "outer", kOuterProduct,
                               {{"VEC", std::to_string(vec)}, {"N", ll(n)}, {"GROUPS", ll(groups)},
-                               {"ALIGNED", aligned}, {"STOREVEC", store}},
+                               {"ALIGNED", aligned16(vec, "out0")}, {"STOREVEC", store}},
                               {gridFor((groups + 3) / 4), 1, 1}, kThreads, {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Output, 0}}));
   return nk;
 }
 
 NodeKernels rowDot(const Ctx& c, int64_t rows, int64_t k, bool relu) {
-  const VectorLoad vl = vectorLoad(c, 0, k, "row * K + q * VEC", "x");
+  const int vec = c.inType(0) == DType::F32 && k % 4 == 0 ? 4 : 1;
+  const std::string load = vec == 4 ? "        const float4 t = *reinterpret_cast<const float4*>(in0 + row * K + q * 4);\n"
+                                      "        x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;\n"
+                                    : "";
   std::string epi;
   if (c.n.inputs.size() == 3) epi += "      v += (float)in2[0];\n";
   if (relu) epi += "      v = fmaxf(v, 0.0f);\n";
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "rowdot", kRowDot,
-                              {{"VEC", std::to_string(vl.vec)}, {"ROWS", ll(rows)}, {"K", ll(k)}, {"ALIGNED", vl.aligned},
-                               {"LOADVEC", vl.load}, {"EPILOGUE", epi}},
+                              {{"VEC", std::to_string(vec)}, {"ROWS", ll(rows)}, {"K", ll(k)}, {"ALIGNED", aligned16(vec, "in0")},
+                               {"LOADVEC", load}, {"EPILOGUE", epi}},
                               {gridFor(rows * 32), 1, 1}, kThreads, allArgs(c.n)));
   return nk;
 }

@@ -522,9 +522,8 @@ ${STOREVEC}      } else {
 )";
 
 // A product to one column (N = 1: FusedLinear to one output, activation none or relu): a warp
-// per row adds x[row, :]·w in double (lanes over K, VEC values a load: 4 fp32 or 8 bf16 in 16
-// bytes, or 1; the same order whether the load is one vector or VEC scalars; a fixed butterfly
-// across the lanes), rounds once, then adds
+// per row adds x[row, :]·w in double (lanes over K, VEC values a load, the same order whether the
+// load is one vector or VEC scalars; a fixed butterfly across the lanes), rounds once, then adds
 // the bias and applies the activation in float as the GEMM epilogues do.
 inline constexpr const char* kRowDot = R"(
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
