@@ -487,13 +487,20 @@ NodeKernels columnProduct(const Ctx& c, bool bias) {
 }
 
 NodeKernels outerProduct(const Ctx& c, int64_t m, int64_t n) {
-  const int vec = c.outType(0) == DType::F32 && n % 4 == 0 ? 4 : 1;
+  // 16-byte stores where the rows hold whole ones: 4 fp32 or 8 bf16 values (rounded as one at a time).
+  const bool f32 = c.outType(0) == DType::F32;
+  const int vec = f32 && n % 4 == 0 ? 4 : !f32 && n % 8 == 0 ? 8 : 1;
   const int64_t groups = m * n / vec;
-  const std::string store = vec == 4 ? "        *reinterpret_cast<float4*>(out0 + i) = make_float4(v[0], v[1], v[2], v[3]);\n" : "";
+  const std::string store =
+      vec == 4   ? "        *reinterpret_cast<float4*>(out0 + i) = make_float4(v[0], v[1], v[2], v[3]);\n"
+      : vec == 8 ? "        *reinterpret_cast<uint4*>(out0.p + i) = make_uint4(pa::storage::packBf16x2(v[0], v[1]), "
+                   "pa::storage::packBf16x2(v[2], v[3]), pa::storage::packBf16x2(v[4], v[5]), pa::storage::packBf16x2(v[6], v[7]));\n"
+                 : "";
   NodeKernels nk;
   nk.kernels.push_back(finish(c, "outer", kOuterProduct,
                               {{"VEC", std::to_string(vec)}, {"N", ll(n)}, {"GROUPS", ll(groups)},
-                               {"ALIGNED", aligned16(vec, "out0")}, {"STOREVEC", store}},
+                               {"ALIGNED", vec == 8 ? "(((unsigned long long)out0.p) & 15ull) == 0" : aligned16(vec, "out0")},
+                               {"STOREVEC", store}},
                               {gridFor((groups + 3) / 4), 1, 1}, kThreads, {{KernelArg::Input, 0}, {KernelArg::Input, 1}, {KernelArg::Output, 0}}));
   return nk;
 }

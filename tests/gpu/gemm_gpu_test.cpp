@@ -222,6 +222,7 @@ struct Bf16Case {
   GemmProblem problem;
   codegen::EmitOptions opt;
   bool bf16Out = true;
+  const char* special = nullptr;  // a product with an extent of 1: the kernel of its own it runs
 };
 
 std::vector<Bf16Case> bf16Cases() {
@@ -320,6 +321,29 @@ std::vector<Bf16Case> bf16Cases() {
       }
     }
   }
+  // Products with an extent of 1 on bf16 operands (kernels of their own, emit_gemm.cpp): a layer
+  // to one output (the row dot), its weight gradient (the column product, with the bias's sum
+  // too) and its input gradient (K = 1, the outer product: 16-byte stores of 8 values where the
+  // rows hold whole ones), wide extents of whole 8s and not.
+  for (const int64_t k : {136, 36})
+    for (const char* act : {"none", "relu"}) {
+      GemmProblem p;
+      p.fused = true, p.act = act, p.bias = true;
+      p.a = {3, 11, k}, p.b = {k, 1};
+      add(std::string("FusedLinear_") + act + "_33x1x" + std::to_string(k), p, GemmTile::Auto, true);
+      cases.back().special = "_rowdot";
+    }
+  for (const int64_t n : {264, 33}) {  // K = 1: the outer product, bf16 out (8 values a 16-byte store where n allows)
+    add("MatMul_100x" + std::to_string(n) + "x1", gemmtest::matmulProblem(100, n, 1, false, false), GemmTile::Auto, true);
+    cases.back().special = "_outer";
+  }
+  for (const int64_t m : {264, 33})
+    for (const bool bias : {false, true}) {
+      GemmProblem p = gemmtest::matmulProblem(m, 1, 1000, true, false);
+      if (bias) p.biasGrad = "b";
+      add("MatMul" + std::string(bias ? "BiasGrad" : "") + "_" + std::to_string(m) + "x1x1000_tA", p, GemmTile::Auto, false);
+      cases.back().special = "_colprod";
+    }
   // Weight gradients with the bias's sums (MatMulBiasGrad): the summed operand MN-major (A
   // transposed, or B as stored) summed inside the product, whole and split (the reduce kernel adds
   // the splits' fp64 partials), every tile, awkward and whole tiles, K with a partial slice; with
@@ -663,9 +687,14 @@ TEST_P(GemmBf16OnGpu, MatchesFloat64Reference) {
   Graph g;
   const NodeId id = buildBf16Graph(g, c);
   gemmtest::NodeOnGpu gpu(g, id, c.opt, device());
-  bool wgmma = false;
-  for (const codegen::Kernel& k : gpu.kernels().kernels) wgmma |= k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos;
-  ASSERT_TRUE(wgmma) << "the case should run the wgmma kernel";
+  if (c.special) {
+    ASSERT_EQ(gpu.kernels().kernels.size(), 1u);
+    EXPECT_NE(gpu.kernels().kernels[0].name.find(c.special), std::string::npos) << gpu.kernels().kernels[0].name;
+  } else {
+    bool wgmma = false;
+    for (const codegen::Kernel& k : gpu.kernels().kernels) wgmma |= k.source.find("pa::gemm::wgmmaGemm<") != std::string::npos;
+    ASSERT_TRUE(wgmma) << "the case should run the wgmma kernel";
+  }
   const Node& n = g.node(id);
   std::vector<std::vector<float>> in;  // the values the GPU sees: operands rounded to bf16
   for (size_t i = 0; i < n.inputs.size(); ++i) {
