@@ -249,17 +249,20 @@ NodeKernels emitSlice(const Ctx& c) {
   return nk;
 }
 NodeKernels emitSwigluGrad(const Ctx& c) {
+  // The gradients dg, du of one (gate g, up) pair from dy = d: both kernels' formula.
+  auto formula = [](const std::string& in) {
+    return in + "const float s = 1.0f / (1.0f + expf(-g));\n" + in + "dg = d * up * s * (1.0f + g * (1.0f - s));\n" + in + "du = d * g * s;\n";
+  };
   NodeKernels nk;
   if (c.inType(0) == DType::BF16 && c.inType(1) == DType::BF16 && c.outType(0) == DType::BF16) {
     const int64_t count = numel(c.in(0));
-    nk.kernels.push_back(finish(c, "", kSwigluGradBf16, {{"COUNT", ll(count)}}, {gridFor((count + 7) / 8), 1, 1}, kThreads, allArgs(c.n)));
+    nk.kernels.push_back(finish(c, "", kSwigluGradBf16, {{"COUNT", ll(count)}, {"FORMULA", formula("  ")}}, {gridFor((count + 7) / 8), 1, 1},
+                                kThreads, allArgs(c.n)));
     return nk;
   }
   nk.kernels.push_back(perIndexKernel(c, "", numel(c.in(0)), 3, "        x[0] = in1[2 * i], x[1] = in1[2 * i + 1], x[2] = in0[i];\n",
-                                      "        const float g = x[0], up = x[1], d = x[2];\n"
-                                      "        const float s = 1.0f / (1.0f + expf(-g));\n"
-                                      "        out0[2 * i] = d * up * s * (1.0f + g * (1.0f - s));\n"
-                                      "        out0[2 * i + 1] = d * g * s;\n",
+                                      "        const float g = x[0], up = x[1], d = x[2];\n        float dg, du;\n" + formula("        ") +
+                                          "        out0[2 * i] = dg;\n        out0[2 * i + 1] = du;\n",
                                       allArgs(c.n)));
   return nk;
 }

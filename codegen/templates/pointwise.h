@@ -61,14 +61,11 @@ ${STORES}      }
 // in1 [COUNT, 2], out0 [COUNT, 2]. Four consecutive indices a step: their (gate, up) pairs in one
 // 16-byte load, dy in one 8-byte load, the eight gradients in one 16-byte store; two steps a
 // thread, every load first (48 bytes in flight; kPerIndex's 2-byte accesses moved 24 and issued
-// five memory instructions an index). The formula and its operations are kPerIndex's. Where a
-// tensor does not start 16-byte aligned, or past the last whole four, one index at a time.
+// five memory instructions an index). FORMULA is the one emitSwigluGrad gives kPerIndex too.
+// Where a tensor does not start 16-byte aligned, or past the last whole four, one index at a time.
 inline constexpr const char* kSwigluGradBf16 = R"(
 __device__ __forceinline__ void ${NAME}_one(float g, float up, float d, float& dg, float& du) {
-  const float s = 1.0f / (1.0f + expf(-g));
-  dg = d * up * s * (1.0f + g * (1.0f - s));
-  du = d * g * s;
-}
+${FORMULA}}
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
   constexpr long long kCount = ${COUNT}, kFours = kCount / 4;
