@@ -68,11 +68,16 @@ void DeviceBuffer::fill32(unsigned int pattern) {
   if (bytes_ >= 4) PA_CU_CHECK(cuMemsetD32(ptr_, pattern, bytes_ / 4));
 }
 
-Stream::Stream() { PA_CU_CHECK(cuStreamCreate(&stream_, kStreamDefault)); }
+Stream::Stream(Priority priority) {
+  int least = 0, greatest = 0;
+  PA_CU_CHECK(cuCtxGetStreamPriorityRange(&least, &greatest));
+  PA_CU_CHECK(cuStreamCreateWithPriority(&stream_, kStreamDefault, priority == Priority::Least ? least : greatest));
+}
 Stream::~Stream() {
   if (stream_) Driver::instance().api().cuStreamDestroy(stream_);
 }
 void Stream::synchronize() const { PA_CU_CHECK(cuStreamSynchronize(stream_)); }
+void Stream::wait(CUevent event) const { PA_CU_CHECK(cuStreamWaitEvent(stream_, event, 0)); }
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes) PA_CU_CHECK(cuMemAllocHost(&ptr_, bytes));

@@ -73,12 +73,18 @@ class DeviceBuffer {
 // stream, so the synchronous copies of upload()/download() never race with work queued here.
 class Stream {
  public:
-  Stream();
+  // The context's least or greatest priority: where two streams' blocks wait for the same
+  // multiprocessors, the greater one's go first.
+  enum class Priority { Least, Greatest };
+  explicit Stream(Priority priority = Priority::Least);
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   CUstream get() const { return stream_; }
   void synchronize() const;
+  // Work queued on this stream from now on waits for `event`'s last record (also while capturing:
+  // a capture then takes this stream in).
+  void wait(CUevent event) const;
 
  private:
   CUstream stream_ = nullptr;

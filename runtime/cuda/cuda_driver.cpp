@@ -65,6 +65,9 @@ Driver::Driver() {
   resolve(handle_, "cuMemAllocHost_v2", api_.cuMemAllocHost, missing);
   resolve(handle_, "cuMemFreeHost", api_.cuMemFreeHost, missing);
   resolve(handle_, "cuStreamCreate", api_.cuStreamCreate, missing);
+  resolve(handle_, "cuStreamCreateWithPriority", api_.cuStreamCreateWithPriority, missing);
+  resolve(handle_, "cuCtxGetStreamPriorityRange", api_.cuCtxGetStreamPriorityRange, missing);
+  resolve(handle_, "cuStreamWaitEvent", api_.cuStreamWaitEvent, missing);
   resolve(handle_, "cuStreamDestroy_v2", api_.cuStreamDestroy, missing);
   resolve(handle_, "cuStreamSynchronize", api_.cuStreamSynchronize, missing);
   resolve(handle_, "cuStreamBeginCapture_v2", api_.cuStreamBeginCapture, missing);

@@ -101,6 +101,9 @@ struct DriverApi {
   CUresult (*cuMemAllocHost)(void**, size_t);
   CUresult (*cuMemFreeHost)(void*);
   CUresult (*cuStreamCreate)(CUstream*, unsigned int);
+  CUresult (*cuStreamCreateWithPriority)(CUstream*, unsigned int, int);
+  CUresult (*cuCtxGetStreamPriorityRange)(int*, int*);
+  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
   CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuStreamSynchronize)(CUstream);
   CUresult (*cuStreamBeginCapture)(CUstream, int);
