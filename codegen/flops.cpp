@@ -7,6 +7,7 @@
 #include "codegen/emit.h"
 #include "common/attention_mask.h"
 #include "graph/node_attrs.h"
+#include "passes/memory_plan.h"
 
 namespace pa::codegen {
 
@@ -27,6 +28,34 @@ double visiblePairs(const FlashAttentionConfig& f) {
 }
 
 }  // namespace
+
+double nodeFlops(const Graph& g, NodeId id) {
+  const Node& n = g.node(id);
+  if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionQkv || n.op == OpKind::FlashAttentionGrad ||
+      n.op == OpKind::FlashAttentionQkvGrad) {
+    const FlashAttentionConfig f = flashConfigOf(g, n);
+    const double forward = 4.0 * f.batch * f.heads * f.headDim * visiblePairs(f);
+    return n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionQkv ? forward : 2.5 * forward;
+  }
+  const LibraryGemm lg = libraryGemmOf(g, id);
+  if (!lg.supported) return 0;
+  const GemmGeometry& q = lg.geometry;
+  return 2.0 * static_cast<double>(q.batch) * static_cast<double>(q.m) * static_cast<double>(q.n) * static_cast<double>(q.k);
+}
+
+std::vector<char> secondStreamNodes(const Graph& g, double maxFlops) {
+  std::vector<char> side = gradientLeafNodes(g);
+  // A leaf product's consumers are never products (gradientLeafNodes): they may stay.
+  const std::vector<NodeId> order = g.topoOrder();
+  double chainAfter = 0;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const size_t i = static_cast<size_t>(*it);
+    const double work = nodeFlops(g, *it);
+    if (side[i] && work > 0 && (work * kSecondStreamChainRatio > chainAfter || (maxFlops > 0 && work > maxFlops))) side[i] = 0;
+    if (!side[i]) chainAfter += work;
+  }
+  return side;
+}
 
 double modelFlops(const Graph& g) {
   // The forward pass: what the loss depends on.

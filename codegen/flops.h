@@ -1,6 +1,8 @@
 // The model FLOPs of a training step, counted on its graph (for TFLOP/s in gpu_train_bench and
-// --compare).
+// --compare), each node's work, and the GPU runner's second-stream nodes chosen by it.
 #pragma once
+
+#include <vector>
 
 #include "graph/graph.h"
 
@@ -18,5 +20,22 @@ namespace pa::codegen {
 // nodes over every pair, masked or not: compare rates of one model on its fused graph's count
 // (as --compare does).
 double modelFlops(const Graph& g);
+
+// The tensor-core work node `id` itself does, in the same units: 2·M·N·K (times the batch) for a
+// GEMM node of any kind (matmul, fused-linear, their gradients), 4·B·Hq·D per visible pair for a
+// flash-attention forward and 2.5 times that for its gradient; 0 for everything else. For the GPU
+// runner's rough scheduling choices.
+double nodeFlops(const Graph& g, NodeId id);
+
+// A product beside the chain pays where the chain's products after it do at least this many
+// times its work (else it runs mostly alone, behind a fork and a join).
+constexpr double kSecondStreamChainRatio = 4;
+// The nodes the GPU runner queues on its second stream (CudaRunnerOptions::sideStream): the
+// backward's leaves (gradientLeafNodes), less the products whose work is above `maxFlops` (0: no
+// limit; a larger one fills the GPU by itself and only takes the chain's multiprocessors) or
+// above 1 / kSecondStreamChainRatio of the work of the products after it on the step's stream.
+// Closed under consumers: whatever reads a second-stream node's results is one too. Indexed by
+// NodeId.
+std::vector<char> secondStreamNodes(const Graph& g, double maxFlops);
 
 }  // namespace pa::codegen

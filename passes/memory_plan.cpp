@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "passes/autodiff.h"
 
 namespace pa {
 
@@ -118,7 +119,7 @@ void placeInOrder(const std::vector<Item>& items, const std::vector<int64_t>& fi
 }  // namespace
 
 MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool storageSizes,
-                      const std::vector<ValueId>& liveToEnd) {
+                      const std::vector<ValueId>& liveToEnd, const std::vector<int64_t>& inputsUntil) {
   const std::vector<NodeId> order = g.topoOrder();
   const int64_t end = static_cast<int64_t>(order.size());
   const size_t nv = g.numValues();
@@ -129,15 +130,17 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
   std::vector<ValueId> root(nv);
   for (size_t v = 0; v < nv; ++v) root[v] = static_cast<ValueId>(v);
   for (int64_t pos = 0; pos < end; ++pos) {
-    const Node& n = g.node(order[static_cast<size_t>(pos)]);
-    for (ValueId v : n.inputs) last[root[v]] = std::max(last[root[v]], pos);
+    const NodeId id = order[static_cast<size_t>(pos)];
+    const Node& n = g.node(id);
+    const int64_t readUntil = inputsUntil.empty() ? pos : std::max(pos, inputsUntil[static_cast<size_t>(id)]);
+    for (ValueId v : n.inputs) last[root[v]] = std::max(last[root[v]], readUntil);
     for (ValueId v : n.outputs) {
       if (n.op == OpKind::Param) continue;
       const bool aliasable = aliasReshapes && n.op == OpKind::Reshape &&
                              (planned[root[n.inputs[0]]] || g.producer(root[n.inputs[0]]).op == OpKind::Param);
       if (aliasable && g.value(n.inputs[0]).type.dtype == g.value(v).type.dtype) {
         root[v] = root[n.inputs[0]];
-        last[root[v]] = std::max(last[root[v]], pos);
+        last[root[v]] = std::max(last[root[v]], readUntil);
         continue;
       }
       planned[v] = 1;
@@ -176,6 +179,54 @@ MemoryPlan planMemory(const Graph& g, int64_t align, bool aliasReshapes, bool st
   for (size_t v = 0; v < nv; ++v)
     if (root[v] != static_cast<ValueId>(v)) plan.offset[v] = plan.offset[root[v]];
   return plan;
+}
+
+namespace {
+
+// What moves or sums values (elementwise, broadcast, injective and reduction ops, casts, slices,
+// (de)interleaves): the only ops the second stream's nodes may have downstream. Everything else
+// (products, attention, norms) is the backward's chain itself.
+bool movesValues(OpKind op) {
+  if (op == OpKind::Cast || op == OpKind::Slice || op == OpKind::Deinterleave || op == OpKind::Interleave) return true;
+  return opInfo(op).fusion != FusionKind::Opaque;
+}
+
+bool isAttention(OpKind op) {
+  return op == OpKind::FlashAttention || op == OpKind::FlashAttentionGrad || op == OpKind::FlashAttentionQkv ||
+         op == OpKind::FlashAttentionQkvGrad;
+}
+
+}  // namespace
+
+std::vector<char> gradientLeafNodes(const Graph& g) {
+  std::vector<char> gradient(g.numValues(), 0), other(g.numValues(), 0);  // graph outputs by kind
+  for (ValueId p : g.params())
+    if (auto it = g.outputs().find(gradOutputName(g.value(p).name)); it != g.outputs().end()) gradient[it->second] = 1;
+  for (const auto& kv : g.outputs())
+    if (!gradient[kv.second]) other[kv.second] = 1;
+  const std::vector<std::vector<NodeId>> users = g.users();
+  // only: every output reaches nothing but parameters' gradients; light: so does everything
+  // downstream, and all of it merely moves or sums values.
+  std::vector<char> only(g.numNodes(), 0), light(g.numNodes(), 0), leaf(g.numNodes(), 0);
+  const std::vector<NodeId> order = g.topoOrder();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const size_t i = static_cast<size_t>(*it);
+    const Node& n = g.node(*it);
+    if (n.op == OpKind::Input || n.op == OpKind::Param || n.op == OpKind::Constant) continue;
+    bool ok = !n.outputs.empty(), below = true;
+    for (ValueId v : n.outputs) {
+      const std::vector<NodeId>& us = users[static_cast<size_t>(v)];
+      ok = ok && !other[v] && (gradient[v] || !us.empty());
+      for (NodeId u : us) {
+        ok = ok && only[static_cast<size_t>(u)];
+        below = below && light[static_cast<size_t>(u)];
+      }
+    }
+    only[i] = ok;
+    light[i] = ok && below && movesValues(n.op);
+    leaf[i] = ok && below && !isAttention(n.op);
+  }
+  return leaf;
 }
 
 bool aliasedReshape(const Graph& g, NodeId id, const MemoryPlan& plan) {

@@ -40,8 +40,20 @@ constexpr size_t kGreedyBySizeLimit = 4096;
 // holds that), the plan gives up: arenaElements and naiveElements are INT64_MAX and no value
 // has an offset. checkFitsMemory rejects such a graph before anything runs it. `liveToEnd`: values
 // read after the run as outputs are (a packed gradient that Adam reads in place of its slices).
+// `inputsUntil` (indexed by NodeId, empty for none): a node that may still run after the nodes
+// behind it in the execution order (the GPU runner's second stream) reads its inputs until that
+// position of g.topoOrder() (inclusive; its own position or less: as any node). Its outputs are
+// born at its own position, where it may start.
 MemoryPlan planMemory(const Graph& g, int64_t alignElements = 16, bool aliasReshapes = false, bool storageSizes = false,
-                      const std::vector<ValueId>& liveToEnd = {});
+                      const std::vector<ValueId>& liveToEnd = {}, const std::vector<int64_t>& inputsUntil = {});
+// The backward's branches off its chain: nodes whose results reach nothing but parameters'
+// gradients (graph outputs named gradOutputName(param)) through nodes that merely move or sum
+// values (casts, slices, (de)interleaves, adds, reductions). So a weight-gradient product is one
+// (with the slices and sums after it) and the product of the chain's next input gradient is not,
+// even where it only leads to gradients. Nothing else in the step waits for them, so the GPU
+// runner queues them on a second stream beside the chain. Never an attention node (its launcher
+// keeps per-launcher state that assumes one stream). Indexed by NodeId: 1 for such a node.
+std::vector<char> gradientLeafNodes(const Graph& g);
 // Whether node `id` is a Reshape whose output shares its input's bytes in `plan` (planned with
 // aliasReshapes): the GPU runner launches nothing for it, and --dump-kernels writes nothing.
 bool aliasedReshape(const Graph& g, NodeId id, const MemoryPlan& plan);

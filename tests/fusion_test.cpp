@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <map>
 #include <set>
 
+#include "codegen/flops.h"
 #include "frontend/config.h"
 #include "frontend/datasets.h"
 #include "frontend/model_builder.h"
@@ -923,6 +925,204 @@ TEST(MemoryPlan, LiveToEndValuesKeepTheirBytesToTheEnd) {
   for (ValueId v : {b, c, d}) EXPECT_FALSE(overlap(kept, a, v)) << v;
   EXPECT_GT(kept.arenaElements, plain.arenaElements);
   checkPlan(g, kept, false);
+}
+
+// A node whose inputs are read until a later position (planMemory's inputsUntil: the GPU runner's
+// second-stream nodes, which may run until the end of the run) keeps them clear of every value
+// made up to there; without it, the chain's values reuse the first one's bytes.
+TEST(MemoryPlan, InputsReadUntilLaterKeepTheirBytes) {
+  Graph g;
+  const ValueId x = g.addInput("x", {64, 64});
+  const ValueId a = g.add(OpKind::Relu, {x});
+  const ValueId side = g.add(OpKind::Relu, {a});  // read a, then nothing waits for it
+  const ValueId b = g.add(OpKind::Relu, {a});
+  const ValueId c = g.add(OpKind::Relu, {b});
+  const ValueId d = g.add(OpKind::Relu, {c});
+  const ValueId e = g.add(OpKind::Relu, {d});
+  g.setOutput("e", e);
+  g.setOutput("side", side);
+  auto overlap = [&](const MemoryPlan& p, ValueId u, ValueId v) {
+    const int64_t n = numel(g.shape(u));
+    return p.offset[u] < p.offset[v] + n && p.offset[v] < p.offset[u] + n;
+  };
+  const std::vector<NodeId> order = g.topoOrder();
+  std::vector<int64_t> until(g.numNodes(), -1);
+  until[static_cast<size_t>(g.value(side).producer)] = static_cast<int64_t>(order.size());
+  const MemoryPlan plain = planMemory(g), kept = planMemory(g, 16, false, false, {}, until);
+  EXPECT_TRUE(overlap(plain, a, c) || overlap(plain, a, d)) << "the test needs a plan that reuses a's bytes";
+  for (ValueId v : {b, c, d, e, side}) EXPECT_FALSE(overlap(kept, a, v)) << v;
+  // Its output is born where it may start: clear of the values made after it as well.
+  for (ValueId v : {b, c, d, e}) EXPECT_FALSE(overlap(kept, side, v)) << v;
+  checkPlan(g, kept, false);
+}
+
+// The GPU runner's plan with its second stream, against a model of the two streams: a
+// gradient-only node may run at any time from its place in the order to the end of the run, so
+// no node after it on the main stream may read or write a byte it writes, or write a byte it reads.
+TEST(MemoryPlan, SecondStreamNodesShareNoBytesWithLaterMainNodes) {
+  struct Case {
+    const char* config;
+    const char* precision;
+  };
+  for (const Case& c : {Case{"attn_block", "bf16"}, Case{"attn_block", "fp32"}, Case{"mlp_wide", "bf16"},
+                        Case{"tiny_gpt", "bf16"}, Case{"sine_attention", "fp32"}}) {
+    SCOPED_TRACE(std::string(c.config) + " " + c.precision);
+    const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/" + c.config + ".yaml",
+                                  {"data.samples=64", std::string("precision=") + c.precision});
+    const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+    const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, cfg.train.batchSize).model.graph;
+    const std::vector<NodeId> order = g.topoOrder();
+    const std::vector<char> side = gradientLeafNodes(g);
+    std::vector<int64_t> until(g.numNodes(), -1);
+    for (NodeId id : order)
+      if (side[static_cast<size_t>(id)]) until[static_cast<size_t>(id)] = static_cast<int64_t>(order.size());
+    const MemoryPlan plan = planMemory(g, 16, true, true, {}, until);
+    auto units = [&](ValueId v) { return (numel(g.shape(v)) * static_cast<int64_t>(dtypeSize(g.value(v).type.dtype)) + 3) / 4; };
+    auto overlap = [&](ValueId u, ValueId v) {
+      if (plan.offset[u] < 0 || plan.offset[v] < 0 || plan.root[u] == plan.root[v]) return false;
+      return plan.offset[u] < plan.offset[v] + units(v) && plan.offset[v] < plan.offset[u] + units(u);
+    };
+    int checked = 0;
+    const std::vector<std::vector<NodeId>> users = g.users();
+    for (size_t p = 0; p < order.size(); ++p) {
+      const Node& s = g.node(order[p]);
+      if (!side[static_cast<size_t>(order[p])]) continue;
+      // Nothing on the main stream waits for the second's results.
+      for (ValueId v : s.outputs)
+        for (NodeId u : users[static_cast<size_t>(v)]) EXPECT_TRUE(side[static_cast<size_t>(u)]) << opName(g.node(u).op) << " node " << u;
+      for (size_t m = p + 1; m < order.size(); ++m) {
+        if (side[static_cast<size_t>(order[m])]) continue;
+        const Node& n = g.node(order[m]);
+        for (ValueId w : n.outputs) {
+          for (ValueId r : s.inputs) EXPECT_FALSE(overlap(w, r)) << g.value(w).name << " over " << g.value(r).name;
+          for (ValueId o : s.outputs) EXPECT_FALSE(overlap(w, o)) << g.value(w).name << " over " << g.value(o).name;
+        }
+        for (ValueId r : n.inputs)
+          for (ValueId o : s.outputs) EXPECT_FALSE(overlap(r, o)) << g.value(r).name << " over " << g.value(o).name;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 0);
+  }
+}
+
+// gradientLeafNodes against its definition, by walking forward from each node: a node is a leaf
+// when everything downstream of it ends in parameter gradients, never in the loss or another
+// output, and everything strictly downstream merely moves or sums values; attention nodes never
+// are. On every example the weight-gradient products are leaves, the input-gradient products
+// of the chain are not, and nothing in the forward is.
+TEST(MemoryPlan, GradientLeafNodesAreTheBackwardsBranches) {
+  auto moves = [](OpKind op) {
+    switch (op) {
+      case OpKind::Cast: case OpKind::Slice: case OpKind::Deinterleave: case OpKind::Interleave:
+      case OpKind::Reshape: case OpKind::Add: case OpKind::SumTo: case OpKind::Sum: case OpKind::Permute:
+        return true;
+      default:
+        return opInfo(op).fusion != FusionKind::Opaque;
+    }
+  };
+  for (const char* name : {"mlp_wide", "attn_block", "tiny_gpt", "sine_attention"})
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(std::string(name) + " " + precision);
+      const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/" + name + ".yaml",
+                                    {"data.samples=64", std::string("precision=") + precision});
+      const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+      const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, 8).model.graph;
+      const std::vector<char> leaf = gradientLeafNodes(g);
+      std::set<ValueId> gradients, outputs;
+      for (ValueId p : g.params()) gradients.insert(g.output(gradOutputName(g.value(p).name)));
+      for (const auto& kv : g.outputs()) outputs.insert(kv.second);
+      const std::vector<std::vector<NodeId>> users = g.users();
+      // The nodes downstream of id (strictly), by a walk.
+      auto downstream = [&](NodeId id) {
+        std::set<NodeId> seen;
+        std::vector<NodeId> todo{id};
+        while (!todo.empty()) {
+          const NodeId at = todo.back();
+          todo.pop_back();
+          for (ValueId v : g.node(at).outputs)
+            for (NodeId u : users[static_cast<size_t>(v)])
+              if (seen.insert(u).second) todo.push_back(u);
+        }
+        return seen;
+      };
+      auto endsInGradientsOnly = [&](NodeId id) {
+        std::set<NodeId> all = downstream(id);
+        all.insert(id);
+        for (NodeId n : all)
+          for (ValueId v : g.node(n).outputs) {
+            if (outputs.count(v) && !gradients.count(v)) return false;
+            if (users[static_cast<size_t>(v)].empty() && !outputs.count(v)) return false;
+          }
+        return true;
+      };
+      int leaves = 0, weightGradients = 0, chainProducts = 0;
+      for (NodeId id : g.topoOrder()) {
+        const Node& n = g.node(id);
+        const bool source = n.op == OpKind::Input || n.op == OpKind::Param || n.op == OpKind::Constant;
+        const bool attention = n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad ||
+                               n.op == OpKind::FlashAttentionQkv || n.op == OpKind::FlashAttentionQkvGrad;
+        bool lightBelow = true;
+        for (NodeId d : downstream(id)) lightBelow = lightBelow && moves(g.node(d).op);
+        const bool expected = !source && !attention && endsInGradientsOnly(id) && lightBelow;
+        EXPECT_EQ(leaf[static_cast<size_t>(id)] != 0, expected) << opName(n.op) << " node " << id;
+        leaves += leaf[static_cast<size_t>(id)] != 0;
+        const bool product = n.op == OpKind::MatMul || n.op == OpKind::MatMulBiasGrad || n.op == OpKind::MatMulActGrad;
+        bool makesWeightGradient = false;
+        for (ValueId v : n.outputs) makesWeightGradient = makesWeightGradient || (gradients.count(v) && g.shape(v).size() == 2);
+        if (product && makesWeightGradient) {
+          EXPECT_TRUE(leaf[static_cast<size_t>(id)]) << opName(n.op) << " node " << id;
+          ++weightGradients;
+        }
+        if (product && !leaf[static_cast<size_t>(id)] && endsInGradientsOnly(id)) ++chainProducts;
+      }
+      EXPECT_GT(weightGradients, 0);
+      EXPECT_GE(leaves, weightGradients);
+      EXPECT_GT(chainProducts, 0) << "every example has a layer below another";
+      EXPECT_FALSE(leaf[static_cast<size_t>(g.value(g.output("loss")).producer)]);
+    }
+}
+
+// The GPU runner's second-stream nodes: the leaves less the products above the FLOP limit or
+// above a quarter of the chain's product work after them, closed under consumers. On mlp_wide
+// (batch 8192) the last layer's weight gradient (4.3 GFLOP, the whole backward after it) goes
+// there, the first layer's (nothing after it) does not.
+TEST(MemoryPlan, SecondStreamNodesAreSmallLeavesWithChainWorkAfterThem) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const Config cfg = loadConfig(std::string(PA_SOURCE_DIR) + "/configs/mlp_wide.yaml", {std::string("precision=") + precision});
+    const DataSplit data = loadData(cfg.data, cfg.seed, std::string(PA_SOURCE_DIR) + "/configs");
+    const Graph g = compileTrainingGraph(cfg, RunOptions{}, data.train.xShape, data.train.yShape, cfg.train.batchSize).model.graph;
+    const std::vector<char> leaf = gradientLeafNodes(g);
+    const std::vector<NodeId> order = g.topoOrder();
+    const std::vector<std::vector<NodeId>> users = g.users();
+    auto producerOf = [&](const std::string& param) { return g.value(g.output(gradOutputName(param))).producer; };
+    for (double limit : {8e9, 0.0}) {
+      const std::vector<char> side = codegen::secondStreamNodes(g, limit);
+      for (size_t p = 0; p < order.size(); ++p) {
+        const size_t i = static_cast<size_t>(order[p]);
+        if (side[i]) {
+          EXPECT_TRUE(leaf[i]);
+          for (ValueId v : g.node(order[p]).outputs)
+            for (NodeId u : users[static_cast<size_t>(v)]) EXPECT_TRUE(side[static_cast<size_t>(u)]) << "a consumer of node " << order[p];
+        }
+        const double work = codegen::nodeFlops(g, order[p]);
+        if (!leaf[i] || work == 0) {
+          EXPECT_EQ(side[i] != 0, leaf[i] != 0);
+          continue;
+        }
+        double after = 0;
+        for (size_t q = p + 1; q < order.size(); ++q)
+          if (!side[static_cast<size_t>(order[q])]) after += codegen::nodeFlops(g, order[q]);
+        EXPECT_EQ(side[i] != 0, work * codegen::kSecondStreamChainRatio <= after && (limit == 0 || work <= limit))
+            << opName(g.node(order[p]).op) << " node " << order[p] << ": " << work << " FLOPs, " << after << " after";
+      }
+      EXPECT_TRUE(side[static_cast<size_t>(producerOf("layers.3.weight"))]) << limit;
+      EXPECT_FALSE(side[static_cast<size_t>(producerOf("layers.0.weight"))]) << limit;
+      // The 17-GFLOP middle layers' have less than four times their work after them.
+      EXPECT_FALSE(side[static_cast<size_t>(producerOf("layers.1.weight"))]) << limit;
+    }
+  }
 }
 
 // A reshape of a parameter, and a reshape of that, share the parameter's bytes under aliasing:
