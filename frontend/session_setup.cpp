@@ -333,6 +333,8 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.deterministic = cfg.compiler.deterministic;
   spec.cudaGraph = opt.cudaGraph;
   spec.pdl = opt.pdl;
+  spec.sideStream = opt.sideStream;
+  spec.sideStreamMaxGflop = opt.sideStreamMaxGflop;
   spec.adamInTrainNode = opt.adamInTrainNode;
   spec.fp64Gemm = opt.fp64Gemm;
   spec.stagedEpilogues = opt.stagedEpilogues;

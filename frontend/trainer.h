@@ -40,6 +40,11 @@ struct RunOptions {
   // GPU: launch the step's kernels as programmatic dependents (PDL) where the device is sm_90+
   // and the driver CUDA 12.3+; false launches them plain (A/B benchmarks: gpu_train_bench --no-pdl).
   bool pdl = true;
+  // GPU: the backward's gradient leaves (weight-gradient products, their sums) on a second
+  // stream beside the rest of the backward (CudaRunnerOptions::sideStream); false: one stream
+  // (A/B benchmarks: gpu_train_bench --one-stream). The same results either way.
+  bool sideStream = true;
+  double sideStreamMaxGflop = 8;  // A/B benchmarks: CudaRunnerOptions::sideStreamMaxFlops in GFLOP (0: any)
   // GPU: a step that is one fused-mlp-train node takes Adam in that kernel (SessionSpec); false
   // launches the Adam kernel after it (A/B benchmarks: gpu_train_bench --no-adam-in-node; tests).
   bool adamInTrainNode = true;

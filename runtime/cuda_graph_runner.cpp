@@ -16,6 +16,7 @@
 
 #include "codegen/embedded_kernels.h"
 #include "codegen/emit.h"
+#include "codegen/flops.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/nvrtc_compiler.h"
 #include "passes/autodiff.h"
@@ -58,7 +59,17 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       deterministic_(opt.deterministic), tf32_(opt.tf32), launch_(cuda::launchModeFor(opt.pdl, device.info())) {
   device_.makeCurrent();
   const std::vector<ValueId> packedGrads = planGradViews(opt);
-  const MemoryPlan plan = planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true, packedGrads);
+  // The second stream's nodes may run until the end of run(), so their inputs live until then.
+  std::vector<int64_t> inputsUntil;
+  side_.assign(g.numNodes(), 0);
+  if (opt.sideStream && !opt.adamInTrainNode) {
+    side_ = codegen::secondStreamNodes(g, opt.sideStreamMaxFlops);
+    inputsUntil.assign(g.numNodes(), -1);
+    for (NodeId id : order_)
+      if (side_[static_cast<size_t>(id)]) inputsUntil[static_cast<size_t>(id)] = static_cast<int64_t>(order_.size());
+  }
+  const MemoryPlan plan =
+      planMemory(g, kArenaAlignFloats, /*aliasReshapes=*/true, /*storageSizes=*/true, packedGrads, inputsUntil);
   // Refuse a step that cannot fit the device before allocating anything (a user mistake: exit 2).
   MemoryLayout layout;
   layout.storageSizes = true;
@@ -123,6 +134,19 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       launches_[static_cast<size_t>(id)].push_back(std::move(l));
       ++kernelCount_;
     }
+  }
+  for (NodeId id : order_) {
+    const size_t i = static_cast<size_t>(id);
+    if (!side_[i]) continue;
+    // (A side node that launches nothing, a reshape sharing its input's bytes or an unpacking
+    // left to Adam, still counts as the second stream's for the plan and the order. A GEMM node
+    // has its generated launches whichever provider runs it.)
+    if (!launches_[i].empty()) ++sideNodes_;
+  }
+  if (sideNodes_ > 0) {
+    sideStream_ = std::make_unique<cuda::Stream>(cuda::Stream::Priority::Least);
+    fork_ = std::make_unique<cuda::Event>();
+    join_ = std::make_unique<cuda::Event>();
   }
   opt_ = opt;
   flashProblems_ = std::move(flashProblems);
@@ -579,7 +603,29 @@ void CudaGraphRunner::run(cuda::CUstream stream) {
   if (!ready_) throw std::logic_error("CudaGraphRunner::run before compileTogether");
   if (takesAdam() && !adamBound_) throw std::logic_error("CudaGraphRunner::run: a kernel applies Adam, and bindAdam was not called");
   const int64_t flashBefore = flash_ ? flash_->launches() : 0;
-  for (NodeId id : order_) runNode(id, stream, launch_);
+  if (sideNodes_ == 0) {
+    for (NodeId id : order_) runNode(id, stream, launch_);
+  } else {
+    // A second-stream node waits for everything queued on `stream` before it (one wait for a
+    // run of them); the second stream's kernels go out plain, each behind a wait or a library call.
+    const cuda::CUstream side = sideStream_->get();
+    bool mainSinceFork = true;
+    for (NodeId id : order_) {
+      if (!side_[static_cast<size_t>(id)]) {
+        runNode(id, stream, launch_);
+        mainSinceFork = true;
+        continue;
+      }
+      if (mainSinceFork) {
+        fork_->record(stream);
+        sideStream_->wait(fork_->get());
+        mainSinceFork = false;
+      }
+      runNode(id, side, cuda::LaunchMode::Plain);
+    }
+    join_->record(side);
+    PA_CU_CHECK(cuStreamWaitEvent(stream, join_->get(), 0));
+  }
   launchesPerRun_ = baseLaunches_ + static_cast<int>((flash_ ? flash_->launches() : 0) - flashBefore);
 }
 

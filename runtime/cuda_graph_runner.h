@@ -66,6 +66,17 @@ struct CudaRunnerOptions {
   // (sm_90+, runtime/cuda/launch.h): each may start while the one before it finishes. Off: every
   // kernel plain (A/B benchmarks: gpu_train_bench --no-pdl). Results are the same bits either way.
   bool pdl = true;
+  // Queue the backward's branches off its chain (codegen::secondStreamNodes: weight-gradient
+  // products with enough of the chain's work after them, and what merely moves or sums their
+  // results into the gradients) on a second stream of the least priority, beside the chain,
+  // joined back at the end of run(). Their inputs stay in the arena until then. Off: one stream
+  // (A/B benchmarks: gpu_train_bench --one-stream). Results are the same bits either way.
+  bool sideStream = true;
+  // With sideStream: a product goes to the second stream only up to this many FLOPs (0: any;
+  // the default from the measurements in bench/RESULTS.md, "A second stream for the backward's
+  // branches"); larger ones stay on the step's stream, the sums after them go on the second (A/B
+  // benchmarks: gpu_train_bench --side-max-gflop).
+  double sideStreamMaxFlops = 8e9;
   // Stop before compiling: the runner is usable once CudaGraphRunner::compileTogether has
   // compiled it with the runners it shares kernels with (CudaSession: the training and the
   // validation runner in one pool of threads).
@@ -110,8 +121,15 @@ public:
   void download(ValueId v, float* host) const;
   // Queues every node's kernels on `stream`, in topological order, with no host synchronisation
   // and no allocation, so a stream capture of it replays as one CUDA graph. Our kernels go out
-  // in launchMode(); cuBLASLt's are its own launches.
+  // in launchMode(); cuBLASLt's are its own launches. With CudaRunnerOptions::sideStream the
+  // gradient leaves go out on the runner's second stream, which waits for `stream` where
+  // they follow other nodes, and `stream` waits for it at the end (joinsStreams()).
   void run(cuda::CUstream stream = nullptr);  // (std::logic_error before compileTogether)
+  // Whether run() ends with `stream` waiting on the second stream: the next kernel on `stream`
+  // should then be launched plain (a programmatic edge is only for a kernel right behind one).
+  bool joinsStreams() const { return sideNodes_ > 0; }
+  // Nodes run() queues on the second stream.
+  int sideNodes() const { return sideNodes_; }
   // How run() launches our kernels: Programmatic where CudaRunnerOptions::pdl asked for it and
   // the device and driver allow it, else Plain.
   cuda::LaunchMode launchMode() const { return launch_; }
@@ -263,7 +281,13 @@ private:
   std::map<NodeId, LibraryTiming> productBest_;            // timeLibraryProducts: the plan's fastest
   bool tuningFilled_ = false;
   std::map<NodeId, LibraryNode> library_;             // GEMM nodes cuBLASLt can run
-  cuda::DeviceBuffer ltWorkspace_;                    // shared by them: one stream, one at a time
+  cuda::DeviceBuffer ltWorkspace_;                    // shared by them on the main stream, one at a time
+  cuda::DeviceBuffer ltSideWorkspace_;                // the same for those on the second stream
+  // CudaRunnerOptions::sideStream: per node id, whether run() queues it on the second stream.
+  std::vector<char> side_;
+  int sideNodes_ = 0;
+  std::unique_ptr<cuda::Stream> sideStream_;
+  std::unique_ptr<cuda::Event> fork_, join_;  // the second stream waits on fork_, run()'s stream on join_
   // Every compiled kernel by its source less its name, with the dynamic shared memory it was
   // opted into, and the modules that hold them (unloaded with the last runner that shares it);
   // shared with the runner this one shares parameters with.

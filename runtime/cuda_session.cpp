@@ -204,6 +204,8 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   // all-reduce needs every gradient whole.
   ropt.packedGradViews = spec_.packedGradViews && !spec_.nccl;
   ropt.pdl = spec_.pdl;
+  ropt.sideStream = spec_.sideStream;
+  ropt.sideStreamMaxFlops = spec_.sideStreamMaxGflop * 1e9;
   ropt.fp64Gemm = spec_.fp64Gemm;
   ropt.wgmmaEpilogue = spec_.stagedEpilogues ? codegen::WgmmaEpilogue::Auto : codegen::WgmmaEpilogue::Fragments;
   ropt.wgmmaTmaStores = spec_.tmaStores;
@@ -218,7 +220,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   Clock::time_point t = Clock::now();
   device().makeCurrent();  // the primary context, before the stream that belongs to it
-  stream_ = std::make_unique<cuda::Stream>();
+  stream_ = std::make_unique<cuda::Stream>(cuda::Stream::Priority::Greatest);  // over the runner's second stream
   summary_.contextSeconds = since(t);
   const codegen::KernelCacheStats before = codegen::KernelCache::instance().stats();
   // cuBLASLt's library (a few tenths of a second to load) and the step's own kernels (gather,
@@ -407,6 +409,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   summary_.activationBytes = runner_->arenaBytes();
   summary_.paramAndAdamBytes = 3 * stateBytes;
   summary_.programmaticLaunch = launch_ == cuda::LaunchMode::Programmatic;
+  summary_.sideStreamNodes = runner_->sideNodes();
 }
 
 CudaSession::~CudaSession() {
@@ -483,10 +486,11 @@ void CudaSession::queueStepKernels() {
   cuda::LaunchShape perChunk, oneBlock;  // 256 threads: a block per Adam chunk, or one block
   perChunk.grid[0] = blocks;
   perChunk.block[0] = oneBlock.block[0] = 256;
-  // The first kernel after NCCL's collectives goes out plain: NCCL may join work of its own
-  // streams (or host nodes) back into ours, and a programmatic edge is only ever asked for behind
-  // a single kernel of this stream. The kernels after it are programmatic again.
-  cuda::LaunchMode mode = nccl_ ? cuda::LaunchMode::Plain : launch_;
+  // The first kernel after NCCL's collectives, or after the runner joined its second stream
+  // back, goes out plain: NCCL may join work of its own streams (or host nodes) back into ours,
+  // and a programmatic edge is only ever asked for behind a single kernel of this stream. The
+  // kernels after it are programmatic again.
+  cuda::LaunchMode mode = nccl_ || runner_->joinsStreams() ? cuda::LaunchMode::Plain : launch_;
   auto launch = [&](cuda::CUfunction fn, const cuda::LaunchShape& shape, void** args) {
     cuda::launchKernel(fn, shape, s, args, mode);
     mode = launch_;

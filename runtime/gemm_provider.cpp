@@ -95,7 +95,8 @@ void CudaGraphRunner::runProduct(NodeId id, const LibraryNode& l, bool transpose
   const cuda::LtProblem& lp = plan.problem();
   const cuda::CUdeviceptr bias = lp.bias ? ptr(n.inputs[2]) : lp.biasGradA || lp.biasGradB ? ptr(n.outputs[1]) : 0;
   plan.run(algo, ptr(n.inputs[0]), transposed ? scratch_.at(id).ptr() : ptr(n.inputs[1]), bias,
-           ptr(n.outputs[static_cast<size_t>(l.output)]), ltWorkspace_.ptr(), stream);
+           ptr(n.outputs[static_cast<size_t>(l.output)]),
+           sideStream_ && stream == sideStream_->get() ? ltSideWorkspace_.ptr() : ltWorkspace_.ptr(), stream);
 }
 
 // cuBLASLt descriptors for every GEMM node it can run, with the epilogue it applies: bias and
@@ -176,6 +177,11 @@ void CudaGraphRunner::planLibraryGemms(const CudaRunnerOptions& opt) {
     library_.emplace(id, std::move(l));
   }
   if (!library_.empty()) ltWorkspace_ = cuda::DeviceBuffer(kLtWorkspaceBytes);
+  for (const auto& kv : library_)
+    if (side_[static_cast<size_t>(kv.first)]) {
+      ltSideWorkspace_ = cuda::DeviceBuffer(kLtWorkspaceBytes);
+      break;
+    }
 }
 
 std::string CudaGraphRunner::providerKey(NodeId id, const std::vector<Launch>& generated) const {

@@ -111,6 +111,9 @@ struct SessionSpec {
   // GPU: launch the step's own kernels as programmatic dependents on sm_90+ (runtime/cuda/launch.h),
   // so each may start while the one before it finishes; the same results either way.
   bool pdl = true;
+  // GPU: the backward's gradient leaves on the runner's second stream (CudaRunnerOptions::sideStream).
+  bool sideStream = true;
+  double sideStreamMaxGflop = 8;  // CudaRunnerOptions::sideStreamMaxFlops, in GFLOP
   // GPU: where the step is one fused-mlp-train node (and no clipping, one process), its kernel
   // takes the Adam step too, with no Adam kernel after it; the same results either way (A/B
   // benchmarks and tests turn it off).
@@ -176,6 +179,7 @@ struct DeviceSummary {
                                  // emitted, memory planned and allocated, library GEMMs planned
   size_t activationBytes = 0, paramAndAdamBytes = 0;
   bool programmaticLaunch = false;  // the step's kernels go out as programmatic dependents (PDL)
+  int sideStreamNodes = 0;          // nodes the step queues on the runner's second stream (CudaRunnerOptions::sideStream)
 };
 
 // A compiled model with its data, parameters and optimizer state, ready to take steps.

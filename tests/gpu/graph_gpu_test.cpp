@@ -807,6 +807,59 @@ TEST(TrainOnGpu, ProgrammaticDependentLaunchIsBitIdenticalToPlainLaunches) {
   }
 }
 
+// The gradient leaves on the runner's second stream (CudaRunnerOptions::sideStream) change
+// when they run, never what they compute: a run with them there and one with every node on the
+// step's stream give the same losses, parameters and validation, bit for bit, step by step (the
+// first step eager, then the captured graph; also eager throughout, where the streams really
+// overlap one by one), with the same launches. The second stream holds at least one weight
+// gradient's product, with clipping (which reads every gradient after the join) and without.
+TEST(TrainOnGpu, SecondStreamIsBitIdenticalToOneStream) {
+  PA_REQUIRE_GPU();
+  struct Case {
+    const char* config;
+    std::vector<std::string> sets;
+    bool graph;
+  };
+  std::vector<std::string> gpt = tinyGptSmall(), llama = kTinyLlamaSmall;
+  for (auto* s : {&gpt, &llama}) s->insert(s->end(), {"train.steps=12", "data.samples=64", "precision=bf16"});
+  std::vector<std::string> gptClip = gpt;
+  gptClip.push_back("train.optimizer.clip_grad_norm=0.05");
+  const std::vector<Case> cases = {
+      {"mlp_wide", {"train.steps=12", "data.samples=2048", "train.batch_size=512"}, true},
+      {"mlp_wide", {"train.steps=12", "data.samples=2048", "train.batch_size=512", "precision=bf16"}, true},
+      {"attn_block", {"train.steps=12", "data.samples=512", "precision=bf16"}, true},
+      {"attn_block", {"train.steps=12", "data.samples=512"}, false},
+      {"tiny_gpt", gpt, true},
+      {"tiny_gpt", gptClip, false},
+      {"tiny_llama", llama, true}};
+  for (const Case& c : cases) {
+    Config cfg = loadConfig(sourceDir() + "/configs/" + c.config + ".yaml", c.sets);
+    SCOPED_TRACE(std::string(c.config) + " " + precisionName(cfg.precision) + (c.graph ? " graph" : " eager"));
+    RunOptions o;
+    o.progress = ProgressMode::Quiet;
+    o.printSummary = false;
+    o.device = "cuda";
+    o.cudaGraph = c.graph;
+    std::unique_ptr<Session> two = makeSession(cfg, o);
+    o.sideStream = false;
+    std::unique_ptr<Session> one = makeSession(cfg, o);
+    ASSERT_NE(two->deviceSummary(), nullptr);
+    EXPECT_GE(two->deviceSummary()->sideStreamNodes, 1);  // at least the last layer's weight gradient
+    EXPECT_EQ(one->deviceSummary()->sideStreamNodes, 0);
+    const int64_t steps = cfg.train.steps;
+    expectBitIdenticalLosses(*two, *one, steps);
+    EXPECT_EQ(two->replaysCudaGraph(), c.graph);
+    EXPECT_EQ(two->launchesPerStep(), one->launchesPerStep());
+    EXPECT_EQ(two->params(), one->params());
+    EXPECT_EQ(two->validate(), one->validate());
+    std::printf("  %s %s %s: %d of %d launches' nodes on the second stream, %lld steps bit-identical to one stream; "
+                "activations %.1f MiB against %.1f\n",
+                c.config, precisionName(cfg.precision), c.graph ? "graph" : "eager", two->deviceSummary()->sideStreamNodes,
+                two->launchesPerStep(), (long long)steps, static_cast<double>(two->deviceSummary()->activationBytes) / (1 << 20),
+                static_cast<double>(one->deviceSummary()->activationBytes) / (1 << 20));
+  }
+}
+
 // Adam writing each weight's value into its place in the packed copies (fuse-qkv's Concat of the
 // projection weights and of their biases, SwiGLU's Interleave of gate and up), rounded to bf16
 // where the copy is bf16 and as it is where it is fp32 (the biases, and every copy under
