@@ -1,10 +1,11 @@
 // Time per training step on the GPU (forward, MSE, backward, Adam), for bench/train_vs_torch.py.
 // Usage: gpu_train_bench CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl]
-//        [--one-stream] [--no-adam-in-node] [--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores]
+//        [--one-stream] [--side-max-gflop X] [--no-adam-in-node] [--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores]
 //        [--cast-kernel] [--profile]
 // (--profile: also print each node's time, slowest first, to stderr; --no-pdl: launch the step's
 // kernels plain instead of as programmatic dependents on sm_90+; --one-stream: every node on the
-// step's stream, none on the runner's second stream; --no-adam-in-node: a step that is
+// step's stream, none on the runner's second stream; --side-max-gflop X: the largest product the
+// second stream takes, in GFLOP (0: any); --no-adam-in-node: a step that is
 // one fused-mlp-train node runs the Adam kernel after it instead of in it; --no-packed-copies:
 // the concat / interleave kernels that pack fuse-qkv's and SwiGLU's weights (and fuse-qkv's biases) run each step
 // instead of Adam writing the packed copies; --no-packed-grads: the slice / deinterleave kernels
@@ -33,7 +34,7 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--one-stream] [--no-adam-in-node] "
+    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--one-stream] [--side-max-gflop X] [--no-adam-in-node] "
                  "[--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores] [--cast-kernel] [--profile]\n",
                  argv[0]);
     return 2;

@@ -77,16 +77,13 @@ double modelFlops(const Graph& g) {
     if (!forward[static_cast<size_t>(id)]) continue;
     const Node& n = g.node(id);
     if (n.op == OpKind::MatMul || n.op == OpKind::FusedLinear) {
-      const GemmGeometry geo = libraryGemmOf(g, id).geometry;
-      total += 3 * 2.0 * static_cast<double>(geo.batch) * static_cast<double>(geo.m) * static_cast<double>(geo.n) *
-               static_cast<double>(geo.k);
+      total += 3 * nodeFlops(g, id);
     } else if (n.op == OpKind::FusedMlp || n.op == OpKind::FusedMlpTrain) {
       const MlpSpec s = mlpSpecOf(g, n);
       for (const MlpLayer& l : s.layers)
         total += 3 * 2.0 * static_cast<double>(s.rows) * static_cast<double>(l.in) * static_cast<double>(l.out);
     } else if (n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionQkv) {
-      const FlashAttentionConfig f = flashConfigOf(g, n);
-      total += 3.5 * 4.0 * f.batch * f.heads * f.headDim * visiblePairs(f);
+      total += 3.5 * nodeFlops(g, id);
     }
   }
   return total;

@@ -28,8 +28,11 @@ double modelFlops(const Graph& g);
 double nodeFlops(const Graph& g, NodeId id);
 
 // A product beside the chain pays where the chain's products after it do at least this many
-// times its work (else it runs mostly alone, behind a fork and a join).
+// times its work (else it runs mostly alone, behind a fork and a join), and up to
+// kSecondStreamMaxFlops (the default limit; bench/RESULTS.md, "A second stream for the backward's
+// branches").
 constexpr double kSecondStreamChainRatio = 4;
+constexpr double kSecondStreamMaxFlops = 8e9;
 // The nodes the GPU runner queues on its second stream (CudaRunnerOptions::sideStream): the
 // backward's leaves (gradientLeafNodes), less the products whose work is above `maxFlops` (0: no
 // limit; a larger one fills the GPU by itself and only takes the chain's multiprocessors) or

@@ -44,7 +44,7 @@ struct RunOptions {
   // stream beside the rest of the backward (CudaRunnerOptions::sideStream); false: one stream
   // (A/B benchmarks: gpu_train_bench --one-stream). The same results either way.
   bool sideStream = true;
-  double sideStreamMaxGflop = 8;  // A/B benchmarks: CudaRunnerOptions::sideStreamMaxFlops in GFLOP (0: any)
+  double sideStreamMaxGflop = codegen::kSecondStreamMaxFlops * 1e-9;  // A/B benchmarks: CudaRunnerOptions::sideStreamMaxFlops in GFLOP (0: any)
   // GPU: a step that is one fused-mlp-train node takes Adam in that kernel (SessionSpec); false
   // launches the Adam kernel after it (A/B benchmarks: gpu_train_bench --no-adam-in-node; tests).
   bool adamInTrainNode = true;

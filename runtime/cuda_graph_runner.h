@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "codegen/emit.h"
+#include "codegen/flops.h"
 #include "codegen/training_kernels.h"
 #include "common/settings.h"
 #include "graph/graph.h"
@@ -72,11 +73,10 @@ struct CudaRunnerOptions {
   // joined back at the end of run(). Their inputs stay in the arena until then. Off: one stream
   // (A/B benchmarks: gpu_train_bench --one-stream). Results are the same bits either way.
   bool sideStream = true;
-  // With sideStream: a product goes to the second stream only up to this many FLOPs (0: any;
-  // the default from the measurements in bench/RESULTS.md, "A second stream for the backward's
-  // branches"); larger ones stay on the step's stream, the sums after them go on the second (A/B
-  // benchmarks: gpu_train_bench --side-max-gflop).
-  double sideStreamMaxFlops = 8e9;
+  // With sideStream: a product goes to the second stream only up to this many FLOPs (0: any);
+  // larger ones stay on the step's stream, the sums after them go on the second (A/B benchmarks:
+  // gpu_train_bench --side-max-gflop).
+  double sideStreamMaxFlops = codegen::kSecondStreamMaxFlops;
   // Stop before compiling: the runner is usable once CudaGraphRunner::compileTogether has
   // compiled it with the runners it shares kernels with (CudaSession: the training and the
   // validation runner in one pool of threads).

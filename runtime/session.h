@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "codegen/flops.h"
 #include "common/errors.h"
 #include "common/settings.h"
 #include "graph/graph.h"
@@ -113,7 +114,7 @@ struct SessionSpec {
   bool pdl = true;
   // GPU: the backward's gradient leaves on the runner's second stream (CudaRunnerOptions::sideStream).
   bool sideStream = true;
-  double sideStreamMaxGflop = 8;  // CudaRunnerOptions::sideStreamMaxFlops, in GFLOP
+  double sideStreamMaxGflop = codegen::kSecondStreamMaxFlops * 1e-9;  // CudaRunnerOptions::sideStreamMaxFlops, in GFLOP
   // GPU: where the step is one fused-mlp-train node (and no clipping, one process), its kernel
   // takes the Adam step too, with no Adam kernel after it; the same results either way (A/B
   // benchmarks and tests turn it off).
