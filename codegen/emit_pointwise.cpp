@@ -362,10 +362,6 @@ NodeKernels emitMean(const Ctx& c) {
   for (size_t d = 0; d < r.size(); ++d) count *= r[d] ? c.in(0)[d] : 1;
   return reduce(c, r, count ? 1.0 / static_cast<double>(count) : 0.0);
 }
-NodeKernels emitSumTo(const Ctx& c) {
-  return reduce(c, sumToReducedAxes(c.in(0), c.out()), 1.0);
-}
-
 NodeKernels emitAttentionMask(const Ctx& c) {
   const Shape& x = c.in(0);
   const int64_t count = numel(x);
@@ -458,6 +454,67 @@ NodeKernels emitMseLossGrad(const Ctx& c) {
 // bf16 (a view with no address to test).
 static std::string aligned16(int vec, const char* ptr) {
   return vec == 4 ? std::string("(((unsigned long long)") + ptr + ") & 15ull) == 0" : "false";
+}
+
+/*
+ * Note on the column sums. A SumTo that reduces leading axes and keeps the trailing ones (a
+ * bias gradient: [rows, N] -> [N]) runs as one launch: strips of CW = 32·VEC columns, a lane
+ * taking VEC consecutive ones in one 16-byte load (8 bf16 or 4 fp32 values, where N holds whole
+ * groups and the input's address allows), so that a warp reads 512 contiguous bytes of a row and
+ * owns its columns (no sum across lanes); a block's eight warps take every eighth row of its
+ * chunk, eight loads in flight. A lane adds its rows in fp32 (at most kColumnSumRows of them,
+ * in order), the block its warps' sums in double in order, and the last block of a strip (a
+ * ticket, as the column product) the chunks' in order: the same bits every run. The chunks:
+ * about two blocks an SM, at most kColumnSumParts of them so that the last block's sums stay short.
+ */
+constexpr int64_t kColumnSumParts = 32, kColumnSumRows = 64;
+
+NodeKernels sumToColumns(const Ctx& c, int64_t rows, int64_t n) {
+  const bool bf16 = c.inType(0) == DType::BF16;
+  const int vec = bf16 && n % 8 == 0 ? 8 : !bf16 && n % 4 == 0 ? 4 : 1;
+  const int64_t cw = 32 * vec, strips = (n + cw - 1) / cw;
+  const int64_t wantParts = std::max<int64_t>(1, 2 * std::max(c.opt->sms, 1) / strips);
+  const int64_t minParts = (rows + 8 * kColumnSumRows - 1) / (8 * kColumnSumRows);  // a lane's rows at most kColumnSumRows
+  const int64_t parts = std::max<int64_t>(minParts, std::min({wantParts, kColumnSumParts, (rows + 63) / 64}));
+  const int64_t chunk = std::max<int64_t>(1, (rows + parts - 1) / parts);
+  const int64_t used = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
+  std::string load, aligned = "false";
+  if (vec == 8) {
+    load = "      const uint4 v = *reinterpret_cast<const uint4*>(in0.p + r * N + col);\n"
+           "      const unsigned w[4] = {v.x, v.y, v.z, v.w};\n"
+           "#pragma unroll\n"
+           "      for (int j = 0; j < 4; ++j) a[2 * j] = __uint_as_float(w[j] << 16), a[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);\n";
+    aligned = "(((unsigned long long)in0.p) & 15ull) == 0";
+  } else if (vec == 4) {
+    load = "      const float4 v = *reinterpret_cast<const float4*>(in0 + r * N + col);\n"
+           "      a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;\n";
+    aligned = aligned16(4, "in0");
+  }
+  NodeKernels nk;
+  nk.kernels.push_back(finish(c, "colsums", kColumnSums,
+                              {{"VEC", std::to_string(vec)}, {"N", ll(n)}, {"R", ll(rows)}, {"PARTS", ll(used)}, {"CHUNK", ll(chunk)},
+                               {"ALIGNED", aligned}, {"LOADVEC", load}},
+                              {static_cast<unsigned>(strips), static_cast<unsigned>(used), 1}, kThreads,
+                              {{KernelArg::Input, 0}, {KernelArg::Output, 0}, {KernelArg::Scratch, 0}}));
+  nk.scratchBytes = static_cast<size_t>(used * n) * sizeof(double) + static_cast<size_t>(strips) * sizeof(unsigned);
+  nk.zeroScratch = true;
+  return nk;
+}
+
+NodeKernels emitSumTo(const Ctx& c) {
+  const Shape& x = c.in(0);
+  const std::vector<bool> reduced = sumToReducedAxes(x, c.out());
+  // Leading axes reduced, trailing ones kept (axes of extent 1 count as either): column sums.
+  int64_t rows = 1;
+  bool keeping = false, leading = true;
+  for (size_t d = 0; d < x.size(); ++d) {
+    if (x[d] == 1) continue;
+    if (reduced[d] && keeping) leading = false;
+    if (reduced[d]) rows *= x[d];
+    else keeping = true;
+  }
+  if (leading && rows > 1 && numel(x) > 0) return sumToColumns(c, rows, numel(x) / rows);
+  return reduce(c, reduced, 1.0);
 }
 
 NodeKernels columnProduct(const Ctx& c, bool bias) {

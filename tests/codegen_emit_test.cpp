@@ -14,6 +14,7 @@
 #include "common/attention_mask.h"
 #include "graph/node_attrs.h"
 #include "passes/autodiff.h"
+#include "tests/op_cases.h"
 #include "tests/training_graph.h"
 
 namespace pa {
@@ -182,6 +183,44 @@ TEST(CodegenEmit, ModelFlopsAreSixTimesWeightsTimesTokensPlusAttention) {
     const double expected = 6.0 * weights * tokens + attention;
     EXPECT_NEAR(codegen::modelFlops(g), expected, 1e-12 * expected) << name;
   }
+}
+
+// A SumTo over leading axes (a bias gradient) is one column-sums launch, 16-byte groups where the
+// width holds whole ones (8 bf16 or 4 fp32 values) and one value at a time where it does not;
+// other SumTos keep the general reduction.
+TEST(CodegenEmit, SumToOverLeadingAxesIsOneColumnSumsLaunch) {
+  struct Want {
+    const char* name;
+    bool bf16;
+    const char* vec;  // "" when not the column sums
+  };
+  int checked = 0;
+  for (const Want& w : {Want{"SumTo_columns", false, "VEC = 4,"}, Want{"SumTo_columns", true, "VEC = 8,"},
+                        Want{"SumTo_columnsOdd", false, "VEC = 1,"}, Want{"SumTo_columnsOdd", true, "VEC = 1,"},
+                        Want{"SumTo_oneColumn", true, "VEC = 1,"}, Want{"SumTo", false, ""}}) {
+    SCOPED_TRACE(std::string(w.name) + (w.bf16 ? " bf16" : " fp32"));
+    for (const test::OpCase& oc : test::allCases()) {
+      if (oc.name != w.name) continue;
+      const Graph g = test::opCaseTrainingGraph(oc, w.bf16);
+      for (NodeId id : g.topoOrder()) {
+        const Node& n = g.node(id);
+        if (n.op != OpKind::SumTo) continue;
+        if (w.bf16 && std::string(w.name) != "SumTo_columnsOdd") {
+          EXPECT_EQ(g.value(n.inputs[0]).type.dtype, DType::BF16);
+        }
+        const codegen::NodeKernels nk = codegen::emitNode(g, id);
+        ASSERT_EQ(nk.kernels.size(), 1u);
+        const std::string& src = nk.kernels[0].source;
+        EXPECT_EQ(src.find("colsums") != std::string::npos, *w.vec != 0) << nk.kernels[0].name;
+        if (*w.vec) {
+          EXPECT_NE(src.find(w.vec), std::string::npos) << src.substr(0, 600);
+          EXPECT_TRUE(nk.zeroScratch);
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 6);
 }
 
 }  // namespace

@@ -204,6 +204,18 @@ inline std::vector<OpCase> allCases() {
                }});
   c.push_back({"Mean_axes", OpKind::Mean, [](Graph& g) { return g.add(OpKind::Mean, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Axes>({0, 2})); }});
   c.push_back({"SumTo", OpKind::SumTo, [](Graph& g) { return g.add(OpKind::SumTo, {P(g, "x", {2, 3, 4})}, AttrMap().set<attr::Shape>({3, 1})); }});
+  // Leading axes summed (the one-launch column sums): whole 16-byte groups over an odd number
+  // of rows (of a ReLU, so that bf16 lowering makes the input bf16), columns one at a time
+  // across two leading axes, and a single column.
+  c.push_back({"SumTo_columns", OpKind::SumTo, [](Graph& g) {
+                 return g.add(OpKind::SumTo, {g.add(OpKind::Relu, {P(g, "x", {37, 24})})}, AttrMap().set<attr::Shape>({24}));
+               }});
+  c.push_back({"SumTo_columnsOdd", OpKind::SumTo, [](Graph& g) {
+                 return g.add(OpKind::SumTo, {P(g, "x", {30, 2, 13})}, AttrMap().set<attr::Shape>({1, 13}));
+               }});
+  c.push_back({"SumTo_oneColumn", OpKind::SumTo, [](Graph& g) {
+                 return g.add(OpKind::SumTo, {g.add(OpKind::Relu, {P(g, "x", {501, 1})})}, AttrMap().set<attr::Shape>({1}));
+               }});
   c.push_back(maskCase("AttentionMask_causalTopLeft", 3, 5, AttrMap().set<attr::Causal>(true)));
   c.push_back(maskCase("AttentionMask_causalBottomRight", 3, 5, AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right")));
   c.push_back(maskCase("AttentionMask_fullyMaskedRows", 5, 3, AttrMap().set<attr::Causal>(true).set<attr::Align>("bottom-right")));

@@ -489,6 +489,92 @@ ${LOADVEC}      } else {
 }
 )";
 
+// Column sums of an input read as [R, N] (SumTo over leading axes: a bias gradient):
+// out0[n] = Σ_r in0[r, n], one launch (codegen/emit_pointwise.cpp, "Note on the column sums"):
+// a grid of (strips of CW = 32·VEC columns) × (PARTS row chunks); a warp owns a strip's row and
+// walks every eighth row of the chunk, its lanes VEC consecutive columns each.
+inline constexpr const char* kColumnSums = R"(
+extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
+  pa::pdlBegin();
+  constexpr int VEC = ${VEC}, CW = 32 * VEC, G = 256 / CW;
+  constexpr long long N = ${N}, R = ${R}, PARTS = ${PARTS}, CHUNK = ${CHUNK};
+  __shared__ __align__(16) float warpSums[8][CW];
+  __shared__ double red[256];
+  __shared__ bool last;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const long long col = (long long)blockIdx.x * CW + lane * VEC;
+  const long long r0 = (long long)blockIdx.y * CHUNK, r1 = min(r0 + CHUNK, R);
+  const bool vector = ${ALIGNED};
+  // Row r's VEC values into a (0 past N).
+  auto load = [&](long long r, float (&a)[VEC]) {
+    if (vector) {
+${LOADVEC}    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) a[j] = col + j < N ? (float)in0[r * N + col + j] : 0.0f;
+    }
+  };
+  float acc[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
+  if (col < N) {
+    long long r = r0 + warp;
+    for (; r + 7 * 8 < r1; r += 8 * 8) {  // eight rows' loads in flight, then their adds in row order
+      float a[8][VEC];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) load(r + 8 * u, a[u]);
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += a[u][j];
+    }
+    for (; r < r1; r += 8) {
+      float a[VEC];
+      load(r, a);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] += a[j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) warpSums[warp][lane * VEC + j] = acc[j];
+  __syncthreads();
+  // The chunk's sum of each column: its eight warps' in order, in double.
+  double* sums = (double*)scratch;  // [PARTS][N], then a ticket per strip
+  unsigned* tickets = (unsigned*)(sums + PARTS * N);
+  for (int c = threadIdx.x; c < CW; c += 256) {
+    const long long n = (long long)blockIdx.x * CW + c;
+    double s = 0.0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) s += (double)warpSums[w][c];
+    if (n < N) sums[blockIdx.y * N + n] = s;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(tickets + blockIdx.x, 1u) == PARTS - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The last block of the strip: thread group h adds parts h, h + G, ... of its column, then the
+  // G sums in a fixed tree.
+  {
+    const int c = threadIdx.x % CW, h = threadIdx.x / CW;
+    const long long n = (long long)blockIdx.x * CW + c;
+    double s = 0.0;
+    if (n < N) {
+#pragma unroll 8
+      for (long long p = h; p < PARTS; p += G) s += __ldcg(sums + p * N + n);
+    }
+    red[threadIdx.x] = s;
+    for (int t = G / 2; t > 0; t >>= 1) {
+      __syncthreads();
+      if (h < t) red[threadIdx.x] += red[threadIdx.x + t * CW];
+    }
+    __syncthreads();
+    if (threadIdx.x < CW && n < N) out0[n] = (float)red[threadIdx.x];
+  }
+  if (threadIdx.x == 0) tickets[blockIdx.x] = 0u;
+}
+)";
+
 // A product over one shared index (K = 1: a layer from one output's input gradient):
 // out0[r, j] = in0[r]·in1[j] over M rows of N, VEC outputs a thread (4: one 16-byte store where
 // N allows), four groups a thread in flight as kElementwise.

@@ -265,6 +265,19 @@ TEST(OpOnGpu, LargeReductionsMatchTheFloat64CpuExecutor) {
     appendBackward(g, g.output("loss"), g.params());
     compareOnGpu(g, 11, 1.0, Metric::MaxElement);
   }
+  // bf16 column sums (SumTo's one-launch kernel) at mlp_wide's bias gradient, rows that no chunk
+  // divides with whole 16-byte groups, and an odd width read a value at a time.
+  for (const Shape& s : {Shape{8192, 1024}, Shape{1000, 264}, Shape{777, 13}}) {
+    SCOPED_TRACE("sum_to_columns_bf16_" + std::to_string(s[0]) + "x" + std::to_string(s[1]));
+    Graph g;
+    const ValueId y = g.add(OpKind::SumTo, {g.add(OpKind::Relu, {g.addParam("x", s, "xavier")})}, AttrMap().set<attr::Shape>({s[1]}));
+    g.setOutput("op", y);
+    test::addWeightedSumLoss(g, y);
+    appendBackward(g, g.output("loss"), g.params());
+    lowerToBf16(g);
+    verifyGraph(g);
+    compareOnGpu(g, 14, 1.0, Metric::Bf16, {}, nullptr, {"loss"});
+  }
   {
     SCOPED_TRACE("mse_two_kernels");  // 2M terms: over the single-block size, so it is split
     Graph g;
