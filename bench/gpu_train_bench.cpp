@@ -1,11 +1,13 @@
 // Time per training step on the GPU (forward, MSE, backward, Adam), for bench/train_vs_torch.py.
 // Usage: gpu_train_bench CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl]
-//        [--one-stream] [--side-max-gflop X] [--no-adam-in-node] [--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores]
+//        [--no-flash-pdl] [--one-stream] [--side-max-gflop X] [--bias-grad-apart] [--no-adam-in-node] [--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores]
 //        [--cast-kernel] [--profile]
 // (--profile: also print each node's time, slowest first, to stderr; --no-pdl: launch the step's
-// kernels plain instead of as programmatic dependents on sm_90+; --one-stream: every node on the
+// kernels plain instead of as programmatic dependents on sm_90+; --no-flash-pdl: only the
+// FlashAttention launcher's kernels plain; --one-stream: every node on the
 // step's stream, none on the runner's second stream; --side-max-gflop X: the largest product the
-// second stream takes, in GFLOP (0: any); --no-adam-in-node: a step that is
+// second stream takes, in GFLOP (0: any); --bias-grad-apart: a layer's weight-gradient product
+// and its bias-gradient sum stay two nodes (no fuse-bias-grad); --no-adam-in-node: a step that is
 // one fused-mlp-train node runs the Adam kernel after it instead of in it; --no-packed-copies:
 // the concat / interleave kernels that pack fuse-qkv's and SwiGLU's weights (and fuse-qkv's biases) run each step
 // instead of Adam writing the packed copies; --no-packed-grads: the slice / deinterleave kernels
@@ -34,7 +36,7 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--one-stream] [--side-max-gflop X] [--no-adam-in-node] "
+    std::fprintf(stderr, "usage: %s CONFIG.yaml [--set key=value]... [--steps N] [--reps R] [--no-cuda-graph] [--no-pdl] [--no-flash-pdl] [--one-stream] [--side-max-gflop X] [--bias-grad-apart] [--no-adam-in-node] "
                  "[--no-packed-copies] [--no-packed-grads] [--simt-gemm] [--fragment-epilogues] [--thread-stores] [--cast-kernel] [--profile]\n",
                  argv[0]);
     return 2;
@@ -53,8 +55,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--no-cuda-graph")) opt.cudaGraph = false;
     else if (!std::strcmp(argv[i], "--no-pdl")) opt.pdl = false;
+    else if (!std::strcmp(argv[i], "--no-flash-pdl")) opt.flashPdl = false;
     else if (!std::strcmp(argv[i], "--one-stream")) opt.sideStream = false;
     else if (!std::strcmp(argv[i], "--side-max-gflop") && i + 1 < argc) opt.sideStreamMaxGflop = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--bias-grad-apart")) opt.biasGradInProduct = false;
     else if (!std::strcmp(argv[i], "--no-adam-in-node")) opt.adamInTrainNode = false;
     else if (!std::strcmp(argv[i], "--no-packed-copies")) opt.packedWeightCopies = false;
     else if (!std::strcmp(argv[i], "--no-packed-grads")) opt.packedGradViews = false;
@@ -90,12 +94,13 @@ int main(int argc, char** argv) {
     std::sort(sorted.begin(), sorted.end());
     std::printf("{\"config\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"steps\": %lld, \"reps\": %d, "
                 "\"ms_per_step\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"model_gflop\": %.4f, \"tflops\": %.3f, "
-                "\"launches_per_step\": %d, \"side_stream_nodes\": %d, \"cuda_graph\": %s, \"pdl\": %s, "
+                "\"launches_per_step\": %d, \"side_stream_nodes\": %d, \"side_stream_forks\": %d, \"cuda_graph\": %s, \"pdl\": %s, "
                 "\"activation_mib\": %.2f, \"last_loss\": %.6e, \"device\": \"%s\", \"gemm\": \"%s\"}\n",
                 cfg.name.c_str(), pa::precisionName(cfg.precision), (long long)cfg.train.batchSize, (long long)steps, reps,
                 sorted[sorted.size() / 2], sorted.front(), sorted.back(), s->result().stepFlops * 1e-9,
                 s->result().stepFlops / (sorted[sorted.size() / 2] * 1e-3) * 1e-12, s->launchesPerStep(),
                 s->deviceSummary() ? s->deviceSummary()->sideStreamNodes : 0,
+                s->deviceSummary() ? s->deviceSummary()->sideStreamForks : 0,
                 s->replaysCudaGraph() ? "true" : "false",
                 s->deviceSummary() && s->deviceSummary()->programmaticLaunch ? "true" : "false", static_cast<double>(s->result().activationBytes) / (1 << 20),
                 lastLoss, s->result().device.c_str(), s->result().gemm.c_str());

@@ -213,7 +213,9 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
   popt.title = cfg.name;
   popt.target = passTargetOf(cfg.precision);
   if (!opt.dumpGraphDir.empty()) dumpGraph(g, opt.dumpGraphDir, "00-frontend", cfg.name + " as lowered");
-  const TrainPipeline pipeline = trainPipeline(cfg.compiler.passes, cfg.precision, opt.noFuse);
+  TrainPipeline pipeline = trainPipeline(cfg.compiler.passes, cfg.precision, opt.noFuse);
+  if (!opt.biasGradInProduct)
+    pipeline.training.erase(std::remove(pipeline.training.begin(), pipeline.training.end(), "fuse-bias-grad"), pipeline.training.end());
   tg.stats = runPipeline(g, pipeline.forward, popt);
   tg.forwardNodes = g.liveNodeCount();
   popt.firstDumpIndex = static_cast<int>(pipeline.forward.size());
@@ -333,6 +335,7 @@ PreparedRun prepareRun(const Config& cfg, const RunOptions& opt) {
   spec.deterministic = cfg.compiler.deterministic;
   spec.cudaGraph = opt.cudaGraph;
   spec.pdl = opt.pdl;
+  spec.flashPdl = opt.flashPdl;
   spec.sideStream = opt.sideStream;
   spec.sideStreamMaxGflop = opt.sideStreamMaxGflop;
   spec.adamInTrainNode = opt.adamInTrainNode;

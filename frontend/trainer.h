@@ -40,11 +40,16 @@ struct RunOptions {
   // GPU: launch the step's kernels as programmatic dependents (PDL) where the device is sm_90+
   // and the driver CUDA 12.3+; false launches them plain (A/B benchmarks: gpu_train_bench --no-pdl).
   bool pdl = true;
+  bool flashPdl = true;  // with pdl, the FlashAttention kernels too; false: those plain (gpu_train_bench --no-flash-pdl)
   // GPU: the backward's gradient leaves (weight-gradient products, their sums) on a second
   // stream beside the rest of the backward (CudaRunnerOptions::sideStream); false: one stream
   // (A/B benchmarks: gpu_train_bench --one-stream). The same results either way.
   bool sideStream = true;
   double sideStreamMaxGflop = codegen::kSecondStreamMaxFlops * 1e-9;  // A/B benchmarks: CudaRunnerOptions::sideStreamMaxFlops in GFLOP (0: any)
+  // A layer's bias gradient summed inside its weight-gradient product (the `fuse-bias-grad` pass,
+  // which `fuse-linear` brings into the training pipeline); false leaves the product and the sum
+  // apart (A/B benchmarks: gpu_train_bench --bias-grad-apart). The same sums in another order.
+  bool biasGradInProduct = true;
   // GPU: a step that is one fused-mlp-train node takes Adam in that kernel (SessionSpec); false
   // launches the Adam kernel after it (A/B benchmarks: gpu_train_bench --no-adam-in-node; tests).
   bool adamInTrainNode = true;

@@ -135,13 +135,28 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
       ++kernelCount_;
     }
   }
+  // A node that launches nothing (a reshape sharing its input's bytes, an unpacking left to Adam,
+  // a cast another runner makes) neither forks the streams nor ends a run of second-stream nodes;
+  // a side one still counts as the second stream's for the plan and the order. A GEMM node has
+  // its generated launches whichever provider runs it; an attention node has the launcher's.
+  launchesAny_.assign(g.numNodes(), 0);
   for (NodeId id : order_) {
     const size_t i = static_cast<size_t>(id);
-    if (!side_[i]) continue;
-    // (A side node that launches nothing, a reshape sharing its input's bytes or an unpacking
-    // left to Adam, still counts as the second stream's for the plan and the order. A GEMM node
-    // has its generated launches whichever provider runs it.)
-    if (!launches_[i].empty()) ++sideNodes_;
+    const Node& n = g.node(id);
+    const bool external = n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad || codegen::flashPackedQkv(n);
+    launchesAny_[i] = !skipped_[i] && (external || !launches_[i].empty());
+  }
+  bool mainSinceFork = true;
+  for (NodeId id : order_) {
+    const size_t i = static_cast<size_t>(id);
+    if (!launchesAny_[i]) continue;
+    if (!side_[i]) {
+      mainSinceFork = true;
+      continue;
+    }
+    ++sideNodes_;
+    if (mainSinceFork) ++sideForks_;
+    mainSinceFork = false;
   }
   if (sideNodes_ > 0) {
     sideStream_ = std::make_unique<cuda::Stream>(cuda::Stream::Priority::Least);
@@ -611,6 +626,7 @@ void CudaGraphRunner::run(cuda::CUstream stream) {
     const cuda::CUstream side = sideStream_->get();
     bool mainSinceFork = true;
     for (NodeId id : order_) {
+      if (!launchesAny_[static_cast<size_t>(id)]) continue;
       if (!side_[static_cast<size_t>(id)]) {
         runNode(id, stream, launch_);
         mainSinceFork = true;
@@ -712,7 +728,7 @@ void CudaGraphRunner::runPackedFlash(NodeId id, cuda::CUstream stream, cuda::Lau
     a.o = out(n.outputs[0]);
     a.lse = ptr(n.outputs[1]);
     if (cfg.sinkLogits) a.sinkLogits = ptr(n.inputs[1]);
-    flash_->forward(cfg, a, stream, mode);
+    flash_->forward(cfg, a, stream, flashMode(mode));
     return;
   }
   FlashBackwardArgs a;
@@ -731,7 +747,7 @@ void CudaGraphRunner::runPackedFlash(NodeId id, cuda::CUstream stream, cuda::Lau
     a.dSinkLogits = ptr(n.outputs[1]);
   }
   a.workspace = scratch_.at(id).ptr();
-  flash_->backward(cfg, a, stream, mode);
+  flash_->backward(cfg, a, stream, flashMode(mode));
 }
 
 void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode mode) {
@@ -763,7 +779,7 @@ void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode
       a.o = qt(n.outputs[0]);
       a.lse = ptr(n.outputs[1]);
       if (cfg.sinkLogits) a.sinkLogits = ptr(n.inputs[3]);
-      flash_->forward(cfg, a, stream, mode);
+      flash_->forward(cfg, a, stream, flashMode(mode));
     } else {
       FlashBackwardArgs a;
       a.q = qt(n.inputs[0]);
@@ -780,7 +796,7 @@ void CudaGraphRunner::runNode(NodeId id, cuda::CUstream stream, cuda::LaunchMode
         a.dSinkLogits = ptr(n.outputs[3]);
       }
       a.workspace = scratch_.at(id).ptr();
-      flash_->backward(cfg, a, stream, mode);
+      flash_->backward(cfg, a, stream, flashMode(mode));
     }
     return;
   }

@@ -67,6 +67,9 @@ struct CudaRunnerOptions {
   // (sm_90+, runtime/cuda/launch.h): each may start while the one before it finishes. Off: every
   // kernel plain (A/B benchmarks: gpu_train_bench --no-pdl). Results are the same bits either way.
   bool pdl = true;
+  // With pdl: the FlashAttention launcher's kernels too; false launches them plain (A/B
+  // benchmarks: gpu_train_bench --no-flash-pdl). The same bits either way.
+  bool flashPdl = true;
   // Queue the backward's branches off its chain (codegen::secondStreamNodes: weight-gradient
   // products with enough of the chain's work after them, and what merely moves or sums their
   // results into the gradients) on a second stream of the least priority, beside the chain,
@@ -128,8 +131,10 @@ public:
   // Whether run() ends with `stream` waiting on the second stream: the next kernel on `stream`
   // should then be launched plain (a programmatic edge is only for a kernel right behind one).
   bool joinsStreams() const { return sideNodes_ > 0; }
-  // Nodes run() queues on the second stream.
+  // Nodes run() queues on the second stream, and the places where it waits for the step's
+  // stream (one a run of second-stream nodes that no step's-stream launch divides).
   int sideNodes() const { return sideNodes_; }
+  int sideForks() const { return sideForks_; }
   // How run() launches our kernels: Programmatic where CudaRunnerOptions::pdl asked for it and
   // the device and driver allow it, else Plain.
   cuda::LaunchMode launchMode() const { return launch_; }
@@ -285,7 +290,8 @@ private:
   cuda::DeviceBuffer ltSideWorkspace_;                // the same for those on the second stream
   // CudaRunnerOptions::sideStream: per node id, whether run() queues it on the second stream.
   std::vector<char> side_;
-  int sideNodes_ = 0;
+  std::vector<char> launchesAny_;  // per node id: whether runNode() queues anything for it
+  int sideNodes_ = 0, sideForks_ = 0;
   std::unique_ptr<cuda::Stream> sideStream_;
   std::unique_ptr<cuda::Event> fork_, join_;  // the second stream waits on fork_, run()'s stream on join_
   // Every compiled kernel by its source less its name, with the dynamic shared memory it was
@@ -297,6 +303,8 @@ private:
   bool deterministic_ = false;                        // CudaRunnerOptions::deterministic
   bool tf32_ = false;                                 // CudaRunnerOptions::tf32
   cuda::LaunchMode launch_ = cuda::LaunchMode::Plain;  // from CudaRunnerOptions::pdl and the device
+  // The launch mode for the FlashAttention launcher's kernels (CudaRunnerOptions::flashPdl).
+  cuda::LaunchMode flashMode(cuda::LaunchMode mode) const { return opt_.flashPdl ? mode : cuda::LaunchMode::Plain; }
   FlashAttentionConfig flashConfig(const Node& n) const;  // the node's problem, with deterministic_ and tf32_
   size_t arenaBytes_ = 0;
   int64_t paramFloats_ = 0;

@@ -204,6 +204,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   // all-reduce needs every gradient whole.
   ropt.packedGradViews = spec_.packedGradViews && !spec_.nccl;
   ropt.pdl = spec_.pdl;
+  ropt.flashPdl = spec_.flashPdl;
   ropt.sideStream = spec_.sideStream;
   ropt.sideStreamMaxFlops = spec_.sideStreamMaxGflop * 1e9;
   ropt.fp64Gemm = spec_.fp64Gemm;
@@ -410,6 +411,7 @@ CudaSession::CudaSession(SessionSpec spec) : spec_(std::move(spec)) {
   summary_.paramAndAdamBytes = 3 * stateBytes;
   summary_.programmaticLaunch = launch_ == cuda::LaunchMode::Programmatic;
   summary_.sideStreamNodes = runner_->sideNodes();
+  summary_.sideStreamForks = runner_->sideForks();
 }
 
 CudaSession::~CudaSession() {

@@ -112,6 +112,7 @@ struct SessionSpec {
   // GPU: launch the step's own kernels as programmatic dependents on sm_90+ (runtime/cuda/launch.h),
   // so each may start while the one before it finishes; the same results either way.
   bool pdl = true;
+  bool flashPdl = true;  // with pdl, the FlashAttention kernels too (CudaRunnerOptions::flashPdl)
   // GPU: the backward's gradient leaves on the runner's second stream (CudaRunnerOptions::sideStream).
   bool sideStream = true;
   double sideStreamMaxGflop = codegen::kSecondStreamMaxFlops * 1e-9;  // CudaRunnerOptions::sideStreamMaxFlops, in GFLOP
@@ -181,6 +182,7 @@ struct DeviceSummary {
   size_t activationBytes = 0, paramAndAdamBytes = 0;
   bool programmaticLaunch = false;  // the step's kernels go out as programmatic dependents (PDL)
   int sideStreamNodes = 0;          // nodes the step queues on the runner's second stream (CudaRunnerOptions::sideStream)
+  int sideStreamForks = 0;          // places where the second stream waits for the step's stream
 };
 
 // A compiled model with its data, parameters and optimizer state, ready to take steps.
