@@ -44,6 +44,7 @@ set(PA_EMBEDDED_KERNELS
   kernels/gemm_tf32.cuh
   kernels/mma_f64.cuh
   kernels/storage.cuh
+  kernels/column_reduce.cuh
   kernels/norm.cuh
   kernels/pdl.cuh
   kernels/adam.cuh

@@ -68,8 +68,9 @@ Kernel perIndexKernel(const Ctx& c, const std::string& part, int64_t count, int 
 unsigned gridFor(int64_t work);
 // Every input, then every output, of the node, as pointers.
 std::vector<KernelArg> allArgs(const Node& n);
-// The sums over the rows of node input `input`, a matrix [K, L], into output `output` [L]: SumTo's
-// kernels (a thread per column, or split along K, in double), so they equal a SumTo's bits. Their
+// The sums over the rows of node input `input`, a matrix [K, L], into output `output` [L]: the
+// split reduction's kernels (a thread per column, or split along K, in double; a SumTo over
+// leading axes runs the one-launch column sums instead, the same sums in another order). Their
 // names end in _colsum[_partial|_final], apart from the node's other kernels.
 NodeKernels columnSums(const Ctx& c, int input, int output);
 // Σ_k in0[k, m] · in1[k] into output 0 [M] (in0 a matrix [K, M], in1 one column [K, 1]) and, with

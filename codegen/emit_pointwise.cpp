@@ -495,7 +495,7 @@ NodeKernels sumToColumns(const Ctx& c, int64_t rows, int64_t n) {
                               {{"VEC", std::to_string(vec)}, {"N", ll(n)}, {"R", ll(rows)}, {"PARTS", ll(used)}, {"CHUNK", ll(chunk)},
                                {"ALIGNED", aligned}, {"LOADVEC", load}},
                               {static_cast<unsigned>(strips), static_cast<unsigned>(used), 1}, kThreads,
-                              {{KernelArg::Input, 0}, {KernelArg::Output, 0}, {KernelArg::Scratch, 0}}));
+                              {{KernelArg::Input, 0}, {KernelArg::Output, 0}, {KernelArg::Scratch, 0}}, {"kernels/column_reduce.cuh"}));
   nk.scratchBytes = static_cast<size_t>(used * n) * sizeof(double) + static_cast<size_t>(strips) * sizeof(unsigned);
   nk.zeroScratch = true;
   return nk;
@@ -540,7 +540,8 @@ NodeKernels columnProduct(const Ctx& c, bool bias) {
                                {"PARTS", ll(used)}, {"CHUNK", ll(chunk)}, {"ALIGNED", aligned16(vec, "in0")}, {"LOADVEC", load},
                                {"BIAS", bias ? "true" : "false"},
                                {"BIASSTORE", bias ? "if (threadIdx.x == 0) out1[0] = (float)bred[0];" : ""}},
-                              {static_cast<unsigned>(colBlocks), static_cast<unsigned>(used), 1}, kThreads, args));
+                              {static_cast<unsigned>(colBlocks), static_cast<unsigned>(used), 1}, kThreads, args,
+                              {"kernels/column_reduce.cuh"}));
   nk.scratchBytes = static_cast<size_t>(used * m + used) * sizeof(double) + static_cast<size_t>(colBlocks) * sizeof(unsigned);
   nk.zeroScratch = true;
   return nk;

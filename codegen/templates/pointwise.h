@@ -403,13 +403,14 @@ ${ROUND}  part[threadIdx.x] = acc;
 // output's weight gradient): out0[m] = Σ_k A[k, m]·B[k] in double and, with BIAS, out1[0] = Σ_k
 // B[k], in one launch (codegen/emit_pointwise.cpp, "Note on the column product").
 inline constexpr const char* kColumnProduct = R"(
+#include "kernels/column_reduce.cuh"
+
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  constexpr int LANES = ${LANES}, VEC = ${VEC}, RT = 256 / LANES, CB = LANES * VEC, G = 256 / CB;
+  constexpr int LANES = ${LANES}, VEC = ${VEC}, RT = 256 / LANES, CB = LANES * VEC;
   constexpr long long M = ${M}, K = ${K}, PARTS = ${PARTS};
   __shared__ double red[RT * CB];
   __shared__ double bred[256];
-  __shared__ bool last;
   const int lane = threadIdx.x % LANES, rt = threadIdx.x / LANES;
   const long long col = (long long)blockIdx.x * CB + lane * VEC;
   const long long r0 = (long long)blockIdx.y * ${CHUNK}, r1 = min(r0 + ${CHUNK}, K);
@@ -451,29 +452,11 @@ ${LOADVEC}      } else {
   const long long mine = (long long)blockIdx.x * CB + threadIdx.x;
   if (threadIdx.x < CB && mine < M) sums[blockIdx.y * M + mine] = red[threadIdx.x];
   if (${BIAS} && blockIdx.x == 0 && threadIdx.x == 0) bsums[blockIdx.y] = bred[0];
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(tickets + blockIdx.x, 1u) == PARTS - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // The last block of the column block: thread group h adds parts h, h + G, ... of its column,
-  // then the G sums in a fixed tree.
-  {
-    const int c = threadIdx.x % CB, h = threadIdx.x / CB;
-    const long long m = (long long)blockIdx.x * CB + c;
-    double s = 0.0;
-    if (m < M) {
-#pragma unroll 8
-      for (long long p = h; p < PARTS; p += G) s += __ldcg(sums + p * M + m);
-    }
-    red[threadIdx.x] = s;
-    for (int t = G / 2; t > 0; t >>= 1) {
-      __syncthreads();
-      if (h < t) red[threadIdx.x] += red[threadIdx.x + t * CB];
-    }
-    __syncthreads();
-    if (threadIdx.x < CB && m < M) out0[m] = (float)red[threadIdx.x];
+  if (!pa::colreduce::lastOfParts(tickets + blockIdx.x, PARTS)) return;
+  {  // the last block of the column block: its columns' parts in a fixed order
+    const long long m = (long long)blockIdx.x * CB + threadIdx.x % CB;
+    const double s = pa::colreduce::sumParts<CB>(sums, PARTS, M, m, m < M, red);
+    if (threadIdx.x < CB && m < M) out0[m] = (float)s;
   }
   if (${BIAS} && blockIdx.x == 0) {
     double s = 0.0;
@@ -494,13 +477,14 @@ ${LOADVEC}      } else {
 // a grid of (strips of CW = 32·VEC columns) × (PARTS row chunks); a warp owns a strip's row and
 // walks every eighth row of the chunk, its lanes VEC consecutive columns each.
 inline constexpr const char* kColumnSums = R"(
+#include "kernels/column_reduce.cuh"
+
 extern "C" __global__ void __launch_bounds__(256) ${NAME}(${PARAMS}) {
   pa::pdlBegin();
-  constexpr int VEC = ${VEC}, CW = 32 * VEC, G = 256 / CW;
+  constexpr int VEC = ${VEC}, CW = 32 * VEC;
   constexpr long long N = ${N}, R = ${R}, PARTS = ${PARTS}, CHUNK = ${CHUNK};
   __shared__ __align__(16) float warpSums[8][CW];
   __shared__ double red[256];
-  __shared__ bool last;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const long long col = (long long)blockIdx.x * CW + lane * VEC;
   const long long r0 = (long long)blockIdx.y * CHUNK, r1 = min(r0 + CHUNK, R);
@@ -547,29 +531,11 @@ ${LOADVEC}    } else {
     for (int w = 0; w < 8; ++w) s += (double)warpSums[w][c];
     if (n < N) sums[blockIdx.y * N + n] = s;
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(tickets + blockIdx.x, 1u) == PARTS - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // The last block of the strip: thread group h adds parts h, h + G, ... of its column, then the
-  // G sums in a fixed tree.
-  {
-    const int c = threadIdx.x % CW, h = threadIdx.x / CW;
-    const long long n = (long long)blockIdx.x * CW + c;
-    double s = 0.0;
-    if (n < N) {
-#pragma unroll 8
-      for (long long p = h; p < PARTS; p += G) s += __ldcg(sums + p * N + n);
-    }
-    red[threadIdx.x] = s;
-    for (int t = G / 2; t > 0; t >>= 1) {
-      __syncthreads();
-      if (h < t) red[threadIdx.x] += red[threadIdx.x + t * CW];
-    }
-    __syncthreads();
-    if (threadIdx.x < CW && n < N) out0[n] = (float)red[threadIdx.x];
+  if (!pa::colreduce::lastOfParts(tickets + blockIdx.x, PARTS)) return;
+  {  // the last block of the strip: its columns' parts in a fixed order
+    const long long n = (long long)blockIdx.x * CW + threadIdx.x % CW;
+    const double s = pa::colreduce::sumParts<CW>(sums, PARTS, N, n, n < N, red);
+    if (threadIdx.x < CW && n < N) out0[n] = (float)s;
   }
   if (threadIdx.x == 0) tickets[blockIdx.x] = 0u;
 }
