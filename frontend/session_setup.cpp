@@ -213,9 +213,7 @@ TrainingGraph compileTrainingGraph(const Config& cfg, const RunOptions& opt, con
   popt.title = cfg.name;
   popt.target = passTargetOf(cfg.precision);
   if (!opt.dumpGraphDir.empty()) dumpGraph(g, opt.dumpGraphDir, "00-frontend", cfg.name + " as lowered");
-  TrainPipeline pipeline = trainPipeline(cfg.compiler.passes, cfg.precision, opt.noFuse);
-  if (!opt.biasGradInProduct)
-    pipeline.training.erase(std::remove(pipeline.training.begin(), pipeline.training.end(), "fuse-bias-grad"), pipeline.training.end());
+  const TrainPipeline pipeline = trainPipeline(cfg.compiler.passes, cfg.precision, opt.noFuse, opt.biasGradInProduct);
   tg.stats = runPipeline(g, pipeline.forward, popt);
   tg.forwardNodes = g.liveNodeCount();
   popt.firstDumpIndex = static_cast<int>(pipeline.forward.size());

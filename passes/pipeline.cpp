@@ -3,7 +3,8 @@
 
 namespace pa {
 
-TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precision precision, bool noFuse) {
+TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precision precision, bool noFuse,
+                            bool biasGradInProduct) {
   TrainPipeline p;
   bool elementwise = false, linear = false, mlp = false;
   for (const std::string& name : configured) {
@@ -18,7 +19,8 @@ TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precisio
   p.training = {"autodiff"};
   if (elementwise) p.training.push_back("fuse-loss");
   if (elementwise && mlp) p.training.push_back("fuse-mlp-train");
-  if (linear) p.training.insert(p.training.end(), {"fuse-linear-grad", "fuse-bias-grad"});
+  if (linear) p.training.push_back("fuse-linear-grad");
+  if (linear && biasGradInProduct) p.training.push_back("fuse-bias-grad");
   if (elementwise) p.training.push_back("fuse-elementwise");
   // dce after lower-bf16: a value it no longer reads (a reshape whose readers now take the
   // reshaped cast) is dead then.

@@ -20,11 +20,12 @@ struct TrainPipeline {
 // become one node (fuse-loss: the chain fuse-elementwise would otherwise make, with the loss in
 // the same kernel); with linear fusion, the backward's matmul + activation-derivative pairs fuse
 // (fuse-linear-grad) and the weight-gradient products take their bias gradients
-// (fuse-bias-grad); elementwise fusion
+// (fuse-bias-grad, unless `biasGradInProduct` is false: A/B runs); elementwise fusion
 // again when it is enabled (the backward has chains of its own); CSE, DCE; bf16 lowers the
 // finished graph to bf16 storage; the verifier last. The validation graph runs the forward
 // passes and, under bf16, the same lowering, so it computes what the training step's forward does.
-TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precision precision, bool noFuse);
+TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precision precision, bool noFuse,
+                            bool biasGradInProduct = true);
 
 // What the passes may assume of the targets under `precision`: its attention inputs.
 PassTarget passTargetOf(Precision precision);

@@ -103,12 +103,14 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   planGatheredCast(opt);
 
   launches_.resize(g.numNodes());
+  launchesAny_.assign(g.numNodes(), 0);
   std::vector<std::pair<FlashAttentionConfig, bool>> flashProblems;  // {config, backward} of every attention node
   const codegen::EmitOptions emit = emitOptionsFor(device_, opt);
   for (NodeId id : order_) {
     codegen::NodeKernels nk = codegen::emitNode(g, id, emit);
     const Node& n = g.node(id);
     if (nk.external) {
+      launchesAny_[static_cast<size_t>(id)] = 1;  // the launcher's kernels
       if (!flash_) flash_ = std::make_unique<FlashAttention>(device_);
       const FlashAttentionConfig cfg = flashConfig(n);
       const bool backward = n.op == OpKind::FlashAttentionGrad || n.op == OpKind::FlashAttentionQkvGrad;
@@ -138,24 +140,20 @@ CudaGraphRunner::CudaGraphRunner(const Graph& g, const cuda::Device& device, con
   // A node that launches nothing (a reshape sharing its input's bytes, an unpacking left to Adam,
   // a cast another runner makes) neither forks the streams nor ends a run of second-stream nodes;
   // a side one still counts as the second stream's for the plan and the order. A GEMM node has
-  // its generated launches whichever provider runs it; an attention node has the launcher's.
-  launchesAny_.assign(g.numNodes(), 0);
-  for (NodeId id : order_) {
-    const size_t i = static_cast<size_t>(id);
-    const Node& n = g.node(id);
-    const bool external = n.op == OpKind::FlashAttention || n.op == OpKind::FlashAttentionGrad || codegen::flashPackedQkv(n);
-    launchesAny_[i] = !skipped_[i] && (external || !launches_[i].empty());
-  }
+  // its generated launches whichever provider runs it. run() forks before the first second-stream
+  // node of each run of them.
+  forkBefore_.assign(g.numNodes(), 0);
   bool mainSinceFork = true;
   for (NodeId id : order_) {
     const size_t i = static_cast<size_t>(id);
+    if (!launches_[i].empty() && !skipped_[i]) launchesAny_[i] = 1;  // (attention nodes: marked in the emit loop)
     if (!launchesAny_[i]) continue;
     if (!side_[i]) {
       mainSinceFork = true;
       continue;
     }
     ++sideNodes_;
-    if (mainSinceFork) ++sideForks_;
+    forkBefore_[i] = mainSinceFork;
     mainSinceFork = false;
   }
   if (sideNodes_ > 0) {
@@ -624,18 +622,16 @@ void CudaGraphRunner::run(cuda::CUstream stream) {
     // A second-stream node waits for everything queued on `stream` before it (one wait for a
     // run of them); the second stream's kernels go out plain, each behind a wait or a library call.
     const cuda::CUstream side = sideStream_->get();
-    bool mainSinceFork = true;
     for (NodeId id : order_) {
-      if (!launchesAny_[static_cast<size_t>(id)]) continue;
-      if (!side_[static_cast<size_t>(id)]) {
+      const size_t i = static_cast<size_t>(id);
+      if (!launchesAny_[i]) continue;
+      if (!side_[i]) {
         runNode(id, stream, launch_);
-        mainSinceFork = true;
         continue;
       }
-      if (mainSinceFork) {
+      if (forkBefore_[i]) {
         fork_->record(stream);
         sideStream_->wait(fork_->get());
-        mainSinceFork = false;
       }
       runNode(id, side, cuda::LaunchMode::Plain);
     }

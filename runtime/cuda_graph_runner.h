@@ -2,6 +2,7 @@
 // launcher for its nodes): the GPU counterpart of CpuExecutor<float>.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -134,7 +135,7 @@ public:
   // Nodes run() queues on the second stream, and the places where it waits for the step's
   // stream (one a run of second-stream nodes that no step's-stream launch divides).
   int sideNodes() const { return sideNodes_; }
-  int sideForks() const { return sideForks_; }
+  int sideForks() const { return static_cast<int>(std::count(forkBefore_.begin(), forkBefore_.end(), 1)); }
   // How run() launches our kernels: Programmatic where CudaRunnerOptions::pdl asked for it and
   // the device and driver allow it, else Plain.
   cuda::LaunchMode launchMode() const { return launch_; }
@@ -291,7 +292,8 @@ private:
   // CudaRunnerOptions::sideStream: per node id, whether run() queues it on the second stream.
   std::vector<char> side_;
   std::vector<char> launchesAny_;  // per node id: whether runNode() queues anything for it
-  int sideNodes_ = 0, sideForks_ = 0;
+  std::vector<char> forkBefore_;   // per node id: run() makes the second stream wait for `stream` before it
+  int sideNodes_ = 0;
   std::unique_ptr<cuda::Stream> sideStream_;
   std::unique_ptr<cuda::Event> fork_, join_;  // the second stream waits on fork_, run()'s stream on join_
   // Every compiled kernel by its source less its name, with the dynamic shared memory it was

@@ -171,6 +171,8 @@ TEST(Passes, TrainPipelineFollowsTheSettings) {
   const TrainPipeline unfused = trainPipeline(configured, Precision::Tf32, true);
   EXPECT_EQ(unfused.forward, V{"cse"});
   EXPECT_EQ(unfused.training, (V{"autodiff", "cse", "dce", "verify"}));
+  const TrainPipeline apart = trainPipeline(configured, Precision::Fp32, false, /*biasGradInProduct=*/false);
+  EXPECT_EQ(apart.training, (V{"autodiff", "fuse-loss", "fuse-linear-grad", "fuse-elementwise", "cse", "dce", "verify"}));
   EXPECT_TRUE(passTargetOf(Precision::Bf16).attention16Bit);
   for (Precision p : {Precision::Fp32, Precision::Fp64, Precision::Tf32}) EXPECT_FALSE(passTargetOf(p).attention16Bit);
 }
