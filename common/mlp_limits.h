@@ -12,6 +12,21 @@ constexpr int64_t kMlpMaxWidth = 128;
 // Most layers in one node (the node takes x, then a weight and a bias per layer).
 constexpr int64_t kMlpMaxLayers = 16;
 
+// Where fuse-mlp builds the node: the rows a step runs through the chain (the input's elements
+// over its width) at most mlpMaxRows(widest layer input or output, whether the layers' products
+// would run on 16-bit tensor cores). Beyond, the separate layers' GEMMs are faster: the node's
+// FFMA products against the tensor cores' (bf16, TF32) or the FP64 tensor cores' (fp32). The
+// limits are the training step's measured crossovers on the H200 (bench/RESULTS.md, thirty-first
+// session): 64 wide, fused faster up to 8,192 rows in every precision (16,384 in fp32); wider,
+// up to 1,024 rows in fp32 and TF32 (2,048 in fp32), while in bf16 the layers were as fast at
+// 512-1,024 rows and 15 % faster at 256.
+constexpr int64_t kMlpNarrowWidth = 64;
+constexpr int64_t kMlpNarrowMaxRows = 8192;
+constexpr int64_t kMlpWideMaxRows = 1024;
+inline int64_t mlpMaxRows(int64_t widest, bool products16Bit) {
+  return widest <= kMlpNarrowWidth ? kMlpNarrowMaxRows : products16Bit ? 0 : kMlpWideMaxRows;
+}
+
 // fused-mlp-train runs a tile's forward and backward back to back, so the CUDA kernel keeps every
 // layer's weights and biases in shared memory at once: at most this many floats by
 // mlpTrainLayerFloats, which counts each weight row padded by the most the emitter pads it (to a

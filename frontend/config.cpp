@@ -340,8 +340,8 @@ void parseCompiler(const CfgNode& n, CompilerConfig& c) {
     std::vector<std::string> kinds;
     if (f.isScalar()) {
       // Every fusion that pays on the examples (bench/RESULTS.md); rope, measured slower there
-      // (issue 27), and mlp, slower than the tensor cores on wide layers (issue 30), only when listed.
-      if (f.asBool()) kinds = {"linear", "attention", "qkv", "norm", "elementwise"};
+      // (issue 27), only when listed. mlp fuses only chains whose rows it measured faster on.
+      if (f.asBool()) kinds = {"linear", "attention", "qkv", "norm", "elementwise", "mlp"};
     } else {
       if (!f.isSequence()) f.fail("expected true, false or a list of linear, attention, qkv, rope, norm, elementwise, mlp");
       const std::vector<std::string> fusions = {"linear", "attention", "qkv", "rope", "norm", "elementwise", "mlp"};

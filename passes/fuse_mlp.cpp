@@ -9,12 +9,21 @@
 // and never exposes a hidden value. A chain is at least two layers and at most kMlpMaxLayers
 // (a longer one is cut and the rest starts a chain of its own).
 //
+// Note on where it pays. The node runs its products on FFMA, one tile of rows a block; the
+// separate layers run theirs on the tensor cores. A chain is fused only where the rows a step
+// runs through it are at most mlpMaxRows of its widest layer (common/mlp_limits.h: the measured
+// crossovers, which depend on whether the layers' products would run on 16-bit tensor cores:
+// PassTarget::products16Bit); a chain over the limit is left to fuse-linear's layers, and a
+// narrower chain further down it (rooted at a later layer) may still be fused.
+//
 // Note on precision bf16. The node computes in fp32 on the fp32 master weights under every
 // precision, as under tf32: at these widths a step is latency-bound (the note in
 // kernels/fused_mlp.cuh), so rounding operands to bf16 would lose accuracy and gain no time.
 // lower-bf16 stores the values it writes for others (hidden outputs saved for a separate
 // backward) in bf16 as it does every activation; fused-mlp-train keeps them on chip and writes
 // only fp32 graph outputs, so a small MLP's bf16 step is its fp32 step.
+#include <algorithm>
+
 #include "common/mlp_limits.h"
 #include "graph/node_attrs.h"
 #include "passes/fusion.h"
@@ -68,6 +77,7 @@ bool nextLayer(RewriteContext& ctx, ValueId v, Layer& out) {
 
 class FuseMlpPattern final : public RewritePattern {
 public:
+  explicit FuseMlpPattern(const PassTarget& target) : target_(target) {}
   const char* name() const override { return "mlp"; }
   bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
     std::vector<Layer> chain(1);
@@ -76,6 +86,11 @@ public:
     while (static_cast<int64_t>(chain.size()) < kMlpMaxLayers && nextLayer(ctx, chain.back().out, next)) chain.push_back(next);
     if (chain.size() < 2) return false;
     Graph& g = ctx.graph();
+    const Shape& x = g.shape(chain[0].x);
+    int64_t widest = x.empty() ? 1 : x.back(), rows = 1;
+    for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
+    for (const Layer& l : chain) widest = std::max(widest, g.shape(l.w)[1]);
+    if (rows > mlpMaxRows(widest, target_.products16Bit)) return false;
     std::vector<ValueId> ins{chain[0].x};
     std::vector<MlpActivation> acts;
     std::vector<int64_t> biases;
@@ -94,6 +109,9 @@ public:
     ctx.replace(chain.back().out, y, dead);
     return true;
   }
+
+private:
+  PassTarget target_;
 };
 
 // fuse-mlp-train (after autodiff and fuse-loss): a FusedMlp, the MseLossGrad of its output y and
@@ -154,6 +172,6 @@ public:
 
 std::unique_ptr<RewritePattern> makeFuseMlpTrainPattern() { return std::make_unique<FuseMlpTrainPattern>(); }
 
-std::unique_ptr<RewritePattern> makeFuseMlpPattern() { return std::make_unique<FuseMlpPattern>(); }
+std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target) { return std::make_unique<FuseMlpPattern>(target); }
 
 }  // namespace pa

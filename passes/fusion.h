@@ -42,8 +42,9 @@ std::unique_ptr<RewritePattern> makeFoldRopePattern();
 // become one GEMM over the concatenated weights and a FlashAttentionQkv reading the packed result.
 std::unique_ptr<RewritePattern> makeFuseQkvPattern();
 // A chain of FusedLinear layers (relu, none, or none then Tanh | Sigmoid) whose widths are at
-// most kMlpMaxWidth becomes one FusedMlp, under every precision (fp32 arithmetic throughout).
-std::unique_ptr<RewritePattern> makeFuseMlpPattern();
+// most kMlpMaxWidth becomes one FusedMlp, under every precision (fp32 arithmetic throughout),
+// where its rows are at most mlpMaxRows for the target (common/mlp_limits.h).
+std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target = {});
 
 // After autodiff and fuse-loss: a FusedMlp, the MseLossGrad of its output and their FusedMlpGrad
 // become one FusedMlpTrain where nothing else reads the values it keeps inside.

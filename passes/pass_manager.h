@@ -22,6 +22,7 @@ struct PassStats {
 // found, the CUDA device: one graph serves both, so a fused node must run on both).
 struct PassTarget {
   bool attention16Bit = false;  // attention runs on 16-bit inputs (precision bf16), else fp32
+  bool products16Bit = false;    // the layers' products run on 16-bit tensor cores (precision bf16)
 };
 
 struct PassInfo {

@@ -35,6 +35,7 @@ TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precisio
 PassTarget passTargetOf(Precision precision) {
   PassTarget t;
   t.attention16Bit = precision == Precision::Bf16;
+  t.products16Bit = precision == Precision::Bf16;
   return t;
 }
 

@@ -162,19 +162,60 @@ TEST(FuseMlp, Bf16TargetFusesTheChainToo) {
   }
 }
 
-TEST(FuseMlp, OnlyWhenListed) {
-  EXPECT_EQ(count(test::trainingGraph("mlp_tiny", false), OpKind::FusedMlp), 0);
-  EXPECT_EQ(count(test::trainingGraph("mlp_tiny", false, "fp32", {"compiler.fuse=true"}), OpKind::FusedMlp), 0);
-  // The training step: the forward, the loss and the backward in one FusedMlpTrain (fuse-mlp-train).
-  const Graph g = test::trainingGraph("mlp_tiny", false, "fp32", {"compiler.fuse=[linear, elementwise, mlp]"});
-  EXPECT_EQ(count(g, OpKind::FusedMlpTrain), 1);
-  EXPECT_EQ(count(g, OpKind::FusedMlp) + count(g, OpKind::FusedMlpGrad) + count(g, OpKind::MseLossGrad), 0);
-  EXPECT_EQ(count(g, OpKind::FusedLinear) + count(g, OpKind::MatMul) + count(g, OpKind::MatMulActGrad), 0);
-  for (const char* config : {"sine_mlp", "function_mlp"}) {
-    const Graph s = test::trainingGraph(config, false, "fp32", {"compiler.fuse=[linear, elementwise, mlp]"});
-    EXPECT_EQ(count(s, OpKind::FusedMlpTrain), 1) << config;
-    EXPECT_EQ(count(s, OpKind::FusedMlp) + count(s, OpKind::FusedMlpGrad), 0) << config;
+int trainNodes(const Graph& g) { return count(g, OpKind::FusedMlpTrain) + count(g, OpKind::FusedMlp) + count(g, OpKind::FusedMlpGrad); }
+
+TEST(FuseMlp, TheSmallExamplesAndTrueFuseTheirChain) {
+  const std::vector<std::string> withoutMlp = {"compiler.fuse=[linear, attention, elementwise]"};
+  EXPECT_EQ(trainNodes(test::trainingGraph("mlp_tiny", false, "fp32", withoutMlp)), 0);
+  EXPECT_EQ(trainNodes(test::trainingGraph("mlp_tiny", true)), 0);
+  // The training step: the forward, the loss and the backward in one FusedMlpTrain (fuse-mlp-train),
+  // for the examples as shipped (mlp listed) and under fuse: true.
+  for (const char* config : {"mlp_tiny", "sine_mlp", "function_mlp"})
+    for (const std::vector<std::string>& sets : {std::vector<std::string>{}, std::vector<std::string>{"compiler.fuse=true"}}) {
+      const Graph g = test::trainingGraph(config, false, "fp32", sets);
+      EXPECT_EQ(count(g, OpKind::FusedMlpTrain), 1) << config;
+      EXPECT_EQ(count(g, OpKind::FusedMlp) + count(g, OpKind::FusedMlpGrad) + count(g, OpKind::MseLossGrad), 0) << config;
+      EXPECT_EQ(count(g, OpKind::FusedLinear) + count(g, OpKind::MatMul) + count(g, OpKind::MatMulActGrad), 0) << config;
+    }
+  // Past the rows where the node pays, fuse: true leaves mlp_tiny's 64-wide layers to the GEMMs.
+  const Graph big = test::trainingGraph("mlp_tiny", false, "fp32", {"compiler.fuse=true", "data.samples=9200", "train.batch_size=8193"});
+  EXPECT_EQ(trainNodes(big), 0);
+  EXPECT_EQ(count(big, OpKind::FusedLinear), 3);
+}
+
+// fuse-mlp's rule (common/mlp_limits.h): at most 8,192 rows where every width is at most 64, at
+// most 1,024 where one is wider (none under bf16, whose layers run on 16-bit tensor cores); a
+// narrower chain further down a rejected one still fuses.
+TEST(FuseMlp, ChainsWithMoreRowsThanPayAreLeftToTheLayers) {
+  const std::vector<std::string> passes = {"fuse-linear", "fuse-mlp"};
+  const char* narrow = "  layers: [{linear: {units: 64, activation: relu}}, {linear: {units: 64, activation: relu}}, {linear: {units: 2}}]\n";
+  const char* wide = "  layers: [{linear: {units: 128, activation: relu}}, {linear: {units: 3}}, {linear: {units: 2}}]\n";
+  for (auto [yaml, rows] : {std::pair<const char*, int64_t>{narrow, kMlpNarrowMaxRows}, {wide, kMlpWideMaxRows}}) {
+    const Graph at = fuseAndCompare(build(yaml, {4}, {2}, rows), passes);
+    EXPECT_EQ(count(at, OpKind::FusedMlp), 1) << rows;
+    EXPECT_EQ(count(at, OpKind::FusedLinear), 0) << rows;
+    const Graph over = fuseAndCompare(build(yaml, {4}, {2}, rows + 1), passes);
+    EXPECT_EQ(count(over, OpKind::FusedMlp), 0) << rows + 1;
+    EXPECT_EQ(count(over, OpKind::FusedLinear), 3) << rows + 1;
   }
+  // 1 -> 128 -> 64 -> 64 -> 1 at 4,096 rows: chains rooted at the first two layers touch the
+  // 128-wide value; the last two layers are 64 wide and fuse.
+  const Graph tail = fuseAndCompare(build("  layers: [{linear: {units: 128, activation: relu}}, {linear: {units: 64, activation: relu}}, "
+                                          "{linear: {units: 64, activation: relu}}, {linear: {units: 1}}]\n",
+                                          {1}, {1}, 4096),
+                                    passes);
+  EXPECT_EQ(count(tail, OpKind::FusedMlp), 1);
+  EXPECT_EQ(count(tail, OpKind::FusedLinear), 2);
+  // bf16: the 64-wide chain up to the same rows; the 128-wide one not even at one row.
+  PassTarget bf16;
+  bf16.products16Bit = true;
+  EXPECT_EQ(count(fuseAndCompare(build(narrow, {4}, {2}, kMlpNarrowMaxRows), passes, bf16), OpKind::FusedMlp), 1);
+  EXPECT_EQ(count(fuseAndCompare(build(narrow, {4}, {2}, kMlpNarrowMaxRows + 1), passes, bf16), OpKind::FusedMlp), 0);
+  EXPECT_EQ(count(fuseAndCompare(build(wide, {4}, {2}, 1), passes, bf16), OpKind::FusedMlp), 0);
+  EXPECT_EQ(count(fuseAndCompare(build(wide, {4}, {2}, 1), passes), OpKind::FusedMlp), 1);
+  // The rows are every leading dimension's: [64, 128, 4] is 8,192 rows.
+  EXPECT_EQ(count(fuseAndCompare(build(narrow, {128, 4}, {128, 2}, 64), passes), OpKind::FusedMlp), 1);
+  EXPECT_EQ(count(fuseAndCompare(build(narrow, {128, 4}, {128, 2}, 65), passes), OpKind::FusedMlp), 0);
 }
 
 TEST(FuseMlp, MlpNeedsLinearBeforeIt) {

@@ -1280,7 +1280,7 @@ TEST(FusedMlpOnGpu, ForwardAndEveryGradientMatchTheFloat64CpuExecutor) {
     }
 }
 
-// precision bf16 (fuse-mlp runs under it): the forward stores the hidden outputs in bf16 and the
+// precision bf16 (fuse-mlp builds the node under it for chains up to 64 wide): the forward stores the hidden outputs in bf16 and the
 // backward reads them so, against the float64 executor that rounds the same values after the
 // node (Metric::Bf16). Rows 7, 257 and 4099 (several tiles per backward block) × every width set.
 TEST(FusedMlpOnGpu, Bf16ForwardAndEveryGradientMatchTheRoundingCpuExecutor) {
