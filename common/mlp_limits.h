@@ -19,7 +19,7 @@ constexpr int64_t kMlpMaxLayers = 16;
 // limits are the training step's measured crossovers on the H200 (bench/RESULTS.md, thirty-first
 // session): 64 wide, fused faster up to 8,192 rows in every precision (16,384 in fp32); wider,
 // up to 1,024 rows in fp32 and TF32 (2,048 in fp32), while in bf16 the layers were as fast at
-// 512-1,024 rows and 15 % faster at 256.
+// 512-1,024 rows and 11-17 % faster at 256.
 constexpr int64_t kMlpNarrowWidth = 64;
 constexpr int64_t kMlpNarrowMaxRows = 8192;
 constexpr int64_t kMlpWideMaxRows = 1024;

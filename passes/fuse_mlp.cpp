@@ -77,7 +77,7 @@ bool nextLayer(RewriteContext& ctx, ValueId v, Layer& out) {
 
 class FuseMlpPattern final : public RewritePattern {
 public:
-  explicit FuseMlpPattern(const PassTarget& target) : target_(target) {}
+  FuseMlpPattern(const PassTarget& target, std::vector<std::string>* notes) : target_(target), notes_(notes) {}
   const char* name() const override { return "mlp"; }
   bool matchAndRewrite(RewriteContext& ctx, NodeId root) override {
     std::vector<Layer> chain(1);
@@ -90,7 +90,11 @@ public:
     int64_t widest = x.empty() ? 1 : x.back(), rows = 1;
     for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
     for (const Layer& l : chain) widest = std::max(widest, g.shape(l.w)[1]);
-    if (rows > mlpMaxRows(widest, target_.products16Bit)) return false;
+    const int64_t maxRows = mlpMaxRows(widest, target_.products16Bit);
+    if (rows > maxRows) {
+      noteLeftToLayers(ctx, root, rows, widest, maxRows);
+      return false;
+    }
     std::vector<ValueId> ins{chain[0].x};
     std::vector<MlpActivation> acts;
     std::vector<int64_t> biases;
@@ -111,7 +115,28 @@ public:
   }
 
 private:
+  // A --verbose line for a chain left to its layers, once, at its head (a chain rooted at a later
+  // layer of it is a part of it; the driver may see the head again once a narrower part fused).
+  void noteLeftToLayers(RewriteContext& ctx, NodeId root, int64_t rows, int64_t widest, int64_t maxRows) {
+    if (!notes_) return;
+    const Graph& g = ctx.graph();
+    const ValueId x = g.node(root).inputs[0];
+    if (g.value(x).producer >= 0) {
+      Layer before, self;
+      if (asLayer(ctx, g.value(x).producer, before) && before.out == x && nextLayer(ctx, x, self)) return;
+    }
+    const std::string why = maxRows == 0 ? "under bf16 the layers' tensor-core GEMMs are as fast or faster at widths over " +
+                                               std::to_string(kMlpNarrowWidth)
+                                         : "the fused node pays up to " + std::to_string(maxRows) + " rows at that width";
+    const Node& head = g.node(root);
+    const std::string note = "mlp: the chain of linear layers from " + (head.origin.empty() ? "'" + head.name + "'" : head.origin) +
+                             " (" + std::to_string(rows) + " rows, " + std::to_string(widest) +
+                             " wide) left to its layers: " + why + " (common/mlp_limits.h)";
+    if (std::find(notes_->begin(), notes_->end(), note) == notes_->end()) notes_->push_back(note);
+  }
+
   PassTarget target_;
+  std::vector<std::string>* notes_;
 };
 
 // fuse-mlp-train (after autodiff and fuse-loss): a FusedMlp, the MseLossGrad of its output y and
@@ -172,6 +197,8 @@ public:
 
 std::unique_ptr<RewritePattern> makeFuseMlpTrainPattern() { return std::make_unique<FuseMlpTrainPattern>(); }
 
-std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target) { return std::make_unique<FuseMlpPattern>(target); }
+std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target, std::vector<std::string>* notes) {
+  return std::make_unique<FuseMlpPattern>(target, notes);
+}
 
 }  // namespace pa

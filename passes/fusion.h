@@ -43,8 +43,9 @@ std::unique_ptr<RewritePattern> makeFoldRopePattern();
 std::unique_ptr<RewritePattern> makeFuseQkvPattern();
 // A chain of FusedLinear layers (relu, none, or none then Tanh | Sigmoid) whose widths are at
 // most kMlpMaxWidth becomes one FusedMlp, under every precision (fp32 arithmetic throughout),
-// where its rows are at most mlpMaxRows for the target (common/mlp_limits.h).
-std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target = {});
+// where its rows are at most mlpMaxRows for the target (common/mlp_limits.h); a chain left to its
+// layers for that reason gets a line in `notes`, when given.
+std::unique_ptr<RewritePattern> makeFuseMlpPattern(const PassTarget& target = {}, std::vector<std::string>* notes = nullptr);
 
 // After autodiff and fuse-loss: a FusedMlp, the MseLossGrad of its output and their FusedMlpGrad
 // become one FusedMlpTrain where nothing else reads the values it keeps inside.

@@ -80,7 +80,7 @@ void registerBuiltins(PassRegistry& r) {
   r.add({"fuse-mlp", "a chain of FusedLinear layers at most 128 wide becomes one FusedMlp (one forward and one backward kernel) where its rows are few enough to pay",
          {"fuse-linear"}, {"autodiff"}, [](Graph& g, PassStats& s, const PassTarget& target) {
            std::vector<std::unique_ptr<RewritePattern>> ps;
-           ps.push_back(makeFuseMlpPattern(target));
+           ps.push_back(makeFuseMlpPattern(target, &s.notes));
            s.counters["mlps fused"] = applyPatternsGreedily(g, ps);
          }});
   r.add({"fuse-elementwise", "chains of elementwise and broadcast ops become one FusedElementwise", {}, {},

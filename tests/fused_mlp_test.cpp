@@ -213,6 +213,24 @@ TEST(FuseMlp, ChainsWithMoreRowsThanPayAreLeftToTheLayers) {
   EXPECT_EQ(count(fuseAndCompare(build(narrow, {4}, {2}, kMlpNarrowMaxRows + 1), passes, bf16), OpKind::FusedMlp), 0);
   EXPECT_EQ(count(fuseAndCompare(build(wide, {4}, {2}, 1), passes, bf16), OpKind::FusedMlp), 0);
   EXPECT_EQ(count(fuseAndCompare(build(wide, {4}, {2}, 1), passes), OpKind::FusedMlp), 1);
+  // --verbose says why, once per chain (at its head, not for the chains rooted inside it).
+  Graph g = build("  layers: [{linear: {units: 128, activation: relu}}, {linear: {units: 64, activation: relu}}, "
+                  "{linear: {units: 64, activation: relu}}, {linear: {units: 1}}]\n",
+                  {1}, {1}, 4096)
+                .graph;
+  PipelineOptions po;
+  const std::vector<PassStats> stats = runPipeline(g, passes, po);
+  ASSERT_EQ(stats[1].notes.size(), 1u) << stats[1].notes.back();
+  EXPECT_NE(stats[1].notes[0].find("model.layers[0]"), std::string::npos) << stats[1].notes[0];
+  EXPECT_NE(stats[1].notes[0].find("4096 rows, 128 wide"), std::string::npos) << stats[1].notes[0];
+  EXPECT_NE(stats[1].notes[0].find("up to 1024 rows"), std::string::npos) << stats[1].notes[0];
+  po.target.products16Bit = true;
+  Graph g16 = build(wide, {4}, {2}, 1).graph;
+  const std::vector<PassStats> stats16 = runPipeline(g16, passes, po);
+  ASSERT_EQ(stats16[1].notes.size(), 1u);
+  EXPECT_NE(stats16[1].notes[0].find("under bf16"), std::string::npos) << stats16[1].notes[0];
+  Graph fits = build(narrow, {4}, {2}, 64).graph;
+  EXPECT_TRUE(runPipeline(fits, passes, PipelineOptions{})[1].notes.empty());
   // The rows are every leading dimension's: [64, 128, 4] is 8,192 rows.
   EXPECT_EQ(count(fuseAndCompare(build(narrow, {128, 4}, {128, 2}, 64), passes), OpKind::FusedMlp), 1);
   EXPECT_EQ(count(fuseAndCompare(build(narrow, {128, 4}, {128, 2}, 65), passes), OpKind::FusedMlp), 0);
