@@ -23,8 +23,8 @@ constexpr int64_t kMlpMaxLayers = 16;
 constexpr int64_t kMlpNarrowWidth = 64;
 constexpr int64_t kMlpNarrowMaxRows = 8192;
 constexpr int64_t kMlpWideMaxRows = 1024;
-inline int64_t mlpMaxRows(int64_t widest, bool products16Bit) {
-  return widest <= kMlpNarrowWidth ? kMlpNarrowMaxRows : products16Bit ? 0 : kMlpWideMaxRows;
+inline int64_t mlpMaxRows(int64_t widest, bool operands16Bit) {
+  return widest <= kMlpNarrowWidth ? kMlpNarrowMaxRows : operands16Bit ? 0 : kMlpWideMaxRows;
 }
 
 // fused-mlp-train runs a tile's forward and backward back to back, so the CUDA kernel keeps every

@@ -217,7 +217,7 @@ public:
     const Shape qs = g.shape(q), ks = g.shape(k);
     if (qs.size() != 4 || ks.size() != 4 || g.shape(v) != ks || ks[1] == 0 || qs[1] % ks[1] != 0) return false;
     // Every target must run the node: the CPU runs any shape, the CUDA kernels these.
-    const std::string cannot = flashCudaCannotRun(qs[0], qs[1], qs[3], !target_.attention16Bit);
+    const std::string cannot = flashCudaCannotRun(qs[0], qs[1], qs[3], !target_.operands16Bit);
     if (!cannot.empty()) {
       const std::string note =
           "attention at '" + sm.name + "' left unfused: the CUDA FlashAttention kernels cannot run it (" +

@@ -13,7 +13,7 @@
 // separate layers run theirs on the tensor cores. A chain is fused only where the rows a step
 // runs through it are at most mlpMaxRows of its widest layer (common/mlp_limits.h: the measured
 // crossovers, which depend on whether the layers' products would run on 16-bit tensor cores:
-// PassTarget::products16Bit); a chain over the limit is left to fuse-linear's layers, and a
+// PassTarget::operands16Bit); a chain over the limit is left to fuse-linear's layers, and a
 // narrower chain further down it (rooted at a later layer) may still be fused.
 //
 // Note on precision bf16. The node computes in fp32 on the fp32 master weights under every
@@ -90,7 +90,7 @@ public:
     int64_t widest = x.empty() ? 1 : x.back(), rows = 1;
     for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
     for (const Layer& l : chain) widest = std::max(widest, g.shape(l.w)[1]);
-    const int64_t maxRows = mlpMaxRows(widest, target_.products16Bit);
+    const int64_t maxRows = mlpMaxRows(widest, target_.operands16Bit);
     if (rows > maxRows) {
       noteLeftToLayers(ctx, root, rows, widest, maxRows);
       return false;

@@ -21,8 +21,9 @@ struct PassStats {
 // What the passes know of the targets the graph may be placed on (the CPU and, where a GPU is
 // found, the CUDA device: one graph serves both, so a fused node must run on both).
 struct PassTarget {
-  bool attention16Bit = false;  // attention runs on 16-bit inputs (precision bf16), else fp32
-  bool products16Bit = false;    // the layers' products run on 16-bit tensor cores (precision bf16)
+  // Attention and the layers' products read 16-bit operands (precision bf16), else fp32 (FFMA,
+  // TF32 or the FP64 tensor cores).
+  bool operands16Bit = false;
 };
 
 struct PassInfo {

@@ -34,8 +34,7 @@ TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precisio
 
 PassTarget passTargetOf(Precision precision) {
   PassTarget t;
-  t.attention16Bit = precision == Precision::Bf16;
-  t.products16Bit = precision == Precision::Bf16;
+  t.operands16Bit = precision == Precision::Bf16;
   return t;
 }
 

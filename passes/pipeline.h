@@ -27,7 +27,8 @@ struct TrainPipeline {
 TrainPipeline trainPipeline(const std::vector<std::string>& configured, Precision precision, bool noFuse,
                             bool biasGradInProduct = true);
 
-// What the passes may assume of the targets under `precision`: its attention inputs.
+// What the passes may assume of the targets under `precision`: the width of the operands that
+// attention and the layers' products read.
 PassTarget passTargetOf(Precision precision);
 
 }  // namespace pa

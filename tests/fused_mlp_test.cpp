@@ -148,7 +148,7 @@ TEST(FuseMlp, AnIntermediateWithAnotherUserStopsTheChain) {
 // bf16 and no operand to cast, since the train node keeps its hidden outputs on chip.
 TEST(FuseMlp, Bf16TargetFusesTheChainToo) {
   PassTarget bf16;
-  bf16.attention16Bit = true;
+  bf16.operands16Bit = true;
   const Graph g = fuseAndCompare(build(kThreeLayers, {3, 4}, {3, 2}), {"fuse-linear", "fuse-mlp"}, bf16);
   EXPECT_EQ(count(g, OpKind::FusedMlp), 1);
   EXPECT_EQ(count(g, OpKind::FusedLinear), 0);
@@ -208,7 +208,7 @@ TEST(FuseMlp, ChainsWithMoreRowsThanPayAreLeftToTheLayers) {
   EXPECT_EQ(count(tail, OpKind::FusedLinear), 2);
   // bf16: the 64-wide chain up to the same rows; the 128-wide one not even at one row.
   PassTarget bf16;
-  bf16.products16Bit = true;
+  bf16.operands16Bit = true;
   EXPECT_EQ(count(fuseAndCompare(build(narrow, {4}, {2}, kMlpNarrowMaxRows), passes, bf16), OpKind::FusedMlp), 1);
   EXPECT_EQ(count(fuseAndCompare(build(narrow, {4}, {2}, kMlpNarrowMaxRows + 1), passes, bf16), OpKind::FusedMlp), 0);
   EXPECT_EQ(count(fuseAndCompare(build(wide, {4}, {2}, 1), passes, bf16), OpKind::FusedMlp), 0);
@@ -224,7 +224,7 @@ TEST(FuseMlp, ChainsWithMoreRowsThanPayAreLeftToTheLayers) {
   EXPECT_NE(stats[1].notes[0].find("model.layers[0]"), std::string::npos) << stats[1].notes[0];
   EXPECT_NE(stats[1].notes[0].find("4096 rows, 128 wide"), std::string::npos) << stats[1].notes[0];
   EXPECT_NE(stats[1].notes[0].find("up to 1024 rows"), std::string::npos) << stats[1].notes[0];
-  po.target.products16Bit = true;
+  po.target.operands16Bit = true;
   Graph g16 = build(wide, {4}, {2}, 1).graph;
   const std::vector<PassStats> stats16 = runPipeline(g16, passes, po);
   ASSERT_EQ(stats16[1].notes.size(), 1u);

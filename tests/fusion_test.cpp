@@ -714,17 +714,17 @@ TEST(FoldRope, WithoutTheRopePassTheRopeStays) {
 TEST(FuseAttentionTarget, LeavesAttentionTheCudaKernelsCannotRunUnfused) {
   struct Case {
     int64_t width, heads;
-    bool attention16Bit, fuses;
+    bool operands16Bit, fuses;
   };
   for (const Case& c : {Case{8, 2, false, false}, Case{12, 1, false, false}, Case{32, 2, false, true}, Case{8, 1, false, true},
                         Case{192, 1, false, false}, Case{192, 1, true, true}, Case{520, 2, true, false}}) {
     SCOPED_TRACE("width " + std::to_string(c.width) + ", heads " + std::to_string(c.heads) +
-                 (c.attention16Bit ? ", bf16" : ", fp32"));
+                 (c.operands16Bit ? ", bf16" : ", fp32"));
     const std::string yaml = "  input: [3, " + std::to_string(c.width) + "]\n  layers:\n    - attention: {heads: " +
                              std::to_string(c.heads) + ", causal: true}\n    - linear: {units: 1}\n";
     BuiltModel m = build(yaml, {3, c.width}, {3, 1});
     PipelineOptions opt;
-    opt.target.attention16Bit = c.attention16Bit;
+    opt.target.operands16Bit = c.operands16Bit;
     const std::vector<PassStats> stats = runPipeline(m.graph, {"fuse-attention"}, opt);
     EXPECT_EQ(countOps(m.graph)[OpKind::FlashAttention], c.fuses ? 1 : 0);
     ASSERT_EQ(stats.size(), 1u);

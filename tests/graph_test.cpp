@@ -173,12 +173,8 @@ TEST(Passes, TrainPipelineFollowsTheSettings) {
   EXPECT_EQ(unfused.training, (V{"autodiff", "cse", "dce", "verify"}));
   const TrainPipeline apart = trainPipeline(configured, Precision::Fp32, false, /*biasGradInProduct=*/false);
   EXPECT_EQ(apart.training, (V{"autodiff", "fuse-loss", "fuse-linear-grad", "fuse-elementwise", "cse", "dce", "verify"}));
-  EXPECT_TRUE(passTargetOf(Precision::Bf16).attention16Bit);
-  EXPECT_TRUE(passTargetOf(Precision::Bf16).products16Bit);
-  for (Precision p : {Precision::Fp32, Precision::Fp64, Precision::Tf32}) {
-    EXPECT_FALSE(passTargetOf(p).attention16Bit);
-    EXPECT_FALSE(passTargetOf(p).products16Bit);
-  }
+  EXPECT_TRUE(passTargetOf(Precision::Bf16).operands16Bit);
+  for (Precision p : {Precision::Fp32, Precision::Fp64, Precision::Tf32}) EXPECT_FALSE(passTargetOf(p).operands16Bit);
 }
 
 TEST(Passes, PipelineRecordsStatistics) {
