@@ -7,7 +7,7 @@ kernel holds the stream while many calls are queued behind it, one CUDA event pa
 median of five such windows), on inputs rotating through more memory than the L2 cache holds.
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
-usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune|f32bwd|f32bwdgrid]
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune|f32bwd|f32bwdgrid|f32split]
                              [--out FILE] [--dims 64,128] [--seqs 4096]
 """
 import argparse
@@ -488,6 +488,43 @@ def main():
                   f"tma={os.environ.get('PA_FLASH_TMA', '-')} st={os.environ.get('PA_FLASH_BWD_STAGES', '-')} "
                   f"ps={os.environ.get('PA_FLASH_BWD_PERSISTENT', '-')}: "
                   f"{ms:.3f} ms, {fl_b / ms / 1e9:.0f} TFLOP/s", flush=True)
+        return
+    if "f32split" in a.only:  # fp32 FFMA dK/dV: rows per thread x blocks per key block (PA_FLASH_F32_BWD_R / _SPLIT), vs SDPA default
+        shapes = tuple((1, 8, s, 64, False) for s in (512, 768, 1024, 1536, 2048, 4096)) + (
+            (1, 8, 1024, 64, True), (1, 8, 1024, 32, False), (1, 8, 1024, 128, False), (1, 4, 1024, 64, False),
+            (2, 8, 1024, 64, False), (1, 8, 512, 64, True))
+        variants = (("", ""), ("2", "1"), ("4", "1"), ("4", "2"), ("4", "4"), ("2", "2"))
+        for b, h, s, d, causal in shapes:
+            sets = input_sets(fl, b, h, h, s, d, torch.float32, causal=causal)
+            fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
+            fns = [torch_fns(o.q, o.k, o.v, o.do, causal, SDPBackend.EFFICIENT_ATTENTION) for o in sets]  # fp32's default
+            t_tf, t_tfb = bench([f for f, _ in fns]), bench([fb for _, fb in fns])
+            print(f"f32split b={b} h={h} s={s} d={d} causal={causal} SDPA efficient: fwd {t_tf * 1e3:.1f} us, f+b {t_tfb * 1e3:.1f} us",
+                  flush=True)
+            ref = None
+            for rows, split in variants:
+                for n, val in (("PA_FLASH_F32_BWD_R", rows), ("PA_FLASH_F32_BWD_SPLIT", split)):
+                    os.environ[n] = val
+                for o in sets:  # the backward's workspace depends on the variant (partials)
+                    o.ws = fl.workspace(o.q, o.k, causal=causal)
+                    o.ba = fl.backward_args(o.q, o.k, o.v, o.o, o.do, o.dq, o.dk, o.dv, o.lse, o.ws, causal=causal)
+                t_f, t_fb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
+                o0 = sets[0]
+                o0.fwd_bwd()
+                torch.cuda.synchronize()
+                got = torch.cat([o0.dq.flatten(), o0.dk.flatten(), o0.dv.flatten()])
+                if ref is None:
+                    qg, kg, vg = (t.detach().double().requires_grad_(True) for t in (o0.q, o0.k, o0.v))
+                    out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                    out.backward(o0.do.double())
+                    ref = torch.cat([qg.grad.flatten(), kg.grad.flatten(), vg.grad.flatten()])
+                print(f"f32split b={b} h={h} s={s} d={d} causal={causal} rows={rows or 'rule'} split={split or 'rule'}: "
+                      f"fwd {t_f * 1e3:.1f} us, f+b {t_fb * 1e3:.1f} us, bwd {(t_fb - t_f) * 1e3:.1f} us "
+                      f"({2.5 * fl_f / (t_fb - t_f) / 1e9:.1f} TFLOP/s), SDPA f+b / ours {t_tfb / t_fb:.2f}, "
+                      f"rel err grads {rel_err(got, ref):.1e}", flush=True)
+            for n in ("PA_FLASH_F32_BWD_R", "PA_FLASH_F32_BWD_SPLIT"):
+                del os.environ[n]
+            del sets, fns
         return
     if "f32bwd" in a.only:  # fp32 backward engines (FFMA / FP64 tensor cores) and dQ schemes at attn_block-like shapes
         grid = "f32bwdgrid" in a.only  # many shapes, the two engines only (for kAuto's backward rule)

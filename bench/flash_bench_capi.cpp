@@ -48,6 +48,7 @@ pa::FlashTuning tuningFromEnvironment() {
   t.dqMtiles = knob("PA_FLASH_DQ_MT");
   t.f32FwdRows = knob("PA_FLASH_F32_FWD_R");
   t.f32BwdRows = knob("PA_FLASH_F32_BWD_R");
+  t.f32BwdSplit = knob("PA_FLASH_F32_BWD_SPLIT");
   t.f64FwdWarps = knob("PA_FLASH_F64_FWD_WARPS");
   return t;
 }

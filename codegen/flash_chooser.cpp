@@ -83,6 +83,29 @@ int ffmaRows(long long slices, int len, int multiprocessors, std::initializer_li
 
 // The choosers below see the product kernels only (kForward, kBwdDkDv, kBwdDq; isProductKind).
 
+// Blocks per key block of the fp32 FFMA dK/dV kernel (FlashKernelSpec::querySplit; R = 4 where
+// above 1): of 1, 2 and 4 parts, the fewest with the least estimated time, where each block's
+// query tiles (items) are its steps, two blocks share a multiprocessor at padded head dims <= 64,
+// a step of a block alone on one takes 0.64 of a shared one's, and the grid runs in waves of two
+// blocks an SM. From the (R, parts) sweep on the H200 at 512-4096 keys (bench/RESULTS_flash.md,
+// "The fp32 dK/dV kernel's query tiles split among blocks"); below 512 keys, at wider heads (one
+// block an SM) and without the SM count: 1.
+int ffmaQuerySplit(const FlashAttentionConfig& cfg, int dpad, int multiprocessors) {
+  if (multiprocessors <= 0 || dpad > 64 || cfg.kLen < 512) return 1;
+  const long long blocks = (long long)cfg.batch * cfg.kvHeads * ceilDiv(cfg.kLen, 64);
+  const long long items = (long long)(cfg.heads / cfg.kvHeads) * ceilDiv(cfg.qLen, 64);
+  const long long slots = 2LL * multiprocessors;
+  int best = 1;
+  double bestCost = 0.0;
+  for (int parts : {1, 2, 4}) {
+    if (items < parts) break;
+    const long long n = blocks * parts, steps = ceilDiv(items, (long long)parts);
+    const double cost = n <= multiprocessors ? 0.64 * steps : (double)ceilDiv(n, slots) * steps;
+    if (parts == 1 || cost < bestCost) best = parts, bestCost = cost;
+  }
+  return best;
+}
+
 // fp32 on the exact FFMA kernels: 128 threads, R rows per thread (ffmaRows). The dK/dV kernel's
 // part in dQ (Fp32DqMode in flash_attention_bwd_ffma.cuh): up to kMaxDqPartialBlocks key blocks
 // their per-block shares, summed in order; beyond, atomics unless the backward must be
@@ -101,6 +124,10 @@ FlashKernelSpec chooseFfma(FlashKernelKind kind, const FlashAttentionConfig& cfg
   }
   const bool dkdv = kind == FlashKernelKind::kBwdDkDv;
   s.mtiles = ffmaRows((long long)cfg.batch * (dkdv ? cfg.kvHeads : cfg.heads), dkdv ? cfg.kLen : cfg.qLen, mp, {4, 2}, 4);
+  if (dkdv) {
+    s.querySplit = tuning.f32BwdSplit ? tuning.f32BwdSplit : ffmaQuerySplit(cfg, s.dpad, mp);
+    if (s.querySplit > 1) s.mtiles = 4;
+  }
   if (tuning.f32BwdRows) s.mtiles = tuning.f32BwdRows;
   if (dkdv) {
     s.dqPartial = !cfg.atomicDq && ceilDiv(cfg.kLen, 16 * s.mtiles) <= kMaxDqPartialBlocks;
@@ -365,7 +392,8 @@ std::vector<FlashKernelSpec> flashKernelsOf(const FlashAttentionConfig& c, bool 
   if (c.sinkLogits) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdSinkReduce, c, target, tuning));
   const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, c, target, tuning);
   specs.push_back(dkdv);
-  if (flashSplitKvHeads(c, target, tuning)) specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDvReduce, c, target, tuning));
+  if (flashSplitKvHeads(c, target, tuning) || dkdv.querySplit > 1)
+    specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDkDvReduce, c, target, tuning));
   if (dkdv.atomicDq)
     specs.push_back(chooseFlashSpec(FlashKernelKind::kBwdDqConvert, c, target, tuning));
   else if (dkdv.dqPartial)

@@ -122,7 +122,18 @@ std::string FlashKernelSpec::name() const {
   if (sinkTile) os << "_sk";
   if (tma) os << "_tma";
   if (dqPartial) os << "_dqp";
+  if (querySplit > 1) os << "_qs" << querySplit;
   return os.str();
+}
+
+unsigned long long FlashKernelSpec::key() const {
+  unsigned long long k = (unsigned long long)kind * 4 + dtype;
+  k = (k * 1024 + dpad) * 64 + warps;
+  k = (k * 1024 + tile) * 16 + mtiles;
+  k = ((k * 4 + atomicDq * 2 + dqPartial) * 2 + wgmma) * 16 + stages;
+  k = (k * 2 + tf32) * 2 + f64;
+  k = (((k * 2 + pingpong) * 2 + persistent) * 2 + sinkTile) * 2 + tma;
+  return k * 8 + querySplit;  // 52 bits so far
 }
 
 int FlashKernelSpec::rowsPerBlock() const {
@@ -160,7 +171,8 @@ std::string FlashKernelSpec::source() const {
         break;
       }
       call = f32 ? "flashBackwardDkDvF32<" + d + ", " + std::to_string(mtiles) + ", " +
-                       (dqPartial ? "pa::flash::kDqPartial" : atomicDq ? "pa::flash::kDqAtomic" : "pa::flash::kDqSeparate") + ">"
+                       (dqPartial ? "pa::flash::kDqPartial" : atomicDq ? "pa::flash::kDqAtomic" : "pa::flash::kDqSeparate") +
+                       (querySplit > 1 ? ", " + std::to_string(querySplit) : "") + ">"
                  : "flashBackwardDkDvMma<" + tag + ", " + d + ", " + w + ", " + t + ", " +
                        (atomicDq ? "true" : "false") + (dqPartial ? ", true" : "") + ">";
       break;

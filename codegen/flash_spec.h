@@ -116,10 +116,17 @@ struct FlashKernelSpec {
   // fp32 on the FP64 tensor cores (FlashAttentionConfig::fp64Mma): the same mma.sync kernels with
   // fp64 fragments (MmaStep<F64Tag>); the tiles are chosen to fit their registers.
   bool f64 = false;
+  // The exact fp32 dK/dV kernel (FFMA): blocks per key block, each over every querySplit-th of
+  // its (query head, query tile) items, writing fp32 partials of dK and dV that kBwdDkDvReduce
+  // sums in a fixed order (flashBackwardDkDvF32). 1: one block a key block, dK and dV stored.
+  int querySplit = 1;
   bool f32Mma() const { return tf32 || f64; }  // fp32 inputs on an mma.sync kernel
   bool ffma() const { return dtype == kFlashF32 && !f32Mma(); }  // the exact FFMA kernels
   int rowsPerBlock() const;
   std::string name() const;      // C identifier of the generated kernel
+  // An integer as unique as name() (launches look kernels up every training step, so the hit path
+  // builds no strings): every field that changes the source has its own digits.
+  unsigned long long key() const;
   std::string source() const;    // generated NVRTC translation unit
   int threads() const;
   int sharedBytes() const;       // dynamic shared memory
@@ -180,6 +187,7 @@ struct FlashTuning {
   int dqMtiles = 0;       // mma.sync dQ kernel: m-tiles per warp
   int f32FwdRows = 0;     // fp32 FFMA forward: query rows per thread (1, 2, 4, 8)
   int f32BwdRows = 0;     // fp32 FFMA backward: keys (dK/dV) / query rows (dQ) per thread (1, 2, 4)
+  int f32BwdSplit = 0;    // fp32 FFMA dK/dV: blocks per key block (FlashKernelSpec::querySplit; 1 none)
   int f64FwdWarps = 0;    // fp32 forward on the FP64 tensor cores: warps per block (4, 8)
 };
 

@@ -54,6 +54,11 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
             v.dqPartial = mode == 1;
             v.atomicDq = mode == 2;
             if (v.dqPartial != bases[0].dqPartial || v.atomicDq != bases[0].atomicDq) specs.push_back(v);
+            for (int parts : {2, 4}) {  // FlashTuning::f32BwdSplit
+              if (r == 1) continue;
+              v.querySplit = parts;
+              specs.push_back(v);
+            }
           }
           if (d == 32) {
             FlashKernelSpec red;

@@ -138,7 +138,9 @@ __device__ __forceinline__ void flashBackwardDqConvert(const FlashKernelParams& 
 }
 
 // dK, dV of each KV head = sum of the per-query-head partials of its group, in a fixed order.
-// Grid (ceil(kLen / 64), batch * kvHeads), 256 threads.
+// Grid (ceil(kLen / 64), batch * kvHeads), 256 threads. The fp32 dK/dV kernel's query parts
+// (FlashKernelSpec::querySplit) are summed by the same kernel: the launcher passes heads =
+// kvHeads · parts, the layout of their partials.
 template <typename Tag>
 __device__ __forceinline__ void flashBackwardDkDvReduce(const FlashKernelParams& p) {
   const int b = blockIdx.y / p.kvHeads, hk = blockIdx.y % p.kvHeads, group = p.heads / p.kvHeads;
@@ -201,10 +203,13 @@ struct DkDvBlock {
     initAt(p, bn, bqRows, slice, kb);
   }
   // Slice `slice` (batch · heads + query head with split GQA, else batch · kvHeads + KV head),
-  // key block `kb` of bn keys.
+  // key block `kb` of bn keys; split GQA where the launcher gave the kernel partials to write.
   __device__ __forceinline__ void initAt(const FlashKernelParams& p, int bn, int bqRows, int slice, int kb) {
+    initAt(p, bn, bqRows, slice, kb, p.dKVPartial != 0);
+  }
+  __device__ __forceinline__ void initAt(const FlashKernelParams& p, int bn, int bqRows, int slice, int kb, bool perQueryHead) {
     const int group = p.heads / p.kvHeads;
-    splitHeads = p.dKVPartial != 0;
+    splitHeads = perQueryHead;
     b = slice / (splitHeads ? p.heads : p.kvHeads);
     hFirst = splitHeads ? slice % p.heads : (slice % p.kvHeads) * group;
     hk = hFirst / group;
@@ -217,9 +222,9 @@ struct DkDvBlock {
   }
   __device__ __forceinline__ int head(int it) const { return hFirst + it / nQT; }
   __device__ __forceinline__ int q0(int it) const { return (it % nQT) * bq; }
-  // The first item >= it with a visible (query, key) pair, or nItems.
-  __device__ __forceinline__ int next(int it) const {
-    while (it < nItems && !tm.anyVisible(q0(it), min(q0(it) + bq, (int)tm.qLen), n0, n1)) ++it;
+  // The first of items it, it + step, ... with a visible (query, key) pair, or one >= nItems.
+  __device__ __forceinline__ int next(int it, int step = 1) const {
+    while (it < nItems && !tm.anyVisible(q0(it), min(q0(it) + bq, (int)tm.qLen), n0, n1)) it += step;
     return it;
   }
   // Stores a thread's two accumulator rows of dK (scaled) and dV, keys keyA and keyA + 8, column

@@ -60,8 +60,11 @@ __device__ __forceinline__ void dqShareF32(float (&acc)[4][DPAD / 8], const floa
 
 // Exact fp32 dK/dV: 128 threads, 16R keys (rows ffmaRow(i, ty)) x 64 queries (tx + 8*j) per step.
 // R (1, 2, 4) trades blocks for shared-memory traffic per FFMA, as in the forward. DQ: the
-// block's part in dQ (Fp32DqMode).
-template <int DPAD, int R, int DQ>
+// block's part in dQ (Fp32DqMode). QS > 1 (FlashKernelSpec::querySplit): QS blocks share a key
+// block, part r taking its items r, r + QS, ... and writing fp32 partials of dK and dV
+// ([2][batch, kvHeads * QS, kLen, headDim] at p.dKVPartial) that flashBackwardDkDvReduce sums in
+// part order, so short sequences get R = 4's tiles and enough blocks both.
+template <int DPAD, int R, int DQ, int QS = 1>
 __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p) {
   constexpr int BN = 16 * R, BQ = 64, THREADS = 128, LD = DPAD + 4, LDP = 68, DC = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smemRaw[];
@@ -76,7 +79,10 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
 
   const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
   DkDvBlock blk;  // fp32 has no split-GQA partials: one block per KV head, over its query heads
-  blk.init(p, BN, BQ);
+  int slice, tile;
+  gridItem(p, false, slice, tile);  // tile: key block * QS + part
+  const int part = tile % QS;
+  blk.initAt(p, BN, BQ, slice, tile / QS, false);
   const int b = blk.b, hk = blk.hk, n0 = blk.n0, n1 = blk.n1, nItems = blk.nItems;
   const TileMask& tm = blk.tm;
 
@@ -104,7 +110,7 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   };
   static_assert(BQ <= THREADS, "one row statistic per thread");
 
-  int it = blk.next(0);
+  int it = blk.next(part, QS);
   loadTile<float, BN, DPAD, LD, THREADS>(sK, slicePtr<float>(p.k, b, hk), p.k.seqStride, n0, p.kLen, p.headDim);
   loadTile<float, BN, DPAD, LD, THREADS>(sV, slicePtr<float>(p.v, b, hk), p.v.seqStride, n0, p.kLen, p.headDim);
   if (it < nItems) {
@@ -150,7 +156,7 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
     __syncwarp();  // rows of sP / sS are written and read by the same 8 lanes
     ffmaNN<DPAD, LD, LDP, BQ, R>(dV, sP, sdO, ty, tx);
     ffmaNN<DPAD, LD, LDP, BQ, R>(dK, sS, sQ, ty, tx);
-    const int itn = blk.next(it + 1);
+    const int itn = blk.next(it + QS, QS);
     __syncthreads();  // sQ, sdO and the stats are free; every key row of sS is written
     if (itn < nItems) {
       loadItem(itn);
@@ -181,14 +187,27 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   }
   cpAsyncWait<0>();
 
-  float* gdK = sliceMutPtr<float>(p.dK, b, hk);
-  float* gdV = sliceMutPtr<float>(p.dV, b, hk);
+  if constexpr (QS == 1) {
+    float* gdK = sliceMutPtr<float>(p.dK, b, hk);
+    float* gdV = sliceMutPtr<float>(p.dV, b, hk);
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const int k = n0 + ffmaRow(i, ty);
-    if (k >= p.kLen) continue;
-    storeNNRow<DPAD>(gdK + (long long)k * p.dK.seqStride, dK[i], p.scale, tx, p.headDim);
-    storeNNRow<DPAD>(gdV + (long long)k * p.dV.seqStride, dV[i], 1.f, tx, p.headDim);
+    for (int i = 0; i < R; ++i) {
+      const int k = n0 + ffmaRow(i, ty);
+      if (k >= p.kLen) continue;
+      storeNNRow<DPAD>(gdK + (long long)k * p.dK.seqStride, dK[i], p.scale, tx, p.headDim);
+      storeNNRow<DPAD>(gdV + (long long)k * p.dV.seqStride, dV[i], 1.f, tx, p.headDim);
+    }
+  } else {  // every part writes its partials, zeros where it saw no visible item
+    const long long headElems = (long long)p.kLen * p.headDim;
+    float* partK = (float*)p.dKVPartial + (((long long)b * p.kvHeads + hk) * QS + part) * headElems;
+    float* partV = partK + (long long)p.batch * p.kvHeads * QS * headElems;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int k = n0 + ffmaRow(i, ty);
+      if (k >= p.kLen) continue;
+      storeNNRow<DPAD>(partK + (long long)k * p.headDim, dK[i], p.scale, tx, p.headDim);
+      storeNNRow<DPAD>(partV + (long long)k * p.headDim, dV[i], 1.f, tx, p.headDim);
+    }
   }
 }
 

@@ -158,18 +158,6 @@ static FlashTensorView view(const FlashTensor& t) {
   return FlashTensorView{t.ptr, t.batchStride, t.headStride, t.seqStride};
 }
 
-unsigned long long FlashAttention::keyOf(const FlashKernelSpec& spec) {
-  // Integer key: launches happen every training step, so the hit path builds no strings.
-  // Every field of the spec that changes the source has its own digits (mtiles < 16).
-  unsigned long long key = (unsigned long long)spec.kind * 4 + spec.dtype;
-  key = (key * 1024 + spec.dpad) * 64 + spec.warps;
-  key = (key * 1024 + spec.tile) * 16 + spec.mtiles;
-  key = ((key * 4 + spec.atomicDq * 2 + spec.dqPartial) * 2 + spec.wgmma) * 16 + spec.stages;
-  key = (key * 2 + spec.tf32) * 2 + spec.f64;
-  key = (((key * 2 + spec.pingpong) * 2 + spec.persistent) * 2 + spec.sinkTile) * 2 + spec.tma;
-  return key;
-}
-
 codegen::CompileRequest FlashAttention::requestOf(const FlashKernelSpec& spec) const {
   codegen::CompileRequest req;
   req.kernelName = spec.name();
@@ -192,7 +180,7 @@ const FlashAttention::Loaded& FlashAttention::loadCompiled(unsigned long long ke
 }
 
 const FlashAttention::Loaded& FlashAttention::load(const FlashKernelSpec& spec) {
-  const unsigned long long key = keyOf(spec);
+  const unsigned long long key = spec.key();
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = loaded_.find(key);
   if (it != loaded_.end()) return it->second;
@@ -206,7 +194,7 @@ void FlashAttention::prepare(const std::vector<std::pair<FlashAttentionConfig, b
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& [cfg, backward] : problems)
       for (const FlashKernelSpec& spec : flashKernelsOf(cfg, backward, target_, tuning_)) {
-        const unsigned long long key = keyOf(spec);
+        const unsigned long long key = spec.key();
         if (loaded_.count(key) || std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
         specs.push_back(spec);
         keys.push_back(key);
@@ -288,8 +276,10 @@ size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) con
   const size_t delta = ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
   const size_t partial = ((size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4 + 15) / 16 * 16;
   const size_t dqAccum = (size_t)c.batch * c.heads * c.qLen * c.headDim * 4;  // atomic-dQ path only
-  const size_t dkvPartial = flashSplitKvHeads(c, target_, tuning_) ? 2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 : 0;
   const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
+  // Per-query-head partials (split GQA), or per query part (the fp32 dK/dV kernel's querySplit).
+  const size_t partials = flashSplitKvHeads(c, target_, tuning_) ? c.heads : dkdv.querySplit > 1 ? (size_t)c.kvHeads * dkdv.querySplit : 0;
+  const size_t dkvPartial = 2 * (size_t)c.batch * partials * c.kLen * c.headDim * 4;
   const size_t dqPartial = dkdv.dqPartial ? (size_t)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dqAccum + 16 : 0;
   return delta + partial + (dkdv.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
 }
@@ -319,9 +309,11 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     p.dQAccum = next;
     next += ((size_t)c.batch * c.heads * c.qLen * c.headDim * 4 + 15) / 16 * 16;
   }
-  if (flashSplitKvHeads(c, target_, tuning_)) {
+  const bool perQueryHead = flashSplitKvHeads(c, target_, tuning_);
+  if (perQueryHead || dkdv.querySplit > 1) {  // partials [2][batch, parts, kLen, headDim]
     p.dKVPartial = next;
-    next += (2 * (size_t)c.batch * c.heads * c.kLen * c.headDim * 4 + 15) / 16 * 16;
+    const size_t parts = perQueryHead ? c.heads : (size_t)c.kvHeads * dkdv.querySplit;
+    next += (2 * (size_t)c.batch * parts * c.kLen * c.headDim * 4 + 15) / 16 * 16;
   }
   if (dkdv.dqPartial) p.dQPartial = next;
   FlashTensorMaps dkdvMaps{};
@@ -330,9 +322,9 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
   launch(specFor(FlashKernelKind::kBwdPreprocess, c), p.qTiles, c.batch * c.heads, p, stream, mode);
   // With qLen == 0 there are no partials and the reduce kernel writes the empty sum, 0.
   if (c.sinkLogits) launch(specFor(FlashKernelKind::kBwdSinkReduce, c), c.heads, 1, p, stream, mode);
-  const int dkdvSlices = c.batch * (p.dKVPartial ? c.heads : c.kvHeads);
+  const int dkdvSlices = c.batch * (perQueryHead ? c.heads : c.kvHeads);
   // A slice's Q and dO: one query head's, or a KV head's group's.
-  const long long qBytes = 2LL * c.qLen * c.headDim * elemBytes(c.dtype) * (p.dKVPartial ? 1 : c.heads / c.kvHeads);
+  const long long qBytes = 2LL * c.qLen * c.headDim * elemBytes(c.dtype) * (perQueryHead ? 1 : c.heads / c.kvHeads);
   if (dkdv.persistent) {
     // The key blocks holding sink keys (every query sees them when a window hides the rest) first
     // (the kernels after it ignore workLead).
@@ -341,9 +333,13 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
                      dkdvTma);
   } else {
     p.workHeads = sliceGroup(dkdvSlices, qBytes);  // the grid's order: heaviest key blocks first
-    launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()), dkdvSlices, p, stream, mode, dkdvTma);
+    launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdv.querySplit, dkdvSlices, p, stream, mode, dkdvTma);
   }
-  if (p.dKVPartial) launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, p, stream, mode);
+  if (p.dKVPartial) {
+    FlashKernelParams sum = p;  // the reduce sums heads / kvHeads partials a KV head
+    if (!perQueryHead) sum.heads = c.kvHeads * dkdv.querySplit;
+    launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, sum, stream, mode);
+  }
   if (dkdv.atomicDq) {
     launch(specFor(FlashKernelKind::kBwdDqConvert, c), p.qTiles, c.batch * c.heads, p, stream, mode);
   } else if (dkdv.dqPartial) {

@@ -82,7 +82,6 @@ class FlashAttention {
     cuda::CUfunction function = nullptr;
   };
   const Loaded& load(const FlashKernelSpec& spec);
-  static unsigned long long keyOf(const FlashKernelSpec& spec);
   codegen::CompileRequest requestOf(const FlashKernelSpec& spec) const;
   const Loaded& loadCompiled(unsigned long long key, const FlashKernelSpec& spec, const codegen::CompileResult& res);
   // `maps`: the tensor maps of a kernel whose spec.tma is set (null for the others).

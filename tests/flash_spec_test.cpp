@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,6 +30,17 @@ TEST(FlashSpec, SpecNamesAreUnique) {
     std::set<std::string> names;
     for (const FlashKernelSpec& s : list) EXPECT_TRUE(names.insert(s.name()).second) << s.name();
   }
+}
+
+// The launcher finds loaded kernels by FlashKernelSpec::key(): two instantiations (different
+// names, over both lists) never share a key.
+TEST(FlashSpec, SpecKeysAreUniqueWhereNamesAre) {
+  std::map<unsigned long long, std::string> byKey;
+  for (const auto& list : {flashProductionKernelSpecs(), flashSweepKernelSpecs()})
+    for (const FlashKernelSpec& s : list) {
+      const auto [at, fresh] = byKey.emplace(s.key(), s.name());
+      EXPECT_TRUE(fresh || at->second == s.name()) << s.name() << " and " << at->second << " share key " << s.key();
+    }
 }
 
 // 16-bit head dims 33-256 run on wgmma on sm_90a, 96 padded to 128 (faster there than mma.sync
@@ -107,6 +119,49 @@ TEST(FlashSpec, Fp32DqSchemeFollowsLengthAndDeterminism) {
     EXPECT_NE(s.source().find(w.wantPartial ? "kDqPartial" : w.wantAtomic ? "kDqAtomic" : "kDqSeparate"), std::string::npos)
         << s.source();
   }
+}
+
+// The fp32 FFMA dK/dV kernel splits its key blocks' query tiles among 2 or 4 blocks (then R = 4)
+// where that estimates faster (ffmaQuerySplit: waves of two blocks an SM), from 512 keys at padded
+// head dims <= 64; the backward then runs the reduce of the parts' partials. Not without an SM
+// count, not on grids that already fill the GPU in whole waves, not at head dim 128.
+TEST(FlashSpec, Fp32QuerySplitOnShortSequencesOfLargeGpus) {
+  const std::set<std::string> production = namesOf(flashProductionKernelSpecs());
+  const FlashTarget h100{132, false, true}, unknown{};
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashF32, cfg.batch = 1, cfg.heads = 8, cfg.kvHeads = 8, cfg.headDim = 64;
+  struct Want {
+    int batch, heads, len, headDim, parts;
+  };
+  // R = 4 makes batch · heads · len / 64 blocks; 264 run at once on 132 multiprocessors.
+  for (const Want& w : {Want{1, 8, 4096, 64, 1}, Want{1, 8, 2048, 64, 1}, Want{1, 8, 1536, 64, 4}, Want{1, 8, 1024, 64, 2},
+                        Want{1, 8, 1000, 64, 2}, Want{1, 8, 768, 64, 2}, Want{1, 8, 512, 64, 4}, Want{1, 8, 256, 64, 1},
+                        Want{4, 8, 1024, 64, 1}, Want{1, 4, 1024, 64, 4}, Want{1, 8, 1024, 32, 2}, Want{1, 8, 1024, 128, 1}}) {
+    cfg.batch = w.batch, cfg.heads = cfg.kvHeads = w.heads, cfg.qLen = cfg.kLen = w.len, cfg.headDim = w.headDim;
+    SCOPED_TRACE("b" + std::to_string(w.batch) + " h" + std::to_string(w.heads) + " len " + std::to_string(w.len) + " d" +
+                 std::to_string(w.headDim));
+    const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, h100);
+    ASSERT_TRUE(dkdv.ffma()) << dkdv.name();
+    EXPECT_EQ(dkdv.querySplit, w.parts) << dkdv.name();
+    if (w.parts > 1) {
+      EXPECT_EQ(dkdv.mtiles, 4);
+    }
+    bool reduce = false;
+    for (const FlashKernelSpec& s : flashKernelsOf(cfg, true, h100)) {
+      reduce |= s.kind == FlashKernelKind::kBwdDkDvReduce;
+      EXPECT_TRUE(production.count(s.name())) << s.name();
+    }
+    EXPECT_EQ(reduce, w.parts > 1);
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, unknown).querySplit, 1);
+  }
+  // The override reaches any split, and the name and source carry it.
+  FlashTuning tuning;
+  tuning.f32BwdSplit = 4;
+  cfg.batch = 4, cfg.qLen = cfg.kLen = 4096;
+  const FlashKernelSpec forced = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, h100, tuning);
+  EXPECT_EQ(forced.querySplit, 4);
+  EXPECT_NE(forced.name().find("_qs4"), std::string::npos) << forced.name();
+  EXPECT_NE(forced.source().find("kDqAtomic, 4>"), std::string::npos) << forced.source();
 }
 
 // tf32 moves the fp32 forward, dK/dV and dQ onto the mma.sync kernels with TF32Tag (same tiles

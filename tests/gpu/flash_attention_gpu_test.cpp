@@ -612,6 +612,34 @@ TEST(FlashAttentionGpu, Fp32EveryRowsPerThread) {
   }
 }
 
+// The fp32 dK/dV kernel with its key blocks' query tiles split among 2 or 4 blocks
+// (FlashTuning::f32BwdSplit; the rule picks it for short sequences on large GPUs): every part in
+// dQ, R 2 and 4, GQA, masks under which some parts see no visible tile (few query tiles, bottom-right
+// causal over more keys than queries), head dims 40 and 128.
+TEST(FlashAttentionGpu, Fp32QueryPartsMatchFloat64) {
+  REQUIRE_GPU();
+  int seed = 0;
+  for (int parts : {2, 4})
+    for (int r : {2, 4}) {
+      FlashTuning tuning;
+      tuning.f32BwdSplit = parts, tuning.f32BwdRows = r;
+      const ScopedTuning scoped(tuning);
+      for (int shape = 0; shape < 3; ++shape) {
+        Case c;
+        c.dtype = kFlashF32, c.batch = 2, c.heads = 4, c.kvHeads = 2;
+        c.qLen = shape == 1 ? 65 : 300, c.kLen = shape == 1 ? 200 : 257, c.headDim = shape == 2 ? 128 : shape == 1 ? 40 : 64;
+        c.mask = shape == 1 ? maskOf(1, 1, -1, -1, 0) : rotatingMask(seed);
+        c.sinkLogits = shape != 1;
+        SCOPED_TRACE("parts=" + std::to_string(parts) + " R=" + std::to_string(r));
+        runCase(c, 700 + seed++);
+        c.atomicDq = true;
+        runCase(c, 700 + seed++);
+        c.atomicDq = false, c.deterministic = true;
+        runCase(c, 700 + seed++);
+      }
+    }
+}
+
 // On sm_90a the 16-bit forward at head dims 33-128 runs the wgmma kernel, which the
 // sweeps above check; the mma.sync kernel it replaces there still runs on other GPUs and head
 // dims. Switch wgmma off and check that kernel on the same problems, and every wgmma tile /
@@ -1096,6 +1124,33 @@ TEST(FlashAttentionGpu, BackwardIsBitwiseDeterministic) {
     in.forward(cfg, o, lse);
     std::vector<std::vector<double>> runs;
     for (int r = 0; r < 2; ++r) runs.push_back(backwardOutputs(cfg, in.q, in.k, in.v, o, in.dO, lse, &in.sinks));
+    expectSameBits(runs[0], runs[1]);
+  }
+}
+
+// The parts' partials are summed in a fixed order: the backward with a query split stays bit for
+// bit the same from run to run where dQ does (deterministic: the separate dQ kernel; short keys:
+// the per-key-block shares).
+TEST(FlashAttentionGpu, Fp32QueryPartsAreBitwiseDeterministic) {
+  REQUIRE_GPU();
+  for (const auto& [len, deterministic] : {std::pair<int, bool>{1000, true}, {300, false}}) {
+    FlashTuning tuning;
+    tuning.f32BwdSplit = 4;
+    const ScopedTuning scoped(tuning);
+    FlashAttentionConfig cfg;
+    cfg.dtype = kFlashF32, cfg.batch = 2, cfg.heads = 8, cfg.kvHeads = 2, cfg.qLen = len, cfg.kLen = len;
+    cfg.headDim = 64, cfg.mask = maskOf(1, 0, -1, -1, 0), cfg.sinkLogits = true, cfg.deterministic = deterministic;
+    const FlashTarget target = flashTargetOf(env().device->info());
+    const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, target, tuning);
+    ASSERT_EQ(dkdv.querySplit, 4);
+    ASSERT_FALSE(dkdv.atomicDq) << dkdv.name();
+    SCOPED_TRACE(dkdv.name());
+    const RandomAttentionInputs in(cfg, false, 13);
+    DevTensor o(kFlashF32, 2, 8, len, 64, false);
+    FloatBuffer lse(2 * 8 * len);
+    in.forward(cfg, o, lse);
+    std::vector<std::vector<double>> runs;
+    for (int run = 0; run < 2; ++run) runs.push_back(backwardOutputs(cfg, in.q, in.k, in.v, o, in.dO, lse, &in.sinks));
     expectSameBits(runs[0], runs[1]);
   }
 }
