@@ -136,14 +136,14 @@ TEST(FlashSpec, Fp32QuerySplitOnShortSequencesOfLargeGpus) {
   // R = 4 makes batch · heads · len / 64 blocks; 264 run at once on 132 multiprocessors.
   for (const Want& w : {Want{1, 8, 4096, 64, 1}, Want{1, 8, 2048, 64, 1}, Want{1, 8, 1536, 64, 4}, Want{1, 8, 1024, 64, 2},
                         Want{1, 8, 1000, 64, 2}, Want{1, 8, 768, 64, 2}, Want{1, 8, 512, 64, 4}, Want{1, 8, 256, 64, 1},
-                        Want{4, 8, 1024, 64, 1}, Want{1, 4, 1024, 64, 4}, Want{1, 8, 1024, 32, 2}, Want{1, 8, 1024, 128, 1}}) {
+                        Want{4, 8, 1024, 64, 1}, Want{1, 4, 1024, 64, 4}, Want{1, 8, 1024, 32, 2}, Want{1, 8, 1024, 128, 1}, Want{1, 8, 2048, 128, 1}}) {
     cfg.batch = w.batch, cfg.heads = cfg.kvHeads = w.heads, cfg.qLen = cfg.kLen = w.len, cfg.headDim = w.headDim;
     SCOPED_TRACE("b" + std::to_string(w.batch) + " h" + std::to_string(w.heads) + " len " + std::to_string(w.len) + " d" +
                  std::to_string(w.headDim));
     const FlashKernelSpec dkdv = chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, h100);
     ASSERT_TRUE(dkdv.ffma()) << dkdv.name();
     EXPECT_EQ(dkdv.querySplit, w.parts) << dkdv.name();
-    if (w.parts > 1) {
+    if (w.parts > 1 || w.headDim > 64) {  // above 64 one block an SM: R = 4 from about one a multiprocessor
       EXPECT_EQ(dkdv.mtiles, 4);
     }
     bool reduce = false;
@@ -154,6 +154,9 @@ TEST(FlashSpec, Fp32QuerySplitOnShortSequencesOfLargeGpus) {
     EXPECT_EQ(reduce, w.parts > 1);
     EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, unknown).querySplit, 1);
   }
+  // Head dim 128 below one block an SM keeps R = 2's twice as many blocks.
+  cfg.batch = 1, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 512, cfg.headDim = 128;
+  EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, h100).mtiles, 2);
   // The override reaches any split, and the name and source carry it.
   FlashTuning tuning;
   tuning.f32BwdSplit = 4;
