@@ -492,7 +492,7 @@ def main():
     if "f32split" in a.only:  # fp32 FFMA dK/dV: rows per thread x blocks per key block (PA_FLASH_F32_BWD_R / _SPLIT), vs SDPA default
         shapes = tuple((1, 8, s, 64, False) for s in (512, 768, 1024, 1536, 2048, 4096)) + (
             (1, 8, 1024, 64, True), (1, 8, 1024, 32, False), (1, 8, 1024, 128, False), (1, 4, 1024, 64, False),
-            (2, 8, 1024, 64, False), (1, 8, 512, 64, True))
+            (2, 8, 1024, 64, False), (1, 8, 512, 64, True), (1, 8, 512, 128, False), (1, 8, 2048, 128, False))
         variants = (("", ""), ("2", "1"), ("4", "1"), ("4", "2"), ("4", "4"), ("2", "2"))
         for b, h, s, d, causal in shapes:
             sets = input_sets(fl, b, h, h, s, d, torch.float32, causal=causal)
