@@ -7,7 +7,7 @@ kernel holds the stream while many calls are queued behind it, one CUDA event pa
 median of five such windows), on inputs rotating through more memory than the L2 cache holds.
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
-usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune|f32bwd|f32bwdgrid|f32split]
+usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune|f32bwd|f32bwdgrid|f32split|f32splitcausal]
                              [--out FILE] [--dims 64,128] [--seqs 4096]
 """
 import argparse
@@ -494,6 +494,10 @@ def main():
             (1, 8, 1024, 64, True), (1, 8, 1024, 32, False), (1, 8, 1024, 128, False), (1, 4, 1024, 64, False),
             (2, 8, 1024, 64, False), (1, 8, 512, 64, True), (1, 8, 512, 128, False), (1, 8, 2048, 128, False))
         variants = (("", ""), ("2", "1"), ("4", "1"), ("4", "2"), ("4", "4"), ("2", "2"))
+        if "f32splitcausal" in a.only:  # the causal rows, for the rule's tie-break (R 4 in 1, 2, 4 parts)
+            shapes = tuple((b, h, s, 64, True) for (b, h, s) in ((1, 8, 768), (1, 8, 1024), (1, 8, 1536), (1, 8, 2048),
+                                                                 (1, 8, 4096), (2, 8, 1024), (1, 4, 1024)))
+            variants = (("", ""), ("4", "1"), ("4", "2"), ("4", "4"))
         for b, h, s, d, causal in shapes:
             sets = input_sets(fl, b, h, h, s, d, torch.float32, causal=causal)
             fl_f = 4 * b * h * s * s * d / (2 if causal else 1)

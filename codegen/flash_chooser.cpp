@@ -87,14 +87,16 @@ int ffmaRows(long long slices, int len, int multiprocessors, std::initializer_li
 // above 1): of 1, 2 and 4 parts, the fewest with the least estimated time, where each block's
 // query tiles (items) are its steps, two blocks share a multiprocessor at padded head dims <= 64,
 // a step of a block alone on one takes 0.64 of a shared one's, and the grid runs in waves of two
-// blocks an SM. From the (R, parts) sweep on the H200 at 512-4096 keys (bench/RESULTS_flash.md,
-// "The fp32 dK/dV kernel's query tiles split among blocks"); below 512 keys, at wider heads (one
-// block an SM) and without the SM count: 1.
+// blocks an SM. Under a causal mask or a window the key blocks' work differs, and a grid of fewer
+// than 1.5 waves ends more evenly in twice the parts (up to 4). From the (R, parts) sweeps on the
+// H200 at 512-4096 keys (bench/RESULTS_flash.md, "The fp32 dK/dV kernel's query tiles split among
+// blocks"); below 512 keys, at wider heads (one block an SM) and without the SM count: 1.
 int ffmaQuerySplit(const FlashAttentionConfig& cfg, int dpad, int multiprocessors) {
   if (multiprocessors <= 0 || dpad > 64 || cfg.kLen < 512) return 1;
   const long long blocks = (long long)cfg.batch * cfg.kvHeads * ceilDiv(cfg.kLen, 64);
   const long long items = (long long)(cfg.heads / cfg.kvHeads) * ceilDiv(cfg.qLen, 64);
   const long long slots = 2LL * multiprocessors;
+  const bool unequal = cfg.mask.causal || cfg.mask.windowLeft >= 0 || cfg.mask.windowRight >= 0;
   int best = 1;
   double bestCost = 0.0;
   for (int parts : {1, 2, 4}) {
@@ -103,6 +105,7 @@ int ffmaQuerySplit(const FlashAttentionConfig& cfg, int dpad, int multiprocessor
     const double cost = n <= multiprocessors ? 0.64 * steps : (double)ceilDiv(n, slots) * steps;
     if (parts == 1 || cost < bestCost) best = parts, bestCost = cost;
   }
+  if (unequal && best < 4 && 2 * blocks * best < 3 * slots) best *= 2;
   return best;
 }
 

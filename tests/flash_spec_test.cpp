@@ -154,6 +154,15 @@ TEST(FlashSpec, Fp32QuerySplitOnShortSequencesOfLargeGpus) {
     EXPECT_EQ(reduce, w.parts > 1);
     EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, unknown).querySplit, 1);
   }
+  // Under a causal mask a grid of fewer than 1.5 waves takes twice the parts (up to 4).
+  cfg.headDim = 64, cfg.mask.causal = 1;
+  for (const Want& w : {Want{1, 8, 4096, 64, 1}, Want{1, 8, 2048, 64, 2}, Want{1, 8, 1536, 64, 4}, Want{1, 8, 1024, 64, 4},
+                        Want{1, 8, 768, 64, 4}, Want{2, 8, 1024, 64, 2}, Want{1, 8, 256, 64, 1}}) {
+    cfg.batch = w.batch, cfg.heads = cfg.kvHeads = w.heads, cfg.qLen = cfg.kLen = w.len;
+    EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, h100).querySplit, w.parts)
+        << "causal b" << w.batch << " h" << w.heads << " len " << w.len;
+  }
+  cfg.mask = AttentionMaskSpec{};
   // Head dim 128 below one block an SM keeps R = 2's twice as many blocks.
   cfg.batch = 1, cfg.heads = cfg.kvHeads = 8, cfg.qLen = cfg.kLen = 512, cfg.headDim = 128;
   EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, h100).mtiles, 2);
