@@ -399,6 +399,29 @@ def fp32_seed(fl, lines):
         lines.extend(optin_lines[name])
 
 
+def fp32_backward_variant(fl, sets, causal, switches, ref):
+    """Sets the PA_FLASH_* `switches` (name: value, "" for the rule), rebuilds the backward's
+    arguments (its workspace depends on them), times forward and forward + backward, and checks
+    dQ, dK, dV against float64 SDPA (`ref`, computed on the first call). Returns (forward ms,
+    forward + backward ms, relative error, ref)."""
+    for n, val in switches.items():
+        os.environ[n] = val
+    for o in sets:
+        o.ws = fl.workspace(o.q, o.k, causal=causal)
+        o.ba = fl.backward_args(o.q, o.k, o.v, o.o, o.do, o.dq, o.dk, o.dv, o.lse, o.ws, causal=causal)
+    t_f, t_fb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
+    o0 = sets[0]
+    o0.fwd_bwd()
+    torch.cuda.synchronize()
+    got = torch.cat([o0.dq.flatten(), o0.dk.flatten(), o0.dv.flatten()])
+    if ref is None:
+        qg, kg, vg = (t.detach().double().requires_grad_(True) for t in (o0.q, o0.k, o0.v))
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        out.backward(o0.do.double())
+        ref = torch.cat([qg.grad.flatten(), kg.grad.flatten(), vg.grad.flatten()])
+    return t_f, t_fb, rel_err(got, ref), ref
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=os.path.join(os.path.dirname(__file__), "..", "build", "bench", "libpa_flash_bench.so"))
@@ -507,25 +530,12 @@ def main():
                   flush=True)
             ref = None
             for rows, split in variants:
-                for n, val in (("PA_FLASH_F32_BWD_R", rows), ("PA_FLASH_F32_BWD_SPLIT", split)):
-                    os.environ[n] = val
-                for o in sets:  # the backward's workspace depends on the variant (partials)
-                    o.ws = fl.workspace(o.q, o.k, causal=causal)
-                    o.ba = fl.backward_args(o.q, o.k, o.v, o.o, o.do, o.dq, o.dk, o.dv, o.lse, o.ws, causal=causal)
-                t_f, t_fb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
-                o0 = sets[0]
-                o0.fwd_bwd()
-                torch.cuda.synchronize()
-                got = torch.cat([o0.dq.flatten(), o0.dk.flatten(), o0.dv.flatten()])
-                if ref is None:
-                    qg, kg, vg = (t.detach().double().requires_grad_(True) for t in (o0.q, o0.k, o0.v))
-                    out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                    out.backward(o0.do.double())
-                    ref = torch.cat([qg.grad.flatten(), kg.grad.flatten(), vg.grad.flatten()])
+                t_f, t_fb, err, ref = fp32_backward_variant(
+                    fl, sets, causal, {"PA_FLASH_F32_BWD_R": rows, "PA_FLASH_F32_BWD_SPLIT": split}, ref)
                 print(f"f32split b={b} h={h} s={s} d={d} causal={causal} rows={rows or 'rule'} split={split or 'rule'}: "
                       f"fwd {t_f * 1e3:.1f} us, f+b {t_fb * 1e3:.1f} us, bwd {(t_fb - t_f) * 1e3:.1f} us "
                       f"({2.5 * fl_f / (t_fb - t_f) / 1e9:.1f} TFLOP/s), SDPA f+b / ours {t_tfb / t_fb:.2f}, "
-                      f"rel err grads {rel_err(got, ref):.1e}", flush=True)
+                      f"rel err grads {err:.1e}", flush=True)
             for n in ("PA_FLASH_F32_BWD_R", "PA_FLASH_F32_BWD_SPLIT"):
                 del os.environ[n]
             del sets, fns
@@ -545,24 +555,11 @@ def main():
             fl_f = 4 * b * h * s * s * d / (2 if causal else 1)
             ref = None
             for f64, atomic, rows in variants:
-                for n, val in (("PA_FLASH_FP64MMA", f64), ("PA_FLASH_ATOMIC_DQ", atomic), ("PA_FLASH_F32_BWD_R", rows)):
-                    os.environ[n] = val
-                for o in sets:  # the backward's workspace depends on the variant (dQ partials)
-                    o.ws = fl.workspace(o.q, o.k, causal=causal)
-                    o.ba = fl.backward_args(o.q, o.k, o.v, o.o, o.do, o.dq, o.dk, o.dv, o.lse, o.ws, causal=causal)
-                t_f, t_fb = bench([o.fwd for o in sets]), bench([o.fwd_bwd for o in sets])
-                o0 = sets[0]
-                o0.fwd_bwd()
-                torch.cuda.synchronize()
-                got = torch.cat([o0.dq.flatten(), o0.dk.flatten(), o0.dv.flatten()])
-                if ref is None:
-                    qg, kg, vg = (t.detach().double().requires_grad_(True) for t in (o0.q, o0.k, o0.v))
-                    out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                    out.backward(o0.do.double())
-                    ref = torch.cat([qg.grad.flatten(), kg.grad.flatten(), vg.grad.flatten()])
+                t_f, t_fb, err, ref = fp32_backward_variant(
+                    fl, sets, causal, {"PA_FLASH_FP64MMA": f64, "PA_FLASH_ATOMIC_DQ": atomic, "PA_FLASH_F32_BWD_R": rows}, ref)
                 print(f"f32bwd b={b} h={h} s={s} d={d} causal={causal} fp64mma={f64 or 'auto'} atomic_dq={atomic} "
                       f"bwd_rows={rows or '-'}: fwd {t_f * 1e3:.1f} us, f+b {t_fb * 1e3:.1f} us, bwd {(t_fb - t_f) * 1e3:.1f} us "
-                      f"({2.5 * fl_f / (t_fb - t_f) / 1e9:.1f} TFLOP/s), rel err grads {rel_err(got, ref):.1e}", flush=True)
+                      f"({2.5 * fl_f / (t_fb - t_f) / 1e9:.1f} TFLOP/s), rel err grads {err:.1e}", flush=True)
             for n in ("PA_FLASH_FP64MMA", "PA_FLASH_ATOMIC_DQ", "PA_FLASH_F32_BWD_R"):
                 del os.environ[n]
             if grid:

@@ -187,27 +187,23 @@ __device__ __forceinline__ void flashBackwardDkDvF32(const FlashKernelParams& p)
   }
   cpAsyncWait<0>();
 
-  if constexpr (QS == 1) {
-    float* gdK = sliceMutPtr<float>(p.dK, b, hk);
-    float* gdV = sliceMutPtr<float>(p.dV, b, hk);
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const int k = n0 + ffmaRow(i, ty);
-      if (k >= p.kLen) continue;
-      storeNNRow<DPAD>(gdK + (long long)k * p.dK.seqStride, dK[i], p.scale, tx, p.headDim);
-      storeNNRow<DPAD>(gdV + (long long)k * p.dV.seqStride, dV[i], 1.f, tx, p.headDim);
-    }
-  } else {  // every part writes its partials, zeros where it saw no visible item
+  // dK and dV, or with parts this part's partials (every part writes them, zeros where it saw no
+  // visible item).
+  float* gdK = sliceMutPtr<float>(p.dK, b, hk);
+  float* gdV = sliceMutPtr<float>(p.dV, b, hk);
+  long long strideK = p.dK.seqStride, strideV = p.dV.seqStride;
+  if constexpr (QS > 1) {
     const long long headElems = (long long)p.kLen * p.headDim;
-    float* partK = (float*)p.dKVPartial + (((long long)b * p.kvHeads + hk) * QS + part) * headElems;
-    float* partV = partK + (long long)p.batch * p.kvHeads * QS * headElems;
+    gdK = (float*)p.dKVPartial + (((long long)b * p.kvHeads + hk) * QS + part) * headElems;
+    gdV = gdK + (long long)p.batch * p.kvHeads * QS * headElems;
+    strideK = strideV = p.headDim;
+  }
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const int k = n0 + ffmaRow(i, ty);
-      if (k >= p.kLen) continue;
-      storeNNRow<DPAD>(partK + (long long)k * p.headDim, dK[i], p.scale, tx, p.headDim);
-      storeNNRow<DPAD>(partV + (long long)k * p.headDim, dV[i], 1.f, tx, p.headDim);
-    }
+  for (int i = 0; i < R; ++i) {
+    const int k = n0 + ffmaRow(i, ty);
+    if (k >= p.kLen) continue;
+    storeNNRow<DPAD>(gdK + (long long)k * strideK, dK[i], p.scale, tx, p.headDim);
+    storeNNRow<DPAD>(gdV + (long long)k * strideV, dV[i], 1.f, tx, p.headDim);
   }
 }
 
