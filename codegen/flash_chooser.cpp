@@ -127,10 +127,12 @@ FlashKernelSpec chooseFfma(FlashKernelKind kind, const FlashAttentionConfig& cfg
   }
   const bool dkdv = kind == FlashKernelKind::kBwdDkDv;
   const long long slices = (long long)cfg.batch * (dkdv ? cfg.kvHeads : cfg.heads);
-  s.mtiles = ffmaRows(slices, dkdv ? cfg.kLen : cfg.qLen, mp, {4, 2}, 4);
   // Above padded head dim 64 one dK/dV block fills an SM's shared memory at R = 2 and 4 alike, so
   // R = 4 from about one block an SM (b1 h8 S1024 d128 on the H200: 424 against R = 2's 525 µs).
-  if (dkdv && s.dpad > 64 && mp > 0) s.mtiles = 100 * slices * ceilDiv(cfg.kLen, 64) >= 95LL * mp ? 4 : 2;
+  if (dkdv && s.dpad > 64 && mp > 0)
+    s.mtiles = 100 * slices * ceilDiv(cfg.kLen, 64) >= 95LL * mp ? 4 : 2;
+  else
+    s.mtiles = ffmaRows(slices, dkdv ? cfg.kLen : cfg.qLen, mp, {4, 2}, 4);
   if (dkdv) {
     s.querySplit = tuning.f32BwdSplit ? tuning.f32BwdSplit : ffmaQuerySplit(cfg, s.dpad, mp);
     if (s.querySplit > 1) s.mtiles = 4;

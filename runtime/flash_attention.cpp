@@ -271,15 +271,18 @@ void FlashAttention::forward(const FlashAttentionConfig& c, const FlashForwardAr
   launchPersistent(spec, (long long)qTiles * slices, slices, kvBytesPerSlice(c), 0, p, stream, mode, tma);
 }
 
+int FlashAttention::dkvPartials(const FlashAttentionConfig& c, const FlashKernelSpec& dkdv) const {
+  if (flashSplitKvHeads(c, target_, tuning_)) return c.heads;
+  return dkdv.querySplit > 1 ? c.kvHeads * dkdv.querySplit : 0;
+}
+
 size_t FlashAttention::backwardWorkspaceBytes(const FlashAttentionConfig& c) const {
   // delta [batch, heads, qLen] + sink partials [heads, batch * qTiles], each 16-byte aligned.
   const size_t delta = ((size_t)c.batch * c.heads * c.qLen * 4 + 15) / 16 * 16;
   const size_t partial = ((size_t)c.heads * c.batch * ceilDiv(c.qLen, kPreprocessRows) * 4 + 15) / 16 * 16;
   const size_t dqAccum = (size_t)c.batch * c.heads * c.qLen * c.headDim * 4;  // atomic-dQ path only
   const FlashKernelSpec dkdv = specFor(FlashKernelKind::kBwdDkDv, c);
-  // Per-query-head partials (split GQA), or per query part (the fp32 dK/dV kernel's querySplit).
-  const size_t partials = flashSplitKvHeads(c, target_, tuning_) ? c.heads : dkdv.querySplit > 1 ? (size_t)c.kvHeads * dkdv.querySplit : 0;
-  const size_t dkvPartial = 2 * (size_t)c.batch * partials * c.kLen * c.headDim * 4;
+  const size_t dkvPartial = 2 * (size_t)c.batch * dkvPartials(c, dkdv) * c.kLen * c.headDim * 4;
   const size_t dqPartial = dkdv.dqPartial ? (size_t)ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dqAccum + 16 : 0;
   return delta + partial + (dkdv.atomicDq ? dqAccum : 0) + dkvPartial + dqPartial + 16;
 }
@@ -309,10 +312,10 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     p.dQAccum = next;
     next += ((size_t)c.batch * c.heads * c.qLen * c.headDim * 4 + 15) / 16 * 16;
   }
-  const bool perQueryHead = flashSplitKvHeads(c, target_, tuning_);
-  if (perQueryHead || dkdv.querySplit > 1) {  // partials [2][batch, parts, kLen, headDim]
+  const int parts = dkvPartials(c, dkdv);
+  const bool perQueryHead = parts > 0 && dkdv.querySplit == 1;  // split GQA: a dK/dV block per query head
+  if (parts) {
     p.dKVPartial = next;
-    const size_t parts = perQueryHead ? c.heads : (size_t)c.kvHeads * dkdv.querySplit;
     next += (2 * (size_t)c.batch * parts * c.kLen * c.headDim * 4 + 15) / 16 * 16;
   }
   if (dkdv.dqPartial) p.dQPartial = next;
@@ -335,9 +338,9 @@ void FlashAttention::backward(const FlashAttentionConfig& c, const FlashBackward
     p.workHeads = sliceGroup(dkdvSlices, qBytes);  // the grid's order: heaviest key blocks first
     launch(dkdv, ceilDiv(c.kLen, dkdv.rowsPerBlock()) * dkdv.querySplit, dkdvSlices, p, stream, mode, dkdvTma);
   }
-  if (p.dKVPartial) {
+  if (parts) {
     FlashKernelParams sum = p;  // the reduce sums heads / kvHeads partials a KV head
-    if (!perQueryHead) sum.heads = c.kvHeads * dkdv.querySplit;
+    sum.heads = parts;
     launch(specFor(FlashKernelKind::kBwdDkDvReduce, c), ceilDiv(c.kLen, 64), c.batch * c.kvHeads, sum, stream, mode);
   }
   if (dkdv.atomicDq) {

@@ -91,6 +91,10 @@ class FlashAttention {
                         FlashKernelParams params, cuda::CUstream stream, cuda::LaunchMode mode,
                         const FlashTensorMaps* maps = nullptr);
   static long long kvBytesPerSlice(const FlashAttentionConfig& cfg);
+  // Partials of dK and dV a batch element ([2][batch, parts, kLen, headDim] in the workspace,
+  // summed per KV head by the reduce kernel): one per query head with split GQA, one per KV head
+  // and part with the fp32 dK/dV kernel's querySplit; 0: the dK/dV kernel stores dK and dV.
+  int dkvPartials(const FlashAttentionConfig& cfg, const FlashKernelSpec& dkdv) const;
   static int sliceGroup(long long slices, long long sliceBytes);
   FlashKernelParams baseParams(const FlashAttentionConfig& cfg) const;
   FlashKernelSpec specFor(FlashKernelKind kind, const FlashAttentionConfig& cfg) const;
