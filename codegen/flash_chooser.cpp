@@ -291,6 +291,18 @@ bool dkdvPerQueryHead(const FlashAttentionConfig& c, const FlashTarget& target, 
   return e.perQ;
 }
 
+// The wgmma forward's wide key tiles: rows that see at least kWideFwdTileKeys keys (no left window
+// narrower than that). There, at padded head dim 128, 160-key tiles in blocks of one item each are
+// 2-4 % faster than 128-key tiles in the persistent kernel (the softmax's and the rescale's fixed
+// cost a tile spread over more keys; bench/RESULTS_flash.md, "Wide key tiles"); at 4,096 keys and
+// below they are slower (a partial last tile, fewer tiles to overlap), at head dim 64 slower
+// everywhere.
+constexpr int kWideFwdTileKeys = 8192;
+bool wideFwdTiles(const FlashAttentionConfig& cfg) {
+  const long long band = cfg.mask.windowLeft < 0 ? cfg.kLen : std::min<long long>(cfg.kLen, cfg.mask.windowLeft + 1LL);
+  return band >= kWideFwdTileKeys;
+}
+
 // sm_90a, 16-bit types at padded head dims 64, 128, 192 and 256 (wgmmaHeadDim; above 128 one
 // backward item a block, two consumer warpgroups, the tiles below): the fastest of the sweeps in
 // bench/RESULTS_flash.md. Forward: a producer warpgroup, 128-key tiles in a two-stage ring, and
@@ -298,7 +310,8 @@ bool dkdvPerQueryHead(const FlashAttentionConfig& c, const FlashTarget& target, 
 // otherwise (shorter sequences waste more of a 192-row block on the partial last tile and on
 // causal imbalance); the two warpgroups of head dims 128 and 256 take turns issuing (ping-pong); where
 // the SM count is known, a persistent kernel (one block an SM over a work list, heaviest query
-// tiles first); at 256 64-key tiles. dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer
+// tiles first); at 256 64-key tiles; at 128, rows that see 8,192 keys or more take 160-key tiles
+// and one item a block (wideFwdTiles). dK/dV and dQ (flash_attention_bwd_wgmma.cuh): two consumer
 // warpgroups (128 keys / query rows), streamed tiles of 128 rows at head dim 64 and 64 at 128 (128
 // spills heavily there), two stages; at 256 see below.
 FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cfg, const FlashTarget& target,
@@ -308,7 +321,10 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
   s.dpad = wgmmaHeadDim(cfg.headDim);
   s.stages = 2;
   if (kind == FlashKernelKind::kForward) {
-    s.tile = 128;
+    // Rows that see 8,192 keys or more at head dim 128 take 160-key tiles, one item a block
+    // (wideFwdTiles); elsewhere 128-key tiles.
+    const bool wide = s.dpad == 128 && wideFwdTiles(cfg);
+    s.tile = wide ? 160 : 128;
     s.warps = s.dpad == 64 && cfg.qLen >= 2048 ? 12 : 8;
     if (tuning.fwdTile) s.tile = tuning.fwdTile;
     if (tuning.fwdWarpgroups) s.warps = 4 * tuning.fwdWarpgroups;
@@ -321,7 +337,7 @@ FlashKernelSpec chooseWgmma(FlashKernelKind kind, const FlashAttentionConfig& cf
     s.pingpong = s.dpad >= 128 && s.warps == 8;
     if (tuning.fwdPingPong >= 0) s.pingpong = tuning.fwdPingPong != 0 && s.warps >= 8;
     // Persistent where the SM count is known and the second Q buffer fits an sm_90 block.
-    s.persistent = target.multiprocessors > 0 && tuning.fwdPersistent != 0;
+    s.persistent = target.multiprocessors > 0 && (wide ? tuning.fwdPersistent == 1 : tuning.fwdPersistent != 0);
     if (s.persistent && s.sharedBytes() > kSm90MaxSharedBytes) s.persistent = false;
     s.sinkTile = hasSinkTile(cfg) && tuning.sinkTile != 0;
   } else {

@@ -139,7 +139,7 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
   }
   cfg.fp64Mma = FlashFp64Mma::kAuto;
   // sm_90a: the wgmma backward's tiles and the forward's tile / warpgroup / stage variants that
-  // fit shared memory.
+  // fit shared memory (the forward's key tiles: 64, 128 and the wide 160, 176, 192).
   const FlashTarget sm90a{0, true, false};
   for (FlashDType dt : {kFlashF16, kFlashBF16}) {
     cfg.dtype = dt;
@@ -156,9 +156,10 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
               if (v.sharedBytes() <= kSm90MaxSharedBytes) specs.push_back(v);
             }
       const FlashKernelSpec chosen = chooseFlashSpec(FlashKernelKind::kForward, cfg, sm90a);
-      for (int tile : {64, 128})
+      for (int tile : {64, 128, 160, 176, 192})
         for (int consumers : {1, 2, 3})
           for (int stages : {2, 3}) {
+            if (tile > 128 && (consumers == 1 || stages == 3)) continue;  // the wide tiles: two stages, 2-3 warpgroups
             FlashKernelSpec v = chosen;
             v.tile = tile;
             v.warps = 4 * consumers;
@@ -189,7 +190,8 @@ std::vector<FlashKernelSpec> tunableKernelSpecs() {
 // DMMA; bf16: `precision` has no fp16), `deterministic`, the padded head dim, the grid's size
 // against the SM count (batch x heads or kvHeads x blocks: the FFMA rows-per-thread rule, the
 // DMMA forward's kFp64MmaForwardMinBlocks, TF32's small-grid blocks), the key blocks against
-// kMaxDqPartialBlocks, q_len >= 2048 (the wgmma forward's warpgroups), GQA and, on sm_90a, the
+// kMaxDqPartialBlocks, q_len >= 2048 (the wgmma forward's warpgroups), k_len >= 8192 (its wide
+// key tiles), GQA and, on sm_90a, the
 // mask (GQA's dK/dV per query head with a reduce, or per KV head and persistent: an estimate over
 // the mask's visible tiles), sinks beside a window (the sink tile) and sink logits (their
 // reduce). The grid below crosses every one of
@@ -203,7 +205,7 @@ std::vector<FlashKernelSpec> flashProductionKernelSpecs() {
   // (q_len, k_len): equal lengths across the thresholds, and a few unequal ones (a short side
   // with a long one: the dQ kernel's small blocks beside the dK/dV kernel's large ones).
   std::vector<std::pair<int, int>> lengths;
-  for (int len : {1, 64, 128, 129, 192, 256, 257, 512, 513, 1024, 2048, 4096}) lengths.push_back({len, len});
+  for (int len : {1, 64, 128, 129, 192, 256, 257, 512, 513, 1024, 2048, 4096, 8192}) lengths.push_back({len, len});
   for (int shortLen : {64, 128, 256})
     for (int longLen : {1024, 4096}) {
       lengths.push_back({shortLen, longLen});

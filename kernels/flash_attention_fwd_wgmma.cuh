@@ -80,7 +80,7 @@ namespace flash {
 template <int DPAD, int BN, int CONSUMERS, int STAGES_, bool PERSISTENT = false>
 struct WgmmaForwardConfig {
   static_assert(DPAD == 64 || DPAD == 128 || DPAD == 192 || DPAD == 256, "wgmma forward: padded head dim 64, 128, 192 or 256");
-  static_assert(BN == 64 || BN == 128, "wgmma forward: 64 or 128 keys per tile");
+  static_assert(BN == 64 || BN == 128 || BN == 160 || BN == 176 || BN == 192, "wgmma forward: 64, 128, 160, 176 or 192 keys per tile");
   static_assert(DPAD <= 128 || (BN == 64 && CONSUMERS <= 2), "head dims 192 and 256: 64-key tiles, at most two consumer warpgroups");
   static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "wgmma forward: 1 to 3 consumer warpgroups");
   static_assert(STAGES_ >= 2, "the ring needs a stage to fill while another is read");

@@ -218,6 +218,8 @@ __device__ __forceinline__ u64 smemDescriptorStep(u64 descriptor, u32 bytes) {
 #define PA_WG_REGS96                                                                          \
   PA_WG_REGS64 ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"            \
                ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define PA_WG_REGS80 PA_WG_REGS64 ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
+#define PA_WG_REGS88 PA_WG_REGS80 ",%80,%81,%82,%83,%84,%85,%86,%87"
 #define PA_WG_REGS128                                                                         \
   PA_WG_REGS64 ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"            \
                ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"            \
@@ -228,6 +230,8 @@ __device__ __forceinline__ u64 smemDescriptorStep(u64 descriptor, u32 bytes) {
 #define PA_WG_ACC16(i) PA_WG_ACC8(i), PA_WG_ACC8(i + 8)
 #define PA_WG_ACC32(i) PA_WG_ACC8(i), PA_WG_ACC8(i + 8), PA_WG_ACC8(i + 16), PA_WG_ACC8(i + 24)
 #define PA_WG_ACC64(i) PA_WG_ACC32(i), PA_WG_ACC32(i + 32)
+#define PA_WG_ACC80 PA_WG_ACC64(0), PA_WG_ACC16(64)
+#define PA_WG_ACC88 PA_WG_ACC80, PA_WG_ACC8(80)
 #define PA_WG_ACC96 PA_WG_ACC64(0), PA_WG_ACC32(64)
 #define PA_WG_ACC128 PA_WG_ACC64(0), PA_WG_ACC64(64)
 #define PA_WG_STR(x) #x
@@ -276,6 +280,11 @@ PA_WGMMA_SS(64, bf16, kInBf16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(64, f16, kInF16, PA_WG_REGS32, PA_WG_ACC32(0), 32, 33, 34, 35, 36)
 PA_WGMMA_SS(128, bf16, kInBf16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
 PA_WGMMA_SS(128, f16, kInF16, PA_WG_REGS64, PA_WG_ACC64(0), 64, 65, 66, 67, 68)
+// 160 and 176: the forward's wider key tiles (FlashKernelSpec::tile at head dims 64 and 128).
+PA_WGMMA_SS(160, bf16, kInBf16, PA_WG_REGS80, PA_WG_ACC80, 80, 81, 82, 83, 84)
+PA_WGMMA_SS(160, f16, kInF16, PA_WG_REGS80, PA_WG_ACC80, 80, 81, 82, 83, 84)
+PA_WGMMA_SS(176, bf16, kInBf16, PA_WG_REGS88, PA_WG_ACC88, 88, 89, 90, 91, 92)
+PA_WGMMA_SS(176, f16, kInF16, PA_WG_REGS88, PA_WG_ACC88, 88, 89, 90, 91, 92)
 PA_WGMMA_SS(192, bf16, kInBf16, PA_WG_REGS96, PA_WG_ACC96, 96, 97, 98, 99, 100)
 PA_WGMMA_SS(192, f16, kInF16, PA_WG_REGS96, PA_WG_ACC96, 96, 97, 98, 99, 100)
 PA_WGMMA_SS(256, bf16, kInBf16, PA_WG_REGS128, PA_WG_ACC128, 128, 129, 130, 131, 132)

@@ -449,6 +449,56 @@ TEST(FlashSpec, PersistentForwardWhereTheSmCountIsKnown) {
   EXPECT_LE(three.sharedBytes(), 227 * 1024) << three.name();
 }
 
+// The wgmma forward at padded head dim 128 takes 160-key tiles, one item a block, where rows see
+// 8,192 keys or more (no left window narrower than that); 128-key tiles in the persistent kernel
+// below that, at head dim 64, and under a window of 1,023 keys. The tuning's tile and persistence
+// override it, and the wide kernel fits an sm_90 block's shared memory.
+TEST(FlashSpec, WideForwardTilesWhereRowsSeeLongKeys) {
+  FlashAttentionConfig cfg;
+  cfg.dtype = kFlashBF16, cfg.batch = 1, cfg.heads = 16, cfg.kvHeads = 16, cfg.headDim = 128;
+  const FlashTarget h200{132, true, true};
+  auto fwd = [&](const FlashTuning& t = {}) { return chooseFlashSpec(FlashKernelKind::kForward, cfg, h200, t); };
+  for (int len : {4096, 8191}) {
+    cfg.qLen = cfg.kLen = len;
+    EXPECT_EQ(fwd().tile, 128) << len;
+    EXPECT_TRUE(fwd().persistent) << len;
+  }
+  for (int causal : {0, 1}) {
+    cfg.mask = AttentionMaskSpec{};
+    cfg.mask.causal = causal;
+    cfg.qLen = cfg.kLen = 8192;
+    const FlashKernelSpec wide = fwd();
+    EXPECT_EQ(wide.tile, 160) << wide.name();
+    EXPECT_FALSE(wide.persistent) << wide.name();
+    EXPECT_LE(wide.sharedBytes(), kSm90MaxSharedBytes) << wide.name();
+    EXPECT_NE(wide.name().find("_t160_"), std::string::npos) << wide.name();
+    cfg.qLen = 64;  // the keys decide, not the queries
+    EXPECT_EQ(fwd().tile, 160);
+    cfg.qLen = 8192;
+    cfg.mask.windowLeft = 1023;  // rows see about 1,024 keys
+    EXPECT_EQ(fwd().tile, 128);
+    EXPECT_TRUE(fwd().persistent);
+    cfg.mask.windowLeft = 8191;
+    EXPECT_EQ(fwd().tile, 160);
+  }
+  cfg.mask = AttentionMaskSpec{};
+  FlashTuning t;
+  t.fwdTile = 128;
+  EXPECT_EQ(fwd(t).tile, 128);
+  EXPECT_FALSE(fwd(t).persistent);  // the rule's one item a block stands
+  t.fwdPersistent = 1;
+  EXPECT_TRUE(fwd(t).persistent);
+  t.fwdTile = 0;
+  EXPECT_TRUE(fwd(t).persistent);  // 160-key tiles with two Q buffers: 225 KB
+  EXPECT_EQ(fwd(t).tile, 160);
+  cfg.headDim = 64;
+  EXPECT_EQ(fwd().tile, 128);
+  EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDkDv, cfg, h200).tile, 128);  // the backward keeps its tiles
+  cfg.headDim = 128;
+  EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kBwdDq, cfg, h200).tile, 64);
+  EXPECT_NE(chooseFlashSpec(FlashKernelKind::kForward, cfg, {132, false, true}).tile, 160);  // mma.sync: its own tiles
+}
+
 // GQA's dK/dV on the sm_90a kernels runs per KV head where the estimate (flash_chooser.cpp,
 // dkdvPerQueryHead) finds its fewer, heavier items no slower than per query head plus the
 // partials' reduce: with a window (every key block's items alike) and on grids of several waves;

@@ -643,7 +643,7 @@ TEST(FlashAttentionGpu, Fp32QueryPartsMatchFloat64) {
 // On sm_90a the 16-bit forward at head dims 33-128 runs the wgmma kernel, which the
 // sweeps above check; the mma.sync kernel it replaces there still runs on other GPUs and head
 // dims. Switch wgmma off and check that kernel on the same problems, and every wgmma tile /
-// warpgroup variant the tuning overrides reach.
+// warpgroup variant the tuning overrides reach (key tiles 64, 128 and the wide 160, 176, 192).
 TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
   REQUIRE_GPU();
   struct Variant {
@@ -651,18 +651,22 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
     int tile, wg, stages;  // 0: the rule
     int pingpong = -1;  // the warpgroups' turns: -1 the rule
     int persistent = -1;  // -1 the rule (persistent where the SM count is known), 0 one item a block
+    int tma = -1;         // -1 the rule (TMA loads), 0 cp.async (the launcher's fallback)
   };
-  // Every variant fits an H100's shared memory at head dim 128 too.
+  // Every variant fits an H100's shared memory at head dim 128 too (176 and 192 without the
+  // persistent kernel's second Q buffer, which the chooser then leaves out).
   const Variant variants[] = {{false, 0, 0, 0},        {true, 64, 1, 2},        {true, 64, 2, 3},
                               {true, 64, 3, 3},        {true, 128, 1, 2},       {true, 128, 2, 2},
                               {true, 128, 2, 3},       {true, 128, 3, 2},       {true, 128, 2, 2, 0},
                               {true, 128, 2, 2, 1},    {true, 64, 3, 3, 1},     {true, 64, 2, 2, 1},
-                              {true, 0, 0, 0, -1, 0}};
+                              {true, 0, 0, 0, -1, 0},  {true, 160, 2, 2},       {true, 160, 2, 2, -1, 0},
+                              {true, 176, 2, 2},       {true, 192, 2, 2},       {true, 160, 3, 2, -1, 0},
+                              {true, 176, 3, 2, -1, 0},  {true, 160, 2, 2, -1, 0, 0}};
   int seed = 0;
   for (const Variant& v : variants) {
     FlashTuning tuning;
     tuning.wgmma = v.wgmma, tuning.fwdTile = v.tile, tuning.fwdWarpgroups = v.wg, tuning.fwdStages = v.stages;
-    tuning.fwdPingPong = v.pingpong, tuning.fwdPersistent = v.persistent;
+    tuning.fwdPingPong = v.pingpong, tuning.fwdPersistent = v.persistent, tuning.tma = v.tma;
     const ScopedTuning scoped(tuning);
     for (FlashDType t : {kFlashBF16, kFlashF16})
       for (int d : {64, 128, 40, 104}) {
@@ -673,10 +677,33 @@ TEST(FlashAttentionGpu, EveryForwardVariantOfTheSixteenBitTypes) {
         c.backward = false;
         SCOPED_TRACE("wgmma=" + std::to_string(v.wgmma) + " tile=" + std::to_string(v.tile) + " wg=" + std::to_string(v.wg) +
                      " stages=" + std::to_string(v.stages) + " pingpong=" + std::to_string(v.pingpong) +
-                     " persistent=" + std::to_string(v.persistent) + " d=" + std::to_string(d));
+                     " persistent=" + std::to_string(v.persistent) + " tma=" + std::to_string(v.tma) + " d=" + std::to_string(d));
         runCase(c, 500 + seed++);
       }
   }
+}
+
+// The rule's wide key tiles (160 keys, one item a block) where rows see 8,192 keys or more, at
+// padded head dim 128: keys not a multiple of the tile, no mask, bottom-right causal (the last
+// rows see every key) and a window as wide as the threshold with sinks, sink logits on half.
+TEST(FlashAttentionGpu, WideForwardTilesOnLongKeys) {
+  REQUIRE_GPU();
+  const FlashTarget target = flashTargetOf(env().device->info());
+  int seed = 0;
+  for (FlashDType t : {kFlashBF16, kFlashF16})
+    for (int d : {128, 104})
+      for (int m = 0; m < 3; ++m) {
+        Case c;
+        c.dtype = t, c.batch = 1, c.heads = 2, c.kvHeads = 1, c.qLen = 130, c.kLen = 8200, c.headDim = d;
+        c.mask = m == 0 ? maskOf(0, 0, -1, -1, 0) : m == 1 ? maskOf(1, 1, -1, -1, 0) : maskOf(1, 1, 8191, -1, 4);
+        c.sinkLogits = seed % 2 == 0;
+        c.backward = false;
+        SCOPED_TRACE("d=" + std::to_string(d) + " mask " + std::to_string(m));
+        if (target.wgmma) {
+          EXPECT_EQ(chooseFlashSpec(FlashKernelKind::kForward, configOf(c), target).tile, 160);
+        }
+        runCase(c, 900 + seed++);
+      }
 }
 
 // One run's outputs (downloaded tensors and buffers) one after another, and two runs compared bit
