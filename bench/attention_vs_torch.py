@@ -8,7 +8,7 @@ median of five such windows), on inputs rotating through more memory than the L2
 Shapes follow ../shared/anchors-pytorch-h100.md. Prints markdown tables with TFLOP/s and ratios.
 
 usage: attention_vs_torch.py [--lib PATH] [--quick] [--only anchors,gqa,fp32,tinyllama,headdims|probe|probe128|gqaprobe|tune|bwdtune|gqatune|f32bwd|f32bwdgrid|f32split|f32splitcausal]
-                             [--out FILE] [--dims 64,128] [--seqs 4096]
+                             [--out FILE] [--dims 64,128] [--seqs 4096] [--anchor-seqs 8192,16384]
 """
 import argparse
 import ctypes
@@ -192,13 +192,13 @@ def sdpa_default_fns(o):
     return fwd, fwd_bwd
 
 
-def anchors(fl, quick, lines):
+def anchors(fl, quick, lines, dims=(64, 128), seqs=None):
     lines.append("\n## bf16 SDPA anchors (b*s = 16384, h*d = 2048), TFLOP/s; ratio = ours / PyTorch\n")
     lines.append("| d | s | causal | ours fwd | flash fwd | cudnn fwd | ours/flash fwd | ours/cudnn fwd "
                  "| ours f+b | flash f+b | cudnn f+b | ours/flash f+b | ours/cudnn f+b | max rel err O vs SDPA |")
     lines.append("|" + "---|" * 14)
-    seqs = [1024, 4096, 16384] if quick else [1024, 2048, 4096, 8192, 16384]
-    for d in (64, 128):
+    seqs = seqs or ([1024, 4096, 16384] if quick else [1024, 2048, 4096, 8192, 16384])
+    for d in dims:
         for s in seqs:
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // d
@@ -430,6 +430,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--dims", default="64,128", help="--only tune, bwdtune: head dims")
     ap.add_argument("--seqs", default="4096", help="--only tune: sequence lengths (batch 16384 / S)")
+    ap.add_argument("--anchor-seqs", default=None, help="--only anchors: these sequence lengths only, at --dims")
     ap.add_argument("--headdims", default="16,32,96", help="--only headdims: head dims")
     a = ap.parse_args()
     a.dims, a.seqs = [int(x) for x in a.dims.split(",")], [int(x) for x in a.seqs.split(",")]
@@ -628,7 +629,10 @@ def main():
     if "gqa" in a.only:
         gqa_masks(fl, lines)
     if "anchors" in a.only:
-        anchors(fl, a.quick, lines)
+        if a.anchor_seqs:
+            anchors(fl, a.quick, lines, a.dims, [int(x) for x in a.anchor_seqs.split(",")])
+        else:
+            anchors(fl, a.quick, lines)
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
